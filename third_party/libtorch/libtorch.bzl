@@ -1,0 +1,62 @@
+"""A repository for LibTorch, at the system location or wherever LIBTORCH_HOME points.
+
+Debian installs LibTorch's headers straight under /usr/include (already on the compiler's path) with
+the C++ frontend one level deeper; a downloaded LibTorch (the CUDA builds) keeps include/ and lib/ in
+one folder. Both end up as the same two targets: @libtorch//:torch and, when the build has CUDA,
+@libtorch//:torch_cuda.
+"""
+
+def _libtorch_repository_impl(ctx):
+    home = ctx.os.environ.get("LIBTORCH_HOME", "/usr")
+    if home == "/usr":
+        include = "/usr/include"
+        libdir = "/usr/lib/x86_64-linux-gnu"
+    else:
+        include = home + "/include"
+        libdir = home + "/lib"
+    if not ctx.path(include + "/torch/csrc/api/include/torch/torch.h").exists:
+        fail("LibTorch not found under %s (set LIBTORCH_HOME or install libtorch-dev)" % home)
+
+    # The frontend's headers sit below the system include path, so expose them through a symlink that
+    # a cc_library can name relative to its own package.
+    ctx.symlink(include + "/torch/csrc/api/include", "api_include")
+    includes = ["api_include"]
+    hdrs = 'glob(["api_include/**/*.h"])'
+    if home != "/usr":
+        ctx.symlink(include, "include")
+        includes.append("include")
+        hdrs = 'glob(["api_include/**/*.h", "include/**/*.h", "include/**/*.hpp", "include/**/*.cuh"])'
+
+    has_cuda = ctx.path(libdir + "/libtorch_cuda.so").exists
+    ctx.file("BUILD", """
+package(default_visibility = ["//visibility:public"])
+
+cc_library(
+    name = "torch",
+    hdrs = {hdrs},
+    includes = {includes},
+    defines = ["USE_C10D_GLOO"] + {cuda_defines},
+    linkopts = [
+        "-L{libdir}",
+        "-Wl,-rpath,{libdir}",
+        "-Wl,--no-as-needed",
+        "-ltorch",
+        "-ltorch_cpu",
+        {cuda_libs}
+        "-Wl,--as-needed",
+        "-lc10",
+    ],
+)
+""".format(
+        hdrs = hdrs,
+        includes = repr(includes),
+        libdir = libdir,
+        cuda_defines = '["FITRUN_WITH_CUDA", "USE_C10D_NCCL"]' if has_cuda else "[]",
+        cuda_libs = '"-ltorch_cuda", "-lc10_cuda",' if has_cuda else "",
+    ))
+
+libtorch_repository = repository_rule(
+    implementation = _libtorch_repository_impl,
+    environ = ["LIBTORCH_HOME"],
+    local = True,
+)
