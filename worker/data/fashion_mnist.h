@@ -1,0 +1,35 @@
+#ifndef FITRUN_WORKER_DATA_FASHION_MNIST_H_
+#define FITRUN_WORKER_DATA_FASHION_MNIST_H_
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+
+namespace fitrun::worker {
+
+// A labelled image set held in memory: images [N, 1, 28, 28] float32, normalized; labels [N] int64.
+struct LabeledImages {
+  at::Tensor images;
+  at::Tensor labels;
+
+  int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
+};
+
+enum class Split { kTrain, kTest };
+
+// The training set's per-pixel mean and standard deviation (after scaling to [0, 1]); images are
+// normalized with them so the builtin models train at the learning rates people use for MNIST.
+inline constexpr float kFashionMnistMean = 0.2860f;
+inline constexpr float kFashionMnistStd = 0.3530f;
+
+// Loads one split of Fashion-MNIST from `dir`, which holds the four IDX .gz files
+// (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz,
+// t10k-labels-idx1-ubyte.gz). Image and label counts must agree and images must be 28x28.
+absl::StatusOr<LabeledImages> LoadFashionMnist(const std::string& dir, Split split);
+
+}  // namespace fitrun::worker
+
+#endif  // FITRUN_WORKER_DATA_FASHION_MNIST_H_
