@@ -1,0 +1,96 @@
+#include "worker/models/model.h"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/pooling.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
+
+#include <cstdio>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace fitrun::worker {
+namespace {
+
+namespace F = torch::nn::functional;
+
+// PyTorch's MNIST MLP: 784-512-512-10 with ReLU.
+class Mlp final : public Model {
+ public:
+  Mlp()
+      : Model("Mlp"),
+        fc1_(register_module("fc1", torch::nn::Linear(784, 512))),
+        fc2_(register_module("fc2", torch::nn::Linear(512, 512))),
+        fc3_(register_module("fc3", torch::nn::Linear(512, 10))) {}
+
+  at::Tensor Forward(const at::Tensor& input) override {
+    at::Tensor x = input.flatten(1);
+    x = F::relu(fc1_->forward(x));
+    x = F::relu(fc2_->forward(x));
+    return fc3_->forward(x);
+  }
+
+ private:
+  torch::nn::Linear fc1_;
+  torch::nn::Linear fc2_;
+  torch::nn::Linear fc3_;
+};
+
+// PyTorch's examples/mnist CNN without its dropout layers, whose random masks would make runs with
+// the same seed differ by thread timing.
+class Cnn final : public Model {
+ public:
+  Cnn()
+      : Model("Cnn"),
+        conv1_(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)))),
+        conv2_(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)))),
+        fc1_(register_module("fc1", torch::nn::Linear(9216, 128))),
+        fc2_(register_module("fc2", torch::nn::Linear(128, 10))) {}
+
+  at::Tensor Forward(const at::Tensor& input) override {
+    at::Tensor x = F::relu(conv1_->forward(input));
+    x = F::relu(conv2_->forward(x));
+    x = F::max_pool2d(x, F::MaxPool2dFuncOptions(2));
+    x = F::relu(fc1_->forward(x.flatten(1)));
+    return fc2_->forward(x);
+  }
+
+ private:
+  torch::nn::Conv2d conv1_;
+  torch::nn::Conv2d conv2_;
+  torch::nn::Linear fc1_;
+  torch::nn::Linear fc2_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Model>> CreateModel(const fitrun::v1::ModelSpec& spec, uint64_t seed) {
+  if (spec.kind_case() != fitrun::v1::ModelSpec::kBuiltin) {
+    return absl::InvalidArgumentError("spec.model: set builtin to mlp or cnn");
+  }
+  torch::manual_seed(seed);
+  if (spec.builtin() == "mlp") return std::make_shared<Mlp>();
+  if (spec.builtin() == "cnn") return std::make_shared<Cnn>();
+  return absl::InvalidArgumentError(
+      absl::StrCat("spec.model.builtin: unknown model \"", spec.builtin(), "\" (known: mlp, cnn)"));
+}
+
+std::string ParameterChecksum(const torch::nn::Module& module) {
+  uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a 64-bit offset basis
+  for (const at::Tensor& parameter : module.parameters()) {
+    const at::Tensor bytes = parameter.detach().to(at::kCPU).contiguous();
+    const auto* data = static_cast<const uint8_t*>(bytes.data_ptr());
+    const size_t size = bytes.numel() * bytes.element_size();
+    for (size_t i = 0; i < size; ++i) {
+      hash ^= data[i];
+      hash *= 0x100000001b3ULL;  // FNV prime
+    }
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
+  return hex;
+}
+
+}  // namespace fitrun::worker
