@@ -1,0 +1,17 @@
+#include "worker/ddp/c10d_status.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace fitrun::worker {
+
+absl::Status StatusFromC10dException(const std::exception& e, const std::string& what) {
+  const std::string message = e.what();
+  // c10d's store and Gloo's transport both say "Timeout"/"timed out" in their messages.
+  if (absl::StrContains(message, "imeout") || absl::StrContains(message, "timed out")) {
+    return absl::DeadlineExceededError(absl::StrCat(what, ": ", message));
+  }
+  return absl::UnavailableError(absl::StrCat(what, ": ", message));
+}
+
+}  // namespace fitrun::worker

@@ -1,0 +1,138 @@
+// Two ranks as two threads of one process, as PyTorch's ProcessGroupGlooTest does.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+
+#include <cstdio>
+#include <functional>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "worker/ddp/flat_all_reduce.h"
+#include "worker/ddp/process_group.h"
+
+namespace fitrun::worker {
+namespace {
+
+constexpr int kWorld = 2;
+const absl::Duration kTimeout = absl::Seconds(10);
+
+std::string FreshPath(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
+  std::remove(path.c_str());
+  return path;
+}
+
+// A port nobody listens on right now: bind port 0 and let the kernel choose.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Runs body(rank, group) on kWorld threads sharing a FileStore.
+void RunRanks(const std::string& store_name,
+              const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& body) {
+  const std::string path = FreshPath(store_name);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto store = c10::make_intrusive<c10d::FileStore>(path, kWorld);
+      auto group = CreateGlooProcessGroup(store, rank, kWorld, kTimeout);
+      ASSERT_TRUE(group.ok()) << group.status();
+      body(rank, *group);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+struct TwoParameters : torch::nn::Module {
+  explicit TwoParameters(float value) {
+    a = register_parameter("a", at::full({2, 3}, value));
+    b = register_parameter("b", at::full({4}, -value));
+  }
+  at::Tensor a;
+  at::Tensor b;
+};
+
+TEST(FlatAllReduceTest, AveragesGradientsAndLoss) {
+  RunRanks("allreduce_store", [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    TwoParameters module(0.0f);
+    module.a.mutable_grad() = at::full({2, 3}, static_cast<float>(rank + 1));
+    // Rank 0's backward never reached b: it counts as a zero gradient.
+    if (rank == 1) module.b.mutable_grad() = at::full({4}, 4.0f);
+
+    auto synchronizer = FlatAllReduceSynchronizer::Create(group, module.parameters());
+    ASSERT_TRUE(synchronizer.ok()) << synchronizer.status();
+    (*synchronizer)->BeforeBackward(true);
+    absl::StatusOr<double> loss = (*synchronizer)->Synchronize(rank == 0 ? 1.0 : 2.0);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_DOUBLE_EQ(*loss, 1.5);
+    EXPECT_TRUE(at::equal(module.a.grad(), at::full({2, 3}, 1.5f))) << module.a.grad();
+    EXPECT_TRUE(at::equal(module.b.grad(), at::full({4}, 2.0f))) << module.b.grad();
+
+    // The buffer is reused: a second step must not see the first one's values.
+    module.a.mutable_grad().fill_(static_cast<float>(10 * rank));
+    module.b.mutable_grad().fill_(0.0f);
+    loss = (*synchronizer)->Synchronize(0.0);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_DOUBLE_EQ(*loss, 0.0);
+    EXPECT_TRUE(at::equal(module.a.grad(), at::full({2, 3}, 5.0f))) << module.a.grad();
+  });
+}
+
+TEST(BroadcastTest, EveryRankEndsWithRankZerosParameters) {
+  RunRanks("broadcast_store", [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    TwoParameters module(rank == 0 ? 3.0f : 7.0f);
+    ASSERT_TRUE(BroadcastModuleState(*group, module).ok());
+    EXPECT_TRUE(at::equal(module.a, at::full({2, 3}, 3.0f))) << "rank " << rank;
+    EXPECT_TRUE(at::equal(module.b, at::full({4}, -3.0f))) << "rank " << rank;
+    // Still trainable leaves after the in-place copy.
+    EXPECT_TRUE(module.a.requires_grad());
+  });
+}
+
+TEST(ConnectProcessGroupTest, RendezvousOverTcpStore) {
+  const int port = FreePort();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([port, rank] {
+      ProcessGroupOptions options{"127.0.0.1", port, rank, kWorld, kTimeout};
+      auto group = ConnectProcessGroup(options);
+      ASSERT_TRUE(group.ok()) << group.status();
+      std::vector<at::Tensor> t = {at::full({3}, static_cast<float>(rank + 1))};
+      (*group)->allreduce(t)->wait();
+      EXPECT_TRUE(at::equal(t[0], at::full({3}, 3.0f)));
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(ConnectProcessGroupTest, MissingPeerTimesOutWithAStatus) {
+  ProcessGroupOptions options{"127.0.0.1", FreePort(), 0, kWorld, absl::Milliseconds(500)};
+  auto group = ConnectProcessGroup(options);
+  ASSERT_FALSE(group.ok());
+  EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded) << group.status();
+}
+
+TEST(ConnectProcessGroupTest, RejectsBadRankAndPort) {
+  EXPECT_EQ(ConnectProcessGroup({"127.0.0.1", 1234, 2, 2, kTimeout}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConnectProcessGroup({"127.0.0.1", 0, 0, 2, kTimeout}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fitrun::worker

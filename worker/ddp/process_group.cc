@@ -1,0 +1,97 @@
+#include "worker/ddp/process_group.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "worker/ddp/c10d_status.h"
+
+namespace fitrun::worker {
+namespace {
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+bool IsLoopback(const std::string& host) {
+  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateGlooProcessGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, absl::Duration timeout,
+    const std::string& hostname) {
+  try {
+    auto options = c10d::ProcessGroupGloo::Options::create(ToChrono(timeout));
+    options->devices.push_back(IsLoopback(hostname)
+                                   ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                   : c10d::ProcessGroupGloo::createDefaultDevice());
+    // One Gloo thread: collectives are issued one at a time and the cores belong to compute.
+    options->threads = 1;
+    return c10::intrusive_ptr<c10d::ProcessGroup>(
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options));
+  } catch (const std::exception& e) {
+    return StatusFromC10dException(e, absl::StrCat("creating the Gloo process group (rank ", rank, " of ",
+                                         world_size, ")"));
+  }
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> ConnectProcessGroup(
+    const ProcessGroupOptions& options) {
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " is not in a world of ", options.world_size));
+  }
+  if (options.master_port <= 0 || options.master_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT ", options.master_port, " is not a port"));
+  }
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(options.master_port);
+    store_options.isServer = options.rank == 0;
+    store_options.numWorkers = options.world_size;
+    store_options.waitWorkers = true;
+    store_options.timeout = ToChrono(options.timeout);
+    store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
+  } catch (const std::exception& e) {
+    return StatusFromC10dException(e, absl::StrCat("rendezvous at ", options.master_addr, ":", options.master_port));
+  }
+  return CreateGlooProcessGroup(store, options.rank, options.world_size, options.timeout,
+                                options.master_addr);
+}
+
+absl::Status BroadcastModuleState(c10d::ProcessGroup& group, const torch::nn::Module& module) {
+  std::vector<at::Tensor> state = module.parameters();
+  for (const at::Tensor& buffer : module.buffers()) state.push_back(buffer);
+  if (state.empty()) return absl::OkStatus();
+  try {
+    at::NoGradGuard no_grad;
+    // One flat buffer per dtype would be needed for mixed models; the builtins are all float32.
+    std::vector<at::Tensor> flat_parts;
+    for (const at::Tensor& t : state) {
+      if (t.scalar_type() != at::kFloat) {
+        return absl::UnimplementedError(absl::StrCat("broadcasting a ", c10::toString(t.scalar_type()),
+                                                     " tensor (only float32 models are supported)"));
+      }
+      flat_parts.push_back(t.detach().reshape({-1}));
+    }
+    std::vector<at::Tensor> flat = {at::cat(flat_parts)};
+    group.broadcast(flat)->wait();
+    int64_t offset = 0;
+    for (const at::Tensor& t : state) {
+      t.detach().copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
+  } catch (const std::exception& e) {
+    return StatusFromC10dException(e, "broadcasting rank 0's parameters");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fitrun::worker

@@ -1,0 +1,47 @@
+#ifndef FITRUN_WORKER_DDP_PROCESS_GROUP_H_
+#define FITRUN_WORKER_DDP_PROCESS_GROUP_H_
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/nn/module.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace fitrun::worker {
+
+// How a rank joins its job's process group (the torchrun contract plus the spec's timeout).
+struct ProcessGroupOptions {
+  std::string master_addr;
+  int master_port = 0;
+  int rank = 0;
+  int world_size = 1;
+  // Bounds the rendezvous and every collective: a dead or stuck peer fails the rank instead of
+  // hanging it (spec.ddp.collective_timeout_seconds).
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+// Rendezvous through a c10d::TCPStore (rank 0 hosts it at master_addr:master_port and waits for the
+// others) and builds a Gloo process group. Fails with DeadlineExceeded/Unavailable when the peers do
+// not show up within the timeout.
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> ConnectProcessGroup(
+    const ProcessGroupOptions& options);
+
+// A Gloo process group over an existing store (tests use a FileStore). `hostname` is the address the
+// rank's Gloo device binds; ranks on one machine use the loopback address.
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateGlooProcessGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, absl::Duration timeout,
+    const std::string& hostname = "127.0.0.1");
+
+// Overwrites every rank's parameters and buffers with rank 0's in one collective, so ranks start
+// bitwise identical whatever their own initialization did.
+absl::Status BroadcastModuleState(c10d::ProcessGroup& group, const torch::nn::Module& module);
+
+}  // namespace fitrun::worker
+
+#endif  // FITRUN_WORKER_DDP_PROCESS_GROUP_H_
