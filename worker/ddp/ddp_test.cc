@@ -11,6 +11,7 @@
 #include <functional>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "worker/ddp/flat_all_reduce.h"
 #include "worker/ddp/process_group.h"
@@ -44,13 +45,14 @@ int FreePort() {
 
 // Runs body(rank, group) on kWorld threads sharing a FileStore.
 void RunRanks(const std::string& store_name,
-              const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& body) {
+              const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& body,
+              absl::Duration timeout = kTimeout) {
   const std::string path = FreshPath(store_name);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
     threads.emplace_back([&, rank] {
       auto store = c10::make_intrusive<c10d::FileStore>(path, kWorld);
-      auto group = CreateGlooProcessGroup(store, rank, kWorld, kTimeout);
+      auto group = CreateGlooProcessGroup(store, rank, kWorld, timeout);
       ASSERT_TRUE(group.ok()) << group.status();
       body(rank, *group);
     });
@@ -93,6 +95,22 @@ TEST(FlatAllReduceTest, AveragesGradientsAndLoss) {
   });
 }
 
+TEST(FlatAllReduceTest, DeadPeerFailsWithAStatus) {
+  const absl::Time start = absl::Now();
+  RunRanks(
+      "dead_peer_store",
+      [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+        if (rank == 1) return;  // leaves, dropping its end of the group
+        TwoParameters module(0.0f);
+        auto synchronizer = FlatAllReduceSynchronizer::Create(group, module.parameters());
+        ASSERT_TRUE(synchronizer.ok()) << synchronizer.status();
+        absl::StatusOr<double> loss = (*synchronizer)->Synchronize(1.0);
+        EXPECT_FALSE(loss.ok());
+      },
+      absl::Seconds(3));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+}
+
 TEST(BroadcastTest, EveryRankEndsWithRankZerosParameters) {
   RunRanks("broadcast_store", [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
     TwoParameters module(rank == 0 ? 3.0f : 7.0f);
@@ -109,7 +127,7 @@ TEST(ConnectProcessGroupTest, RendezvousOverTcpStore) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
     threads.emplace_back([port, rank] {
-      ProcessGroupOptions options{"127.0.0.1", port, rank, kWorld, kTimeout};
+      ProcessGroupOptions options{"127.0.0.1", port, rank, kWorld, kTimeout, kTimeout};
       auto group = ConnectProcessGroup(options);
       ASSERT_TRUE(group.ok()) << group.status();
       std::vector<at::Tensor> t = {at::full({3}, static_cast<float>(rank + 1))};
@@ -121,16 +139,17 @@ TEST(ConnectProcessGroupTest, RendezvousOverTcpStore) {
 }
 
 TEST(ConnectProcessGroupTest, MissingPeerTimesOutWithAStatus) {
-  ProcessGroupOptions options{"127.0.0.1", FreePort(), 0, kWorld, absl::Milliseconds(500)};
+  ProcessGroupOptions options{"127.0.0.1", FreePort(), 0, kWorld, absl::Milliseconds(500), kTimeout};
   auto group = ConnectProcessGroup(options);
   ASSERT_FALSE(group.ok());
   EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded) << group.status();
+  EXPECT_TRUE(absl::StrContains(group.status().message(), "only 1 of 2 ranks joined")) << group.status();
 }
 
 TEST(ConnectProcessGroupTest, RejectsBadRankAndPort) {
-  EXPECT_EQ(ConnectProcessGroup({"127.0.0.1", 1234, 2, 2, kTimeout}).status().code(),
+  EXPECT_EQ(ConnectProcessGroup({"127.0.0.1", 1234, 2, 2, kTimeout, kTimeout}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ConnectProcessGroup({"127.0.0.1", 0, 0, 2, kTimeout}).status().code(),
+  EXPECT_EQ(ConnectProcessGroup({"127.0.0.1", 0, 0, 2, kTimeout, kTimeout}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

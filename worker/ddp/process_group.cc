@@ -4,10 +4,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "worker/ddp/c10d_status.h"
 
 namespace fitrun::worker {
@@ -51,18 +53,40 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> ConnectProcessGroup(
     return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT ", options.master_port, " is not a port"));
   }
   c10::intrusive_ptr<c10d::Store> store;
+  const std::string where = absl::StrCat(options.master_addr, ":", options.master_port);
   try {
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(options.master_port);
     store_options.isServer = options.rank == 0;
     store_options.numWorkers = options.world_size;
-    store_options.waitWorkers = true;
-    store_options.timeout = ToChrono(options.timeout);
+    // Our own barrier below waits for the peers with a clear error; the store's would only time out.
+    store_options.waitWorkers = false;
+    // LibTorch 1.13's client gives up without retrying when its timeout is under two seconds (it
+    // retries once a second and truncates to whole seconds), so the store never gets less.
+    store_options.timeout = ToChrono(std::max(options.rendezvous_timeout, absl::Seconds(2)));
     store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
   } catch (const std::exception& e) {
-    return StatusFromC10dException(e, absl::StrCat("rendezvous at ", options.master_addr, ":", options.master_port));
+    return StatusFromC10dException(e, absl::StrCat("rendezvous at ", where));
   }
-  return CreateGlooProcessGroup(store, options.rank, options.world_size, options.timeout,
+
+  // Every rank joins before the Gloo group is built, so the group's own connection phase (bounded
+  // by the shorter collective timeout) starts with all peers present.
+  try {
+    const absl::Time deadline = absl::Now() + options.rendezvous_timeout;
+    int64_t joined = store->add("fitrun/joined", 1);
+    while (joined < options.world_size) {
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "rendezvous at ", where, ": only ", joined, " of ", options.world_size,
+            " ranks joined within ", absl::FormatDuration(options.rendezvous_timeout)));
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+      joined = store->add("fitrun/joined", 0);
+    }
+  } catch (const std::exception& e) {
+    return StatusFromC10dException(e, absl::StrCat("rendezvous at ", where));
+  }
+  return CreateGlooProcessGroup(store, options.rank, options.world_size, options.collective_timeout,
                                 options.master_addr);
 }
 

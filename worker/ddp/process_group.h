@@ -21,14 +21,17 @@ struct ProcessGroupOptions {
   int master_port = 0;
   int rank = 0;
   int world_size = 1;
-  // Bounds the rendezvous and every collective: a dead or stuck peer fails the rank instead of
-  // hanging it (spec.ddp.collective_timeout_seconds).
-  absl::Duration timeout = absl::Seconds(60);
+  // How long to wait for every rank to reach the store: ranks start at different times (process
+  // start, loading the dataset), so this is kept longer than the collective timeout.
+  absl::Duration rendezvous_timeout = absl::Seconds(60);
+  // Bounds every collective: a dead or stuck peer fails the rank instead of hanging it
+  // (spec.ddp.collective_timeout_seconds).
+  absl::Duration collective_timeout = absl::Seconds(60);
 };
 
-// Rendezvous through a c10d::TCPStore (rank 0 hosts it at master_addr:master_port and waits for the
-// others) and builds a Gloo process group. Fails with DeadlineExceeded/Unavailable when the peers do
-// not show up within the timeout.
+// Rendezvous through a c10d::TCPStore (rank 0 hosts it at master_addr:master_port), waits until all
+// ranks have joined, then builds a Gloo process group. Fails with DeadlineExceeded when the peers do
+// not show up within the rendezvous timeout.
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> ConnectProcessGroup(
     const ProcessGroupOptions& options);
 
