@@ -1,0 +1,137 @@
+#include "client/format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+
+namespace fitrun::client {
+namespace {
+
+// Display width of UTF-8 text: counts code points, so job names with accents still line up.
+size_t DisplayWidth(const std::string& text) {
+  size_t width = 0;
+  for (unsigned char c : text) {
+    if ((c & 0xC0) != 0x80) ++width;
+  }
+  return width;
+}
+
+}  // namespace
+
+std::string FormatBytes(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  const char* sign = bytes < 0 ? "-" : "";
+  // Unsigned so that INT64_MIN still has a magnitude.
+  const uint64_t magnitude =
+      bytes < 0 ? uint64_t{0} - static_cast<uint64_t>(bytes) : static_cast<uint64_t>(bytes);
+  if (magnitude < 1024) return absl::StrCat(sign, magnitude, " B");
+  double value = static_cast<double>(magnitude) / 1024.0;
+  int unit = 0;
+  // Move up a unit before rounding would print "1024.0 MiB".
+  while (value >= 1023.95 && unit + 1 < static_cast<int>(std::size(kUnits))) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return absl::StrFormat("%s%.1f %s", sign, value, kUnits[unit]);
+}
+
+std::string FormatMiB(int64_t bytes) {
+  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+std::string FormatShortDuration(absl::Duration duration) {
+  if (duration < absl::ZeroDuration()) duration = absl::ZeroDuration();
+  const int64_t total_seconds = absl::ToInt64Seconds(duration);
+  const int64_t days = total_seconds / 86400;
+  const int64_t hours = (total_seconds / 3600) % 24;
+  const int64_t minutes = (total_seconds / 60) % 60;
+  const int64_t seconds = total_seconds % 60;
+  if (days > 0) return absl::StrFormat("%dd%02dh", days, hours);
+  if (hours > 0) return absl::StrFormat("%dh%02dm", hours, minutes);
+  if (minutes > 0) return absl::StrFormat("%dm%02ds", minutes, seconds);
+  return absl::StrFormat("%ds", seconds);
+}
+
+std::string MemoryBar(int64_t used_bytes, int64_t total_bytes, int width) {
+  width = std::max(width, 1);
+  if (total_bytes <= 0) return absl::StrCat("[", std::string(width, '.'), "]  n/a");
+  const double fraction =
+      std::clamp(static_cast<double>(used_bytes) / static_cast<double>(total_bytes), 0.0, 1.0);
+  const int filled = static_cast<int>(std::lround(fraction * width));
+  return absl::StrFormat("[%s%s] %3d%%", std::string(filled, '#'), std::string(width - filled, '.'),
+                         static_cast<int>(std::lround(fraction * 100)));
+}
+
+std::string FormatLoss(double loss) { return absl::StrFormat("%.4f", loss); }
+
+std::string StateName(v1::JobState state) {
+  std::string name = v1::JobState_Name(state);
+  if (name.empty()) return absl::StrCat("STATE_", static_cast<int>(state));
+  return std::string(absl::StripPrefix(name, "JOB_STATE_"));
+}
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+std::string DeviceKindName(v1::DeviceKind kind) {
+  switch (kind) {
+    case v1::DEVICE_KIND_CPU:
+      return "cpu";
+    case v1::DEVICE_KIND_CUDA:
+      return "cuda";
+    default:
+      return "?";
+  }
+}
+
+absl::Time ToAbslTime(const google::protobuf::Timestamp& timestamp) {
+  return absl::FromUnixSeconds(timestamp.seconds()) + absl::Nanoseconds(timestamp.nanos());
+}
+
+bool HasTime(const google::protobuf::Timestamp& timestamp) {
+  return timestamp.seconds() != 0 || timestamp.nanos() != 0;
+}
+
+std::string FormatTable(const std::vector<TableColumn>& columns,
+                        const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths(columns.size(), 0);
+  for (size_t c = 0; c < columns.size(); ++c) widths[c] = DisplayWidth(columns[c].title);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < columns.size() && c < row.size(); ++c) {
+      widths[c] = std::max(widths[c], DisplayWidth(row[c]));
+    }
+  }
+
+  std::string out;
+  auto append_row = [&](const std::vector<std::string>& cells) {
+    std::string line;
+    for (size_t c = 0; c < columns.size(); ++c) {
+      const std::string empty;
+      const std::string& cell = c < cells.size() ? cells[c] : empty;
+      const std::string padding(widths[c] - DisplayWidth(cell), ' ');
+      if (c > 0) line += "  ";
+      if (columns[c].right_aligned) {
+        absl::StrAppend(&line, padding, cell);
+      } else {
+        absl::StrAppend(&line, cell, padding);
+      }
+    }
+    line.erase(line.find_last_not_of(' ') + 1);
+    absl::StrAppend(&out, line, "\n");
+  };
+
+  std::vector<std::string> header;
+  header.reserve(columns.size());
+  for (const auto& column : columns) header.push_back(column.title);
+  append_row(header);
+  for (const auto& row : rows) append_row(row);
+  return out;
+}
+
+}  // namespace fitrun::client
