@@ -1,0 +1,126 @@
+#include "client/grpc_coordinator_client.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "grpcpp/grpcpp.h"
+
+namespace fitrun::client {
+
+absl::Status ToAbslStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> GrpcCoordinatorClient::Create(
+    const Options& options) {
+  if (absl::StripAsciiWhitespace(options.address).empty()) {
+    return absl::InvalidArgumentError(
+        "--coordinator: empty address (want HOST:PORT, e.g. 127.0.0.1:7070)");
+  }
+  if (options.rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("rpc_timeout: must be positive");
+  }
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(options.address, grpc::InsecureChannelCredentials());
+  return std::unique_ptr<GrpcCoordinatorClient>(
+      new GrpcCoordinatorClient(options, v1::Coordinator::NewStub(channel)));
+}
+
+void GrpcCoordinatorClient::PrepareUnary(grpc::ClientContext* context) const {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        absl::ToChronoMilliseconds(options_.rpc_timeout));
+}
+
+absl::StatusOr<v1::Job> GrpcCoordinatorClient::SubmitJob(const std::string& spec_yaml) {
+  grpc::ClientContext context;
+  PrepareUnary(&context);
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(spec_yaml);
+  v1::SubmitJobResponse response;
+  if (absl::Status status = ToAbslStatus(stub_->SubmitJob(&context, request, &response));
+      !status.ok()) {
+    return status;
+  }
+  return std::move(*response.mutable_job());
+}
+
+absl::StatusOr<v1::PlanJobResponse> GrpcCoordinatorClient::PlanJob(const std::string& spec_yaml) {
+  grpc::ClientContext context;
+  PrepareUnary(&context);
+  v1::PlanJobRequest request;
+  request.set_spec_yaml(spec_yaml);
+  v1::PlanJobResponse response;
+  if (absl::Status status = ToAbslStatus(stub_->PlanJob(&context, request, &response));
+      !status.ok()) {
+    return status;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::Job> GrpcCoordinatorClient::GetJob(const std::string& job_id) {
+  grpc::ClientContext context;
+  PrepareUnary(&context);
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::Job response;
+  if (absl::Status status = ToAbslStatus(stub_->GetJob(&context, request, &response));
+      !status.ok()) {
+    return status;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::ListJobsResponse> GrpcCoordinatorClient::ListJobs() {
+  grpc::ClientContext context;
+  PrepareUnary(&context);
+  v1::ListJobsRequest request;
+  v1::ListJobsResponse response;
+  if (absl::Status status = ToAbslStatus(stub_->ListJobs(&context, request, &response));
+      !status.ok()) {
+    return status;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::Job> GrpcCoordinatorClient::CancelJob(const std::string& job_id,
+                                                         const std::string& reason) {
+  grpc::ClientContext context;
+  PrepareUnary(&context);
+  v1::CancelJobRequest request;
+  request.set_job_id(job_id);
+  request.set_reason(reason);
+  v1::CancelJobResponse response;
+  if (absl::Status status = ToAbslStatus(stub_->CancelJob(&context, request, &response));
+      !status.ok()) {
+    return status;
+  }
+  return std::move(*response.mutable_job());
+}
+
+absl::StatusOr<v1::ListDevicesResponse> GrpcCoordinatorClient::ListDevices() {
+  grpc::ClientContext context;
+  PrepareUnary(&context);
+  v1::ListDevicesRequest request;
+  v1::ListDevicesResponse response;
+  if (absl::Status status = ToAbslStatus(stub_->ListDevices(&context, request, &response));
+      !status.ok()) {
+    return status;
+  }
+  return response;
+}
+
+absl::Status GrpcCoordinatorClient::WatchJob(const std::string& job_id, int64_t from_sequence,
+                                             const EventCallback& on_event) {
+  grpc::ClientContext context;
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  request.set_from_sequence(from_sequence);
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
+  v1::JobEvent event;
+  while (reader->Read(&event)) on_event(event);
+  return ToAbslStatus(reader->Finish());
+}
+
+}  // namespace fitrun::client

@@ -1,0 +1,53 @@
+// CoordinatorApi over gRPC's synchronous stub: one channel to fitrund, one call per method.
+#ifndef FITRUN_CLIENT_GRPC_COORDINATOR_CLIENT_H_
+#define FITRUN_CLIENT_GRPC_COORDINATOR_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/coordinator_api.h"
+#include "fitrun/v1/coordinator.grpc.pb.h"
+
+namespace fitrun::client {
+
+// Thread-safe: gRPC's channel and synchronous stub may be called from several threads at once.
+class GrpcCoordinatorClient : public CoordinatorApi {
+ public:
+  struct Options {
+    // Any gRPC target: "HOST:PORT", "dns:///host:port", "unix:/path".
+    std::string address;
+    // For unary calls only. A watch follows a job for as long as it runs, so it has no deadline.
+    absl::Duration rpc_timeout = absl::Seconds(30);
+  };
+
+  static absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> Create(const Options& options);
+
+  absl::StatusOr<v1::Job> SubmitJob(const std::string& spec_yaml) override;
+  absl::StatusOr<v1::PlanJobResponse> PlanJob(const std::string& spec_yaml) override;
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id) override;
+  absl::StatusOr<v1::ListJobsResponse> ListJobs() override;
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason) override;
+  absl::StatusOr<v1::ListDevicesResponse> ListDevices() override;
+  absl::Status WatchJob(const std::string& job_id, int64_t from_sequence,
+                        const EventCallback& on_event) override;
+
+ private:
+  GrpcCoordinatorClient(const Options& options, std::unique_ptr<v1::Coordinator::Stub> stub)
+      : options_(options), stub_(std::move(stub)) {}
+
+  // Sets the unary deadline on `context`.
+  void PrepareUnary(grpc::ClientContext* context) const;
+
+  const Options options_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+// grpc::Status to absl::Status, code and message unchanged.
+absl::Status ToAbslStatus(const grpc::Status& status);
+
+}  // namespace fitrun::client
+
+#endif  // FITRUN_CLIENT_GRPC_COORDINATOR_CLIENT_H_
