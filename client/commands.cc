@@ -1,0 +1,175 @@
+#include "client/commands.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "client/format.h"
+#include "client/render.h"
+#include "client/watch_printer.h"
+
+namespace fitrun::client {
+namespace {
+
+// "error: NOT_FOUND: job j-7 not found": the code tells scripts and people what kind of failure it
+// is; the message is the coordinator's, verbatim, because it names the offending spec field.
+int ReportRpcError(const CommandEnv& env, const absl::Status& status) {
+  *env.err << "error: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
+           << std::endl;
+  return ExitCodeForRpcError(status);
+}
+
+int ReportLocalError(const CommandEnv& env, const absl::Status& status) {
+  *env.err << "error: " << status.message() << std::endl;
+  return kExitLocalError;
+}
+
+int PrintJson(const CommandEnv& env, const google::protobuf::Message& message) {
+  absl::StatusOr<std::string> json = ToJson(message);
+  if (!json.ok()) return ReportLocalError(env, json.status());
+  *env.out << *json << std::flush;
+  return kExitOk;
+}
+
+RenderContext MakeRenderContext(const CommandEnv& env) { return {env.now(), env.zone}; }
+
+int ExitCodeForOutcome(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_SUCCEEDED:
+      return kExitOk;
+    case v1::JOB_STATE_CANCELLED:
+      return kExitJobCancelled;
+    default:
+      return kExitJobFailed;
+  }
+}
+
+// Follows the job's events into `printer` until the coordinator ends the stream. Starts after the
+// last event the printer has seen, so calling it again on the same printer resumes a broken watch
+// without repeating or losing events.
+absl::Status FollowEvents(const CommandEnv& env, const std::string& job_id, WatchPrinter* printer) {
+  return env.coordinator->WatchJob(
+      job_id, printer->state().last_sequence() + 1,
+      [&](const v1::JobEvent& event) { printer->OnEvent(event, env.now()); });
+}
+
+}  // namespace
+
+bool IsTransportError(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+int ExitCodeForRpcError(const absl::Status& status) {
+  if (status.ok()) return kExitOk;
+  return IsTransportError(status) ? kExitTransport : kExitRejected;
+}
+
+absl::StatusOr<std::string> ReadSpecFile(const std::string& path) {
+  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (file == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read spec file ", path, ": ", std::strerror(errno)));
+  }
+  std::string text;
+  char buffer[64 * 1024];
+  size_t read;
+  while ((read = std::fread(buffer, 1, sizeof(buffer), file.get())) > 0) text.append(buffer, read);
+  // A directory opens fine and fails on the first read (EISDIR).
+  if (std::ferror(file.get())) {
+    return absl::DataLossError(
+        absl::StrCat("cannot read spec file ", path, ": ", std::strerror(errno)));
+  }
+  return text;
+}
+
+int RunSubmit(const CommandEnv& env, const std::string& spec_path, bool watch) {
+  absl::StatusOr<std::string> spec_yaml = ReadSpecFile(spec_path);
+  if (!spec_yaml.ok()) return ReportLocalError(env, spec_yaml.status());
+  absl::StatusOr<v1::Job> job = env.coordinator->SubmitJob(*spec_yaml);
+  if (!job.ok()) return ReportRpcError(env, job.status());
+  *env.out << "submitted job " << job->id() << std::endl;
+  if (!watch) return kExitOk;
+  return RunWatch(env, job->id());
+}
+
+int RunWatch(const CommandEnv& env, const std::string& job_id) {
+  WatchPrinter printer(env.out, env.out_is_terminal);
+  const absl::Status stream_status = FollowEvents(env, job_id, &printer);
+  printer.Finish();
+
+  if (!stream_status.ok()) {
+    const int code = ReportRpcError(env, stream_status);
+    // Only a stream that delivered something can have broken mid-job; otherwise the error itself
+    // (e.g. "failed to connect") says everything.
+    if (IsTransportError(stream_status) && printer.state().last_sequence() > 0) {
+      *env.err << "the event stream of job " << job_id << " broke after event "
+               << printer.state().last_sequence()
+               << "; the job itself is unaffected: run `fitrun watch " << job_id
+               << "` to follow it again" << std::endl;
+    }
+    return code;
+  }
+
+  absl::StatusOr<v1::Job> job = env.coordinator->GetJob(job_id);
+  if (!job.ok()) return ReportRpcError(env, job.status());
+  if (!IsTerminal(job->state())) {
+    *env.err << "error: the coordinator ended the event stream of job " << job_id
+             << " while it is still " << StateName(job->state()) << " (after event "
+             << printer.state().last_sequence() << ")" << std::endl;
+    return kExitTransport;
+  }
+  *env.out << RenderOutcome(*job) << std::flush;
+  return ExitCodeForOutcome(job->state());
+}
+
+int RunGet(const CommandEnv& env, const std::string& job_id, bool json) {
+  absl::StatusOr<v1::Job> job = env.coordinator->GetJob(job_id);
+  if (!job.ok()) return ReportRpcError(env, job.status());
+  if (json) return PrintJson(env, *job);
+  *env.out << RenderJob(*job, MakeRenderContext(env)) << std::flush;
+  return kExitOk;
+}
+
+int RunList(const CommandEnv& env, bool json) {
+  absl::StatusOr<v1::ListJobsResponse> jobs = env.coordinator->ListJobs();
+  if (!jobs.ok()) return ReportRpcError(env, jobs.status());
+  if (json) return PrintJson(env, *jobs);
+  *env.out << RenderJobTable(*jobs, MakeRenderContext(env)) << std::flush;
+  return kExitOk;
+}
+
+int RunCancel(const CommandEnv& env, const std::string& job_id, const std::string& reason) {
+  absl::StatusOr<v1::Job> job = env.coordinator->CancelJob(job_id, reason);
+  if (!job.ok()) return ReportRpcError(env, job.status());
+  // Ranks take a moment to stop, so the job may not be CANCELLED yet when the call returns.
+  if (job->state() == v1::JOB_STATE_CANCELLED) {
+    *env.out << "cancelled job " << job_id << std::endl;
+  } else {
+    *env.out << "cancelling job " << job_id << " (now " << StateName(job->state()) << ")"
+             << std::endl;
+  }
+  return kExitOk;
+}
+
+int RunPlan(const CommandEnv& env, const std::string& spec_path, bool json) {
+  absl::StatusOr<std::string> spec_yaml = ReadSpecFile(spec_path);
+  if (!spec_yaml.ok()) return ReportLocalError(env, spec_yaml.status());
+  absl::StatusOr<v1::PlanJobResponse> plan = env.coordinator->PlanJob(*spec_yaml);
+  if (!plan.ok()) return ReportRpcError(env, plan.status());
+  if (json) return PrintJson(env, *plan);
+  *env.out << RenderPlan(*plan) << std::flush;
+  return kExitOk;
+}
+
+int RunDevices(const CommandEnv& env, bool json) {
+  absl::StatusOr<v1::ListDevicesResponse> devices = env.coordinator->ListDevices();
+  if (!devices.ok()) return ReportRpcError(env, devices.status());
+  if (json) return PrintJson(env, *devices);
+  *env.out << RenderDeviceTable(*devices) << std::flush;
+  return kExitOk;
+}
+
+}  // namespace fitrun::client

@@ -1,0 +1,245 @@
+#include "client/commands.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "client/fake_coordinator.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace fitrun::client {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Pair;
+using ::testing::StartsWith;
+
+const absl::Time kNow = absl::FromUnixSeconds(1700000000);
+
+class CommandsTest : public ::testing::Test {
+ protected:
+  CommandsTest() {
+    env_.coordinator = &coordinator_;
+    env_.out = &out_;
+    env_.err = &err_;
+    env_.now = [] { return kNow; };
+  }
+
+  // A spec file in the test's private temporary directory.
+  std::string WriteSpec(const std::string& text) {
+    const std::string path = ::testing::TempDir() + "/spec.yaml";
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  FakeCoordinator coordinator_;
+  std::ostringstream out_;
+  std::ostringstream err_;
+  CommandEnv env_;
+};
+
+v1::Job JobInState(const std::string& id, v1::JobState state) {
+  v1::Job job;
+  job.set_id(id);
+  job.set_state(state);
+  return job;
+}
+
+v1::JobEvent StateEvent(int64_t sequence, v1::JobState from, v1::JobState to) {
+  v1::JobEvent event;
+  event.set_sequence(sequence);
+  event.mutable_state_changed()->set_from(from);
+  event.mutable_state_changed()->set_to(to);
+  return event;
+}
+
+v1::JobEvent ProgressEvent(int64_t sequence, int32_t rank, int64_t step) {
+  v1::JobEvent event;
+  event.set_sequence(sequence);
+  event.mutable_progress()->set_rank(rank);
+  event.mutable_progress()->set_step(step);
+  event.mutable_progress()->set_total_steps(10);
+  event.mutable_progress()->set_loss(0.5);
+  return event;
+}
+
+TEST_F(CommandsTest, SubmitSendsTheFileTextVerbatim) {
+  const std::string spec = "name: mnist\nmodel: {builtin: mlp}\n# comment kept\n";
+  coordinator_.submit_reply = JobInState("j-7", v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(RunSubmit(env_, WriteSpec(spec), /*watch=*/false), kExitOk);
+  EXPECT_THAT(coordinator_.submitted_specs, ElementsAre(spec));
+  EXPECT_EQ(out_.str(), "submitted job j-7\n");
+  EXPECT_EQ(err_.str(), "");
+  EXPECT_THAT(coordinator_.watches, IsEmpty());
+}
+
+TEST_F(CommandsTest, SubmitPrintsInvalidArgumentVerbatim) {
+  coordinator_.submit_reply = absl::InvalidArgumentError(
+      "spec.resources.max_devices: must be >= min_devices (got 1 < 2)");
+  EXPECT_EQ(RunSubmit(env_, WriteSpec("x: 1\n"), false), kExitRejected);
+  EXPECT_EQ(err_.str(),
+            "error: INVALID_ARGUMENT: spec.resources.max_devices: must be >= min_devices (got 1 "
+            "< 2)\n");
+  EXPECT_EQ(out_.str(), "");
+}
+
+TEST_F(CommandsTest, MissingSpecFileNamesThePathAndSendsNothing) {
+  const std::string path = ::testing::TempDir() + "/no-such-spec.yaml";
+  EXPECT_EQ(RunSubmit(env_, path, false), kExitLocalError);
+  EXPECT_EQ(err_.str(),
+            "error: cannot read spec file " + path + ": No such file or directory\n");
+  EXPECT_THAT(coordinator_.submitted_specs, IsEmpty());
+
+  err_.str("");
+  EXPECT_EQ(RunPlan(env_, ::testing::TempDir(), false), kExitLocalError);
+  EXPECT_THAT(err_.str(), HasSubstr("cannot read spec file " + ::testing::TempDir()));
+  EXPECT_THAT(coordinator_.planned_specs, IsEmpty());
+}
+
+TEST_F(CommandsTest, SubmitWithWatchFollowsTheNewJob) {
+  coordinator_.submit_reply = JobInState("j-8", v1::JOB_STATE_QUEUED);
+  coordinator_.watch_events = {StateEvent(1, v1::JOB_STATE_UNSPECIFIED, v1::JOB_STATE_QUEUED)};
+  coordinator_.get_reply = JobInState("j-8", v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(RunSubmit(env_, WriteSpec("name: x\n"), /*watch=*/true), kExitJobCancelled);
+  EXPECT_THAT(coordinator_.watches, ElementsAre(Pair("j-8", 1)));
+  EXPECT_EQ(out_.str(), "submitted job j-8\nstate: QUEUED\njob j-8 CANCELLED\n");
+}
+
+TEST_F(CommandsTest, WatchReplaysFromTheStartAndPrintsTheResult) {
+  v1::Job done = JobInState("j-1", v1::JOB_STATE_SUCCEEDED);
+  done.mutable_result()->set_test_accuracy(0.8412);
+  done.mutable_result()->set_final_loss(0.3);
+  done.mutable_result()->set_steps(10);
+  done.mutable_result()->set_train_seconds(75);
+  coordinator_.get_reply = done;
+  coordinator_.watch_events = {
+      StateEvent(1, v1::JOB_STATE_UNSPECIFIED, v1::JOB_STATE_RUNNING),
+      ProgressEvent(2, 0, 10),
+      StateEvent(3, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED),
+  };
+
+  EXPECT_EQ(RunWatch(env_, "j-1"), kExitOk);
+  EXPECT_THAT(coordinator_.watches, ElementsAre(Pair("j-1", 1)));
+  EXPECT_THAT(coordinator_.got_job_ids, ElementsAre("j-1"));
+  EXPECT_EQ(out_.str(),
+            "state: RUNNING\n"
+            "step 10/10 (100.0%)  epoch 0  loss 0.5000  0.0 samples/s  ETA --\n"
+            "state: RUNNING -> SUCCEEDED\n"
+            "job j-1 SUCCEEDED\n"
+            "test accuracy: 0.8412\n"
+            "final loss:    0.3000\n"
+            "steps:         10\n"
+            "train time:    1m15s\n");
+  EXPECT_EQ(err_.str(), "");
+}
+
+TEST_F(CommandsTest, WatchExitCodesFollowTheOutcome) {
+  coordinator_.get_reply = JobInState("j-1", v1::JOB_STATE_FAILED);
+  coordinator_.get_reply->set_failure_reason("rank 1 exited with code 3");
+  EXPECT_EQ(RunWatch(env_, "j-1"), kExitJobFailed);
+  EXPECT_THAT(out_.str(), HasSubstr("job j-1 FAILED: rank 1 exited with code 3\n"));
+
+  coordinator_.get_reply = JobInState("j-1", v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(RunWatch(env_, "j-1"), kExitJobCancelled);
+}
+
+TEST_F(CommandsTest, WatchReportsABrokenStream) {
+  coordinator_.watch_events = {ProgressEvent(1, 0, 3), ProgressEvent(2, 0, 4)};
+  coordinator_.watch_end = absl::UnavailableError("Socket closed");
+  EXPECT_EQ(RunWatch(env_, "j-1"), kExitTransport);
+  EXPECT_THAT(err_.str(), StartsWith("error: UNAVAILABLE: Socket closed\n"));
+  EXPECT_THAT(err_.str(), HasSubstr("broke after event 2"));
+  // The latest progress is still shown before the error.
+  EXPECT_THAT(out_.str(), HasSubstr("step 4/10"));
+  EXPECT_THAT(coordinator_.got_job_ids, IsEmpty());
+}
+
+TEST_F(CommandsTest, WatchOfAnUnknownJobIsRejected) {
+  coordinator_.watch_end = absl::NotFoundError("job j-404 not found");
+  EXPECT_EQ(RunWatch(env_, "j-404"), kExitRejected);
+  EXPECT_EQ(err_.str(), "error: NOT_FOUND: job j-404 not found\n");
+}
+
+TEST_F(CommandsTest, WatchStreamEndingEarlyIsATransportError) {
+  coordinator_.get_reply = JobInState("j-1", v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(RunWatch(env_, "j-1"), kExitTransport);
+  EXPECT_THAT(err_.str(), HasSubstr("while it is still RUNNING"));
+}
+
+TEST_F(CommandsTest, GetPrintsHumanOrJson) {
+  coordinator_.get_reply = JobInState("j-3", v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(RunGet(env_, "j-3", /*json=*/false), kExitOk);
+  EXPECT_THAT(out_.str(), HasSubstr("state: QUEUED\n"));
+
+  out_.str("");
+  EXPECT_EQ(RunGet(env_, "j-3", /*json=*/true), kExitOk);
+  EXPECT_THAT(out_.str(), StartsWith("{"));
+  EXPECT_THAT(out_.str(), HasSubstr("\"state\": \"JOB_STATE_QUEUED\""));
+  EXPECT_THAT(out_.str(), HasSubstr("\"attempts\": 0"));
+}
+
+TEST_F(CommandsTest, ErrorsUseTheCodeName) {
+  coordinator_.get_reply = absl::NotFoundError("job j-9 not found");
+  EXPECT_EQ(RunGet(env_, "j-9", false), kExitRejected);
+  EXPECT_EQ(err_.str(), "error: NOT_FOUND: job j-9 not found\n");
+
+  err_.str("");
+  coordinator_.list_reply = absl::UnavailableError("failed to connect to all addresses");
+  EXPECT_EQ(RunList(env_, false), kExitTransport);
+  EXPECT_EQ(err_.str(), "error: UNAVAILABLE: failed to connect to all addresses\n");
+
+  err_.str("");
+  coordinator_.devices_reply = absl::DeadlineExceededError("Deadline Exceeded");
+  EXPECT_EQ(RunDevices(env_, false), kExitTransport);
+  EXPECT_EQ(err_.str(), "error: DEADLINE_EXCEEDED: Deadline Exceeded\n");
+}
+
+TEST_F(CommandsTest, ListAndDevicesPrintTables) {
+  coordinator_.list_reply = v1::ListJobsResponse();
+  *coordinator_.list_reply->add_jobs() = JobInState("j-1", v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(RunList(env_, false), kExitOk);
+  EXPECT_THAT(out_.str(), StartsWith("ID   NAME  STATE   DEVICES  STEP  LOSS  AGE\n"));
+
+  out_.str("");
+  coordinator_.devices_reply = v1::ListDevicesResponse();
+  EXPECT_EQ(RunDevices(env_, true), kExitOk);
+  EXPECT_EQ(out_.str(), "{\n \"devices\": []\n}\n");
+}
+
+TEST_F(CommandsTest, PlanSendsTheSpecAndPrintsThePlan) {
+  v1::PlanJobResponse plan;
+  plan.mutable_plan()->add_device_ids("cpu:0");
+  plan.mutable_plan()->set_per_device_batch(128);
+  plan.mutable_plan()->set_grad_accum_steps(1);
+  coordinator_.plan_reply = plan;
+  EXPECT_EQ(RunPlan(env_, WriteSpec("name: p\n"), false), kExitOk);
+  EXPECT_THAT(coordinator_.planned_specs, ElementsAre("name: p\n"));
+  EXPECT_THAT(out_.str(), HasSubstr("per-device batch:  128\n"));
+}
+
+TEST_F(CommandsTest, CancelSaysWhetherTheJobHasStoppedYet) {
+  coordinator_.cancel_reply = JobInState("j-5", v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(RunCancel(env_, "j-5", "no longer needed"), kExitOk);
+  EXPECT_THAT(coordinator_.cancelled, ElementsAre(Pair("j-5", "no longer needed")));
+  EXPECT_EQ(out_.str(), "cancelling job j-5 (now RUNNING)\n");
+
+  out_.str("");
+  coordinator_.cancel_reply = JobInState("j-5", v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(RunCancel(env_, "j-5", ""), kExitOk);
+  EXPECT_EQ(out_.str(), "cancelled job j-5\n");
+}
+
+TEST(ExitCodeForRpcErrorTest, TransportVersusRefused) {
+  EXPECT_EQ(ExitCodeForRpcError(absl::OkStatus()), kExitOk);
+  EXPECT_EQ(ExitCodeForRpcError(absl::UnavailableError("")), kExitTransport);
+  EXPECT_EQ(ExitCodeForRpcError(absl::DeadlineExceededError("")), kExitTransport);
+  EXPECT_EQ(ExitCodeForRpcError(absl::InvalidArgumentError("")), kExitRejected);
+  EXPECT_EQ(ExitCodeForRpcError(absl::FailedPreconditionError("")), kExitRejected);
+}
+
+}  // namespace
+}  // namespace fitrun::client
