@@ -1,0 +1,138 @@
+// fitrun: the command-line client of the fitrun coordinator (fitrund).
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/commands.h"
+#include "client/grpc_coordinator_client.h"
+
+namespace fitrun::client {
+namespace {
+
+// Every flag and argument of one invocation; filled by CLI11, read by Run.
+struct CliOptions {
+  std::string coordinator = "127.0.0.1:7070";
+  std::string spec_path;
+  std::string job_id;
+  std::string cancel_reason = "cancelled with fitrun cancel";
+  bool watch = false;
+  bool json = false;
+};
+
+enum class Command { kSubmit, kWatch, kGet, kList, kCancel, kPlan, kDevices };
+
+int Run(Command command, const CliOptions& options) {
+  GrpcCoordinatorClient::Options client_options;
+  client_options.address = options.coordinator;
+  absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> client =
+      GrpcCoordinatorClient::Create(client_options);
+  if (!client.ok()) {
+    std::cerr << "error: " << client.status().message() << std::endl;
+    return kExitUsage;
+  }
+
+  CommandEnv env;
+  env.coordinator = client->get();
+  env.out = &std::cout;
+  env.err = &std::cerr;
+  // A dumb terminal (Emacs shell buffers, some CI consoles) shows escape codes as garbage.
+  const char* term = std::getenv("TERM");
+  env.out_is_terminal =
+      isatty(STDOUT_FILENO) == 1 && !(term != nullptr && std::string(term) == "dumb");
+  env.now = absl::Now;
+  env.zone = absl::LocalTimeZone();
+
+  switch (command) {
+    case Command::kSubmit:
+      return RunSubmit(env, options.spec_path, options.watch);
+    case Command::kWatch:
+      return RunWatch(env, options.job_id);
+    case Command::kGet:
+      return RunGet(env, options.job_id, options.json);
+    case Command::kList:
+      return RunList(env, options.json);
+    case Command::kCancel:
+      return RunCancel(env, options.job_id, options.cancel_reason);
+    case Command::kPlan:
+      return RunPlan(env, options.spec_path, options.json);
+    case Command::kDevices:
+      return RunDevices(env, options.json);
+  }
+  return kExitUsage;
+}
+
+int Main(int argc, char** argv) {
+  CliOptions options;
+  CLI::App app{"fitrun: submit, plan, watch and manage training jobs on a fitrun coordinator."};
+  app.set_version_flag("--version", "fitrun v1");
+  app.require_subcommand(1);
+  // Global flags are accepted after the command too: `fitrun list --coordinator=host:7070`.
+  app.fallthrough();
+  app.add_option("--coordinator", options.coordinator, "the coordinator's HOST:PORT")
+      ->envname("FITRUN_COORDINATOR")
+      ->capture_default_str();
+  app.footer(
+      "Exit codes: 0 ok; 1 job FAILED; 2 job CANCELLED; 3 coordinator unreachable or stream "
+      "lost; 4 request refused by the coordinator; 5 local error (unreadable spec file); "
+      "64 usage.");
+
+  auto add_json = [&](CLI::App* command) {
+    command->add_flag("--json", options.json, "print the reply as the proto's JSON mapping");
+  };
+
+  CLI::App* submit = app.add_subcommand("submit", "submit a job spec (YAML) and print its id");
+  submit->add_option("spec", options.spec_path, "job spec YAML file")->required();
+  submit->add_flag("--watch", options.watch, "then follow the job as `fitrun watch` does");
+
+  CLI::App* watch =
+      app.add_subcommand("watch", "follow a job's events and progress until it ends");
+  watch->add_option("id", options.job_id, "job id")->required();
+
+  CLI::App* get = app.add_subcommand("get", "show one job");
+  get->add_option("id", options.job_id, "job id")->required();
+  add_json(get);
+
+  CLI::App* list = app.add_subcommand("list", "list jobs");
+  add_json(list);
+
+  CLI::App* cancel = app.add_subcommand("cancel", "stop every rank of a job");
+  cancel->add_option("id", options.job_id, "job id")->required();
+  cancel->add_option("--reason", options.cancel_reason, "recorded with the cancellation")
+      ->capture_default_str();
+
+  CLI::App* plan =
+      app.add_subcommand("plan", "show the plan a spec would get now, without running it");
+  plan->add_option("spec", options.spec_path, "job spec YAML file")->required();
+  add_json(plan);
+
+  CLI::App* devices = app.add_subcommand("devices", "list the coordinator's devices");
+  add_json(devices);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version are "errors" with exit code 0.
+    return app.exit(e) == 0 ? kExitOk : kExitUsage;
+  }
+
+  Command command = Command::kDevices;
+  if (*submit) command = Command::kSubmit;
+  else if (*watch) command = Command::kWatch;
+  else if (*get) command = Command::kGet;
+  else if (*list) command = Command::kList;
+  else if (*cancel) command = Command::kCancel;
+  else if (*plan) command = Command::kPlan;
+  return Run(command, options);
+}
+
+}  // namespace
+}  // namespace fitrun::client
+
+int main(int argc, char** argv) { return fitrun::client::Main(argc, argv); }
