@@ -1,0 +1,38 @@
+// What the job manager reports for monitoring, as a narrow interface so tests can read it back.
+// The Prometheus implementation lives in server/metrics.
+#ifndef FITRUN_SERVER_CORE_COORDINATOR_METRICS_H_
+#define FITRUN_SERVER_CORE_COORDINATOR_METRICS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "fitrun/v1/job.pb.h"
+
+namespace fitrun::server {
+
+// Implementations are thread-safe.
+class CoordinatorMetrics {
+ public:
+  virtual ~CoordinatorMetrics() = default;
+  // A job moved between states (from is UNSPECIFIED for a new job).
+  virtual void JobStateChanged(fitrun::v1::JobState from, fitrun::v1::JobState to) = 0;
+  // One event was recorded; `kind` is the event's oneof name ("progress", "oom", ...).
+  virtual void EventRecorded(const std::string& kind) = 0;
+  // Rank 0 of a running job reached `step` with `loss`.
+  virtual void TrainingProgress(const std::string& job_id, int64_t steps_advanced, double loss) = 0;
+  // The job no longer runs: its per-job series are dropped so label cardinality stays bounded.
+  virtual void JobStopped(const std::string& job_id) = 0;
+};
+
+// Records nothing; for tools and tests that do not look at metrics.
+class NoopCoordinatorMetrics : public CoordinatorMetrics {
+ public:
+  void JobStateChanged(fitrun::v1::JobState, fitrun::v1::JobState) override {}
+  void EventRecorded(const std::string&) override {}
+  void TrainingProgress(const std::string&, int64_t, double) override {}
+  void JobStopped(const std::string&) override {}
+};
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_CORE_COORDINATOR_METRICS_H_

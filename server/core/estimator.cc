@@ -1,0 +1,48 @@
+#include "server/core/estimator.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace fitrun::server {
+
+fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const fitrun::v1::JobSpec& spec,
+                                               int64_t per_device_batch, const EstimatorOptions& options) {
+  constexpr int64_t kFloat = 4;
+  const int64_t param_bytes = model.parameter_count * kFloat;
+
+  fitrun::v1::MemoryBreakdown m;
+  m.set_weights_bytes(param_bytes);
+  m.set_gradients_bytes(param_bytes);
+
+  // SGD keeps nothing unless it has momentum (one buffer); Adam and AdamW keep two moments.
+  int64_t optimizer_states = 0;
+  switch (spec.optimizer().kind()) {
+    case fitrun::v1::OPTIMIZER_KIND_SGD:
+      optimizer_states = spec.optimizer().momentum() > 0 ? 1 : 0;
+      break;
+    case fitrun::v1::OPTIMIZER_KIND_ADAM:
+    case fitrun::v1::OPTIMIZER_KIND_ADAMW:
+      optimizer_states = 2;
+      break;
+    default:
+      break;
+  }
+  m.set_optimizer_state_bytes(optimizer_states * param_bytes);
+
+  // Gradients are copied into flat bucket buffers for the all-reduce; the buckets together hold one
+  // copy of every gradient, whatever the bucket cap.
+  m.set_ddp_buckets_bytes(param_bytes);
+
+  m.set_activations_bytes(per_device_batch * (model.activation_bytes_per_sample + model.input_bytes_per_sample));
+  m.set_workspace_bytes(options.workspace_bytes);
+  m.set_framework_overhead_bytes(options.framework_overhead_bytes);
+
+  const int64_t subtotal = m.weights_bytes() + m.gradients_bytes() + m.optimizer_state_bytes() +
+                           m.ddp_buckets_bytes() + m.activations_bytes() + m.workspace_bytes() +
+                           m.framework_overhead_bytes();
+  m.set_safety_margin_bytes(static_cast<int64_t>(std::ceil(subtotal * options.safety_margin)));
+  m.set_total_bytes(subtotal + m.safety_margin_bytes());
+  return m;
+}
+
+}  // namespace fitrun::server

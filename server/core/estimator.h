@@ -1,0 +1,32 @@
+// The memory estimator: how many bytes one rank needs at its peak for a given per-device batch.
+//
+// peak(b) = weights + gradients + optimizer state + DDP bucket buffers + activations(b) + workspace
+//           + framework overhead, then a safety margin on top. Plain arithmetic, no I/O: the planner
+// calls it many times per plan.
+#ifndef FITRUN_SERVER_CORE_ESTIMATOR_H_
+#define FITRUN_SERVER_CORE_ESTIMATOR_H_
+
+#include <cstdint>
+
+#include "fitrun/v1/job.pb.h"
+#include "server/core/model_profile.h"
+
+namespace fitrun::server {
+
+struct EstimatorOptions {
+  // Fixed cost of the LibTorch runtime inside a rank's memory budget (allocator caches, kernels'
+  // scratch). On a CPU device this is what the capped allocator sees beyond tensors.
+  int64_t framework_overhead_bytes = 32LL << 20;
+  // Scratch for matmul / conv kernels, proportional to the widest layer but bounded.
+  int64_t workspace_bytes = 8LL << 20;
+  // Added on top of the sum, as a fraction of it.
+  double safety_margin = 0.10;
+};
+
+// Per-rank peak memory for `per_device_batch` samples per micro-batch.
+fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const fitrun::v1::JobSpec& spec,
+                                               int64_t per_device_batch, const EstimatorOptions& options = {});
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_CORE_ESTIMATOR_H_

@@ -1,0 +1,659 @@
+#include "server/core/job_manager.h"
+
+#include <google/protobuf/text_format.h>
+#include <google/protobuf/util/time_util.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "server/core/job_spec.h"
+#include "server/core/model_profile.h"
+#include "server/core/planner.h"
+
+namespace fitrun::server {
+namespace {
+
+using fitrun::v1::Job;
+using fitrun::v1::JobEvent;
+using fitrun::v1::JobSpec;
+using fitrun::v1::JobState;
+using fitrun::v1::Plan;
+
+google::protobuf::Timestamp ToProto(absl::Time t) {
+  return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+
+std::string NewToken() {
+  std::random_device random;
+  return absl::StrFormat("%08x%08x%08x%08x", random(), random(), random(), random());
+}
+
+// The last lines of a rank's log, for failure reasons: what a user needs to see first.
+std::string LogTail(const std::string& path, size_t max_lines = 12, size_t max_bytes = 2048) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  const std::streamoff start = std::max<std::streamoff>(0, size - static_cast<std::streamoff>(max_bytes));
+  in.seekg(start);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  if (start > 0 && !lines.empty()) lines.erase(lines.begin());  // first line is cut
+  if (lines.size() > max_lines) lines.erase(lines.begin(), lines.end() - static_cast<long>(max_lines));
+  return absl::StrJoin(lines, "\n");
+}
+
+bool TransitionAllowed(JobState from, JobState to) {
+  switch (from) {
+    case fitrun::v1::JOB_STATE_UNSPECIFIED:
+      return to == fitrun::v1::JOB_STATE_QUEUED;
+    case fitrun::v1::JOB_STATE_QUEUED:
+      return to == fitrun::v1::JOB_STATE_PLANNING || to == fitrun::v1::JOB_STATE_CANCELLED ||
+             to == fitrun::v1::JOB_STATE_FAILED;
+    case fitrun::v1::JOB_STATE_PLANNING:
+      return to == fitrun::v1::JOB_STATE_RUNNING || to == fitrun::v1::JOB_STATE_QUEUED ||
+             to == fitrun::v1::JOB_STATE_FAILED || to == fitrun::v1::JOB_STATE_CANCELLED;
+    case fitrun::v1::JOB_STATE_RUNNING:
+      return to == fitrun::v1::JOB_STATE_SUCCEEDED || to == fitrun::v1::JOB_STATE_FAILED ||
+             to == fitrun::v1::JOB_STATE_CANCELLED || to == fitrun::v1::JOB_STATE_RESTARTING;
+    case fitrun::v1::JOB_STATE_RESTARTING:
+      return to == fitrun::v1::JOB_STATE_PLANNING || to == fitrun::v1::JOB_STATE_FAILED ||
+             to == fitrun::v1::JOB_STATE_CANCELLED;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+bool JobManager::IsTerminal(JobState state) {
+  return state == fitrun::v1::JOB_STATE_SUCCEEDED || state == fitrun::v1::JOB_STATE_FAILED ||
+         state == fitrun::v1::JOB_STATE_CANCELLED;
+}
+
+JobManager::JobManager(Options options, JobStore* store, DeviceInventory* devices, WorkerLauncher* launcher,
+                       CoordinatorMetrics* metrics)
+    : options_(std::move(options)), store_(store), devices_(devices), launcher_(launcher), metrics_(metrics) {}
+
+absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(Options options, JobStore* store,
+                                                               DeviceInventory* devices, WorkerLauncher* launcher,
+                                                               CoordinatorMetrics* metrics) {
+  if (options.state_dir.empty()) return absl::InvalidArgumentError("JobManager: state_dir is required");
+  if (!options.pick_master_port) return absl::InvalidArgumentError("JobManager: pick_master_port is required");
+  std::error_code error;
+  std::filesystem::create_directories(std::filesystem::path(options.state_dir) / "jobs", error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create ", options.state_dir, "/jobs: ", error.message()));
+  }
+  std::unique_ptr<JobManager> manager(new JobManager(std::move(options), store, devices, launcher, metrics));
+  if (absl::Status status = manager->LoadStoredJobs(); !status.ok()) return status;
+  manager->scheduler_ = std::thread([m = manager.get()] { m->SchedulerLoop(); });
+  return manager;
+}
+
+JobManager::~JobManager() { Shutdown(); }
+
+void JobManager::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    // Ranks do not outlive the coordinator that watches them; their jobs stay RUNNING in the store.
+    for (auto& [id, entry] : jobs_) {
+      if (entry.active) StopRanks(entry, "the coordinator is shutting down");
+    }
+  }
+  if (scheduler_.joinable()) scheduler_.join();
+}
+
+absl::Status JobManager::LoadStoredJobs() {
+  absl::StatusOr<std::vector<JobRecord>> records = store_->LoadJobs();
+  if (!records.ok()) return records.status();
+  absl::MutexLock lock(&mu_);
+  for (JobRecord& record : *records) {
+    const std::string id = record.job.id();
+    next_submit_order_ = std::max(next_submit_order_, record.submit_order + 1);
+    hub_.RestoreSequence(id, record.job.last_sequence());
+    JobEntry& entry = jobs_[id];
+    entry.record = std::move(record);
+    metrics_->JobStateChanged(fitrun::v1::JOB_STATE_UNSPECIFIED, entry.record.job.state());
+    switch (entry.record.job.state()) {
+      case fitrun::v1::JOB_STATE_PLANNING:
+        (void)Transition(entry, fitrun::v1::JOB_STATE_QUEUED, "the coordinator restarted before the job launched");
+        break;
+      case fitrun::v1::JOB_STATE_RUNNING:
+      case fitrun::v1::JOB_STATE_RESTARTING:
+        entry.record.job.set_failure_reason("the coordinator restarted while the job ran; its workers were not re-adopted");
+        (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, entry.record.job.failure_reason());
+        break;
+      default:
+        break;
+    }
+  }
+  RequestSchedule();
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Public API
+
+absl::StatusOr<Job> JobManager::Submit(JobSpec spec) {
+  absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(std::move(spec));
+  if (!normalized.ok()) return normalized.status();
+
+  absl::MutexLock lock(&mu_);
+  // A job that could never run on this node is refused now rather than queued forever.
+  absl::StatusOr<Plan> feasible = PlanOn(*normalized, /*only_free_devices=*/false);
+  if (!feasible.ok()) {
+    if (absl::IsUnavailable(feasible.status())) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.resources.min_devices: ", feasible.status().message(),
+                                                     " on this node in all; lower min_devices"));
+    }
+    return feasible.status();
+  }
+
+  const int64_t order = next_submit_order_++;
+  JobEntry entry;
+  entry.record.submit_order = order;
+  entry.record.token = NewToken();
+  Job& job = entry.record.job;
+  job.set_id(absl::StrFormat("j-%06d", order));
+  *job.mutable_spec() = *std::move(normalized);
+  *job.mutable_created_at() = ToProto(options_.clock());
+  // Durable before it is acknowledged: a job accepted is never dropped.
+  if (absl::Status status = store_->PutJob(entry.record); !status.ok()) {
+    return absl::UnavailableError(absl::StrCat("could not store the job: ", status.message()));
+  }
+  JobEntry& stored = jobs_[job.id()] = std::move(entry);
+  if (absl::Status status = Transition(stored, fitrun::v1::JOB_STATE_QUEUED, "submitted"); !status.ok()) {
+    return status;
+  }
+  RequestSchedule();
+  return stored.record.job;
+}
+
+absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec) {
+  absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(std::move(spec));
+  if (!normalized.ok()) return normalized.status();
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Plan> plan = PlanOn(*normalized, /*only_free_devices=*/true);
+  if (absl::IsUnavailable(plan.status())) {
+    // Busy devices: show the plan it gets once they free up.
+    plan = PlanOn(*normalized, /*only_free_devices=*/false);
+    if (plan.ok()) plan->add_reasons("queued: not enough devices are free now; this is the plan once they are");
+  }
+  if (!plan.ok()) return plan.status();
+  return std::make_pair(*std::move(normalized), *std::move(plan));
+}
+
+absl::StatusOr<Job> JobManager::Get(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  return it->second.record.job;
+}
+
+std::vector<Job> JobManager::List(const std::vector<JobState>& states) {
+  const std::set<JobState> wanted(states.begin(), states.end());
+  std::vector<const JobRecord*> records;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, entry] : jobs_) {
+    if (wanted.empty() || wanted.count(entry.record.job.state())) records.push_back(&entry.record);
+  }
+  std::sort(records.begin(), records.end(),
+            [](const JobRecord* a, const JobRecord* b) { return a->submit_order < b->submit_order; });
+  std::vector<Job> jobs;
+  jobs.reserve(records.size());
+  for (const JobRecord* record : records) jobs.push_back(record->job);
+  return jobs;
+}
+
+absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  JobEntry& entry = it->second;
+  if (IsTerminal(entry.record.job.state())) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
+                                                      JobStateName(entry.record.job.state()), ")"));
+  }
+  const std::string why = reason.empty() ? "cancelled by a user" : reason;
+  entry.record.job.set_failure_reason(why);
+  if (absl::Status status = Transition(entry, fitrun::v1::JOB_STATE_CANCELLED, why); !status.ok()) return status;
+  if (entry.active) StopRanks(entry, why);
+  return entry.record.job;
+}
+
+std::vector<fitrun::v1::Device> JobManager::Devices() {
+  absl::MutexLock lock(&mu_);
+  return DevicesLocked();
+}
+
+absl::StatusOr<std::vector<JobEvent>> JobManager::ReadEvents(const std::string& job_id, int64_t from_sequence,
+                                                             int limit) {
+  from_sequence = std::max<int64_t>(1, from_sequence);
+  EventHub::ReadResult recent = hub_.Read(job_id, from_sequence, limit);
+  if (!recent.events.empty() || from_sequence > recent.last_sequence) return std::move(recent.events);
+  // Older than the in-memory tail: the store has every event.
+  return store_->ReadEvents(job_id, from_sequence, limit);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Workers
+
+absl::StatusOr<WorkerKey> JobManager::AttachWorker(const fitrun::v1::Hello& hello,
+                                                   std::weak_ptr<WorkerConnection> connection) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(hello.job_id());
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("hello.job_id: no job '", hello.job_id(), "'"));
+  JobEntry& entry = it->second;
+  if (hello.job_token() != entry.record.token) {
+    return absl::PermissionDeniedError("hello.job_token: does not match the job's token");
+  }
+  if (!entry.active || entry.active->attempt != hello.attempt()) {
+    return absl::FailedPreconditionError(absl::StrCat("hello.attempt: attempt ", hello.attempt(), " of job ",
+                                                      hello.job_id(), " is not running"));
+  }
+  if (hello.rank() < 0 || hello.rank() >= static_cast<int>(entry.active->ranks.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("hello.rank: ", hello.rank(), " is out of range"));
+  }
+  entry.active->ranks[hello.rank()].connection = connection;
+  if (IsTerminal(entry.record.job.state())) {
+    if (auto live = connection.lock()) live->SendStop("the job has ended");
+  }
+  return WorkerKey{hello.job_id(), hello.attempt(), hello.rank()};
+}
+
+void JobManager::OnWorkerReport(const WorkerKey& key, const fitrun::v1::WorkerReport& report) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(key.job_id);
+  if (it == jobs_.end()) return;
+  JobEntry& entry = it->second;
+  if (!entry.active || entry.active->attempt != key.attempt) return;  // a late report of an older attempt
+  RankState& rank = entry.active->ranks[key.rank];
+  Job& job = entry.record.job;
+
+  JobEvent event;
+  switch (report.report_case()) {
+    case fitrun::v1::WorkerReport::kProgress: {
+      *event.mutable_progress() = report.progress();
+      event.mutable_progress()->set_rank(key.rank);
+      if (key.rank == 0) {
+        const int64_t advanced = report.progress().step() - job.last_progress().step();
+        *job.mutable_last_progress() = event.progress();
+        metrics_->TrainingProgress(job.id(), std::max<int64_t>(0, advanced), report.progress().loss());
+      }
+      break;
+    }
+    case fitrun::v1::WorkerReport::kOom:
+      *event.mutable_oom() = report.oom();
+      event.mutable_oom()->set_rank(key.rank);
+      break;
+    case fitrun::v1::WorkerReport::kCheckpointSaved:
+      *event.mutable_checkpoint_saved() = report.checkpoint_saved();
+      event.mutable_checkpoint_saved()->set_rank(key.rank);
+      break;
+    case fitrun::v1::WorkerReport::kLog:
+      *event.mutable_log() = report.log();
+      event.mutable_log()->set_rank(key.rank);
+      break;
+    case fitrun::v1::WorkerReport::kFinished: {
+      rank.finished = report.finished();
+      rank.finished->set_rank(key.rank);
+      *event.mutable_rank_finished() = *rank.finished;
+      break;
+    }
+    case fitrun::v1::WorkerReport::kFailed:
+      rank.failure_report = report.failed().reason();
+      event.mutable_log()->set_rank(key.rank);
+      event.mutable_log()->set_text(absl::StrCat("failed: ", report.failed().reason()));
+      break;
+    default:
+      return;  // heartbeats carry no event
+  }
+  PublishLocked(entry, std::move(event));
+  if (report.report_case() == fitrun::v1::WorkerReport::kFinished) MaybeSucceed(entry, /*deadline_passed=*/false);
+}
+
+void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(key.job_id);
+  if (it == jobs_.end()) return;
+  JobEntry& entry = it->second;
+  if (!entry.active || entry.active->attempt != key.attempt) return;
+  RankState& rank = entry.active->ranks[key.rank];
+  rank.exited = true;
+  rank.exit = exit;
+
+  JobEvent event;
+  auto* exited = event.mutable_rank_exited();
+  exited->set_rank(key.rank);
+  exited->set_exit_code(exit.exit_code);
+  exited->set_signal(exit.signal);
+  const bool clean = exit.exit_code == 0 && exit.signal == 0;
+  if (!clean) exited->set_log_tail(LogTail(rank.log_path));
+  PublishLocked(entry, event);
+
+  if (entry.record.job.state() == fitrun::v1::JOB_STATE_RUNNING) {
+    if (!clean) {
+      // One rank gone means its peers would wait in their next collective until a timeout: stop
+      // them now and say which rank failed and why.
+      std::string reason = exit.signal != 0
+                               ? absl::StrCat("rank ", key.rank, " was killed by signal ", exit.signal)
+                               : absl::StrCat("rank ", key.rank, " exited with code ", exit.exit_code);
+      absl::StrAppend(&reason, " (attempt ", key.attempt, ")");
+      if (!rank.failure_report.empty()) absl::StrAppend(&reason, ": ", rank.failure_report);
+      if (!exited->log_tail().empty()) absl::StrAppend(&reason, "\nlast lines of its log:\n", exited->log_tail());
+      entry.record.job.set_failure_reason(reason);
+      (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, reason);
+      StopRanks(entry, absl::StrCat("rank ", key.rank, " failed"));
+    } else {
+      MaybeSucceed(entry, /*deadline_passed=*/false);
+    }
+  }
+  MaybeReleaseAttempt(entry);
+}
+
+void JobManager::MaybeSucceed(JobEntry& entry, bool deadline_passed) {
+  if (!entry.active || entry.record.job.state() != fitrun::v1::JOB_STATE_RUNNING) return;
+  ActiveAttempt& attempt = *entry.active;
+  bool all_exited = true;
+  bool all_reported = true;
+  for (const RankState& rank : attempt.ranks) {
+    if (!rank.exited || rank.exit.exit_code != 0 || rank.exit.signal != 0) all_exited = false;
+    if (!rank.finished) all_reported = false;
+  }
+  if (!all_exited) return;
+  if (!all_reported && !deadline_passed) {
+    // Processes can exit before their last report crosses the stream; give it a moment.
+    if (!attempt.awaiting_reports_until) {
+      attempt.awaiting_reports_until = options_.clock() + options_.final_report_wait;
+      RequestSchedule();
+    }
+    return;
+  }
+  Job& job = entry.record.job;
+  auto* result = job.mutable_result();
+  for (const RankState& rank : attempt.ranks) {
+    if (!rank.finished) continue;
+    if (rank.finished->has_test_accuracy()) result->set_test_accuracy(rank.finished->test_accuracy());
+    if (rank.finished->rank() == 0) {
+      result->set_final_loss(rank.finished->final_loss());
+      result->set_steps(rank.finished->steps());
+      result->set_train_seconds(rank.finished->train_seconds());
+    }
+  }
+  std::string reason = "every rank finished";
+  if (!all_reported) reason = "every rank exited 0 (some final reports never arrived)";
+  (void)Transition(entry, fitrun::v1::JOB_STATE_SUCCEEDED, reason);
+}
+
+void JobManager::StopRanks(JobEntry& entry, const std::string& reason) {
+  if (!entry.active) return;
+  for (RankState& rank : entry.active->ranks) {
+    if (rank.exited || rank.handle < 0) continue;
+    if (auto connection = rank.connection.lock()) connection->SendStop(reason);
+    launcher_->Stop(rank.handle, options_.stop_grace);
+  }
+}
+
+void JobManager::MaybeReleaseAttempt(JobEntry& entry) {
+  if (!entry.active) return;
+  for (const RankState& rank : entry.active->ranks) {
+    if (!rank.exited) return;
+  }
+  if (!IsTerminal(entry.record.job.state())) return;
+  for (const std::string& device : entry.active->device_ids) device_owner_.erase(device);
+  entry.active.reset();
+  metrics_->JobStopped(entry.record.job.id());
+  RequestSchedule();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Scheduling and launching
+
+void JobManager::SchedulerLoop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    // Wake for new work, or in time for the earliest pending deadline.
+    absl::Time wake = absl::InfiniteFuture();
+    for (const auto& [id, entry] : jobs_) {
+      if (entry.active && entry.active->awaiting_reports_until) {
+        wake = std::min(wake, *entry.active->awaiting_reports_until);
+      }
+    }
+    auto ready = [this] { return schedule_requested_ || shutting_down_; };
+    mu_.AwaitWithDeadline(absl::Condition(&ready), wake);
+    if (shutting_down_) return;
+    schedule_requested_ = false;
+
+    const absl::Time now = options_.clock();
+    for (auto& [id, entry] : jobs_) {
+      if (entry.active && entry.active->awaiting_reports_until && *entry.active->awaiting_reports_until <= now) {
+        entry.active->awaiting_reports_until.reset();
+        MaybeSucceed(entry, /*deadline_passed=*/true);
+        MaybeReleaseAttempt(entry);
+      }
+    }
+    SchedulePass();
+  }
+}
+
+void JobManager::SchedulePass() {
+  std::vector<JobEntry*> queued;
+  for (auto& [id, entry] : jobs_) {
+    if (entry.record.job.state() == fitrun::v1::JOB_STATE_QUEUED) queued.push_back(&entry);
+  }
+  // Priority first, then submission order.
+  std::sort(queued.begin(), queued.end(), [](const JobEntry* a, const JobEntry* b) {
+    if (a->record.job.spec().priority() != b->record.job.spec().priority()) {
+      return a->record.job.spec().priority() > b->record.job.spec().priority();
+    }
+    return a->record.submit_order < b->record.submit_order;
+  });
+  for (JobEntry* entry : queued) {
+    absl::StatusOr<Plan> plan = PlanOn(entry->record.job.spec(), /*only_free_devices=*/true);
+    if (absl::IsUnavailable(plan.status())) {
+      // The head job waits for devices and nothing behind it jumps ahead, so a large job is never
+      // starved by a stream of small ones.
+      return;
+    }
+    if (absl::Status status = Transition(*entry, fitrun::v1::JOB_STATE_PLANNING, "devices are free"); !status.ok()) {
+      continue;
+    }
+    if (!plan.ok()) {
+      entry->record.job.set_failure_reason(absl::StrCat("planning failed: ", plan.status().message()));
+      (void)Transition(*entry, fitrun::v1::JOB_STATE_FAILED, entry->record.job.failure_reason());
+      continue;
+    }
+    if (absl::Status status = LaunchAttempt(*entry, *plan); !status.ok()) {
+      entry->record.job.set_failure_reason(absl::StrCat("launch failed: ", status.message()));
+      (void)Transition(*entry, fitrun::v1::JOB_STATE_FAILED, entry->record.job.failure_reason());
+      MaybeReleaseAttempt(*entry);
+      continue;
+    }
+  }
+}
+
+absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
+  Job& job = entry.record.job;
+  const int attempt_number = job.attempts() + 1;
+  job.set_attempts(attempt_number);
+  *job.mutable_plan() = plan;
+
+  JobEvent chosen;
+  *chosen.mutable_plan_chosen()->mutable_plan() = plan;
+  chosen.mutable_plan_chosen()->set_attempt(attempt_number);
+  PublishLocked(entry, chosen);
+
+  namespace fs = std::filesystem;
+  const fs::path job_dir = JobDir(job.id());
+  const fs::path attempt_dir = job_dir / absl::StrCat("attempt-", attempt_number);
+  std::error_code error;
+  fs::create_directories(attempt_dir, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot create ", attempt_dir.string(), ": ", error.message()));
+  fs::create_directories(job_dir / "checkpoints", error);
+
+  // Devices by id, for each rank's memory cap and thread share.
+  std::map<std::string, fitrun::v1::Device> by_id;
+  for (fitrun::v1::Device& device : devices_->Snapshot()) by_id[device.id()] = device;
+
+  fitrun::v1::WorkerAssignment assignment;
+  assignment.set_job_id(job.id());
+  assignment.set_attempt(attempt_number);
+  *assignment.mutable_spec() = job.spec();
+  *assignment.mutable_plan() = plan;
+  assignment.set_checkpoint_dir((job_dir / "checkpoints").string());
+  for (const std::string& id : plan.device_ids()) {
+    const fitrun::v1::Device& device = by_id[id];
+    assignment.add_memory_cap_bytes(device.kind() == fitrun::v1::DEVICE_KIND_CPU ? device.total_bytes() : 0);
+    assignment.add_cpu_threads(std::max(1, device.cpu_threads()));
+  }
+  std::string assignment_text;
+  google::protobuf::TextFormat::PrintToString(assignment, &assignment_text);
+  const fs::path assignment_path = attempt_dir / "assignment.textproto";
+  {
+    std::ofstream out(assignment_path);
+    out << assignment_text;
+    if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", assignment_path.string()));
+  }
+
+  absl::StatusOr<int> master_port = options_.pick_master_port();
+  if (!master_port.ok()) return master_port.status();
+
+  const int world_size = plan.device_ids_size();
+  entry.active.emplace();
+  ActiveAttempt& active = *entry.active;
+  active.attempt = attempt_number;
+  active.device_ids.assign(plan.device_ids().begin(), plan.device_ids().end());
+  active.ranks.resize(world_size);
+  for (int rank = 0; rank < world_size; ++rank) device_owner_[active.device_ids[rank]] = {job.id(), rank};
+
+  for (int rank = 0; rank < world_size; ++rank) {
+    WorkerLaunch launch;
+    launch.job_id = job.id();
+    launch.attempt = attempt_number;
+    launch.rank = rank;
+    launch.argv = {options_.worker_binary};
+    launch.working_dir = attempt_dir.string();
+    launch.log_path = (attempt_dir / absl::StrCat("rank-", rank, ".log")).string();
+    launch.env = {
+        {"RANK", absl::StrCat(rank)},
+        {"LOCAL_RANK", absl::StrCat(rank)},
+        {"WORLD_SIZE", absl::StrCat(world_size)},
+        {"LOCAL_WORLD_SIZE", absl::StrCat(world_size)},
+        {"MASTER_ADDR", options_.master_addr},
+        {"MASTER_PORT", absl::StrCat(*master_port)},
+        {"FITRUN_COORDINATOR", options_.worker_channel_address},
+        {"FITRUN_JOB_ID", job.id()},
+        {"FITRUN_ATTEMPT", absl::StrCat(attempt_number)},
+        {"FITRUN_JOB_TOKEN", entry.record.token},
+        {"FITRUN_ASSIGNMENT", assignment_path.string()},
+    };
+    active.ranks[rank].log_path = launch.log_path;
+    const WorkerKey key{job.id(), attempt_number, rank};
+    absl::StatusOr<int> handle =
+        launcher_->Launch(launch, [this, key](const WorkerExit& exit) { OnWorkerExit(key, exit); });
+    if (!handle.ok()) {
+      // Mark the unlaunched ranks as gone so the attempt can be released once the others exit.
+      for (int r = rank; r < world_size; ++r) active.ranks[r].exited = true;
+      StopRanks(entry, "a peer could not be launched");
+      return absl::InternalError(absl::StrCat("rank ", rank, ": ", handle.status().message()));
+    }
+    active.ranks[rank].handle = *handle;
+  }
+  *job.mutable_started_at() = ToProto(options_.clock());
+  return Transition(entry, fitrun::v1::JOB_STATE_RUNNING,
+                    absl::StrCat("launched ", world_size, " rank(s) on ", absl::StrJoin(active.device_ids, ", ")));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// State, events, devices
+
+absl::Status JobManager::Transition(JobEntry& entry, JobState to, const std::string& reason) {
+  Job& job = entry.record.job;
+  const JobState from = job.state();
+  if (!TransitionAllowed(from, to)) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job.id(), " cannot go from ", JobStateName(from), " to ",
+                                                      JobStateName(to)));
+  }
+  job.set_state(to);
+  if (IsTerminal(to)) *job.mutable_finished_at() = ToProto(options_.clock());
+  metrics_->JobStateChanged(from, to);
+  JobEvent event;
+  auto* changed = event.mutable_state_changed();
+  changed->set_from(from);
+  changed->set_to(to);
+  changed->set_reason(reason);
+  PublishLocked(entry, std::move(event));  // persists the job too
+  return absl::OkStatus();
+}
+
+void JobManager::PublishLocked(JobEntry& entry, JobEvent event) {
+  const std::string& job_id = entry.record.job.id();
+  const std::string kind = EventKind(event);
+  const bool rank0_progress = event.has_progress() && event.progress().rank() == 0;
+  // Sequence, store, then fan out: a watcher never sees an event the store does not have.
+  JobEvent sequenced = std::move(event);
+  sequenced.set_job_id(job_id);
+  sequenced.set_sequence(hub_.NextSequence(job_id));
+  *sequenced.mutable_time() = ToProto(options_.clock());
+  if (absl::Status status = store_->AppendEvent(sequenced); !status.ok()) {
+    // The event still reaches live watchers; the gap in the store is reported in the log.
+    fprintf(stderr, "fitrund: could not store event %s/%lld: %s\n", job_id.c_str(),
+            static_cast<long long>(sequenced.sequence()), std::string(status.message()).c_str());
+  }
+  entry.record.job.set_last_sequence(sequenced.sequence());
+  if (kind == "state_changed" || kind == "plan_chosen" || kind == "rank_finished" ||
+      rank0_progress) {
+    Persist(entry);
+  }
+  metrics_->EventRecorded(kind);
+  hub_.Publish(std::move(sequenced));
+}
+
+void JobManager::Persist(const JobEntry& entry) {
+  if (absl::Status status = store_->PutJob(entry.record); !status.ok()) {
+    fprintf(stderr, "fitrund: could not store job %s: %s\n", entry.record.job.id().c_str(),
+            std::string(status.message()).c_str());
+  }
+}
+
+std::vector<fitrun::v1::Device> JobManager::DevicesLocked() {
+  std::vector<fitrun::v1::Device> devices = devices_->Snapshot();
+  for (fitrun::v1::Device& device : devices) {
+    auto owner = device_owner_.find(device.id());
+    if (owner == device_owner_.end()) continue;
+    device.set_job_id(owner->second.first);
+    device.set_rank(owner->second.second);
+  }
+  return devices;
+}
+
+absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, bool only_free_devices) {
+  absl::StatusOr<ModelProfile> profile = ProfileFor(spec);
+  if (!profile.ok()) return profile.status();
+  std::vector<DeviceCapacity> capacities;
+  for (const fitrun::v1::Device& device : DevicesLocked()) {
+    if (only_free_devices && !device.job_id().empty()) continue;
+    // A free device's whole memory is the rank's; a busy one is planned as if idle.
+    const int64_t bytes = only_free_devices ? device.free_bytes() : device.total_bytes();
+    capacities.push_back({device.id(), bytes});
+  }
+  return PlanJob(spec, *profile, capacities, options_.estimator);
+}
+
+std::string JobManager::JobDir(const std::string& job_id) const {
+  return (std::filesystem::path(options_.state_dir) / "jobs" / job_id).string();
+}
+
+}  // namespace fitrun::server

@@ -1,0 +1,173 @@
+// The job manager: every job's lifecycle, from submission to its end, in one place.
+//
+// It validates and stores jobs, runs the scheduler (a thread of its own), plans each job against
+// the free devices, launches one worker per device through the WorkerLauncher, turns worker reports
+// and process exits into events and state changes, and stops every rank of a job at once when one
+// fails or the job is cancelled. State transitions are checked in one function (Transition).
+//
+// Thread-safety: all methods may be called from any thread (gRPC handlers, launcher exit threads).
+// One mutex guards the jobs; event listeners run under it and must not call back into the manager.
+#ifndef FITRUN_SERVER_CORE_JOB_MANAGER_H_
+#define FITRUN_SERVER_CORE_JOB_MANAGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "fitrun/v1/job.pb.h"
+#include "fitrun/v1/worker.pb.h"
+#include "server/core/coordinator_metrics.h"
+#include "server/core/device_inventory.h"
+#include "server/core/estimator.h"
+#include "server/core/event_hub.h"
+#include "server/core/job_store.h"
+#include "server/core/worker_launcher.h"
+
+namespace fitrun::server {
+
+// The coordinator's end of one rank's report stream, for sending commands down.
+class WorkerConnection {
+ public:
+  virtual ~WorkerConnection() = default;
+  virtual void SendStop(const std::string& reason) = 0;
+};
+
+// Identifies one rank of one attempt of a job.
+struct WorkerKey {
+  std::string job_id;
+  int attempt = 0;
+  int rank = 0;
+};
+
+class JobManager {
+ public:
+  struct Options {
+    // Jobs' directories (attempt logs, assignments, checkpoints) go under <state_dir>/jobs.
+    std::string state_dir;
+    std::string worker_binary;
+    // The WorkerChannel address workers dial (FITRUN_COORDINATOR).
+    std::string worker_channel_address;
+    // Host the ranks rendezvous on (MASTER_ADDR) and how a free MASTER_PORT is found.
+    std::string master_addr = "127.0.0.1";
+    std::function<absl::StatusOr<int>()> pick_master_port;
+    // How long a stopped rank has between SIGTERM and SIGKILL.
+    absl::Duration stop_grace = absl::Seconds(2);
+    // After every rank exited 0, how long to wait for reports still in flight before finishing.
+    absl::Duration final_report_wait = absl::Seconds(3);
+    EstimatorOptions estimator;
+    std::function<absl::Time()> clock = [] { return absl::Now(); };
+  };
+
+  // Loads the stored jobs and starts the scheduler. Dependencies must outlive the manager.
+  static absl::StatusOr<std::unique_ptr<JobManager>> Create(Options options, JobStore* store,
+                                                            DeviceInventory* devices, WorkerLauncher* launcher,
+                                                            CoordinatorMetrics* metrics);
+  ~JobManager();
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
+
+  // Stops the scheduler and every running rank. Idempotent; the destructor calls it.
+  void Shutdown();
+
+  // ---- the public API (called by the gRPC service) ----
+  absl::StatusOr<fitrun::v1::Job> Submit(fitrun::v1::JobSpec spec);
+  // The normalized spec and the plan it would get now; nothing is stored.
+  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> DryRunPlan(fitrun::v1::JobSpec spec);
+  absl::StatusOr<fitrun::v1::Job> Get(const std::string& job_id);
+  std::vector<fitrun::v1::Job> List(const std::vector<fitrun::v1::JobState>& states);
+  absl::StatusOr<fitrun::v1::Job> Cancel(const std::string& job_id, const std::string& reason);
+  std::vector<fitrun::v1::Device> Devices();
+
+  // Events with sequence >= from_sequence (up to limit), from memory or, for old ones, the store.
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> ReadEvents(const std::string& job_id, int64_t from_sequence,
+                                                               int limit);
+  EventHub& events() { return hub_; }
+
+  // ---- the worker side (called by the WorkerChannel service) ----
+  // Checks the Hello (job, attempt, rank, token) and registers the connection for commands.
+  absl::StatusOr<WorkerKey> AttachWorker(const fitrun::v1::Hello& hello, std::weak_ptr<WorkerConnection> connection);
+  void OnWorkerReport(const WorkerKey& key, const fitrun::v1::WorkerReport& report);
+
+  // Whether a state is final (no more events will follow its StateChanged).
+  static bool IsTerminal(fitrun::v1::JobState state);
+
+ private:
+  struct RankState {
+    int handle = -1;
+    bool exited = false;
+    WorkerExit exit;
+    std::optional<fitrun::v1::RankFinished> finished;
+    std::string failure_report;  // from RankFailed
+    std::string log_path;
+    std::weak_ptr<WorkerConnection> connection;
+  };
+  struct ActiveAttempt {
+    int attempt = 0;
+    std::vector<std::string> device_ids;
+    std::vector<RankState> ranks;
+    // Set when every rank exited 0 but a final report is still missing.
+    std::optional<absl::Time> awaiting_reports_until;
+  };
+  struct JobEntry {
+    JobRecord record;
+    std::optional<ActiveAttempt> active;
+  };
+
+  JobManager(Options options, JobStore* store, DeviceInventory* devices, WorkerLauncher* launcher,
+             CoordinatorMetrics* metrics);
+  absl::Status LoadStoredJobs();
+
+  void SchedulerLoop();
+  void SchedulePass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RequestSchedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { schedule_requested_ = true; }
+  // Launches every rank of the job on the plan's devices; on failure stops those started.
+  absl::Status LaunchAttempt(JobEntry& entry, const fitrun::v1::Plan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnWorkerExit(const WorkerKey& key, const WorkerExit& exit);
+  void StopRanks(JobEntry& entry, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the attempt's devices once none of its processes is alive.
+  void MaybeReleaseAttempt(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeSucceed(JobEntry& entry, bool deadline_passed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The one place job states change: checks the transition, persists, publishes the event.
+  absl::Status Transition(JobEntry& entry, fitrun::v1::JobState to, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishLocked(JobEntry& entry, fitrun::v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Persist(const JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Devices with no rank on them, with the memory a plan may use.
+  std::vector<fitrun::v1::Device> DevicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<fitrun::v1::Plan> PlanOn(const fitrun::v1::JobSpec& spec, bool only_free_devices)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string JobDir(const std::string& job_id) const;
+
+  const Options options_;
+  JobStore* const store_;
+  DeviceInventory* const devices_;
+  WorkerLauncher* const launcher_;
+  CoordinatorMetrics* const metrics_;
+  EventHub hub_;
+
+  absl::Mutex mu_;
+  std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  // device id -> (job id, rank) of the rank holding it.
+  std::map<std::string, std::pair<std::string, int>> device_owner_ ABSL_GUARDED_BY(mu_);
+  int64_t next_submit_order_ ABSL_GUARDED_BY(mu_) = 1;
+  bool schedule_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread scheduler_;
+};
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_CORE_JOB_MANAGER_H_

@@ -1,0 +1,450 @@
+#include "server/core/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace fitrun::server {
+namespace {
+
+using fitrun::v1::JobSpec;
+
+absl::Status FieldError(absl::string_view path, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", message));
+}
+
+std::string Where(const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.line < 0) return "";
+  return absl::StrCat(" (line ", mark.line + 1, ")");
+}
+
+// ---- scalars -----------------------------------------------------------------------------------
+
+absl::StatusOr<std::string> ReadString(const YAML::Node& node, const std::string& path) {
+  if (!node.IsScalar()) return FieldError(path, absl::StrCat("expected a string", Where(node)));
+  return node.Scalar();
+}
+
+absl::StatusOr<int64_t> ReadInt(const YAML::Node& node, const std::string& path) {
+  if (!node.IsScalar()) return FieldError(path, absl::StrCat("expected an integer", Where(node)));
+  const std::string& text = node.Scalar();
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used, 10);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) {
+    return FieldError(path, absl::StrCat("expected an integer, got '", text, "'", Where(node)));
+  }
+  return value;
+}
+
+absl::StatusOr<double> ReadDouble(const YAML::Node& node, const std::string& path) {
+  if (!node.IsScalar()) return FieldError(path, absl::StrCat("expected a number", Where(node)));
+  const std::string& text = node.Scalar();
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !std::isfinite(value)) {
+    return FieldError(path, absl::StrCat("expected a number, got '", text, "'", Where(node)));
+  }
+  return value;
+}
+
+template <typename Enum>
+absl::StatusOr<Enum> ReadEnum(const YAML::Node& node, const std::string& path,
+                              const std::vector<std::pair<std::string, Enum>>& names) {
+  absl::StatusOr<std::string> text = ReadString(node, path);
+  if (!text.ok()) return text.status();
+  std::vector<std::string> known;
+  for (const auto& [name, value] : names) {
+    if (name == *text) return value;
+    known.push_back(name);
+  }
+  return FieldError(path, absl::StrCat("unknown value '", *text, "'", Where(node), "; use one of: ",
+                                       absl::StrJoin(known, ", ")));
+}
+
+// ---- mappings ----------------------------------------------------------------------------------
+
+// One field of a YAML mapping: how to read it into the spec.
+using FieldReader = std::function<absl::Status(const YAML::Node& value, const std::string& path)>;
+
+// Reads every key of `node` with its reader; a key without one is an unknown field.
+absl::Status ReadMapping(const YAML::Node& node, const std::string& path,
+                         const std::vector<std::pair<std::string, FieldReader>>& fields) {
+  if (!node.IsMap()) {
+    return FieldError(path, absl::StrCat("expected a mapping of fields", Where(node)));
+  }
+  for (const auto& entry : node) {
+    const std::string key = entry.first.Scalar();
+    const std::string field_path = absl::StrCat(path, ".", key);
+    const FieldReader* reader = nullptr;
+    std::vector<std::string> known;
+    for (const auto& [name, field_reader] : fields) {
+      if (name == key) reader = &field_reader;
+      known.push_back(name);
+    }
+    if (reader == nullptr) {
+      return FieldError(field_path, absl::StrCat("unknown field", Where(entry.first),
+                                                 "; known fields: ", absl::StrJoin(known, ", ")));
+    }
+    if (absl::Status status = (*reader)(entry.second, field_path); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+// Readers that store into a proto field through a setter.
+template <typename Setter>
+FieldReader Int(Setter set) {
+  return [set](const YAML::Node& node, const std::string& path) -> absl::Status {
+    absl::StatusOr<int64_t> value = ReadInt(node, path);
+    if (!value.ok()) return value.status();
+    set(*value);
+    return absl::OkStatus();
+  };
+}
+
+template <typename Setter>
+FieldReader Double(Setter set) {
+  return [set](const YAML::Node& node, const std::string& path) -> absl::Status {
+    absl::StatusOr<double> value = ReadDouble(node, path);
+    if (!value.ok()) return value.status();
+    set(*value);
+    return absl::OkStatus();
+  };
+}
+
+template <typename Setter>
+FieldReader String(Setter set) {
+  return [set](const YAML::Node& node, const std::string& path) -> absl::Status {
+    absl::StatusOr<std::string> value = ReadString(node, path);
+    if (!value.ok()) return value.status();
+    set(*value);
+    return absl::OkStatus();
+  };
+}
+
+template <typename Enum, typename Setter>
+FieldReader EnumField(std::vector<std::pair<std::string, Enum>> names, Setter set) {
+  return [names, set](const YAML::Node& node, const std::string& path) -> absl::Status {
+    absl::StatusOr<Enum> value = ReadEnum(node, path, names);
+    if (!value.ok()) return value.status();
+    set(*value);
+    return absl::OkStatus();
+  };
+}
+
+FieldReader Mapping(std::vector<std::pair<std::string, FieldReader>> fields) {
+  return [fields](const YAML::Node& node, const std::string& path) {
+    return ReadMapping(node, path, fields);
+  };
+}
+
+const std::vector<std::pair<std::string, fitrun::v1::OptimizerKind>>& OptimizerNames() {
+  static const auto* names = new std::vector<std::pair<std::string, fitrun::v1::OptimizerKind>>{
+      {"sgd", fitrun::v1::OPTIMIZER_KIND_SGD},
+      {"adam", fitrun::v1::OPTIMIZER_KIND_ADAM},
+      {"adamw", fitrun::v1::OPTIMIZER_KIND_ADAMW},
+  };
+  return *names;
+}
+
+const std::vector<std::pair<std::string, fitrun::v1::Precision>>& PrecisionNames() {
+  static const auto* names = new std::vector<std::pair<std::string, fitrun::v1::Precision>>{
+      {"fp32", fitrun::v1::PRECISION_FP32},
+      {"bf16", fitrun::v1::PRECISION_BF16},
+      {"fp16", fitrun::v1::PRECISION_FP16},
+  };
+  return *names;
+}
+
+const std::vector<std::string>& BuiltinModels() {
+  static const auto* names = new std::vector<std::string>{"mlp", "cnn"};
+  return *names;
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml_text));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec: not valid YAML at line ", e.mark.line + 1, ": ", e.msg));
+  }
+  JobSpec spec;
+  if (root.IsNull()) return FieldError("spec", "empty; a job spec needs at least name, model, data");
+
+  auto* model = spec.mutable_model();
+  auto* data = spec.mutable_data();
+  auto* optimizer = spec.mutable_optimizer();
+  auto* resources = spec.mutable_resources();
+  auto* checkpoint = spec.mutable_checkpoint();
+  auto* ddp = spec.mutable_ddp();
+  auto* fault = spec.mutable_fault_injection();
+
+  try {
+    absl::Status status = ReadMapping(
+        root, "spec",
+        {
+            {"name", String([&](const std::string& v) { spec.set_name(v); })},
+            {"model", Mapping({{"builtin", String([&](const std::string& v) { model->set_builtin(v); })}})},
+            {"data", Mapping({
+                         {"kind", EnumField<fitrun::v1::DataKind>(
+                                      {{"fashion_mnist", fitrun::v1::DATA_KIND_FASHION_MNIST}},
+                                      [&](fitrun::v1::DataKind v) { data->set_kind(v); })},
+                         {"path", String([&](const std::string& v) { data->set_path(v); })},
+                     })},
+            {"optimizer",
+             Mapping({
+                 {"kind", EnumField<fitrun::v1::OptimizerKind>(
+                              OptimizerNames(), [&](fitrun::v1::OptimizerKind v) { optimizer->set_kind(v); })},
+                 {"lr", Double([&](double v) { optimizer->set_lr(v); })},
+                 {"momentum", Double([&](double v) { optimizer->set_momentum(v); })},
+                 {"weight_decay", Double([&](double v) { optimizer->set_weight_decay(v); })},
+                 {"lr_scaling", EnumField<fitrun::v1::LrScaling>(
+                                    {{"none", fitrun::v1::LR_SCALING_NONE},
+                                     {"linear", fitrun::v1::LR_SCALING_LINEAR},
+                                     {"sqrt", fitrun::v1::LR_SCALING_SQRT}},
+                                    [&](fitrun::v1::LrScaling v) { optimizer->set_lr_scaling(v); })},
+                 {"reference_batch_size", Int([&](int64_t v) { optimizer->set_reference_batch_size(v); })},
+             })},
+            {"global_batch_size", Int([&](int64_t v) { spec.set_global_batch_size(v); })},
+            {"epochs", Int([&](int64_t v) { spec.set_epochs(static_cast<int32_t>(v)); })},
+            {"max_steps", Int([&](int64_t v) { spec.set_max_steps(v); })},
+            {"precision", EnumField<fitrun::v1::Precision>(
+                              PrecisionNames(), [&](fitrun::v1::Precision v) { spec.set_precision(v); })},
+            {"resources",
+             Mapping({
+                 {"min_devices", Int([&](int64_t v) { resources->set_min_devices(static_cast<int32_t>(v)); })},
+                 {"max_devices", Int([&](int64_t v) { resources->set_max_devices(static_cast<int32_t>(v)); })},
+                 {"per_device_batch", Int([&](int64_t v) { resources->set_per_device_batch(v); })},
+                 {"memory_headroom", Double([&](double v) { resources->set_memory_headroom(v); })},
+             })},
+            {"checkpoint",
+             Mapping({
+                 {"every_steps", Int([&](int64_t v) { checkpoint->set_every_steps(v); })},
+                 {"keep_last", Int([&](int64_t v) { checkpoint->set_keep_last(static_cast<int32_t>(v)); })},
+             })},
+            {"ddp", Mapping({
+                        {"bucket_cap_mb", Double([&](double v) { ddp->set_bucket_cap_mb(v); })},
+                        {"collective_timeout_seconds",
+                         Int([&](int64_t v) { ddp->set_collective_timeout_seconds(static_cast<int32_t>(v)); })},
+                    })},
+            {"seed", Int([&](int64_t v) { spec.set_seed(static_cast<uint64_t>(v)); })},
+            {"priority", Int([&](int64_t v) { spec.set_priority(static_cast<int32_t>(v)); })},
+            {"fault_injection",
+             Mapping({
+                 {"kind", EnumField<fitrun::v1::FaultInjection::Kind>(
+                              {{"exit", fitrun::v1::FaultInjection::KIND_EXIT}},
+                              [&](fitrun::v1::FaultInjection::Kind v) { fault->set_kind(v); })},
+                 {"rank", Int([&](int64_t v) { fault->set_rank(static_cast<int32_t>(v)); })},
+                 {"at_step", Int([&](int64_t v) { fault->set_at_step(v); })},
+                 {"exit_code", Int([&](int64_t v) { fault->set_exit_code(static_cast<int32_t>(v)); })},
+             })},
+        });
+    if (!status.ok()) return status;
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec: could not read YAML at line ", e.mark.line + 1, ": ", e.msg));
+  }
+  return spec;
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  const std::string& name = spec.name();
+  if (name.empty()) return FieldError("spec.name", "required; give the job a short name such as fashion-mnist-mlp");
+  if (name.size() > 63) return FieldError("spec.name", absl::StrCat("at most 63 characters (got ", name.size(), ")"));
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') {
+      return FieldError("spec.name", absl::StrCat("use letters, digits, '-', '_' or '.' only (got '", name, "')"));
+    }
+  }
+
+  if (spec.model().kind_case() == fitrun::v1::ModelSpec::KIND_NOT_SET) {
+    return FieldError("spec.model", "required; for example {builtin: mlp}");
+  }
+  const auto& builtins = BuiltinModels();
+  if (std::find(builtins.begin(), builtins.end(), spec.model().builtin()) == builtins.end()) {
+    return FieldError("spec.model.builtin", absl::StrCat("unknown model '", spec.model().builtin(),
+                                                         "'; use one of: ", absl::StrJoin(builtins, ", ")));
+  }
+
+  if (spec.data().kind() == fitrun::v1::DATA_KIND_UNSPECIFIED) {
+    return FieldError("spec.data.kind", "required; use fashion_mnist");
+  }
+  if (spec.data().path().empty()) {
+    return FieldError("spec.data.path", "required; the directory holding the dataset's files, e.g. "
+                                        "/usr/share/datasets/fashion-mnist");
+  }
+  std::error_code error;
+  if (!std::filesystem::is_directory(spec.data().path(), error)) {
+    return FieldError("spec.data.path", absl::StrCat("no directory '", spec.data().path(),
+                                                     "' on the coordinator's machine; install "
+                                                     "dataset-fashion-mnist or point it at a copy"));
+  }
+  if (spec.data().kind() == fitrun::v1::DATA_KIND_FASHION_MNIST) {
+    for (const char* file : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+      if (!std::filesystem::exists(std::filesystem::path(spec.data().path()) / file, error)) {
+        return FieldError("spec.data.path", absl::StrCat("'", spec.data().path(), "' has no ", file,
+                                                         "; it must hold Fashion-MNIST's four IDX .gz files"));
+      }
+    }
+  }
+
+  if (spec.global_batch_size() <= 0) {
+    return FieldError("spec.global_batch_size",
+                      absl::StrCat("must be a positive number of samples per step (got ", spec.global_batch_size(), ")"));
+  }
+  if (spec.epochs() < 0) return FieldError("spec.epochs", absl::StrCat("must be >= 0 (got ", spec.epochs(), ")"));
+  if (spec.max_steps() < 0) {
+    return FieldError("spec.max_steps", absl::StrCat("must be >= 0 (got ", spec.max_steps(), ")"));
+  }
+  if (spec.epochs() == 0 && spec.max_steps() == 0) {
+    return FieldError("spec.epochs", "set epochs or max_steps to say how long to train");
+  }
+
+  const auto& optimizer = spec.optimizer();
+  if (optimizer.kind() == fitrun::v1::OPTIMIZER_KIND_UNSPECIFIED) {
+    return FieldError("spec.optimizer.kind", "required; use one of: sgd, adam, adamw");
+  }
+  if (!(optimizer.lr() > 0)) {
+    return FieldError("spec.optimizer.lr", absl::StrCat("must be > 0 (got ", optimizer.lr(), ")"));
+  }
+  if (optimizer.momentum() < 0 || optimizer.momentum() >= 1) {
+    return FieldError("spec.optimizer.momentum", absl::StrCat("must be in [0, 1) (got ", optimizer.momentum(), ")"));
+  }
+  if (optimizer.momentum() != 0 && optimizer.kind() != fitrun::v1::OPTIMIZER_KIND_SGD) {
+    return FieldError("spec.optimizer.momentum", "only sgd takes momentum; adam and adamw keep their own moments");
+  }
+  if (optimizer.weight_decay() < 0) {
+    return FieldError("spec.optimizer.weight_decay",
+                      absl::StrCat("must be >= 0 (got ", optimizer.weight_decay(), ")"));
+  }
+  if (optimizer.reference_batch_size() < 0) {
+    return FieldError("spec.optimizer.reference_batch_size",
+                      absl::StrCat("must be >= 0 (got ", optimizer.reference_batch_size(), ")"));
+  }
+
+  if (spec.precision() == fitrun::v1::PRECISION_BF16 || spec.precision() == fitrun::v1::PRECISION_FP16) {
+    return FieldError("spec.precision", absl::StrCat(PrecisionName(spec.precision()),
+                                                     " is not supported by this worker build; use fp32"));
+  }
+
+  const auto& resources = spec.resources();
+  if (resources.min_devices() < 0) {
+    return FieldError("spec.resources.min_devices", absl::StrCat("must be >= 1 (got ", resources.min_devices(), ")"));
+  }
+  if (resources.max_devices() < 0) {
+    return FieldError("spec.resources.max_devices", absl::StrCat("must be >= 1 (got ", resources.max_devices(), ")"));
+  }
+  const int min_devices = std::max(1, resources.min_devices());
+  if (resources.max_devices() != 0 && resources.max_devices() < min_devices) {
+    return FieldError("spec.resources.max_devices", absl::StrCat("must be >= min_devices (got ", resources.max_devices(),
+                                                                 " < ", min_devices, ")"));
+  }
+  if (resources.per_device_batch() < 0) {
+    return FieldError("spec.resources.per_device_batch",
+                      absl::StrCat("must be >= 1, or leave it out to let the planner choose (got ",
+                                   resources.per_device_batch(), ")"));
+  }
+  if (resources.per_device_batch() > spec.global_batch_size()) {
+    return FieldError("spec.resources.per_device_batch",
+                      absl::StrCat("must be <= global_batch_size (got ", resources.per_device_batch(), " > ",
+                                   spec.global_batch_size(), ")"));
+  }
+  if (resources.memory_headroom() < 0 || resources.memory_headroom() > 0.9) {
+    return FieldError("spec.resources.memory_headroom",
+                      absl::StrCat("must be in [0, 0.9] (got ", resources.memory_headroom(), ")"));
+  }
+
+  if (spec.checkpoint().every_steps() < 0) {
+    return FieldError("spec.checkpoint.every_steps", absl::StrCat("must be >= 0 (got ", spec.checkpoint().every_steps(), ")"));
+  }
+  if (spec.checkpoint().keep_last() < 0) {
+    return FieldError("spec.checkpoint.keep_last", absl::StrCat("must be >= 1 (got ", spec.checkpoint().keep_last(), ")"));
+  }
+  if (spec.ddp().bucket_cap_mb() < 0) {
+    return FieldError("spec.ddp.bucket_cap_mb", absl::StrCat("must be > 0 (got ", spec.ddp().bucket_cap_mb(), ")"));
+  }
+  if (spec.ddp().collective_timeout_seconds() < 0) {
+    return FieldError("spec.ddp.collective_timeout_seconds",
+                      absl::StrCat("must be > 0 (got ", spec.ddp().collective_timeout_seconds(), ")"));
+  }
+
+  const auto& fault = spec.fault_injection();
+  if (fault.kind() != fitrun::v1::FaultInjection::KIND_UNSPECIFIED) {
+    if (fault.rank() < 0) return FieldError("spec.fault_injection.rank", "must be >= 0");
+    if (fault.at_step() < 1) return FieldError("spec.fault_injection.at_step", "must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
+void ApplyJobSpecDefaults(JobSpec& spec) {
+  auto* optimizer = spec.mutable_optimizer();
+  if (optimizer->lr_scaling() == fitrun::v1::LR_SCALING_UNSPECIFIED) {
+    optimizer->set_lr_scaling(fitrun::v1::LR_SCALING_NONE);
+  }
+  if (optimizer->reference_batch_size() == 0) optimizer->set_reference_batch_size(spec.global_batch_size());
+  if (spec.precision() == fitrun::v1::PRECISION_UNSPECIFIED) spec.set_precision(fitrun::v1::PRECISION_FP32);
+  auto* resources = spec.mutable_resources();
+  if (resources->min_devices() == 0) resources->set_min_devices(1);
+  if (resources->memory_headroom() == 0) resources->set_memory_headroom(0.1);
+  if (spec.checkpoint().keep_last() == 0) spec.mutable_checkpoint()->set_keep_last(2);
+  auto* ddp = spec.mutable_ddp();
+  if (ddp->bucket_cap_mb() == 0) ddp->set_bucket_cap_mb(25);
+  if (ddp->collective_timeout_seconds() == 0) ddp->set_collective_timeout_seconds(60);
+}
+
+absl::StatusOr<JobSpec> NormalizeJobSpec(JobSpec spec) {
+  if (absl::Status status = ValidateJobSpec(spec); !status.ok()) return status;
+  ApplyJobSpecDefaults(spec);
+  return spec;
+}
+
+absl::string_view OptimizerKindName(fitrun::v1::OptimizerKind kind) {
+  for (const auto& [name, value] : OptimizerNames()) {
+    if (value == kind) return name;
+  }
+  return "unspecified";
+}
+
+absl::string_view PrecisionName(fitrun::v1::Precision precision) {
+  for (const auto& [name, value] : PrecisionNames()) {
+    if (value == precision) return name;
+  }
+  return "fp32";
+}
+
+absl::string_view JobStateName(fitrun::v1::JobState state) {
+  switch (state) {
+    case fitrun::v1::JOB_STATE_QUEUED: return "QUEUED";
+    case fitrun::v1::JOB_STATE_PLANNING: return "PLANNING";
+    case fitrun::v1::JOB_STATE_RUNNING: return "RUNNING";
+    case fitrun::v1::JOB_STATE_RESTARTING: return "RESTARTING";
+    case fitrun::v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
+    case fitrun::v1::JOB_STATE_FAILED: return "FAILED";
+    case fitrun::v1::JOB_STATE_CANCELLED: return "CANCELLED";
+    default: return "UNSPECIFIED";
+  }
+}
+
+}  // namespace fitrun::server

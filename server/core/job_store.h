@@ -1,0 +1,41 @@
+// Where the coordinator keeps jobs and their events so that nothing accepted is lost.
+// Implemented over SQLite in server/store; tests use an in-memory fake.
+#ifndef FITRUN_SERVER_CORE_JOB_STORE_H_
+#define FITRUN_SERVER_CORE_JOB_STORE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fitrun/v1/job.pb.h"
+
+namespace fitrun::server {
+
+// A job as stored: the public Job plus what only the coordinator may see.
+struct JobRecord {
+  fitrun::v1::Job job;
+  // The per-job secret workers present in their Hello.
+  std::string token;
+  // Submission order, for the scheduler's tie-break and for stable listings.
+  int64_t submit_order = 0;
+};
+
+// Implementations are thread-safe.
+class JobStore {
+ public:
+  virtual ~JobStore() = default;
+  // Inserts or replaces the job (keyed by job.id). Durable when it returns OK.
+  virtual absl::Status PutJob(const JobRecord& record) = 0;
+  // Appends one event (keyed by job id and sequence).
+  virtual absl::Status AppendEvent(const fitrun::v1::JobEvent& event) = 0;
+  virtual absl::StatusOr<std::vector<JobRecord>> LoadJobs() = 0;
+  // Up to `limit` events of the job with sequence >= from_sequence, in order.
+  virtual absl::StatusOr<std::vector<fitrun::v1::JobEvent>> ReadEvents(const std::string& job_id,
+                                                                        int64_t from_sequence, int limit) = 0;
+};
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_CORE_JOB_STORE_H_

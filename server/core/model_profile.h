@@ -1,0 +1,28 @@
+// What the coordinator knows about a model and its dataset without running LibTorch: parameter count,
+// activation bytes per sample, and how many training samples an epoch has.
+#ifndef FITRUN_SERVER_CORE_MODEL_PROFILE_H_
+#define FITRUN_SERVER_CORE_MODEL_PROFILE_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "fitrun/v1/job.pb.h"
+
+namespace fitrun::server {
+
+struct ModelProfile {
+  int64_t parameter_count = 0;
+  // Bytes held per sample between forward and backward (saved activations) plus the transient
+  // gradients of activations during backward, in fp32.
+  int64_t activation_bytes_per_sample = 0;
+  // Bytes of one input sample and its label, as the data loader holds them per micro-batch.
+  int64_t input_bytes_per_sample = 0;
+  int64_t train_samples = 0;
+};
+
+// The profile of a spec's model on its dataset; NOT_FOUND for a model the catalog does not know.
+absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec);
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_CORE_MODEL_PROFILE_H_

@@ -1,0 +1,169 @@
+#include "server/core/planner.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace fitrun::server {
+namespace {
+
+using fitrun::v1::JobSpec;
+using fitrun::v1::Plan;
+
+// Divisors of n, largest first.
+std::vector<int64_t> DivisorsDescending(int64_t n) {
+  std::vector<int64_t> small, large;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    small.push_back(d);
+    if (d != n / d) large.push_back(n / d);
+  }
+  std::vector<int64_t> out(large.begin(), large.end());
+  out.insert(out.end(), small.rbegin(), small.rend());
+  return out;
+}
+
+const char* ScalingName(fitrun::v1::LrScaling scaling) {
+  switch (scaling) {
+    case fitrun::v1::LR_SCALING_LINEAR: return "linear";
+    case fitrun::v1::LR_SCALING_SQRT: return "sqrt";
+    default: return "none";
+  }
+}
+
+}  // namespace
+
+std::string FormatBytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (std::abs(b) >= (1LL << 30)) return absl::StrFormat("%.2f GiB", b / (1LL << 30));
+  if (std::abs(b) >= (1LL << 20)) return absl::StrFormat("%.1f MiB", b / (1LL << 20));
+  if (std::abs(b) >= (1LL << 10)) return absl::StrFormat("%.1f KiB", b / (1LL << 10));
+  return absl::StrCat(bytes, " B");
+}
+
+double ScaledLearningRate(const fitrun::v1::OptimizerSpec& optimizer, int64_t global_batch_size) {
+  const int64_t reference =
+      optimizer.reference_batch_size() > 0 ? optimizer.reference_batch_size() : global_batch_size;
+  const double ratio = static_cast<double>(global_batch_size) / static_cast<double>(reference);
+  switch (optimizer.lr_scaling()) {
+    case fitrun::v1::LR_SCALING_LINEAR: return optimizer.lr() * ratio;
+    case fitrun::v1::LR_SCALING_SQRT: return optimizer.lr() * std::sqrt(ratio);
+    default: return optimizer.lr();
+  }
+}
+
+absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
+                             const std::vector<DeviceCapacity>& devices, const EstimatorOptions& estimator) {
+  const int64_t global_batch = spec.global_batch_size();
+  const auto& resources = spec.resources();
+  const int min_devices = std::max(1, resources.min_devices());
+  const int max_devices = resources.max_devices() > 0 ? resources.max_devices() : static_cast<int>(devices.size());
+  const double headroom = resources.memory_headroom();
+
+  if (static_cast<int>(devices.size()) < min_devices) {
+    return absl::UnavailableError(absl::StrCat("needs ", min_devices, " free device(s) (spec.resources.min_devices), ",
+                                               devices.size(), " free now"));
+  }
+  if (model.train_samples < global_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.global_batch_size: ", global_batch,
+                                                   " is larger than the dataset's ", model.train_samples,
+                                                   " training samples; use at most that"));
+  }
+
+  // The roomiest devices first, so n devices means the n with the most memory.
+  std::vector<DeviceCapacity> sorted = devices;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const DeviceCapacity& a, const DeviceCapacity& b) { return a.free_bytes > b.free_bytes; });
+
+  std::vector<std::string> rejected;  // why larger device counts were not chosen
+  const int largest_n = std::min(max_devices, static_cast<int>(sorted.size()));
+  for (int n = largest_n; n >= min_devices; --n) {
+    if (global_batch % n != 0) {
+      rejected.push_back(absl::StrCat(n, " devices: global batch ", global_batch, " does not split evenly"));
+      continue;
+    }
+    const int64_t per_rank = global_batch / n;
+    const int64_t free_bytes = sorted[n - 1].free_bytes;  // the tightest of the n
+    const int64_t budget = static_cast<int64_t>(static_cast<double>(free_bytes) * (1.0 - headroom));
+
+    int64_t chosen = 0;
+    fitrun::v1::MemoryBreakdown predicted;
+    if (resources.per_device_batch() > 0) {
+      const int64_t fixed = resources.per_device_batch();
+      if (per_rank % fixed != 0) {
+        rejected.push_back(absl::StrCat(n, " devices: ", per_rank, " samples per device per step is not a multiple of ",
+                                        "spec.resources.per_device_batch ", fixed));
+        continue;
+      }
+      // A fixed batch is the user's call: it is planned even when predicted not to fit, and says so.
+      chosen = fixed;
+      predicted = EstimateRankMemory(model, spec, chosen, estimator);
+    } else {
+      for (int64_t b : DivisorsDescending(per_rank)) {
+        fitrun::v1::MemoryBreakdown m = EstimateRankMemory(model, spec, b, estimator);
+        if (m.total_bytes() <= budget) {
+          chosen = b;
+          predicted = m;
+          break;
+        }
+      }
+      if (chosen == 0) {
+        const auto smallest = EstimateRankMemory(model, spec, 1, estimator);
+        rejected.push_back(absl::StrCat(n, " devices: even per-device batch 1 needs ", FormatBytes(smallest.total_bytes()),
+                                        ", more than the ", FormatBytes(budget), " usable on ", sorted[n - 1].id));
+        continue;
+      }
+    }
+
+    Plan plan;
+    for (int i = 0; i < n; ++i) plan.add_device_ids(sorted[i].id);
+    plan.set_per_device_batch(chosen);
+    plan.set_grad_accum_steps(static_cast<int32_t>(per_rank / chosen));
+    plan.set_learning_rate(ScaledLearningRate(spec.optimizer(), global_batch));
+    *plan.mutable_predicted() = predicted;
+    plan.set_steps_per_epoch(model.train_samples / global_batch);
+    plan.set_total_steps(spec.max_steps() > 0 ? spec.max_steps()
+                                              : static_cast<int64_t>(spec.epochs()) * plan.steps_per_epoch());
+
+    std::string why_devices = absl::StrCat("devices: ", n, " (", sorted.size(), " free, spec allows ", min_devices, "..",
+                                           resources.max_devices() > 0 ? absl::StrCat(resources.max_devices()) : "any",
+                                           "); more devices means more samples per second");
+    for (const std::string& r : rejected) absl::StrAppend(&why_devices, "; not ", r);
+    plan.add_reasons(why_devices);
+
+    if (resources.per_device_batch() > 0) {
+      plan.add_reasons(absl::StrCat("per_device_batch: ", chosen, " fixed by spec.resources.per_device_batch; predicted peak ",
+                                    FormatBytes(predicted.total_bytes()), " against ", FormatBytes(budget), " usable",
+                                    predicted.total_bytes() > budget ? " (PREDICTED NOT TO FIT)" : ""));
+    } else {
+      std::string why_batch = absl::StrCat("per_device_batch: ", chosen, ", the largest divisor of the ", per_rank,
+                                           " samples each device takes per step whose predicted peak (",
+                                           FormatBytes(predicted.total_bytes()), ") fits the ", FormatBytes(budget),
+                                           " usable on ", sorted[n - 1].id, " (", FormatBytes(free_bytes), " free less ",
+                                           absl::StrFormat("%.0f%%", headroom * 100), " headroom)");
+      plan.add_reasons(why_batch);
+    }
+    plan.add_reasons(absl::StrCat("grad_accum_steps: ", plan.grad_accum_steps(), " so that ", n, " x ", chosen, " x ",
+                                  plan.grad_accum_steps(), " = global batch ", global_batch));
+    plan.add_reasons(absl::StrFormat("learning_rate: %g (spec lr %g, lr_scaling %s against reference batch %d)",
+                                     plan.learning_rate(), spec.optimizer().lr(),
+                                     ScalingName(spec.optimizer().lr_scaling()),
+                                     spec.optimizer().reference_batch_size() > 0
+                                         ? spec.optimizer().reference_batch_size()
+                                         : global_batch));
+    return plan;
+  }
+
+  std::string message = "no plan fits";
+  for (const std::string& r : rejected) absl::StrAppend(&message, "; ", r);
+  if (resources.per_device_batch() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.resources.per_device_batch: ", message,
+                                                   "; choose a per-device batch that divides global_batch_size / devices"));
+  }
+  absl::StrAppend(&message, "; a smaller model, a smaller global batch or devices with more memory would fit");
+  return absl::ResourceExhaustedError(message);
+}
+
+}  // namespace fitrun::server

@@ -1,0 +1,44 @@
+// The planner: how many devices, what per-device batch and how much gradient accumulation a job gets.
+//
+// Given the devices free now and a validated spec, it keeps the global batch exact
+// (devices * per_device_batch * grad_accum_steps == global_batch_size), prefers the most devices
+// (throughput), then the largest per-device batch whose predicted peak fits each device with the
+// spec's headroom (fewest accumulation passes), and scales the learning rate by the spec's rule.
+// Every choice is explained in Plan.reasons. Pure function of its inputs.
+#ifndef FITRUN_SERVER_CORE_PLANNER_H_
+#define FITRUN_SERVER_CORE_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fitrun/v1/job.pb.h"
+#include "server/core/estimator.h"
+#include "server/core/model_profile.h"
+
+namespace fitrun::server {
+
+// A device the plan may use, with the memory a rank could take on it.
+struct DeviceCapacity {
+  std::string id;
+  int64_t free_bytes = 0;
+};
+
+// Errors: UNAVAILABLE when fewer than min_devices are given (wait for devices to free up);
+// RESOURCE_EXHAUSTED when no per-device batch fits even on the roomiest devices, with what would;
+// INVALID_ARGUMENT when the spec cannot be split (e.g. a fixed per-device batch that does not divide
+// the global batch on any allowed device count).
+absl::StatusOr<fitrun::v1::Plan> PlanJob(const fitrun::v1::JobSpec& spec, const ModelProfile& model,
+                                         const std::vector<DeviceCapacity>& devices,
+                                         const EstimatorOptions& estimator = {});
+
+// The learning rate after the spec's scaling rule (none, linear, sqrt) against its reference batch.
+double ScaledLearningRate(const fitrun::v1::OptimizerSpec& optimizer, int64_t global_batch_size);
+
+// "1.5 GiB", "512.0 MiB": for messages.
+std::string FormatBytes(int64_t bytes);
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_CORE_PLANNER_H_

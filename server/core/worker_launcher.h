@@ -1,0 +1,45 @@
+// Starting and stopping worker processes, as the job manager sees it. The real implementation
+// (server/launcher) spawns fitrun-worker; tests use a fake that records launches.
+#ifndef FITRUN_SERVER_CORE_WORKER_LAUNCHER_H_
+#define FITRUN_SERVER_CORE_WORKER_LAUNCHER_H_
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace fitrun::server {
+
+struct WorkerLaunch {
+  std::string job_id;
+  int attempt = 0;
+  int rank = 0;
+  std::vector<std::string> argv;  // argv[0] is the binary's path; no shell is involved
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string working_dir;
+  std::string log_path;  // stdout and stderr go here
+};
+
+struct WorkerExit {
+  int exit_code = 0;  // -1 when killed by a signal
+  int signal = 0;
+};
+
+// Implementations are thread-safe. `on_exit` runs once per launched worker, on a launcher thread,
+// and must not block for long.
+class WorkerLauncher {
+ public:
+  using ExitCallback = std::function<void(const WorkerExit&)>;
+  virtual ~WorkerLauncher() = default;
+  // Starts the worker; returns a handle for Stop.
+  virtual absl::StatusOr<int> Launch(const WorkerLaunch& launch, ExitCallback on_exit) = 0;
+  // Asks the worker to stop (SIGTERM to its process group) and kills it if still alive after `grace`.
+  virtual void Stop(int handle, absl::Duration grace) = 0;
+};
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_CORE_WORKER_LAUNCHER_H_

@@ -1,0 +1,54 @@
+// WorkerLauncher over real processes: posix_spawn (no shell), each worker in its own process group
+// with stdout and stderr appended to its log file, one waiter thread per worker that notices its
+// exit the moment it happens, and a reaper that SIGKILLs workers still alive after their grace.
+//
+// Thread-safe. The destructor kills every worker still running and joins its threads.
+#ifndef FITRUN_SERVER_LAUNCHER_PROCESS_LAUNCHER_H_
+#define FITRUN_SERVER_LAUNCHER_PROCESS_LAUNCHER_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/core/worker_launcher.h"
+
+namespace fitrun::server {
+
+class ProcessLauncher : public WorkerLauncher {
+ public:
+  ProcessLauncher();
+  ~ProcessLauncher() override;
+
+  // The handle is the worker's pid (and process group id).
+  absl::StatusOr<int> Launch(const WorkerLaunch& launch, ExitCallback on_exit) override;
+  void Stop(int handle, absl::Duration grace) override;
+
+ private:
+  void Wait(pid_t pid, int64_t waiter, ExitCallback on_exit);
+  void KillerLoop();
+
+  absl::Mutex mu_;
+  // Workers not yet reaped; a pid leaves this set before it is reaped, so a signal is never sent
+  // to a recycled pid.
+  std::map<pid_t, bool> alive_ ABSL_GUARDED_BY(mu_);
+  std::multimap<absl::Time, pid_t> kill_deadlines_ ABSL_GUARDED_BY(mu_);
+  // Waiter threads (keyed by launch, since pids are recycled); finished ones are joined at the next
+  // launch so a long-lived daemon does not accumulate them.
+  std::map<int64_t, std::thread> waiters_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> finished_waiters_ ABSL_GUARDED_BY(mu_);
+  int64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread killer_;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close).
+absl::StatusOr<int> PickFreeTcpPort();
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_LAUNCHER_PROCESS_LAUNCHER_H_

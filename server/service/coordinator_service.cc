@@ -1,0 +1,209 @@
+#include "server/service/coordinator_service.h"
+
+#include <deque>
+#include <memory>
+#include <optional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "server/core/job_spec.h"
+#include "server/service/grpc_status.h"
+
+namespace fitrun::server {
+namespace {
+
+using fitrun::v1::JobEvent;
+
+// A spec from either of a request's sources.
+template <typename Request>
+absl::StatusOr<fitrun::v1::JobSpec> SpecFrom(const Request& request) {
+  switch (request.source_case()) {
+    case Request::kSpec: return request.spec();
+    case Request::kSpecYaml: return ParseJobSpecYaml(request.spec_yaml());
+    default: return absl::InvalidArgumentError("spec: give the job spec as `spec` or as `spec_yaml`");
+  }
+}
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// One WatchJob stream. It keeps a cursor (the next sequence to send) and, whenever it is idle and
+// the job has news, reads a few events from the manager (memory tail or store) and writes them one
+// at a time. Publishing never waits for it, however slow the client is.
+class WatchJobReactor : public grpc::ServerWriteReactor<JobEvent> {
+ public:
+  WatchJobReactor(JobManager* manager, std::string job_id, int64_t from_sequence)
+      : manager_(manager), job_id_(std::move(job_id)), next_sequence_(std::max<int64_t>(1, from_sequence)) {}
+
+  void Start() {
+    absl::StatusOr<fitrun::v1::Job> job = manager_->Get(job_id_);
+    if (!job.ok()) {
+      finished_ = true;
+      Finish(ToGrpcStatus(job.status()));
+      return;
+    }
+    // A job that already ended has no more events past its last one.
+    if (JobManager::IsTerminal(job->state())) end_sequence_ = job->last_sequence();
+    link_ = std::make_shared<Link>();
+    link_->reactor = this;
+    subscription_ = manager_->events().Subscribe(job_id_, [link = link_] {
+      absl::MutexLock lock(&link->mu);
+      if (link->reactor != nullptr) link->reactor->Pump();
+    });
+    Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+    }
+    if (!ok) {
+      FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away"));
+      return;
+    }
+    Pump();
+  }
+
+  void OnCancel() override { FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")); }
+
+  void OnDone() override {
+    if (link_ != nullptr) {
+      manager_->events().Unsubscribe(subscription_);
+      absl::MutexLock lock(&link_->mu);
+      link_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  // What the hub's listener holds: the reactor until OnDone, nothing after.
+  struct Link {
+    absl::Mutex mu;
+    WatchJobReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  void Pump() {
+    bool write = false;
+    bool finish = false;
+    grpc::Status status = grpc::Status::OK;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_) return;
+      if (pending_.empty()) {
+        absl::StatusOr<std::vector<JobEvent>> events = manager_->ReadEvents(job_id_, next_sequence_, kBatch);
+        if (!events.ok()) {
+          finished_ = finish = true;
+          status = ToGrpcStatus(events.status());
+        } else {
+          pending_.assign(events->begin(), events->end());
+        }
+      }
+      if (!finish && !pending_.empty()) {
+        current_ = std::move(pending_.front());
+        pending_.pop_front();
+        next_sequence_ = current_.sequence() + 1;
+        if (current_.has_state_changed() && JobManager::IsTerminal(current_.state_changed().to())) {
+          end_sequence_ = current_.sequence();
+        }
+        writing_ = write = true;
+      } else if (!finish && end_sequence_ && next_sequence_ > *end_sequence_) {
+        finished_ = finish = true;
+      }
+    }
+    if (write) StartWrite(&current_);
+    if (finish) Finish(status);
+  }
+
+  void FinishOnce(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(status);
+  }
+
+  static constexpr int kBatch = 64;
+  JobManager* const manager_;
+  const std::string job_id_;
+  std::shared_ptr<Link> link_;
+  int64_t subscription_ = 0;
+
+  absl::Mutex mu_;
+  int64_t next_sequence_ ABSL_GUARDED_BY(mu_);
+  std::optional<int64_t> end_sequence_ ABSL_GUARDED_BY(mu_);
+  std::deque<JobEvent> pending_ ABSL_GUARDED_BY(mu_);
+  JobEvent current_;  // owned by the write in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerContext* context,
+                                                        const fitrun::v1::SubmitJobRequest* request,
+                                                        fitrun::v1::SubmitJobResponse* response) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = SpecFrom(*request);
+  if (!spec.ok()) return Done(context, spec.status());
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(*std::move(spec));
+  if (job.ok()) *response->mutable_job() = *std::move(job);
+  return Done(context, job.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::PlanJob(grpc::CallbackServerContext* context,
+                                                      const fitrun::v1::PlanJobRequest* request,
+                                                      fitrun::v1::PlanJobResponse* response) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = SpecFrom(*request);
+  if (!spec.ok()) return Done(context, spec.status());
+  auto planned = manager_->DryRunPlan(*std::move(spec));
+  if (planned.ok()) {
+    *response->mutable_spec() = std::move(planned->first);
+    *response->mutable_plan() = std::move(planned->second);
+  }
+  return Done(context, planned.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* context,
+                                                     const fitrun::v1::GetJobRequest* request,
+                                                     fitrun::v1::Job* response) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Get(request->job_id());
+  if (job.ok()) *response = *std::move(job);
+  return Done(context, job.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerContext* context,
+                                                       const fitrun::v1::ListJobsRequest* request,
+                                                       fitrun::v1::ListJobsResponse* response) {
+  std::vector<fitrun::v1::JobState> states;
+  for (int s : request->states()) states.push_back(static_cast<fitrun::v1::JobState>(s));
+  for (fitrun::v1::Job& job : manager_->List(states)) *response->add_jobs() = std::move(job);
+  return Done(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* context,
+                                                        const fitrun::v1::CancelJobRequest* request,
+                                                        fitrun::v1::CancelJobResponse* response) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Cancel(request->job_id(), request->reason());
+  if (job.ok()) *response->mutable_job() = *std::move(job);
+  return Done(context, job.status());
+}
+
+grpc::ServerWriteReactor<JobEvent>* CoordinatorService::WatchJob(grpc::CallbackServerContext* context,
+                                                                 const fitrun::v1::WatchJobRequest* request) {
+  auto* reactor = new WatchJobReactor(manager_, request->job_id(), request->from_sequence());
+  reactor->Start();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListDevices(grpc::CallbackServerContext* context,
+                                                          const fitrun::v1::ListDevicesRequest* request,
+                                                          fitrun::v1::ListDevicesResponse* response) {
+  for (fitrun::v1::Device& device : manager_->Devices()) *response->add_devices() = std::move(device);
+  return Done(context, absl::OkStatus());
+}
+
+}  // namespace fitrun::server

@@ -1,0 +1,178 @@
+#include "server/store/sqlite_job_store.h"
+
+#include <sqlite3.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace fitrun::server {
+namespace {
+
+// Each entry moves the schema from version i to i + 1.
+const char* const kMigrations[] = {
+    // 0 -> 1
+    "CREATE TABLE jobs ("
+    "  id TEXT PRIMARY KEY,"
+    "  submit_order INTEGER NOT NULL,"
+    "  state INTEGER NOT NULL,"
+    "  token TEXT NOT NULL,"
+    "  job BLOB NOT NULL);"
+    "CREATE TABLE events ("
+    "  job_id TEXT NOT NULL,"
+    "  sequence INTEGER NOT NULL,"
+    "  event BLOB NOT NULL,"
+    "  PRIMARY KEY (job_id, sequence)) WITHOUT ROWID;",
+};
+static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == SqliteJobStore::kSchemaVersion);
+
+// A prepared statement that finalizes itself.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) { rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr); }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  bool ok() const { return rc_ == SQLITE_OK; }
+  sqlite3_stmt* get() { return stmt_; }
+  void BindText(int i, const std::string& s) { sqlite3_bind_text(stmt_, i, s.data(), static_cast<int>(s.size()), SQLITE_TRANSIENT); }
+  void BindBlob(int i, const std::string& s) { sqlite3_bind_blob(stmt_, i, s.data(), static_cast<int>(s.size()), SQLITE_TRANSIENT); }
+  void BindInt(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+  std::string ColumnBlob(int i) {
+    const void* data = sqlite3_column_blob(stmt_, i);
+    return std::string(static_cast<const char*>(data), static_cast<size_t>(sqlite3_column_bytes(stmt_, i)));
+  }
+
+ private:
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_ = SQLITE_ERROR;
+};
+
+absl::Status SqliteError(sqlite3* db, absl::string_view what) {
+  return absl::InternalError(absl::StrCat("sqlite: ", what, ": ", sqlite3_errmsg(db)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    absl::Status status = absl::FailedPreconditionError(
+        absl::StrCat("cannot open the job store ", path, ": ", db ? sqlite3_errmsg(db) : "out of memory"));
+    sqlite3_close(db);
+    return status;
+  }
+  sqlite3_busy_timeout(db, 5000);
+  std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(db));
+  absl::MutexLock lock(&store->mu_);
+  // WAL: readers never block the writer; synchronous=NORMAL is durable across process crashes
+  // (what a SIGKILLed coordinator needs) without an fsync per event.
+  if (absl::Status status = store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"); !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = store->Migrate(); !status.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": ", status.message()));
+  }
+  return store;
+}
+
+SqliteJobStore::~SqliteJobStore() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_close(db_);
+}
+
+absl::Status SqliteJobStore::Exec(const char* sql) {
+  char* error = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &error) != SQLITE_OK) {
+    absl::Status status = absl::InternalError(absl::StrCat("sqlite: ", error ? error : "unknown error"));
+    sqlite3_free(error);
+    return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SqliteJobStore::Migrate() {
+  Statement version_query(db_, "PRAGMA user_version;");
+  if (!version_query.ok() || sqlite3_step(version_query.get()) != SQLITE_ROW) {
+    return SqliteError(db_, "reading the schema version");
+  }
+  const int version = sqlite3_column_int(version_query.get(), 0);
+  if (version > kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job store has schema version ", version, " but this fitrund understands up to ", kSchemaVersion,
+        "; run a newer fitrund, or point --state_dir at another directory"));
+  }
+  for (int v = version; v < kSchemaVersion; ++v) {
+    const std::string sql = absl::StrCat("BEGIN;", kMigrations[v], "PRAGMA user_version=", v + 1, ";COMMIT;");
+    if (absl::Status status = Exec(sql.c_str()); !status.ok()) {
+      (void)Exec("ROLLBACK;");
+      return absl::InternalError(absl::StrCat("migrating the schema to version ", v + 1, ": ", status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SqliteJobStore::PutJob(const JobRecord& record) {
+  absl::MutexLock lock(&mu_);
+  Statement insert(db_,
+                   "INSERT INTO jobs (id, submit_order, state, token, job) VALUES (?1, ?2, ?3, ?4, ?5) "
+                   "ON CONFLICT(id) DO UPDATE SET state = excluded.state, job = excluded.job;");
+  if (!insert.ok()) return SqliteError(db_, "preparing PutJob");
+  insert.BindText(1, record.job.id());
+  insert.BindInt(2, record.submit_order);
+  insert.BindInt(3, record.job.state());
+  insert.BindText(4, record.token);
+  insert.BindBlob(5, record.job.SerializeAsString());
+  if (sqlite3_step(insert.get()) != SQLITE_DONE) return SqliteError(db_, "storing a job");
+  return absl::OkStatus();
+}
+
+absl::Status SqliteJobStore::AppendEvent(const fitrun::v1::JobEvent& event) {
+  absl::MutexLock lock(&mu_);
+  Statement insert(db_, "INSERT OR REPLACE INTO events (job_id, sequence, event) VALUES (?1, ?2, ?3);");
+  if (!insert.ok()) return SqliteError(db_, "preparing AppendEvent");
+  insert.BindText(1, event.job_id());
+  insert.BindInt(2, event.sequence());
+  insert.BindBlob(3, event.SerializeAsString());
+  if (sqlite3_step(insert.get()) != SQLITE_DONE) return SqliteError(db_, "storing an event");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::LoadJobs() {
+  absl::MutexLock lock(&mu_);
+  Statement query(db_, "SELECT submit_order, token, job FROM jobs ORDER BY submit_order;");
+  if (!query.ok()) return SqliteError(db_, "preparing LoadJobs");
+  std::vector<JobRecord> records;
+  int rc;
+  while ((rc = sqlite3_step(query.get())) == SQLITE_ROW) {
+    JobRecord record;
+    record.submit_order = sqlite3_column_int64(query.get(), 0);
+    record.token = reinterpret_cast<const char*>(sqlite3_column_text(query.get(), 1));
+    if (!record.job.ParseFromString(query.ColumnBlob(2))) {
+      return absl::DataLossError(absl::StrCat("job row ", record.submit_order, " does not parse"));
+    }
+    records.push_back(std::move(record));
+  }
+  if (rc != SQLITE_DONE) return SqliteError(db_, "loading jobs");
+  return records;
+}
+
+absl::StatusOr<std::vector<fitrun::v1::JobEvent>> SqliteJobStore::ReadEvents(const std::string& job_id,
+                                                                              int64_t from_sequence, int limit) {
+  absl::MutexLock lock(&mu_);
+  Statement query(db_, "SELECT event FROM events WHERE job_id = ?1 AND sequence >= ?2 ORDER BY sequence LIMIT ?3;");
+  if (!query.ok()) return SqliteError(db_, "preparing ReadEvents");
+  query.BindText(1, job_id);
+  query.BindInt(2, from_sequence);
+  query.BindInt(3, limit);
+  std::vector<fitrun::v1::JobEvent> events;
+  int rc;
+  while ((rc = sqlite3_step(query.get())) == SQLITE_ROW) {
+    fitrun::v1::JobEvent event;
+    if (!event.ParseFromString(query.ColumnBlob(0))) {
+      return absl::DataLossError(absl::StrCat("event ", job_id, " does not parse"));
+    }
+    events.push_back(std::move(event));
+  }
+  if (rc != SQLITE_DONE) return SqliteError(db_, "reading events");
+  return events;
+}
+
+}  // namespace fitrun::server

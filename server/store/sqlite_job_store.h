@@ -1,0 +1,47 @@
+// JobStore over one SQLite database in WAL mode: jobs and their events, as serialized protos beside
+// the columns queries need. The schema is versioned (PRAGMA user_version) and migrated forward on
+// open; a database written by a newer fitrund is refused rather than misread.
+//
+// Thread-safe: one connection, serialized by a mutex (SQLite's writes are serialized anyway).
+#ifndef FITRUN_SERVER_STORE_SQLITE_JOB_STORE_H_
+#define FITRUN_SERVER_STORE_SQLITE_JOB_STORE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/core/job_store.h"
+
+struct sqlite3;
+
+namespace fitrun::server {
+
+class SqliteJobStore : public JobStore {
+ public:
+  // The schema version this build writes.
+  static constexpr int kSchemaVersion = 1;
+
+  static absl::StatusOr<std::unique_ptr<SqliteJobStore>> Open(const std::string& path);
+  ~SqliteJobStore() override;
+
+  absl::Status PutJob(const JobRecord& record) override;
+  absl::Status AppendEvent(const fitrun::v1::JobEvent& event) override;
+  absl::StatusOr<std::vector<JobRecord>> LoadJobs() override;
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> ReadEvents(const std::string& job_id, int64_t from_sequence,
+                                                                int limit) override;
+
+ private:
+  explicit SqliteJobStore(sqlite3* db) : db_(db) {}
+  absl::Status Migrate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  sqlite3* db_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_STORE_SQLITE_JOB_STORE_H_
