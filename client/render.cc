@@ -70,7 +70,7 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
 std::string RenderJob(const v1::Job& job, const RenderContext& context) {
   std::vector<std::pair<std::string, std::string>> rows;
   rows.emplace_back("id", job.id());
-  rows.emplace_back("name", job.spec().name());
+  if (!job.spec().name().empty()) rows.emplace_back("name", job.spec().name());
   std::string state = StateName(job.state());
   if (job.attempts() > 1) absl::StrAppend(&state, " (attempt ", job.attempts(), ")");
   rows.emplace_back("state", state);

@@ -81,6 +81,10 @@ TEST(RenderJobTest, ShowsAttemptsFailureAndResult) {
   EXPECT_THAT(failed_text, HasSubstr("failure:  rank 1 out of memory 3 times\n"));
   EXPECT_THAT(failed_text, Not(HasSubstr("result")));
 
+  v1::Job unnamed = RunningJob();
+  unnamed.mutable_spec()->clear_name();
+  EXPECT_THAT(RenderJob(unnamed, Context()), Not(HasSubstr("name:")));
+
   v1::Job succeeded = RunningJob();
   succeeded.set_state(v1::JOB_STATE_SUCCEEDED);
   succeeded.mutable_result()->set_test_accuracy(0.8412);
