@@ -1,0 +1,31 @@
+#include "worker/trainer/progress_sink.h"
+
+namespace fitrun::worker {
+
+void ConsoleSink::OnProgress(const StepProgress& p) {
+  std::fprintf(out_, "[rank %d] step %lld/%lld epoch %d loss %.4f samples/s %.0f\n", rank_,
+               static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.epoch, p.loss,
+               p.samples_per_second);
+  std::fflush(out_);
+}
+
+void ConsoleSink::OnLog(const std::string& text) {
+  std::fprintf(out_, "[rank %d] %s\n", rank_, text.c_str());
+  std::fflush(out_);
+}
+
+void ConsoleSink::Flush(absl::Duration) { std::fflush(out_); }
+
+void TeeSink::OnProgress(const StepProgress& progress) {
+  for (ProgressSink* sink : sinks_) sink->OnProgress(progress);
+}
+
+void TeeSink::OnLog(const std::string& text) {
+  for (ProgressSink* sink : sinks_) sink->OnLog(text);
+}
+
+void TeeSink::Flush(absl::Duration timeout) {
+  for (ProgressSink* sink : sinks_) sink->Flush(timeout);
+}
+
+}  // namespace fitrun::worker

@@ -1,0 +1,69 @@
+#ifndef FITRUN_WORKER_TRAINER_PROGRESS_SINK_H_
+#define FITRUN_WORKER_TRAINER_PROGRESS_SINK_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace fitrun::worker {
+
+// One rank's progress after an optimizer step.
+struct StepProgress {
+  int rank = 0;
+  int64_t step = 0;  // optimizer steps completed, 1-based
+  int64_t total_steps = 0;
+  int32_t epoch = 0;  // 1-based epoch the step belongs to
+  double loss = 0;    // mean over all ranks of the step's loss
+  double samples_per_second = 0;  // this rank's samples since its previous report
+  int64_t live_bytes = 0;
+  int64_t peak_bytes = 0;
+};
+
+// Where the trainer sends what it has to say. It knows nothing about how that travels (gRPC stream,
+// log file), so it can be tested with a recording fake. Methods are called on the training thread
+// and must return at once: a sink never blocks or slows training.
+class ProgressSink {
+ public:
+  virtual ~ProgressSink() = default;
+
+  virtual void OnProgress(const StepProgress& progress) = 0;
+  virtual void OnLog(const std::string& text) = 0;
+  // Best effort: lets what was reported so far leave the process, waiting at most `timeout`. Only
+  // called before a deliberate exit that skips normal shutdown.
+  virtual void Flush(absl::Duration timeout) = 0;
+};
+
+// Writes progress and log lines to a stdio stream (the rank's log file). Thread-compatible.
+class ConsoleSink final : public ProgressSink {
+ public:
+  ConsoleSink(int rank, std::FILE* out) : rank_(rank), out_(out) {}
+
+  void OnProgress(const StepProgress& progress) override;
+  void OnLog(const std::string& text) override;
+  void Flush(absl::Duration timeout) override;
+
+ private:
+  int rank_;
+  std::FILE* out_;
+};
+
+// Sends everything to several sinks, in order. Does not own them.
+class TeeSink final : public ProgressSink {
+ public:
+  explicit TeeSink(std::vector<ProgressSink*> sinks) : sinks_(std::move(sinks)) {}
+
+  void OnProgress(const StepProgress& progress) override;
+  void OnLog(const std::string& text) override;
+  void Flush(absl::Duration timeout) override;
+
+ private:
+  std::vector<ProgressSink*> sinks_;
+};
+
+}  // namespace fitrun::worker
+
+#endif  // FITRUN_WORKER_TRAINER_PROGRESS_SINK_H_

@@ -1,0 +1,278 @@
+#include "worker/trainer/trainer.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <exception>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace fitrun::worker {
+namespace {
+
+absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> CreateOptimizer(
+    const TrainerOptions& options, std::vector<at::Tensor> parameters) {
+  const fitrun::v1::OptimizerSpec& spec = options.optimizer;
+  if (spec.weight_decay() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.optimizer.weight_decay: must be >= 0 (got ", spec.weight_decay(), ")"));
+  }
+  switch (spec.kind()) {
+    case fitrun::v1::OPTIMIZER_KIND_UNSPECIFIED:
+    case fitrun::v1::OPTIMIZER_KIND_SGD:
+      if (spec.momentum() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec.optimizer.momentum: must be >= 0 (got ", spec.momentum(), ")"));
+      }
+      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::SGD(
+          std::move(parameters), torch::optim::SGDOptions(options.learning_rate)
+                                     .momentum(spec.momentum())
+                                     .weight_decay(spec.weight_decay())));
+    case fitrun::v1::OPTIMIZER_KIND_ADAM:
+      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::Adam(
+          std::move(parameters),
+          torch::optim::AdamOptions(options.learning_rate).weight_decay(spec.weight_decay())));
+    case fitrun::v1::OPTIMIZER_KIND_ADAMW:
+      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::AdamW(
+          std::move(parameters),
+          torch::optim::AdamWOptions(options.learning_rate).weight_decay(spec.weight_decay())));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.optimizer.kind: unknown optimizer ", static_cast<int>(spec.kind())));
+  }
+}
+
+absl::Status CheckOptions(const TrainerOptions& o, int64_t train_size) {
+  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", o.rank, " is not in a world of ", o.world_size));
+  }
+  if (o.per_device_batch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan.per_device_batch: must be >= 1 (got ", o.per_device_batch, ")"));
+  }
+  if (o.grad_accum_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan.grad_accum_steps: must be >= 1 (got ", o.grad_accum_steps, ")"));
+  }
+  if (!(o.learning_rate > 0) || !std::isfinite(o.learning_rate)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan.learning_rate: must be > 0 (got ", o.learning_rate, ")"));
+  }
+  if (o.total_steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("plan.total_steps: must be >= 1 (got ", o.total_steps, ")"));
+  }
+  if (o.steps_per_epoch < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan.steps_per_epoch: must be >= 0 (got ", o.steps_per_epoch, ")"));
+  }
+  const int64_t global_batch = o.per_device_batch * o.grad_accum_steps * o.world_size;
+  if (global_batch > train_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: a global batch of ", global_batch, " (", o.world_size, " devices x ",
+                     o.per_device_batch, " x ", o.grad_accum_steps,
+                     " accumulation steps) is larger than the ", train_size, " training samples"));
+  }
+  if (o.steps_per_epoch * global_batch > train_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan.steps_per_epoch: ", o.steps_per_epoch, " steps of ", global_batch, " samples need ",
+        o.steps_per_epoch * global_batch, " but the training set has ", train_size,
+        " (at most ", train_size / global_batch, ")"));
+  }
+  if (o.eval_batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("eval batch must be >= 1 (got ", o.eval_batch, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool ProgressThrottle::ShouldReport(int64_t step, int64_t total_steps, absl::Time now) {
+  if (step == 1 || step == total_steps || now - last_ >= interval_) {
+    last_ = now;
+    return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options,
+                                                         std::shared_ptr<Model> model,
+                                                         LabeledImages train,
+                                                         std::optional<LabeledImages> test,
+                                                         GradientSynchronizer* synchronizer,
+                                                         ProgressSink* sink) {
+  if (model == nullptr || synchronizer == nullptr || sink == nullptr) {
+    return absl::InvalidArgumentError("trainer needs a model, a synchronizer and a sink");
+  }
+  if (absl::Status status = CheckOptions(options, train.size()); !status.ok()) return status;
+  if (options.steps_per_epoch == 0) {
+    options.steps_per_epoch =
+        train.size() / (options.per_device_batch * options.grad_accum_steps * options.world_size);
+  }
+  absl::StatusOr<DistributedSampler> sampler = DistributedSampler::Create(
+      {train.size(), options.world_size, options.rank, options.seed});
+  if (!sampler.ok()) return sampler.status();
+  if (!options.exit_process) options.exit_process = [](int code) { std::_Exit(code); };
+
+  absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> optimizer;
+  try {
+    optimizer = CreateOptimizer(options, model->parameters());
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("creating the optimizer: ", e.what()));
+  }
+  if (!optimizer.ok()) return optimizer.status();
+  return std::unique_ptr<Trainer>(new Trainer(std::move(options), std::move(model), std::move(train),
+                                              std::move(test), *std::move(sampler),
+                                              *std::move(optimizer), synchronizer, sink));
+}
+
+Trainer::Trainer(TrainerOptions options, std::shared_ptr<Model> model, LabeledImages train,
+                 std::optional<LabeledImages> test, DistributedSampler sampler,
+                 std::unique_ptr<torch::optim::Optimizer> optimizer,
+                 GradientSynchronizer* synchronizer, ProgressSink* sink)
+    : options_(std::move(options)),
+      model_(std::move(model)),
+      train_(std::move(train)),
+      test_(std::move(test)),
+      sampler_(std::move(sampler)),
+      optimizer_(std::move(optimizer)),
+      synchronizer_(synchronizer),
+      sink_(sink) {}
+
+Trainer::~Trainer() = default;
+
+absl::StatusOr<TrainResult> Trainer::Run() {
+  // LibTorch and c10d throw; nothing above this line should have to know.
+  try {
+    return RunUnchecked();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("training failed: ", e.what()));
+  }
+}
+
+void Trainer::MaybeInjectFault(int64_t step) {
+  const fitrun::v1::FaultInjection& fault = options_.fault_injection;
+  if (fault.kind() != fitrun::v1::FaultInjection::KIND_EXIT || fault.rank() != options_.rank ||
+      fault.at_step() != step) {
+    return;
+  }
+  sink_->OnLog(absl::StrCat("fault injection: exiting with code ", fault.exit_code(), " before step ",
+                            step));
+  sink_->Flush(absl::Seconds(1));
+  options_.exit_process(fault.exit_code());
+}
+
+absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
+  const TrainerOptions& o = options_;
+  const int64_t b = o.per_device_batch;
+  const int k = o.grad_accum_steps;
+  model_->train();
+
+  ProgressThrottle throttle(o.progress_interval);
+  const absl::Time start = absl::Now();
+  absl::Time last_report = start;
+  int64_t samples_since_report = 0;
+  int64_t cached_epoch = -1;
+  std::vector<int64_t> shard;
+  double loss = 0;
+
+  for (int64_t step = 1; step <= o.total_steps; ++step) {
+    if (stop_requested_.load()) {
+      return absl::CancelledError(absl::StrCat("stopped before step ", step));
+    }
+    MaybeInjectFault(step);
+    if (stop_requested_.load()) {
+      return absl::CancelledError(absl::StrCat("stopped before step ", step));
+    }
+
+    const int64_t epoch = (step - 1) / o.steps_per_epoch;
+    const int64_t step_in_epoch = (step - 1) % o.steps_per_epoch;
+    if (epoch != cached_epoch) {
+      shard = sampler_.EpochIndices(epoch);
+      cached_epoch = epoch;
+    }
+
+    optimizer_->zero_grad();
+    double local_loss = 0;
+    for (int m = 0; m < k; ++m) {
+      const int64_t begin = (step_in_epoch * k + m) * b;
+      const at::Tensor indices = at::from_blob(shard.data() + begin, {b}, at::kLong);
+      const at::Tensor inputs = train_.images.index_select(0, indices);
+      const at::Tensor targets = train_.labels.index_select(0, indices);
+      const at::Tensor micro_loss = torch::nn::functional::cross_entropy(model_->Forward(inputs), targets);
+      synchronizer_->BeforeBackward(m == k - 1);
+      // Scaled so that the accumulated gradient is the mean over the step's k*b samples.
+      (micro_loss / k).backward();
+      local_loss += micro_loss.item<double>() / k;
+    }
+    absl::StatusOr<double> global_loss = synchronizer_->Synchronize(local_loss);
+    if (!global_loss.ok()) {
+      return absl::Status(global_loss.status().code(),
+                          absl::StrCat("step ", step, ": ", global_loss.status().message()));
+    }
+    loss = *global_loss;
+    // Every rank sees the same global loss, so every rank stops here together.
+    if (!std::isfinite(loss)) {
+      return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
+                                              " (learning rate ", o.learning_rate, " too high?)"));
+    }
+    optimizer_->step();
+    samples_since_report += b * k;
+
+    const absl::Time now = absl::Now();
+    if (throttle.ShouldReport(step, o.total_steps, now)) {
+      const double seconds = absl::ToDoubleSeconds(now - last_report);
+      StepProgress progress;
+      progress.rank = o.rank;
+      progress.step = step;
+      progress.total_steps = o.total_steps;
+      progress.epoch = static_cast<int32_t>(epoch + 1);
+      progress.loss = loss;
+      progress.samples_per_second = seconds > 0 ? samples_since_report / seconds : 0;
+      sink_->OnProgress(progress);
+      last_report = now;
+      samples_since_report = 0;
+    }
+  }
+
+  TrainResult result;
+  result.steps = o.total_steps;
+  result.final_loss = loss;
+  result.train_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  result.parameter_checksum = ParameterChecksum(*model_);
+  if (test_.has_value()) {
+    absl::StatusOr<double> accuracy = EvaluateAccuracy(*model_, *test_, o.eval_batch);
+    if (!accuracy.ok()) return accuracy.status();
+    result.has_test_accuracy = true;
+    result.test_accuracy = *accuracy;
+  }
+  return result;
+}
+
+absl::StatusOr<double> EvaluateAccuracy(Model& model, const LabeledImages& set, int64_t batch) {
+  if (set.size() == 0) return absl::InvalidArgumentError("empty evaluation set");
+  try {
+    at::NoGradGuard no_grad;
+    const bool was_training = model.is_training();
+    model.eval();
+    int64_t correct = 0;
+    for (int64_t begin = 0; begin < set.size(); begin += batch) {
+      const int64_t n = std::min(batch, set.size() - begin);
+      const at::Tensor predicted = model.Forward(set.images.narrow(0, begin, n)).argmax(1);
+      correct += predicted.eq(set.labels.narrow(0, begin, n)).sum().item<int64_t>();
+    }
+    model.train(was_training);
+    return static_cast<double>(correct) / set.size();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
+  }
+}
+
+}  // namespace fitrun::worker

@@ -1,0 +1,122 @@
+#ifndef FITRUN_WORKER_TRAINER_TRAINER_H_
+#define FITRUN_WORKER_TRAINER_TRAINER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "fitrun/v1/job.pb.h"
+#include "worker/data/fashion_mnist.h"
+#include "worker/data/sampler.h"
+#include "worker/ddp/gradient_synchronizer.h"
+#include "worker/models/model.h"
+#include "worker/trainer/progress_sink.h"
+
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
+namespace fitrun::worker {
+
+// What one rank's training loop needs; the plan's numbers are authoritative.
+struct TrainerOptions {
+  int rank = 0;
+  int world_size = 1;
+  int64_t per_device_batch = 0;
+  int grad_accum_steps = 1;
+  // plan.learning_rate (already scaled for the global batch); optimizer.lr is not used.
+  double learning_rate = 0;
+  int64_t total_steps = 0;
+  // 0 means floor(train size / global batch).
+  int64_t steps_per_epoch = 0;
+  uint64_t seed = 0;
+  // kind, momentum and weight_decay; UNSPECIFIED means SGD.
+  fitrun::v1::OptimizerSpec optimizer;
+  fitrun::v1::FaultInjection fault_injection;
+  // Progress goes to the sink at most this often, plus the first and the last step.
+  absl::Duration progress_interval = absl::Milliseconds(250);
+  int64_t eval_batch = 1000;
+  // How a KIND_EXIT fault ends the process; tests replace it.
+  std::function<void(int exit_code)> exit_process;
+};
+
+// What a rank reports when it finishes.
+struct TrainResult {
+  int64_t steps = 0;
+  double final_loss = 0;
+  std::string parameter_checksum;
+  double train_seconds = 0;
+  bool has_test_accuracy = false;
+  double test_accuracy = 0;
+};
+
+// Decides which steps are reported: the first, the last, and otherwise at most one per interval.
+class ProgressThrottle {
+ public:
+  explicit ProgressThrottle(absl::Duration interval) : interval_(interval) {}
+  bool ShouldReport(int64_t step, int64_t total_steps, absl::Time now);
+
+ private:
+  absl::Duration interval_;
+  absl::Time last_ = absl::InfinitePast();
+};
+
+// One rank's data-parallel training loop: each step runs grad_accum_steps micro-batches of
+// per_device_batch samples from this rank's share of the epoch, lets the synchronizer average the
+// gradients over ranks, and steps the optimizer; at the end the rank with a test set evaluates it.
+// It knows neither gRPC nor c10d: progress leaves through a ProgressSink and ranks meet only inside
+// the GradientSynchronizer. Run() belongs to one thread; RequestStop() may be called from any.
+class Trainer {
+ public:
+  // `test` is given to the rank that evaluates (rank 0). `synchronizer` and `sink` must outlive the
+  // trainer. Fails with InvalidArgument naming the plan field when the numbers do not fit the data.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(TrainerOptions options,
+                                                         std::shared_ptr<Model> model,
+                                                         LabeledImages train,
+                                                         std::optional<LabeledImages> test,
+                                                         GradientSynchronizer* synchronizer,
+                                                         ProgressSink* sink);
+  ~Trainer();
+
+  // Trains to total_steps. Cancelled after RequestStop(); Unavailable/DeadlineExceeded when a
+  // collective fails; Internal for a LibTorch error or a non-finite loss.
+  absl::StatusOr<TrainResult> Run();
+
+  // Makes Run() return Cancelled before its next step.
+  void RequestStop() { stop_requested_.store(true); }
+
+  const TrainerOptions& options() const { return options_; }
+
+ private:
+  Trainer(TrainerOptions options, std::shared_ptr<Model> model, LabeledImages train,
+          std::optional<LabeledImages> test, DistributedSampler sampler,
+          std::unique_ptr<torch::optim::Optimizer> optimizer, GradientSynchronizer* synchronizer,
+          ProgressSink* sink);
+
+  absl::StatusOr<TrainResult> RunUnchecked();
+  // Fault injection: ends the process before `step` when the spec says so.
+  void MaybeInjectFault(int64_t step);
+
+  TrainerOptions options_;
+  std::shared_ptr<Model> model_;
+  LabeledImages train_;
+  std::optional<LabeledImages> test_;
+  DistributedSampler sampler_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  GradientSynchronizer* synchronizer_;
+  ProgressSink* sink_;
+  std::atomic<bool> stop_requested_{false};
+};
+
+// Top-1 accuracy of `model` on `set`, in batches of `batch`, without gradients and in eval mode.
+absl::StatusOr<double> EvaluateAccuracy(Model& model, const LabeledImages& set, int64_t batch);
+
+}  // namespace fitrun::worker
+
+#endif  // FITRUN_WORKER_TRAINER_TRAINER_H_

@@ -1,0 +1,224 @@
+#include "worker/trainer/trainer.h"
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "worker/trainer/fake_progress_sink.h"
+
+namespace fitrun::worker {
+namespace {
+
+// Learnable images: class c brightens rows [2c, 2c+2) on top of Gaussian noise.
+LabeledImages SyntheticSet(int64_t n, uint64_t seed) {
+  at::manual_seed(seed);
+  LabeledImages set;
+  set.labels = at::arange(n, at::kLong).remainder(10);
+  set.images = at::randn({n, 1, 28, 28}) * 0.5;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = i % 10;
+    set.images[i][0].narrow(0, 2 * c, 2).add_(2.0);
+  }
+  return set;
+}
+
+fitrun::v1::ModelSpec Mlp() {
+  fitrun::v1::ModelSpec spec;
+  spec.set_builtin("mlp");
+  return spec;
+}
+
+TrainerOptions BaseOptions() {
+  TrainerOptions options;
+  options.per_device_batch = 16;
+  options.grad_accum_steps = 2;
+  options.learning_rate = 0.05;
+  options.total_steps = 20;
+  options.seed = 3;
+  options.optimizer.set_kind(fitrun::v1::OPTIMIZER_KIND_SGD);
+  options.optimizer.set_momentum(0.9);
+  options.progress_interval = absl::ZeroDuration();
+  return options;
+}
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  absl::StatusOr<std::unique_ptr<Trainer>> Make(TrainerOptions options, bool with_test = true) {
+    absl::StatusOr<std::shared_ptr<Model>> model = CreateModel(Mlp(), options.seed);
+    if (!model.ok()) return model.status();
+    std::optional<LabeledImages> test;
+    if (with_test) test = SyntheticSet(200, 2);
+    return Trainer::Create(std::move(options), *model, SyntheticSet(640, 1), std::move(test),
+                           &synchronizer_, &sink_);
+  }
+
+  LocalGradientSynchronizer synchronizer_;
+  FakeProgressSink sink_;
+};
+
+TEST_F(TrainerTest, LossFallsAndTheTestSetIsLearned) {
+  auto trainer = Make(BaseOptions());
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  absl::StatusOr<TrainResult> result = (*trainer)->Run();
+  ASSERT_TRUE(result.ok()) << result.status();
+
+  const std::vector<StepProgress> progress = sink_.progress();
+  ASSERT_EQ(progress.size(), 20u);
+  EXPECT_EQ(progress.front().step, 1);
+  EXPECT_EQ(progress.back().step, 20);
+  EXPECT_EQ(progress.back().total_steps, 20);
+  EXPECT_LT(progress.back().loss, progress.front().loss / 2)
+      << "first " << progress.front().loss << " last " << progress.back().loss;
+  EXPECT_EQ(result->steps, 20);
+  EXPECT_DOUBLE_EQ(result->final_loss, progress.back().loss);
+  EXPECT_EQ(result->parameter_checksum.size(), 16u);
+  EXPECT_TRUE(result->has_test_accuracy);
+  EXPECT_GT(result->test_accuracy, 0.9);
+  EXPECT_GT(result->train_seconds, 0);
+}
+
+TEST_F(TrainerTest, EpochsAdvanceAfterStepsPerEpoch) {
+  TrainerOptions options = BaseOptions();
+  options.steps_per_epoch = 0;  // derived: 640 / 32 = 20
+  options.total_steps = 45;
+  auto trainer = Make(options, /*with_test=*/false);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  absl::StatusOr<TrainResult> result = (*trainer)->Run();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(result->has_test_accuracy);
+  const std::vector<StepProgress> progress = sink_.progress();
+  ASSERT_EQ(progress.size(), 45u);
+  EXPECT_EQ(progress[19].epoch, 1);
+  EXPECT_EQ(progress[20].epoch, 2);
+  EXPECT_EQ(progress[44].epoch, 3);
+}
+
+TEST_F(TrainerTest, SameOptionsGiveBitwiseSameWeights) {
+  auto first = Make(BaseOptions());
+  ASSERT_TRUE(first.ok());
+  absl::StatusOr<TrainResult> a = (*first)->Run();
+  auto second = Make(BaseOptions());
+  ASSERT_TRUE(second.ok());
+  absl::StatusOr<TrainResult> b = (*second)->Run();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->parameter_checksum, b->parameter_checksum);
+}
+
+TEST_F(TrainerTest, AdamAndAdamWTrain) {
+  for (auto kind : {fitrun::v1::OPTIMIZER_KIND_ADAM, fitrun::v1::OPTIMIZER_KIND_ADAMW}) {
+    TrainerOptions options = BaseOptions();
+    options.optimizer.set_kind(kind);
+    options.optimizer.set_weight_decay(0.01);
+    options.learning_rate = 1e-3;
+    FakeProgressSink sink;
+    auto model = CreateModel(Mlp(), 1);
+    ASSERT_TRUE(model.ok());
+    auto trainer = Trainer::Create(options, *model, SyntheticSet(640, 1), std::nullopt, &synchronizer_, &sink);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    ASSERT_TRUE((*trainer)->Run().ok());
+    EXPECT_LT(sink.progress().back().loss, sink.progress().front().loss) << kind;
+  }
+}
+
+TEST_F(TrainerTest, ThrottleKeepsFirstAndLastStep) {
+  TrainerOptions options = BaseOptions();
+  options.progress_interval = absl::Hours(1);
+  auto trainer = Make(options, /*with_test=*/false);
+  ASSERT_TRUE(trainer.ok());
+  ASSERT_TRUE((*trainer)->Run().ok());
+  const std::vector<StepProgress> progress = sink_.progress();
+  ASSERT_EQ(progress.size(), 2u);
+  EXPECT_EQ(progress[0].step, 1);
+  EXPECT_EQ(progress[1].step, 20);
+}
+
+TEST(ProgressThrottleTest, AtMostOncePerInterval) {
+  ProgressThrottle throttle(absl::Milliseconds(250));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_TRUE(throttle.ShouldReport(1, 100, t0));
+  EXPECT_FALSE(throttle.ShouldReport(2, 100, t0 + absl::Milliseconds(100)));
+  EXPECT_TRUE(throttle.ShouldReport(3, 100, t0 + absl::Milliseconds(250)));
+  EXPECT_FALSE(throttle.ShouldReport(4, 100, t0 + absl::Milliseconds(300)));
+  EXPECT_TRUE(throttle.ShouldReport(100, 100, t0 + absl::Milliseconds(301)));
+}
+
+TEST_F(TrainerTest, FaultInjectionExitsRightBeforeItsStep) {
+  TrainerOptions options = BaseOptions();
+  options.fault_injection.set_kind(fitrun::v1::FaultInjection::KIND_EXIT);
+  options.fault_injection.set_rank(0);
+  options.fault_injection.set_at_step(5);
+  options.fault_injection.set_exit_code(42);
+  int exit_code = -1;
+  Trainer* self = nullptr;
+  options.exit_process = [&](int code) {
+    exit_code = code;
+    self->RequestStop();  // stands in for the process ending
+  };
+  auto trainer = Make(options);
+  ASSERT_TRUE(trainer.ok());
+  self = trainer->get();
+  absl::StatusOr<TrainResult> result = (*trainer)->Run();
+  EXPECT_EQ(exit_code, 42);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(sink_.progress().back().step, 4);
+  ASSERT_FALSE(sink_.logs().empty());
+  EXPECT_TRUE(absl::StrContains(sink_.logs().back(), "before step 5")) << sink_.logs().back();
+  EXPECT_GE(sink_.flushes(), 1);
+}
+
+TEST_F(TrainerTest, FaultInjectionForAnotherRankDoesNothing) {
+  TrainerOptions options = BaseOptions();
+  options.fault_injection.set_kind(fitrun::v1::FaultInjection::KIND_EXIT);
+  options.fault_injection.set_rank(1);
+  options.fault_injection.set_at_step(5);
+  options.exit_process = [](int) { ADD_FAILURE() << "rank 0 must not exit"; };
+  auto trainer = Make(options, false);
+  ASSERT_TRUE(trainer.ok());
+  EXPECT_TRUE((*trainer)->Run().ok());
+}
+
+TEST_F(TrainerTest, StopRequestCancelsBeforeTheNextStep) {
+  auto trainer = Make(BaseOptions());
+  ASSERT_TRUE(trainer.ok());
+  (*trainer)->RequestStop();
+  EXPECT_EQ((*trainer)->Run().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(sink_.progress().empty());
+}
+
+TEST_F(TrainerTest, DivergingLossIsAnError) {
+  TrainerOptions options = BaseOptions();
+  options.learning_rate = 1e12;
+  auto trainer = Make(options, false);
+  ASSERT_TRUE(trainer.ok());
+  absl::StatusOr<TrainResult> result = (*trainer)->Run();
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(absl::StrContains(result.status().message(), "loss is")) << result.status();
+}
+
+TEST_F(TrainerTest, RejectsPlansThatDoNotFitTheData) {
+  TrainerOptions options = BaseOptions();
+  options.steps_per_epoch = 21;  // 21 * 32 > 640
+  absl::Status status = Make(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "plan.steps_per_epoch")) << status;
+
+  options = BaseOptions();
+  options.per_device_batch = 0;
+  EXPECT_TRUE(absl::StrContains(Make(options).status().message(), "plan.per_device_batch"));
+  options = BaseOptions();
+  options.learning_rate = 0;
+  EXPECT_TRUE(absl::StrContains(Make(options).status().message(), "plan.learning_rate"));
+  options = BaseOptions();
+  options.total_steps = 0;
+  EXPECT_TRUE(absl::StrContains(Make(options).status().message(), "plan.total_steps"));
+  options = BaseOptions();
+  options.grad_accum_steps = 0;
+  EXPECT_TRUE(absl::StrContains(Make(options).status().message(), "plan.grad_accum_steps"));
+  options = BaseOptions();
+  options.world_size = 2;
+  options.per_device_batch = 400;
+  EXPECT_TRUE(absl::StrContains(Make(options).status().message(), "larger than the 640"));
+}
+
+}  // namespace
+}  // namespace fitrun::worker
