@@ -1,0 +1,171 @@
+// Hand-written fakes of the job manager's edges. Each records what it was asked so tests can read
+// it back, and lets a test play the part of the world (a worker exiting, a store failing).
+#ifndef FITRUN_SERVER_CORE_FAKES_H_
+#define FITRUN_SERVER_CORE_FAKES_H_
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "server/core/coordinator_metrics.h"
+#include "server/core/device_inventory.h"
+#include "server/core/job_store.h"
+#include "server/core/worker_launcher.h"
+
+namespace fitrun::server {
+
+class FakeJobStore : public JobStore {
+ public:
+  absl::Status PutJob(const JobRecord& record) override {
+    absl::MutexLock lock(&mu_);
+    if (!put_status_.ok()) return put_status_;
+    jobs_[record.job.id()] = record;
+    return absl::OkStatus();
+  }
+  absl::Status AppendEvent(const fitrun::v1::JobEvent& event) override {
+    absl::MutexLock lock(&mu_);
+    events_[event.job_id()][event.sequence()] = event;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<JobRecord>> LoadJobs() override {
+    absl::MutexLock lock(&mu_);
+    std::vector<JobRecord> out;
+    for (const auto& [id, record] : jobs_) out.push_back(record);
+    return out;
+  }
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> ReadEvents(const std::string& job_id, int64_t from_sequence,
+                                                                int limit) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<fitrun::v1::JobEvent> out;
+    for (auto it = events_[job_id].lower_bound(from_sequence); it != events_[job_id].end() && static_cast<int>(out.size()) < limit; ++it) {
+      out.push_back(it->second);
+    }
+    return out;
+  }
+  void FailPuts(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    put_status_ = std::move(status);
+  }
+  size_t job_count() {
+    absl::MutexLock lock(&mu_);
+    return jobs_.size();
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Status put_status_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::map<int64_t, fitrun::v1::JobEvent>> events_ ABSL_GUARDED_BY(mu_);
+};
+
+// Records launches and stops; a test ends a worker with Exit(), which runs the exit callback as the
+// real launcher's waiter thread would.
+class FakeWorkerLauncher : public WorkerLauncher {
+ public:
+  absl::StatusOr<int> Launch(const WorkerLaunch& launch, ExitCallback on_exit) override {
+    absl::MutexLock lock(&mu_);
+    const int handle = static_cast<int>(launches_.size());
+    launches_.push_back(launch);
+    callbacks_.push_back(std::move(on_exit));
+    return handle;
+  }
+  void Stop(int handle, absl::Duration) override {
+    absl::MutexLock lock(&mu_);
+    stopped_.push_back(handle);
+  }
+  // Ends the worker with this handle (callback runs on the caller's thread, outside the fake's lock).
+  void Exit(int handle, int exit_code, int signal = 0) {
+    ExitCallback callback;
+    {
+      absl::MutexLock lock(&mu_);
+      callback = callbacks_.at(handle);
+    }
+    callback(WorkerExit{exit_code, signal});
+  }
+  std::vector<WorkerLaunch> launches() {
+    absl::MutexLock lock(&mu_);
+    return launches_;
+  }
+  std::vector<int> stopped() {
+    absl::MutexLock lock(&mu_);
+    return stopped_;
+  }
+  bool WaitForLaunches(size_t n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n] { return launches_.size() >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<WorkerLaunch> launches_ ABSL_GUARDED_BY(mu_);
+  std::vector<ExitCallback> callbacks_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> stopped_ ABSL_GUARDED_BY(mu_);
+};
+
+class FakeDeviceInventory : public DeviceInventory {
+ public:
+  // `count` CPU devices of `bytes` each.
+  FakeDeviceInventory(int count, int64_t bytes) {
+    for (int i = 0; i < count; ++i) {
+      fitrun::v1::Device device;
+      device.set_id("cpu:" + std::to_string(i));
+      device.set_kind(fitrun::v1::DEVICE_KIND_CPU);
+      device.set_total_bytes(bytes);
+      device.set_free_bytes(bytes);
+      device.set_cpu_threads(1);
+      devices_.push_back(device);
+    }
+  }
+  std::vector<fitrun::v1::Device> Snapshot() override { return devices_; }
+
+ private:
+  std::vector<fitrun::v1::Device> devices_;
+};
+
+class RecordingMetrics : public CoordinatorMetrics {
+ public:
+  void JobStateChanged(fitrun::v1::JobState from, fitrun::v1::JobState to) override {
+    absl::MutexLock lock(&mu_);
+    if (from != fitrun::v1::JOB_STATE_UNSPECIFIED) --jobs_by_state_[from];
+    ++jobs_by_state_[to];
+  }
+  void EventRecorded(const std::string& kind) override {
+    absl::MutexLock lock(&mu_);
+    ++events_[kind];
+  }
+  void TrainingProgress(const std::string& job_id, int64_t steps_advanced, double loss) override {
+    absl::MutexLock lock(&mu_);
+    steps_ += steps_advanced;
+    loss_[job_id] = loss;
+  }
+  void JobStopped(const std::string& job_id) override {
+    absl::MutexLock lock(&mu_);
+    loss_.erase(job_id);
+  }
+  int jobs_in(fitrun::v1::JobState state) {
+    absl::MutexLock lock(&mu_);
+    return jobs_by_state_[state];
+  }
+  int64_t steps() {
+    absl::MutexLock lock(&mu_);
+    return steps_;
+  }
+  size_t running_loss_series() {
+    absl::MutexLock lock(&mu_);
+    return loss_.size();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<fitrun::v1::JobState, int> jobs_by_state_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> events_ ABSL_GUARDED_BY(mu_);
+  int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, double> loss_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_CORE_FAKES_H_

@@ -1,0 +1,261 @@
+#include "server/core/job_manager.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "server/core/fakes.h"
+#include "server/core/job_spec.h"
+
+namespace fitrun::server {
+namespace {
+
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+
+fitrun::v1::JobSpec Spec(int min_devices, int max_devices, int priority = 0) {
+  fitrun::v1::JobSpec spec;
+  spec.set_name("unit");
+  spec.mutable_model()->set_builtin("mlp");
+  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
+  spec.mutable_data()->set_path("/usr/share/datasets/fashion-mnist");
+  spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_SGD);
+  spec.mutable_optimizer()->set_lr(0.05);
+  spec.set_global_batch_size(256);
+  spec.set_max_steps(10);
+  spec.set_priority(priority);
+  spec.mutable_resources()->set_min_devices(min_devices);
+  spec.mutable_resources()->set_max_devices(max_devices);
+  return spec;
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_dir_ = std::filesystem::path(::testing::TempDir()) /
+                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(state_dir_);
+    JobManager::Options options;
+    options.state_dir = state_dir_.string();
+    options.worker_binary = "/bin/fitrun-worker";
+    options.worker_channel_address = "127.0.0.1:1";
+    options.pick_master_port = [] { return 29500; };
+    options.final_report_wait = absl::Milliseconds(200);
+    auto manager = JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    manager_ = *std::move(manager);
+  }
+
+  // Waits (on the manager's own state, never a bare sleep) for the job to reach `state`.
+  fitrun::v1::Job WaitForState(const std::string& id, fitrun::v1::JobState state) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    fitrun::v1::Job job;
+    while (absl::Now() < deadline) {
+      job = *manager_->Get(id);
+      if (job.state() == state) return job;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ADD_FAILURE() << "job " << id << " is " << JobStateName(job.state()) << ", wanted " << JobStateName(state);
+    return job;
+  }
+
+  static std::map<std::string, std::string> EnvOf(const WorkerLaunch& launch) {
+    return {launch.env.begin(), launch.env.end()};
+  }
+
+  void Report(const std::string& job_id, int attempt, int rank, const fitrun::v1::WorkerReport& report) {
+    manager_->OnWorkerReport(WorkerKey{job_id, attempt, rank}, report);
+  }
+
+  void ReportFinished(const std::string& job_id, int rank, double accuracy) {
+    fitrun::v1::WorkerReport report;
+    report.mutable_finished()->set_steps(10);
+    report.mutable_finished()->set_final_loss(0.5);
+    report.mutable_finished()->set_parameter_checksum("abc");
+    if (rank == 0) {
+      report.mutable_finished()->set_has_test_accuracy(true);
+      report.mutable_finished()->set_test_accuracy(accuracy);
+    }
+    Report(job_id, 1, rank, report);
+  }
+
+  std::filesystem::path state_dir_;
+  FakeJobStore store_;
+  FakeDeviceInventory devices_{2, 4LL << 30};
+  FakeWorkerLauncher launcher_;
+  RecordingMetrics metrics_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(JobManagerTest, SubmittedJobIsStoredBeforeSubmitReturns) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(store_.job_count(), 1u);
+  EXPECT_EQ(job->state(), fitrun::v1::JOB_STATE_QUEUED);
+}
+
+TEST_F(JobManagerTest, LaunchesOneWorkerPerDeviceWithTheTorchrunContract) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const std::vector<WorkerLaunch> launches = launcher_.launches();
+  ASSERT_EQ(launches.size(), 2u);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::map<std::string, std::string> env = EnvOf(launches[rank]);
+    EXPECT_EQ(env["RANK"], std::to_string(rank));
+    EXPECT_EQ(env["LOCAL_RANK"], std::to_string(rank));
+    EXPECT_EQ(env["WORLD_SIZE"], "2");
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "2");
+    EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(env["MASTER_PORT"], "29500");
+    EXPECT_EQ(env["FITRUN_JOB_ID"], job->id());
+    EXPECT_EQ(env["FITRUN_ATTEMPT"], "1");
+    EXPECT_FALSE(env["FITRUN_JOB_TOKEN"].empty());
+    EXPECT_TRUE(std::filesystem::exists(env["FITRUN_ASSIGNMENT"]));
+    EXPECT_EQ(launches[rank].argv.at(0), "/bin/fitrun-worker");
+  }
+  // Every device is taken, by one rank each.
+  for (const fitrun::v1::Device& device : manager_->Devices()) EXPECT_EQ(device.job_id(), job->id());
+}
+
+TEST_F(JobManagerTest, JobSucceedsWhenEveryRankFinishesAndFreesItsDevices) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  fitrun::v1::WorkerReport progress;
+  progress.mutable_progress()->set_step(5);
+  progress.mutable_progress()->set_loss(1.25);
+  Report(job->id(), 1, 0, progress);
+  ReportFinished(job->id(), 0, 0.83);
+  ReportFinished(job->id(), 1, 0);
+  launcher_.Exit(0, 0);
+  launcher_.Exit(1, 0);
+  fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_DOUBLE_EQ(done.result().test_accuracy(), 0.83);
+  EXPECT_EQ(done.result().steps(), 10);
+  EXPECT_EQ(done.last_progress().step(), 5);
+  for (const fitrun::v1::Device& device : manager_->Devices()) EXPECT_EQ(device.job_id(), "");
+  EXPECT_EQ(metrics_.jobs_in(fitrun::v1::JOB_STATE_SUCCEEDED), 1);
+  EXPECT_EQ(metrics_.steps(), 5);
+  EXPECT_EQ(metrics_.running_loss_series(), 0u);
+}
+
+TEST_F(JobManagerTest, ExitWithoutFinalReportStillSucceedsAfterTheWait) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  launcher_.Exit(0, 0);
+  fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(JobManagerTest, FailingRankFailsTheJobAndStopsItsPeersAtOnce) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  {
+    std::ofstream log(launcher_.launches()[1].log_path);
+    log << "step 3\nRuntimeError: something broke\n";
+  }
+  launcher_.Exit(1, 7);
+  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("rank 1 exited with code 7"));
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("RuntimeError: something broke"));
+  EXPECT_EQ(launcher_.stopped(), std::vector<int>{0});
+  // Devices stay taken until the stopped peer has really exited.
+  EXPECT_EQ(manager_->Devices()[0].job_id(), job->id());
+  launcher_.Exit(0, -1, 15);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!manager_->Devices()[0].job_id().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(manager_->Devices()[0].job_id(), "");
+}
+
+TEST_F(JobManagerTest, BadSpecIsRejectedAndNothingIsStoredOrLaunched) {
+  fitrun::v1::JobSpec spec = Spec(1, 2);
+  spec.set_global_batch_size(-1);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("spec.global_batch_size"));
+  EXPECT_EQ(store_.job_count(), 0u);
+  EXPECT_TRUE(launcher_.launches().empty());
+}
+
+TEST_F(JobManagerTest, MoreDevicesThanTheNodeHasIsRejectedAtSubmit) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(4, 4));
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("spec.resources.min_devices"));
+  EXPECT_EQ(store_.job_count(), 0u);
+}
+
+TEST_F(JobManagerTest, CancelStopsRanksAndEndsCancelled) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  absl::StatusOr<fitrun::v1::Job> cancelled = manager_->Cancel(job->id(), "");
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), fitrun::v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(launcher_.stopped().size(), 2u);
+  EXPECT_EQ(manager_->Cancel(job->id(), "").status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(JobManagerTest, QueuedJobWaitsForDevicesAndRunsInPriorityOrder) {
+  absl::StatusOr<fitrun::v1::Job> first = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  absl::StatusOr<fitrun::v1::Job> low = manager_->Submit(Spec(2, 2, /*priority=*/0));
+  absl::StatusOr<fitrun::v1::Job> high = manager_->Submit(Spec(2, 2, /*priority=*/5));
+  ASSERT_TRUE(low.ok() && high.ok());
+  EXPECT_EQ(manager_->Get(low->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(manager_->Get(high->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+
+  ASSERT_TRUE(manager_->Cancel(first->id(), "").ok());
+  launcher_.Exit(0, -1, 15);
+  launcher_.Exit(1, -1, 15);
+  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
+  EXPECT_EQ(launcher_.launches()[2].job_id, high->id());
+  EXPECT_EQ(manager_->Get(low->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+}
+
+TEST_F(JobManagerTest, WorkerWithTheWrongTokenIsRefused) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  fitrun::v1::Hello hello;
+  hello.set_job_id(job->id());
+  hello.set_attempt(1);
+  hello.set_rank(0);
+  hello.set_job_token("guess");
+  EXPECT_EQ(manager_->AttachWorker(hello, {}).status().code(), absl::StatusCode::kPermissionDenied);
+  hello.set_job_token(EnvOf(launcher_.launches()[0])["FITRUN_JOB_TOKEN"]);
+  EXPECT_TRUE(manager_->AttachWorker(hello, {}).ok());
+}
+
+TEST_F(JobManagerTest, EventsAreDenseAndReplayableFromAnySequence) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  ReportFinished(job->id(), 0, 0.9);
+  launcher_.Exit(0, 0);
+  fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> all = manager_->ReadEvents(job->id(), 1, 1000);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(static_cast<int64_t>(all->size()), done.last_sequence());
+  for (size_t i = 0; i < all->size(); ++i) EXPECT_EQ((*all)[i].sequence(), static_cast<int64_t>(i + 1));
+  // QUEUED, PLANNING, plan, RUNNING, finished, exited, SUCCEEDED
+  EXPECT_TRUE(all->front().has_state_changed());
+  EXPECT_EQ(all->back().state_changed().to(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> suffix = manager_->ReadEvents(job->id(), 3, 1000);
+  ASSERT_TRUE(suffix.ok());
+  EXPECT_EQ(suffix->front().sequence(), 3);
+}
+
+}  // namespace
+}  // namespace fitrun::server

@@ -1,0 +1,179 @@
+#include "server/core/planner.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/core/job_spec.h"
+
+namespace fitrun::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kMiB = 1LL << 20;
+
+fitrun::v1::JobSpec MlpSpec(int64_t global_batch, int min_devices, int max_devices) {
+  fitrun::v1::JobSpec spec;
+  spec.set_name("t");
+  spec.mutable_model()->set_builtin("mlp");
+  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
+  spec.mutable_data()->set_path("/usr/share/datasets/fashion-mnist");
+  spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_SGD);
+  spec.mutable_optimizer()->set_lr(0.1);
+  spec.mutable_optimizer()->set_momentum(0.9);
+  spec.set_global_batch_size(global_batch);
+  spec.set_epochs(1);
+  spec.mutable_resources()->set_min_devices(min_devices);
+  spec.mutable_resources()->set_max_devices(max_devices);
+  ApplyJobSpecDefaults(spec);
+  return spec;
+}
+
+ModelProfile Profile(const fitrun::v1::JobSpec& spec) { return *ProfileFor(spec); }
+
+std::vector<DeviceCapacity> Devices(int n, int64_t bytes) {
+  std::vector<DeviceCapacity> out;
+  for (int i = 0; i < n; ++i) out.push_back({"cpu:" + std::to_string(i), bytes});
+  return out;
+}
+
+TEST(EstimatorTest, BreakdownAddsUpAndCountsOptimizerState) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  const ModelProfile model = Profile(spec);
+  EXPECT_EQ(model.parameter_count, 669706);  // 784*512+512 + 512*512+512 + 512*10+10
+  fitrun::v1::MemoryBreakdown m = EstimateRankMemory(model, spec, 64);
+  EXPECT_EQ(m.weights_bytes(), 669706 * 4);
+  EXPECT_EQ(m.gradients_bytes(), m.weights_bytes());
+  EXPECT_EQ(m.optimizer_state_bytes(), m.weights_bytes());  // SGD momentum: one buffer
+  EXPECT_EQ(m.total_bytes(), m.weights_bytes() + m.gradients_bytes() + m.optimizer_state_bytes() +
+                                 m.ddp_buckets_bytes() + m.activations_bytes() + m.workspace_bytes() +
+                                 m.framework_overhead_bytes() + m.safety_margin_bytes());
+
+  spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_ADAM);
+  spec.mutable_optimizer()->set_momentum(0);
+  EXPECT_EQ(EstimateRankMemory(model, spec, 64).optimizer_state_bytes(), 2 * m.weights_bytes());
+}
+
+TEST(EstimatorTest, ActivationsGrowLinearlyWithBatch) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  const ModelProfile model = Profile(spec);
+  const auto m1 = EstimateRankMemory(model, spec, 1);
+  const auto m8 = EstimateRankMemory(model, spec, 8);
+  EXPECT_EQ(m8.activations_bytes(), 8 * m1.activations_bytes());
+  EXPECT_GT(m8.total_bytes(), m1.total_bytes());
+}
+
+TEST(PlannerTest, UsesEveryAllowedDeviceAndTheWholeBatchWhenItFits) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 2);
+  EXPECT_EQ(plan->per_device_batch(), 128);
+  EXPECT_EQ(plan->grad_accum_steps(), 1);
+  EXPECT_EQ(plan->steps_per_epoch(), 60000 / 256);
+  EXPECT_EQ(plan->total_steps(), 234);
+  EXPECT_FALSE(plan->reasons().empty());
+}
+
+TEST(PlannerTest, MaxDevicesCapsTheDeviceCount) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 1);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(4, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 1);
+  EXPECT_EQ(plan->per_device_batch(), 256);
+}
+
+TEST(PlannerTest, SmallDevicesGetASmallerBatchAndAccumulation) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  const ModelProfile model = Profile(spec);
+  // Room for a batch of 32 but not 64, after the 10% headroom.
+  const int64_t needed_for_32 = EstimateRankMemory(model, spec, 32).total_bytes();
+  const int64_t needed_for_64 = EstimateRankMemory(model, spec, 64).total_bytes();
+  const int64_t free_bytes = static_cast<int64_t>((needed_for_32 + needed_for_64) / 2 / 0.9);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, model, Devices(2, free_bytes));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->per_device_batch(), 32);
+  EXPECT_EQ(plan->grad_accum_steps(), 4);
+  EXPECT_EQ(plan->device_ids_size() * plan->per_device_batch() * plan->grad_accum_steps(), 256);
+  EXPECT_LE(plan->predicted().total_bytes(), static_cast<int64_t>(free_bytes * 0.9));
+}
+
+TEST(PlannerTest, TheBatchIsAlwaysADivisorSoTheGlobalBatchIsExact) {
+  fitrun::v1::JobSpec spec = MlpSpec(96, 1, 1);
+  const ModelProfile model = Profile(spec);
+  // Room for 40 samples: the largest divisor of 96 that fits is 32.
+  const int64_t free_bytes = static_cast<int64_t>(EstimateRankMemory(model, spec, 40).total_bytes() / 0.9);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, model, Devices(1, free_bytes));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->per_device_batch(), 32);
+  EXPECT_EQ(plan->grad_accum_steps(), 3);
+}
+
+TEST(PlannerTest, FewerDevicesWhenTheBatchDoesNotSplit) {
+  fitrun::v1::JobSpec spec = MlpSpec(250, 1, 3);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(3, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 2);
+  EXPECT_THAT(plan->reasons(0), HasSubstr("not 3 devices: global batch 250 does not split evenly"));
+}
+
+TEST(PlannerTest, FixedPerDeviceBatchIsHonoured) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  spec.mutable_resources()->set_per_device_batch(16);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->per_device_batch(), 16);
+  EXPECT_EQ(plan->grad_accum_steps(), 8);
+}
+
+TEST(PlannerTest, FixedPerDeviceBatchThatDoesNotDivideIsAnError) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  spec.mutable_resources()->set_per_device_batch(48);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(plan.status().message(), HasSubstr("spec.resources.per_device_batch"));
+}
+
+TEST(PlannerTest, NothingFitsSaysWhatIsNeeded) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 8 * kMiB));
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(plan.status().message(), HasSubstr("even per-device batch 1 needs"));
+}
+
+TEST(PlannerTest, TooFewFreeDevicesIsUnavailable) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(1, 4096 * kMiB));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(PlannerTest, RoomiestDevicesAreChosenFirst) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 1);
+  std::vector<DeviceCapacity> devices = {{"cpu:0", 512 * kMiB}, {"cpu:1", 2048 * kMiB}};
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), devices);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids(0), "cpu:1");
+}
+
+TEST(PlannerTest, LearningRateScaling) {
+  fitrun::v1::OptimizerSpec optimizer;
+  optimizer.set_lr(0.1);
+  optimizer.set_reference_batch_size(256);
+  optimizer.set_lr_scaling(fitrun::v1::LR_SCALING_NONE);
+  EXPECT_DOUBLE_EQ(ScaledLearningRate(optimizer, 1024), 0.1);
+  optimizer.set_lr_scaling(fitrun::v1::LR_SCALING_LINEAR);
+  EXPECT_DOUBLE_EQ(ScaledLearningRate(optimizer, 1024), 0.4);
+  optimizer.set_lr_scaling(fitrun::v1::LR_SCALING_SQRT);
+  EXPECT_DOUBLE_EQ(ScaledLearningRate(optimizer, 1024), 0.2);
+}
+
+TEST(PlannerTest, MaxStepsOverridesEpochs) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  spec.set_max_steps(7);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->total_steps(), 7);
+}
+
+}  // namespace
+}  // namespace fitrun::server

@@ -1,0 +1,84 @@
+#include "server/store/sqlite_job_store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <filesystem>
+
+namespace fitrun::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string FreshDb(const std::string& name) {
+  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / (name + ".db");
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path.string() + suffix);
+  return path.string();
+}
+
+JobRecord Record(const std::string& id, int64_t order, fitrun::v1::JobState state) {
+  JobRecord record;
+  record.job.set_id(id);
+  record.job.set_state(state);
+  record.job.mutable_spec()->set_name("n-" + id);
+  record.token = "token-" + id;
+  record.submit_order = order;
+  return record;
+}
+
+TEST(SqliteJobStoreTest, JobsSurviveReopeningInSubmissionOrder) {
+  const std::string path = FreshDb("reopen");
+  {
+    auto store = SqliteJobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->PutJob(Record("b", 2, fitrun::v1::JOB_STATE_QUEUED)).ok());
+    ASSERT_TRUE((*store)->PutJob(Record("a", 1, fitrun::v1::JOB_STATE_QUEUED)).ok());
+    ASSERT_TRUE((*store)->PutJob(Record("a", 1, fitrun::v1::JOB_STATE_SUCCEEDED)).ok());  // update
+  }
+  auto store = SqliteJobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_EQ((*jobs)[0].job.id(), "a");
+  EXPECT_EQ((*jobs)[0].job.state(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ((*jobs)[0].token, "token-a");
+  EXPECT_EQ((*jobs)[1].job.spec().name(), "n-b");
+}
+
+TEST(SqliteJobStoreTest, EventsReadBackFromAnySequenceWithALimit) {
+  auto store = SqliteJobStore::Open(FreshDb("events"));
+  ASSERT_TRUE(store.ok());
+  for (int i = 1; i <= 20; ++i) {
+    fitrun::v1::JobEvent event;
+    event.set_job_id(i % 2 ? "odd" : "even");
+    event.set_sequence(i);
+    event.mutable_log()->set_text(std::to_string(i));
+    ASSERT_TRUE((*store)->AppendEvent(event).ok());
+  }
+  auto events = (*store)->ReadEvents("odd", 5, 3);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 3u);
+  EXPECT_EQ((*events)[0].sequence(), 5);
+  EXPECT_EQ((*events)[2].log().text(), "9");
+}
+
+TEST(SqliteJobStoreTest, StoreFromANewerSchemaIsRefusedWithAClearError) {
+  const std::string path = FreshDb("newer");
+  {
+    auto store = SqliteJobStore::Open(path);
+    ASSERT_TRUE(store.ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version=99;", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  auto store = SqliteJobStore::Open(path);
+  ASSERT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(store.status().message(), HasSubstr("schema version 99"));
+  EXPECT_THAT(store.status().message(), HasSubstr("run a newer fitrund"));
+}
+
+}  // namespace
+}  // namespace fitrun::server
