@@ -1,0 +1,238 @@
+#include "worker/report/grpc_reporter.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace fitrun::worker {
+namespace {
+
+using fitrun::v1::WorkerCommand;
+using fitrun::v1::WorkerReport;
+
+// A coordinator's WorkerChannel that records every report and can refuse or stop a rank.
+class FakeCoordinator final : public fitrun::v1::WorkerChannel::Service {
+ public:
+  bool reject = false;
+  bool send_stop = false;
+
+  grpc::Status Connect(grpc::ServerContext*,
+                       grpc::ServerReaderWriter<WorkerCommand, WorkerReport>* stream) override {
+    WorkerReport report;
+    bool first = true;
+    while (stream->Read(&report)) {
+      {
+        absl::MutexLock lock(&mu_);
+        reports_.push_back(report);
+      }
+      if (first && reject) return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "bad job token");
+      if (first && send_stop) {
+        WorkerCommand command;
+        command.mutable_stop()->set_reason("peer rank 1 exited");
+        stream->Write(command);
+      }
+      first = false;
+    }
+    absl::MutexLock lock(&mu_);
+    ++streams_closed_by_worker_;
+    return grpc::Status::OK;
+  }
+
+  std::vector<WorkerReport> reports() const {
+    absl::MutexLock lock(&mu_);
+    return reports_;
+  }
+  int streams_closed_by_worker() const {
+    absl::MutexLock lock(&mu_);
+    return streams_closed_by_worker_;
+  }
+  int hellos() const {
+    int n = 0;
+    for (const WorkerReport& r : reports()) n += r.has_hello();
+    return n;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<WorkerReport> reports_ ABSL_GUARDED_BY(mu_);
+  int streams_closed_by_worker_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::unique_ptr<grpc::Server> Serve(FakeCoordinator* service, int* port, int fixed_port = 0) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:" + std::to_string(fixed_port), grpc::InsecureServerCredentials(),
+                           port);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
+GrpcReporter::Options OptionsFor(int port) {
+  GrpcReporter::Options options;
+  options.coordinator = "127.0.0.1:" + std::to_string(port);
+  options.job_id = "job-7";
+  options.attempt = 2;
+  options.rank = 1;
+  options.world_size = 2;
+  options.job_token = "secret";
+  options.pid = 4242;
+  return options;
+}
+
+StepProgress Step(int64_t step) {
+  StepProgress p;
+  p.rank = 1;
+  p.step = step;
+  p.total_steps = 10;
+  p.epoch = 1;
+  p.loss = 1.0 / step;
+  return p;
+}
+
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return done();
+}
+
+TEST(GrpcReporterTest, HelloFirstThenReportsThenAFinishedStream) {
+  FakeCoordinator coordinator;
+  int port = 0;
+  auto server = Serve(&coordinator, &port);
+  ASSERT_NE(port, 0);
+
+  auto reporter = GrpcReporter::Create(OptionsFor(port), nullptr);
+  ASSERT_TRUE(reporter.ok()) << reporter.status();
+  (*reporter)->OnProgress(Step(1));
+  (*reporter)->OnLog("hello from the test");
+  (*reporter)->OnProgress(Step(2));
+  fitrun::v1::RankFinished finished;
+  finished.set_steps(10);
+  finished.set_parameter_checksum("0123456789abcdef");
+  (*reporter)->ReportFinished(finished);
+  (*reporter)->Shutdown(absl::Seconds(5));
+
+  const std::vector<WorkerReport> reports = coordinator.reports();
+  ASSERT_EQ(reports.size(), 5u);
+  ASSERT_TRUE(reports[0].has_hello());
+  EXPECT_EQ(reports[0].hello().job_id(), "job-7");
+  EXPECT_EQ(reports[0].hello().attempt(), 2);
+  EXPECT_EQ(reports[0].hello().rank(), 1);
+  EXPECT_EQ(reports[0].hello().world_size(), 2);
+  EXPECT_EQ(reports[0].hello().job_token(), "secret");
+  EXPECT_EQ(reports[0].hello().pid(), 4242);
+  EXPECT_EQ(reports[1].progress().step(), 1);
+  EXPECT_EQ(reports[1].progress().rank(), 1);
+  EXPECT_EQ(reports[2].log().text(), "hello from the test");
+  EXPECT_EQ(reports[3].progress().step(), 2);
+  ASSERT_TRUE(reports[4].has_finished());
+  EXPECT_EQ(reports[4].finished().rank(), 1);
+  EXPECT_EQ(reports[4].finished().parameter_checksum(), "0123456789abcdef");
+  // WritesDone reached the coordinator: the stream ended cleanly from the worker's side.
+  EXPECT_EQ(coordinator.streams_closed_by_worker(), 1);
+  server->Shutdown();
+}
+
+TEST(GrpcReporterTest, StopCommandReachesTheCallbackOnce) {
+  FakeCoordinator coordinator;
+  coordinator.send_stop = true;
+  int port = 0;
+  auto server = Serve(&coordinator, &port);
+  absl::Notification stopped;
+  std::string reason;
+  auto reporter = GrpcReporter::Create(OptionsFor(port), [&](const std::string& r) {
+    reason = r;
+    stopped.Notify();
+  });
+  ASSERT_TRUE(reporter.ok());
+  ASSERT_TRUE(stopped.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(reason, "peer rank 1 exited");
+  (*reporter)->ReportFailed("stopped by the coordinator");
+  (*reporter)->Shutdown(absl::Seconds(5));
+  const std::vector<WorkerReport> reports = coordinator.reports();
+  ASSERT_FALSE(reports.empty());
+  EXPECT_TRUE(reports.back().has_failed());
+  server->Shutdown();
+}
+
+TEST(GrpcReporterTest, UnreachableCoordinatorNeverBlocksTheCaller) {
+  GrpcReporter::Options options = OptionsFor(FreePort());
+  options.queue_capacity = 16;
+  auto reporter = GrpcReporter::Create(options, nullptr);
+  ASSERT_TRUE(reporter.ok());
+  const absl::Time start = absl::Now();
+  for (int i = 1; i <= 10000; ++i) (*reporter)->OnProgress(Step(i));
+  (*reporter)->Flush(absl::Seconds(5));  // nothing to flush to: returns at once
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_GE((*reporter)->dropped(), 10000 - 16);
+
+  const absl::Time shutdown_start = absl::Now();
+  (*reporter)->Shutdown(absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - shutdown_start, absl::Seconds(2));
+}
+
+TEST(GrpcReporterTest, ACoordinatorThatStartsLateStillGetsTheFinishedReport) {
+  const int port = FreePort();
+  GrpcReporter::Options options = OptionsFor(port);
+  options.max_backoff = absl::Milliseconds(200);
+  auto reporter = GrpcReporter::Create(options, nullptr);
+  ASSERT_TRUE(reporter.ok());
+  fitrun::v1::RankFinished finished;
+  finished.set_steps(3);
+  (*reporter)->ReportFinished(finished);
+  absl::SleepFor(absl::Milliseconds(500));
+
+  FakeCoordinator coordinator;
+  int bound = 0;
+  auto server = Serve(&coordinator, &bound, port);
+  ASSERT_EQ(bound, port);
+  (*reporter)->Shutdown(absl::Seconds(10));
+  const std::vector<WorkerReport> reports = coordinator.reports();
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_TRUE(reports[0].has_hello());
+  EXPECT_EQ(reports[1].finished().steps(), 3);
+  server->Shutdown();
+}
+
+TEST(GrpcReporterTest, RefusedStreamIsNotRetried) {
+  FakeCoordinator coordinator;
+  coordinator.reject = true;
+  int port = 0;
+  auto server = Serve(&coordinator, &port);
+  auto reporter = GrpcReporter::Create(OptionsFor(port), nullptr);
+  ASSERT_TRUE(reporter.ok());
+  ASSERT_TRUE(WaitFor([&] { return coordinator.hellos() == 1; }, absl::Seconds(5)));
+  absl::SleepFor(absl::Milliseconds(700));  // several backoff periods
+  (*reporter)->OnProgress(Step(1));
+  EXPECT_EQ(coordinator.hellos(), 1);
+  EXPECT_TRUE(WaitFor([&] { return (*reporter)->dropped() >= 1; }, absl::Seconds(2)));
+  (*reporter)->Shutdown(absl::Seconds(1));
+  EXPECT_EQ(coordinator.hellos(), 1);
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace fitrun::worker
