@@ -50,7 +50,9 @@ absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> CreateOptimizer(
   }
 }
 
-absl::Status CheckOptions(const TrainerOptions& o, int64_t train_size) {
+}  // namespace
+
+absl::Status ValidateTrainerOptions(const TrainerOptions& o, int64_t train_size) {
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", o.rank, " is not in a world of ", o.world_size));
   }
@@ -92,8 +94,6 @@ absl::Status CheckOptions(const TrainerOptions& o, int64_t train_size) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
 bool ProgressThrottle::ShouldReport(int64_t step, int64_t total_steps, absl::Time now) {
   if (step == 1 || step == total_steps || now - last_ >= interval_) {
     last_ = now;
@@ -111,7 +111,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options,
   if (model == nullptr || synchronizer == nullptr || sink == nullptr) {
     return absl::InvalidArgumentError("trainer needs a model, a synchronizer and a sink");
   }
-  if (absl::Status status = CheckOptions(options, train.size()); !status.ok()) return status;
+  if (absl::Status status = ValidateTrainerOptions(options, train.size()); !status.ok()) return status;
   if (options.steps_per_epoch == 0) {
     options.steps_per_epoch =
         train.size() / (options.per_device_batch * options.grad_accum_steps * options.world_size);

@@ -114,6 +114,10 @@ class Trainer {
   std::atomic<bool> stop_requested_{false};
 };
 
+// Checks the plan's numbers against a training set of `train_size` samples; errors name the plan
+// field. Trainer::Create runs it too; a worker calls it early to fail before the rendezvous.
+absl::Status ValidateTrainerOptions(const TrainerOptions& options, int64_t train_size);
+
 // Top-1 accuracy of `model` on `set`, in batches of `batch`, without gradients and in eval mode.
 absl::StatusOr<double> EvaluateAccuracy(Model& model, const LabeledImages& set, int64_t batch);
 

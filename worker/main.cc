@@ -1,0 +1,286 @@
+// fitrun-worker: one rank of a fitrun job. Started by fitrund (or by hand) with the torchrun
+// environment plus FITRUN_*; see worker/options.h for the contract and ExitCode for what the exit
+// status means.
+#include <ATen/Parallel.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "worker/data/fashion_mnist.h"
+#include "worker/ddp/flat_all_reduce.h"
+#include "worker/ddp/process_group.h"
+#include "worker/models/model.h"
+#include "worker/options.h"
+#include "worker/report/grpc_reporter.h"
+#include "worker/trainer/progress_sink.h"
+#include "worker/trainer/trainer.h"
+
+namespace fitrun::worker {
+namespace {
+
+enum ExitCode : int {
+  kSuccess = 0,
+  kTrainingFailed = 1,   // a collective, LibTorch or the loss failed
+  kBadConfiguration = 2,  // environment, assignment or dataset unusable
+  kStopped = 143,        // the coordinator said stop (128 + SIGTERM, as if terminated)
+};
+
+// After a StopCommand the loop ends at its next step; a rank stuck in a collective or the rendezvous
+// is ended this long after the command instead.
+constexpr absl::Duration kStopGrace = absl::Seconds(3);
+constexpr absl::Duration kFinishTimeout = absl::Seconds(5);
+constexpr absl::Duration kFailTimeout = absl::Seconds(2);
+constexpr int kDefaultCollectiveTimeoutSeconds = 60;
+constexpr absl::Duration kMinRendezvousTimeout = absl::Seconds(60);
+
+// Carries a StopCommand (reporter's reader thread) to the training loop (main thread).
+class StopSwitch {
+ public:
+  void Stop(const std::string& reason) {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    reason_ = reason;
+    if (trainer_ != nullptr) trainer_->RequestStop();
+    std::thread([] {
+      absl::SleepFor(kStopGrace);
+      std::fprintf(stderr, "fitrun-worker: still running %s after the stop command; exiting\n",
+                   absl::FormatDuration(kStopGrace).c_str());
+      std::_Exit(kStopped);
+    }).detach();
+  }
+  // Returns false when a stop already arrived.
+  bool Attach(Trainer* trainer) {
+    absl::MutexLock lock(&mu_);
+    trainer_ = trainer;
+    return !stopped_;
+  }
+  bool stopped() const {
+    absl::MutexLock lock(&mu_);
+    return stopped_;
+  }
+  std::string reason() const {
+    absl::MutexLock lock(&mu_);
+    return reason_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::string reason_ ABSL_GUARDED_BY(mu_);
+  Trainer* trainer_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+TrainerOptions TrainerOptionsFor(const fitrun::v1::WorkerAssignment& a, const WorkerOptions& o) {
+  TrainerOptions options;
+  options.rank = o.rank;
+  options.world_size = o.world_size;
+  options.per_device_batch = a.plan().per_device_batch();
+  options.grad_accum_steps = a.plan().grad_accum_steps();
+  options.learning_rate = a.plan().learning_rate();
+  options.total_steps = a.plan().total_steps();
+  options.steps_per_epoch = a.plan().steps_per_epoch();
+  options.seed = a.spec().seed();
+  options.optimizer = a.spec().optimizer();
+  options.fault_injection = a.spec().fault_injection();
+  return options;
+}
+
+class Worker {
+ public:
+  explicit Worker(const WorkerOptions& options) : options_(options), console_(options.rank, stderr) {}
+
+  int Run() {
+    if (!options_.coordinator.empty()) {
+      GrpcReporter::Options reporter_options;
+      reporter_options.coordinator = options_.coordinator;
+      reporter_options.job_id = options_.job_id;
+      reporter_options.attempt = options_.attempt;
+      reporter_options.rank = options_.rank;
+      reporter_options.world_size = options_.world_size;
+      reporter_options.job_token = options_.job_token;
+      reporter_options.pid = static_cast<int>(getpid());
+      auto reporter = GrpcReporter::Create(reporter_options, [this](const std::string& reason) {
+        console_.OnLog(absl::StrCat("stop command from the coordinator: ", reason));
+        stop_.Stop(reason);
+      });
+      if (!reporter.ok()) return Fail(kBadConfiguration, reporter.status());
+      reporter_ = *std::move(reporter);
+      sink_ = std::make_unique<TeeSink>(std::vector<ProgressSink*>{&console_, reporter_.get()});
+    } else {
+      sink_ = std::make_unique<TeeSink>(std::vector<ProgressSink*>{&console_});
+      console_.OnLog("FITRUN_COORDINATOR not set: standalone, reports go to this log only");
+    }
+    return Train();
+  }
+
+ private:
+  int Train() {
+    absl::StatusOr<fitrun::v1::WorkerAssignment> assignment = LoadAssignment(options_.assignment_path);
+    if (!assignment.ok()) return Fail(kBadConfiguration, assignment.status());
+    if (absl::Status s = ValidateAssignment(*assignment, options_); !s.ok()) {
+      return Fail(kBadConfiguration, s);
+    }
+    const fitrun::v1::JobSpec& spec = assignment->spec();
+
+    const int threads = assignment->cpu_threads_size() > 0 && assignment->cpu_threads(options_.rank) > 0
+                            ? assignment->cpu_threads(options_.rank)
+                            : 1;
+    at::set_num_interop_threads(1);
+    at::set_num_threads(threads);
+
+    const absl::Time load_start = absl::Now();
+    absl::StatusOr<LabeledImages> train = LoadFashionMnist(spec.data().path(), Split::kTrain);
+    if (!train.ok()) return Fail(kBadConfiguration, Prefixed("spec.data.path: ", train.status()));
+    std::optional<LabeledImages> test;
+    if (options_.rank == 0) {
+      absl::StatusOr<LabeledImages> t = LoadFashionMnist(spec.data().path(), Split::kTest);
+      if (!t.ok()) return Fail(kBadConfiguration, Prefixed("spec.data.path: ", t.status()));
+      test = *std::move(t);
+    }
+
+    TrainerOptions trainer_options = TrainerOptionsFor(*assignment, options_);
+    if (absl::Status s = ValidateTrainerOptions(trainer_options, train->size()); !s.ok()) {
+      return Fail(kBadConfiguration, s);
+    }
+    absl::StatusOr<std::shared_ptr<Model>> model = CreateModel(spec.model(), spec.seed());
+    if (!model.ok()) return Fail(kBadConfiguration, model.status());
+    sink_->OnLog(absl::StrCat("rank ", options_.rank, "/", options_.world_size, " on ",
+                              assignment->plan().device_ids(options_.rank), ": model ",
+                              spec.model().builtin(), ", ", train->size(), " training samples loaded in ",
+                              absl::FormatDuration(absl::Now() - load_start), ", per-device batch ",
+                              trainer_options.per_device_batch, " x ", trainer_options.grad_accum_steps,
+                              " accumulation, lr ", trainer_options.learning_rate, ", ",
+                              trainer_options.total_steps, " steps, ", threads, " threads"));
+    if (assignment->memory_cap_bytes_size() > 0 && assignment->memory_cap_bytes(options_.rank) > 0) {
+      sink_->OnLog(absl::StrCat("memory cap ", assignment->memory_cap_bytes(options_.rank),
+                                " bytes is not enforced by this worker version"));
+    }
+
+    const int timeout_seconds = spec.ddp().collective_timeout_seconds() > 0
+                                    ? spec.ddp().collective_timeout_seconds()
+                                    : kDefaultCollectiveTimeoutSeconds;
+    ProcessGroupOptions group_options;
+    group_options.master_addr = options_.master_addr;
+    group_options.master_port = options_.master_port;
+    group_options.rank = options_.rank;
+    group_options.world_size = options_.world_size;
+    group_options.collective_timeout = absl::Seconds(timeout_seconds);
+    group_options.rendezvous_timeout = std::max(absl::Seconds(timeout_seconds), kMinRendezvousTimeout);
+    const absl::Time join_start = absl::Now();
+    absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> group = ConnectProcessGroup(group_options);
+    if (!group.ok()) return Fail(kTrainingFailed, group.status());
+    if (absl::Status s = BroadcastModuleState(**group, **model); !s.ok()) return Fail(kTrainingFailed, s);
+    sink_->OnLog(absl::StrCat("joined the process group at ", options_.master_addr, ":",
+                              options_.master_port, " in ", absl::FormatDuration(absl::Now() - join_start),
+                              "; parameters ", ParameterChecksum(**model), " after rank 0's broadcast"));
+
+    absl::StatusOr<std::unique_ptr<FlatAllReduceSynchronizer>> synchronizer =
+        FlatAllReduceSynchronizer::Create(*group, (*model)->parameters());
+    if (!synchronizer.ok()) return Fail(kTrainingFailed, synchronizer.status());
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+        Trainer::Create(trainer_options, *model, *std::move(train), std::move(test),
+                        synchronizer->get(), sink_.get());
+    if (!trainer.ok()) {
+      return Fail(trainer.status().code() == absl::StatusCode::kInvalidArgument ? kBadConfiguration
+                                                                                 : kTrainingFailed,
+                  trainer.status());
+    }
+
+    if (!stop_.Attach(trainer->get())) return Stopped();
+    absl::StatusOr<TrainResult> result = (*trainer)->Run();
+    stop_.Attach(nullptr);
+    if (!result.ok()) {
+      if (result.status().code() == absl::StatusCode::kCancelled && stop_.stopped()) return Stopped();
+      return Fail(kTrainingFailed, result.status());
+    }
+    return Finish(*result);
+  }
+
+  int Finish(const TrainResult& result) {
+    std::string summary = absl::StrCat("finished ", result.steps, " steps in ",
+                                       absl::FormatDuration(absl::Seconds(result.train_seconds)),
+                                       ": final loss ", result.final_loss, ", parameter checksum ",
+                                       result.parameter_checksum);
+    if (result.has_test_accuracy) absl::StrAppend(&summary, ", test accuracy ", result.test_accuracy);
+    console_.OnLog(summary);
+    if (reporter_ != nullptr) {
+      fitrun::v1::RankFinished finished;
+      finished.set_rank(options_.rank);
+      finished.set_steps(result.steps);
+      finished.set_final_loss(result.final_loss);
+      finished.set_parameter_checksum(result.parameter_checksum);
+      finished.set_has_test_accuracy(result.has_test_accuracy);
+      finished.set_test_accuracy(result.test_accuracy);
+      finished.set_train_seconds(result.train_seconds);
+      reporter_->ReportFinished(finished);
+      reporter_->Shutdown(kFinishTimeout);
+    }
+    return kSuccess;
+  }
+
+  int Fail(ExitCode code, const absl::Status& status) {
+    const std::string reason(status.message());
+    std::fprintf(stderr, "fitrun-worker: rank %d failed: %s\n", options_.rank, reason.c_str());
+    std::fflush(stderr);
+    if (reporter_ != nullptr) {
+      reporter_->ReportFailed(reason);
+      reporter_->Shutdown(kFailTimeout);
+    }
+    return code;
+  }
+
+  int Stopped() {
+    return Fail(kStopped, absl::CancelledError(absl::StrCat("stopped by the coordinator: ", stop_.reason())));
+  }
+
+  static absl::Status Prefixed(const std::string& prefix, const absl::Status& status) {
+    return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+  }
+
+  const WorkerOptions options_;
+  ConsoleSink console_;
+  StopSwitch stop_;
+  std::unique_ptr<GrpcReporter> reporter_;
+  std::unique_ptr<TeeSink> sink_;
+};
+
+std::optional<std::string> GetEnv(const std::string& name) {
+  const char* value = std::getenv(name.c_str());
+  if (value == nullptr) return std::nullopt;
+  return std::string(value);
+}
+
+}  // namespace
+}  // namespace fitrun::worker
+
+int main(int argc, char** argv) {
+  using fitrun::worker::kBadConfiguration;
+  if (argc > 1) {
+    std::fprintf(stderr,
+                 "usage: %s (no arguments)\n"
+                 "Configured by the environment: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,\n"
+                 "MASTER_PORT, FITRUN_ASSIGNMENT, and optionally FITRUN_COORDINATOR, FITRUN_JOB_ID,\n"
+                 "FITRUN_ATTEMPT, FITRUN_JOB_TOKEN.\n",
+                 argv[0]);
+    return kBadConfiguration;
+  }
+  absl::StatusOr<fitrun::worker::WorkerOptions> options =
+      fitrun::worker::WorkerOptionsFromEnvironment(fitrun::worker::GetEnv);
+  if (!options.ok()) {
+    std::fprintf(stderr, "fitrun-worker: %s\n", std::string(options.status().message()).c_str());
+    return kBadConfiguration;
+  }
+  fitrun::worker::Worker worker(*options);
+  return worker.Run();
+}

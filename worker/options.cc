@@ -1,0 +1,172 @@
+#include "worker/options.h"
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace fitrun::worker {
+namespace {
+
+absl::StatusOr<std::string> Required(const EnvLookup& lookup, const std::string& name) {
+  std::optional<std::string> value = lookup(name);
+  if (!value.has_value() || value->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not set"));
+  }
+  return *value;
+}
+
+absl::StatusOr<int> ParseInt(const std::string& name, const std::string& text, int min, int max) {
+  int value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value < min || value > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": must be an integer in [", min, ", ", max, "] (got \"", text, "\")"));
+  }
+  return value;
+}
+
+absl::StatusOr<int> RequiredInt(const EnvLookup& lookup, const std::string& name, int min, int max) {
+  absl::StatusOr<std::string> text = Required(lookup, name);
+  if (!text.ok()) return text.status();
+  return ParseInt(name, *text, min, max);
+}
+
+std::string Optional(const EnvLookup& lookup, const std::string& name) {
+  return lookup(name).value_or("");
+}
+
+class CollectFirstError final : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column, const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+}  // namespace
+
+absl::StatusOr<WorkerOptions> WorkerOptionsFromEnvironment(const EnvLookup& lookup) {
+  WorkerOptions options;
+  constexpr int kMaxWorld = 1 << 16;
+
+  absl::StatusOr<int> world_size = RequiredInt(lookup, "WORLD_SIZE", 1, kMaxWorld);
+  if (!world_size.ok()) return world_size.status();
+  options.world_size = *world_size;
+  absl::StatusOr<int> rank = RequiredInt(lookup, "RANK", 0, options.world_size - 1);
+  if (!rank.ok()) return rank.status();
+  options.rank = *rank;
+
+  const std::string local_world = Optional(lookup, "LOCAL_WORLD_SIZE");
+  options.local_world_size = options.world_size;
+  if (!local_world.empty()) {
+    absl::StatusOr<int> v = ParseInt("LOCAL_WORLD_SIZE", local_world, 1, kMaxWorld);
+    if (!v.ok()) return v.status();
+    options.local_world_size = *v;
+  }
+  const std::string local_rank = Optional(lookup, "LOCAL_RANK");
+  options.local_rank = options.rank;
+  if (!local_rank.empty()) {
+    absl::StatusOr<int> v = ParseInt("LOCAL_RANK", local_rank, 0, options.local_world_size - 1);
+    if (!v.ok()) return v.status();
+    options.local_rank = *v;
+  }
+
+  absl::StatusOr<std::string> master_addr = Required(lookup, "MASTER_ADDR");
+  if (!master_addr.ok()) return master_addr.status();
+  options.master_addr = *master_addr;
+  absl::StatusOr<int> master_port = RequiredInt(lookup, "MASTER_PORT", 1, 65535);
+  if (!master_port.ok()) return master_port.status();
+  options.master_port = *master_port;
+
+  absl::StatusOr<std::string> assignment = Required(lookup, "FITRUN_ASSIGNMENT");
+  if (!assignment.ok()) return assignment.status();
+  options.assignment_path = *assignment;
+
+  options.coordinator = Optional(lookup, "FITRUN_COORDINATOR");
+  options.job_id = Optional(lookup, "FITRUN_JOB_ID");
+  options.job_token = Optional(lookup, "FITRUN_JOB_TOKEN");
+  const std::string attempt = Optional(lookup, "FITRUN_ATTEMPT");
+  if (!attempt.empty()) {
+    absl::StatusOr<int> v = ParseInt("FITRUN_ATTEMPT", attempt, 0, 1 << 30);
+    if (!v.ok()) return v.status();
+    options.attempt = *v;
+  }
+  return options;
+}
+
+absl::StatusOr<fitrun::v1::WorkerAssignment> LoadAssignment(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("FITRUN_ASSIGNMENT: cannot read ", path));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  fitrun::v1::WorkerAssignment assignment;
+  google::protobuf::TextFormat::Parser parser;
+  CollectFirstError errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text.str(), &assignment)) {
+    return absl::InvalidArgumentError(absl::StrCat("FITRUN_ASSIGNMENT: ", path,
+                                                   " is not a text-format fitrun.v1.WorkerAssignment: ",
+                                                   errors.first()));
+  }
+  return assignment;
+}
+
+absl::Status ValidateAssignment(const fitrun::v1::WorkerAssignment& a, const WorkerOptions& o) {
+  const fitrun::v1::JobSpec& spec = a.spec();
+  const fitrun::v1::Plan& plan = a.plan();
+  if (plan.device_ids_size() != o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("plan.device_ids: has ", plan.device_ids_size(),
+                                                   " devices but WORLD_SIZE is ", o.world_size));
+  }
+  if (!o.job_id.empty() && !a.job_id().empty() && a.job_id() != o.job_id) {
+    return absl::InvalidArgumentError(absl::StrCat("job_id: the assignment is for job \"", a.job_id(),
+                                                   "\" but FITRUN_JOB_ID is \"", o.job_id, "\""));
+  }
+  if (spec.data().kind() != fitrun::v1::DATA_KIND_FASHION_MNIST &&
+      spec.data().kind() != fitrun::v1::DATA_KIND_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.data.kind: unsupported (", static_cast<int>(spec.data().kind()), ")"));
+  }
+  if (spec.data().path().empty()) {
+    return absl::InvalidArgumentError("spec.data.path: empty (the directory of the dataset's files)");
+  }
+  if (a.cpu_threads_size() != 0 && a.cpu_threads_size() != o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("cpu_threads: has ", a.cpu_threads_size(),
+                                                   " entries, expected one per rank (", o.world_size, ")"));
+  }
+  if (a.cpu_threads_size() != 0 && a.cpu_threads(o.rank) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu_threads[", o.rank, "]: must be >= 0 (got ", a.cpu_threads(o.rank), ")"));
+  }
+  if (a.memory_cap_bytes_size() != 0 && a.memory_cap_bytes_size() != o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("memory_cap_bytes: has ", a.memory_cap_bytes_size(),
+                                                   " entries, expected one per rank (", o.world_size, ")"));
+  }
+  if (spec.ddp().collective_timeout_seconds() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.ddp.collective_timeout_seconds: must be >= 0 (got ",
+                                                   spec.ddp().collective_timeout_seconds(), ")"));
+  }
+  const fitrun::v1::FaultInjection& fault = spec.fault_injection();
+  if (fault.kind() == fitrun::v1::FaultInjection::KIND_EXIT) {
+    if (fault.at_step() < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.fault_injection.at_step: must be >= 1 (got ", fault.at_step(), ")"));
+    }
+    if (fault.rank() < 0 || fault.rank() >= o.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.fault_injection.rank: ", fault.rank(),
+                                                     " is not a rank of a world of ", o.world_size));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fitrun::worker

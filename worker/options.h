@@ -1,0 +1,48 @@
+#ifndef FITRUN_WORKER_OPTIONS_H_
+#define FITRUN_WORKER_OPTIONS_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fitrun/v1/worker.pb.h"
+
+namespace fitrun::worker {
+
+// Everything a worker process is told by whoever launched it (fitrund, or a person by hand):
+// the torchrun variables and the FITRUN_* ones.
+struct WorkerOptions {
+  int rank = 0;              // RANK
+  int local_rank = 0;        // LOCAL_RANK (default RANK)
+  int world_size = 1;        // WORLD_SIZE
+  int local_world_size = 1;  // LOCAL_WORLD_SIZE (default WORLD_SIZE)
+  std::string master_addr;   // MASTER_ADDR
+  int master_port = 0;       // MASTER_PORT
+  std::string assignment_path;  // FITRUN_ASSIGNMENT
+  // FITRUN_COORDINATOR (host:port); empty means standalone: reports only go to the log.
+  std::string coordinator;
+  std::string job_id;     // FITRUN_JOB_ID
+  int attempt = 0;        // FITRUN_ATTEMPT
+  std::string job_token;  // FITRUN_JOB_TOKEN
+};
+
+// Looks a variable up; nullopt when unset. main passes the process environment, tests a map.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+
+// Reads and checks the variables. Errors name the variable and what was wrong with it.
+absl::StatusOr<WorkerOptions> WorkerOptionsFromEnvironment(const EnvLookup& lookup);
+
+// Parses a text-format fitrun.v1.WorkerAssignment; errors carry the file, line and column.
+absl::StatusOr<fitrun::v1::WorkerAssignment> LoadAssignment(const std::string& path);
+
+// Checks what this rank needs from the assignment before it does anything expensive: that it agrees
+// with the environment (world size, job) and that the fields the worker reads are usable. Errors name
+// the field. (Plan numbers that depend on the dataset are checked by the trainer.)
+absl::Status ValidateAssignment(const fitrun::v1::WorkerAssignment& assignment,
+                                const WorkerOptions& options);
+
+}  // namespace fitrun::worker
+
+#endif  // FITRUN_WORKER_OPTIONS_H_

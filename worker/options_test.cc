@@ -1,0 +1,153 @@
+#include "worker/options.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace fitrun::worker {
+namespace {
+
+class OptionsTest : public ::testing::Test {
+ protected:
+  EnvLookup Lookup() {
+    return [this](const std::string& name) -> std::optional<std::string> {
+      auto it = env_.find(name);
+      if (it == env_.end()) return std::nullopt;
+      return it->second;
+    };
+  }
+  std::map<std::string, std::string> env_ = {
+      {"RANK", "1"},          {"WORLD_SIZE", "2"},         {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", "29500"}, {"FITRUN_ASSIGNMENT", "/a"}, {"FITRUN_COORDINATOR", "127.0.0.1:7000"},
+      {"FITRUN_JOB_ID", "job-1"}, {"FITRUN_ATTEMPT", "3"},   {"FITRUN_JOB_TOKEN", "t"},
+  };
+};
+
+TEST_F(OptionsTest, ReadsTheContract) {
+  absl::StatusOr<WorkerOptions> options = WorkerOptionsFromEnvironment(Lookup());
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->rank, 1);
+  EXPECT_EQ(options->world_size, 2);
+  EXPECT_EQ(options->local_rank, 1);  // defaults to RANK
+  EXPECT_EQ(options->local_world_size, 2);
+  EXPECT_EQ(options->master_addr, "127.0.0.1");
+  EXPECT_EQ(options->master_port, 29500);
+  EXPECT_EQ(options->assignment_path, "/a");
+  EXPECT_EQ(options->coordinator, "127.0.0.1:7000");
+  EXPECT_EQ(options->job_id, "job-1");
+  EXPECT_EQ(options->attempt, 3);
+  EXPECT_EQ(options->job_token, "t");
+}
+
+TEST_F(OptionsTest, CoordinatorIsOptional) {
+  env_.erase("FITRUN_COORDINATOR");
+  env_.erase("FITRUN_ATTEMPT");
+  absl::StatusOr<WorkerOptions> options = WorkerOptionsFromEnvironment(Lookup());
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_TRUE(options->coordinator.empty());
+  EXPECT_EQ(options->attempt, 0);
+}
+
+TEST_F(OptionsTest, ErrorsNameTheVariable) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"RANK", "2"},        {"RANK", "x"},        {"WORLD_SIZE", "0"}, {"MASTER_PORT", "70000"},
+      {"MASTER_ADDR", ""},  {"LOCAL_RANK", "5"},  {"FITRUN_ATTEMPT", "-1"},
+  };
+  for (const auto& [name, value] : cases) {
+    auto saved = env_;
+    env_[name] = value;
+    absl::Status status = WorkerOptionsFromEnvironment(Lookup()).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << name << "=" << value;
+    EXPECT_TRUE(absl::StrContains(status.message(), name)) << status;
+    env_ = saved;
+  }
+  env_.erase("FITRUN_ASSIGNMENT");
+  EXPECT_TRUE(absl::StrContains(WorkerOptionsFromEnvironment(Lookup()).status().message(),
+                                "FITRUN_ASSIGNMENT: not set"));
+}
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+constexpr char kAssignment[] = R"pb(
+  job_id: "job-1"
+  attempt: 3
+  spec {
+    model { builtin: "mlp" }
+    data { kind: DATA_KIND_FASHION_MNIST path: "/usr/share/datasets/fashion-mnist" }
+    optimizer { kind: OPTIMIZER_KIND_SGD lr: 0.1 momentum: 0.9 }
+    global_batch_size: 256
+    epochs: 1
+    seed: 1
+  }
+  plan {
+    device_ids: "cpu:0"
+    device_ids: "cpu:1"
+    per_device_batch: 128
+    grad_accum_steps: 1
+    learning_rate: 0.05
+    steps_per_epoch: 234
+    total_steps: 234
+  }
+  cpu_threads: 1
+  cpu_threads: 1
+)pb";
+
+TEST_F(OptionsTest, LoadsAndValidatesAnAssignment) {
+  absl::StatusOr<fitrun::v1::WorkerAssignment> assignment =
+      LoadAssignment(WriteFile("ok.textproto", kAssignment));
+  ASSERT_TRUE(assignment.ok()) << assignment.status();
+  EXPECT_EQ(assignment->plan().total_steps(), 234);
+  EXPECT_DOUBLE_EQ(assignment->plan().learning_rate(), 0.05);
+  absl::StatusOr<WorkerOptions> options = WorkerOptionsFromEnvironment(Lookup());
+  ASSERT_TRUE(options.ok());
+  EXPECT_TRUE(ValidateAssignment(*assignment, *options).ok());
+}
+
+TEST_F(OptionsTest, SyntaxErrorsCarryTheLine) {
+  absl::Status status = LoadAssignment(WriteFile("bad.textproto", "job_id: \"x\"\nplan { nope: 1 }\n")).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "line 2")) << status;
+  EXPECT_EQ(LoadAssignment("/nonexistent/assignment").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(OptionsTest, ValidationErrorsNameTheField) {
+  absl::StatusOr<WorkerOptions> options = WorkerOptionsFromEnvironment(Lookup());
+  ASSERT_TRUE(options.ok());
+  absl::StatusOr<fitrun::v1::WorkerAssignment> good = LoadAssignment(WriteFile("v.textproto", kAssignment));
+  ASSERT_TRUE(good.ok());
+
+  auto expect_field = [&](const std::function<void(fitrun::v1::WorkerAssignment&)>& edit,
+                          const std::string& field) {
+    fitrun::v1::WorkerAssignment a = *good;
+    edit(a);
+    absl::Status status = ValidateAssignment(a, *options);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_TRUE(absl::StrContains(status.message(), field)) << status;
+  };
+  expect_field([](auto& a) { a.mutable_plan()->add_device_ids("cpu:2"); }, "plan.device_ids");
+  expect_field([](auto& a) { a.set_job_id("other"); }, "FITRUN_JOB_ID");
+  expect_field([](auto& a) { a.mutable_spec()->mutable_data()->clear_path(); }, "spec.data.path");
+  expect_field([](auto& a) { a.add_cpu_threads(1); }, "cpu_threads");
+  expect_field([](auto& a) { a.add_memory_cap_bytes(1); }, "memory_cap_bytes");
+  expect_field([](auto& a) { a.mutable_spec()->mutable_ddp()->set_collective_timeout_seconds(-1); },
+               "spec.ddp.collective_timeout_seconds");
+  expect_field(
+      [](auto& a) {
+        auto* fault = a.mutable_spec()->mutable_fault_injection();
+        fault->set_kind(fitrun::v1::FaultInjection::KIND_EXIT);
+        fault->set_rank(5);
+        fault->set_at_step(3);
+      },
+      "spec.fault_injection.rank");
+}
+
+}  // namespace
+}  // namespace fitrun::worker
