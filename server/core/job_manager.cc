@@ -88,7 +88,9 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(Options options, 
                                                                CoordinatorMetrics* metrics) {
   if (options.state_dir.empty()) return absl::InvalidArgumentError("JobManager: state_dir is required");
   if (!options.pick_master_port) return absl::InvalidArgumentError("JobManager: pick_master_port is required");
+  // Workers run in their attempt's directory, so every path handed to them must be absolute.
   std::error_code error;
+  options.state_dir = std::filesystem::absolute(options.state_dir, error).string();
   std::filesystem::create_directories(std::filesystem::path(options.state_dir) / "jobs", error);
   if (error) {
     return absl::FailedPreconditionError(
