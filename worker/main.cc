@@ -38,6 +38,8 @@ enum ExitCode : int {
 // After a StopCommand the loop ends at its next step; a rank stuck in a collective or the rendezvous
 // is ended this long after the command instead.
 constexpr absl::Duration kStopGrace = absl::Seconds(3);
+// How long a rank whose collective failed waits for a StopCommand that explains it.
+constexpr absl::Duration kStopRace = absl::Seconds(1);
 constexpr absl::Duration kFinishTimeout = absl::Seconds(5);
 constexpr absl::Duration kFailTimeout = absl::Seconds(2);
 constexpr int kDefaultCollectiveTimeoutSeconds = 60;
@@ -67,6 +69,12 @@ class StopSwitch {
   }
   bool stopped() const {
     absl::MutexLock lock(&mu_);
+    return stopped_;
+  }
+  // True when a stop arrived or arrives within `timeout`.
+  bool WaitForStop(absl::Duration timeout) const {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stopped_), timeout);
     return stopped_;
   }
   std::string reason() const {
@@ -202,6 +210,12 @@ class Worker {
     stop_.Attach(nullptr);
     if (!result.ok()) {
       if (result.status().code() == absl::StatusCode::kCancelled && stop_.stopped()) return Stopped();
+      // When the coordinator stops a job, the first rank to obey breaks its peers' all-reduce before
+      // their own StopCommand has arrived; a failed collective followed shortly by a stop is a stop.
+      if (IsCollectiveFailure(result.status()) && reporter_ != nullptr && stop_.WaitForStop(kStopRace)) {
+        console_.OnLog(absl::StrCat("collective failed while stopping: ", result.status().message()));
+        return Stopped();
+      }
       return Fail(kTrainingFailed, result.status());
     }
     return Finish(*result);
@@ -242,6 +256,11 @@ class Worker {
 
   int Stopped() {
     return Fail(kStopped, absl::CancelledError(absl::StrCat("stopped by the coordinator: ", stop_.reason())));
+  }
+
+  static bool IsCollectiveFailure(const absl::Status& status) {
+    return status.code() == absl::StatusCode::kUnavailable ||
+           status.code() == absl::StatusCode::kDeadlineExceeded;
   }
 
   static absl::Status Prefixed(const std::string& prefix, const absl::Status& status) {

@@ -5,67 +5,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <grpcpp/security/server_credentials.h>
-#include <grpcpp/server.h>
-#include <grpcpp/server_builder.h>
-
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "worker/report/fake_coordinator.h"
 
 namespace fitrun::worker {
 namespace {
 
-using fitrun::v1::WorkerCommand;
 using fitrun::v1::WorkerReport;
-
-// A coordinator's WorkerChannel that records every report and can refuse or stop a rank.
-class FakeCoordinator final : public fitrun::v1::WorkerChannel::Service {
- public:
-  bool reject = false;
-  bool send_stop = false;
-
-  grpc::Status Connect(grpc::ServerContext*,
-                       grpc::ServerReaderWriter<WorkerCommand, WorkerReport>* stream) override {
-    WorkerReport report;
-    bool first = true;
-    while (stream->Read(&report)) {
-      {
-        absl::MutexLock lock(&mu_);
-        reports_.push_back(report);
-      }
-      if (first && reject) return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "bad job token");
-      if (first && send_stop) {
-        WorkerCommand command;
-        command.mutable_stop()->set_reason("peer rank 1 exited");
-        stream->Write(command);
-      }
-      first = false;
-    }
-    absl::MutexLock lock(&mu_);
-    ++streams_closed_by_worker_;
-    return grpc::Status::OK;
-  }
-
-  std::vector<WorkerReport> reports() const {
-    absl::MutexLock lock(&mu_);
-    return reports_;
-  }
-  int streams_closed_by_worker() const {
-    absl::MutexLock lock(&mu_);
-    return streams_closed_by_worker_;
-  }
-  int hellos() const {
-    int n = 0;
-    for (const WorkerReport& r : reports()) n += r.has_hello();
-    return n;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  std::vector<WorkerReport> reports_ ABSL_GUARDED_BY(mu_);
-  int streams_closed_by_worker_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -77,14 +25,6 @@ int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
-}
-
-std::unique_ptr<grpc::Server> Serve(FakeCoordinator* service, int* port, int fixed_port = 0) {
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:" + std::to_string(fixed_port), grpc::InsecureServerCredentials(),
-                           port);
-  builder.RegisterService(service);
-  return builder.BuildAndStart();
 }
 
 GrpcReporter::Options OptionsFor(int port) {
@@ -121,7 +61,7 @@ bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
 TEST(GrpcReporterTest, HelloFirstThenReportsThenAFinishedStream) {
   FakeCoordinator coordinator;
   int port = 0;
-  auto server = Serve(&coordinator, &port);
+  auto server = coordinator.Serve(&port);
   ASSERT_NE(port, 0);
 
   auto reporter = GrpcReporter::Create(OptionsFor(port), nullptr);
@@ -158,9 +98,9 @@ TEST(GrpcReporterTest, HelloFirstThenReportsThenAFinishedStream) {
 
 TEST(GrpcReporterTest, StopCommandReachesTheCallbackOnce) {
   FakeCoordinator coordinator;
-  coordinator.send_stop = true;
+  coordinator.stop_after_hello = true;
   int port = 0;
-  auto server = Serve(&coordinator, &port);
+  auto server = coordinator.Serve(&port);
   absl::Notification stopped;
   std::string reason;
   auto reporter = GrpcReporter::Create(OptionsFor(port), [&](const std::string& r) {
@@ -207,7 +147,7 @@ TEST(GrpcReporterTest, ACoordinatorThatStartsLateStillGetsTheFinishedReport) {
 
   FakeCoordinator coordinator;
   int bound = 0;
-  auto server = Serve(&coordinator, &bound, port);
+  auto server = coordinator.Serve(&bound, port);
   ASSERT_EQ(bound, port);
   (*reporter)->Shutdown(absl::Seconds(10));
   const std::vector<WorkerReport> reports = coordinator.reports();
@@ -221,7 +161,7 @@ TEST(GrpcReporterTest, RefusedStreamIsNotRetried) {
   FakeCoordinator coordinator;
   coordinator.reject = true;
   int port = 0;
-  auto server = Serve(&coordinator, &port);
+  auto server = coordinator.Serve(&port);
   auto reporter = GrpcReporter::Create(OptionsFor(port), nullptr);
   ASSERT_TRUE(reporter.ok());
   ASSERT_TRUE(WaitFor([&] { return coordinator.hellos() == 1; }, absl::Seconds(5)));

@@ -1,0 +1,86 @@
+#ifndef FITRUN_WORKER_REPORT_FAKE_COORDINATOR_H_
+#define FITRUN_WORKER_REPORT_FAKE_COORDINATOR_H_
+
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "fitrun/v1/worker.grpc.pb.h"
+
+namespace fitrun::worker {
+
+// The coordinator's side of WorkerChannel for tests: records every stream's reports and can refuse
+// a rank or stop it. Thread-safe.
+class FakeCoordinator final : public fitrun::v1::WorkerChannel::Service {
+ public:
+  // Answer the Hello by ending the stream with PERMISSION_DENIED.
+  bool reject = false;
+  // Send a StopCommand right after the Hello.
+  bool stop_after_hello = false;
+  // Send a StopCommand after the first Progress.
+  bool stop_after_progress = false;
+
+  grpc::Status Connect(grpc::ServerContext*,
+                       grpc::ServerReaderWriter<fitrun::v1::WorkerCommand, fitrun::v1::WorkerReport>*
+                           stream) override {
+    fitrun::v1::WorkerReport report;
+    bool first = true;
+    bool stopped = false;
+    while (stream->Read(&report)) {
+      {
+        absl::MutexLock lock(&mu_);
+        reports_.push_back(report);
+      }
+      if (first && reject) return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "bad job token");
+      if (!stopped && ((first && stop_after_hello) || (report.has_progress() && stop_after_progress))) {
+        fitrun::v1::WorkerCommand command;
+        command.mutable_stop()->set_reason("peer rank 1 exited");
+        stream->Write(command);
+        stopped = true;
+      }
+      first = false;
+    }
+    absl::MutexLock lock(&mu_);
+    ++streams_closed_by_worker_;
+    return grpc::Status::OK;
+  }
+
+  // Listens on 127.0.0.1 (port 0: any free port); returns the server, sets *port to the bound one.
+  std::unique_ptr<grpc::Server> Serve(int* port, int fixed_port = 0) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:" + std::to_string(fixed_port),
+                             grpc::InsecureServerCredentials(), port);
+    builder.RegisterService(this);
+    return builder.BuildAndStart();
+  }
+
+  // Every report received, in arrival order across streams.
+  std::vector<fitrun::v1::WorkerReport> reports() const {
+    absl::MutexLock lock(&mu_);
+    return reports_;
+  }
+  // Streams the worker half-closed (WritesDone) before the server ended them.
+  int streams_closed_by_worker() const {
+    absl::MutexLock lock(&mu_);
+    return streams_closed_by_worker_;
+  }
+  int hellos() const {
+    int n = 0;
+    for (const fitrun::v1::WorkerReport& r : reports()) n += r.has_hello();
+    return n;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<fitrun::v1::WorkerReport> reports_ ABSL_GUARDED_BY(mu_);
+  int streams_closed_by_worker_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace fitrun::worker
+
+#endif  // FITRUN_WORKER_REPORT_FAKE_COORDINATOR_H_

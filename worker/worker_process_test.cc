@@ -1,0 +1,301 @@
+// Runs real fitrun-worker processes (two ranks) against an in-process fake coordinator on a tiny
+// generated dataset: the launch contract, the reports on the wire and the exit codes. Multi-process
+// tests with the real coordinator live in tests/.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <google/protobuf/text_format.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "worker/data/test_files.h"
+#include "worker/report/fake_coordinator.h"
+
+extern char** environ;
+
+namespace fitrun::worker {
+namespace {
+
+using fitrun::v1::WorkerReport;
+
+constexpr int kWorld = 2;
+constexpr int kTrainSamples = 1024;
+constexpr int kTestSamples = 200;
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string WorkerBinary() {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/worker/fitrun-worker");
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+class WorkerProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    data_dir_ = testing::MakeTempDir("fake_fashion_mnist");
+    testing::WriteFakeFashionMnist(data_dir_, kTrainSamples, kTestSamples);
+
+    fitrun::v1::JobSpec* spec = assignment_.mutable_spec();
+    assignment_.set_job_id("job-1");
+    assignment_.set_attempt(1);
+    spec->mutable_model()->set_builtin("mlp");
+    spec->mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
+    spec->mutable_data()->set_path(data_dir_);
+    spec->mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_SGD);
+    spec->mutable_optimizer()->set_momentum(0.9);
+    spec->set_seed(4);
+    spec->mutable_ddp()->set_collective_timeout_seconds(20);
+    fitrun::v1::Plan* plan = assignment_.mutable_plan();
+    plan->add_device_ids("cpu:0");
+    plan->add_device_ids("cpu:1");
+    plan->set_per_device_batch(32);
+    plan->set_grad_accum_steps(2);
+    plan->set_learning_rate(0.05);
+    plan->set_steps_per_epoch(kTrainSamples / (32 * 2 * kWorld));
+    plan->set_total_steps(12);
+    assignment_.add_cpu_threads(1);
+    assignment_.add_cpu_threads(1);
+  }
+
+  void TearDown() override {
+    for (pid_t pid : running_) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+
+  // Starts every rank with the launch contract; the coordinator is optional.
+  void StartRanks(int coordinator_port) {
+    const std::string assignment_path = dir_ + "/assignment.textproto";
+    std::string text;
+    ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(assignment_, &text));
+    std::ofstream(assignment_path) << text;
+    const int master_port = FreePort();
+    for (int rank = 0; rank < kWorld; ++rank) {
+      std::vector<std::string> env = {
+          absl::StrCat("RANK=", rank),
+          absl::StrCat("LOCAL_RANK=", rank),
+          absl::StrCat("WORLD_SIZE=", kWorld),
+          absl::StrCat("LOCAL_WORLD_SIZE=", kWorld),
+          "MASTER_ADDR=127.0.0.1",
+          absl::StrCat("MASTER_PORT=", master_port),
+          "FITRUN_ASSIGNMENT=" + assignment_path,
+          "FITRUN_JOB_ID=job-1",
+          "FITRUN_ATTEMPT=1",
+          "FITRUN_JOB_TOKEN=token-1",
+      };
+      if (coordinator_port != 0) env.push_back(absl::StrCat("FITRUN_COORDINATOR=127.0.0.1:", coordinator_port));
+      std::vector<char*> envp;
+      for (std::string& e : env) envp.push_back(e.data());
+      envp.push_back(nullptr);
+
+      const std::string log = absl::StrCat(dir_, "/rank", rank, ".log");
+      posix_spawn_file_actions_t actions;
+      posix_spawn_file_actions_init(&actions);
+      posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+      posix_spawn_file_actions_addchdir_np(&actions, dir_.c_str());
+      std::string binary = WorkerBinary();
+      char* argv[] = {binary.data(), nullptr};
+      pid_t pid = 0;
+      ASSERT_EQ(posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv, envp.data()), 0) << binary;
+      posix_spawn_file_actions_destroy(&actions);
+      pids_.push_back(pid);
+      running_.insert(pid);
+    }
+  }
+
+  // The exit status of rank `rank`; -signal when it was killed, -1000 on timeout (then killed).
+  int WaitRank(int rank, absl::Duration timeout = absl::Seconds(60)) {
+    const pid_t pid = pids_[rank];
+    const absl::Time deadline = absl::Now() + timeout;
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        running_.erase(pid);
+        ADD_FAILURE() << "rank " << rank << " timed out; log:\n" << Log(rank);
+        return -1000;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    running_.erase(pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  }
+
+  std::string Log(int rank) { return ReadFile(absl::StrCat(dir_, "/rank", rank, ".log")); }
+
+  // Each rank's reports in order, grouped by the rank its Hello named.
+  static std::map<int, std::vector<WorkerReport>> ByRank(const std::vector<WorkerReport>& reports) {
+    std::map<int, std::vector<WorkerReport>> by_rank;
+    // Reports of one stream arrive in order, and every stream starts with a Hello; streams of the
+    // two ranks interleave, so rank is taken from the report itself where it has one.
+    for (const WorkerReport& r : reports) {
+      int rank = -1;
+      if (r.has_hello()) rank = r.hello().rank();
+      if (r.has_progress()) rank = r.progress().rank();
+      if (r.has_log()) rank = r.log().rank();
+      if (r.has_finished()) rank = r.finished().rank();
+      by_rank[rank].push_back(r);
+    }
+    return by_rank;
+  }
+
+  std::string dir_;
+  std::string data_dir_;
+  fitrun::v1::WorkerAssignment assignment_;
+  std::vector<pid_t> pids_;
+  std::set<pid_t> running_;
+};
+
+TEST_F(WorkerProcessTest, TwoRanksReportAndFinishWithEqualChecksums) {
+  FakeCoordinator coordinator;
+  int port = 0;
+  auto server = coordinator.Serve(&port);
+  StartRanks(port);
+  EXPECT_EQ(WaitRank(0), 0) << Log(0);
+  EXPECT_EQ(WaitRank(1), 0) << Log(1);
+
+  auto by_rank = ByRank(coordinator.reports());
+  std::vector<std::string> checksums;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const std::vector<WorkerReport>& reports = by_rank[rank];
+    ASSERT_GE(reports.size(), 4u) << "rank " << rank;
+    ASSERT_TRUE(reports.front().has_hello());
+    EXPECT_EQ(reports.front().hello().job_id(), "job-1");
+    EXPECT_EQ(reports.front().hello().attempt(), 1);
+    EXPECT_EQ(reports.front().hello().world_size(), kWorld);
+    EXPECT_EQ(reports.front().hello().job_token(), "token-1");
+    EXPECT_EQ(reports.front().hello().pid(), pids_[rank]);
+    int64_t first_step = 0, last_step = 0;
+    for (const WorkerReport& r : reports) {
+      if (!r.has_progress()) continue;
+      if (first_step == 0) first_step = r.progress().step();
+      last_step = r.progress().step();
+      EXPECT_EQ(r.progress().total_steps(), 12);
+    }
+    EXPECT_EQ(first_step, 1);
+    EXPECT_EQ(last_step, 12);
+    ASSERT_TRUE(reports.back().has_finished()) << reports.back().DebugString();
+    const fitrun::v1::RankFinished& finished = reports.back().finished();
+    EXPECT_EQ(finished.steps(), 12);
+    EXPECT_EQ(finished.parameter_checksum().size(), 16u);
+    EXPECT_GT(finished.train_seconds(), 0);
+    EXPECT_EQ(finished.has_test_accuracy(), rank == 0);
+    if (rank == 0) EXPECT_GT(finished.test_accuracy(), 0.5);
+    checksums.push_back(finished.parameter_checksum());
+  }
+  EXPECT_EQ(checksums[0], checksums[1]);
+  // Both ranks half-closed their streams before exiting 0.
+  EXPECT_EQ(coordinator.streams_closed_by_worker(), kWorld);
+  server->Shutdown();
+}
+
+TEST_F(WorkerProcessTest, StandaloneRanksLogTheirResult) {
+  StartRanks(/*coordinator_port=*/0);
+  EXPECT_EQ(WaitRank(0), 0) << Log(0);
+  EXPECT_EQ(WaitRank(1), 0) << Log(1);
+  EXPECT_TRUE(absl::StrContains(Log(0), "test accuracy")) << Log(0);
+  EXPECT_TRUE(absl::StrContains(Log(1), "finished 12 steps")) << Log(1);
+}
+
+TEST_F(WorkerProcessTest, FaultInjectionExitsWithItsCodeAndThePeerFails) {
+  fitrun::v1::FaultInjection* fault = assignment_.mutable_spec()->mutable_fault_injection();
+  fault->set_kind(fitrun::v1::FaultInjection::KIND_EXIT);
+  fault->set_rank(1);
+  fault->set_at_step(3);
+  fault->set_exit_code(7);
+  FakeCoordinator coordinator;
+  int port = 0;
+  auto server = coordinator.Serve(&port);
+  StartRanks(port);
+  EXPECT_EQ(WaitRank(1), 7) << Log(1);
+  // Rank 0 sees its peer vanish in the next all-reduce (or times out in it).
+  EXPECT_EQ(WaitRank(0), 1) << Log(0);
+
+  auto by_rank = ByRank(coordinator.reports());
+  bool logged = false;
+  for (const WorkerReport& r : by_rank[1]) {
+    if (r.has_progress()) EXPECT_LT(r.progress().step(), 3);
+    logged |= r.has_log() && absl::StrContains(r.log().text(), "before step 3");
+  }
+  EXPECT_TRUE(logged) << "the fault's log line should be flushed before the exit";
+  bool failed = false;
+  for (const WorkerReport& r : coordinator.reports()) failed |= r.has_failed();
+  EXPECT_TRUE(failed) << "rank 0 reports RankFailed before exiting";
+  server->Shutdown();
+}
+
+TEST_F(WorkerProcessTest, StopCommandEndsEveryRankWith143) {
+  assignment_.mutable_plan()->set_total_steps(1000000);
+  FakeCoordinator coordinator;
+  coordinator.stop_after_progress = true;
+  int port = 0;
+  auto server = coordinator.Serve(&port);
+  StartRanks(port);
+  EXPECT_EQ(WaitRank(0, absl::Seconds(30)), 143) << Log(0);
+  EXPECT_EQ(WaitRank(1, absl::Seconds(30)), 143) << Log(1);
+  int failed = 0;
+  for (const WorkerReport& r : coordinator.reports()) {
+    if (r.has_failed()) {
+      ++failed;
+      EXPECT_TRUE(absl::StrContains(r.failed().reason(), "stopped by the coordinator")) << r.failed().reason();
+    }
+  }
+  EXPECT_EQ(failed, kWorld);
+  server->Shutdown();
+}
+
+TEST_F(WorkerProcessTest, BadAssignmentExitsTwoAndSaysWhy) {
+  assignment_.mutable_plan()->add_device_ids("cpu:2");  // three devices for two ranks
+  FakeCoordinator coordinator;
+  int port = 0;
+  auto server = coordinator.Serve(&port);
+  StartRanks(port);
+  EXPECT_EQ(WaitRank(0), 2) << Log(0);
+  EXPECT_EQ(WaitRank(1), 2) << Log(1);
+  EXPECT_TRUE(absl::StrContains(Log(0), "plan.device_ids")) << Log(0);
+  int failed = 0;
+  for (const WorkerReport& r : coordinator.reports()) {
+    if (r.has_failed()) {
+      ++failed;
+      EXPECT_TRUE(absl::StrContains(r.failed().reason(), "plan.device_ids")) << r.failed().reason();
+    }
+  }
+  EXPECT_EQ(failed, kWorld);
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace fitrun::worker
