@@ -106,6 +106,10 @@ void GrpcReporter::OnProgress(const StepProgress& p) {
   progress->set_samples_per_second(p.samples_per_second);
   progress->set_live_bytes(p.live_bytes);
   progress->set_peak_bytes(p.peak_bytes);
+  {
+    absl::MutexLock lock(&mu_);
+    last_step_ = p.step;
+  }
   Enqueue(std::move(report), /*must_deliver=*/false);
 }
 
@@ -295,8 +299,14 @@ void GrpcReporter::WriterLoop() {
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
         return !queue_.empty() || shutting_down_ || stream_ended_;
       };
-      mu_.Await(absl::Condition(&ready));
-      if (stream_ended_) {
+      const bool woken = options_.heartbeat_interval > absl::ZeroDuration()
+                             ? mu_.AwaitWithTimeout(absl::Condition(&ready), options_.heartbeat_interval)
+                             : (mu_.Await(absl::Condition(&ready)), true);
+      if (!woken) {
+        // Quiet phases (rendezvous, evaluation, a long step) still show the coordinator a live rank.
+        next.report.mutable_heartbeat()->set_step(last_step_);
+        writing_ = true;
+      } else if (stream_ended_) {
         stream_lost = true;
       } else if (queue_.empty() || absl::Now() >= deadline_) {
         end_stream = true;  // shutting down and drained (or out of time)

@@ -23,7 +23,8 @@ class ClientContext;
 namespace fitrun::worker {
 
 // Reports one rank to the coordinator over WorkerChannel.Connect: a Hello first, then progress,
-// log lines and the final RankFinished / RankFailed; receives StopCommand.
+// log lines, heartbeats in quiet phases and the final RankFinished / RankFailed; receives
+// StopCommand.
 //
 // Reporting never blocks or slows training: the sink methods only push onto a bounded queue (the
 // oldest progress and log lines are dropped when it is full; finished/failed reports never are), and
@@ -47,6 +48,8 @@ class GrpcReporter final : public ProgressSink {
     size_t queue_capacity = 1024;
     absl::Duration connect_timeout = absl::Seconds(2);
     absl::Duration max_backoff = absl::Seconds(5);
+    // A Heartbeat goes out when nothing else was sent for this long; zero disables heartbeats.
+    absl::Duration heartbeat_interval = absl::Seconds(2);
   };
   using StopCallback = std::function<void(const std::string& reason)>;
 
@@ -111,6 +114,7 @@ class GrpcReporter final : public ProgressSink {
   absl::Time deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;  // for cancelling from Shutdown
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;  // for heartbeats
 
   std::thread writer_;
 };

@@ -36,6 +36,7 @@ GrpcReporter::Options OptionsFor(int port) {
   options.world_size = 2;
   options.job_token = "secret";
   options.pid = 4242;
+  options.heartbeat_interval = absl::ZeroDuration();  // exact report lists; one test turns them on
   return options;
 }
 
@@ -154,6 +155,28 @@ TEST(GrpcReporterTest, ACoordinatorThatStartsLateStillGetsTheFinishedReport) {
   ASSERT_EQ(reports.size(), 2u);
   EXPECT_TRUE(reports[0].has_hello());
   EXPECT_EQ(reports[1].finished().steps(), 3);
+  server->Shutdown();
+}
+
+TEST(GrpcReporterTest, QuietRanksSendHeartbeatsWithTheLastStep) {
+  FakeCoordinator coordinator;
+  int port = 0;
+  auto server = coordinator.Serve(&port);
+  GrpcReporter::Options options = OptionsFor(port);
+  options.heartbeat_interval = absl::Milliseconds(50);
+  auto reporter = GrpcReporter::Create(options, nullptr);
+  ASSERT_TRUE(reporter.ok());
+  (*reporter)->OnProgress(Step(7));
+  auto heartbeats = [&] {
+    std::vector<int64_t> steps;
+    for (const WorkerReport& r : coordinator.reports()) {
+      if (r.has_heartbeat()) steps.push_back(r.heartbeat().step());
+    }
+    return steps;
+  };
+  ASSERT_TRUE(WaitFor([&] { return heartbeats().size() >= 2; }, absl::Seconds(5)));
+  EXPECT_EQ(heartbeats().back(), 7);
+  (*reporter)->Shutdown(absl::Seconds(2));
   server->Shutdown();
 }
 
