@@ -21,17 +21,9 @@ namespace {
 absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> CreateOptimizer(
     const TrainerOptions& options, std::vector<at::Tensor> parameters) {
   const fitrun::v1::OptimizerSpec& spec = options.optimizer;
-  if (spec.weight_decay() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.optimizer.weight_decay: must be >= 0 (got ", spec.weight_decay(), ")"));
-  }
   switch (spec.kind()) {
     case fitrun::v1::OPTIMIZER_KIND_UNSPECIFIED:
     case fitrun::v1::OPTIMIZER_KIND_SGD:
-      if (spec.momentum() < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("spec.optimizer.momentum: must be >= 0 (got ", spec.momentum(), ")"));
-      }
       return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::SGD(
           std::move(parameters), torch::optim::SGDOptions(options.learning_rate)
                                      .momentum(spec.momentum())
@@ -87,6 +79,19 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& o, int64_t train_size)
         "plan.steps_per_epoch: ", o.steps_per_epoch, " steps of ", global_batch, " samples need ",
         o.steps_per_epoch * global_batch, " but the training set has ", train_size,
         " (at most ", train_size / global_batch, ")"));
+  }
+  const fitrun::v1::OptimizerSpec& optimizer = o.optimizer;
+  if (!fitrun::v1::OptimizerKind_IsValid(optimizer.kind())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.optimizer.kind: unknown optimizer ", static_cast<int>(optimizer.kind())));
+  }
+  if (optimizer.momentum() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.optimizer.momentum: must be >= 0 (got ", optimizer.momentum(), ")"));
+  }
+  if (optimizer.weight_decay() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.optimizer.weight_decay: must be >= 0 (got ", optimizer.weight_decay(), ")"));
   }
   if (o.eval_batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("eval batch must be >= 1 (got ", o.eval_batch, ")"));

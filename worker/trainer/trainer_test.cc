@@ -215,6 +215,12 @@ TEST_F(TrainerTest, RejectsPlansThatDoNotFitTheData) {
   options.grad_accum_steps = 0;
   EXPECT_TRUE(absl::StrContains(Make(options).status().message(), "plan.grad_accum_steps"));
   options = BaseOptions();
+  options.optimizer.set_weight_decay(-1);
+  EXPECT_TRUE(absl::StrContains(Make(options).status().message(), "spec.optimizer.weight_decay"));
+  options = BaseOptions();
+  options.optimizer.set_momentum(-0.5);
+  EXPECT_TRUE(absl::StrContains(Make(options).status().message(), "spec.optimizer.momentum"));
+  options = BaseOptions();
   options.world_size = 2;
   options.per_device_batch = 400;
   EXPECT_TRUE(absl::StrContains(Make(options).status().message(), "larger than the 640"));
