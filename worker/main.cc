@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -104,6 +105,10 @@ TrainerOptions TrainerOptionsFor(const fitrun::v1::WorkerAssignment& a, const Wo
   return options;
 }
 
+// One rank from start to exit code: builds every piece from the options and the assignment, runs the
+// loop on the calling thread, and makes sure the coordinator hears how it ended (RankFinished or
+// RankFailed) before the process exits. Errors before the rendezvous are the job's fault (exit 2);
+// after it, training's (exit 1).
 class Worker {
  public:
   explicit Worker(const WorkerOptions& options) : options_(options), console_(options.rank, stderr) {}

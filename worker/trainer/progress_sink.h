@@ -37,7 +37,8 @@ class ProgressSink {
   virtual void Flush(absl::Duration timeout) = 0;
 };
 
-// Writes progress and log lines to a stdio stream (the rank's log file). Thread-compatible.
+// Writes progress and log lines to a stdio stream (the rank's log file). Thread-safe: stdio locks
+// the stream for each line.
 class ConsoleSink final : public ProgressSink {
  public:
   ConsoleSink(int rank, std::FILE* out) : rank_(rank), out_(out) {}
