@@ -36,6 +36,8 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "Prometheus /metrics ad
 ABSL_FLAG(std::string, state_dir, "fitrun-state", "Directory for the job store, job logs and checkpoints");
 ABSL_FLAG(std::string, devices, "auto", "auto, or virtual CPU devices as cpu:NxSIZE (e.g. cpu:2x4GiB)");
 ABSL_FLAG(std::string, worker_binary, "", "fitrun-worker to launch (default: the one built beside fitrund)");
+ABSL_FLAG(bool, stop_workers_on_exit, false,
+          "Stop running ranks when fitrund exits (default: leave them training; a restarted fitrund re-adopts them)");
 
 namespace fitrun::server {
 namespace {
@@ -46,6 +48,7 @@ struct ServerOptions {
   std::string state_dir;
   std::string devices;
   std::string worker_binary;
+  bool stop_workers_on_exit = false;
 };
 
 // Everything a running coordinator owns, torn down in dependency order.
@@ -63,10 +66,13 @@ struct RunningServer {
   std::string address;
   std::string metrics_address;
 
-  void Shutdown() {
+  // Stops serving. With stop_workers, ranks are stopped and waited for; without, they keep
+  // training and the process must end without destroying the launcher (whose threads wait on them).
+  void Shutdown(bool stop_workers) {
     if (grpc_server) grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     if (manager) manager->Shutdown();
-    launcher.reset();  // kills stragglers; their exit callbacks still reach the manager
+    if (!stop_workers) return;
+    launcher.reset();  // kills stragglers and joins; their exit callbacks still reach the manager
     manager.reset();
   }
 };
@@ -145,6 +151,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   manager_options.worker_binary = options.worker_binary.empty() ? DefaultWorkerBinary() : options.worker_binary;
   manager_options.worker_channel_address = absl::StrCat(dial_host, ":", port);
   manager_options.pick_master_port = PickFreeTcpPort;
+  manager_options.stop_workers_on_shutdown = options.stop_workers_on_exit;
   absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
       manager_options, server->store.get(), server->devices.get(), server->launcher.get(), server->metrics.get());
   if (!manager.ok()) return manager.status();
@@ -161,7 +168,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   builder.RegisterService(server->worker_service.get());
   server->grpc_server = builder.BuildAndStart();
   if (server->grpc_server == nullptr || bound_port == 0) {
-    server->Shutdown();
+    server->Shutdown(/*stop_workers=*/true);
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", server->address));
   }
 
@@ -189,6 +196,7 @@ int main(int argc, char** argv) {
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.devices = absl::GetFlag(FLAGS_devices);
   options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  options.stop_workers_on_exit = absl::GetFlag(FLAGS_stop_workers_on_exit);
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t signals;
@@ -211,6 +219,12 @@ int main(int argc, char** argv) {
     sigwait(&signals, &sig);
   } while (sig == SIGPIPE);
   fprintf(stderr, "fitrund: got %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-  (*server)->Shutdown();
+  (*server)->Shutdown(options.stop_workers_on_exit);
+  if (!options.stop_workers_on_exit) {
+    // Running ranks stay up for the next fitrund to re-adopt; leave without tearing down the
+    // objects that watch them. Everything stored is already committed.
+    fflush(stderr);
+    std::_Exit(0);
+  }
   return 0;
 }

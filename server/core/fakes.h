@@ -4,6 +4,7 @@
 #define FITRUN_SERVER_CORE_FAKES_H_
 
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,14 +76,35 @@ class FakeWorkerLauncher : public WorkerLauncher {
     absl::MutexLock lock(&mu_);
     stopped_.push_back(handle);
   }
+  // Adopts the pids in adoptable() (set by the test); others are gone.
+  absl::StatusOr<int> Adopt(int pid, const std::vector<std::pair<std::string, std::string>>&,
+                            ExitCallback on_exit) override {
+    absl::MutexLock lock(&mu_);
+    if (!adoptable_.count(pid)) return absl::NotFoundError("gone");
+    const int handle = static_cast<int>(launches_.size());
+    WorkerLaunch adopted;
+    adopted.argv = {"adopted:" + std::to_string(pid)};
+    launches_.push_back(adopted);
+    callbacks_.push_back(std::move(on_exit));
+    adopted_.push_back(pid);
+    return handle;
+  }
+  void SetAdoptable(std::set<int> pids) {
+    absl::MutexLock lock(&mu_);
+    adoptable_ = std::move(pids);
+  }
+  std::vector<int> adopted() {
+    absl::MutexLock lock(&mu_);
+    return adopted_;
+  }
   // Ends the worker with this handle (callback runs on the caller's thread, outside the fake's lock).
-  void Exit(int handle, int exit_code, int signal = 0) {
+  void Exit(int handle, int exit_code, int signal = 0, bool status_known = true) {
     ExitCallback callback;
     {
       absl::MutexLock lock(&mu_);
       callback = callbacks_.at(handle);
     }
-    callback(WorkerExit{exit_code, signal});
+    callback(WorkerExit{exit_code, signal, status_known});
   }
   std::vector<WorkerLaunch> launches() {
     absl::MutexLock lock(&mu_);
@@ -103,6 +125,8 @@ class FakeWorkerLauncher : public WorkerLauncher {
   std::vector<WorkerLaunch> launches_ ABSL_GUARDED_BY(mu_);
   std::vector<ExitCallback> callbacks_ ABSL_GUARDED_BY(mu_);
   std::vector<int> stopped_ ABSL_GUARDED_BY(mu_);
+  std::set<int> adoptable_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> adopted_ ABSL_GUARDED_BY(mu_);
 };
 
 class FakeDeviceInventory : public DeviceInventory {

@@ -109,9 +109,12 @@ void JobManager::Shutdown() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
-    // Ranks do not outlive the coordinator that watches them; their jobs stay RUNNING in the store.
-    for (auto& [id, entry] : jobs_) {
-      if (entry.active) StopRanks(entry, "the coordinator is shutting down");
+    // Either way the jobs stay RUNNING in the store: the next coordinator re-adopts live ranks and
+    // restarts the others.
+    if (options_.stop_workers_on_shutdown) {
+      for (auto& [id, entry] : jobs_) {
+        if (entry.active) StopRanks(entry, "the coordinator is shutting down");
+      }
     }
   }
   if (scheduler_.joinable()) scheduler_.join();
@@ -133,9 +136,7 @@ absl::Status JobManager::LoadStoredJobs() {
         (void)Transition(entry, fitrun::v1::JOB_STATE_QUEUED, "the coordinator restarted before the job launched");
         break;
       case fitrun::v1::JOB_STATE_RUNNING:
-      case fitrun::v1::JOB_STATE_RESTARTING:
-        entry.record.job.set_failure_reason("the coordinator restarted while the job ran; its workers were not re-adopted");
-        (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, entry.record.job.failure_reason());
+        RecoverRunningJob(entry);
         break;
       default:
         break;
@@ -143,6 +144,66 @@ absl::Status JobManager::LoadStoredJobs() {
   }
   RequestSchedule();
   return absl::OkStatus();
+}
+
+void JobManager::RecoverRunningJob(JobEntry& entry) {
+  Job& job = entry.record.job;
+  if (job.attempt_history().empty()) {
+    (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, "the coordinator restarted; no attempt was on record");
+    return;
+  }
+  const fitrun::v1::AttemptRecord& record = job.attempt_history(job.attempt_history_size() - 1);
+  entry.active.emplace();
+  ActiveAttempt& active = *entry.active;
+  active.attempt = record.attempt();
+  active.device_ids.assign(record.device_ids().begin(), record.device_ids().end());
+  active.ranks.resize(record.ranks_size());
+  const std::string attempt_dir = (std::filesystem::path(JobDir(job.id())) / absl::StrCat("attempt-", record.attempt())).string();
+  int adopted = 0;
+  for (const fitrun::v1::RankOutcome& outcome : record.ranks()) {
+    RankState& rank = active.ranks[outcome.rank()];
+    rank.log_path = attempt_dir + absl::StrCat("/rank-", outcome.rank(), ".log");
+    rank.exited = true;  // until adopted
+    if (outcome.exited()) continue;
+    const WorkerKey key{job.id(), record.attempt(), outcome.rank()};
+    absl::StatusOr<int> handle = launcher_->Adopt(
+        outcome.pid(),
+        {{"FITRUN_JOB_ID", job.id()}, {"FITRUN_ATTEMPT", absl::StrCat(record.attempt())}, {"RANK", absl::StrCat(outcome.rank())}},
+        [this, key](const WorkerExit& exit) { OnWorkerExit(key, exit); });
+    if (!handle.ok()) continue;
+    rank.handle = *handle;
+    rank.exited = false;
+    ++adopted;
+  }
+  for (const std::string& device : active.device_ids) device_owner_[device] = {job.id(), 0};
+  for (size_t r = 0; r < active.device_ids.size(); ++r) device_owner_[active.device_ids[r]].second = static_cast<int>(r);
+
+  if (adopted == record.ranks_size()) {
+    JobEvent event;
+    event.mutable_log()->set_rank(-1);
+    event.mutable_log()->set_text(absl::StrCat("the coordinator restarted and re-adopted all ", adopted,
+                                               " ranks of attempt ", record.attempt()));
+    PublishLocked(entry, std::move(event));
+    return;
+  }
+  const std::string reason = absl::StrCat("the coordinator restarted and ", record.ranks_size() - adopted, " of ",
+                                          record.ranks_size(), " ranks were gone; restarting from the last checkpoint");
+  RecordAttemptOutcome(entry, reason);
+  (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
+  StopRanks(entry, reason);
+  MaybeReleaseAttempt(entry);
+}
+
+void JobManager::RecordAttemptOutcome(JobEntry& entry, const std::string& outcome) {
+  Job& job = entry.record.job;
+  if (job.attempt_history().empty()) return;
+  fitrun::v1::AttemptRecord* record = job.mutable_attempt_history(job.attempt_history_size() - 1);
+  if (record->outcome().empty()) record->set_outcome(outcome);
+}
+
+absl::Duration JobManager::StopGrace(const JobEntry& entry) const {
+  const double seconds = entry.record.job.spec().fault_tolerance().stop_grace_seconds();
+  return seconds > 0 ? absl::Seconds(seconds) : options_.stop_grace;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -230,8 +291,10 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id, const std::str
   }
   const std::string why = reason.empty() ? "cancelled by a user" : reason;
   entry.record.job.set_failure_reason(why);
+  RecordAttemptOutcome(entry, absl::StrCat("cancelled: ", why));
   if (absl::Status status = Transition(entry, fitrun::v1::JOB_STATE_CANCELLED, why); !status.ok()) return status;
   if (entry.active) StopRanks(entry, why);
+  MaybeReleaseAttempt(entry);
   return entry.record.job;
 }
 
@@ -333,15 +396,28 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
   JobEntry& entry = it->second;
   if (!entry.active || entry.active->attempt != key.attempt) return;
   RankState& rank = entry.active->ranks[key.rank];
+  if (rank.exited) return;
   rank.exited = true;
   rank.exit = exit;
+  // An adopted worker's status is unknown; its final report says whether it finished.
+  const bool clean = exit.status_known ? (exit.exit_code == 0 && exit.signal == 0) : rank.finished.has_value();
+  if (!exit.status_known) rank.exit = WorkerExit{clean ? 0 : -1, 0, false};
+  Job& job = entry.record.job;
+  if (!job.attempt_history().empty()) {
+    fitrun::v1::AttemptRecord* record = job.mutable_attempt_history(job.attempt_history_size() - 1);
+    if (key.rank < record->ranks_size()) {
+      fitrun::v1::RankOutcome* outcome = record->mutable_ranks(key.rank);
+      outcome->set_exited(true);
+      outcome->set_exit_code(rank.exit.exit_code);
+      outcome->set_signal(rank.exit.signal);
+    }
+  }
 
   JobEvent event;
   auto* exited = event.mutable_rank_exited();
   exited->set_rank(key.rank);
-  exited->set_exit_code(exit.exit_code);
-  exited->set_signal(exit.signal);
-  const bool clean = exit.exit_code == 0 && exit.signal == 0;
+  exited->set_exit_code(rank.exit.exit_code);
+  exited->set_signal(rank.exit.signal);
   if (!clean) exited->set_log_tail(LogTail(rank.log_path));
   PublishLocked(entry, event);
 
@@ -349,13 +425,16 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
     if (!clean) {
       // One rank gone means its peers would wait in their next collective until a timeout: stop
       // them now and say which rank failed and why.
-      std::string reason = exit.signal != 0
+      std::string reason = !exit.status_known
+                               ? absl::StrCat("rank ", key.rank, " (adopted after a coordinator restart) exited before finishing")
+                           : exit.signal != 0
                                ? absl::StrCat("rank ", key.rank, " was killed by signal ", exit.signal)
                                : absl::StrCat("rank ", key.rank, " exited with code ", exit.exit_code);
       absl::StrAppend(&reason, " (attempt ", key.attempt, ")");
       if (!rank.failure_report.empty()) absl::StrAppend(&reason, ": ", rank.failure_report);
       if (!exited->log_tail().empty()) absl::StrAppend(&reason, "\nlast lines of its log:\n", exited->log_tail());
       entry.record.job.set_failure_reason(reason);
+      RecordAttemptOutcome(entry, reason.substr(0, reason.find('\n')));
       (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, reason);
       StopRanks(entry, absl::StrCat("rank ", key.rank, " failed"));
     } else {
@@ -396,6 +475,7 @@ void JobManager::MaybeSucceed(JobEntry& entry, bool deadline_passed) {
   }
   std::string reason = "every rank finished";
   if (!all_reported) reason = "every rank exited 0 (some final reports never arrived)";
+  RecordAttemptOutcome(entry, "succeeded");
   (void)Transition(entry, fitrun::v1::JOB_STATE_SUCCEEDED, reason);
 }
 
@@ -404,7 +484,7 @@ void JobManager::StopRanks(JobEntry& entry, const std::string& reason) {
   for (RankState& rank : entry.active->ranks) {
     if (rank.exited || rank.handle < 0) continue;
     if (auto connection = rank.connection.lock()) connection->SendStop(reason);
-    launcher_->Stop(rank.handle, options_.stop_grace);
+    launcher_->Stop(rank.handle, StopGrace(entry));
   }
 }
 
@@ -413,9 +493,15 @@ void JobManager::MaybeReleaseAttempt(JobEntry& entry) {
   for (const RankState& rank : entry.active->ranks) {
     if (!rank.exited) return;
   }
-  if (!IsTerminal(entry.record.job.state())) return;
+  const JobState state = entry.record.job.state();
+  if (!IsTerminal(state) && state != fitrun::v1::JOB_STATE_RESTARTING) return;
   for (const std::string& device : entry.active->device_ids) device_owner_.erase(device);
+  Job& job = entry.record.job;
+  if (!job.attempt_history().empty()) {
+    *job.mutable_attempt_history(job.attempt_history_size() - 1)->mutable_ended_at() = ToProto(options_.clock());
+  }
   entry.active.reset();
+  Persist(entry);
   metrics_->JobStopped(entry.record.job.id());
   RequestSchedule();
 }
@@ -453,10 +539,16 @@ void JobManager::SchedulerLoop() {
 void JobManager::SchedulePass() {
   std::vector<JobEntry*> queued;
   for (auto& [id, entry] : jobs_) {
-    if (entry.record.job.state() == fitrun::v1::JOB_STATE_QUEUED) queued.push_back(&entry);
+    const JobState state = entry.record.job.state();
+    if (state == fitrun::v1::JOB_STATE_QUEUED || (state == fitrun::v1::JOB_STATE_RESTARTING && !entry.active)) {
+      queued.push_back(&entry);
+    }
   }
-  // Priority first, then submission order.
+  // Jobs restarting first (they already held devices), then priority, then submission order.
   std::sort(queued.begin(), queued.end(), [](const JobEntry* a, const JobEntry* b) {
+    const bool a_restarting = a->record.job.state() == fitrun::v1::JOB_STATE_RESTARTING;
+    const bool b_restarting = b->record.job.state() == fitrun::v1::JOB_STATE_RESTARTING;
+    if (a_restarting != b_restarting) return a_restarting;
     if (a->record.job.spec().priority() != b->record.job.spec().priority()) {
       return a->record.job.spec().priority() > b->record.job.spec().priority();
     }
@@ -573,7 +665,24 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
     }
     active.ranks[rank].handle = *handle;
   }
-  *job.mutable_started_at() = ToProto(options_.clock());
+  if (!job.has_started_at()) *job.mutable_started_at() = ToProto(options_.clock());
+  fitrun::v1::AttemptRecord* record = job.add_attempt_history();
+  record->set_attempt(attempt_number);
+  for (const std::string& id : active.device_ids) record->add_device_ids(id);
+  record->set_per_device_batch(plan.per_device_batch());
+  record->set_grad_accum_steps(plan.grad_accum_steps());
+  *record->mutable_started_at() = ToProto(options_.clock());
+  for (int rank = 0; rank < world_size; ++rank) {
+    fitrun::v1::RankOutcome* outcome = record->add_ranks();
+    outcome->set_rank(rank);
+    outcome->set_pid(active.ranks[rank].handle);
+    // A rank that already exited (before this record existed) is on record too.
+    if (active.ranks[rank].exited) {
+      outcome->set_exited(true);
+      outcome->set_exit_code(active.ranks[rank].exit.exit_code);
+      outcome->set_signal(active.ranks[rank].exit.signal);
+    }
+  }
   return Transition(entry, fitrun::v1::JOB_STATE_RUNNING,
                     absl::StrCat("launched ", world_size, " rank(s) on ", absl::StrJoin(active.device_ids, ", ")));
 }

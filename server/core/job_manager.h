@@ -65,6 +65,9 @@ class JobManager {
     absl::Duration stop_grace = absl::Seconds(2);
     // After every rank exited 0, how long to wait for reports still in flight before finishing.
     absl::Duration final_report_wait = absl::Seconds(3);
+    // Whether Shutdown stops running ranks. Off by default: ranks keep training and a restarted
+    // coordinator re-adopts them, so restarting the daemon never costs a job its progress.
+    bool stop_workers_on_shutdown = false;
     EstimatorOptions estimator;
     std::function<absl::Time()> clock = [] { return absl::Now(); };
   };
@@ -77,7 +80,7 @@ class JobManager {
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
 
-  // Stops the scheduler and every running rank. Idempotent; the destructor calls it.
+  // Stops the scheduler (and running ranks, if the options say so). Idempotent; the destructor calls it.
   void Shutdown();
 
   // ---- the public API (called by the gRPC service) ----
@@ -104,7 +107,7 @@ class JobManager {
 
  private:
   struct RankState {
-    int handle = -1;
+    int handle = -1;  // the launcher's handle: the worker's pid
     bool exited = false;
     WorkerExit exit;
     std::optional<fitrun::v1::RankFinished> finished;
@@ -138,6 +141,12 @@ class JobManager {
   // Frees the attempt's devices once none of its processes is alive.
   void MaybeReleaseAttempt(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSucceed(JobEntry& entry, bool deadline_passed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a coordinator restart: takes over the running attempt's workers if every one is alive,
+  // otherwise stops the survivors and restarts the job from its last checkpoint.
+  void RecoverRunningJob(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the current attempt's record with `outcome` (first outcome wins).
+  void RecordAttemptOutcome(JobEntry& entry, const std::string& outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration StopGrace(const JobEntry& entry) const;
 
   // The one place job states change: checks the transition, persists, publishes the event.
   absl::Status Transition(JobEntry& entry, fitrun::v1::JobState to, const std::string& reason)

@@ -257,5 +257,127 @@ TEST_F(JobManagerTest, EventsAreDenseAndReplayableFromAnySequence) {
   EXPECT_EQ(suffix->front().sequence(), 3);
 }
 
+// A coordinator restart is a new manager over the same store.
+class JobManagerRecoveryTest : public JobManagerTest {
+ protected:
+  void Restart() {
+    manager_.reset();
+    JobManager::Options options;
+    options.state_dir = state_dir_.string();
+    options.worker_binary = "/bin/fitrun-worker";
+    options.worker_channel_address = "127.0.0.1:1";
+    options.pick_master_port = [] { return 29501; };
+    options.final_report_wait = absl::Milliseconds(200);
+    auto manager = JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    manager_ = *std::move(manager);
+  }
+};
+
+TEST_F(JobManagerRecoveryTest, QueuedJobsStayQueuedAcrossARestart) {
+  absl::StatusOr<fitrun::v1::Job> running = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  absl::StatusOr<fitrun::v1::Job> queued = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(queued.ok());
+  launcher_.SetAdoptable({0, 1});
+  Restart();
+  EXPECT_EQ(manager_->Get(queued->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(manager_->Get(running->id())->state(), fitrun::v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(JobManagerRecoveryTest, LiveWorkersAreReadoptedAndTheJobCompletes) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const int64_t last_before = manager_->Get(job->id())->last_sequence();
+  const std::string token = EnvOf(launcher_.launches()[0])["FITRUN_JOB_TOKEN"];
+
+  launcher_.SetAdoptable({0, 1});
+  Restart();
+  EXPECT_EQ(launcher_.adopted(), (std::vector<int>{0, 1}));
+  EXPECT_EQ(manager_->Get(job->id())->state(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(manager_->Get(job->id())->attempts(), 1);
+  for (const fitrun::v1::Device& device : manager_->Devices()) EXPECT_EQ(device.job_id(), job->id());
+
+  // The workers reconnect with the job's token and finish; adopted exits carry no status.
+  fitrun::v1::Hello hello;
+  hello.set_job_id(job->id());
+  hello.set_attempt(1);
+  hello.set_rank(1);
+  hello.set_job_token(token);
+  EXPECT_TRUE(manager_->AttachWorker(hello, {}).ok());
+  ReportFinished(job->id(), 0, 0.8);
+  ReportFinished(job->id(), 1, 0);
+  launcher_.Exit(2, 0, 0, /*status_known=*/false);
+  launcher_.Exit(3, 0, 0, /*status_known=*/false);
+  fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+
+  // Numbering continued where it stopped: no gap, no duplicate.
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = manager_->ReadEvents(job->id(), 1, 1000);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(static_cast<int64_t>(events->size()), done.last_sequence());
+  EXPECT_GT(done.last_sequence(), last_before);
+  for (size_t i = 0; i < events->size(); ++i) EXPECT_EQ((*events)[i].sequence(), static_cast<int64_t>(i + 1));
+}
+
+TEST_F(JobManagerRecoveryTest, JobWhoseWorkersAreGoneRestartsAsANewAttempt) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+
+  launcher_.SetAdoptable({0});  // rank 1 died with the coordinator
+  Restart();
+  // The survivor is stopped; once it is gone the job relaunches on both devices as attempt 2.
+  EXPECT_EQ(launcher_.stopped(), std::vector<int>{2});  // not 0 or 1: a restart leaves ranks running
+  EXPECT_EQ(manager_->Get(job->id())->state(), fitrun::v1::JOB_STATE_RESTARTING);
+  launcher_.Exit(2, 0, 0, /*status_known=*/false);
+  ASSERT_TRUE(launcher_.WaitForLaunches(5, absl::Seconds(5)));
+  fitrun::v1::Job relaunched = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(relaunched.attempts(), 2);
+  ASSERT_EQ(relaunched.attempt_history_size(), 2);
+  EXPECT_THAT(relaunched.attempt_history(0).outcome(), HasSubstr("1 of 2 ranks were gone"));
+  EXPECT_EQ(EnvOf(launcher_.launches()[3])["FITRUN_ATTEMPT"], "2");
+  // The same checkpoint directory, so the new attempt resumes where the last checkpoint left off.
+  EXPECT_EQ(EnvOf(launcher_.launches()[3])["FITRUN_JOB_ID"], job->id());
+}
+
+TEST_F(JobManagerTest, AttemptHistoryRecordsEveryRanksExit) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  launcher_.Exit(0, -1, 9);
+  launcher_.Exit(1, -1, 15);
+  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  ASSERT_EQ(failed.attempt_history_size(), 1);
+  const fitrun::v1::AttemptRecord& record = failed.attempt_history(0);
+  EXPECT_EQ(record.outcome(), "rank 0 was killed by signal 9 (attempt 1)");
+  ASSERT_EQ(record.ranks_size(), 2);
+  EXPECT_EQ(record.ranks(0).signal(), 9);
+  EXPECT_EQ(record.ranks(1).signal(), 15);
+  EXPECT_TRUE(record.has_ended_at());
+}
+
+TEST_F(JobManagerTest, RelativeStateDirBecomesAbsoluteForWorkers) {
+  JobManager::Options options;
+  options.state_dir = "relative-state";
+  options.worker_binary = "/bin/fitrun-worker";
+  options.pick_master_port = [] { return 29502; };
+  FakeWorkerLauncher launcher;
+  manager_.reset();
+  auto manager = JobManager::Create(options, &store_, &devices_, &launcher, &metrics_);
+  ASSERT_TRUE(manager.ok());
+  ASSERT_TRUE((*manager)->Submit(Spec(1, 1)).ok());
+  ASSERT_TRUE(launcher.WaitForLaunches(1, absl::Seconds(5)));
+  const WorkerLaunch launch = launcher.launches()[0];
+  EXPECT_TRUE(std::filesystem::path(launch.log_path).is_absolute());
+  EXPECT_TRUE(std::filesystem::path(launch.working_dir).is_absolute());
+  EXPECT_TRUE(std::filesystem::path(EnvOf(launch)["FITRUN_ASSIGNMENT"]).is_absolute());
+  (*manager)->Shutdown();
+  std::filesystem::remove_all("relative-state");
+}
+
 }  // namespace
 }  // namespace fitrun::server

@@ -250,6 +250,14 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
                     })},
             {"seed", Int([&](int64_t v) { spec.set_seed(static_cast<uint64_t>(v)); })},
             {"priority", Int([&](int64_t v) { spec.set_priority(static_cast<int32_t>(v)); })},
+            {"fault_tolerance",
+             Mapping({
+                 {"max_restarts", Int([&](int64_t v) { spec.mutable_fault_tolerance()->set_max_restarts(static_cast<int32_t>(v)); })},
+                 {"max_oom_retries", Int([&](int64_t v) { spec.mutable_fault_tolerance()->set_max_oom_retries(static_cast<int32_t>(v)); })},
+                 {"heartbeat_timeout_seconds",
+                  Int([&](int64_t v) { spec.mutable_fault_tolerance()->set_heartbeat_timeout_seconds(static_cast<int32_t>(v)); })},
+                 {"stop_grace_seconds", Double([&](double v) { spec.mutable_fault_tolerance()->set_stop_grace_seconds(v); })},
+             })},
             {"fault_injection",
              Mapping({
                  {"kind", EnumField<fitrun::v1::FaultInjection::Kind>(
@@ -390,6 +398,23 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                       absl::StrCat("must be > 0 (got ", spec.ddp().collective_timeout_seconds(), ")"));
   }
 
+  const auto& tolerance = spec.fault_tolerance();
+  if (tolerance.max_restarts() < 0) {
+    return FieldError("spec.fault_tolerance.max_restarts", absl::StrCat("must be >= 0 (got ", tolerance.max_restarts(), ")"));
+  }
+  if (tolerance.max_oom_retries() < 0) {
+    return FieldError("spec.fault_tolerance.max_oom_retries",
+                      absl::StrCat("must be >= 0 (got ", tolerance.max_oom_retries(), ")"));
+  }
+  if (tolerance.heartbeat_timeout_seconds() < 0) {
+    return FieldError("spec.fault_tolerance.heartbeat_timeout_seconds",
+                      absl::StrCat("must be > 0 (got ", tolerance.heartbeat_timeout_seconds(), ")"));
+  }
+  if (tolerance.stop_grace_seconds() < 0 || tolerance.stop_grace_seconds() > 600) {
+    return FieldError("spec.fault_tolerance.stop_grace_seconds",
+                      absl::StrCat("must be in [0, 600] (got ", tolerance.stop_grace_seconds(), ")"));
+  }
+
   const auto& fault = spec.fault_injection();
   if (fault.kind() != fitrun::v1::FaultInjection::KIND_UNSPECIFIED) {
     if (fault.rank() < 0) return FieldError("spec.fault_injection.rank", "must be >= 0");
@@ -412,6 +437,11 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   auto* ddp = spec.mutable_ddp();
   if (ddp->bucket_cap_mb() == 0) ddp->set_bucket_cap_mb(25);
   if (ddp->collective_timeout_seconds() == 0) ddp->set_collective_timeout_seconds(60);
+  auto* tolerance = spec.mutable_fault_tolerance();
+  if (!tolerance->has_max_restarts()) tolerance->set_max_restarts(3);
+  if (!tolerance->has_max_oom_retries()) tolerance->set_max_oom_retries(3);
+  if (tolerance->heartbeat_timeout_seconds() == 0) tolerance->set_heartbeat_timeout_seconds(60);
+  if (tolerance->stop_grace_seconds() == 0) tolerance->set_stop_grace_seconds(2);
 }
 
 absl::StatusOr<JobSpec> NormalizeJobSpec(JobSpec spec) {

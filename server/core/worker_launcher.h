@@ -26,6 +26,9 @@ struct WorkerLaunch {
 struct WorkerExit {
   int exit_code = 0;  // -1 when killed by a signal
   int signal = 0;
+  // False for a worker adopted from an earlier coordinator: it is not our child, so its exit is
+  // seen but its status is not.
+  bool status_known = true;
 };
 
 // Implementations are thread-safe. `on_exit` runs once per launched worker, on a launcher thread,
@@ -38,6 +41,10 @@ class WorkerLauncher {
   virtual absl::StatusOr<int> Launch(const WorkerLaunch& launch, ExitCallback on_exit) = 0;
   // Asks the worker to stop (SIGTERM to its process group) and kills it if still alive after `grace`.
   virtual void Stop(int handle, absl::Duration grace) = 0;
+  // Takes over a worker started by an earlier coordinator: `pid` must be alive and carry every
+  // variable of `expected_env` (so a recycled pid is never adopted). NOT_FOUND when it is gone.
+  virtual absl::StatusOr<int> Adopt(int pid, const std::vector<std::pair<std::string, std::string>>& expected_env,
+                                    ExitCallback on_exit) = 0;
 };
 
 }  // namespace fitrun::server

@@ -5,16 +5,21 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 extern char** environ;
 
@@ -87,6 +92,12 @@ absl::StatusOr<int> ProcessLauncher::Launch(const WorkerLaunch& launch, ExitCall
   if (rc != 0) {
     return absl::InternalError(absl::StrCat("cannot start ", launch.argv[0], ": ", std::strerror(rc)));
   }
+  alive_[pid] = true;
+  StartWaiter([this, pid, on_exit = std::move(on_exit)](int64_t waiter) { Wait(pid, waiter, on_exit); });
+  return static_cast<int>(pid);
+}
+
+void ProcessLauncher::StartWaiter(std::function<void(int64_t)> body) {
   for (int64_t done : finished_waiters_) {
     auto it = waiters_.find(done);
     if (it == waiters_.end()) continue;
@@ -94,10 +105,51 @@ absl::StatusOr<int> ProcessLauncher::Launch(const WorkerLaunch& launch, ExitCall
     waiters_.erase(it);
   }
   finished_waiters_.clear();
-  alive_[pid] = true;
   const int64_t waiter = next_waiter_++;
-  waiters_[waiter] = std::thread([this, pid, waiter, on_exit = std::move(on_exit)] { Wait(pid, waiter, on_exit); });
-  return static_cast<int>(pid);
+  waiters_[waiter] = std::thread([body = std::move(body), waiter] { body(waiter); });
+}
+
+absl::StatusOr<int> ProcessLauncher::Adopt(int pid, const std::vector<std::pair<std::string, std::string>>& expected_env,
+                                           ExitCallback on_exit) {
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return absl::NotFoundError(absl::StrCat("process ", pid, " is gone"));
+  // Read the environment only after the pidfd pins the process, so it cannot be a recycled pid.
+  std::ifstream in(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
+  const std::string environ_text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::set<std::string> variables;
+  for (absl::string_view v : absl::StrSplit(environ_text, '\0')) variables.emplace(v);
+  for (const auto& [key, value] : expected_env) {
+    if (!variables.count(key + "=" + value)) {
+      close(pidfd);
+      return absl::NotFoundError(absl::StrCat("process ", pid, " is not the expected worker (", key, " differs)"));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    close(pidfd);
+    return absl::UnavailableError("the launcher is shutting down");
+  }
+  alive_[pid] = true;
+  StartWaiter([this, pid, pidfd, on_exit = std::move(on_exit)](int64_t waiter) {
+    WaitAdopted(pid, pidfd, waiter, on_exit);
+  });
+  return pid;
+}
+
+void ProcessLauncher::WaitAdopted(pid_t pid, int pidfd, int64_t waiter, ExitCallback on_exit) {
+  pollfd fd{pidfd, POLLIN, 0};
+  while (poll(&fd, 1, -1) < 0 && errno == EINTR) {
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    alive_.erase(pid);
+  }
+  close(pidfd);
+  WorkerExit exit;
+  exit.status_known = false;
+  on_exit(exit);
+  absl::MutexLock lock(&mu_);
+  finished_waiters_.push_back(waiter);
 }
 
 void ProcessLauncher::Wait(pid_t pid, int64_t waiter, ExitCallback on_exit) {

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <thread>
 #include <vector>
@@ -27,9 +28,14 @@ class ProcessLauncher : public WorkerLauncher {
   // The handle is the worker's pid (and process group id).
   absl::StatusOr<int> Launch(const WorkerLaunch& launch, ExitCallback on_exit) override;
   void Stop(int handle, absl::Duration grace) override;
+  // Watches the adopted process through a pidfd, which works for processes that are not our children.
+  absl::StatusOr<int> Adopt(int pid, const std::vector<std::pair<std::string, std::string>>& expected_env,
+                            ExitCallback on_exit) override;
 
  private:
   void Wait(pid_t pid, int64_t waiter, ExitCallback on_exit);
+  void WaitAdopted(pid_t pid, int pidfd, int64_t waiter, ExitCallback on_exit);
+  void StartWaiter(std::function<void(int64_t)> body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KillerLoop();
 
   absl::Mutex mu_;
