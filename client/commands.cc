@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/format.h"
 #include "client/render.h"
@@ -97,7 +98,25 @@ int RunSubmit(const CommandEnv& env, const std::string& spec_path, bool watch) {
 
 int RunWatch(const CommandEnv& env, const std::string& job_id) {
   WatchPrinter printer(env.out, env.out_is_terminal);
-  const absl::Status stream_status = FollowEvents(env, job_id, &printer);
+  absl::Status stream_status = FollowEvents(env, job_id, &printer);
+  // A coordinator that restarts drops every stream; the job goes on, so reconnect and resume
+  // from the last event seen: the coordinator replays the rest from its store.
+  const absl::Time give_up = env.now() + env.reconnect_for;
+  absl::Duration backoff = absl::Milliseconds(200);
+  bool announced = false;
+  while (IsTransportError(stream_status) && env.now() < give_up) {
+    if (!announced) {
+      printer.Finish();
+      *env.err << "lost the coordinator (" << stream_status.message() << "); reconnecting to resume after event "
+               << printer.state().last_sequence() << std::endl;
+      announced = true;
+    }
+    env.sleep(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+    const int64_t before = printer.state().last_sequence();
+    stream_status = FollowEvents(env, job_id, &printer);
+    if (printer.state().last_sequence() > before) announced = false;  // it was back for a while
+  }
   printer.Finish();
 
   if (!stream_status.ok()) {
@@ -133,11 +152,30 @@ int RunGet(const CommandEnv& env, const std::string& job_id, bool json) {
   return kExitOk;
 }
 
-int RunList(const CommandEnv& env, bool json) {
-  absl::StatusOr<v1::ListJobsResponse> jobs = env.coordinator->ListJobs();
+int RunList(const CommandEnv& env, bool json, const std::vector<std::string>& states) {
+  std::vector<v1::JobState> wanted;
+  for (const std::string& name : states) {
+    v1::JobState state;
+    if (!v1::JobState_Parse("JOB_STATE_" + absl::AsciiStrToUpper(name), &state) ||
+        state == v1::JOB_STATE_UNSPECIFIED) {
+      *env.err << "error: --state: unknown state '" << name
+               << "'; use queued, planning, running, restarting, succeeded, failed or cancelled" << std::endl;
+      return kExitUsage;
+    }
+    wanted.push_back(state);
+  }
+  absl::StatusOr<v1::ListJobsResponse> jobs = env.coordinator->ListJobs(wanted);
   if (!jobs.ok()) return ReportRpcError(env, jobs.status());
   if (json) return PrintJson(env, *jobs);
   *env.out << RenderJobTable(*jobs, MakeRenderContext(env)) << std::flush;
+  return kExitOk;
+}
+
+int RunLogs(const CommandEnv& env, const std::string& job_id, int rank, bool follow) {
+  const absl::Status status = env.coordinator->StreamLogs(job_id, rank, follow, [&](const v1::LogChunk& chunk) {
+    *env.out << chunk.data() << std::flush;
+  });
+  if (!status.ok()) return ReportRpcError(env, status);
   return kExitOk;
 }
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -43,12 +44,19 @@ struct CommandEnv {
   // The local clock: ages in tables and the pace of watch's output.
   std::function<absl::Time()> now = absl::Now;
   absl::TimeZone zone = absl::UTCTimeZone();
+  // How watch waits between reconnection attempts, and for how long it keeps trying after the
+  // coordinator went away (a restarting coordinator is back within seconds).
+  std::function<void(absl::Duration)> sleep = [](absl::Duration d) { absl::SleepFor(d); };
+  absl::Duration reconnect_for = absl::Minutes(2);
 };
 
 int RunSubmit(const CommandEnv& env, const std::string& spec_path, bool watch);
 int RunWatch(const CommandEnv& env, const std::string& job_id);
 int RunGet(const CommandEnv& env, const std::string& job_id, bool json);
-int RunList(const CommandEnv& env, bool json);
+// `states`: only jobs in these states (names as printed, case-insensitive: running, queued, ...).
+int RunList(const CommandEnv& env, bool json, const std::vector<std::string>& states = {});
+// Prints a rank's log; with follow, keeps printing until the attempt ends.
+int RunLogs(const CommandEnv& env, const std::string& job_id, int rank, bool follow);
 int RunCancel(const CommandEnv& env, const std::string& job_id, const std::string& reason);
 int RunPlan(const CommandEnv& env, const std::string& spec_path, bool json);
 int RunDevices(const CommandEnv& env, bool json);

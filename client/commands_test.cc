@@ -26,7 +26,9 @@ class CommandsTest : public ::testing::Test {
     env_.coordinator = &coordinator_;
     env_.out = &out_;
     env_.err = &err_;
-    env_.now = [] { return kNow; };
+    // Time moves only when watch sleeps between reconnections.
+    env_.now = [this] { return now_; };
+    env_.sleep = [this](absl::Duration d) { now_ += d; };
   }
 
   // A spec file in the test's private temporary directory.
@@ -36,6 +38,7 @@ class CommandsTest : public ::testing::Test {
     return path;
   }
 
+  absl::Time now_ = kNow;
   FakeCoordinator coordinator_;
   std::ostringstream out_;
   std::ostringstream err_;
@@ -151,11 +154,55 @@ TEST_F(CommandsTest, WatchReportsABrokenStream) {
   coordinator_.watch_events = {ProgressEvent(1, 0, 3), ProgressEvent(2, 0, 4)};
   coordinator_.watch_end = absl::UnavailableError("Socket closed");
   EXPECT_EQ(RunWatch(env_, "j-1"), kExitTransport);
-  EXPECT_THAT(err_.str(), StartsWith("error: UNAVAILABLE: Socket closed\n"));
+  EXPECT_THAT(err_.str(), StartsWith("lost the coordinator (Socket closed); reconnecting to resume after event 2\n"));
+  EXPECT_THAT(err_.str(), HasSubstr("error: UNAVAILABLE: Socket closed\n"));
   EXPECT_THAT(err_.str(), HasSubstr("broke after event 2"));
+  // It kept trying for the reconnection window, always resuming after the last event seen.
+  EXPECT_GE(now_ - kNow, env_.reconnect_for);
+  EXPECT_THAT(coordinator_.watches.back(), Pair("j-1", 3));
   // The latest progress is still shown before the error.
   EXPECT_THAT(out_.str(), HasSubstr("step 4/10"));
   EXPECT_THAT(coordinator_.got_job_ids, IsEmpty());
+}
+
+TEST_F(CommandsTest, WatchReconnectsAfterACoordinatorRestartAndResumesWithoutGapsOrRepeats) {
+  coordinator_.watch_events = {
+      StateEvent(1, v1::JOB_STATE_UNSPECIFIED, v1::JOB_STATE_RUNNING),
+      ProgressEvent(2, 0, 3),
+      ProgressEvent(3, 0, 4),
+      StateEvent(4, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED),
+  };
+  coordinator_.watch_end = absl::UnavailableError("Socket closed");
+  coordinator_.break_after_sequence = 2;
+  // Down twice more, then back with the rest of the events.
+  coordinator_.watch_ends_then = {absl::UnavailableError("failed to connect"), absl::UnavailableError("failed to connect"),
+                                  absl::OkStatus()};
+  coordinator_.get_reply = JobInState("j-1", v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(RunWatch(env_, "j-1"), kExitOk);
+  EXPECT_THAT(coordinator_.watches, ElementsAre(Pair("j-1", 1), Pair("j-1", 3), Pair("j-1", 3), Pair("j-1", 3)));
+  EXPECT_THAT(err_.str(), HasSubstr("reconnecting to resume after event 2"));
+  EXPECT_THAT(out_.str(), HasSubstr("SUCCEEDED"));
+}
+
+TEST_F(CommandsTest, ListFiltersByStateAndRejectsUnknownStates) {
+  coordinator_.list_reply = v1::ListJobsResponse();
+  EXPECT_EQ(RunList(env_, false, {"running", "QUEUED"}), kExitOk);
+  EXPECT_THAT(coordinator_.listed_states, ElementsAre(v1::JOB_STATE_RUNNING, v1::JOB_STATE_QUEUED));
+  EXPECT_EQ(RunList(env_, false, {"sleeping"}), kExitUsage);
+  EXPECT_THAT(err_.str(), HasSubstr("--state: unknown state 'sleeping'"));
+}
+
+TEST_F(CommandsTest, LogsPrintsTheChunksVerbatim) {
+  v1::LogChunk first;
+  first.set_data("step 1\n");
+  v1::LogChunk second;
+  second.set_data("step 2\n");
+  coordinator_.log_chunks = {first, second};
+  EXPECT_EQ(RunLogs(env_, "j-1", 1, /*follow=*/false), kExitOk);
+  EXPECT_EQ(out_.str(), "step 1\nstep 2\n");
+  EXPECT_THAT(coordinator_.logs_requested, ElementsAre(Pair("j-1", 1)));
+  coordinator_.logs_end = absl::NotFoundError("job_id: no job 'j-9'");
+  EXPECT_EQ(RunLogs(env_, "j-9", 0, false), kExitRejected);
 }
 
 TEST_F(CommandsTest, WatchOfAnUnknownJobIsRejected) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -27,7 +28,8 @@ class CoordinatorApi {
   virtual absl::StatusOr<v1::Job> SubmitJob(const std::string& spec_yaml) = 0;
   virtual absl::StatusOr<v1::PlanJobResponse> PlanJob(const std::string& spec_yaml) = 0;
   virtual absl::StatusOr<v1::Job> GetJob(const std::string& job_id) = 0;
-  virtual absl::StatusOr<v1::ListJobsResponse> ListJobs() = 0;
+  // Jobs in any of `states` (every job when empty), in submission order.
+  virtual absl::StatusOr<v1::ListJobsResponse> ListJobs(const std::vector<v1::JobState>& states) = 0;
   virtual absl::StatusOr<v1::Job> CancelJob(const std::string& job_id,
                                             const std::string& reason) = 0;
   virtual absl::StatusOr<v1::ListDevicesResponse> ListDevices() = 0;
@@ -37,6 +39,12 @@ class CoordinatorApi {
   // otherwise why it broke. Resuming is a second call from the last sequence seen + 1.
   virtual absl::Status WatchJob(const std::string& job_id, int64_t from_sequence,
                                 const EventCallback& on_event) = 0;
+
+  // Calls `on_chunk` with the bytes of a rank's log (latest attempt), on the calling thread; with
+  // `follow`, until the attempt ends.
+  using LogCallback = std::function<void(const v1::LogChunk&)>;
+  virtual absl::Status StreamLogs(const std::string& job_id, int rank, bool follow,
+                                  const LogCallback& on_chunk) = 0;
 };
 
 }  // namespace fitrun::client

@@ -4,6 +4,7 @@
 #define FITRUN_CLIENT_FAKE_COORDINATOR_H_
 
 #include <cstdint>
+#include <climits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,14 @@ class FakeCoordinator : public CoordinatorApi {
   // WatchJob delivers the events at or after from_sequence, then ends with watch_end.
   std::vector<v1::JobEvent> watch_events;
   absl::Status watch_end = absl::OkStatus();
+  // Later WatchJob calls end with these instead of watch_end, first to last (a coordinator that
+  // went away and came back); when exhausted, watch_end again.
+  std::vector<absl::Status> watch_ends_then;
+  // StreamLogs delivers these chunks, then ends with logs_end.
+  std::vector<v1::LogChunk> log_chunks;
+  absl::Status logs_end = absl::OkStatus();
+  std::vector<v1::JobState> listed_states;
+  std::vector<std::pair<std::string, int>> logs_requested;  // (job id, rank)
 
   // Requests, in call order.
   std::vector<std::string> submitted_specs;
@@ -49,8 +58,9 @@ class FakeCoordinator : public CoordinatorApi {
     got_job_ids.push_back(job_id);
     return get_reply;
   }
-  absl::StatusOr<v1::ListJobsResponse> ListJobs() override {
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const std::vector<v1::JobState>& states) override {
     ++list_jobs_calls;
+    listed_states = states;
     return list_reply;
   }
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id,
@@ -64,11 +74,29 @@ class FakeCoordinator : public CoordinatorApi {
   }
   absl::Status WatchJob(const std::string& job_id, int64_t from_sequence,
                         const EventCallback& on_event) override {
+    const bool first_call = watches.empty();
     watches.emplace_back(job_id, from_sequence);
+    // A broken first stream delivers only part of the events; a later one delivers the rest.
+    const size_t calls = watches.size();
+    absl::Status end = watch_end;
+    if (!first_call && calls - 2 < watch_ends_then.size()) end = watch_ends_then[calls - 2];
+    // A later call that fails could not connect: it delivers nothing.
+    if (!first_call && !end.ok()) return end;
     for (const v1::JobEvent& event : watch_events) {
-      if (event.sequence() >= from_sequence) on_event(event);
+      if (event.sequence() < from_sequence) continue;
+      if (first_call && !watch_end.ok() && event.sequence() > break_after_sequence) break;
+      on_event(event);
     }
-    return watch_end;
+    return first_call ? watch_end : end;
+  }
+  // With a failing watch_end, the first stream stops after this sequence.
+  int64_t break_after_sequence = INT64_MAX;
+
+  absl::Status StreamLogs(const std::string& job_id, int rank, bool,
+                          const LogCallback& on_chunk) override {
+    logs_requested.emplace_back(job_id, rank);
+    for (const v1::LogChunk& chunk : log_chunks) on_chunk(chunk);
+    return logs_end;
   }
 };
 

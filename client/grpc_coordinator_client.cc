@@ -72,10 +72,11 @@ absl::StatusOr<v1::Job> GrpcCoordinatorClient::GetJob(const std::string& job_id)
   return response;
 }
 
-absl::StatusOr<v1::ListJobsResponse> GrpcCoordinatorClient::ListJobs() {
+absl::StatusOr<v1::ListJobsResponse> GrpcCoordinatorClient::ListJobs(const std::vector<v1::JobState>& states) {
   grpc::ClientContext context;
   PrepareUnary(&context);
   v1::ListJobsRequest request;
+  for (v1::JobState state : states) request.add_states(state);
   v1::ListJobsResponse response;
   if (absl::Status status = ToAbslStatus(stub_->ListJobs(&context, request, &response));
       !status.ok()) {
@@ -120,6 +121,20 @@ absl::Status GrpcCoordinatorClient::WatchJob(const std::string& job_id, int64_t 
   std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
   v1::JobEvent event;
   while (reader->Read(&event)) on_event(event);
+  return ToAbslStatus(reader->Finish());
+}
+
+absl::Status GrpcCoordinatorClient::StreamLogs(const std::string& job_id, int rank, bool follow,
+                                               const LogCallback& on_chunk) {
+  grpc::ClientContext context;
+  if (!follow) context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(options_.rpc_timeout));
+  v1::StreamLogsRequest request;
+  request.set_job_id(job_id);
+  request.set_rank(rank);
+  request.set_follow(follow);
+  std::unique_ptr<grpc::ClientReader<v1::LogChunk>> reader = stub_->StreamLogs(&context, request);
+  v1::LogChunk chunk;
+  while (reader->Read(&chunk)) on_chunk(chunk);
   return ToAbslStatus(reader->Finish());
 }
 

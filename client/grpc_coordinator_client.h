@@ -28,11 +28,13 @@ class GrpcCoordinatorClient : public CoordinatorApi {
   absl::StatusOr<v1::Job> SubmitJob(const std::string& spec_yaml) override;
   absl::StatusOr<v1::PlanJobResponse> PlanJob(const std::string& spec_yaml) override;
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id) override;
-  absl::StatusOr<v1::ListJobsResponse> ListJobs() override;
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const std::vector<v1::JobState>& states) override;
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason) override;
   absl::StatusOr<v1::ListDevicesResponse> ListDevices() override;
   absl::Status WatchJob(const std::string& job_id, int64_t from_sequence,
                         const EventCallback& on_event) override;
+  absl::Status StreamLogs(const std::string& job_id, int rank, bool follow,
+                          const LogCallback& on_chunk) override;
 
  private:
   GrpcCoordinatorClient(const Options& options, std::unique_ptr<v1::Coordinator::Stub> stub)

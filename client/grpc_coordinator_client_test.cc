@@ -107,7 +107,7 @@ TEST_F(GrpcCoordinatorClientTest, ErrorsKeepCodeAndMessage) {
   EXPECT_EQ(job.status(), absl::InvalidArgumentError("spec: empty"));
   EXPECT_EQ(client_->GetJob("j-2").status(), absl::NotFoundError("job j-2 not found"));
   // Not implemented by the scripted service.
-  EXPECT_EQ(client_->ListJobs().status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(client_->ListJobs({}).status().code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST_F(GrpcCoordinatorClientTest, CancelSendsTheReason) {

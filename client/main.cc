@@ -5,6 +5,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
@@ -24,9 +25,12 @@ struct CliOptions {
   std::string cancel_reason = "cancelled with fitrun cancel";
   bool watch = false;
   bool json = false;
+  std::vector<std::string> states;
+  int rank = 0;
+  bool follow = false;
 };
 
-enum class Command { kSubmit, kWatch, kGet, kList, kCancel, kPlan, kDevices };
+enum class Command { kSubmit, kWatch, kGet, kList, kLogs, kCancel, kPlan, kDevices };
 
 int Run(Command command, const CliOptions& options) {
   GrpcCoordinatorClient::Options client_options;
@@ -57,7 +61,9 @@ int Run(Command command, const CliOptions& options) {
     case Command::kGet:
       return RunGet(env, options.job_id, options.json);
     case Command::kList:
-      return RunList(env, options.json);
+      return RunList(env, options.json, options.states);
+    case Command::kLogs:
+      return RunLogs(env, options.job_id, options.rank, options.follow);
     case Command::kCancel:
       return RunCancel(env, options.job_id, options.cancel_reason);
     case Command::kPlan:
@@ -100,7 +106,13 @@ int Main(int argc, char** argv) {
   add_json(get);
 
   CLI::App* list = app.add_subcommand("list", "list jobs");
+  list->add_option("--state", options.states, "only jobs in this state (repeatable): queued, running, failed, ...");
   add_json(list);
+
+  CLI::App* logs = app.add_subcommand("logs", "print a rank's log (stdout and stderr) of the job's latest attempt");
+  logs->add_option("id", options.job_id, "job id")->required();
+  logs->add_option("--rank", options.rank, "which rank")->capture_default_str();
+  logs->add_flag("--follow,-f", options.follow, "keep printing until the attempt ends");
 
   CLI::App* cancel = app.add_subcommand("cancel", "stop every rank of a job");
   cancel->add_option("id", options.job_id, "job id")->required();
@@ -127,6 +139,7 @@ int Main(int argc, char** argv) {
   else if (*watch) command = Command::kWatch;
   else if (*get) command = Command::kGet;
   else if (*list) command = Command::kList;
+  else if (*logs) command = Command::kLogs;
   else if (*cancel) command = Command::kCancel;
   else if (*plan) command = Command::kPlan;
   return Run(command, options);

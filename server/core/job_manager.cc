@@ -312,6 +312,33 @@ absl::StatusOr<std::vector<JobEvent>> JobManager::ReadEvents(const std::string& 
   return store_->ReadEvents(job_id, from_sequence, limit);
 }
 
+absl::StatusOr<JobManager::LogFile> JobManager::RankLog(const std::string& job_id, int rank, int attempt) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  const Job& job = it->second.record.job;
+  if (job.attempts() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has not started yet (",
+                                                      JobStateName(job.state()), "); it has no logs"));
+  }
+  const int chosen = attempt > 0 ? attempt : job.attempts();
+  if (chosen > job.attempts()) {
+    return absl::InvalidArgumentError(absl::StrCat("attempt: job ", job_id, " has ", job.attempts(), " attempt(s)"));
+  }
+  const int world = job.attempt_history().empty() ? job.plan().device_ids_size()
+                                                   : job.attempt_history(job.attempt_history_size() - 1).ranks_size();
+  if (rank < 0 || rank >= std::max(1, world)) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: job ", job_id, " has ranks 0..", std::max(1, world) - 1));
+  }
+  LogFile log;
+  log.attempt = chosen;
+  log.path = (std::filesystem::path(JobDir(job_id)) / absl::StrCat("attempt-", chosen) / absl::StrCat("rank-", rank, ".log"))
+                 .string();
+  const auto& active = it->second.active;
+  log.attempt_running = active && active->attempt == chosen && !active->ranks.at(rank).exited;
+  return log;
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Workers
 

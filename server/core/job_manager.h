@@ -97,6 +97,14 @@ class JobManager {
                                                                int limit);
   EventHub& events() { return hub_; }
 
+  // Where a rank's log is, for the given attempt (0: the latest), and whether that attempt still runs.
+  struct LogFile {
+    std::string path;
+    int attempt = 0;
+    bool attempt_running = false;
+  };
+  absl::StatusOr<LogFile> RankLog(const std::string& job_id, int rank, int attempt);
+
   // ---- the worker side (called by the WorkerChannel service) ----
   // Checks the Hello (job, attempt, rank, token) and registers the connection for commands.
   absl::StatusOr<WorkerKey> AttachWorker(const fitrun::v1::Hello& hello, std::weak_ptr<WorkerConnection> connection);

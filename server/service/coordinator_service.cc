@@ -1,6 +1,7 @@
 #include "server/service/coordinator_service.h"
 
 #include <deque>
+#include <fstream>
 #include <memory>
 #include <optional>
 
@@ -142,7 +143,155 @@ class WatchJobReactor : public grpc::ServerWriteReactor<JobEvent> {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// One StreamLogs call: sends the file in chunks; when following, waits for the ticker to look
+// again until the attempt has ended and everything written has been sent.
+class LogStreamReactor : public grpc::ServerWriteReactor<fitrun::v1::LogChunk> {
+ public:
+  LogStreamReactor(JobManager* manager, LogFollowTicker* ticker, fitrun::v1::StreamLogsRequest request)
+      : manager_(manager), ticker_(ticker), request_(std::move(request)) {}
+
+  void Start() {
+    absl::StatusOr<JobManager::LogFile> log = manager_->RankLog(request_.job_id(), request_.rank(), request_.attempt());
+    if (!log.ok()) {
+      finished_ = true;
+      Finish(ToGrpcStatus(log.status()));
+      return;
+    }
+    log_ = *log;
+    if (request_.follow()) {
+      link_ = std::make_shared<Link>();
+      link_->reactor = this;
+      tick_ = ticker_->Add([link = link_] {
+        absl::MutexLock lock(&link->mu);
+        if (link->reactor != nullptr) link->reactor->Pump();
+      });
+    }
+    Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+    }
+    if (!ok) {
+      FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away"));
+      return;
+    }
+    Pump();
+  }
+  void OnCancel() override { FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")); }
+  void OnDone() override {
+    if (link_ != nullptr) {
+      ticker_->Remove(tick_);
+      absl::MutexLock lock(&link_->mu);
+      link_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  struct Link {
+    absl::Mutex mu;
+    LogStreamReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  void Pump() {
+    bool write = false;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_) return;
+      // Whether the attempt still runs is read before the file, so bytes written just before it
+      // ended are still sent.
+      bool running = false;
+      if (request_.follow()) {
+        absl::StatusOr<JobManager::LogFile> now = manager_->RankLog(request_.job_id(), request_.rank(), log_.attempt);
+        running = now.ok() && now->attempt_running;
+      }
+      std::string data;
+      std::ifstream in(log_.path, std::ios::binary);
+      if (in) {
+        in.seekg(offset_);
+        data.resize(kChunk);
+        in.read(data.data(), kChunk);
+        data.resize(static_cast<size_t>(in.gcount()));
+      }
+      if (!data.empty()) {
+        offset_ += static_cast<std::streamoff>(data.size());
+        current_.set_attempt(log_.attempt);
+        current_.set_rank(request_.rank());
+        current_.set_data(std::move(data));
+        writing_ = write = true;
+      } else if (!running) {
+        finished_ = finish = true;
+      }
+    }
+    if (write) StartWrite(&current_);
+    if (finish) Finish(grpc::Status::OK);
+  }
+
+  void FinishOnce(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(status);
+  }
+
+  static constexpr size_t kChunk = 64 * 1024;
+  JobManager* const manager_;
+  LogFollowTicker* const ticker_;
+  const fitrun::v1::StreamLogsRequest request_;
+  JobManager::LogFile log_;
+  std::shared_ptr<Link> link_;
+  int64_t tick_ = 0;
+
+  absl::Mutex mu_;
+  std::streamoff offset_ ABSL_GUARDED_BY(mu_) = 0;
+  fitrun::v1::LogChunk current_;  // owned by the write in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 }  // namespace
+
+LogFollowTicker::LogFollowTicker() {
+  thread_ = std::thread([this] {
+    absl::MutexLock lock(&mu_);
+    while (!stopping_) {
+      auto stopping = [this] { return stopping_; };
+      mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(250));
+      if (stopping_) break;
+      std::vector<std::function<void()>> ticks;
+      for (const auto& [id, tick] : ticks_) ticks.push_back(tick);
+      mu_.Unlock();
+      for (const auto& tick : ticks) tick();
+      mu_.Lock();
+    }
+  });
+}
+
+LogFollowTicker::~LogFollowTicker() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+int64_t LogFollowTicker::Add(std::function<void()> tick) {
+  absl::MutexLock lock(&mu_);
+  const int64_t id = next_id_++;
+  ticks_[id] = std::move(tick);
+  return id;
+}
+
+void LogFollowTicker::Remove(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  ticks_.erase(id);
+}
 
 grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerContext* context,
                                                         const fitrun::v1::SubmitJobRequest* request,
@@ -204,6 +353,13 @@ grpc::ServerUnaryReactor* CoordinatorService::ListDevices(grpc::CallbackServerCo
                                                           fitrun::v1::ListDevicesResponse* response) {
   for (fitrun::v1::Device& device : manager_->Devices()) *response->add_devices() = std::move(device);
   return Done(context, absl::OkStatus());
+}
+
+grpc::ServerWriteReactor<fitrun::v1::LogChunk>* CoordinatorService::StreamLogs(
+    grpc::CallbackServerContext* context, const fitrun::v1::StreamLogsRequest* request) {
+  auto* reactor = new LogStreamReactor(manager_, &ticker_, *request);
+  reactor->Start();
+  return reactor;
 }
 
 }  // namespace fitrun::server

@@ -4,10 +4,32 @@
 #ifndef FITRUN_SERVER_SERVICE_COORDINATOR_SERVICE_H_
 #define FITRUN_SERVER_SERVICE_COORDINATOR_SERVICE_H_
 
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
 #include "fitrun/v1/coordinator.grpc.pb.h"
 #include "server/core/job_manager.h"
 
 namespace fitrun::server {
+
+// One thread that periodically calls every registered callback; log streams that follow a file
+// register here instead of each holding a thread.
+class LogFollowTicker {
+ public:
+  LogFollowTicker();
+  ~LogFollowTicker();
+  int64_t Add(std::function<void()> tick);
+  void Remove(int64_t id);
+
+ private:
+  absl::Mutex mu_;
+  std::map<int64_t, std::function<void()>> ticks_ ABSL_GUARDED_BY(mu_);
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
 
 class CoordinatorService final : public fitrun::v1::Coordinator::CallbackService {
  public:
@@ -28,9 +50,13 @@ class CoordinatorService final : public fitrun::v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* ListDevices(grpc::CallbackServerContext* context,
                                         const fitrun::v1::ListDevicesRequest* request,
                                         fitrun::v1::ListDevicesResponse* response) override;
+  grpc::ServerWriteReactor<fitrun::v1::LogChunk>* StreamLogs(grpc::CallbackServerContext* context,
+                                                             const fitrun::v1::StreamLogsRequest* request) override;
 
  private:
   JobManager* const manager_;
+  // Wakes following log streams a few times a second to look for appended bytes.
+  LogFollowTicker ticker_;
 };
 
 }  // namespace fitrun::server
