@@ -1,5 +1,6 @@
 #include "worker/ddp/c10d_status.h"
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
@@ -7,8 +8,9 @@ namespace fitrun::worker {
 
 absl::Status StatusFromC10dException(const std::exception& e, const std::string& what) {
   const std::string message = e.what();
-  // c10d's store and Gloo's transport both say "Timeout"/"timed out" in their messages.
-  if (absl::StrContains(message, "imeout") || absl::StrContains(message, "timed out")) {
+  // c10d's store and Gloo's transport say "Timeout", "timed out" or "Timed out" in their messages.
+  const std::string lower = absl::AsciiStrToLower(message);
+  if (absl::StrContains(lower, "timeout") || absl::StrContains(lower, "timed out")) {
     return absl::DeadlineExceededError(absl::StrCat(what, ": ", message));
   }
   return absl::UnavailableError(absl::StrCat(what, ": ", message));

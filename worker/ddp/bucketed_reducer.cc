@@ -1,0 +1,212 @@
+#include "worker/ddp/bucketed_reducer.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <exception>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "worker/ddp/c10d_status.h"
+
+namespace fitrun::worker {
+
+// Runs after AccumulateGrad has updated the parameter's .grad, so with accumulation it sees the sum
+// over the step's micro-batches, not just the last one's contribution.
+class BucketedReducer::ReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  ReadyHook(BucketedReducer* reducer, int index) : reducer_(reducer), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    reducer_->MarkReady(index_);
+    return outputs;
+  }
+
+ private:
+  BucketedReducer* reducer_;
+  int index_;
+};
+
+absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
+    c10::intrusive_ptr<c10d::ProcessGroup> group, const std::vector<at::Tensor>& parameters,
+    const Options& options) {
+  if (!group) return absl::InvalidArgumentError("no process group");
+  if (options.bucket_cap_bytes <= 0 || options.first_bucket_cap_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.ddp.bucket_cap_mb: must be > 0 (got ",
+                                                   options.bucket_cap_bytes, " bytes)"));
+  }
+  std::vector<at::Tensor> trained;
+  for (const at::Tensor& p : parameters) {
+    if (!p.requires_grad()) continue;
+    if (p.scalar_type() != at::kFloat || !p.is_leaf()) {
+      return absl::UnimplementedError(absl::StrCat("all-reducing a ", c10::toString(p.scalar_type()),
+                                                   " parameter (only float32 leaves are supported)"));
+    }
+    trained.push_back(p);
+  }
+  auto reducer = std::unique_ptr<BucketedReducer>(new BucketedReducer(std::move(group), trained));
+
+  absl::MutexLock lock(&reducer->mu_);
+  // Reverse registration order: the output layer's gradients are ready first.
+  std::vector<Bucket>& buckets = reducer->buckets_;
+  reducer->slots_.resize(trained.size());
+  int64_t bucket_bytes = 0;
+  for (int i = static_cast<int>(trained.size()) - 1; i >= 0; --i) {
+    const int64_t bytes = trained[i].numel() * static_cast<int64_t>(sizeof(float));
+    const int64_t cap = buckets.size() <= 1 ? options.first_bucket_cap_bytes : options.bucket_cap_bytes;
+    if (buckets.empty() || (bucket_bytes > 0 && bucket_bytes + bytes > cap)) {
+      buckets.emplace_back();
+      bucket_bytes = 0;
+    }
+    Bucket& bucket = buckets.back();
+    reducer->slots_[i] = {static_cast<int>(buckets.size()) - 1, bucket_bytes / 4, false};
+    bucket.parameters.push_back(i);
+    bucket.offsets.push_back(bucket_bytes / 4);
+    bucket_bytes += bytes;
+  }
+  // A model without trained parameters still needs a bucket for the loss.
+  if (buckets.empty()) buckets.emplace_back();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    int64_t elements = 0;
+    for (int i : buckets[b].parameters) elements += trained[i].numel();
+    if (b + 1 == buckets.size()) elements += 1;  // the loss
+    buckets[b].flat = at::zeros({elements}, at::kFloat);
+    buckets[b].pending = static_cast<int>(buckets[b].parameters.size());
+  }
+
+  try {
+    for (size_t i = 0; i < trained.size(); ++i) {
+      std::shared_ptr<torch::autograd::Node> accumulator =
+          torch::autograd::impl::grad_accumulator(trained[i]);
+      reducer->hook_keys_.push_back(accumulator->add_post_hook(
+          std::make_unique<ReadyHook>(reducer.get(), static_cast<int>(i))));
+      reducer->accumulators_.push_back(std::move(accumulator));
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("registering gradient hooks: ", e.what()));
+  }
+  return reducer;
+}
+
+BucketedReducer::BucketedReducer(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                                 std::vector<at::Tensor> parameters)
+    : group_(std::move(group)), parameters_(std::move(parameters)) {}
+
+BucketedReducer::~BucketedReducer() {
+  for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+}
+
+void BucketedReducer::BeforeBackward(bool last_micro_batch) {
+  absl::MutexLock lock(&mu_);
+  sync_this_backward_ = last_micro_batch;
+}
+
+void BucketedReducer::MarkReady(int index) {
+  absl::MutexLock lock(&mu_);
+  if (!sync_this_backward_ || hook_error_) return;
+  Slot& slot = slots_[index];
+  Bucket& bucket = buckets_[slot.bucket];
+  // A bucket already on the wire would be corrupted by a second write; that only happens when one
+  // backward reaches a parameter twice through separate graphs, which the reducer does not support.
+  if (bucket.work) return;
+  const at::Tensor& p = parameters_[index];
+  try {
+    at::NoGradGuard no_grad;
+    bucket.flat.narrow(0, slot.offset, p.numel()).copy_(p.grad().reshape({-1}));
+    if (!slot.ready) {
+      slot.ready = true;
+      --bucket.pending;
+    }
+    LaunchReadyBuckets(/*include_last=*/false);
+  } catch (...) {
+    hook_error_ = std::current_exception();
+  }
+}
+
+void BucketedReducer::LaunchReadyBuckets(bool include_last) {
+  const int last = static_cast<int>(buckets_.size()) - 1;
+  while (next_bucket_ <= last && buckets_[next_bucket_].pending == 0 &&
+         (include_last || next_bucket_ < last)) {
+    std::vector<at::Tensor> tensors = {buckets_[next_bucket_].flat};
+    buckets_[next_bucket_].work = group_->allreduce(tensors);
+    ++next_bucket_;
+  }
+}
+
+absl::StatusOr<double> BucketedReducer::Synchronize(double local_loss) {
+  absl::MutexLock lock(&mu_);
+  try {
+    if (hook_error_) std::rethrow_exception(std::exchange(hook_error_, nullptr));
+    at::NoGradGuard no_grad;
+    // Parameters backward did not reach (or every parameter, when the last backward ran without
+    // hooks) take part with their current gradient or zeros, so every rank's buckets line up.
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      Slot& slot = slots_[i];
+      if (slot.ready) continue;
+      Bucket& bucket = buckets_[slot.bucket];
+      at::Tensor target = bucket.flat.narrow(0, slot.offset, parameters_[i].numel());
+      if (parameters_[i].grad().defined()) {
+        target.copy_(parameters_[i].grad().reshape({-1}));
+      } else {
+        target.zero_();
+      }
+      slot.ready = true;
+      --bucket.pending;
+    }
+    Bucket& last = buckets_.back();
+    last.flat[last.flat.numel() - 1].fill_(local_loss);
+    LaunchReadyBuckets(/*include_last=*/true);
+
+    const absl::Time wait_start = absl::Now();
+    for (Bucket& bucket : buckets_) bucket.work->wait();
+    stats_.wait_time += absl::Now() - wait_start;
+    ++stats_.synchronized_steps;
+
+    const double world = group_->getSize();
+    for (Bucket& bucket : buckets_) {
+      bucket.flat.div_(world);
+      for (size_t j = 0; j < bucket.parameters.size(); ++j) {
+        at::Tensor& p = const_cast<at::Tensor&>(parameters_[bucket.parameters[j]]);
+        at::Tensor mean = bucket.flat.narrow(0, bucket.offsets[j], p.numel()).view_as(p);
+        if (p.grad().defined()) {
+          p.mutable_grad().copy_(mean);
+        } else {
+          p.mutable_grad() = mean.clone();
+        }
+      }
+    }
+    const double loss = last.flat[last.flat.numel() - 1].item<double>();
+    ResetForNextStep();
+    return loss;
+  } catch (const std::exception& e) {
+    ResetForNextStep();
+    return StatusFromC10dException(e, "all-reducing gradient buckets");
+  }
+}
+
+void BucketedReducer::ResetForNextStep() {
+  for (Slot& slot : slots_) slot.ready = false;
+  for (Bucket& bucket : buckets_) {
+    bucket.pending = static_cast<int>(bucket.parameters.size());
+    bucket.work.reset();
+  }
+  next_bucket_ = 0;
+  sync_this_backward_ = true;
+}
+
+std::vector<std::vector<int>> BucketedReducer::BucketLayout() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::vector<int>> layout;
+  for (const Bucket& bucket : buckets_) layout.push_back(bucket.parameters);
+  return layout;
+}
+
+BucketedReducer::CommStats BucketedReducer::comm_stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace fitrun::worker

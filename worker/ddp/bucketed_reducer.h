@@ -1,0 +1,112 @@
+#ifndef FITRUN_WORKER_DDP_BUCKETED_REDUCER_H_
+#define FITRUN_WORKER_DDP_BUCKETED_REDUCER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "worker/ddp/gradient_synchronizer.h"
+
+namespace fitrun::worker {
+
+// Gradient all-reduce overlapped with backward, as PyTorch's DistributedDataParallel reducer does it
+// (torch/csrc/distributed/c10d/reducer.cpp), which cannot be included from Debian's headers:
+//
+//  - Parameters are assigned to buckets in reverse registration order (roughly the order backward
+//    produces their gradients), the first bucket capped at first_bucket_cap_bytes so that
+//    communication starts early, the others at bucket_cap_bytes. Each bucket owns one flat buffer.
+//  - A post-hook on each parameter's gradient accumulator (the AccumulateGrad node) copies the
+//    accumulated gradient into its bucket slot. When the last slot of a bucket is filled, that bucket
+//    and every completed bucket after it in launch order are all-reduced asynchronously; the process
+//    group runs the collective on its own threads while backward continues.
+//  - Buckets are launched strictly in index order, so every rank issues the same collectives in the
+//    same order even when hooks fire in a different order on different ranks.
+//  - Synchronize() launches what is left (parameters whose gradient backward did not produce count
+//    as zeros), waits for every bucket, divides by the world size and copies the means back into the
+//    gradients. The step's loss rides in the last bucket's final element: no extra collective.
+//  - Backward passes of earlier micro-batches (BeforeBackward(false)) only accumulate locally, like
+//    DDP's no_sync().
+//
+// Thread-safety: BeforeBackward/Synchronize belong to the training thread; the hooks run on whatever
+// thread autograd uses (the caller's for CPU tensors) and take the mutex.
+class BucketedReducer final : public GradientSynchronizer {
+ public:
+  struct Options {
+    // spec.ddp.bucket_cap_mb; PyTorch's default.
+    int64_t bucket_cap_bytes = 25 << 20;
+    // PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
+    int64_t first_bucket_cap_bytes = 1 << 20;
+  };
+
+  // Time the training thread spent blocked on communication, for the exposed-communication share.
+  struct CommStats {
+    int64_t synchronized_steps = 0;
+    absl::Duration wait_time;  // inside Synchronize, waiting for the buckets' all-reduce
+  };
+
+  // `parameters` in registration order, the same on every rank; those that do not require gradients
+  // are skipped. All must be float32 leaves.
+  static absl::StatusOr<std::unique_ptr<BucketedReducer>> Create(
+      c10::intrusive_ptr<c10d::ProcessGroup> group, const std::vector<at::Tensor>& parameters,
+      const Options& options);
+  // Removes the autograd hooks.
+  ~BucketedReducer() override;
+
+  void BeforeBackward(bool last_micro_batch) override;
+  absl::StatusOr<double> Synchronize(double local_loss) override;
+
+  // Parameter indices (into the Create() list of trained parameters) of each bucket, in launch order.
+  std::vector<std::vector<int>> BucketLayout() const;
+  CommStats comm_stats() const;
+
+ private:
+  struct Bucket {
+    at::Tensor flat;  // every slot, then (last bucket only) the loss
+    std::vector<int> parameters;
+    std::vector<int64_t> offsets;
+    int pending = 0;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  struct Slot {
+    int bucket = 0;
+    int64_t offset = 0;
+    bool ready = false;
+  };
+  class ReadyHook;
+
+  BucketedReducer(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<at::Tensor> parameters);
+
+  // The AccumulateGrad post-hook of parameter `index`.
+  void MarkReady(int index);
+  // Launches, in index order, every bucket whose slots are all filled (the last one only when
+  // `include_last`, since it carries the loss).
+  void LaunchReadyBuckets(bool include_last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ResetForNextStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  const std::vector<at::Tensor> parameters_;
+  // Kept alive: a parameter only holds a weak reference to its accumulator, and the hooks live on it.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Bucket> buckets_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  bool sync_this_backward_ ABSL_GUARDED_BY(mu_) = true;
+  int next_bucket_ ABSL_GUARDED_BY(mu_) = 0;
+  // The first exception a hook saw launching a collective; surfaced by Synchronize.
+  std::exception_ptr hook_error_ ABSL_GUARDED_BY(mu_);
+  CommStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace fitrun::worker
+
+#endif  // FITRUN_WORKER_DDP_BUCKETED_REDUCER_H_

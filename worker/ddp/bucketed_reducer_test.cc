@@ -1,0 +1,186 @@
+// Two ranks as two threads of one process over a real Gloo group, as PyTorch's c10d tests do.
+#include "worker/ddp/bucketed_reducer.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/nn/module.h>
+
+#include <cstdio>
+#include <functional>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "worker/ddp/process_group.h"
+
+namespace fitrun::worker {
+namespace {
+
+constexpr int kWorld = 2;
+
+std::string FreshPath(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
+  std::remove(path.c_str());
+  return path;
+}
+
+void RunRanks(const std::string& store_name,
+              const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& body,
+              absl::Duration timeout = absl::Seconds(10)) {
+  const std::string path = FreshPath(store_name);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto store = c10::make_intrusive<c10d::FileStore>(path, kWorld);
+      auto group = CreateGlooProcessGroup(store, rank, kWorld, timeout);
+      ASSERT_TRUE(group.ok()) << group.status();
+      body(rank, *group);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Three linear maps in a chain: 4 -> 8 -> 8 -> 2, registered first to last.
+struct Chain : torch::nn::Module {
+  Chain() {
+    w1 = register_parameter("w1", at::randn({8, 4}));
+    w2 = register_parameter("w2", at::randn({8, 8}));
+    w3 = register_parameter("w3", at::randn({2, 8}));
+  }
+  at::Tensor Forward(const at::Tensor& x) { return at::matmul(at::matmul(at::matmul(x, w1.t()), w2.t()), w3.t()); }
+  at::Tensor w1, w2, w3;
+};
+
+BucketedReducer::Options SmallBuckets() {
+  BucketedReducer::Options options;
+  // w3 (64 B) alone in the first bucket, w2 (256 B) alone, then w1 (128 B).
+  options.first_bucket_cap_bytes = 64;
+  options.bucket_cap_bytes = 256;
+  return options;
+}
+
+TEST(BucketedReducerTest, BucketsFollowReverseRegistrationOrderAndCaps) {
+  RunRanks("layout_store", [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    at::manual_seed(1);
+    Chain chain;
+    auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
+    ASSERT_TRUE(reducer.ok()) << reducer.status();
+    EXPECT_EQ((*reducer)->BucketLayout(), (std::vector<std::vector<int>>{{2}, {1}, {0}}));
+
+    BucketedReducer::Options big;
+    auto one_bucket = BucketedReducer::Create(group, chain.parameters(), big);
+    ASSERT_TRUE(one_bucket.ok());
+    EXPECT_EQ((*one_bucket)->BucketLayout(), (std::vector<std::vector<int>>{{2, 1, 0}}));
+  });
+}
+
+// Each rank's gradients differ (different inputs); after Synchronize both hold the mean, equal to
+// the gradient of the mean loss computed on one process with both ranks' inputs.
+TEST(BucketedReducerTest, AveragesGradientsLikeOneProcessWithTheWholeBatch) {
+  at::manual_seed(3);
+  const at::Tensor inputs = at::randn({6, 4});
+  at::Tensor expected_w1, expected_w3;
+  {
+    at::manual_seed(1);
+    Chain chain;
+    chain.Forward(inputs).pow(2).mean().backward();
+    expected_w1 = chain.w1.grad().clone();
+    expected_w3 = chain.w3.grad().clone();
+  }
+  RunRanks("average_store", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    at::manual_seed(1);
+    Chain chain;
+    auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
+    ASSERT_TRUE(reducer.ok()) << reducer.status();
+    for (int step = 0; step < 2; ++step) {  // the second step checks the state reset
+      chain.zero_grad();
+      (*reducer)->BeforeBackward(true);
+      const at::Tensor loss = chain.Forward(inputs.narrow(0, 3 * rank, 3)).pow(2).mean();
+      loss.backward();
+      absl::StatusOr<double> mean_loss = (*reducer)->Synchronize(rank == 0 ? 1.0 : 3.0);
+      ASSERT_TRUE(mean_loss.ok()) << mean_loss.status();
+      EXPECT_DOUBLE_EQ(*mean_loss, 2.0);
+      EXPECT_TRUE(at::allclose(chain.w1.grad(), expected_w1, 1e-5, 1e-6)) << "rank " << rank;
+      EXPECT_TRUE(at::allclose(chain.w3.grad(), expected_w3, 1e-5, 1e-6)) << "rank " << rank;
+    }
+    EXPECT_EQ((*reducer)->comm_stats().synchronized_steps, 2);
+  });
+}
+
+// no_sync: micro-batches before the last accumulate locally; the hooks of the last reduce the sum.
+TEST(BucketedReducerTest, AccumulatesEarlierMicroBatchesWithoutCommunicating) {
+  at::manual_seed(3);
+  const at::Tensor inputs = at::randn({8, 4});
+  at::Tensor expected;
+  {
+    at::manual_seed(1);
+    Chain chain;
+    chain.Forward(inputs).pow(2).mean().backward();
+    expected = chain.w2.grad().clone();
+  }
+  RunRanks("accumulate_store", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    at::manual_seed(1);
+    Chain chain;
+    auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
+    ASSERT_TRUE(reducer.ok()) << reducer.status();
+    for (int m = 0; m < 2; ++m) {
+      (*reducer)->BeforeBackward(m == 1);
+      (chain.Forward(inputs.narrow(0, 4 * rank + 2 * m, 2)).pow(2).mean() / 2).backward();
+    }
+    ASSERT_TRUE((*reducer)->Synchronize(0).ok());
+    EXPECT_TRUE(at::allclose(chain.w2.grad(), expected, 1e-5, 1e-6)) << "rank " << rank;
+  });
+}
+
+// A parameter one rank's backward never reaches still takes part (as zeros): no rank hangs.
+TEST(BucketedReducerTest, UnreachedParameterCountsAsZero) {
+  RunRanks("unused_store", [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    at::manual_seed(1);
+    Chain chain;
+    auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
+    ASSERT_TRUE(reducer.ok()) << reducer.status();
+    (*reducer)->BeforeBackward(true);
+    if (rank == 0) {
+      chain.w3.sum().backward();  // only w3
+    } else {
+      chain.Forward(at::ones({1, 4})).sum().backward();
+    }
+    ASSERT_TRUE((*reducer)->Synchronize(0).ok());
+    EXPECT_TRUE(chain.w1.grad().defined());
+  });
+}
+
+// A peer that is alive but stops taking part: the waiting rank fails within the collective timeout
+// with DeadlineExceeded instead of blocking forever.
+TEST(BucketedReducerTest, PeerThatStopsParticipatingTimesOut) {
+  absl::Notification done;
+  absl::Duration waited;
+  RunRanks(
+      "timeout_store",
+      [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+        at::manual_seed(1);
+        Chain chain;
+        auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
+        ASSERT_TRUE(reducer.ok()) << reducer.status();
+        if (rank == 1) {
+          done.WaitForNotificationWithTimeout(absl::Seconds(20));  // silent but connected
+          return;
+        }
+        const absl::Time start = absl::Now();
+        (*reducer)->BeforeBackward(true);
+        chain.Forward(at::ones({1, 4})).sum().backward();
+        absl::StatusOr<double> loss = (*reducer)->Synchronize(0);
+        waited = absl::Now() - start;
+        done.Notify();
+        ASSERT_FALSE(loss.ok());
+        EXPECT_EQ(loss.status().code(), absl::StatusCode::kDeadlineExceeded) << loss.status();
+      },
+      absl::Seconds(2));
+  EXPECT_GE(waited, absl::Milliseconds(1500));
+  EXPECT_LT(waited, absl::Seconds(8));
+}
+
+}  // namespace
+}  // namespace fitrun::worker
