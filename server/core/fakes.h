@@ -27,7 +27,9 @@ class FakeJobStore : public JobStore {
   }
   absl::Status AppendEvent(const fitrun::v1::JobEvent& event) override {
     absl::MutexLock lock(&mu_);
-    events_[event.job_id()][event.sequence()] = event;
+    if (!events_[event.job_id()].emplace(event.sequence(), event).second) {
+      return absl::AlreadyExistsError("event sequence stored twice");
+    }
     return absl::OkStatus();
   }
   absl::StatusOr<std::vector<JobRecord>> LoadJobs() override {
@@ -35,6 +37,11 @@ class FakeJobStore : public JobStore {
     std::vector<JobRecord> out;
     for (const auto& [id, record] : jobs_) out.push_back(record);
     return out;
+  }
+  absl::StatusOr<int64_t> LastEventSequence(const std::string& job_id) override {
+    absl::MutexLock lock(&mu_);
+    auto it = events_.find(job_id);
+    return it == events_.end() || it->second.empty() ? 0 : it->second.rbegin()->first;
   }
   absl::StatusOr<std::vector<fitrun::v1::JobEvent>> ReadEvents(const std::string& job_id, int64_t from_sequence,
                                                                 int limit) override {

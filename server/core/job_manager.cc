@@ -127,6 +127,10 @@ absl::Status JobManager::LoadStoredJobs() {
   for (JobRecord& record : *records) {
     const std::string id = record.job.id();
     next_submit_order_ = std::max(next_submit_order_, record.submit_order + 1);
+    // The job row is not rewritten for every event; the events table says where numbering stands.
+    absl::StatusOr<int64_t> last = store_->LastEventSequence(id);
+    if (!last.ok()) return last.status();
+    record.job.set_last_sequence(std::max(record.job.last_sequence(), *last));
     hub_.RestoreSequence(id, record.job.last_sequence());
     JobEntry& entry = jobs_[id];
     entry.record = std::move(record);

@@ -290,6 +290,12 @@ TEST_F(JobManagerRecoveryTest, LiveWorkersAreReadoptedAndTheJobCompletes) {
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
   WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  // Rank 1's progress is stored as events but does not rewrite the job row: numbering after the
+  // restart must still continue after it.
+  fitrun::v1::WorkerReport progress;
+  progress.mutable_progress()->set_step(3);
+  Report(job->id(), 1, 1, progress);
+  Report(job->id(), 1, 1, progress);
   const int64_t last_before = manager_->Get(job->id())->last_sequence();
   const std::string token = EnvOf(launcher_.launches()[0])["FITRUN_JOB_TOKEN"];
 

@@ -28,9 +28,12 @@ class JobStore {
   virtual ~JobStore() = default;
   // Inserts or replaces the job (keyed by job.id). Durable when it returns OK.
   virtual absl::Status PutJob(const JobRecord& record) = 0;
-  // Appends one event (keyed by job id and sequence).
+  // Appends one event (keyed by job id and sequence); a sequence stored before is an error, never
+  // an overwrite.
   virtual absl::Status AppendEvent(const fitrun::v1::JobEvent& event) = 0;
   virtual absl::StatusOr<std::vector<JobRecord>> LoadJobs() = 0;
+  // The highest event sequence stored for the job (0 when none): where numbering resumes.
+  virtual absl::StatusOr<int64_t> LastEventSequence(const std::string& job_id) = 0;
   // Up to `limit` events of the job with sequence >= from_sequence, in order.
   virtual absl::StatusOr<std::vector<fitrun::v1::JobEvent>> ReadEvents(const std::string& job_id,
                                                                         int64_t from_sequence, int limit) = 0;

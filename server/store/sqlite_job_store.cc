@@ -126,7 +126,7 @@ absl::Status SqliteJobStore::PutJob(const JobRecord& record) {
 
 absl::Status SqliteJobStore::AppendEvent(const fitrun::v1::JobEvent& event) {
   absl::MutexLock lock(&mu_);
-  Statement insert(db_, "INSERT OR REPLACE INTO events (job_id, sequence, event) VALUES (?1, ?2, ?3);");
+  Statement insert(db_, "INSERT INTO events (job_id, sequence, event) VALUES (?1, ?2, ?3);");
   if (!insert.ok()) return SqliteError(db_, "preparing AppendEvent");
   insert.BindText(1, event.job_id());
   insert.BindInt(2, event.sequence());
@@ -152,6 +152,15 @@ absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::LoadJobs() {
   }
   if (rc != SQLITE_DONE) return SqliteError(db_, "loading jobs");
   return records;
+}
+
+absl::StatusOr<int64_t> SqliteJobStore::LastEventSequence(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Statement query(db_, "SELECT COALESCE(MAX(sequence), 0) FROM events WHERE job_id = ?1;");
+  if (!query.ok()) return SqliteError(db_, "preparing LastEventSequence");
+  query.BindText(1, job_id);
+  if (sqlite3_step(query.get()) != SQLITE_ROW) return SqliteError(db_, "reading the last event");
+  return static_cast<int64_t>(sqlite3_column_int64(query.get(), 0));
 }
 
 absl::StatusOr<std::vector<fitrun::v1::JobEvent>> SqliteJobStore::ReadEvents(const std::string& job_id,

@@ -30,6 +30,7 @@ class SqliteJobStore : public JobStore {
   absl::Status PutJob(const JobRecord& record) override;
   absl::Status AppendEvent(const fitrun::v1::JobEvent& event) override;
   absl::StatusOr<std::vector<JobRecord>> LoadJobs() override;
+  absl::StatusOr<int64_t> LastEventSequence(const std::string& job_id) override;
   absl::StatusOr<std::vector<fitrun::v1::JobEvent>> ReadEvents(const std::string& job_id, int64_t from_sequence,
                                                                 int limit) override;
 

@@ -57,6 +57,13 @@ TEST(SqliteJobStoreTest, EventsReadBackFromAnySequenceWithALimit) {
     event.mutable_log()->set_text(std::to_string(i));
     ASSERT_TRUE((*store)->AppendEvent(event).ok());
   }
+  EXPECT_EQ(*(*store)->LastEventSequence("odd"), 19);
+  EXPECT_EQ(*(*store)->LastEventSequence("none"), 0);
+  // A sequence is never stored twice.
+  fitrun::v1::JobEvent again;
+  again.set_job_id("odd");
+  again.set_sequence(5);
+  EXPECT_FALSE((*store)->AppendEvent(again).ok());
   auto events = (*store)->ReadEvents("odd", 5, 3);
   ASSERT_TRUE(events.ok());
   ASSERT_EQ(events->size(), 3u);

@@ -6,30 +6,51 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 
 namespace fitrun::testing {
 
-RunningCoordinator::RunningCoordinator(const std::string& name, const std::string& devices) {
-  state_dir_ = FreshTestDir(name);
-  log_path_ = state_dir_ + "/fitrund.log";
-  process_ = std::make_unique<Subprocess>(
-      std::vector<std::string>{Runfile("server/fitrund"), "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-                               "--state_dir=" + state_dir_, "--devices=" + devices,
-                               "--worker_binary=" + Runfile("worker/fitrun-worker")},
-      log_path_);
+RunningCoordinator::RunningCoordinator(const std::string& name, const std::string& devices)
+    : state_dir_(FreshTestDir(name)), devices_(devices), log_path_(state_dir_ + "/fitrund.log") {
+  Start("127.0.0.1:0");
+}
+
+bool RunningCoordinator::Start(const std::string& listen) {
+  stub_.reset();
   const std::string address_file = state_dir_ + "/fitrund.address";
   const std::string metrics_file = state_dir_ + "/fitrund.metrics_address";
-  if (!WaitFor([&] { return !ReadFile(metrics_file).empty() || !process_->Running(); }, absl::Seconds(30))) return;
+  std::filesystem::remove(address_file);
+  std::filesystem::remove(metrics_file);
+  process_ = std::make_unique<Subprocess>(
+      std::vector<std::string>{Runfile("server/fitrund"), "--listen=" + listen, "--metrics_listen=127.0.0.1:0",
+                               "--state_dir=" + state_dir_, "--devices=" + devices_,
+                               "--worker_binary=" + Runfile("worker/fitrun-worker"), "--stop_workers_on_exit"},
+      log_path_);
+  if (!WaitFor([&] { return !ReadFile(metrics_file).empty() || !process_->Running(); }, absl::Seconds(30))) {
+    return false;
+  }
   address_ = std::string(absl::StripAsciiWhitespace(ReadFile(address_file)));
   metrics_address_ = std::string(absl::StripAsciiWhitespace(ReadFile(metrics_file)));
-  if (address_.empty()) return;
+  if (address_.empty()) return false;
   auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
-  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) return;
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) return false;
   stub_ = fitrun::v1::Coordinator::NewStub(channel);
+  return true;
 }
+
+void RunningCoordinator::Kill() {
+  if (process_ == nullptr) return;
+  process_->Signal(SIGKILL);
+  process_->Wait(absl::Seconds(10));
+  process_.reset();
+  stub_.reset();
+}
+
+bool RunningCoordinator::Restart() { return Start(address_); }
 
 RunningCoordinator::~RunningCoordinator() { Stop(); }
 

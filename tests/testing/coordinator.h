@@ -22,6 +22,11 @@ class RunningCoordinator {
   RunningCoordinator(const std::string& name, const std::string& devices);
   ~RunningCoordinator();
 
+  // SIGKILLs the daemon alone: its workers (in their own process groups) keep running.
+  void Kill();
+  // Starts a new daemon on the same address and state directory, as a restart after a crash.
+  bool Restart();
+
   bool ok() const { return stub_ != nullptr; }
   const std::string& address() const { return address_; }
   const std::string& state_dir() const { return state_dir_; }
@@ -39,7 +44,10 @@ class RunningCoordinator {
   void Stop();
 
  private:
+  bool Start(const std::string& listen);
+
   std::string state_dir_;
+  std::string devices_;
   std::string log_path_;
   std::string address_;
   std::string metrics_address_;
