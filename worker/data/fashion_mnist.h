@@ -4,21 +4,10 @@
 #include <cstdint>
 #include <string>
 
-#include <ATen/core/Tensor.h>
-
 #include "absl/status/statusor.h"
+#include "worker/data/examples.h"
 
 namespace fitrun::worker {
-
-// A labelled image set held in memory: images [N, 1, 28, 28] float32, normalized; labels [N] int64.
-struct LabeledImages {
-  at::Tensor images;
-  at::Tensor labels;
-
-  int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
-};
-
-enum class Split { kTrain, kTest };
 
 // The training set's per-pixel mean and standard deviation (after scaling to [0, 1]); images are
 // normalized with them so the builtin models train at the learning rates people use for MNIST.

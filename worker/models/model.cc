@@ -1,15 +1,20 @@
 #include "worker/models/model.h"
 
 #include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
 #include <torch/nn/functional/pooling.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <exception>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/models/gpt.h"
+#include "worker/models/torchscript_model.h"
 
 namespace fitrun::worker {
 namespace {
@@ -66,15 +71,50 @@ class Cnn final : public Model {
 
 }  // namespace
 
+at::Tensor Model::Loss(const at::Tensor& inputs, const at::Tensor& targets) {
+  return F::cross_entropy(Forward(inputs), targets);
+}
+
+absl::StatusOr<Evaluation> Model::Evaluate(const LabeledImages& test, int64_t batch) {
+  if (test.size() == 0) return absl::InvalidArgumentError("empty evaluation set");
+  if (batch < 1) return absl::InvalidArgumentError(absl::StrCat("eval batch must be >= 1 (got ", batch, ")"));
+  try {
+    at::NoGradGuard no_grad;
+    const bool was_training = is_training();
+    eval();
+    int64_t correct = 0;
+    for (int64_t begin = 0; begin < test.size(); begin += batch) {
+      const int64_t n = std::min(batch, test.size() - begin);
+      const at::Tensor predicted = Forward(test.images.narrow(0, begin, n)).argmax(1);
+      correct += predicted.eq(test.labels.narrow(0, begin, n)).sum().item<int64_t>();
+    }
+    train(was_training);
+    Evaluation evaluation;
+    evaluation.accuracy = static_cast<double>(correct) / test.size();
+    evaluation.summary = absl::StrCat("test accuracy ", *evaluation.accuracy, " (", correct, " of ",
+                                      test.size(), ")");
+    return evaluation;
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
+  }
+}
+
 absl::StatusOr<std::shared_ptr<Model>> CreateModel(const fitrun::v1::ModelSpec& spec, uint64_t seed) {
+  if (spec.kind_case() == fitrun::v1::ModelSpec::kTorchscript) {
+    return LoadTorchScriptModel(spec.torchscript(), seed);
+  }
   if (spec.kind_case() != fitrun::v1::ModelSpec::kBuiltin) {
-    return absl::InvalidArgumentError("spec.model: set builtin to mlp or cnn");
+    return absl::InvalidArgumentError("spec.model: set builtin (mlp, cnn, gpt, sasrec) or torchscript");
+  }
+  if (spec.builtin() == "gpt") return CreateGpt(spec.gpt(), seed);
+  if (spec.builtin() == "sasrec") {
+    return absl::InvalidArgumentError("spec.model.builtin: sasrec is sized by its ratings file; build it with LoadWorkload");
   }
   torch::manual_seed(seed);
   if (spec.builtin() == "mlp") return std::make_shared<Mlp>();
   if (spec.builtin() == "cnn") return std::make_shared<Cnn>();
-  return absl::InvalidArgumentError(
-      absl::StrCat("spec.model.builtin: unknown model \"", spec.builtin(), "\" (known: mlp, cnn)"));
+  return absl::InvalidArgumentError(absl::StrCat("spec.model.builtin: unknown model \"", spec.builtin(),
+                                                 "\" (known: mlp, cnn, gpt, sasrec)"));
 }
 
 std::string ParameterChecksum(const torch::nn::Module& module) {

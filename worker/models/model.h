@@ -3,28 +3,48 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <torch/nn/module.h>
 
 #include "absl/status/statusor.h"
 #include "fitrun/v1/job.pb.h"
+#include "worker/data/examples.h"
 
 namespace fitrun::worker {
 
-// What the trainer needs from a model: a module (parameters, buffers, train/eval mode) that maps a
-// batch of inputs to class logits. Builtin models, TorchScript and transformer families plug in here.
-// Not thread-safe: owned by the training thread.
+// The result of evaluating a model on its test split.
+struct Evaluation {
+  // Set when the workload has an accuracy-like figure the coordinator can show as test_accuracy:
+  // top-1 accuracy for classifiers, hit-rate@10 for sasrec. Unset for language models.
+  std::optional<double> accuracy;
+  // Every figure, in words, for the job's log ("test loss 2.31 nats/byte, ...").
+  std::string summary;
+};
+
+// What the trainer needs from a model: a module (parameters, buffers, train/eval mode), the loss of
+// a batch and an evaluation of a test split. The defaults are those of an image classifier
+// (cross-entropy on Forward's logits, top-1 accuracy); other workloads override Loss and Evaluate
+// because their batches are not (input, class) pairs. Not thread-safe: owned by the training thread.
 class Model : public torch::nn::Module {
  public:
   explicit Model(const std::string& name) : torch::nn::Module(name) {}
 
-  // Logits [batch, classes] for a batch of inputs (images [batch, 1, 28, 28] for the builtins).
+  // The model's output for a batch of inputs: logits [batch, classes] for the classifiers
+  // (images [batch, 1, 28, 28]); see each model for the others.
   virtual at::Tensor Forward(const at::Tensor& input) = 0;
+
+  // The scalar training loss of a batch: rows of LabeledImages::images and ::labels.
+  virtual at::Tensor Loss(const at::Tensor& inputs, const at::Tensor& targets);
+
+  // Evaluates on `test` in batches of `batch` rows, without gradients and in eval mode.
+  virtual absl::StatusOr<Evaluation> Evaluate(const LabeledImages& test, int64_t batch);
 };
 
-// Builds the model a spec names, with weights drawn after torch::manual_seed(seed) so that every rank
-// starts from the same weights even before rank 0's broadcast.
+// Builds the model a spec names (mlp, cnn, gpt or a TorchScript file), with weights drawn after
+// torch::manual_seed(seed) so that every rank starts from the same weights even before rank 0's
+// broadcast. sasrec is sized by its data and built by LoadWorkload (worker/models/workload.h).
 absl::StatusOr<std::shared_ptr<Model>> CreateModel(const fitrun::v1::ModelSpec& spec, uint64_t seed);
 
 // FNV-1a 64-bit over every parameter's raw bytes in registration order, as 16 lowercase hex digits:

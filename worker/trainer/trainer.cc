@@ -1,7 +1,6 @@
 #include "worker/trainer/trainer.h"
 
 #include <ATen/ATen.h>
-#include <torch/nn/functional/loss.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -211,7 +210,7 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
       const at::Tensor indices = at::from_blob(shard.data() + begin, {b}, at::kLong);
       const at::Tensor inputs = train_.images.index_select(0, indices);
       const at::Tensor targets = train_.labels.index_select(0, indices);
-      const at::Tensor micro_loss = torch::nn::functional::cross_entropy(model_->Forward(inputs), targets);
+      const at::Tensor micro_loss = model_->Loss(inputs, targets);
       synchronizer_->BeforeBackward(m == k - 1);
       // Scaled so that the accumulated gradient is the mean over the step's k*b samples.
       (micro_loss / k).backward();
@@ -253,31 +252,20 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   result.train_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   result.parameter_checksum = ParameterChecksum(*model_);
   if (test_.has_value()) {
-    absl::StatusOr<double> accuracy = EvaluateAccuracy(*model_, *test_, o.eval_batch);
-    if (!accuracy.ok()) return accuracy.status();
-    result.has_test_accuracy = true;
-    result.test_accuracy = *accuracy;
+    absl::StatusOr<Evaluation> evaluation = model_->Evaluate(*test_, o.eval_batch);
+    if (!evaluation.ok()) return evaluation.status();
+    sink_->OnLog(evaluation->summary);
+    result.has_test_accuracy = evaluation->accuracy.has_value();
+    result.test_accuracy = evaluation->accuracy.value_or(0);
   }
   return result;
 }
 
 absl::StatusOr<double> EvaluateAccuracy(Model& model, const LabeledImages& set, int64_t batch) {
-  if (set.size() == 0) return absl::InvalidArgumentError("empty evaluation set");
-  try {
-    at::NoGradGuard no_grad;
-    const bool was_training = model.is_training();
-    model.eval();
-    int64_t correct = 0;
-    for (int64_t begin = 0; begin < set.size(); begin += batch) {
-      const int64_t n = std::min(batch, set.size() - begin);
-      const at::Tensor predicted = model.Forward(set.images.narrow(0, begin, n)).argmax(1);
-      correct += predicted.eq(set.labels.narrow(0, begin, n)).sum().item<int64_t>();
-    }
-    model.train(was_training);
-    return static_cast<double>(correct) / set.size();
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
-  }
+  absl::StatusOr<Evaluation> evaluation = model.Evaluate(set, batch);
+  if (!evaluation.ok()) return evaluation.status();
+  if (!evaluation->accuracy.has_value()) return absl::InvalidArgumentError("the model reports no accuracy");
+  return *evaluation->accuracy;
 }
 
 }  // namespace fitrun::worker

@@ -118,7 +118,7 @@ class Trainer {
 // field. Trainer::Create runs it too; a worker calls it early to fail before the rendezvous.
 absl::Status ValidateTrainerOptions(const TrainerOptions& options, int64_t train_size);
 
-// Top-1 accuracy of `model` on `set`, in batches of `batch`, without gradients and in eval mode.
+// The accuracy Model::Evaluate reports (top-1 for classifiers); InvalidArgument for a model without one.
 absl::StatusOr<double> EvaluateAccuracy(Model& model, const LabeledImages& set, int64_t batch);
 
 }  // namespace fitrun::worker

@@ -1,0 +1,171 @@
+#include "worker/models/gpt.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/utils.h>
+
+#include <cmath>
+#include <exception>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/models/attention.h"
+
+namespace fitrun::worker {
+namespace {
+
+namespace F = torch::nn::functional;
+
+// GPT-2's initialisation: N(0, 0.02) weights, zero biases.
+constexpr double kInitStd = 0.02;
+
+void InitLinear(torch::nn::Linear& linear) {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(linear->weight, 0.0, kInitStd);
+  if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
+}
+
+class Block final : public torch::nn::Module {
+ public:
+  Block(int64_t hidden, int64_t heads)
+      : heads_(heads),
+        ln1_(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden})))),
+        qkv_(register_module("qkv", torch::nn::Linear(hidden, 3 * hidden))),
+        proj_(register_module("proj", torch::nn::Linear(hidden, hidden))),
+        ln2_(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden})))),
+        fc_(register_module("fc", torch::nn::Linear(hidden, 4 * hidden))),
+        fc_proj_(register_module("fc_proj", torch::nn::Linear(4 * hidden, hidden))) {
+    for (torch::nn::Linear* linear : {&qkv_, &proj_, &fc_, &fc_proj_}) InitLinear(*linear);
+  }
+
+  at::Tensor forward(const at::Tensor& x) {
+    const std::vector<at::Tensor> qkv = qkv_->forward(ln1_->forward(x)).chunk(3, -1);
+    at::Tensor h = x + proj_->forward(CausalAttention(qkv[0], qkv[1], qkv[2], heads_));
+    return h + fc_proj_->forward(F::gelu(fc_->forward(ln2_->forward(h))));
+  }
+
+ private:
+  int64_t heads_;
+  torch::nn::LayerNorm ln1_;
+  torch::nn::Linear qkv_;
+  torch::nn::Linear proj_;
+  torch::nn::LayerNorm ln2_;
+  torch::nn::Linear fc_;
+  torch::nn::Linear fc_proj_;
+};
+
+class Gpt final : public Model {
+ public:
+  explicit Gpt(const fitrun::v1::GptConfig& config)
+      : Model("Gpt"),
+        context_(config.context()),
+        tied_head_(config.tied_head()),
+        token_embedding_(register_module("token_embedding", torch::nn::Embedding(kByteVocabulary, config.hidden()))),
+        position_embedding_(register_module("position_embedding", torch::nn::Embedding(config.context(), config.hidden()))),
+        blocks_(register_module("blocks", torch::nn::ModuleList())),
+        final_norm_(register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden()})))) {
+    for (int i = 0; i < config.layers(); ++i) {
+      blocks_->push_back(std::make_shared<Block>(config.hidden(), config.heads()));
+    }
+    if (!tied_head_) {
+      head_ = register_module(
+          "head", torch::nn::Linear(torch::nn::LinearOptions(config.hidden(), kByteVocabulary).bias(false)));
+      InitLinear(head_);
+    }
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(token_embedding_->weight, 0.0, kInitStd);
+    torch::nn::init::normal_(position_embedding_->weight, 0.0, kInitStd);
+  }
+
+  at::Tensor Forward(const at::Tensor& input) override {
+    const at::Tensor tokens = input.to(at::kLong);
+    const int64_t time = tokens.size(1);
+    TORCH_CHECK(time <= context_, "gpt: a window of ", time, " bytes is longer than the context ", context_);
+    at::Tensor x = token_embedding_->forward(tokens) +
+                   position_embedding_->forward(at::arange(time, tokens.options()));
+    for (const std::shared_ptr<torch::nn::Module>& block : *blocks_) {
+      x = std::static_pointer_cast<Block>(block)->forward(x);
+    }
+    x = final_norm_->forward(x);
+    return tied_head_ ? at::matmul(x, token_embedding_->weight.t()) : head_->forward(x);
+  }
+
+  at::Tensor Loss(const at::Tensor& inputs, const at::Tensor& targets) override {
+    return F::cross_entropy(Forward(inputs).reshape({-1, kByteVocabulary}), targets.to(at::kLong).reshape({-1}));
+  }
+
+  absl::StatusOr<Evaluation> Evaluate(const LabeledImages& test, int64_t batch) override {
+    if (test.size() == 0) return absl::InvalidArgumentError("empty evaluation set");
+    try {
+      at::NoGradGuard no_grad;
+      const bool was_training = is_training();
+      eval();
+      double loss_sum = 0;  // summed over windows; every window has the same number of bytes
+      for (int64_t begin = 0; begin < test.size(); begin += batch) {
+        const int64_t n = std::min(batch, test.size() - begin);
+        loss_sum += Loss(test.images.narrow(0, begin, n), test.labels.narrow(0, begin, n)).item<double>() * n;
+      }
+      train(was_training);
+      const double loss = loss_sum / test.size();
+      Evaluation evaluation;
+      evaluation.summary = absl::StrCat("test loss ", loss, " nats/byte (", loss / std::log(2.0),
+                                        " bits/byte) over ", test.size(), " windows of ",
+                                        test.images.size(1), " bytes");
+      return evaluation;
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
+    }
+  }
+
+ private:
+  int64_t context_;
+  bool tied_head_;
+  torch::nn::Embedding token_embedding_;
+  torch::nn::Embedding position_embedding_;
+  torch::nn::ModuleList blocks_;
+  torch::nn::LayerNorm final_norm_;
+  torch::nn::Linear head_{nullptr};
+};
+
+}  // namespace
+
+absl::Status ValidateGptConfig(const fitrun::v1::GptConfig& c) {
+  auto positive = [](const char* field, int32_t value) -> absl::Status {
+    if (value >= 1) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.model.gpt.", field, ": must be >= 1 (got ", value, ")"));
+  };
+  for (const auto& [field, value] : {std::pair<const char*, int32_t>{"layers", c.layers()},
+                                     {"heads", c.heads()},
+                                     {"hidden", c.hidden()},
+                                     {"context", c.context()}}) {
+    if (absl::Status s = positive(field, value); !s.ok()) return s;
+  }
+  if (c.hidden() % c.heads() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.model.gpt.heads: must divide hidden (", c.hidden(),
+                                                   " is not a multiple of ", c.heads(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t GptParameterCount(const fitrun::v1::GptConfig& c) {
+  const int64_t h = c.hidden();
+  const int64_t embeddings = kByteVocabulary * h + int64_t{c.context()} * h;
+  const int64_t per_block = 12 * h * h + 13 * h;
+  const int64_t head = c.tied_head() ? 0 : kByteVocabulary * h;
+  return embeddings + c.layers() * per_block + 2 * h + head;
+}
+
+absl::StatusOr<std::shared_ptr<Model>> CreateGpt(const fitrun::v1::GptConfig& config, uint64_t seed) {
+  if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
+  torch::manual_seed(seed);
+  return std::make_shared<Gpt>(config);
+}
+
+}  // namespace fitrun::worker

@@ -1,0 +1,34 @@
+#ifndef FITRUN_WORKER_MODELS_WORKLOAD_H_
+#define FITRUN_WORKER_MODELS_WORKLOAD_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "fitrun/v1/job.pb.h"
+#include "worker/data/examples.h"
+#include "worker/models/model.h"
+
+namespace fitrun::worker {
+
+// A spec's model together with the data it trains and is tested on, which is how a worker gets
+// both: some models are sized by their data (sasrec's item count) and every model reads its own
+// dataset layout.
+struct Workload {
+  std::shared_ptr<Model> model;
+  LabeledImages train;
+  // Loaded only when asked for (rank 0 evaluates).
+  std::optional<LabeledImages> test;
+  // "gpt (2 layers, hidden 128, 4 heads, context 64)", for the job's log.
+  std::string description;
+};
+
+// Loads the data a spec names and builds its model with `seed`. Model and data kinds must match:
+// mlp, cnn and torchscript train on fashion_mnist, gpt on text, sasrec on movielens. Errors are
+// InvalidArgument naming the spec field (spec.data.path, spec.model.gpt.heads, ...).
+absl::StatusOr<Workload> LoadWorkload(const fitrun::v1::JobSpec& spec, bool with_test);
+
+}  // namespace fitrun::worker
+
+#endif  // FITRUN_WORKER_MODELS_WORKLOAD_H_

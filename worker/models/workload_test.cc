@@ -1,0 +1,120 @@
+#include "worker/models/workload.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/data/test_files.h"
+#include "worker/trainer/fake_progress_sink.h"
+#include "worker/trainer/trainer.h"
+
+namespace fitrun::worker {
+namespace {
+
+struct TrainingRun {
+  double first_loss = 0;  // mean of the first three steps' losses
+  double last_loss = 0;   // mean of the last three
+  TrainResult result;
+  std::vector<std::string> logs;
+};
+
+// Trains a workload for `steps` steps on one rank with Adam, the way a worker does.
+absl::StatusOr<TrainingRun> Train(const fitrun::v1::JobSpec& spec, int64_t steps, int64_t batch, double lr) {
+  absl::StatusOr<Workload> workload = LoadWorkload(spec, /*with_test=*/true);
+  if (!workload.ok()) return workload.status();
+  TrainerOptions options;
+  options.per_device_batch = batch;
+  options.learning_rate = lr;
+  options.total_steps = steps;
+  options.seed = spec.seed();
+  options.optimizer.set_kind(fitrun::v1::OPTIMIZER_KIND_ADAM);
+  options.progress_interval = absl::ZeroDuration();
+  LocalGradientSynchronizer synchronizer;
+  FakeProgressSink sink;
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      Trainer::Create(options, workload->model, std::move(workload->train), std::move(workload->test),
+                      &synchronizer, &sink);
+  if (!trainer.ok()) return trainer.status();
+  absl::StatusOr<TrainResult> result = (*trainer)->Run();
+  if (!result.ok()) return result.status();
+  const std::vector<StepProgress> progress = sink.progress();
+  if (progress.size() != static_cast<size_t>(steps)) return absl::InternalError("a step was not reported");
+  TrainingRun run;
+  for (int i = 0; i < 3; ++i) {
+    run.first_loss += progress[i].loss / 3;
+    run.last_loss += progress[progress.size() - 1 - i].loss / 3;
+  }
+  run.result = *result;
+  run.logs = sink.logs();
+  std::printf("%s: loss %.4f -> %.4f over %lld steps; %s\n", workload->description.c_str(), run.first_loss,
+              run.last_loss, static_cast<long long>(steps), run.logs.empty() ? "" : run.logs.back().c_str());
+  return run;
+}
+
+std::string WriteFile(const std::string& name, const std::string& bytes) {
+  const std::string path = testing::MakeTempDir("workload_test") + "/" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+fitrun::v1::JobSpec GptSpec(const std::string& path) {
+  fitrun::v1::JobSpec spec;
+  spec.set_seed(5);
+  spec.mutable_model()->set_builtin("gpt");
+  fitrun::v1::GptConfig* gpt = spec.mutable_model()->mutable_gpt();
+  gpt->set_layers(1);
+  gpt->set_heads(2);
+  gpt->set_hidden(32);
+  gpt->set_context(16);
+  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_TEXT);
+  spec.mutable_data()->set_path(path);
+  return spec;
+}
+
+// A few sentences repeated: next bytes are predictable from the previous few.
+std::string RepetitiveText(size_t bytes) {
+  const std::string sentences =
+      "the quick brown fox jumps over the lazy dog. a stitch in time saves nine. "
+      "all that glitters is not gold. ";
+  std::string text;
+  while (text.size() < bytes) text += sentences;
+  text.resize(bytes);
+  return text;
+}
+
+TEST(WorkloadTest, GptLossFallsAndTheTestLossIsLogged) {
+  const fitrun::v1::JobSpec spec = GptSpec(WriteFile("sentences.txt", RepetitiveText(20000)));
+  absl::StatusOr<TrainingRun> run = Train(spec, 60, 16, 3e-3);
+  ASSERT_TRUE(run.ok()) << run.status();
+  // Uniform over bytes is ln 256 = 5.55 nats; the repeated sentences need far fewer.
+  EXPECT_GT(run->first_loss, 4.5);
+  EXPECT_LT(run->last_loss, 3.0);
+  EXPECT_FALSE(run->result.has_test_accuracy);
+  ASSERT_FALSE(run->logs.empty());
+  EXPECT_TRUE(absl::StrContains(run->logs.back(), "test loss")) << run->logs.back();
+  EXPECT_TRUE(absl::StrContains(run->logs.back(), "nats/byte")) << run->logs.back();
+}
+
+TEST(WorkloadTest, GptChecksItsDataKindConfigAndFile) {
+  const std::string path = WriteFile("short.txt", RepetitiveText(20000));
+  fitrun::v1::JobSpec wrong_kind = GptSpec(path);
+  wrong_kind.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
+  EXPECT_TRUE(absl::StrContains(LoadWorkload(wrong_kind, false).status().message(), "spec.data.kind"));
+
+  fitrun::v1::JobSpec bad_heads = GptSpec(path);
+  bad_heads.mutable_model()->mutable_gpt()->set_heads(3);
+  EXPECT_TRUE(absl::StrContains(LoadWorkload(bad_heads, false).status().message(), "spec.model.gpt.heads"));
+
+  fitrun::v1::JobSpec missing = GptSpec(path + ".missing");
+  absl::Status status = LoadWorkload(missing, false).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "spec.data.path")) << status;
+}
+
+}  // namespace
+}  // namespace fitrun::worker
