@@ -1,0 +1,212 @@
+#include "worker/checkpoint/checkpoint_store.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ATen.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <sstream>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+
+namespace fitrun::worker {
+namespace {
+
+constexpr absl::string_view kPrefix = "ckpt-";
+constexpr absl::string_view kSuffix = ".pt";
+// Bumped when the archive's keys change; a checkpoint of another version is not loaded.
+constexpr int64_t kFormatVersion = 1;
+
+absl::Status ErrnoError(const std::string& what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+// Writes all of `data` to a new file at `path` and fsyncs it.
+absl::Status WriteDurably(const std::string& path, const std::string& data) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError(absl::StrCat("creating ", path));
+  size_t written = 0;
+  while (written < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + written, data.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      absl::Status status = ErrnoError(absl::StrCat("writing ", path));
+      ::close(fd);
+      return status;
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    absl::Status status = ErrnoError(absl::StrCat("fsync of ", path));
+    ::close(fd);
+    return status;
+  }
+  if (::close(fd) != 0) return ErrnoError(absl::StrCat("closing ", path));
+  return absl::OkStatus();
+}
+
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(absl::StrCat("opening ", dir));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return ErrnoError(absl::StrCat("fsync of ", dir));
+  return absl::OkStatus();
+}
+
+at::Tensor Scalar(int64_t value) { return at::full({1}, value, at::kLong); }
+
+int64_t ReadScalar(torch::serialize::InputArchive& archive, const std::string& key) {
+  at::Tensor t;
+  archive.read(key, t);
+  return t.item<int64_t>();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Create(const Options& options) {
+  if (options.dir.empty()) return absl::InvalidArgumentError("checkpoint_dir: empty");
+  if (options.keep_last < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.checkpoint.keep_last: must be >= 1 (got ", options.keep_last, ")"));
+  }
+  // mkdir -p: the coordinator may not have created it.
+  for (size_t slash = 1; slash <= options.dir.size(); ++slash) {
+    if (slash != options.dir.size() && options.dir[slash] != '/') continue;
+    const std::string prefix = options.dir.substr(0, slash);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return ErrnoError(absl::StrCat("checkpoint_dir: creating ", prefix));
+    }
+  }
+  return std::unique_ptr<CheckpointStore>(new CheckpointStore(options));
+}
+
+std::string CheckpointStore::PathFor(int64_t step) const {
+  return absl::StrFormat("%s/%s%010d%s", options_.dir, kPrefix, step, kSuffix);
+}
+
+std::vector<int64_t> CheckpointStore::Steps() const {
+  std::vector<int64_t> steps;
+  DIR* dir = ::opendir(options_.dir.c_str());
+  if (dir == nullptr) return steps;
+  while (const dirent* entry = ::readdir(dir)) {
+    absl::string_view name(entry->d_name);
+    if (!absl::ConsumePrefix(&name, kPrefix) || !absl::ConsumeSuffix(&name, kSuffix)) continue;
+    int64_t step = 0;
+    if (absl::SimpleAtoi(name, &step) && step >= 0) steps.push_back(step);
+  }
+  ::closedir(dir);
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+absl::StatusOr<SavedCheckpoint> CheckpointStore::Save(const TrainingPosition& position,
+                                                      const torch::nn::Module& model,
+                                                      const torch::optim::Optimizer& optimizer) {
+  std::string data;
+  try {
+    torch::serialize::OutputArchive archive;
+    archive.write("format_version", Scalar(kFormatVersion));
+    archive.write("step", Scalar(position.step));
+    archive.write("epoch", Scalar(position.epoch));
+    archive.write("step_in_epoch", Scalar(position.step_in_epoch));
+    {
+      auto generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      archive.write("cpu_rng_state", generator.get_state());
+    }
+    torch::serialize::OutputArchive model_archive;
+    model.save(model_archive);
+    archive.write("model", model_archive);
+    torch::serialize::OutputArchive optimizer_archive;
+    optimizer.save(optimizer_archive);
+    archive.write("optimizer", optimizer_archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    data = out.str();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("serializing checkpoint of step ", position.step, ": ", e.what()));
+  }
+
+  const std::string path = PathFor(position.step);
+  const std::string temp = absl::StrCat(path, ".tmp");
+  if (absl::Status s = WriteDurably(temp, data); !s.ok()) {
+    ::unlink(temp.c_str());  // best effort: a full disk should not also keep the partial file
+    return s;
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    absl::Status status = ErrnoError(absl::StrCat("renaming ", temp, " to ", path));
+    ::unlink(temp.c_str());
+    return status;
+  }
+  if (absl::Status s = SyncDirectory(options_.dir); !s.ok()) return s;
+
+  const std::vector<int64_t> steps = Steps();
+  for (size_t i = options_.keep_last; i < steps.size(); ++i) ::unlink(PathFor(steps[i]).c_str());
+  return SavedCheckpoint{position.step, path, static_cast<int64_t>(data.size())};
+}
+
+absl::StatusOr<TrainingPosition> CheckpointStore::Load(int64_t step, torch::nn::Module& model,
+                                                       torch::optim::Optimizer& optimizer) const {
+  const std::string path = PathFor(step);
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(path);
+    const int64_t version = ReadScalar(archive, "format_version");
+    if (version != kFormatVersion) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": checkpoint format ", version, ", this worker reads ", kFormatVersion));
+    }
+    TrainingPosition position;
+    position.step = ReadScalar(archive, "step");
+    position.epoch = ReadScalar(archive, "epoch");
+    position.step_in_epoch = ReadScalar(archive, "step_in_epoch");
+    if (position.step != step) {
+      return absl::DataLossError(absl::StrCat(path, ": holds step ", position.step));
+    }
+    at::Tensor rng_state;
+    archive.read("cpu_rng_state", rng_state);
+    torch::serialize::InputArchive model_archive;
+    archive.read("model", model_archive);
+    torch::serialize::InputArchive optimizer_archive;
+    archive.read("optimizer", optimizer_archive);
+
+    model.load(model_archive);
+    optimizer.load(optimizer_archive);
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(rng_state);
+    return position;
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat("loading ", path, ": ", e.what()));
+  }
+}
+
+absl::StatusOr<std::optional<TrainingPosition>> CheckpointStore::LoadLatest(
+    torch::nn::Module& model, torch::optim::Optimizer& optimizer) const {
+  std::string skipped;
+  for (int64_t step : Steps()) {
+    absl::StatusOr<TrainingPosition> position = Load(step, model, optimizer);
+    if (position.ok()) return std::optional<TrainingPosition>(*position);
+    absl::StrAppend(&skipped, skipped.empty() ? "" : "; ", position.status().message());
+  }
+  if (!skipped.empty()) return absl::DataLossError(absl::StrCat("no checkpoint loads: ", skipped));
+  return std::optional<TrainingPosition>();
+}
+
+}  // namespace fitrun::worker

@@ -1,0 +1,78 @@
+#ifndef FITRUN_WORKER_CHECKPOINT_CHECKPOINT_STORE_H_
+#define FITRUN_WORKER_CHECKPOINT_CHECKPOINT_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace fitrun::worker {
+
+// Where training stands when a checkpoint is taken: enough to continue exactly. The sampler's order
+// is a pure function of (seed, epoch), so its position is the epoch and the step within it.
+struct TrainingPosition {
+  int64_t step = 0;  // optimizer steps completed
+  int64_t epoch = 0;
+  int64_t step_in_epoch = 0;  // steps of `epoch` completed
+};
+
+// A checkpoint that reached the disk.
+struct SavedCheckpoint {
+  int64_t step = 0;
+  std::string path;
+  int64_t bytes = 0;
+};
+
+// One job's checkpoints in one directory: ckpt-<step>.pt files, each holding the model's parameters
+// and buffers, the optimizer's state, the training position and the CPU random generator's state.
+//
+// Saves are atomic: the archive goes to a temporary file in the same directory, is fsynced, renamed
+// over its final name and the directory is fsynced, so a crash or a full disk leaves either the new
+// checkpoint or none, never a torn one, and older checkpoints are only pruned after the new one is
+// durable. Loading skips files that do not parse, so the newest *valid* checkpoint wins.
+//
+// Not thread-safe; rank 0's training thread saves, every rank loads before training.
+class CheckpointStore {
+ public:
+  struct Options {
+    std::string dir;
+    // spec.checkpoint.keep_last; checkpoints beyond the newest this many are deleted.
+    int keep_last = 2;
+  };
+
+  // Creates the directory when missing.
+  static absl::StatusOr<std::unique_ptr<CheckpointStore>> Create(const Options& options);
+
+  absl::StatusOr<SavedCheckpoint> Save(const TrainingPosition& position, const torch::nn::Module& model,
+                                       const torch::optim::Optimizer& optimizer);
+
+  // Steps of the checkpoints on disk, newest first (whether they parse or not).
+  std::vector<int64_t> Steps() const;
+
+  // Loads the checkpoint of `step` into `model` and `optimizer` and restores the generator state.
+  absl::StatusOr<TrainingPosition> Load(int64_t step, torch::nn::Module& model,
+                                        torch::optim::Optimizer& optimizer) const;
+
+  // The newest checkpoint that loads, or nullopt when there is none. Unreadable newer files are
+  // skipped (they are reported in the returned status only when nothing loads).
+  absl::StatusOr<std::optional<TrainingPosition>> LoadLatest(torch::nn::Module& model,
+                                                             torch::optim::Optimizer& optimizer) const;
+
+  std::string PathFor(int64_t step) const;
+
+ private:
+  explicit CheckpointStore(Options options) : options_(std::move(options)) {}
+
+  Options options_;
+};
+
+}  // namespace fitrun::worker
+
+#endif  // FITRUN_WORKER_CHECKPOINT_CHECKPOINT_STORE_H_

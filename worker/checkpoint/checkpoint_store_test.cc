@@ -1,0 +1,124 @@
+#include "worker/checkpoint/checkpoint_store.h"
+
+#include <ATen/ATen.h>
+#include <sys/stat.h>
+#include <torch/optim/sgd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "gtest/gtest.h"
+
+namespace fitrun::worker {
+namespace {
+
+struct Tiny : torch::nn::Module {
+  Tiny() {
+    w = register_parameter("w", at::randn({3, 2}));
+    running = register_buffer("running", at::randn({2}));
+  }
+  at::Tensor w;
+  at::Tensor running;
+};
+
+std::string FreshDir(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(root != nullptr ? root : "/tmp") + "/" + name;
+  std::system(("rm -rf '" + dir + "'").c_str());
+  return dir + "/nested";  // Create() makes the missing parents
+}
+
+// One SGD step with momentum so the optimizer has state worth saving.
+void Step(Tiny& model, torch::optim::SGD& sgd) {
+  sgd.zero_grad();
+  model.w.pow(2).sum().backward();
+  sgd.step();
+}
+
+TEST(CheckpointStoreTest, RoundTripRestoresModelOptimizerPositionAndRng) {
+  auto store = CheckpointStore::Create({FreshDir("roundtrip"), 2});
+  ASSERT_TRUE(store.ok()) << store.status();
+  at::manual_seed(1);
+  Tiny saved;
+  torch::optim::SGD sgd(saved.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  Step(saved, sgd);
+  absl::StatusOr<SavedCheckpoint> written = (*store)->Save({7, 1, 3}, saved, sgd);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_GT(written->bytes, 0);
+  const at::Tensor next_random = at::randn({4});  // drawn after the save
+
+  at::manual_seed(99);
+  Tiny loaded;
+  torch::optim::SGD loaded_sgd(loaded.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  absl::StatusOr<std::optional<TrainingPosition>> position = (*store)->LoadLatest(loaded, loaded_sgd);
+  ASSERT_TRUE(position.ok()) << position.status();
+  ASSERT_TRUE(position->has_value());
+  EXPECT_EQ((*position)->step, 7);
+  EXPECT_EQ((*position)->epoch, 1);
+  EXPECT_EQ((*position)->step_in_epoch, 3);
+  EXPECT_TRUE(at::equal(loaded.w, saved.w));
+  EXPECT_TRUE(at::equal(loaded.running, saved.running));
+  EXPECT_TRUE(at::equal(at::randn({4}), next_random));
+  // Same momentum buffer: the next steps agree exactly.
+  Step(saved, sgd);
+  Step(loaded, loaded_sgd);
+  EXPECT_TRUE(at::equal(loaded.w, saved.w));
+}
+
+TEST(CheckpointStoreTest, KeepsOnlyTheNewest) {
+  auto store = CheckpointStore::Create({FreshDir("prune"), 2});
+  ASSERT_TRUE(store.ok());
+  Tiny model;
+  torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1));
+  for (int64_t step : {2, 4, 6, 8}) ASSERT_TRUE((*store)->Save({step, 0, step}, model, sgd).ok());
+  EXPECT_EQ((*store)->Steps(), (std::vector<int64_t>{8, 6}));
+}
+
+TEST(CheckpointStoreTest, TornNewestFileFallsBackToTheOlderOne) {
+  auto store = CheckpointStore::Create({FreshDir("torn"), 3});
+  ASSERT_TRUE(store.ok());
+  Tiny model;
+  torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1));
+  ASSERT_TRUE((*store)->Save({4, 0, 4}, model, sgd).ok());
+  std::ofstream((*store)->PathFor(8)) << "not a checkpoint";
+  auto position = (*store)->LoadLatest(model, sgd);
+  ASSERT_TRUE(position.ok()) << position.status();
+  ASSERT_TRUE(position->has_value());
+  EXPECT_EQ((*position)->step, 4);
+}
+
+TEST(CheckpointStoreTest, EmptyDirectoryMeansNoCheckpoint) {
+  auto store = CheckpointStore::Create({FreshDir("empty"), 2});
+  ASSERT_TRUE(store.ok());
+  Tiny model;
+  torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1));
+  auto position = (*store)->LoadLatest(model, sgd);
+  ASSERT_TRUE(position.ok());
+  EXPECT_FALSE(position->has_value());
+}
+
+// A write that cannot happen (here the temporary name is taken by a directory, which fails the same
+// way for root as a read-only directory does for others) returns an error and leaves the previous
+// checkpoint loadable.
+TEST(CheckpointStoreTest, FailedWriteLeavesThePreviousCheckpoint) {
+  auto store = CheckpointStore::Create({FreshDir("failed"), 1});
+  ASSERT_TRUE(store.ok());
+  Tiny model;
+  torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1));
+  ASSERT_TRUE((*store)->Save({4, 0, 4}, model, sgd).ok());
+  ASSERT_EQ(::mkdir(((*store)->PathFor(8) + ".tmp").c_str(), 0755), 0);
+  absl::StatusOr<SavedCheckpoint> failed = (*store)->Save({8, 0, 8}, model, sgd);
+  EXPECT_FALSE(failed.ok());
+  EXPECT_EQ((*store)->Steps(), (std::vector<int64_t>{4}));
+  auto position = (*store)->LoadLatest(model, sgd);
+  ASSERT_TRUE(position.ok() && position->has_value());
+  EXPECT_EQ((*position)->step, 4);
+}
+
+TEST(CheckpointStoreTest, RejectsBadOptions) {
+  EXPECT_FALSE(CheckpointStore::Create({"", 2}).ok());
+  EXPECT_EQ(CheckpointStore::Create({"/tmp/x", 0}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fitrun::worker
