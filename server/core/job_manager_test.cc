@@ -223,6 +223,27 @@ TEST_F(JobManagerTest, QueuedJobWaitsForDevicesAndRunsInPriorityOrder) {
   EXPECT_EQ(manager_->Get(low->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
 }
 
+// The scheduling policy against starvation: the queue's head waits for its devices and nothing
+// behind it is started on the devices it is waiting for (no backfill).
+TEST_F(JobManagerTest, LargeJobIsNotStarvedBySmallJobsBehindIt) {
+  absl::StatusOr<fitrun::v1::Job> small_running = manager_->Submit(Spec(1, 1));
+  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  absl::StatusOr<fitrun::v1::Job> large = manager_->Submit(Spec(2, 2));
+  std::vector<std::string> smalls;
+  for (int i = 0; i < 3; ++i) smalls.push_back(manager_->Submit(Spec(1, 1))->id());
+  // cpu:1 is free, but the large job is first in line for it.
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(launcher_.launches().size(), 1u);
+  EXPECT_EQ(manager_->Get(large->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+  for (const std::string& id : smalls) EXPECT_EQ(manager_->Get(id)->state(), fitrun::v1::JOB_STATE_QUEUED);
+
+  ASSERT_TRUE(manager_->Cancel(small_running->id(), "").ok());
+  launcher_.Exit(0, -1, 15);
+  ASSERT_TRUE(launcher_.WaitForLaunches(3, absl::Seconds(5)));
+  EXPECT_EQ(launcher_.launches()[1].job_id, large->id());
+  EXPECT_EQ(launcher_.launches()[2].job_id, large->id());
+}
+
 TEST_F(JobManagerTest, WorkerWithTheWrongTokenIsRefused) {
   absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 1));
   ASSERT_TRUE(job.ok());

@@ -21,6 +21,13 @@ const char* const kMigrations[] = {
     "  sequence INTEGER NOT NULL,"
     "  event BLOB NOT NULL,"
     "  PRIMARY KEY (job_id, sequence)) WITHOUT ROWID;",
+    // 1 -> 2: every launch of a job, queryable without decoding the job.
+    "CREATE TABLE attempts ("
+    "  job_id TEXT NOT NULL,"
+    "  attempt INTEGER NOT NULL,"
+    "  outcome TEXT NOT NULL,"
+    "  record BLOB NOT NULL,"
+    "  PRIMARY KEY (job_id, attempt)) WITHOUT ROWID;",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == SqliteJobStore::kSchemaVersion);
 
@@ -121,6 +128,19 @@ absl::Status SqliteJobStore::PutJob(const JobRecord& record) {
   insert.BindText(4, record.token);
   insert.BindBlob(5, record.job.SerializeAsString());
   if (sqlite3_step(insert.get()) != SQLITE_DONE) return SqliteError(db_, "storing a job");
+  // Only the newest attempt changes; older ones were written when they ended.
+  if (!record.job.attempt_history().empty()) {
+    const fitrun::v1::AttemptRecord& attempt = record.job.attempt_history(record.job.attempt_history_size() - 1);
+    Statement upsert(db_,
+                     "INSERT INTO attempts (job_id, attempt, outcome, record) VALUES (?1, ?2, ?3, ?4) "
+                     "ON CONFLICT(job_id, attempt) DO UPDATE SET outcome = excluded.outcome, record = excluded.record;");
+    if (!upsert.ok()) return SqliteError(db_, "preparing the attempt upsert");
+    upsert.BindText(1, record.job.id());
+    upsert.BindInt(2, attempt.attempt());
+    upsert.BindText(3, attempt.outcome());
+    upsert.BindBlob(4, attempt.SerializeAsString());
+    if (sqlite3_step(upsert.get()) != SQLITE_DONE) return SqliteError(db_, "storing an attempt");
+  }
   return absl::OkStatus();
 }
 

@@ -22,7 +22,7 @@ namespace fitrun::server {
 class SqliteJobStore : public JobStore {
  public:
   // The schema version this build writes.
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
   static absl::StatusOr<std::unique_ptr<SqliteJobStore>> Open(const std::string& path);
   ~SqliteJobStore() override;

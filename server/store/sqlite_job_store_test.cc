@@ -71,6 +71,45 @@ TEST(SqliteJobStoreTest, EventsReadBackFromAnySequenceWithALimit) {
   EXPECT_EQ((*events)[2].log().text(), "9");
 }
 
+TEST(SqliteJobStoreTest, AttemptsAreKeptInTheirOwnTable) {
+  const std::string path = FreshDb("attempts");
+  auto store = SqliteJobStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  JobRecord record = Record("a", 1, fitrun::v1::JOB_STATE_RUNNING);
+  record.job.add_attempt_history()->set_attempt(1);
+  ASSERT_TRUE((*store)->PutJob(record).ok());
+  record.job.mutable_attempt_history(0)->set_outcome("rank 1 exited with code 3");
+  record.job.add_attempt_history()->set_attempt(2);
+  ASSERT_TRUE((*store)->PutJob(record).ok());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* query = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM attempts WHERE job_id = 'a'", -1, &query, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(query), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(query, 0), 2);
+  sqlite3_finalize(query);
+  sqlite3_close(db);
+}
+
+TEST(SqliteJobStoreTest, OlderSchemaIsMigratedForward) {
+  const std::string path = FreshDb("migrate");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "CREATE TABLE jobs (id TEXT PRIMARY KEY, submit_order INTEGER NOT NULL, state INTEGER NOT NULL,"
+                         " token TEXT NOT NULL, job BLOB NOT NULL);"
+                         "CREATE TABLE events (job_id TEXT NOT NULL, sequence INTEGER NOT NULL, event BLOB NOT NULL,"
+                         " PRIMARY KEY (job_id, sequence)) WITHOUT ROWID; PRAGMA user_version=1;",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = SqliteJobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  JobRecord record = Record("a", 1, fitrun::v1::JOB_STATE_RUNNING);
+  record.job.add_attempt_history()->set_attempt(1);
+  EXPECT_TRUE((*store)->PutJob(record).ok());
+}
+
 TEST(SqliteJobStoreTest, StoreFromANewerSchemaIsRefusedWithAClearError) {
   const std::string path = FreshDb("newer");
   {
