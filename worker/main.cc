@@ -17,10 +17,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "worker/data/fashion_mnist.h"
 #include "worker/ddp/flat_all_reduce.h"
 #include "worker/ddp/process_group.h"
 #include "worker/models/model.h"
+#include "worker/models/workload.h"
 #include "worker/options.h"
 #include "worker/report/grpc_reporter.h"
 #include "worker/trainer/progress_sink.h"
@@ -153,24 +153,16 @@ class Worker {
     at::set_num_threads(threads);
 
     const absl::Time load_start = absl::Now();
-    absl::StatusOr<LabeledImages> train = LoadFashionMnist(spec.data().path(), Split::kTrain);
-    if (!train.ok()) return Fail(kBadConfiguration, Prefixed("spec.data.path: ", train.status()));
-    std::optional<LabeledImages> test;
-    if (options_.rank == 0) {
-      absl::StatusOr<LabeledImages> t = LoadFashionMnist(spec.data().path(), Split::kTest);
-      if (!t.ok()) return Fail(kBadConfiguration, Prefixed("spec.data.path: ", t.status()));
-      test = *std::move(t);
-    }
+    absl::StatusOr<Workload> workload = LoadWorkload(spec, /*with_test=*/options_.rank == 0);
+    if (!workload.ok()) return Fail(kBadConfiguration, workload.status());
 
     TrainerOptions trainer_options = TrainerOptionsFor(*assignment, options_);
-    if (absl::Status s = ValidateTrainerOptions(trainer_options, train->size()); !s.ok()) {
+    if (absl::Status s = ValidateTrainerOptions(trainer_options, workload->train.size()); !s.ok()) {
       return Fail(kBadConfiguration, s);
     }
-    absl::StatusOr<std::shared_ptr<Model>> model = CreateModel(spec.model(), spec.seed());
-    if (!model.ok()) return Fail(kBadConfiguration, model.status());
     sink_->OnLog(absl::StrCat("rank ", options_.rank, "/", options_.world_size, " on ",
                               assignment->plan().device_ids(options_.rank), ": model ",
-                              spec.model().builtin(), ", ", train->size(), " training samples loaded in ",
+                              workload->description, ", ", workload->train.size(), " training samples loaded in ",
                               absl::FormatDuration(absl::Now() - load_start), ", per-device batch ",
                               trainer_options.per_device_batch, " x ", trainer_options.grad_accum_steps,
                               " accumulation, lr ", trainer_options.learning_rate, ", ",
@@ -193,16 +185,16 @@ class Worker {
     const absl::Time join_start = absl::Now();
     absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> group = ConnectProcessGroup(group_options);
     if (!group.ok()) return Fail(kTrainingFailed, group.status());
-    if (absl::Status s = BroadcastModuleState(**group, **model); !s.ok()) return Fail(kTrainingFailed, s);
+    if (absl::Status s = BroadcastModuleState(**group, *workload->model); !s.ok()) return Fail(kTrainingFailed, s);
     sink_->OnLog(absl::StrCat("joined the process group at ", options_.master_addr, ":",
                               options_.master_port, " in ", absl::FormatDuration(absl::Now() - join_start),
-                              "; parameters ", ParameterChecksum(**model), " after rank 0's broadcast"));
+                              "; parameters ", ParameterChecksum(*workload->model), " after rank 0's broadcast"));
 
     absl::StatusOr<std::unique_ptr<FlatAllReduceSynchronizer>> synchronizer =
-        FlatAllReduceSynchronizer::Create(*group, (*model)->parameters());
+        FlatAllReduceSynchronizer::Create(*group, workload->model->parameters());
     if (!synchronizer.ok()) return Fail(kTrainingFailed, synchronizer.status());
     absl::StatusOr<std::unique_ptr<Trainer>> trainer =
-        Trainer::Create(trainer_options, *model, *std::move(train), std::move(test),
+        Trainer::Create(trainer_options, workload->model, std::move(workload->train), std::move(workload->test),
                         synchronizer->get(), sink_.get());
     if (!trainer.ok()) {
       return Fail(trainer.status().code() == absl::StatusCode::kInvalidArgument ? kBadConfiguration
@@ -266,10 +258,6 @@ class Worker {
   static bool IsCollectiveFailure(const absl::Status& status) {
     return status.code() == absl::StatusCode::kUnavailable ||
            status.code() == absl::StatusCode::kDeadlineExceeded;
-  }
-
-  static absl::Status Prefixed(const std::string& prefix, const absl::Status& status) {
-    return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
   }
 
   const WorkerOptions options_;
