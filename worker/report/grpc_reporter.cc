@@ -120,6 +120,17 @@ void GrpcReporter::OnLog(const std::string& text) {
   Enqueue(std::move(report), /*must_deliver=*/false);
 }
 
+void GrpcReporter::OnCheckpointSaved(const CheckpointNotice& c) {
+  fitrun::v1::WorkerReport report;
+  fitrun::v1::CheckpointSaved* saved = report.mutable_checkpoint_saved();
+  saved->set_rank(c.rank);
+  saved->set_step(c.step);
+  saved->set_path(c.path);
+  saved->set_bytes(c.bytes);
+  // The coordinator resumes from what it was told about: never drop one for a progress line.
+  Enqueue(std::move(report), /*must_deliver=*/true);
+}
+
 void GrpcReporter::ReportFinished(const fitrun::v1::RankFinished& finished) {
   fitrun::v1::WorkerReport report;
   *report.mutable_finished() = finished;

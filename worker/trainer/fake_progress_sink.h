@@ -20,6 +20,10 @@ class FakeProgressSink final : public ProgressSink {
     absl::MutexLock lock(&mu_);
     logs_.push_back(text);
   }
+  void OnCheckpointSaved(const CheckpointNotice& checkpoint) override {
+    absl::MutexLock lock(&mu_);
+    checkpoints_.push_back(checkpoint);
+  }
   void Flush(absl::Duration) override {
     absl::MutexLock lock(&mu_);
     ++flushes_;
@@ -33,6 +37,10 @@ class FakeProgressSink final : public ProgressSink {
     absl::MutexLock lock(&mu_);
     return logs_;
   }
+  std::vector<CheckpointNotice> checkpoints() const {
+    absl::MutexLock lock(&mu_);
+    return checkpoints_;
+  }
   int flushes() const {
     absl::MutexLock lock(&mu_);
     return flushes_;
@@ -42,6 +50,7 @@ class FakeProgressSink final : public ProgressSink {
   mutable absl::Mutex mu_;
   std::vector<StepProgress> progress_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> logs_ ABSL_GUARDED_BY(mu_);
+  std::vector<CheckpointNotice> checkpoints_ ABSL_GUARDED_BY(mu_);
   int flushes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -14,6 +14,12 @@ void ConsoleSink::OnLog(const std::string& text) {
   std::fflush(out_);
 }
 
+void ConsoleSink::OnCheckpointSaved(const CheckpointNotice& c) {
+  std::fprintf(out_, "[rank %d] checkpoint of step %lld saved to %s (%lld bytes)\n", rank_,
+               static_cast<long long>(c.step), c.path.c_str(), static_cast<long long>(c.bytes));
+  std::fflush(out_);
+}
+
 void ConsoleSink::Flush(absl::Duration) { std::fflush(out_); }
 
 void TeeSink::OnProgress(const StepProgress& progress) {
@@ -22,6 +28,10 @@ void TeeSink::OnProgress(const StepProgress& progress) {
 
 void TeeSink::OnLog(const std::string& text) {
   for (ProgressSink* sink : sinks_) sink->OnLog(text);
+}
+
+void TeeSink::OnCheckpointSaved(const CheckpointNotice& checkpoint) {
+  for (ProgressSink* sink : sinks_) sink->OnCheckpointSaved(checkpoint);
 }
 
 void TeeSink::Flush(absl::Duration timeout) {

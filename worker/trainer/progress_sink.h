@@ -23,6 +23,14 @@ struct StepProgress {
   int64_t peak_bytes = 0;
 };
 
+// A checkpoint rank 0 wrote (CheckpointSaved in the API).
+struct CheckpointNotice {
+  int rank = 0;
+  int64_t step = 0;
+  std::string path;
+  int64_t bytes = 0;
+};
+
 // Where the trainer sends what it has to say. It knows nothing about how that travels (gRPC stream,
 // log file), so it can be tested with a recording fake. Methods are called on the training thread
 // and must return at once: a sink never blocks or slows training.
@@ -32,6 +40,8 @@ class ProgressSink {
 
   virtual void OnProgress(const StepProgress& progress) = 0;
   virtual void OnLog(const std::string& text) = 0;
+  // Sinks that have nowhere to put checkpoint events need not override it.
+  virtual void OnCheckpointSaved(const CheckpointNotice& checkpoint) {}
   // Best effort: lets what was reported so far leave the process, waiting at most `timeout`. Only
   // called before a deliberate exit that skips normal shutdown.
   virtual void Flush(absl::Duration timeout) = 0;
@@ -45,6 +55,7 @@ class ConsoleSink final : public ProgressSink {
 
   void OnProgress(const StepProgress& progress) override;
   void OnLog(const std::string& text) override;
+  void OnCheckpointSaved(const CheckpointNotice& checkpoint) override;
   void Flush(absl::Duration timeout) override;
 
  private:
@@ -59,6 +70,7 @@ class TeeSink final : public ProgressSink {
 
   void OnProgress(const StepProgress& progress) override;
   void OnLog(const std::string& text) override;
+  void OnCheckpointSaved(const CheckpointNotice& checkpoint) override;
   void Flush(absl::Duration timeout) override;
 
  private:

@@ -1,6 +1,7 @@
 #include "worker/trainer/trainer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -92,6 +93,16 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& o, int64_t train_size)
     return absl::InvalidArgumentError(
         absl::StrCat("spec.optimizer.weight_decay: must be >= 0 (got ", optimizer.weight_decay(), ")"));
   }
+  if (o.precision != fitrun::v1::PRECISION_UNSPECIFIED && o.precision != fitrun::v1::PRECISION_FP32 &&
+      o.precision != fitrun::v1::PRECISION_BF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.precision: ", fitrun::v1::Precision_Name(o.precision),
+        " needs a CUDA device (CPU workers support FP32 and BF16)"));
+  }
+  if (o.checkpoint_every_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.checkpoint.every_steps: must be >= 0 (got ",
+                                                   o.checkpoint_every_steps, ")"));
+  }
   if (o.eval_batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("eval batch must be >= 1 (got ", o.eval_batch, ")"));
   }
@@ -173,6 +184,40 @@ void Trainer::MaybeInjectFault(int64_t step) {
   options_.exit_process(fault.exit_code());
 }
 
+absl::Status Trainer::ResumeFrom(const CheckpointStore& store, int64_t step) {
+  absl::StatusOr<TrainingPosition> position = store.Load(step, *model_, *optimizer_);
+  if (!position.ok()) return position.status();
+  const int64_t every = options_.steps_per_epoch;
+  if (position->epoch * every + position->step_in_epoch != position->step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint of step ", position->step, " was taken at epoch ", position->epoch, " step ",
+        position->step_in_epoch, ", which does not match ", every,
+        " steps per epoch: the job's global batch or dataset changed"));
+  }
+  if (position->step >= options_.total_steps) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint of step ", position->step,
+                                                      " is at or past plan.total_steps ",
+                                                      options_.total_steps));
+  }
+  start_step_ = position->step;
+  return absl::OkStatus();
+}
+
+void Trainer::MaybeCheckpoint(int64_t step) {
+  const TrainerOptions& o = options_;
+  if (o.checkpoints == nullptr || o.rank != 0) return;
+  const bool due = step == o.total_steps || (o.checkpoint_every_steps > 0 && step % o.checkpoint_every_steps == 0);
+  if (!due) return;
+  const TrainingPosition position{step, step / o.steps_per_epoch, step % o.steps_per_epoch};
+  absl::StatusOr<SavedCheckpoint> saved = o.checkpoints->Save(position, *model_, *optimizer_);
+  if (!saved.ok()) {
+    sink_->OnLog(absl::StrCat("checkpoint of step ", step, " failed, keeping the previous one: ",
+                              saved.status().message()));
+    return;
+  }
+  sink_->OnCheckpointSaved({o.rank, saved->step, saved->path, saved->bytes});
+}
+
 absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   const TrainerOptions& o = options_;
   const int64_t b = o.per_device_batch;
@@ -187,7 +232,7 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   std::vector<int64_t> shard;
   double loss = 0;
 
-  for (int64_t step = 1; step <= o.total_steps; ++step) {
+  for (int64_t step = start_step_ + 1; step <= o.total_steps; ++step) {
     if (stop_requested_.load()) {
       return absl::CancelledError(absl::StrCat("stopped before step ", step));
     }
@@ -210,7 +255,23 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
       const at::Tensor indices = at::from_blob(shard.data() + begin, {b}, at::kLong);
       const at::Tensor inputs = train_.images.index_select(0, indices);
       const at::Tensor targets = train_.labels.index_select(0, indices);
-      const at::Tensor micro_loss = model_->Loss(inputs, targets);
+      at::Tensor micro_loss;
+      if (o.precision == fitrun::v1::PRECISION_BF16) {
+        // CPU autocast runs matmuls and convolutions in bfloat16 on float32 parameters; backward
+        // then produces float32 gradients, so the reducer and optimizer are unchanged.
+        at::autocast::set_cpu_enabled(true);
+        at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+        try {
+          micro_loss = model_->Loss(inputs, targets).to(at::kFloat);
+        } catch (...) {
+          at::autocast::set_cpu_enabled(false);
+          throw;
+        }
+        at::autocast::set_cpu_enabled(false);
+        at::autocast::clear_cache();
+      } else {
+        micro_loss = model_->Loss(inputs, targets);
+      }
       synchronizer_->BeforeBackward(m == k - 1);
       // Scaled so that the accumulated gradient is the mean over the step's k*b samples.
       (micro_loss / k).backward();
@@ -229,6 +290,7 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
     }
     optimizer_->step();
     samples_since_report += b * k;
+    MaybeCheckpoint(step);
 
     const absl::Time now = absl::Now();
     if (throttle.ShouldReport(step, o.total_steps, now)) {

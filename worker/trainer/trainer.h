@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "fitrun/v1/job.pb.h"
 #include "worker/data/fashion_mnist.h"
+#include "worker/checkpoint/checkpoint_store.h"
 #include "worker/data/sampler.h"
 #include "worker/ddp/gradient_synchronizer.h"
 #include "worker/models/model.h"
@@ -42,6 +43,13 @@ struct TrainerOptions {
   // Progress goes to the sink at most this often, plus the first and the last step.
   absl::Duration progress_interval = absl::Milliseconds(250);
   int64_t eval_batch = 1000;
+  // spec.precision: FP32 (or UNSPECIFIED) everywhere, or BF16 autocast for forward and loss on CPU
+  // (parameters, gradients, all-reduce and optimizer stay float32).
+  fitrun::v1::Precision precision = fitrun::v1::PRECISION_FP32;
+  // Where rank 0 saves (null: no checkpoints), every checkpoint_every_steps steps (0: only at the
+  // end) and after the last step. Must outlive the trainer.
+  CheckpointStore* checkpoints = nullptr;
+  int64_t checkpoint_every_steps = 0;
   // How a KIND_EXIT fault ends the process; tests replace it.
   std::function<void(int exit_code)> exit_process;
 };
@@ -88,6 +96,13 @@ class Trainer {
   // collective fails; Internal for a LibTorch error or a non-finite loss.
   absl::StatusOr<TrainResult> Run();
 
+  // Loads the checkpoint of `step` (model, optimizer, RNG) so that Run() continues after it exactly
+  // as the run that saved it would have. Every rank calls it with the same step before Run().
+  absl::Status ResumeFrom(const CheckpointStore& store, int64_t step);
+
+  // Optimizer steps already done when Run() starts (0, or the step a checkpoint restored).
+  int64_t start_step() const { return start_step_; }
+
   // Makes Run() return Cancelled before its next step.
   void RequestStop() { stop_requested_.store(true); }
 
@@ -102,6 +117,8 @@ class Trainer {
   absl::StatusOr<TrainResult> RunUnchecked();
   // Fault injection: ends the process before `step` when the spec says so.
   void MaybeInjectFault(int64_t step);
+  // Rank 0's checkpoint after `step`; a failed write is logged and training goes on.
+  void MaybeCheckpoint(int64_t step);
 
   TrainerOptions options_;
   std::shared_ptr<Model> model_;
@@ -112,6 +129,7 @@ class Trainer {
   GradientSynchronizer* synchronizer_;
   ProgressSink* sink_;
   std::atomic<bool> stop_requested_{false};
+  int64_t start_step_ = 0;
 };
 
 // Checks the plan's numbers against a training set of `train_size` samples; errors name the plan
