@@ -2,9 +2,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <ATen/ATen.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -17,8 +20,8 @@ namespace fitrun::worker {
 namespace {
 
 struct TrainingRun {
-  double first_loss = 0;  // mean of the first three steps' losses
-  double last_loss = 0;   // mean of the last three
+  double first_loss = 0;  // step 1's loss: the model as initialised
+  double last_loss = 0;   // mean of the last three steps' losses
   TrainResult result;
   std::vector<std::string> logs;
 };
@@ -45,8 +48,8 @@ absl::StatusOr<TrainingRun> Train(const fitrun::v1::JobSpec& spec, int64_t steps
   const std::vector<StepProgress> progress = sink.progress();
   if (progress.size() != static_cast<size_t>(steps)) return absl::InternalError("a step was not reported");
   TrainingRun run;
+  run.first_loss = progress.front().loss;
   for (int i = 0; i < 3; ++i) {
-    run.first_loss += progress[i].loss / 3;
     run.last_loss += progress[progress.size() - 1 - i].loss / 3;
   }
   run.result = *result;
@@ -114,6 +117,90 @@ TEST(WorkloadTest, GptChecksItsDataKindConfigAndFile) {
   absl::Status status = LoadWorkload(missing, false).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(status.message(), "spec.data.path")) << status;
+}
+
+// Exports a module with Debian's PyTorch (torch.jit.script(...).save), as a user would.
+absl::StatusOr<std::string> ExportTorchScript(const std::string& name, const std::string& module_source) {
+  const std::string dir = testing::MakeTempDir("workload_test");
+  const std::string script = dir + "/" + name + ".py";
+  const std::string path = dir + "/" + name + ".pt";
+  std::ofstream(script) << "import sys\nimport torch\n" << module_source
+                        << "torch.manual_seed(0)\ntorch.jit.script(Net()).save(sys.argv[1])\n";
+  const std::string command = absl::StrCat("/usr/bin/python3 ", script, " ", path);
+  if (std::system(command.c_str()) != 0) return absl::InternalError(absl::StrCat("failed: ", command));
+  return path;
+}
+
+// A conv net with BatchNorm, so buffers and train/eval mode go through the wrapper too.
+constexpr char kConvNet[] = R"py(
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3)
+        self.norm = torch.nn.BatchNorm2d(4)
+        self.fc = torch.nn.Linear(4 * 13 * 13, 10)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.norm(self.conv(x))), 2)
+        return self.fc(x.flatten(1))
+)py";
+
+fitrun::v1::JobSpec TorchScriptSpec(const std::string& model_path, const std::string& data_dir) {
+  fitrun::v1::JobSpec spec;
+  spec.set_seed(5);
+  spec.mutable_model()->set_torchscript(model_path);
+  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
+  spec.mutable_data()->set_path(data_dir);
+  return spec;
+}
+
+TEST(WorkloadTest, TorchScriptModuleTrainsThroughItsOwnParameters) {
+  absl::StatusOr<std::string> path = ExportTorchScript("convnet", kConvNet);
+  ASSERT_TRUE(path.ok()) << path.status();
+  const std::string data_dir = testing::MakeTempDir("torchscript_fashion_mnist");
+  testing::WriteFakeFashionMnist(data_dir, 640, 200);
+  const fitrun::v1::JobSpec spec = TorchScriptSpec(*path, data_dir);
+
+  absl::StatusOr<Workload> workload = LoadWorkload(spec, false);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  int64_t parameters = 0;
+  for (const at::Tensor& p : workload->model->parameters()) parameters += p.numel();
+  EXPECT_EQ(parameters, (4 * 9 + 4) + (4 + 4) + (4 * 13 * 13 * 10 + 10));
+  // BatchNorm's running mean and variance; its integer step counter stays out of the broadcast.
+  EXPECT_EQ(workload->model->buffers().size(), 2u);
+
+  absl::StatusOr<TrainingRun> run = Train(spec, 30, 32, 1e-2);
+  ASSERT_TRUE(run.ok()) << run.status();
+  // Ten classes start near ln 10 = 2.3 nats.
+  EXPECT_GT(run->first_loss, 1.5);
+  EXPECT_LT(run->last_loss, 0.2);
+  EXPECT_TRUE(run->result.has_test_accuracy);
+  EXPECT_GT(run->result.test_accuracy, 0.5);
+}
+
+TEST(WorkloadTest, TorchScriptContractViolationsNameTheField) {
+  const std::string data_dir = testing::MakeTempDir("torchscript_contract");
+  testing::WriteFakeFashionMnist(data_dir, 20, 10);
+
+  const std::string not_a_module = WriteFile("not_a_module.pt", "just text");
+  absl::Status status = LoadWorkload(TorchScriptSpec(not_a_module, data_dir), false).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "spec.model.torchscript")) << status;
+
+  absl::StatusOr<std::string> scalar = ExportTorchScript("scalar", R"py(
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(784, 3)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+)py");
+  ASSERT_TRUE(scalar.ok()) << scalar.status();
+  status = LoadWorkload(TorchScriptSpec(*scalar, data_dir), false).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "classes >= 10")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "[2, 3]")) << status;
 }
 
 }  // namespace
