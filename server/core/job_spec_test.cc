@@ -1,5 +1,9 @@
 #include "server/core/job_spec.h"
 
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -132,6 +136,114 @@ TEST(JobSpecTest, InvalidYamlSaysWhere) {
   absl::StatusOr<fitrun::v1::JobSpec> spec = ParseJobSpecYaml("name: [unclosed\n");
   ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(spec.status().message(), HasSubstr("not valid YAML at line"));
+}
+
+// ---- the workload zoo: gpt on text, sasrec on MovieLens ratings, TorchScript modules -------------
+
+std::string WriteTempFile(const std::string& name, const std::string& bytes) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+std::string GptYaml(const std::string& text_path, const std::string& gpt = "{layers: 2, heads: 4, hidden: 128, context: 64}") {
+  return "name: gpt\nmodel: {builtin: gpt, gpt: " + gpt + "}\ndata: {kind: text, path: " + text_path +
+         "}\noptimizer: {kind: adamw, lr: 0.001}\nglobal_batch_size: 32\nmax_steps: 10\n";
+}
+
+TEST(JobSpecTest, GptSpecParsesItsConfig) {
+  const std::string text = WriteTempFile("gpt.txt", std::string(5000, 'a'));
+  absl::StatusOr<fitrun::v1::JobSpec> spec =
+      Normalize(GptYaml(text, "{layers: 3, heads: 4, hidden: 64, context: 32, tied_head: true}"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().builtin(), "gpt");
+  EXPECT_EQ(spec->model().gpt().layers(), 3);
+  EXPECT_EQ(spec->model().gpt().heads(), 4);
+  EXPECT_EQ(spec->model().gpt().hidden(), 64);
+  EXPECT_EQ(spec->model().gpt().context(), 32);
+  EXPECT_TRUE(spec->model().gpt().tied_head());
+  EXPECT_EQ(spec->data().kind(), fitrun::v1::DATA_KIND_TEXT);
+}
+
+TEST(JobSpecTest, GptConfigErrorsNameTheField) {
+  const std::string text = WriteTempFile("gpt.txt", std::string(5000, 'a'));
+  absl::Status heads = Normalize(GptYaml(text, "{layers: 2, heads: 3, hidden: 128, context: 64}")).status();
+  EXPECT_EQ(heads.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(heads.message(), HasSubstr("spec.model.gpt.heads: must divide hidden"));
+  EXPECT_THAT(Normalize(GptYaml(text, "{layers: 0, heads: 4, hidden: 128, context: 64}")).status().message(),
+              HasSubstr("spec.model.gpt.layers"));
+  EXPECT_THAT(Normalize("name: g\nmodel: {builtin: gpt}\ndata: {kind: text, path: " + text +
+                        "}\nglobal_batch_size: 8\nmax_steps: 1\n")
+                  .status()
+                  .message(),
+              HasSubstr("spec.model.gpt: required"));
+  EXPECT_THAT(Normalize(GptYaml(text, "{layers: 2, heads: 4, hidden: 128, context: 64, tied_head: maybe}"))
+                  .status()
+                  .message(),
+              HasSubstr("spec.model.gpt.tied_head: expected true or false"));
+}
+
+TEST(JobSpecTest, GptDataMustBeAnExistingLargeEnoughTextFile) {
+  absl::Status missing = Normalize(GptYaml("/nonexistent/corpus.txt")).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.message(), HasSubstr("spec.data.path: no file '/nonexistent/corpus.txt'"));
+
+  // context 64 needs 10 * 65 + 10 = 660 bytes so the last 10% holds a window.
+  const std::string small = WriteTempFile("small.txt", std::string(659, 'a'));
+  EXPECT_THAT(Normalize(GptYaml(small)).status().message(), HasSubstr("needs at least 660"));
+  const std::string enough = WriteTempFile("enough.txt", std::string(660, 'a'));
+  EXPECT_TRUE(Normalize(GptYaml(enough)).ok());
+
+  const std::string text = WriteTempFile("gpt.txt", std::string(5000, 'a'));
+  std::string wrong_kind = GptYaml(text);
+  wrong_kind.replace(wrong_kind.find("kind: text"), 10, "kind: movielens");
+  EXPECT_THAT(Normalize(wrong_kind).status().message(), HasSubstr("spec.data.kind: model gpt trains on text"));
+}
+
+TEST(JobSpecTest, SasRecSpecParsesAndChecksItsConfig) {
+  const std::string ratings = WriteTempFile("ratings.dat", "1::10::5::100\n1::11::4::101\n1::12::3::102\n");
+  const std::string yaml = "name: rec\nmodel: {builtin: sasrec, sasrec: {max_len: 50, hidden: 64, blocks: 2, heads: HEADS}}\n"
+                           "data: {kind: movielens, path: " + ratings + "}\noptimizer: {kind: adam, lr: 0.001}\nglobal_batch_size: 8\nepochs: 1\n";
+  auto with_heads = [&](const std::string& heads) {
+    std::string y = yaml;
+    y.replace(y.find("HEADS"), 5, heads);
+    return y;
+  };
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(with_heads("1"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().sasrec().max_len(), 50);
+  EXPECT_EQ(spec->model().sasrec().hidden(), 64);
+  EXPECT_EQ(spec->model().sasrec().blocks(), 2);
+  EXPECT_EQ(spec->data().kind(), fitrun::v1::DATA_KIND_MOVIELENS);
+  EXPECT_THAT(Normalize(with_heads("3")).status().message(), HasSubstr("spec.model.sasrec.heads: must divide hidden"));
+
+  std::string missing = with_heads("1");
+  missing.replace(missing.find(ratings), ratings.size(), "/nonexistent/ratings.dat");
+  EXPECT_THAT(Normalize(missing).status().message(), HasSubstr("spec.data.path: no file '/nonexistent/ratings.dat'"));
+}
+
+TEST(JobSpecTest, TorchScriptNeedsAFileAndFashionMnist) {
+  const std::string module = WriteTempFile("model.pt", "not checked here");
+  const std::string yaml = "name: ts\nmodel: {torchscript: PATH}\n"
+                           "data: {kind: fashion_mnist, path: /usr/share/datasets/fashion-mnist}\n"
+                           "optimizer: {kind: sgd, lr: 0.05}\nglobal_batch_size: 8\nepochs: 1\n";
+  auto at = [&](const std::string& path) {
+    std::string y = yaml;
+    y.replace(y.find("PATH"), 4, path);
+    return y;
+  };
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(at(module));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().torchscript(), module);
+  EXPECT_THAT(Normalize(at("/nonexistent/model.pt")).status().message(),
+              HasSubstr("spec.model.torchscript: no file '/nonexistent/model.pt'"));
+  EXPECT_THAT(Normalize("name: x\nmodel: {builtin: mlp, gpt: {layers: 1}}\n"
+                        "data: {kind: fashion_mnist, path: /usr/share/datasets/fashion-mnist}\n"
+                        "global_batch_size: 8\nepochs: 1\n")
+                  .status()
+                  .message(),
+              HasSubstr("spec.model.gpt: only for builtin gpt"));
 }
 
 }  // namespace
