@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -14,10 +15,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "worker/ddp/flat_all_reduce.h"
+#include "worker/checkpoint/checkpoint_store.h"
+#include "worker/data/sampler.h"
+#include "worker/ddp/bucketed_reducer.h"
 #include "worker/ddp/process_group.h"
 #include "worker/models/model.h"
 #include "worker/models/workload.h"
@@ -102,7 +106,35 @@ TrainerOptions TrainerOptionsFor(const fitrun::v1::WorkerAssignment& a, const Wo
   options.seed = a.spec().seed();
   options.optimizer = a.spec().optimizer();
   options.fault_injection = a.spec().fault_injection();
+  options.precision = a.spec().precision();
+  options.checkpoint_every_steps = a.spec().checkpoint().every_steps();
   return options;
+}
+
+// Writes what another implementation needs to reproduce this run from its first step: every
+// parameter as raw little-endian float32 in registration order (parameters.f32), one line per
+// parameter "name dim0 dim1 ..." (parameters.txt), and the sample order of the epochs the run
+// touches as int64 (sample_order.i64, epoch after epoch, each a permutation of the training set).
+absl::Status DumpInitialState(const std::string& dir, const torch::nn::Module& model, int64_t train_size,
+                              uint64_t seed, int64_t epochs) {
+  std::ofstream values(dir + "/parameters.f32", std::ios::binary);
+  std::ofstream manifest(dir + "/parameters.txt");
+  for (const auto& item : model.named_parameters()) {
+    const at::Tensor t = item.value().detach().contiguous();
+    values.write(static_cast<const char*>(t.data_ptr()), t.numel() * sizeof(float));
+    manifest << item.key();
+    for (int64_t d : t.sizes()) manifest << " " << d;
+    manifest << "\n";
+  }
+  std::ofstream order(dir + "/sample_order.i64", std::ios::binary);
+  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+    const std::vector<int64_t> permutation = DistributedSampler::Permutation(train_size, seed, epoch);
+    order.write(reinterpret_cast<const char*>(permutation.data()), permutation.size() * sizeof(int64_t));
+  }
+  if (!values || !manifest || !order) {
+    return absl::UnavailableError(absl::StrCat("FITRUN_DUMP_INITIAL_STATE: cannot write to ", dir));
+  }
+  return absl::OkStatus();
 }
 
 // One rank from start to exit code: builds every piece from the options and the assignment, runs the
@@ -182,6 +214,22 @@ class Worker {
     group_options.world_size = options_.world_size;
     group_options.collective_timeout = absl::Seconds(timeout_seconds);
     group_options.rendezvous_timeout = std::max(absl::Seconds(timeout_seconds), kMinRendezvousTimeout);
+    group_options.backend = BackendForDevice(assignment->plan().device_ids(options_.rank));
+    if (group_options.backend == CollectiveBackend::kNccl) {
+      return Fail(kBadConfiguration,
+                  absl::UnimplementedError(absl::StrCat(
+                      "plan.device_ids: ", assignment->plan().device_ids(options_.rank),
+                      " is a CUDA device; this worker trains on CPU devices only")));
+    }
+
+    std::unique_ptr<CheckpointStore> checkpoints;
+    if (!assignment->checkpoint_dir().empty()) {
+      absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Create(
+          {assignment->checkpoint_dir(), spec.checkpoint().keep_last() > 0 ? spec.checkpoint().keep_last() : 2});
+      if (!store.ok()) return Fail(kBadConfiguration, store.status());
+      checkpoints = *std::move(store);
+      trainer_options.checkpoints = checkpoints.get();
+    }
     const absl::Time join_start = absl::Now();
     absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> group = ConnectProcessGroup(group_options);
     if (!group.ok()) return Fail(kTrainingFailed, group.status());
@@ -190,9 +238,14 @@ class Worker {
                               options_.master_port, " in ", absl::FormatDuration(absl::Now() - join_start),
                               "; parameters ", ParameterChecksum(*workload->model), " after rank 0's broadcast"));
 
-    absl::StatusOr<std::unique_ptr<FlatAllReduceSynchronizer>> synchronizer =
-        FlatAllReduceSynchronizer::Create(*group, workload->model->parameters());
+    BucketedReducer::Options bucket_options;
+    if (spec.ddp().bucket_cap_mb() > 0) {
+      bucket_options.bucket_cap_bytes = static_cast<int64_t>(spec.ddp().bucket_cap_mb() * (1 << 20));
+    }
+    absl::StatusOr<std::unique_ptr<BucketedReducer>> synchronizer =
+        BucketedReducer::Create(*group, workload->model->parameters(), bucket_options);
     if (!synchronizer.ok()) return Fail(kTrainingFailed, synchronizer.status());
+    const int64_t train_size = workload->train.size();
     absl::StatusOr<std::unique_ptr<Trainer>> trainer =
         Trainer::Create(trainer_options, workload->model, std::move(workload->train), std::move(workload->test),
                         synchronizer->get(), sink_.get());
@@ -200,6 +253,21 @@ class Worker {
       return Fail(trainer.status().code() == absl::StatusCode::kInvalidArgument ? kBadConfiguration
                                                                                  : kTrainingFailed,
                   trainer.status());
+    }
+
+    if (checkpoints != nullptr) {
+      if (absl::Status s = Resume(**group, *checkpoints, **trainer, *workload->model); !s.ok()) {
+        return Fail(kTrainingFailed, s);
+      }
+    }
+    if (!options_.initial_state_dump_dir.empty() && options_.rank == 0) {
+      const TrainerOptions& o = (*trainer)->options();
+      const int64_t epochs = (o.total_steps + o.steps_per_epoch - 1) / o.steps_per_epoch;
+      if (absl::Status s = DumpInitialState(options_.initial_state_dump_dir, *workload->model, train_size,
+                                            o.seed, epochs);
+          !s.ok()) {
+        return Fail(kBadConfiguration, s);
+      }
     }
 
     if (!stop_.Attach(trainer->get())) return Stopped();
@@ -215,7 +283,52 @@ class Worker {
       }
       return Fail(kTrainingFailed, result.status());
     }
+    LogCommunication(**synchronizer, *result, (*trainer)->start_step(), trainer_options);
     return Finish(*result);
+  }
+
+  // Every rank resumes from rank 0's newest checkpoint that loads: rank 0 picks it, broadcasts its
+  // step, every rank loads that file (model, optimizer, RNG), and the parameters are broadcast again
+  // so that ranks are bitwise equal even if a rank's file read differed.
+  absl::Status Resume(c10d::ProcessGroup& group, const CheckpointStore& store, Trainer& trainer,
+                      const torch::nn::Module& model) {
+    int64_t step = -1;
+    if (options_.rank == 0) {
+      for (int64_t candidate : store.Steps()) {
+        absl::Status s = trainer.ResumeFrom(store, candidate);
+        if (s.ok()) {
+          step = candidate;
+          break;
+        }
+        sink_->OnLog(absl::StrCat("skipping checkpoint of step ", candidate, ": ", s.message()));
+      }
+    }
+    absl::StatusOr<int64_t> chosen = BroadcastInt64(group, step);
+    if (!chosen.ok()) return chosen.status();
+    if (*chosen < 0) return absl::OkStatus();
+    if (options_.rank != 0) {
+      if (absl::Status s = trainer.ResumeFrom(store, *chosen); !s.ok()) return s;
+    }
+    if (absl::Status s = BroadcastModuleState(group, model); !s.ok()) return s;
+    sink_->OnLog(absl::StrCat("resumed from the checkpoint of step ", *chosen, " (", store.PathFor(*chosen),
+                              "); parameters ", ParameterChecksum(model)));
+    return absl::OkStatus();
+  }
+
+  // The figures the benchmark and an operator want: this rank's throughput and the share of training
+  // time spent blocked on gradient communication that backward did not hide.
+  void LogCommunication(const BucketedReducer& reducer, const TrainResult& result, int64_t start_step,
+                        const TrainerOptions& o) {
+    const BucketedReducer::CommStats stats = reducer.comm_stats();
+    const double wait = absl::ToDoubleSeconds(stats.wait_time);
+    const double samples = static_cast<double>(result.steps - start_step) * o.per_device_batch *
+                           o.grad_accum_steps * o.world_size;
+    sink_->OnLog(absl::StrFormat(
+        "communication: %d buckets, exposed all-reduce wait %.3f s over %d steps = %.1f%% of %.3f s "
+        "training; %.1f samples/s (all ranks)",
+        static_cast<int>(reducer.BucketLayout().size()), wait, stats.synchronized_steps,
+        result.train_seconds > 0 ? 100.0 * wait / result.train_seconds : 0.0, result.train_seconds,
+        result.train_seconds > 0 ? samples / result.train_seconds : 0.0));
   }
 
   int Finish(const TrainResult& result) {

@@ -92,6 +92,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromEnvironment(const EnvLookup& look
   options.coordinator = Optional(lookup, "FITRUN_COORDINATOR");
   options.job_id = Optional(lookup, "FITRUN_JOB_ID");
   options.job_token = Optional(lookup, "FITRUN_JOB_TOKEN");
+  options.initial_state_dump_dir = Optional(lookup, "FITRUN_DUMP_INITIAL_STATE");
   const std::string attempt = Optional(lookup, "FITRUN_ATTEMPT");
   if (!attempt.empty()) {
     absl::StatusOr<int> v = ParseInt("FITRUN_ATTEMPT", attempt, 0, 1 << 30);

@@ -26,6 +26,10 @@ struct WorkerOptions {
   std::string job_id;     // FITRUN_JOB_ID
   int attempt = 0;        // FITRUN_ATTEMPT
   std::string job_token;  // FITRUN_JOB_TOKEN
+  // FITRUN_DUMP_INITIAL_STATE: a directory where rank 0 writes the parameters it trains from (after
+  // the broadcast) and the sample order, so that another implementation (PyTorch's DDP in the parity
+  // test and the benchmark) can start from exactly the same point. Empty: nothing is written.
+  std::string initial_state_dump_dir;
 };
 
 // Looks a variable up; nullopt when unset. main passes the process environment, tests a map.

@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +27,32 @@ bool IsLoopback(const std::string& host) {
 }
 
 }  // namespace
+
+CollectiveBackend BackendForDevice(const std::string& device_id) {
+  return device_id.rfind("cuda", 0) == 0 || device_id.rfind("gpu", 0) == 0 ? CollectiveBackend::kNccl
+                                                                            : CollectiveBackend::kGloo;
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateNcclProcessGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, absl::Duration timeout) {
+#ifdef USE_C10D_NCCL
+  try {
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = ToChrono(timeout);
+    return c10::intrusive_ptr<c10d::ProcessGroup>(
+        c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options));
+  } catch (const std::exception& e) {
+    return StatusFromC10dException(e, absl::StrCat("creating the NCCL process group (rank ", rank, " of ",
+                                         world_size, ")"));
+  }
+#else
+  (void)store;
+  (void)timeout;
+  return absl::UnimplementedError(absl::StrCat(
+      "rank ", rank, " of ", world_size,
+      ": NCCL needs a CUDA build of fitrun-worker (LIBTORCH_HOME pointing at a LibTorch with libtorch_cuda.so)"));
+#endif
+}
 
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, absl::Duration timeout,
@@ -86,6 +115,9 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> ConnectProcessGroup(
   } catch (const std::exception& e) {
     return StatusFromC10dException(e, absl::StrCat("rendezvous at ", where));
   }
+  if (options.backend == CollectiveBackend::kNccl) {
+    return CreateNcclProcessGroup(store, options.rank, options.world_size, options.collective_timeout);
+  }
   return CreateGlooProcessGroup(store, options.rank, options.world_size, options.collective_timeout,
                                 options.master_addr);
 }
@@ -116,6 +148,16 @@ absl::Status BroadcastModuleState(c10d::ProcessGroup& group, const torch::nn::Mo
     return StatusFromC10dException(e, "broadcasting rank 0's parameters");
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> BroadcastInt64(c10d::ProcessGroup& group, int64_t value) {
+  try {
+    std::vector<at::Tensor> tensors = {at::full({1}, value, at::kLong)};
+    group.broadcast(tensors)->wait();
+    return tensors[0].item<int64_t>();
+  } catch (const std::exception& e) {
+    return StatusFromC10dException(e, "broadcasting rank 0's value");
+  }
 }
 
 }  // namespace fitrun::worker

@@ -15,6 +15,15 @@
 
 namespace fitrun::worker {
 
+// Which c10d backend carries the collectives; chosen from the device kind.
+enum class CollectiveBackend {
+  kGloo,  // CPU tensors
+  kNccl,  // CUDA tensors; only in builds with USE_C10D_NCCL (a CUDA LibTorch)
+};
+
+// The backend for a plan device id ("cpu:0" -> Gloo, "cuda:0"/"gpu:0" -> NCCL).
+CollectiveBackend BackendForDevice(const std::string& device_id);
+
 // How a rank joins its job's process group (the torchrun contract plus the spec's timeout).
 struct ProcessGroupOptions {
   std::string master_addr;
@@ -27,6 +36,7 @@ struct ProcessGroupOptions {
   // Bounds every collective: a dead or stuck peer fails the rank instead of hanging it
   // (spec.ddp.collective_timeout_seconds).
   absl::Duration collective_timeout = absl::Seconds(60);
+  CollectiveBackend backend = CollectiveBackend::kGloo;
 };
 
 // Rendezvous through a c10d::TCPStore (rank 0 hosts it at master_addr:master_port), waits until all
@@ -34,6 +44,10 @@ struct ProcessGroupOptions {
 // not show up within the rendezvous timeout.
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> ConnectProcessGroup(
     const ProcessGroupOptions& options);
+
+// An NCCL process group over an existing store. Unimplemented in builds without USE_C10D_NCCL.
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateNcclProcessGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, absl::Duration timeout);
 
 // A Gloo process group over an existing store (tests use a FileStore). `hostname` is the address the
 // rank's Gloo device binds; ranks on one machine use the loopback address.
@@ -44,6 +58,9 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateGlooProcessGroup(
 // Overwrites every rank's parameters and buffers with rank 0's in one collective, so ranks start
 // bitwise identical whatever their own initialization did.
 absl::Status BroadcastModuleState(c10d::ProcessGroup& group, const torch::nn::Module& module);
+
+// Rank 0's `value` on every rank (e.g. the checkpoint step every rank must resume from).
+absl::StatusOr<int64_t> BroadcastInt64(c10d::ProcessGroup& group, int64_t value);
 
 }  // namespace fitrun::worker
 
