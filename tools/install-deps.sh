@@ -15,6 +15,8 @@ packages=(
   dataset-fashion-mnist
   # tests and tools
   curl procps
+  # the parity test and the benchmark run PyTorch's own DistributedDataParallel as the reference
+  python3-torch
 )
 
 missing=()
