@@ -5,8 +5,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "worker/data/fashion_mnist.h"
+#include "worker/data/movielens.h"
 #include "worker/data/text.h"
 #include "worker/models/gpt.h"
+#include "worker/models/sasrec.h"
 
 namespace fitrun::worker {
 namespace {
@@ -45,14 +47,38 @@ absl::StatusOr<Workload> LoadGpt(const fitrun::v1::JobSpec& spec, bool with_test
   return workload;
 }
 
+absl::StatusOr<Workload> LoadSasRec(const fitrun::v1::JobSpec& spec, bool with_test) {
+  const fitrun::v1::SasRecConfig& config = spec.model().sasrec();
+  if (absl::Status s = RequireDataKind(spec, fitrun::v1::DATA_KIND_MOVIELENS, "sasrec", "movielens"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ValidateSasRecConfig(config); !s.ok()) return s;
+  absl::StatusOr<MovieLensSplits> splits = LoadMovieLens(spec.data().path(), config.max_len(), spec.seed());
+  if (!splits.ok()) return DataError(splits.status());
+  absl::StatusOr<std::shared_ptr<Model>> model = CreateSasRec(config, splits->num_items, spec.seed());
+  if (!model.ok()) return model.status();
+  Workload workload;
+  workload.model = *std::move(model);
+  workload.train = std::move(splits->train);
+  if (with_test) workload.test = std::move(splits->test);
+  workload.description = absl::StrCat("sasrec (", config.blocks(), " blocks, hidden ", config.hidden(), ", ",
+                                      config.heads(), " heads, max_len ", config.max_len(), ", ",
+                                      splits->num_items, " items)");
+  return workload;
+}
+
 // mlp, cnn and TorchScript modules: image classifiers on Fashion-MNIST.
 absl::StatusOr<Workload> LoadClassifier(const fitrun::v1::JobSpec& spec, bool with_test,
                                         const std::string& name) {
+  // The model first: an unknown or broken model is the more useful error than the data kind.
+  absl::StatusOr<std::shared_ptr<Model>> model = CreateModel(spec.model(), spec.seed());
+  if (!model.ok()) return model.status();
   if (absl::Status s = RequireDataKind(spec, fitrun::v1::DATA_KIND_FASHION_MNIST, name, "fashion_mnist");
       !s.ok()) {
     return s;
   }
   Workload workload;
+  workload.model = *std::move(model);
   absl::StatusOr<LabeledImages> train = LoadFashionMnist(spec.data().path(), Split::kTrain);
   if (!train.ok()) return DataError(train.status());
   workload.train = *std::move(train);
@@ -61,9 +87,6 @@ absl::StatusOr<Workload> LoadClassifier(const fitrun::v1::JobSpec& spec, bool wi
     if (!test.ok()) return DataError(test.status());
     workload.test = *std::move(test);
   }
-  absl::StatusOr<std::shared_ptr<Model>> model = CreateModel(spec.model(), spec.seed());
-  if (!model.ok()) return model.status();
-  workload.model = *std::move(model);
   workload.description = name;
   return workload;
 }
@@ -77,11 +100,10 @@ absl::StatusOr<Workload> LoadWorkload(const fitrun::v1::JobSpec& spec, bool with
   }
   if (model.kind_case() == fitrun::v1::ModelSpec::kBuiltin) {
     if (model.builtin() == "gpt") return LoadGpt(spec, with_test);
-    if (model.builtin() == "mlp" || model.builtin() == "cnn") return LoadClassifier(spec, with_test, model.builtin());
+    if (model.builtin() == "sasrec") return LoadSasRec(spec, with_test);
   }
-  // CreateModel explains what is missing or unknown.
-  absl::StatusOr<std::shared_ptr<Model>> unknown = CreateModel(model, spec.seed());
-  return unknown.ok() ? absl::InternalError("unreachable: a model without a workload") : unknown.status();
+  // mlp and cnn, or a spec CreateModel rejects with the reason.
+  return LoadClassifier(spec, with_test, model.builtin());
 }
 
 }  // namespace fitrun::worker

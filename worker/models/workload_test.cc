@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -201,6 +202,60 @@ class Net(torch.nn.Module):
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(status.message(), "classes >= 10")) << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "[2, 3]")) << status;
+}
+
+// Synthetic ratings with learnable order: 200 items on a ring, and each user rates a run of
+// consecutive items from a random start, so the next item follows from the last one.
+std::string SequentialRatings(int users, int items, uint64_t seed) {
+  std::mt19937_64 random(seed);
+  std::string text;
+  for (int u = 1; u <= users; ++u) {
+    const int start = static_cast<int>(random() % items);
+    const int length = 6 + static_cast<int>(random() % 10);
+    for (int k = 0; k < length; ++k) {
+      absl::StrAppend(&text, u, "::", 1000 + (start + k) % items, "::", 1 + k % 5, "::", 978300000 + k, "\n");
+    }
+  }
+  return text;
+}
+
+fitrun::v1::JobSpec SasRecSpec(const std::string& path) {
+  fitrun::v1::JobSpec spec;
+  spec.set_seed(5);
+  spec.mutable_model()->set_builtin("sasrec");
+  fitrun::v1::SasRecConfig* sasrec = spec.mutable_model()->mutable_sasrec();
+  sasrec->set_max_len(10);
+  sasrec->set_hidden(32);
+  sasrec->set_blocks(1);
+  sasrec->set_heads(1);
+  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_MOVIELENS);
+  spec.mutable_data()->set_path(path);
+  return spec;
+}
+
+TEST(WorkloadTest, SasRecLossFallsAndItRanksHeldOutItems) {
+  const fitrun::v1::JobSpec spec = SasRecSpec(WriteFile("ratings.dat", SequentialRatings(400, 200, 1)));
+  absl::StatusOr<TrainingRun> run = Train(spec, 80, 32, 5e-3);
+  ASSERT_TRUE(run.ok()) << run.status();
+  // Two binary cross-entropies start near 2 ln 2 = 1.39.
+  EXPECT_GT(run->first_loss, 1.0);
+  EXPECT_LT(run->last_loss, 0.6 * run->first_loss);
+  // Ranking at random among 101 candidates hits the top 10 about 10% of the time.
+  ASSERT_TRUE(run->result.has_test_accuracy);
+  EXPECT_GT(run->result.test_accuracy, 0.5);
+  ASSERT_FALSE(run->logs.empty());
+  EXPECT_TRUE(absl::StrContains(run->logs.back(), "NDCG@10")) << run->logs.back();
+}
+
+TEST(WorkloadTest, SasRecChecksItsConfigAndData) {
+  const std::string path = WriteFile("few.dat", SequentialRatings(20, 200, 2));
+  fitrun::v1::JobSpec bad_heads = SasRecSpec(path);
+  bad_heads.mutable_model()->mutable_sasrec()->set_heads(3);
+  EXPECT_TRUE(absl::StrContains(LoadWorkload(bad_heads, false).status().message(), "spec.model.sasrec.heads"));
+  const std::string malformed = WriteFile("malformed.dat", "1::2::3::4\n1,2,3,4\n");
+  absl::Status status = LoadWorkload(SasRecSpec(malformed), false).status();
+  EXPECT_TRUE(absl::StrContains(status.message(), "spec.data.path")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "line 2")) << status;
 }
 
 }  // namespace
