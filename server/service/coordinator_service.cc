@@ -36,8 +36,11 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl:
 // at a time. Publishing never waits for it, however slow the client is.
 class WatchJobReactor : public grpc::ServerWriteReactor<JobEvent> {
  public:
-  WatchJobReactor(JobManager* manager, std::string job_id, int64_t from_sequence)
-      : manager_(manager), job_id_(std::move(job_id)), next_sequence_(std::max<int64_t>(1, from_sequence)) {}
+  WatchJobReactor(JobManager* manager, WatchFanout* fanout, std::string job_id, int64_t from_sequence)
+      : manager_(manager),
+        fanout_(fanout),
+        job_id_(std::move(job_id)),
+        next_sequence_(std::max<int64_t>(1, from_sequence)) {}
 
   void Start() {
     absl::StatusOr<fitrun::v1::Job> job = manager_->Get(job_id_);
@@ -50,9 +53,12 @@ class WatchJobReactor : public grpc::ServerWriteReactor<JobEvent> {
     if (JobManager::IsTerminal(job->state())) end_sequence_ = job->last_sequence();
     link_ = std::make_shared<Link>();
     link_->reactor = this;
-    subscription_ = manager_->events().Subscribe(job_id_, [link = link_] {
-      absl::MutexLock lock(&link->mu);
-      if (link->reactor != nullptr) link->reactor->Pump();
+    auto pending = std::make_shared<std::atomic<bool>>(false);
+    subscription_ = manager_->events().Subscribe(job_id_, [link = link_, pending, fanout = fanout_] {
+      fanout->Schedule(pending, [link] {
+        absl::MutexLock lock(&link->mu);
+        if (link->reactor != nullptr) link->reactor->Pump();
+      });
     });
     Pump();
   }
@@ -89,6 +95,7 @@ class WatchJobReactor : public grpc::ServerWriteReactor<JobEvent> {
 
   void Pump() {
     bool write = false;
+    bool coalesce = false;
     bool finish = false;
     grpc::Status status = grpc::Status::OK;
     {
@@ -111,11 +118,13 @@ class WatchJobReactor : public grpc::ServerWriteReactor<JobEvent> {
           end_sequence_ = current_.sequence();
         }
         writing_ = write = true;
+        // More already queued: let gRPC coalesce this write with the next ones.
+        coalesce = !pending_.empty();
       } else if (!finish && end_sequence_ && next_sequence_ > *end_sequence_) {
         finished_ = finish = true;
       }
     }
-    if (write) StartWrite(&current_);
+    if (write) StartWrite(&current_, coalesce ? grpc::WriteOptions().set_buffer_hint() : grpc::WriteOptions());
     if (finish) Finish(status);
   }
 
@@ -130,6 +139,7 @@ class WatchJobReactor : public grpc::ServerWriteReactor<JobEvent> {
 
   static constexpr int kBatch = 64;
   JobManager* const manager_;
+  WatchFanout* const fanout_;
   const std::string job_id_;
   std::shared_ptr<Link> link_;
   int64_t subscription_ = 0;
@@ -257,6 +267,39 @@ class LogStreamReactor : public grpc::ServerWriteReactor<fitrun::v1::LogChunk> {
 
 }  // namespace
 
+WatchFanout::WatchFanout() {
+  thread_ = std::thread([this] {
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      auto ready = [this] { return stopping_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      std::function<void()> pump = std::move(queue_.front());
+      queue_.pop_front();
+      mu_.Unlock();
+      pump();
+      mu_.Lock();
+    }
+  });
+}
+
+WatchFanout::~WatchFanout() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+void WatchFanout::Schedule(const std::shared_ptr<std::atomic<bool>>& pending, std::function<void()> pump) {
+  if (pending->exchange(true)) return;  // already queued; that run will see this event too
+  absl::MutexLock lock(&mu_);
+  queue_.push_back([pending, pump = std::move(pump)] {
+    pending->store(false);
+    pump();
+  });
+}
+
 LogFollowTicker::LogFollowTicker() {
   thread_ = std::thread([this] {
     absl::MutexLock lock(&mu_);
@@ -343,7 +386,7 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
 
 grpc::ServerWriteReactor<JobEvent>* CoordinatorService::WatchJob(grpc::CallbackServerContext* context,
                                                                  const fitrun::v1::WatchJobRequest* request) {
-  auto* reactor = new WatchJobReactor(manager_, request->job_id(), request->from_sequence());
+  auto* reactor = new WatchJobReactor(manager_, &fanout_, request->job_id(), request->from_sequence());
   reactor->Start();
   return reactor;
 }

@@ -4,7 +4,10 @@
 #ifndef FITRUN_SERVER_SERVICE_COORDINATOR_SERVICE_H_
 #define FITRUN_SERVER_SERVICE_COORDINATOR_SERVICE_H_
 
+#include <atomic>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <map>
 #include <thread>
 
@@ -27,6 +30,23 @@ class LogFollowTicker {
   absl::Mutex mu_;
   std::map<int64_t, std::function<void()>> ticks_ ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// The thread that feeds WatchJob streams. Publishing an event only marks its watchers as having
+// news (O(1) each); this thread reads and writes for them, so however many watchers there are
+// and however slow they are, ingest never waits on them.
+class WatchFanout {
+ public:
+  WatchFanout();
+  ~WatchFanout();
+  // Runs `pump` on the fan-out thread soon; repeated calls before it runs collapse into one.
+  void Schedule(const std::shared_ptr<std::atomic<bool>>& pending, std::function<void()> pump);
+
+ private:
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
@@ -57,6 +77,7 @@ class CoordinatorService final : public fitrun::v1::Coordinator::CallbackService
   JobManager* const manager_;
   // Wakes following log streams a few times a second to look for appended bytes.
   LogFollowTicker ticker_;
+  WatchFanout fanout_;
 };
 
 }  // namespace fitrun::server
