@@ -132,13 +132,13 @@ absl::Status ValidateAssignment(const fitrun::v1::WorkerAssignment& a, const Wor
     return absl::InvalidArgumentError(absl::StrCat("job_id: the assignment is for job \"", a.job_id(),
                                                    "\" but FITRUN_JOB_ID is \"", o.job_id, "\""));
   }
-  if (spec.data().kind() != fitrun::v1::DATA_KIND_FASHION_MNIST &&
-      spec.data().kind() != fitrun::v1::DATA_KIND_UNSPECIFIED) {
+  // Whether the kind suits the model is the workload loader's to say (worker/models/workload.h).
+  if (!fitrun::v1::DataKind_IsValid(spec.data().kind())) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.data.kind: unsupported (", static_cast<int>(spec.data().kind()), ")"));
   }
   if (spec.data().path().empty()) {
-    return absl::InvalidArgumentError("spec.data.path: empty (the directory of the dataset's files)");
+    return absl::InvalidArgumentError("spec.data.path: empty (the dataset's directory or file)");
   }
   if (a.cpu_threads_size() != 0 && a.cpu_threads_size() != o.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("cpu_threads: has ", a.cpu_threads_size(),

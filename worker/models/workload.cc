@@ -73,9 +73,12 @@ absl::StatusOr<Workload> LoadClassifier(const fitrun::v1::JobSpec& spec, bool wi
   // The model first: an unknown or broken model is the more useful error than the data kind.
   absl::StatusOr<std::shared_ptr<Model>> model = CreateModel(spec.model(), spec.seed());
   if (!model.ok()) return model.status();
-  if (absl::Status s = RequireDataKind(spec, fitrun::v1::DATA_KIND_FASHION_MNIST, name, "fashion_mnist");
-      !s.ok()) {
-    return s;
+  // Specs from before other data kinds existed leave the kind unset.
+  if (spec.data().kind() != fitrun::v1::DATA_KIND_UNSPECIFIED) {
+    if (absl::Status s = RequireDataKind(spec, fitrun::v1::DATA_KIND_FASHION_MNIST, name, "fashion_mnist");
+        !s.ok()) {
+      return s;
+    }
   }
   Workload workload;
   workload.model = *std::move(model);
