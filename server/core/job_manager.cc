@@ -98,7 +98,9 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(Options options, 
   }
   std::unique_ptr<JobManager> manager(new JobManager(std::move(options), store, devices, launcher, metrics));
   if (absl::Status status = manager->LoadStoredJobs(); !status.ok()) return status;
-  manager->scheduler_ = std::thread([m = manager.get()] { m->SchedulerLoop(); });
+  if (manager->options_.run_scheduler_thread) {
+    manager->scheduler_ = std::thread([m = manager.get()] { m->SchedulerLoop(); });
+  }
   return manager;
 }
 
@@ -567,7 +569,12 @@ void JobManager::SchedulerLoop() {
   }
 }
 
-void JobManager::SchedulePass() {
+JobManager::SchedulingPassTimes JobManager::RunSchedulingPass() {
+  absl::MutexLock lock(&mu_);
+  return SchedulePass();
+}
+
+std::vector<JobManager::Placement> JobManager::PlaceQueuedJobs(int* queued_count) {
   std::vector<JobEntry*> queued;
   for (auto& [id, entry] : jobs_) {
     const JobState state = entry.record.job.state();
@@ -575,6 +582,7 @@ void JobManager::SchedulePass() {
       queued.push_back(&entry);
     }
   }
+  *queued_count = static_cast<int>(queued.size());
   // Jobs restarting first (they already held devices), then priority, then submission order.
   std::sort(queued.begin(), queued.end(), [](const JobEntry* a, const JobEntry* b) {
     const bool a_restarting = a->record.job.state() == fitrun::v1::JOB_STATE_RESTARTING;
@@ -585,28 +593,59 @@ void JobManager::SchedulePass() {
     }
     return a->record.submit_order < b->record.submit_order;
   });
+
+  std::vector<DeviceCapacity> free_devices;
+  for (const fitrun::v1::Device& device : DevicesLocked()) {
+    if (device.job_id().empty()) free_devices.push_back({device.id(), device.free_bytes()});
+  }
+  std::vector<Placement> placements;
   for (JobEntry* entry : queued) {
-    absl::StatusOr<Plan> plan = PlanOn(entry->record.job.spec(), /*only_free_devices=*/true);
+    const JobSpec& spec = entry->record.job.spec();
+    absl::StatusOr<ModelProfile> profile = ProfileFor(spec);
+    absl::StatusOr<Plan> plan =
+        profile.ok() ? PlanJob(spec, *profile, free_devices, options_.estimator) : absl::StatusOr<Plan>(profile.status());
     if (absl::IsUnavailable(plan.status())) {
       // The head job waits for devices and nothing behind it jumps ahead, so a large job is never
       // starved by a stream of small ones.
-      return;
+      break;
     }
-    if (absl::Status status = Transition(*entry, fitrun::v1::JOB_STATE_PLANNING, "devices are free"); !status.ok()) {
-      continue;
+    if (plan.ok()) {
+      const std::set<std::string> taken(plan->device_ids().begin(), plan->device_ids().end());
+      free_devices.erase(std::remove_if(free_devices.begin(), free_devices.end(),
+                                        [&](const DeviceCapacity& d) { return taken.count(d.id) > 0; }),
+                         free_devices.end());
     }
-    if (!plan.ok()) {
-      entry->record.job.set_failure_reason(absl::StrCat("planning failed: ", plan.status().message()));
-      (void)Transition(*entry, fitrun::v1::JOB_STATE_FAILED, entry->record.job.failure_reason());
-      continue;
-    }
-    if (absl::Status status = LaunchAttempt(*entry, *plan); !status.ok()) {
-      entry->record.job.set_failure_reason(absl::StrCat("launch failed: ", status.message()));
-      (void)Transition(*entry, fitrun::v1::JOB_STATE_FAILED, entry->record.job.failure_reason());
-      MaybeReleaseAttempt(*entry);
-      continue;
-    }
+    placements.push_back({entry, std::move(plan)});
   }
+  return placements;
+}
+
+JobManager::SchedulingPassTimes JobManager::SchedulePass() {
+  SchedulingPassTimes times;
+  const absl::Time start = absl::Now();
+  std::vector<Placement> placements = PlaceQueuedJobs(&times.queued);
+  const absl::Time placed = absl::Now();
+  times.placing = placed - start;
+  for (Placement& placement : placements) {
+    JobEntry& entry = *placement.entry;
+    if (absl::Status status = Transition(entry, fitrun::v1::JOB_STATE_PLANNING, "devices are free"); !status.ok()) {
+      continue;
+    }
+    if (!placement.plan.ok()) {
+      entry.record.job.set_failure_reason(absl::StrCat("planning failed: ", placement.plan.status().message()));
+      (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, entry.record.job.failure_reason());
+      continue;
+    }
+    if (absl::Status status = LaunchAttempt(entry, *placement.plan); !status.ok()) {
+      entry.record.job.set_failure_reason(absl::StrCat("launch failed: ", status.message()));
+      (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, entry.record.job.failure_reason());
+      MaybeReleaseAttempt(entry);
+      continue;
+    }
+    ++times.placed;
+  }
+  times.launching = absl::Now() - placed;
+  return times;
 }
 
 absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {

@@ -68,6 +68,8 @@ class JobManager {
     // Whether Shutdown stops running ranks. Off by default: ranks keep training and a restarted
     // coordinator re-adopts them, so restarting the daemon never costs a job its progress.
     bool stop_workers_on_shutdown = false;
+    // Off only in benchmarks and tests that drive RunSchedulingPass themselves.
+    bool run_scheduler_thread = true;
     EstimatorOptions estimator;
     std::function<absl::Time()> clock = [] { return absl::Now(); };
   };
@@ -110,6 +112,16 @@ class JobManager {
   absl::StatusOr<WorkerKey> AttachWorker(const fitrun::v1::Hello& hello, std::weak_ptr<WorkerConnection> connection);
   void OnWorkerReport(const WorkerKey& key, const fitrun::v1::WorkerReport& report);
 
+  // One scheduling pass, as the scheduler thread runs it after every change: place queued jobs on
+  // free devices, then launch them. Returns how long each half took.
+  struct SchedulingPassTimes {
+    absl::Duration placing;
+    absl::Duration launching;
+    int queued = 0;
+    int placed = 0;
+  };
+  SchedulingPassTimes RunSchedulingPass();
+
   // Whether a state is final (no more events will follow its StateChanged).
   static bool IsTerminal(fitrun::v1::JobState state);
 
@@ -140,7 +152,15 @@ class JobManager {
   absl::Status LoadStoredJobs();
 
   void SchedulerLoop();
-  void SchedulePass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  SchedulingPassTimes SchedulePass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A queued job and what the planner decided for it (a plan, or why it cannot run).
+  struct Placement {
+    JobEntry* entry;
+    absl::StatusOr<fitrun::v1::Plan> plan;
+  };
+  // Decides, without side effects, which queued jobs start now and where, in queue order: the
+  // devices of each placed job are taken out of the free list before the next job is planned.
+  std::vector<Placement> PlaceQueuedJobs(int* queued) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RequestSchedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { schedule_requested_ = true; }
   // Launches every rank of the job on the plan's devices; on failure stops those started.
   absl::Status LaunchAttempt(JobEntry& entry, const fitrun::v1::Plan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
