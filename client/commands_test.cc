@@ -115,6 +115,7 @@ TEST_F(CommandsTest, SubmitWithWatchFollowsTheNewJob) {
 TEST_F(CommandsTest, WatchReplaysFromTheStartAndPrintsTheResult) {
   v1::Job done = JobInState("j-1", v1::JOB_STATE_SUCCEEDED);
   done.mutable_result()->set_test_accuracy(0.8412);
+  done.mutable_result()->set_has_test_accuracy(true);
   done.mutable_result()->set_final_loss(0.3);
   done.mutable_result()->set_steps(10);
   done.mutable_result()->set_train_seconds(75);

@@ -91,11 +91,10 @@ std::string RenderJob(const v1::Job& job, const RenderContext& context) {
   if (!job.failure_reason().empty()) rows.emplace_back("failure", job.failure_reason());
   if (job.state() == v1::JOB_STATE_SUCCEEDED && job.has_result()) {
     const v1::JobResult& result = job.result();
-    rows.emplace_back("result",
-                      absl::StrFormat("test accuracy %.4f, final loss %s, %d steps, train time %s",
-                                      result.test_accuracy(), FormatLoss(result.final_loss()),
-                                      result.steps(),
-                                      FormatTrainTime(result.train_seconds())));
+    std::string text = absl::StrFormat("final loss %s, %d steps, train time %s", FormatLoss(result.final_loss()),
+                                       result.steps(), FormatTrainTime(result.train_seconds()));
+    if (result.has_test_accuracy()) text = absl::StrFormat("test accuracy %.4f, ", result.test_accuracy()) + text;
+    rows.emplace_back("result", text);
   }
   return KeyValueBlock(rows);
 }
@@ -214,12 +213,18 @@ std::string RenderOutcome(const v1::Job& job) {
     const v1::JobResult& result = job.result();
     return absl::StrCat(
         "job ", job.id(), " SUCCEEDED\n",
-        KeyValueBlock({
-            {"test accuracy", absl::StrFormat("%.4f", result.test_accuracy())},
-            {"final loss", FormatLoss(result.final_loss())},
-            {"steps", absl::StrCat(result.steps())},
-            {"train time", FormatTrainTime(result.train_seconds())},
-        }));
+        KeyValueBlock(result.has_test_accuracy()
+                          ? std::vector<std::pair<std::string, std::string>>{
+                                {"test accuracy", absl::StrFormat("%.4f", result.test_accuracy())},
+                                {"final loss", FormatLoss(result.final_loss())},
+                                {"steps", absl::StrCat(result.steps())},
+                                {"train time", FormatTrainTime(result.train_seconds())},
+                            }
+                          : std::vector<std::pair<std::string, std::string>>{
+                                {"final loss", FormatLoss(result.final_loss())},
+                                {"steps", absl::StrCat(result.steps())},
+                                {"train time", FormatTrainTime(result.train_seconds())},
+                            }));
   }
   std::string line = absl::StrCat("job ", job.id(), " ", StateName(job.state()));
   if (job.attempts() > 1) absl::StrAppend(&line, " after ", job.attempts(), " attempts");

@@ -88,6 +88,7 @@ TEST(RenderJobTest, ShowsAttemptsFailureAndResult) {
   v1::Job succeeded = RunningJob();
   succeeded.set_state(v1::JOB_STATE_SUCCEEDED);
   succeeded.mutable_result()->set_test_accuracy(0.8412);
+  succeeded.mutable_result()->set_has_test_accuracy(true);
   succeeded.mutable_result()->set_final_loss(0.3);
   succeeded.mutable_result()->set_steps(1875);
   succeeded.mutable_result()->set_train_seconds(133);
@@ -200,11 +201,23 @@ TEST(RenderDeviceTableTest, SaysSoWhenThereAreNoDevices) {
   EXPECT_EQ(RenderDeviceTable(v1::ListDevicesResponse()), "no devices\n");
 }
 
+TEST(RenderOutcomeTest, ModelsWithoutAccuracyShowNoAccuracy) {
+  v1::Job job;
+  job.set_id("j-2");
+  job.set_state(v1::JOB_STATE_SUCCEEDED);
+  job.mutable_result()->set_final_loss(1.5);
+  job.mutable_result()->set_steps(20);
+  job.mutable_result()->set_train_seconds(3);
+  EXPECT_THAT(RenderOutcome(job), ::testing::Not(::testing::HasSubstr("accuracy")));
+  EXPECT_THAT(RenderOutcome(job), ::testing::HasSubstr("final loss: 1.5000"));
+}
+
 TEST(RenderOutcomeTest, SucceededPrintsTheResult) {
   v1::Job job;
   job.set_id("j-1");
   job.set_state(v1::JOB_STATE_SUCCEEDED);
   job.mutable_result()->set_test_accuracy(0.84123);
+  job.mutable_result()->set_has_test_accuracy(true);
   job.mutable_result()->set_final_loss(0.4);
   job.mutable_result()->set_steps(1875);
   job.mutable_result()->set_train_seconds(42.25);

@@ -499,7 +499,10 @@ void JobManager::MaybeSucceed(JobEntry& entry, bool deadline_passed) {
   auto* result = job.mutable_result();
   for (const RankState& rank : attempt.ranks) {
     if (!rank.finished) continue;
-    if (rank.finished->has_test_accuracy()) result->set_test_accuracy(rank.finished->test_accuracy());
+    if (rank.finished->has_test_accuracy()) {
+      result->set_has_test_accuracy(true);
+      result->set_test_accuracy(rank.finished->test_accuracy());
+    }
     if (rank.finished->rank() == 0) {
       result->set_final_loss(rank.finished->final_loss());
       result->set_steps(rank.finished->steps());

@@ -485,9 +485,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                       absl::StrCat("must be >= 0 (got ", optimizer.reference_batch_size(), ")"));
   }
 
-  if (spec.precision() == fitrun::v1::PRECISION_BF16 || spec.precision() == fitrun::v1::PRECISION_FP16) {
-    return FieldError("spec.precision", absl::StrCat(PrecisionName(spec.precision()),
-                                                     " is not supported by this worker build; use fp32"));
+  // bf16 runs as autocast on CPU devices; fp16 needs CUDA's loss scaling, and devices here are CPUs.
+  if (spec.precision() == fitrun::v1::PRECISION_FP16) {
+    return FieldError("spec.precision", "fp16 needs CUDA devices (AMP with a gradient scaler); use bf16 or fp32");
   }
 
   const auto& resources = spec.resources();

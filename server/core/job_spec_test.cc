@@ -132,6 +132,16 @@ TEST(JobSpecTest, TrainingLengthIsRequired) {
   EXPECT_THAT(spec.status().message(), HasSubstr("spec.epochs: set epochs or max_steps"));
 }
 
+TEST(JobSpecTest, Bf16IsAcceptedAndFp16NeedsCuda) {
+  std::string yaml = kValidYaml;
+  yaml.replace(yaml.find("precision: fp32"), 15, "precision: bf16");
+  EXPECT_TRUE(Normalize(yaml).ok());
+  yaml.replace(yaml.find("precision: bf16"), 15, "precision: fp16");
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(yaml);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec.precision: fp16 needs CUDA devices"));
+}
+
 TEST(JobSpecTest, InvalidYamlSaysWhere) {
   absl::StatusOr<fitrun::v1::JobSpec> spec = ParseJobSpecYaml("name: [unclosed\n");
   ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
