@@ -61,6 +61,11 @@ TEST(EndToEndTest, TwoRankJobTrainsWithFallingLossIdenticalParametersAndShowsInM
   EXPECT_EQ(done.result().steps(), 40);
   EXPECT_EQ(done.plan().device_ids_size(), 2);
 
+  // Watching the job after it ended replays the same events and ends.
+  const std::vector<fitrun::v1::JobEvent> replay = coordinator.Watch(job->id(), 1, absl::Seconds(20));
+  ASSERT_EQ(replay.size(), events.size());
+  for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(replay[i].SerializeAsString(), events[i].SerializeAsString());
+
   // /metrics shows the finished job and its steps.
   const std::string metrics = coordinator.Metrics();
   EXPECT_THAT(metrics, HasSubstr("fitrun_jobs{state=\"succeeded\"} 1"));

@@ -95,7 +95,6 @@ class WatchJobReactor : public grpc::ServerWriteReactor<JobEvent> {
 
   void Pump() {
     bool write = false;
-    bool coalesce = false;
     bool finish = false;
     grpc::Status status = grpc::Status::OK;
     {
@@ -118,13 +117,13 @@ class WatchJobReactor : public grpc::ServerWriteReactor<JobEvent> {
           end_sequence_ = current_.sequence();
         }
         writing_ = write = true;
-        // More already queued: let gRPC coalesce this write with the next ones.
-        coalesce = !pending_.empty();
       } else if (!finish && end_sequence_ && next_sequence_ > *end_sequence_) {
         finished_ = finish = true;
       }
     }
-    if (write) StartWrite(&current_, coalesce ? grpc::WriteOptions().set_buffer_hint() : grpc::WriteOptions());
+    // One write at a time and never with buffer_hint: a hinted write may wait for the next one
+    // before completing, and the next one waits for this completion.
+    if (write) StartWrite(&current_);
     if (finish) Finish(status);
   }
 
