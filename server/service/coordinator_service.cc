@@ -31,153 +31,13 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl:
   return reactor;
 }
 
-// One WatchJob stream. It keeps a cursor (the next sequence to send) and, whenever it is idle and
-// the job has news, reads a few events from the manager (memory tail or store) and writes them one
-// at a time. Publishing never waits for it, however slow the client is.
-class WatchJobReactor : public grpc::ServerWriteReactor<JobEvent> {
+// A server stream fed by polling: Pump() asks the subclass for the next message and writes it,
+// one write at a time (never with buffer_hint: a hinted write may wait for the next write before it
+// completes, while the next write waits for that completion). Anything may call Pump() through a
+// Waker at any time, including after the stream is done; such calls are then ignored.
+template <typename Message>
+class PolledWriteReactor : public grpc::ServerWriteReactor<Message> {
  public:
-  WatchJobReactor(JobManager* manager, WatchFanout* fanout, std::string job_id, int64_t from_sequence)
-      : manager_(manager),
-        fanout_(fanout),
-        job_id_(std::move(job_id)),
-        next_sequence_(std::max<int64_t>(1, from_sequence)) {}
-
-  void Start() {
-    absl::StatusOr<fitrun::v1::Job> job = manager_->Get(job_id_);
-    if (!job.ok()) {
-      finished_ = true;
-      Finish(ToGrpcStatus(job.status()));
-      return;
-    }
-    // A job that already ended has no more events past its last one.
-    if (JobManager::IsTerminal(job->state())) end_sequence_ = job->last_sequence();
-    link_ = std::make_shared<Link>();
-    link_->reactor = this;
-    auto pending = std::make_shared<std::atomic<bool>>(false);
-    subscription_ = manager_->events().Subscribe(job_id_, [link = link_, pending, fanout = fanout_] {
-      fanout->Schedule(pending, [link] {
-        absl::MutexLock lock(&link->mu);
-        if (link->reactor != nullptr) link->reactor->Pump();
-      });
-    });
-    Pump();
-  }
-
-  void OnWriteDone(bool ok) override {
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-    }
-    if (!ok) {
-      FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away"));
-      return;
-    }
-    Pump();
-  }
-
-  void OnCancel() override { FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")); }
-
-  void OnDone() override {
-    if (link_ != nullptr) {
-      manager_->events().Unsubscribe(subscription_);
-      absl::MutexLock lock(&link_->mu);
-      link_->reactor = nullptr;
-    }
-    delete this;
-  }
-
- private:
-  // What the hub's listener holds: the reactor until OnDone, nothing after.
-  struct Link {
-    absl::Mutex mu;
-    WatchJobReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
-  };
-
-  void Pump() {
-    bool write = false;
-    bool finish = false;
-    grpc::Status status = grpc::Status::OK;
-    {
-      absl::MutexLock lock(&mu_);
-      if (writing_ || finished_) return;
-      if (pending_.empty()) {
-        absl::StatusOr<std::vector<JobEvent>> events = manager_->ReadEvents(job_id_, next_sequence_, kBatch);
-        if (!events.ok()) {
-          finished_ = finish = true;
-          status = ToGrpcStatus(events.status());
-        } else {
-          pending_.assign(events->begin(), events->end());
-        }
-      }
-      if (!finish && !pending_.empty()) {
-        current_ = std::move(pending_.front());
-        pending_.pop_front();
-        next_sequence_ = current_.sequence() + 1;
-        if (current_.has_state_changed() && JobManager::IsTerminal(current_.state_changed().to())) {
-          end_sequence_ = current_.sequence();
-        }
-        writing_ = write = true;
-      } else if (!finish && end_sequence_ && next_sequence_ > *end_sequence_) {
-        finished_ = finish = true;
-      }
-    }
-    // One write at a time and never with buffer_hint: a hinted write may wait for the next one
-    // before completing, and the next one waits for this completion.
-    if (write) StartWrite(&current_);
-    if (finish) Finish(status);
-  }
-
-  void FinishOnce(const grpc::Status& status) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_) return;
-      finished_ = true;
-    }
-    Finish(status);
-  }
-
-  static constexpr int kBatch = 64;
-  JobManager* const manager_;
-  WatchFanout* const fanout_;
-  const std::string job_id_;
-  std::shared_ptr<Link> link_;
-  int64_t subscription_ = 0;
-
-  absl::Mutex mu_;
-  int64_t next_sequence_ ABSL_GUARDED_BY(mu_);
-  std::optional<int64_t> end_sequence_ ABSL_GUARDED_BY(mu_);
-  std::deque<JobEvent> pending_ ABSL_GUARDED_BY(mu_);
-  JobEvent current_;  // owned by the write in flight
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-};
-
-// One StreamLogs call: sends the file in chunks; when following, waits for the ticker to look
-// again until the attempt has ended and everything written has been sent.
-class LogStreamReactor : public grpc::ServerWriteReactor<fitrun::v1::LogChunk> {
- public:
-  LogStreamReactor(JobManager* manager, LogFollowTicker* ticker, fitrun::v1::StreamLogsRequest request)
-      : manager_(manager), ticker_(ticker), request_(std::move(request)) {}
-
-  void Start() {
-    absl::StatusOr<JobManager::LogFile> log = manager_->RankLog(request_.job_id(), request_.rank(), request_.attempt());
-    if (!log.ok()) {
-      finished_ = true;
-      Finish(ToGrpcStatus(log.status()));
-      return;
-    }
-    log_ = *log;
-    if (request_.follow()) {
-      link_ = std::make_shared<Link>();
-      link_->reactor = this;
-      tick_ = ticker_->Add([link = link_] {
-        absl::MutexLock lock(&link->mu);
-        if (link->reactor != nullptr) link->reactor->Pump();
-      });
-    }
-    Pump();
-  }
-
   void OnWriteDone(bool ok) override {
     {
       absl::MutexLock lock(&mu_);
@@ -191,53 +51,42 @@ class LogStreamReactor : public grpc::ServerWriteReactor<fitrun::v1::LogChunk> {
   }
   void OnCancel() override { FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")); }
   void OnDone() override {
-    if (link_ != nullptr) {
-      ticker_->Remove(tick_);
-      absl::MutexLock lock(&link_->mu);
-      link_->reactor = nullptr;
-    }
+    BeforeDelete();
+    absl::MutexLock lock(&link_->mu);
+    link_->reactor = nullptr;
     delete this;
   }
 
- private:
-  struct Link {
-    absl::Mutex mu;
-    LogStreamReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
-  };
+ protected:
+  enum class Step { kWrite, kWait, kFinish };
+  // Under mu_: fills `next` and returns kWrite, returns kWait when there is nothing to send yet, or
+  // kFinish with the stream's final status.
+  virtual Step Next(Message* next, grpc::Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // Runs once the stream is done, before the reactor is deleted (drop subscriptions here).
+  virtual void BeforeDelete() {}
+
+  PolledWriteReactor() : link_(std::make_shared<Link>()) { link_->reactor = this; }
+
+  // Something that calls Pump() while the reactor lives, and nothing after.
+  std::function<void()> Waker() {
+    return [link = link_] {
+      absl::MutexLock lock(&link->mu);
+      if (link->reactor != nullptr) link->reactor->Pump();
+    };
+  }
 
   void Pump() {
-    bool write = false;
-    bool finish = false;
+    Step step = Step::kWait;
+    grpc::Status status;
     {
       absl::MutexLock lock(&mu_);
       if (writing_ || finished_) return;
-      // Whether the attempt still runs is read before the file, so bytes written just before it
-      // ended are still sent.
-      bool running = false;
-      if (request_.follow()) {
-        absl::StatusOr<JobManager::LogFile> now = manager_->RankLog(request_.job_id(), request_.rank(), log_.attempt);
-        running = now.ok() && now->attempt_running;
-      }
-      std::string data;
-      std::ifstream in(log_.path, std::ios::binary);
-      if (in) {
-        in.seekg(offset_);
-        data.resize(kChunk);
-        in.read(data.data(), kChunk);
-        data.resize(static_cast<size_t>(in.gcount()));
-      }
-      if (!data.empty()) {
-        offset_ += static_cast<std::streamoff>(data.size());
-        current_.set_attempt(log_.attempt);
-        current_.set_rank(request_.rank());
-        current_.set_data(std::move(data));
-        writing_ = write = true;
-      } else if (!running) {
-        finished_ = finish = true;
-      }
+      step = Next(&current_, &status);
+      if (step == Step::kWrite) writing_ = true;
+      if (step == Step::kFinish) finished_ = true;
     }
-    if (write) StartWrite(&current_);
-    if (finish) Finish(grpc::Status::OK);
+    if (step == Step::kWrite) this->StartWrite(&current_);
+    if (step == Step::kFinish) this->Finish(status);
   }
 
   void FinishOnce(const grpc::Status& status) {
@@ -246,22 +95,153 @@ class LogStreamReactor : public grpc::ServerWriteReactor<fitrun::v1::LogChunk> {
       if (finished_) return;
       finished_ = true;
     }
-    Finish(status);
+    this->Finish(status);
+  }
+
+  absl::Mutex mu_;
+
+ private:
+  struct Link {
+    absl::Mutex mu;
+    PolledWriteReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  const std::shared_ptr<Link> link_;
+  Message current_;  // owned by the write in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// One WatchJob stream. It keeps a cursor (the next sequence to send) and, whenever it is idle and
+// the job has news, reads a few events from the manager (memory tail or store) and writes them one
+// at a time. Publishing never waits for it, however slow the client is.
+class WatchJobReactor : public PolledWriteReactor<JobEvent> {
+ public:
+  WatchJobReactor(JobManager* manager, WatchFanout* fanout, std::string job_id, int64_t from_sequence)
+      : manager_(manager),
+        fanout_(fanout),
+        job_id_(std::move(job_id)),
+        next_sequence_(std::max<int64_t>(1, from_sequence)) {}
+
+  void Start() {
+    absl::StatusOr<fitrun::v1::Job> job = manager_->Get(job_id_);
+    if (!job.ok()) {
+      FinishOnce(ToGrpcStatus(job.status()));
+      return;
+    }
+    {
+      // A job that already ended has no more events past its last one.
+      absl::MutexLock lock(&mu_);
+      if (JobManager::IsTerminal(job->state())) end_sequence_ = job->last_sequence();
+    }
+    auto pending = std::make_shared<std::atomic<bool>>(false);
+    subscribed_ = true;
+    subscription_ = manager_->events().Subscribe(
+        job_id_, [pending, fanout = fanout_, wake = Waker()] { fanout->Schedule(pending, wake); });
+    Pump();
+  }
+
+ private:
+  Step Next(JobEvent* next, grpc::Status* status) override {
+    if (pending_.empty()) {
+      absl::StatusOr<std::vector<JobEvent>> events = manager_->ReadEvents(job_id_, next_sequence_, kBatch);
+      if (!events.ok()) {
+        *status = ToGrpcStatus(events.status());
+        return Step::kFinish;
+      }
+      pending_.assign(events->begin(), events->end());
+    }
+    if (!pending_.empty()) {
+      *next = std::move(pending_.front());
+      pending_.pop_front();
+      next_sequence_ = next->sequence() + 1;
+      if (next->has_state_changed() && JobManager::IsTerminal(next->state_changed().to())) {
+        end_sequence_ = next->sequence();
+      }
+      return Step::kWrite;
+    }
+    if (end_sequence_ && next_sequence_ > *end_sequence_) return Step::kFinish;
+    return Step::kWait;
+  }
+
+  void BeforeDelete() override {
+    if (subscribed_) manager_->events().Unsubscribe(subscription_);
+  }
+
+  static constexpr int kBatch = 64;
+  JobManager* const manager_;
+  WatchFanout* const fanout_;
+  const std::string job_id_;
+  bool subscribed_ = false;
+  int64_t subscription_ = 0;
+  int64_t next_sequence_ ABSL_GUARDED_BY(mu_);
+  std::optional<int64_t> end_sequence_ ABSL_GUARDED_BY(mu_);
+  std::deque<JobEvent> pending_ ABSL_GUARDED_BY(mu_);
+};
+
+// One StreamLogs call: sends the file in chunks; when following, the ticker wakes it to look again
+// until the attempt has ended and everything written has been sent.
+class LogStreamReactor : public PolledWriteReactor<fitrun::v1::LogChunk> {
+ public:
+  LogStreamReactor(JobManager* manager, LogFollowTicker* ticker, fitrun::v1::StreamLogsRequest request)
+      : manager_(manager), ticker_(ticker), request_(std::move(request)) {}
+
+  void Start() {
+    absl::StatusOr<JobManager::LogFile> log = manager_->RankLog(request_.job_id(), request_.rank(), request_.attempt());
+    if (!log.ok()) {
+      FinishOnce(ToGrpcStatus(log.status()));
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      log_ = *log;
+    }
+    if (request_.follow()) {
+      ticking_ = true;
+      tick_ = ticker_->Add(Waker());
+    }
+    Pump();
+  }
+
+ private:
+  Step Next(fitrun::v1::LogChunk* next, grpc::Status* status) override {
+    // Whether the attempt still runs is read before the file, so bytes written just before it
+    // ended are still sent.
+    bool running = false;
+    if (request_.follow()) {
+      absl::StatusOr<JobManager::LogFile> now = manager_->RankLog(request_.job_id(), request_.rank(), log_.attempt);
+      running = now.ok() && now->attempt_running;
+    }
+    std::string data;
+    std::ifstream in(log_.path, std::ios::binary);
+    if (in) {
+      in.seekg(offset_);
+      data.resize(kChunk);
+      in.read(data.data(), kChunk);
+      data.resize(static_cast<size_t>(in.gcount()));
+    }
+    if (!data.empty()) {
+      offset_ += static_cast<std::streamoff>(data.size());
+      next->set_attempt(log_.attempt);
+      next->set_rank(request_.rank());
+      next->set_data(std::move(data));
+      return Step::kWrite;
+    }
+    *status = grpc::Status::OK;
+    return running ? Step::kWait : Step::kFinish;
+  }
+
+  void BeforeDelete() override {
+    if (ticking_) ticker_->Remove(tick_);
   }
 
   static constexpr size_t kChunk = 64 * 1024;
   JobManager* const manager_;
   LogFollowTicker* const ticker_;
   const fitrun::v1::StreamLogsRequest request_;
-  JobManager::LogFile log_;
-  std::shared_ptr<Link> link_;
+  bool ticking_ = false;
   int64_t tick_ = 0;
-
-  absl::Mutex mu_;
+  JobManager::LogFile log_ ABSL_GUARDED_BY(mu_);
   std::streamoff offset_ ABSL_GUARDED_BY(mu_) = 0;
-  fitrun::v1::LogChunk current_;  // owned by the write in flight
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
