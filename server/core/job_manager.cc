@@ -797,8 +797,11 @@ void JobManager::PublishLocked(JobEntry& entry, JobEvent event) {
             static_cast<long long>(sequenced.sequence()), std::string(status.message()).c_str());
   }
   entry.record.job.set_last_sequence(sequenced.sequence());
-  if (kind == "state_changed" || kind == "plan_chosen" || kind == "rank_finished" ||
-      rank0_progress) {
+  const absl::Time now = options_.clock();
+  if (kind == "state_changed" || kind == "plan_chosen" || kind == "rank_finished") {
+    Persist(entry);
+  } else if (rank0_progress && now - entry.progress_persisted_at >= absl::Seconds(1)) {
+    entry.progress_persisted_at = now;
     Persist(entry);
   }
   metrics_->EventRecorded(kind);

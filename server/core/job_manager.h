@@ -145,6 +145,8 @@ class JobManager {
   struct JobEntry {
     JobRecord record;
     std::optional<ActiveAttempt> active;
+    // Progress rewrites the stored job at most once a second; the events hold every report.
+    absl::Time progress_persisted_at = absl::InfinitePast();
   };
 
   JobManager(Options options, JobStore* store, DeviceInventory* devices, WorkerLauncher* launcher,

@@ -77,11 +77,16 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
   if (absl::Status status = store->Migrate(); !status.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(path, ": ", status.message()));
   }
+  if (sqlite3_prepare_v2(store->db_, "INSERT INTO events (job_id, sequence, event) VALUES (?1, ?2, ?3);", -1,
+                         &store->append_event_, nullptr) != SQLITE_OK) {
+    return SqliteError(store->db_, "preparing the event insert");
+  }
   return store;
 }
 
 SqliteJobStore::~SqliteJobStore() {
   absl::MutexLock lock(&mu_);
+  sqlite3_finalize(append_event_);
   sqlite3_close(db_);
 }
 
@@ -145,13 +150,16 @@ absl::Status SqliteJobStore::PutJob(const JobRecord& record) {
 }
 
 absl::Status SqliteJobStore::AppendEvent(const fitrun::v1::JobEvent& event) {
+  const std::string blob = event.SerializeAsString();
   absl::MutexLock lock(&mu_);
-  Statement insert(db_, "INSERT INTO events (job_id, sequence, event) VALUES (?1, ?2, ?3);");
-  if (!insert.ok()) return SqliteError(db_, "preparing AppendEvent");
-  insert.BindText(1, event.job_id());
-  insert.BindInt(2, event.sequence());
-  insert.BindBlob(3, event.SerializeAsString());
-  if (sqlite3_step(insert.get()) != SQLITE_DONE) return SqliteError(db_, "storing an event");
+  sqlite3_reset(append_event_);
+  sqlite3_bind_text(append_event_, 1, event.job_id().data(), static_cast<int>(event.job_id().size()), SQLITE_STATIC);
+  sqlite3_bind_int64(append_event_, 2, event.sequence());
+  sqlite3_bind_blob(append_event_, 3, blob.data(), static_cast<int>(blob.size()), SQLITE_STATIC);
+  const int rc = sqlite3_step(append_event_);
+  sqlite3_reset(append_event_);
+  sqlite3_clear_bindings(append_event_);
+  if (rc != SQLITE_DONE) return SqliteError(db_, "storing an event");
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 #include "server/core/job_store.h"
 
 struct sqlite3;
+struct sqlite3_stmt;
 
 namespace fitrun::server {
 
@@ -41,6 +42,8 @@ class SqliteJobStore : public JobStore {
 
   absl::Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
+  // Events are the hot path: their insert is prepared once.
+  sqlite3_stmt* append_event_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace fitrun::server
