@@ -213,7 +213,9 @@ TEST_F(WorkerProcessTest, TwoRanksReportAndFinishWithEqualChecksums) {
     EXPECT_EQ(finished.parameter_checksum().size(), 16u);
     EXPECT_GT(finished.train_seconds(), 0);
     EXPECT_EQ(finished.has_test_accuracy(), rank == 0);
-    if (rank == 0) EXPECT_GT(finished.test_accuracy(), 0.5);
+    if (rank == 0) {
+      EXPECT_GT(finished.test_accuracy(), 0.5);
+    }
     checksums.push_back(finished.parameter_checksum());
   }
   EXPECT_EQ(checksums[0], checksums[1]);
@@ -247,7 +249,9 @@ TEST_F(WorkerProcessTest, FaultInjectionExitsWithItsCodeAndThePeerFails) {
   auto by_rank = ByRank(coordinator.reports());
   bool logged = false;
   for (const WorkerReport& r : by_rank[1]) {
-    if (r.has_progress()) EXPECT_LT(r.progress().step(), 3);
+    if (r.has_progress()) {
+      EXPECT_LT(r.progress().step(), 3);
+    }
     logged |= r.has_log() && absl::StrContains(r.log().text(), "before step 3");
   }
   EXPECT_TRUE(logged) << "the fault's log line should be flushed before the exit";
