@@ -1,6 +1,8 @@
 // Two ranks as two threads of one process over a real Gloo group, as PyTorch's c10d tests do.
 #include "worker/ddp/bucketed_reducer.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/nn/module.h>
@@ -43,11 +45,14 @@ void RunRanks(const std::string& store_name,
 }
 
 // Three linear maps in a chain: 4 -> 8 -> 8 -> 2, registered first to last.
+// Ranks are threads here, so the weights come from a generator of the chain's own: the global one
+// is shared, and two ranks drawing from it at once would start from different weights.
 struct Chain : torch::nn::Module {
   Chain() {
-    w1 = register_parameter("w1", at::randn({8, 4}));
-    w2 = register_parameter("w2", at::randn({8, 8}));
-    w3 = register_parameter("w3", at::randn({2, 8}));
+    at::Generator generator = at::detail::createCPUGenerator(/*seed_val=*/1);
+    w1 = register_parameter("w1", at::randn({8, 4}, generator));
+    w2 = register_parameter("w2", at::randn({8, 8}, generator));
+    w3 = register_parameter("w3", at::randn({2, 8}, generator));
   }
   at::Tensor Forward(const at::Tensor& x) { return at::matmul(at::matmul(at::matmul(x, w1.t()), w2.t()), w3.t()); }
   at::Tensor w1, w2, w3;
