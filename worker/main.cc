@@ -23,6 +23,7 @@
 #include "worker/data/sampler.h"
 #include "worker/ddp/bucketed_reducer.h"
 #include "worker/ddp/process_group.h"
+#include "worker/memory/capped_allocator.h"
 #include "worker/models/model.h"
 #include "worker/models/workload.h"
 #include "worker/options.h"
@@ -93,6 +94,34 @@ class StopSwitch {
   std::string reason_ ABSL_GUARDED_BY(mu_);
   Trainer* trainer_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
+
+// Stamps each progress report with the capped allocator's live and peak bytes before passing it on.
+class MemoryStampingSink final : public ProgressSink {
+ public:
+  MemoryStampingSink(ProgressSink* next, const CappedCpuAllocator* memory) : next_(next), memory_(memory) {}
+
+  void OnProgress(const StepProgress& progress) override {
+    StepProgress stamped = progress;
+    stamped.live_bytes = memory_->Live();
+    stamped.peak_bytes = memory_->Peak();
+    next_->OnProgress(stamped);
+  }
+  void OnLog(const std::string& text) override { next_->OnLog(text); }
+  void OnCheckpointSaved(const CheckpointNotice& checkpoint) override { next_->OnCheckpointSaved(checkpoint); }
+  void Flush(absl::Duration timeout) override { next_->Flush(timeout); }
+
+ private:
+  ProgressSink* next_;
+  const CappedCpuAllocator* memory_;
+};
+
+// Moves the model's parameters and buffers into storage from the now-installed CPU allocator, so
+// that the weights count against the device's cap as the estimator counts them. Values are unchanged.
+void MoveModuleStateIntoAllocator(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (at::Tensor& t : model.parameters()) t.set_data(t.detach().clone());
+  for (at::Tensor& t : model.buffers()) t.set_data(t.detach().clone());
+}
 
 TrainerOptions TrainerOptionsFor(const fitrun::v1::WorkerAssignment& a, const WorkerOptions& o) {
   TrainerOptions options;
@@ -199,9 +228,25 @@ class Worker {
                               trainer_options.per_device_batch, " x ", trainer_options.grad_accum_steps,
                               " accumulation, lr ", trainer_options.learning_rate, ", ",
                               trainer_options.total_steps, " steps, ", threads, " threads"));
+    // The training loop's sink: progress carries live and peak bytes when the device has a cap.
+    ProgressSink* trainer_sink = sink_.get();
     if (assignment->memory_cap_bytes_size() > 0 && assignment->memory_cap_bytes(options_.rank) > 0) {
-      sink_->OnLog(absl::StrCat("memory cap ", assignment->memory_cap_bytes(options_.rank),
-                                " bytes is not enforced by this worker version"));
+      const int64_t cap = assignment->memory_cap_bytes(options_.rank);
+      // Never freed: LibTorch keeps the installed allocator for the rest of the process, and other
+      // threads may allocate through it until exit. The training data loaded above is host data
+      // and stays uncounted, as the estimator leaves it out.
+      memory_ = new CappedCpuAllocator(cap);
+      memory_->Install();
+      try {
+        MoveModuleStateIntoAllocator(*workload->model);
+      } catch (const std::exception& e) {
+        return Fail(kBadConfiguration, absl::ResourceExhaustedError(absl::StrCat(
+                                           "the model's parameters do not fit the memory cap: ", e.what())));
+      }
+      memory_sink_ = std::make_unique<MemoryStampingSink>(sink_.get(), memory_);
+      trainer_sink = memory_sink_.get();
+      sink_->OnLog(absl::StrCat("memory cap ", cap, " bytes enforced; model state ", memory_->Live(),
+                                " bytes"));
     }
 
     const int timeout_seconds = spec.ddp().collective_timeout_seconds() > 0
@@ -248,7 +293,7 @@ class Worker {
     const int64_t train_size = workload->train.size();
     absl::StatusOr<std::unique_ptr<Trainer>> trainer =
         Trainer::Create(trainer_options, workload->model, std::move(workload->train), std::move(workload->test),
-                        synchronizer->get(), sink_.get());
+                        synchronizer->get(), trainer_sink);
     if (!trainer.ok()) {
       return Fail(trainer.status().code() == absl::StatusCode::kInvalidArgument ? kBadConfiguration
                                                                                  : kTrainingFailed,
@@ -378,6 +423,8 @@ class Worker {
   StopSwitch stop_;
   std::unique_ptr<GrpcReporter> reporter_;
   std::unique_ptr<TeeSink> sink_;
+  CappedCpuAllocator* memory_ = nullptr;  // see Train(): deliberately never freed
+  std::unique_ptr<MemoryStampingSink> memory_sink_;
 };
 
 std::optional<std::string> GetEnv(const std::string& name) {

@@ -1,0 +1,78 @@
+#ifndef FITRUN_WORKER_MEMORY_CAPPED_ALLOCATOR_H_
+#define FITRUN_WORKER_MEMORY_CAPPED_ALLOCATOR_H_
+
+#include <c10/core/Allocator.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+namespace fitrun::worker {
+
+// Gives a CPU "device" a real memory limit. Wraps another CPU allocator (LibTorch's default unless
+// told otherwise), counts the bytes of every block it hands out until that block is freed, records
+// the peak, and refuses a request that would take the live bytes past the cap by throwing
+// c10::OutOfMemoryError, as the CUDA caching allocator does when a GPU is full. Requests refused
+// leave the counts as they were.
+//
+// Once installed (Install) every CPU tensor LibTorch creates in the process goes through it; tensors
+// that already existed keep their own deleters and are never counted. Blocks hold a reference to the
+// counters, so a block freed after the allocator is gone is still subtracted safely.
+//
+// Thread-safe: allocate() and the deleters run on any thread (intra-op workers, the autograd engine,
+// Gloo), the readers on any other. A cap of 0 means unlimited (counting only).
+class CappedCpuAllocator final : public c10::Allocator {
+ public:
+  // Beats the priority (0) LibTorch registers its default CPU allocator with.
+  static constexpr uint8_t kInstallPriority = 100;
+
+  // `wrapped` must outlive this allocator and every block it hands out; nullptr means
+  // c10::GetDefaultCPUAllocator().
+  explicit CappedCpuAllocator(int64_t cap_bytes, c10::Allocator* wrapped = nullptr);
+  // Uninstalls first if still installed.
+  ~CappedCpuAllocator() override;
+
+  CappedCpuAllocator(const CappedCpuAllocator&) = delete;
+  CappedCpuAllocator& operator=(const CappedCpuAllocator&) = delete;
+
+  c10::DataPtr allocate(size_t n) const override;
+
+  // Makes this the process's CPU allocator (c10::SetCPUAllocator at kInstallPriority).
+  void Install();
+  // Gives the CPU allocator back to the wrapped one, if this one is installed.
+  void Uninstall();
+  bool installed() const;
+
+  int64_t cap_bytes() const { return cap_bytes_; }
+  // Bytes handed out and not yet freed.
+  int64_t Live() const;
+  // Highest Live() since construction or the last ResetPeak().
+  int64_t Peak() const;
+  // Starts a new peak from what is live now (e.g. per training step or per probe batch size).
+  void ResetPeak();
+  // Size of the most recent request refused for the cap; 0 if none was.
+  int64_t LastFailedRequest() const;
+
+ private:
+  struct Counters {
+    std::atomic<int64_t> live{0};
+    std::atomic<int64_t> peak{0};
+    std::atomic<int64_t> last_failed_request{0};
+  };
+  // What a counted block's DataPtr carries: the wrapped allocator's own DataPtr (freed with it) and
+  // the bytes to give back.
+  struct BlockContext {
+    c10::DataPtr original;
+    int64_t bytes;
+    std::shared_ptr<Counters> counters;
+  };
+  static void DeleteBlock(void* context);
+
+  const int64_t cap_bytes_;
+  c10::Allocator* const wrapped_;
+  const std::shared_ptr<Counters> counters_;
+};
+
+}  // namespace fitrun::worker
+
+#endif  // FITRUN_WORKER_MEMORY_CAPPED_ALLOCATOR_H_
