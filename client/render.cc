@@ -96,6 +96,24 @@ std::string RenderJob(const v1::Job& job, const RenderContext& context) {
     if (result.has_test_accuracy()) text = absl::StrFormat("test accuracy %.4f, ", result.test_accuracy()) + text;
     rows.emplace_back("result", text);
   }
+  // Every launch, oldest first: where it ran, with what batch, how it ended and how each rank exited.
+  for (const v1::AttemptRecord& attempt : job.attempt_history()) {
+    std::string text = absl::StrCat(attempt.device_ids_size(), " device(s), per-device batch ",
+                                    attempt.per_device_batch(), " x ", attempt.grad_accum_steps(), ": ",
+                                    attempt.outcome().empty() ? "running" : attempt.outcome());
+    std::vector<std::string> ranks;
+    for (const v1::RankOutcome& rank : attempt.ranks()) {
+      if (!rank.exited()) {
+        ranks.push_back(absl::StrCat(rank.rank(), " running (pid ", rank.pid(), ")"));
+      } else if (rank.signal() != 0) {
+        ranks.push_back(absl::StrCat(rank.rank(), " signal ", rank.signal()));
+      } else {
+        ranks.push_back(absl::StrCat(rank.rank(), " exit ", rank.exit_code()));
+      }
+    }
+    if (!ranks.empty()) absl::StrAppend(&text, " [ranks: ", absl::StrJoin(ranks, ", "), "]");
+    rows.emplace_back(absl::StrCat("attempt ", attempt.attempt()), text);
+  }
   return KeyValueBlock(rows);
 }
 

@@ -201,6 +201,40 @@ TEST(RenderDeviceTableTest, SaysSoWhenThereAreNoDevices) {
   EXPECT_EQ(RenderDeviceTable(v1::ListDevicesResponse()), "no devices\n");
 }
 
+TEST(RenderJobTest, ShowsEveryAttemptWithHowEachRankExited) {
+  v1::Job job;
+  job.set_id("j-5");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_attempts(2);
+  v1::AttemptRecord* first = job.add_attempt_history();
+  first->set_attempt(1);
+  first->add_device_ids("cpu:0");
+  first->add_device_ids("cpu:1");
+  first->set_per_device_batch(128);
+  first->set_grad_accum_steps(1);
+  first->set_outcome("rank 1 exited with code 3 (attempt 1)");
+  v1::RankOutcome* r0 = first->add_ranks();
+  r0->set_rank(0);
+  r0->set_exited(true);
+  r0->set_exit_code(-1);
+  r0->set_signal(15);
+  v1::RankOutcome* r1 = first->add_ranks();
+  r1->set_rank(1);
+  r1->set_exited(true);
+  r1->set_exit_code(3);
+  v1::AttemptRecord* second = job.add_attempt_history();
+  second->set_attempt(2);
+  second->add_device_ids("cpu:0");
+  second->set_per_device_batch(64);
+  second->set_grad_accum_steps(4);
+  v1::RankOutcome* running = second->add_ranks();
+  running->set_pid(4242);
+  const std::string text = RenderJob(job, Context());
+  EXPECT_THAT(text, HasSubstr("attempt 1: 2 device(s), per-device batch 128 x 1: rank 1 exited with code 3 (attempt 1) "
+                              "[ranks: 0 signal 15, 1 exit 3]"));
+  EXPECT_THAT(text, HasSubstr("attempt 2: 1 device(s), per-device batch 64 x 4: running [ranks: 0 running (pid 4242)]"));
+}
+
 TEST(RenderOutcomeTest, ModelsWithoutAccuracyShowNoAccuracy) {
   v1::Job job;
   job.set_id("j-2");
