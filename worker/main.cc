@@ -1,6 +1,7 @@
 // fitrun-worker: one rank of a fitrun job. Started by fitrund (or by hand) with the torchrun
 // environment plus FITRUN_*; see worker/options.h for the contract and ExitCode for what the exit
-// status means.
+// status means. With --probe it instead measures one rank's peak memory at two batch sizes for the
+// coordinator's estimator (worker/probe/memory_probe.h).
 #include <ATen/Parallel.h>
 #include <unistd.h>
 
@@ -12,9 +13,13 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -27,6 +32,7 @@
 #include "worker/models/model.h"
 #include "worker/models/workload.h"
 #include "worker/options.h"
+#include "worker/probe/memory_probe.h"
 #include "worker/report/grpc_reporter.h"
 #include "worker/trainer/progress_sink.h"
 #include "worker/trainer/trainer.h"
@@ -37,7 +43,8 @@ namespace {
 enum ExitCode : int {
   kSuccess = 0,
   kTrainingFailed = 1,   // a collective, LibTorch or the loss failed
-  kBadConfiguration = 2,  // environment, assignment or dataset unusable
+  kBadConfiguration = 2,  // environment, assignment, flags or dataset unusable
+  kOutOfMemory = 3,      // the device's memory cap was hit; an OutOfMemory report was sent first
   kStopped = 143,        // the coordinator said stop (128 + SIGTERM, as if terminated)
 };
 
@@ -114,14 +121,6 @@ class MemoryStampingSink final : public ProgressSink {
   ProgressSink* next_;
   const CappedCpuAllocator* memory_;
 };
-
-// Moves the model's parameters and buffers into storage from the now-installed CPU allocator, so
-// that the weights count against the device's cap as the estimator counts them. Values are unchanged.
-void MoveModuleStateIntoAllocator(torch::nn::Module& model) {
-  torch::NoGradGuard no_grad;
-  for (at::Tensor& t : model.parameters()) t.set_data(t.detach().clone());
-  for (at::Tensor& t : model.buffers()) t.set_data(t.detach().clone());
-}
 
 TrainerOptions TrainerOptionsFor(const fitrun::v1::WorkerAssignment& a, const WorkerOptions& o) {
   TrainerOptions options;
@@ -320,6 +319,9 @@ class Worker {
     stop_.Attach(nullptr);
     if (!result.ok()) {
       if (result.status().code() == absl::StatusCode::kCancelled && stop_.stopped()) return Stopped();
+      if (result.status().code() == absl::StatusCode::kResourceExhausted && memory_ != nullptr) {
+        return OutOfMemory((*trainer)->current_step(), trainer_options.per_device_batch, result.status());
+      }
       // When the coordinator stops a job, the first rank to obey breaks its peers' all-reduce before
       // their own StopCommand has arrived; a failed collective followed shortly by a stop is a stop.
       if (IsCollectiveFailure(result.status()) && reporter_ != nullptr && stop_.WaitForStop(kStopRace)) {
@@ -409,6 +411,24 @@ class Worker {
     return code;
   }
 
+  // The device's cap was hit: the OutOfMemory event carries what the coordinator needs to replan
+  // (the request refused, what was live then, the batch), and goes out before the RankFailed.
+  int OutOfMemory(int64_t step, int64_t per_device_batch, const absl::Status& status) {
+    fitrun::v1::OutOfMemory oom;
+    oom.set_rank(options_.rank);
+    oom.set_step(step);
+    oom.set_requested_bytes(memory_->LastFailedRequest());
+    oom.set_per_device_batch(per_device_batch);
+    oom.set_live_bytes(memory_->LiveAtLastFailure());
+    oom.set_peak_bytes(memory_->Peak());
+    oom.set_cap_bytes(memory_->cap_bytes());
+    console_.OnLog(absl::StrCat("out of memory at step ", step, ": requested ", oom.requested_bytes(),
+                                " bytes with ", oom.live_bytes(), " live (peak ", oom.peak_bytes(),
+                                ") of a ", oom.cap_bytes(), "-byte cap at per-device batch ", per_device_batch));
+    if (reporter_ != nullptr) reporter_->ReportOutOfMemory(oom);
+    return Fail(kOutOfMemory, status);
+  }
+
   int Stopped() {
     return Fail(kStopped, absl::CancelledError(absl::StrCat("stopped by the coordinator: ", stop_.reason())));
   }
@@ -433,20 +453,83 @@ std::optional<std::string> GetEnv(const std::string& name) {
   return std::string(value);
 }
 
+// What the command line may say; without --probe the worker trains as its environment describes.
+struct CommandLine {
+  bool probe = false;
+  ProbeOptions probe_options;
+};
+
+absl::StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
+  CommandLine command_line;
+  bool batches_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--probe") {
+      command_line.probe = true;
+    } else if (absl::StartsWith(arg, "--probe_batches=")) {
+      const std::string value = arg.substr(std::string("--probe_batches=").size());
+      const std::vector<std::string> parts = absl::StrSplit(value, ',');
+      int64_t small = 0, large = 0;
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &small) || !absl::SimpleAtoi(parts[1], &large) ||
+          small < 1 || large <= small) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--probe_batches: expected two micro-batch sizes B1,B2 with 1 <= B1 < B2 (got \"", value, "\")"));
+      }
+      command_line.probe_options.small_batch = small;
+      command_line.probe_options.large_batch = large;
+      batches_given = true;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument \"", arg, "\""));
+    }
+  }
+  if (batches_given && !command_line.probe) {
+    return absl::InvalidArgumentError("--probe_batches: only meaningful with --probe");
+  }
+  return command_line;
+}
+
+// fitrun-worker --probe: prints one line of JSON (see ProbeResultJson) on stdout and exits 0, or
+// says what was wrong on stderr and exits 2.
+int RunProbe(const ProbeOptions& probe_options) {
+  const std::optional<std::string> path = GetEnv("FITRUN_ASSIGNMENT");
+  absl::Status status;
+  if (!path.has_value() || path->empty()) {
+    status = absl::InvalidArgumentError("FITRUN_ASSIGNMENT: not set");
+  } else if (absl::StatusOr<fitrun::v1::WorkerAssignment> assignment = LoadAssignment(*path); !assignment.ok()) {
+    status = assignment.status();
+  } else {
+    // Never freed, as in Worker::Train: LibTorch keeps the installed allocator until exit.
+    auto* counter = new CappedCpuAllocator(/*cap_bytes=*/0);
+    absl::StatusOr<ProbeResult> result = RunMemoryProbe(*assignment, probe_options, counter);
+    if (result.ok()) {
+      std::printf("%s\n", ProbeResultJson(*result).c_str());
+      std::fflush(stdout);
+      return kSuccess;
+    }
+    status = result.status();
+  }
+  std::fprintf(stderr, "fitrun-worker --probe: %s\n", std::string(status.message()).c_str());
+  return kBadConfiguration;
+}
+
 }  // namespace
 }  // namespace fitrun::worker
 
 int main(int argc, char** argv) {
   using fitrun::worker::kBadConfiguration;
-  if (argc > 1) {
+  absl::StatusOr<fitrun::worker::CommandLine> command_line = fitrun::worker::ParseCommandLine(argc, argv);
+  if (!command_line.ok()) {
     std::fprintf(stderr,
-                 "usage: %s (no arguments)\n"
+                 "fitrun-worker: %s\n"
+                 "usage: %s                              train one rank\n"
+                 "       %s --probe [--probe_batches=B1,B2]  measure peak memory at two micro-batch sizes\n"
                  "Configured by the environment: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,\n"
                  "MASTER_PORT, FITRUN_ASSIGNMENT, and optionally FITRUN_COORDINATOR, FITRUN_JOB_ID,\n"
-                 "FITRUN_ATTEMPT, FITRUN_JOB_TOKEN.\n",
-                 argv[0]);
+                 "FITRUN_ATTEMPT, FITRUN_JOB_TOKEN. The probe reads only FITRUN_ASSIGNMENT.\n",
+                 std::string(command_line.status().message()).c_str(), argv[0], argv[0]);
     return kBadConfiguration;
   }
+  if (command_line->probe) return fitrun::worker::RunProbe(command_line->probe_options);
   absl::StatusOr<fitrun::worker::WorkerOptions> options =
       fitrun::worker::WorkerOptionsFromEnvironment(fitrun::worker::GetEnv);
   if (!options.ok()) {

@@ -12,7 +12,9 @@
 
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <regex>
 #include <fstream>
 #include <map>
 #include <set>
@@ -101,12 +103,13 @@ class WorkerProcessTest : public ::testing::Test {
     ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(assignment_, &text));
     std::ofstream(assignment_path) << text;
     const int master_port = FreePort();
-    for (int rank = 0; rank < kWorld; ++rank) {
+    const int world = world_;
+    for (int rank = 0; rank < world; ++rank) {
       std::vector<std::string> env = {
           absl::StrCat("RANK=", rank),
           absl::StrCat("LOCAL_RANK=", rank),
-          absl::StrCat("WORLD_SIZE=", kWorld),
-          absl::StrCat("LOCAL_WORLD_SIZE=", kWorld),
+          absl::StrCat("WORLD_SIZE=", world),
+          absl::StrCat("LOCAL_WORLD_SIZE=", world),
           "MASTER_ADDR=127.0.0.1",
           absl::StrCat("MASTER_PORT=", master_port),
           "FITRUN_ASSIGNMENT=" + assignment_path,
@@ -154,6 +157,35 @@ class WorkerProcessTest : public ::testing::Test {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
   }
 
+  // Runs `fitrun-worker --probe <flags>` on assignment_ and returns its exit status; stdout goes
+  // to *out, stderr to the test's log.
+  int RunProbe(const std::vector<std::string>& flags, std::string* out) {
+    const std::string assignment_path = dir_ + "/probe_assignment.textproto";
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(assignment_, &text);
+    std::ofstream(assignment_path) << text;
+    std::string env_assignment = "FITRUN_ASSIGNMENT=" + assignment_path;
+    char* envp[] = {env_assignment.data(), nullptr};
+    const std::string stdout_path = dir_ + "/probe.out";
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    std::string binary = WorkerBinary();
+    std::string probe = "--probe";
+    std::vector<std::string> args = flags;
+    std::vector<char*> argv = {binary.data(), probe.data()};
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), envp) != 0) return -1;
+    posix_spawn_file_actions_destroy(&actions);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    *out = ReadFile(stdout_path);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  }
+
   std::string Log(int rank) { return ReadFile(absl::StrCat(dir_, "/rank", rank, ".log")); }
 
   // Each rank's reports in order, grouped by the rank its Hello named.
@@ -167,11 +199,13 @@ class WorkerProcessTest : public ::testing::Test {
       if (r.has_progress()) rank = r.progress().rank();
       if (r.has_log()) rank = r.log().rank();
       if (r.has_finished()) rank = r.finished().rank();
+      if (r.has_oom()) rank = r.oom().rank();
       by_rank[rank].push_back(r);
     }
     return by_rank;
   }
 
+  int world_ = kWorld;  // ranks StartRanks starts
   std::string dir_;
   std::string data_dir_;
   fitrun::v1::WorkerAssignment assignment_;
@@ -299,6 +333,150 @@ TEST_F(WorkerProcessTest, BadAssignmentExitsTwoAndSaysWhy) {
   }
   EXPECT_EQ(failed, kWorld);
   server->Shutdown();
+}
+
+TEST_F(WorkerProcessTest, TinyMemoryCapSendsOutOfMemoryAndExitsThree) {
+  // The MLP's weights (2.7 MB), the broadcast's copy of them and DDP's buckets fit; gradients and
+  // momentum on top of them do not.
+  constexpr int64_t kCap = 8 << 20;
+  assignment_.add_memory_cap_bytes(kCap);
+  assignment_.add_memory_cap_bytes(kCap);
+  FakeCoordinator coordinator;
+  int port = 0;
+  auto server = coordinator.Serve(&port);
+  StartRanks(port);
+  // Both ranks run out in their first step, in backward or the optimizer, without waiting on a peer.
+  EXPECT_EQ(WaitRank(0), 3) << Log(0);
+  EXPECT_EQ(WaitRank(1), 3) << Log(1);
+
+  auto by_rank = ByRank(coordinator.reports());
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const std::vector<WorkerReport>& reports = by_rank[rank];
+    auto oom = std::find_if(reports.begin(), reports.end(), [](const WorkerReport& r) { return r.has_oom(); });
+    ASSERT_NE(oom, reports.end()) << "rank " << rank << " sent no OutOfMemory; log:\n" << Log(rank);
+    const fitrun::v1::OutOfMemory& o = oom->oom();
+    EXPECT_EQ(o.rank(), rank);
+    EXPECT_EQ(o.step(), 1);
+    EXPECT_EQ(o.per_device_batch(), 32);
+    EXPECT_EQ(o.cap_bytes(), kCap);
+    EXPECT_GT(o.requested_bytes(), 0);
+    EXPECT_GT(o.live_bytes(), 2 << 20) << "the weights alone are live";
+    EXPECT_LE(o.live_bytes(), kCap);
+    EXPECT_GT(o.live_bytes() + o.requested_bytes(), kCap) << "the refused request would have passed the cap";
+    EXPECT_GE(o.peak_bytes(), o.live_bytes());
+    EXPECT_LE(o.peak_bytes(), kCap);
+  }
+  int failed = 0;
+  for (const WorkerReport& r : coordinator.reports()) failed += r.has_failed();
+  EXPECT_EQ(failed, kWorld) << "RankFailed still follows the OutOfMemory";
+  server->Shutdown();
+}
+
+// The numbers of fitrun-worker --probe's JSON line.
+struct ProbeLine {
+  int64_t model_state_bytes = -1;
+  std::vector<std::pair<int64_t, int64_t>> peaks;  // (batch, peak_bytes)
+  int64_t fixed_bytes = -1;
+  int64_t per_sample_bytes = -1;
+};
+
+ProbeLine ParseProbeLine(const std::string& json) {
+  ProbeLine line;
+  std::smatch m;
+  auto number = [&](const std::string& key) -> int64_t {
+    return std::regex_search(json, m, std::regex("\"" + key + "\": (-?[0-9]+)")) ? std::stoll(m[1]) : -1;
+  };
+  line.model_state_bytes = number("model_state_bytes");
+  line.fixed_bytes = number("fixed_bytes");
+  line.per_sample_bytes = number("per_sample_bytes");
+  const std::regex peak("\\{\"batch\": ([0-9]+), \"peak_bytes\": ([0-9]+)\\}");
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), peak); it != std::sregex_iterator(); ++it) {
+    line.peaks.emplace_back(std::stoll((*it)[1]), std::stoll((*it)[2]));
+  }
+  return line;
+}
+
+TEST_F(WorkerProcessTest, ProbeFitsALineThatPredictsACappedRunsPeak) {
+  assignment_.mutable_plan()->clear_device_ids();
+  assignment_.mutable_plan()->add_device_ids("cpu:0");
+  assignment_.clear_cpu_threads();
+  assignment_.add_cpu_threads(1);
+  world_ = 1;
+  std::string out;
+  ASSERT_EQ(RunProbe({"--probe_batches=4,16"}, &out), 0) << out;
+  ASSERT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << "one line on stdout: " << out;
+  const ProbeLine probe = ParseProbeLine(out);
+  ASSERT_EQ(probe.peaks.size(), 2u) << out;
+  EXPECT_EQ(probe.peaks[0].first, 4);
+  EXPECT_EQ(probe.peaks[1].first, 16);
+  // The MLP's float32 weights: 784*512 + 512 + 512*512 + 512 + 512*10 + 10 parameters.
+  EXPECT_EQ(probe.model_state_bytes, 669706 * 4) << out;
+  EXPECT_GT(probe.per_sample_bytes, 0) << out;
+  // Weights, gradients, momentum and the gradient buffer are all there at batch 0.
+  EXPECT_GT(probe.fixed_bytes, 3 * probe.model_state_bytes) << out;
+  EXPECT_EQ(probe.fixed_bytes + probe.per_sample_bytes * 4, probe.peaks[0].second) << out;
+
+  // A real capped run at a third batch size peaks where the line says.
+  constexpr int64_t kBatch = 64;
+  assignment_.add_memory_cap_bytes(int64_t{1} << 30);
+  assignment_.mutable_plan()->set_per_device_batch(kBatch);
+  assignment_.mutable_plan()->set_grad_accum_steps(1);
+  assignment_.mutable_plan()->set_steps_per_epoch(0);
+  assignment_.mutable_plan()->set_total_steps(4);
+  FakeCoordinator coordinator;
+  int port = 0;
+  auto server = coordinator.Serve(&port);
+  StartRanks(port);
+  ASSERT_EQ(WaitRank(0), 0) << Log(0);
+  int64_t measured = 0;
+  for (const WorkerReport& r : coordinator.reports()) {
+    if (r.has_progress()) measured = std::max(measured, r.progress().peak_bytes());
+  }
+  const double predicted = static_cast<double>(probe.fixed_bytes + probe.per_sample_bytes * kBatch);
+  std::printf("probe: F=%lld S=%lld; batch %lld predicted %.0f, measured %lld (%+.2f%%)\n",
+              static_cast<long long>(probe.fixed_bytes), static_cast<long long>(probe.per_sample_bytes),
+              static_cast<long long>(kBatch), predicted, static_cast<long long>(measured),
+              100.0 * (measured - predicted) / predicted);
+  EXPECT_NEAR(static_cast<double>(measured), predicted, 0.10 * predicted) << out;
+  server->Shutdown();
+}
+
+TEST_F(WorkerProcessTest, ProbeMeasuresATinyGpt) {
+  const std::string text_path = dir_ + "/sentences.txt";
+  {
+    const std::string sentences = "the quick brown fox jumps over the lazy dog. a stitch in time saves nine. ";
+    std::string text;
+    while (text.size() < 20000) text += sentences;
+    std::ofstream(text_path, std::ios::binary) << text;
+  }
+  fitrun::v1::JobSpec* spec = assignment_.mutable_spec();
+  spec->mutable_model()->set_builtin("gpt");
+  fitrun::v1::GptConfig* gpt = spec->mutable_model()->mutable_gpt();
+  gpt->set_layers(1);
+  gpt->set_heads(2);
+  gpt->set_hidden(32);
+  gpt->set_context(16);
+  spec->mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_ADAMW);
+  spec->mutable_data()->set_kind(fitrun::v1::DATA_KIND_TEXT);
+  spec->mutable_data()->set_path(text_path);
+  std::string out;
+  ASSERT_EQ(RunProbe({}, &out), 0) << out;  // default batches 2,8
+  const ProbeLine probe = ParseProbeLine(out);
+  ASSERT_EQ(probe.peaks.size(), 2u) << out;
+  EXPECT_EQ(probe.peaks[0].first, 2);
+  EXPECT_EQ(probe.peaks[1].first, 8);
+  EXPECT_GT(probe.model_state_bytes, 0) << out;
+  EXPECT_GT(probe.per_sample_bytes, 0) << out;
+  EXPECT_GT(probe.fixed_bytes, probe.model_state_bytes) << out;
+}
+
+TEST_F(WorkerProcessTest, ProbeErrorsNameTheFieldAndExitTwo) {
+  std::string out;
+  EXPECT_EQ(RunProbe({"--probe_batches=8,2"}, &out), 2);
+  EXPECT_EQ(out, "");
+  assignment_.mutable_spec()->mutable_data()->set_path(dir_ + "/missing");
+  EXPECT_EQ(RunProbe({}, &out), 2);
+  EXPECT_EQ(out, "");
 }
 
 }  // namespace

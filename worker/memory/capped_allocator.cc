@@ -2,10 +2,20 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
 
+#include <new>
 #include <utility>
 
 namespace fitrun::worker {
+namespace {
+
+// Room for a block's BlockContext before its data; a multiple of LibTorch's 64-byte CPU alignment so
+// that the data stays as aligned as the wrapped allocator's blocks.
+constexpr size_t kHeaderBytes = 64;
+
+}  // namespace
 
 CappedCpuAllocator::CappedCpuAllocator(int64_t cap_bytes, c10::Allocator* wrapped)
     : cap_bytes_(cap_bytes),
@@ -15,20 +25,21 @@ CappedCpuAllocator::CappedCpuAllocator(int64_t cap_bytes, c10::Allocator* wrappe
 CappedCpuAllocator::~CappedCpuAllocator() { Uninstall(); }
 
 c10::DataPtr CappedCpuAllocator::allocate(size_t n) const {
-  // Empty blocks own no memory: nothing to count.
-  if (n == 0) return wrapped_->allocate(0);
+  // Empty blocks own no memory: nothing to count, and nothing for DeleteBlock to free.
+  if (n == 0) return c10::DataPtr(nullptr, nullptr, &CappedCpuAllocator::DeleteBlock, c10::Device(c10::kCPU));
   const int64_t bytes = static_cast<int64_t>(n);
   // Reserve before allocating so that concurrent requests can never together pass the cap.
   const int64_t live = counters_->live.fetch_add(bytes) + bytes;
   if (cap_bytes_ > 0 && live > cap_bytes_) {
     counters_->live.fetch_sub(bytes);
     counters_->last_failed_request.store(bytes);
+    counters_->live_at_last_failure.store(live - bytes);
     TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU device memory cap exceeded: tried to allocate ", bytes,
                      " bytes with ", live - bytes, " bytes live and a cap of ", cap_bytes_, " bytes");
   }
   c10::DataPtr original;
   try {
-    original = wrapped_->allocate(n);
+    original = wrapped_->allocate(n + kHeaderBytes);
   } catch (...) {
     counters_->live.fetch_sub(bytes);
     throw;
@@ -36,17 +47,22 @@ c10::DataPtr CappedCpuAllocator::allocate(size_t n) const {
   int64_t peak = counters_->peak.load();
   while (live > peak && !counters_->peak.compare_exchange_weak(peak, live)) {
   }
-  void* data = original.get();
+  char* base = static_cast<char*>(original.get());
+  void* data = base + kHeaderBytes;
   const c10::Device device = original.device();
-  auto* context = new BlockContext{std::move(original), bytes, counters_};
-  return c10::DataPtr(data, context, &CappedCpuAllocator::DeleteBlock, device);
+  static_assert(sizeof(BlockContext) <= kHeaderBytes && alignof(BlockContext) <= kHeaderBytes);
+  new (base) BlockContext{std::move(original), bytes, counters_};
+  return c10::DataPtr(data, data, &CappedCpuAllocator::DeleteBlock, device);
 }
 
-void CappedCpuAllocator::DeleteBlock(void* context) {
-  auto* block = static_cast<BlockContext*>(context);
+void CappedCpuAllocator::DeleteBlock(void* data) {
+  if (data == nullptr) return;  // an empty block (raw_deallocate passes those too)
+  auto* block = reinterpret_cast<BlockContext*>(static_cast<char*>(data) - kHeaderBytes);
   block->counters->live.fetch_sub(block->bytes);
-  delete block;  // frees the block through the wrapped allocator's deleter
-}
+  // The header lives in the memory `original` owns: take it out before that memory goes.
+  c10::DataPtr original = std::move(block->original);
+  block->~BlockContext();
+}  // `original` frees header and data through the wrapped allocator's deleter
 
 void CappedCpuAllocator::Install() { c10::SetCPUAllocator(this, kInstallPriority); }
 
@@ -63,5 +79,13 @@ int64_t CappedCpuAllocator::Peak() const { return counters_->peak.load(); }
 void CappedCpuAllocator::ResetPeak() { counters_->peak.store(counters_->live.load()); }
 
 int64_t CappedCpuAllocator::LastFailedRequest() const { return counters_->last_failed_request.load(); }
+
+int64_t CappedCpuAllocator::LiveAtLastFailure() const { return counters_->live_at_last_failure.load(); }
+
+void MoveModuleStateIntoAllocator(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (at::Tensor& t : model.parameters()) t.set_data(t.detach().clone());
+  for (at::Tensor& t : model.buffers()) t.set_data(t.detach().clone());
+}
 
 }  // namespace fitrun::worker

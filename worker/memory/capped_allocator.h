@@ -7,6 +7,10 @@
 #include <cstdint>
 #include <memory>
 
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
+
 namespace fitrun::worker {
 
 // Gives a CPU "device" a real memory limit. Wraps another CPU allocator (LibTorch's default unless
@@ -36,6 +40,9 @@ class CappedCpuAllocator final : public c10::Allocator {
   CappedCpuAllocator& operator=(const CappedCpuAllocator&) = delete;
 
   c10::DataPtr allocate(size_t n) const override;
+  // Blocks carry their own bookkeeping, so LibTorch's raw_allocate/raw_deallocate (used by some
+  // kernels for scratch space) work too.
+  c10::DeleterFnPtr raw_deleter() const override { return &CappedCpuAllocator::DeleteBlock; }
 
   // Makes this the process's CPU allocator (c10::SetCPUAllocator at kInstallPriority).
   void Install();
@@ -52,26 +59,36 @@ class CappedCpuAllocator final : public c10::Allocator {
   void ResetPeak();
   // Size of the most recent request refused for the cap; 0 if none was.
   int64_t LastFailedRequest() const;
+  // Live() when that request was refused (by the time an OOM is reported, unwinding has freed the
+  // step's tensors, so Live() alone no longer shows what filled the device); 0 if none was.
+  int64_t LiveAtLastFailure() const;
 
  private:
   struct Counters {
     std::atomic<int64_t> live{0};
     std::atomic<int64_t> peak{0};
     std::atomic<int64_t> last_failed_request{0};
+    std::atomic<int64_t> live_at_last_failure{0};
   };
-  // What a counted block's DataPtr carries: the wrapped allocator's own DataPtr (freed with it) and
-  // the bytes to give back.
+  // What a counted block carries, in a header just before the data it hands out (so that the
+  // DataPtr's context is its data pointer, as raw_allocate requires): the wrapped allocator's own
+  // DataPtr of header and data together (freed with it) and the bytes to give back.
   struct BlockContext {
     c10::DataPtr original;
     int64_t bytes;
     std::shared_ptr<Counters> counters;
   };
-  static void DeleteBlock(void* context);
+  static void DeleteBlock(void* data);
 
   const int64_t cap_bytes_;
   c10::Allocator* const wrapped_;
   const std::shared_ptr<Counters> counters_;
 };
+
+// Moves a model's parameters and buffers into storage from the now-installed CPU allocator, so that
+// the weights count against the device as the estimator counts them. Values are unchanged. Throws
+// c10::OutOfMemoryError when they do not fit the cap.
+void MoveModuleStateIntoAllocator(torch::nn::Module& model);
 
 }  // namespace fitrun::worker
 

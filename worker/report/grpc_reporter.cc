@@ -144,6 +144,13 @@ void GrpcReporter::ReportFailed(const std::string& reason) {
   Enqueue(std::move(report), /*must_deliver=*/true);
 }
 
+void GrpcReporter::ReportOutOfMemory(const fitrun::v1::OutOfMemory& oom) {
+  fitrun::v1::WorkerReport report;
+  *report.mutable_oom() = oom;
+  report.mutable_oom()->set_rank(options_.rank);
+  Enqueue(std::move(report), /*must_deliver=*/true);
+}
+
 void GrpcReporter::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto drained = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {

@@ -65,6 +65,8 @@ class GrpcReporter final : public ProgressSink {
 
   void ReportFinished(const fitrun::v1::RankFinished& finished);
   void ReportFailed(const std::string& reason);
+  // The device ran out of memory; like the final reports, never dropped. `oom.rank` is set here.
+  void ReportOutOfMemory(const fitrun::v1::OutOfMemory& oom);
 
   // Writes what is queued, half-closes the stream and waits for the coordinator to close its side
   // (WritesDone + Finish), all within `timeout`; then cancels whatever is left. Idempotent.

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <c10/util/Exception.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -167,6 +168,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   // LibTorch and c10d throw; nothing above this line should have to know.
   try {
     return RunUnchecked();
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("step ", current_step_, ": out of device memory: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("training failed: ", e.what()));
   }
@@ -233,6 +237,7 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   double loss = 0;
 
   for (int64_t step = start_step_ + 1; step <= o.total_steps; ++step) {
+    current_step_ = step;
     if (stop_requested_.load()) {
       return absl::CancelledError(absl::StrCat("stopped before step ", step));
     }

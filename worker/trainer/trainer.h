@@ -93,7 +93,8 @@ class Trainer {
   ~Trainer();
 
   // Trains to total_steps. Cancelled after RequestStop(); Unavailable/DeadlineExceeded when a
-  // collective fails; Internal for a LibTorch error or a non-finite loss.
+  // collective fails; ResourceExhausted when the device's memory ran out (c10::OutOfMemoryError, in
+  // step current_step()); Internal for another LibTorch error or a non-finite loss.
   absl::StatusOr<TrainResult> Run();
 
   // Loads the checkpoint of `step` (model, optimizer, RNG) so that Run() continues after it exactly
@@ -102,6 +103,9 @@ class Trainer {
 
   // Optimizer steps already done when Run() starts (0, or the step a checkpoint restored).
   int64_t start_step() const { return start_step_; }
+
+  // The step Run() is in, or was in when it returned (1-based; 0 before it starts). Same thread as Run().
+  int64_t current_step() const { return current_step_; }
 
   // Makes Run() return Cancelled before its next step.
   void RequestStop() { stop_requested_.store(true); }
@@ -130,6 +134,7 @@ class Trainer {
   ProgressSink* sink_;
   std::atomic<bool> stop_requested_{false};
   int64_t start_step_ = 0;
+  int64_t current_step_ = 0;
 };
 
 // Checks the plan's numbers against a training set of `train_size` samples; errors name the plan

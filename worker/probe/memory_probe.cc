@@ -1,0 +1,147 @@
+#include "worker/probe/memory_probe.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <exception>
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/ddp/gradient_synchronizer.h"
+#include "worker/models/workload.h"
+#include "worker/trainer/progress_sink.h"
+#include "worker/trainer/trainer.h"
+
+namespace fitrun::worker {
+namespace {
+
+// Stands in for the bucketed reducer of a single rank: it holds one flat buffer of every
+// gradient (plus the loss slot), allocated up front as the reducer's buckets are, and copies the
+// gradients into it each step as the reducer does before its all-reduce.
+class FlatBufferSynchronizer final : public GradientSynchronizer {
+ public:
+  explicit FlatBufferSynchronizer(std::vector<at::Tensor> parameters) : parameters_(std::move(parameters)) {
+    int64_t elements = 1;
+    for (const at::Tensor& p : parameters_) elements += p.numel();
+    flat_ = at::zeros({elements}, at::kFloat);
+  }
+
+  void BeforeBackward(bool) override {}
+
+  absl::StatusOr<double> Synchronize(double local_loss) override {
+    at::NoGradGuard no_grad;
+    int64_t offset = 0;
+    for (const at::Tensor& p : parameters_) {
+      if (p.grad().defined()) flat_.narrow(0, offset, p.numel()).copy_(p.grad().reshape({-1}));
+      offset += p.numel();
+    }
+    return local_loss;
+  }
+
+ private:
+  std::vector<at::Tensor> parameters_;
+  at::Tensor flat_;
+};
+
+// The probe's steps report nowhere.
+class DiscardingSink final : public ProgressSink {
+ public:
+  void OnProgress(const StepProgress&) override {}
+  void OnLog(const std::string&) override {}
+  void Flush(absl::Duration) override {}
+};
+
+constexpr double kDefaultLearningRate = 1e-3;  // any positive rate allocates the same
+
+}  // namespace
+
+absl::StatusOr<ProbeResult> RunMemoryProbe(const fitrun::v1::WorkerAssignment& assignment,
+                                           const ProbeOptions& options, CappedCpuAllocator* counter) {
+  if (options.small_batch < 1 || options.large_batch <= options.small_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("--probe_batches: need 1 <= B1 < B2 (got ", options.small_batch,
+                                                   ",", options.large_batch, ")"));
+  }
+  if (options.steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("probe steps must be >= 1 (got ", options.steps, ")"));
+  }
+  if (counter == nullptr || counter->cap_bytes() != 0 || counter->installed()) {
+    return absl::InvalidArgumentError("the probe needs an uncapped counting allocator not yet installed");
+  }
+  const fitrun::v1::JobSpec& spec = assignment.spec();
+  if (spec.data().path().empty()) {
+    return absl::InvalidArgumentError("spec.data.path: empty (the dataset's directory or file)");
+  }
+  if (assignment.cpu_threads_size() > 0 && assignment.cpu_threads(0) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu_threads[0]: must be >= 0 (got ", assignment.cpu_threads(0), ")"));
+  }
+  at::set_num_interop_threads(1);
+  at::set_num_threads(assignment.cpu_threads_size() > 0 && assignment.cpu_threads(0) > 0 ? assignment.cpu_threads(0)
+                                                                                          : 1);
+
+  absl::StatusOr<Workload> workload = LoadWorkload(spec, /*with_test=*/false);
+  if (!workload.ok()) return workload.status();
+  if (workload->train.size() < options.large_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("--probe_batches: B2 = ", options.large_batch,
+                                                   " is larger than the ", workload->train.size(),
+                                                   " training samples of spec.data.path"));
+  }
+  // Enough samples for every step at the large batch; the rest of the data is not needed. Loaded
+  // before the allocator is installed, the data stays uncounted as it does in a training run.
+  const int64_t slice = std::min<int64_t>(workload->train.size(), options.large_batch * options.steps);
+  LabeledImages train{workload->train.images.narrow(0, 0, slice), workload->train.labels.narrow(0, 0, slice)};
+
+  counter->Install();
+  ProbeResult result;
+  try {
+    MoveModuleStateIntoAllocator(*workload->model);
+    result.model_state_bytes = counter->Live();
+
+    DiscardingSink sink;
+    for (const int64_t batch : {options.small_batch, options.large_batch}) {
+      TrainerOptions trainer_options;
+      trainer_options.per_device_batch = batch;
+      trainer_options.learning_rate =
+          assignment.plan().learning_rate() > 0 ? assignment.plan().learning_rate() : kDefaultLearningRate;
+      trainer_options.total_steps = options.steps;
+      trainer_options.seed = spec.seed();
+      trainer_options.optimizer = spec.optimizer();
+      trainer_options.precision = spec.precision();
+      trainer_options.progress_interval = absl::InfiniteDuration();
+      // Gradients and optimizer state of the previous batch size are gone before the new peak starts.
+      for (at::Tensor& p : workload->model->parameters()) p.mutable_grad() = at::Tensor();
+      counter->ResetPeak();
+      FlatBufferSynchronizer synchronizer(workload->model->parameters());
+      absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+          Trainer::Create(trainer_options, workload->model, train, std::nullopt, &synchronizer, &sink);
+      if (!trainer.ok()) return trainer.status();
+      absl::StatusOr<TrainResult> run = (*trainer)->Run();
+      if (!run.ok()) return run.status();
+      result.peaks.push_back({batch, counter->Peak()});
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("memory probe: ", e.what()));
+  }
+
+  const ProbePeak& small = result.peaks[0];
+  const ProbePeak& large = result.peaks[1];
+  result.per_sample_bytes = static_cast<int64_t>(std::llround(
+      static_cast<double>(large.peak_bytes - small.peak_bytes) / static_cast<double>(large.batch - small.batch)));
+  result.fixed_bytes = small.peak_bytes - result.per_sample_bytes * small.batch;
+  return result;
+}
+
+std::string ProbeResultJson(const ProbeResult& r) {
+  std::vector<std::string> peaks;
+  for (const ProbePeak& p : r.peaks) {
+    peaks.push_back(absl::StrCat("{\"batch\": ", p.batch, ", \"peak_bytes\": ", p.peak_bytes, "}"));
+  }
+  return absl::StrCat("{\"model_state_bytes\": ", r.model_state_bytes, ", \"peaks\": [", absl::StrJoin(peaks, ", "),
+                      "], \"fixed_bytes\": ", r.fixed_bytes, ", \"per_sample_bytes\": ", r.per_sample_bytes, "}");
+}
+
+}  // namespace fitrun::worker
