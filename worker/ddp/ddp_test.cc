@@ -15,19 +15,13 @@
 #include "gtest/gtest.h"
 #include "worker/ddp/flat_all_reduce.h"
 #include "worker/ddp/process_group.h"
+#include "worker/ddp/thread_ranks.h"
 
 namespace fitrun::worker {
 namespace {
 
 constexpr int kWorld = 2;
 const absl::Duration kTimeout = absl::Seconds(10);
-
-std::string FreshPath(const std::string& name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
-  std::remove(path.c_str());
-  return path;
-}
 
 // A port nobody listens on right now: bind port 0 and let the kernel choose.
 int FreePort() {
@@ -43,21 +37,10 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-// Runs body(rank, group) on kWorld threads sharing a FileStore.
 void RunRanks(const std::string& store_name,
               const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& body,
               absl::Duration timeout = kTimeout) {
-  const std::string path = FreshPath(store_name);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto store = c10::make_intrusive<c10d::FileStore>(path, kWorld);
-      auto group = CreateGlooProcessGroup(store, rank, kWorld, timeout);
-      ASSERT_TRUE(group.ok()) << group.status();
-      body(rank, *group);
-    });
-  }
-  for (auto& t : threads) t.join();
+  RunRanksAsThreads(kWorld, store_name, body, timeout);
 }
 
 struct TwoParameters : torch::nn::Module {

@@ -1,0 +1,38 @@
+#include "worker/ddp/thread_ranks.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/ddp/process_group.h"
+
+namespace fitrun::worker {
+
+std::string FreshTestPath(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
+  std::remove(path.c_str());
+  return path;
+}
+
+void RunRanksAsThreads(int world, const std::string& store_name,
+                       const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& body,
+                       absl::Duration timeout) {
+  const std::string path = FreshTestPath(store_name);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto store = c10::make_intrusive<c10d::FileStore>(path, world);
+      auto group = CreateGlooProcessGroup(store, rank, world, timeout);
+      ASSERT_TRUE(group.ok()) << group.status();
+      body(rank, *group);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace fitrun::worker
