@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "worker/data/test_files.h"
+#include "worker/testing/free_port.h"
 #include "worker/report/fake_coordinator.h"
 
 extern char** environ;
@@ -38,18 +39,6 @@ using fitrun::v1::WorkerReport;
 constexpr int kWorld = 2;
 constexpr int kTrainSamples = 1024;
 constexpr int kTestSamples = 200;
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::string WorkerBinary() {
   return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/worker/fitrun-worker");
@@ -102,7 +91,7 @@ class WorkerProcessTest : public ::testing::Test {
     std::string text;
     ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(assignment_, &text));
     std::ofstream(assignment_path) << text;
-    const int master_port = FreePort();
+    const int master_port = FreeLoopbackPort();
     const int world = world_;
     for (int rank = 0; rank < world; ++rank) {
       std::vector<std::string> env = {

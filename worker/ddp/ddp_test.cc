@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "worker/ddp/flat_all_reduce.h"
+#include "worker/testing/free_port.h"
 #include "worker/ddp/process_group.h"
 #include "worker/ddp/thread_ranks.h"
 
@@ -22,20 +23,6 @@ namespace {
 
 constexpr int kWorld = 2;
 const absl::Duration kTimeout = absl::Seconds(10);
-
-// A port nobody listens on right now: bind port 0 and let the kernel choose.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 void RunRanks(const std::string& store_name,
               const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& body,
@@ -106,7 +93,7 @@ TEST(BroadcastTest, EveryRankEndsWithRankZerosParameters) {
 }
 
 TEST(ConnectProcessGroupTest, RendezvousOverTcpStore) {
-  const int port = FreePort();
+  const int port = FreeLoopbackPort();
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
     threads.emplace_back([port, rank] {
@@ -122,7 +109,7 @@ TEST(ConnectProcessGroupTest, RendezvousOverTcpStore) {
 }
 
 TEST(ConnectProcessGroupTest, MissingPeerTimesOutWithAStatus) {
-  ProcessGroupOptions options{"127.0.0.1", FreePort(), 0, kWorld, absl::Milliseconds(500), kTimeout};
+  ProcessGroupOptions options{"127.0.0.1", FreeLoopbackPort(), 0, kWorld, absl::Milliseconds(500), kTimeout};
   auto group = ConnectProcessGroup(options);
   ASSERT_FALSE(group.ok());
   EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded) << group.status();

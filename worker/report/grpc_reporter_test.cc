@@ -1,4 +1,5 @@
 #include "worker/report/grpc_reporter.h"
+#include "worker/testing/free_port.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -14,18 +15,6 @@ namespace fitrun::worker {
 namespace {
 
 using fitrun::v1::WorkerReport;
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 GrpcReporter::Options OptionsFor(int port) {
   GrpcReporter::Options options;
@@ -120,7 +109,7 @@ TEST(GrpcReporterTest, StopCommandReachesTheCallbackOnce) {
 }
 
 TEST(GrpcReporterTest, UnreachableCoordinatorNeverBlocksTheCaller) {
-  GrpcReporter::Options options = OptionsFor(FreePort());
+  GrpcReporter::Options options = OptionsFor(FreeLoopbackPort());
   options.queue_capacity = 16;
   auto reporter = GrpcReporter::Create(options, nullptr);
   ASSERT_TRUE(reporter.ok());
@@ -136,7 +125,7 @@ TEST(GrpcReporterTest, UnreachableCoordinatorNeverBlocksTheCaller) {
 }
 
 TEST(GrpcReporterTest, ACoordinatorThatStartsLateStillGetsTheFinishedReport) {
-  const int port = FreePort();
+  const int port = FreeLoopbackPort();
   GrpcReporter::Options options = OptionsFor(port);
   options.max_backoff = absl::Milliseconds(200);
   auto reporter = GrpcReporter::Create(options, nullptr);
