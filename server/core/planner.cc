@@ -55,7 +55,8 @@ double ScaledLearningRate(const fitrun::v1::OptimizerSpec& optimizer, int64_t gl
 }
 
 absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
-                             const std::vector<DeviceCapacity>& devices, const EstimatorOptions& estimator) {
+                             const std::vector<DeviceCapacity>& devices, const EstimatorOptions& estimator,
+                             const PlanLimits& limits) {
   const int64_t global_batch = spec.global_batch_size();
   const auto& resources = spec.resources();
   const int min_devices = std::max(1, resources.min_devices());
@@ -102,12 +103,20 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       predicted = EstimateRankMemory(model, spec, chosen, estimator);
     } else {
       for (int64_t b : DivisorsDescending(per_rank)) {
+        if (limits.max_per_device_batch > 0 && b > limits.max_per_device_batch) continue;
         fitrun::v1::MemoryBreakdown m = EstimateRankMemory(model, spec, b, estimator);
         if (m.total_bytes() <= budget) {
           chosen = b;
           predicted = m;
           break;
         }
+      }
+      if (chosen == 0 && limits.max_per_device_batch > 0 && limits.max_per_device_batch < per_rank &&
+          EstimateRankMemory(model, spec, 1, estimator).total_bytes() <= budget) {
+        rejected.push_back(absl::StrCat(n, " devices: no divisor of the ", per_rank,
+                                        " samples per device per step is at most ", limits.max_per_device_batch,
+                                        ", the largest batch below the one that ran out of memory"));
+        continue;
       }
       if (chosen == 0) {
         const auto smallest = EstimateRankMemory(model, spec, 1, estimator);
@@ -143,6 +152,10 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
                                            FormatBytes(predicted.total_bytes()), ") fits the ", FormatBytes(budget),
                                            " usable on ", sorted[n - 1].id, " (", FormatBytes(free_bytes), " free less ",
                                            absl::StrFormat("%.0f%%", headroom * 100), " headroom)");
+      if (limits.max_per_device_batch > 0) {
+        absl::StrAppend(&why_batch, "; at most ", limits.max_per_device_batch,
+                        " because a larger batch ran out of memory in an earlier attempt");
+      }
       plan.add_reasons(why_batch);
     }
     plan.add_reasons(absl::StrCat("grad_accum_steps: ", plan.grad_accum_steps(), " so that ", n, " x ", chosen, " x ",

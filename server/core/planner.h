@@ -25,13 +25,19 @@ struct DeviceCapacity {
   int64_t free_bytes = 0;
 };
 
+// Bounds the coordinator adds to a spec after a failure, on top of what the spec itself allows.
+struct PlanLimits {
+  // After an out-of-memory error at per-device batch b: plan only batches below b (0: no bound).
+  int64_t max_per_device_batch = 0;
+};
+
 // Errors: UNAVAILABLE when fewer than min_devices are given (wait for devices to free up);
 // RESOURCE_EXHAUSTED when no per-device batch fits even on the roomiest devices, with what would;
 // INVALID_ARGUMENT when the spec cannot be split (e.g. a fixed per-device batch that does not divide
 // the global batch on any allowed device count).
 absl::StatusOr<fitrun::v1::Plan> PlanJob(const fitrun::v1::JobSpec& spec, const ModelProfile& model,
                                          const std::vector<DeviceCapacity>& devices,
-                                         const EstimatorOptions& estimator = {});
+                                         const EstimatorOptions& estimator = {}, const PlanLimits& limits = {});
 
 // The learning rate after the spec's scaling rule (none, linear, sqrt) against its reference batch.
 double ScaledLearningRate(const fitrun::v1::OptimizerSpec& optimizer, int64_t global_batch_size);

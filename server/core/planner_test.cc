@@ -175,5 +175,31 @@ TEST(PlannerTest, MaxStepsOverridesEpochs) {
   EXPECT_EQ(plan->total_steps(), 7);
 }
 
+TEST(PlannerTest, LimitAfterOutOfMemoryKeepsTheGlobalBatchWithMoreAccumulation) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  absl::StatusOr<fitrun::v1::Plan> unbounded = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));
+  ASSERT_TRUE(unbounded.ok()) << unbounded.status();
+  ASSERT_EQ(unbounded->per_device_batch(), 128);
+
+  PlanLimits limits;
+  limits.max_per_device_batch = 127;  // 128 ran out of memory
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB), {}, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->per_device_batch(), 64);
+  EXPECT_EQ(plan->grad_accum_steps(), 2);
+  EXPECT_EQ(plan->device_ids_size() * plan->per_device_batch() * plan->grad_accum_steps(), 256);
+  EXPECT_THAT(plan->reasons(1), HasSubstr("ran out of memory"));
+}
+
+TEST(PlannerTest, NoBatchUnderTheLimitFallsBackToFewerDevicesThenFails) {
+  fitrun::v1::JobSpec spec = MlpSpec(2, 1, 2);  // one sample per device per step on 2 devices
+  PlanLimits limits;
+  limits.max_per_device_batch = 1;
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB), {}, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 2);
+  EXPECT_EQ(plan->per_device_batch(), 1);
+}
+
 }  // namespace
 }  // namespace fitrun::server
