@@ -5,6 +5,9 @@
 // many watchers there are and however slow they are: a slow watcher only falls behind, and one that
 // falls behind the tail is told which sequences it missed (or the caller replays them from the
 // store). Thread-safe; listeners run on the publishing thread, outside the hub's lock.
+//
+// Each event is kept once, immutable and shared, together with its serialized form: a fan-out to
+// many watchers copies pointers under the lock and bytes outside it, never protos.
 #ifndef FITRUN_SERVER_CORE_EVENT_HUB_H_
 #define FITRUN_SERVER_CORE_EVENT_HUB_H_
 
@@ -26,6 +29,14 @@ class EventHub {
  public:
   using Listener = std::function<void()>;
 
+  // An event as kept in the tail: the proto and its wire encoding (JobEvent::SerializeAsString).
+  struct StoredEvent {
+    fitrun::v1::JobEvent event;
+    std::string serialized;
+  };
+  using EventRef = std::shared_ptr<const StoredEvent>;
+  static EventRef MakeRef(fitrun::v1::JobEvent event);
+
   struct Options {
     // Events kept in memory per job; older ones are only in the store.
     size_t tail_capacity = 4096;
@@ -40,6 +51,8 @@ class EventHub {
   // Keeps an event that already carries its job id, time and sequence number (NextSequence of its
   // job: one publisher per job numbers its events) and wakes the job's listeners.
   void Publish(fitrun::v1::JobEvent event);
+  // Keeps several events of one job (consecutive sequences, in order) and wakes its listeners once.
+  void Publish(std::vector<fitrun::v1::JobEvent> events);
   int64_t NextSequence(const std::string& job_id) const { return LastSequence(job_id) + 1; }
 
   struct ReadResult {
@@ -51,6 +64,13 @@ class EventHub {
   };
   // Up to `limit` events with sequence >= from_sequence.
   ReadResult Read(const std::string& job_id, int64_t from_sequence, size_t limit) const;
+  // The same without copying events: shared references to the kept events.
+  struct SharedReadResult {
+    std::vector<EventRef> events;
+    int64_t oldest_retained = 0;
+    int64_t last_sequence = 0;
+  };
+  SharedReadResult ReadShared(const std::string& job_id, int64_t from_sequence, size_t limit) const;
 
   int64_t LastSequence(const std::string& job_id) const;
 
@@ -64,7 +84,7 @@ class EventHub {
  private:
   struct JobLog {
     int64_t last_sequence = 0;
-    std::deque<fitrun::v1::JobEvent> tail;
+    std::deque<EventRef> tail;
   };
   std::vector<std::shared_ptr<Listener>> ListenersFor(const std::string& job_id) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

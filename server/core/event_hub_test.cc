@@ -62,6 +62,29 @@ TEST(EventHubTest, TailIsBoundedAndSaysWhatItNoLongerHolds) {
   EXPECT_EQ(recent.events.size(), 5u);
 }
 
+TEST(EventHubTest, ABatchIsKeptInOrderWithOneWakeAndItsSerializedForm) {
+  EventHub hub(EventHub::Options{.tail_capacity = 8});
+  int woken = 0;
+  hub.Subscribe("j", [&] { ++woken; });
+  std::vector<fitrun::v1::JobEvent> batch;
+  for (int i = 1; i <= 10; ++i) batch.push_back(LogEvent("j", i, std::to_string(i)));
+  hub.Publish(std::move(batch));
+  EXPECT_EQ(woken, 1);
+  EXPECT_EQ(hub.LastSequence("j"), 10);
+  // Bounded even when one batch is larger than the tail.
+  EventHub::SharedReadResult read = hub.ReadShared("j", 1, 100);
+  EXPECT_TRUE(read.events.empty());
+  EXPECT_EQ(read.oldest_retained, 3);
+  read = hub.ReadShared("j", 3, 100);
+  ASSERT_EQ(read.events.size(), 8u);
+  EXPECT_EQ(read.events.back()->event.sequence(), 10);
+  fitrun::v1::JobEvent parsed;
+  ASSERT_TRUE(parsed.ParseFromString(read.events.front()->serialized));
+  EXPECT_EQ(parsed.log().text(), "3");
+  // Reading past the end gives nothing, not an error.
+  EXPECT_TRUE(hub.ReadShared("j", 11, 100).events.empty());
+}
+
 TEST(EventHubTest, RestoredSequenceContinuesTheNumbering) {
   EventHub hub;
   hub.RestoreSequence("j", 41);

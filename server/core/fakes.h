@@ -32,6 +32,22 @@ class FakeJobStore : public JobStore {
     }
     return absl::OkStatus();
   }
+  absl::Status AppendEvents(absl::Span<const fitrun::v1::JobEvent> events) override {
+    absl::MutexLock lock(&mu_);
+    ++append_batches_;
+    for (const fitrun::v1::JobEvent& event : events) {
+      if (events_[event.job_id()].count(event.sequence()) > 0) {
+        return absl::AlreadyExistsError("event sequence stored twice");  // before storing any
+      }
+    }
+    for (const fitrun::v1::JobEvent& event : events) events_[event.job_id()].emplace(event.sequence(), event);
+    return absl::OkStatus();
+  }
+  // How many AppendEvents calls there were (each one transaction in a real store).
+  int append_batches() {
+    absl::MutexLock lock(&mu_);
+    return append_batches_;
+  }
   absl::StatusOr<std::vector<JobRecord>> LoadJobs() override {
     absl::MutexLock lock(&mu_);
     std::vector<JobRecord> out;
@@ -66,6 +82,7 @@ class FakeJobStore : public JobStore {
   absl::Status put_status_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::map<int64_t, fitrun::v1::JobEvent>> events_ ABSL_GUARDED_BY(mu_);
+  int append_batches_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Records launches and stops; a test ends a worker with Exit(), which runs the exit callback as the

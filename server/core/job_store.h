@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "fitrun/v1/job.pb.h"
 
 namespace fitrun::server {
@@ -31,6 +32,9 @@ class JobStore {
   // Appends one event (keyed by job id and sequence); a sequence stored before is an error, never
   // an overwrite.
   virtual absl::Status AppendEvent(const fitrun::v1::JobEvent& event) = 0;
+  // Appends several events, all or none (one transaction: a group commit, so a burst of events
+  // costs one commit rather than one each). Same rules as AppendEvent for each.
+  virtual absl::Status AppendEvents(absl::Span<const fitrun::v1::JobEvent> events) = 0;
   virtual absl::StatusOr<std::vector<JobRecord>> LoadJobs() = 0;
   // The highest event sequence stored for the job (0 when none): where numbering resumes.
   virtual absl::StatusOr<int64_t> LastEventSequence(const std::string& job_id) = 0;

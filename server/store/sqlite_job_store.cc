@@ -149,18 +149,40 @@ absl::Status SqliteJobStore::PutJob(const JobRecord& record) {
   return absl::OkStatus();
 }
 
-absl::Status SqliteJobStore::AppendEvent(const fitrun::v1::JobEvent& event) {
-  const std::string blob = event.SerializeAsString();
-  absl::MutexLock lock(&mu_);
+absl::Status SqliteJobStore::InsertEvent(const fitrun::v1::JobEvent& event, std::string* scratch) {
+  scratch->clear();
+  event.SerializeToString(scratch);
   sqlite3_reset(append_event_);
   sqlite3_bind_text(append_event_, 1, event.job_id().data(), static_cast<int>(event.job_id().size()), SQLITE_STATIC);
   sqlite3_bind_int64(append_event_, 2, event.sequence());
-  sqlite3_bind_blob(append_event_, 3, blob.data(), static_cast<int>(blob.size()), SQLITE_STATIC);
+  sqlite3_bind_blob(append_event_, 3, scratch->data(), static_cast<int>(scratch->size()), SQLITE_STATIC);
   const int rc = sqlite3_step(append_event_);
   sqlite3_reset(append_event_);
   sqlite3_clear_bindings(append_event_);
   if (rc != SQLITE_DONE) return SqliteError(db_, "storing an event");
   return absl::OkStatus();
+}
+
+absl::Status SqliteJobStore::AppendEvent(const fitrun::v1::JobEvent& event) {
+  std::string blob;
+  absl::MutexLock lock(&mu_);
+  return InsertEvent(event, &blob);
+}
+
+absl::Status SqliteJobStore::AppendEvents(absl::Span<const fitrun::v1::JobEvent> events) {
+  if (events.empty()) return absl::OkStatus();
+  std::string blob;
+  absl::MutexLock lock(&mu_);
+  if (events.size() == 1) return InsertEvent(events[0], &blob);  // autocommit is one transaction already
+  // One commit (one WAL append and sync point) for the whole batch.
+  if (absl::Status status = Exec("BEGIN IMMEDIATE;"); !status.ok()) return status;
+  for (const fitrun::v1::JobEvent& event : events) {
+    if (absl::Status status = InsertEvent(event, &blob); !status.ok()) {
+      (void)Exec("ROLLBACK;");
+      return status;
+    }
+  }
+  return Exec("COMMIT;");
 }
 
 absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::LoadJobs() {

@@ -71,6 +71,37 @@ TEST(SqliteJobStoreTest, EventsReadBackFromAnySequenceWithALimit) {
   EXPECT_EQ((*events)[2].log().text(), "9");
 }
 
+TEST(SqliteJobStoreTest, AppendEventsStoresABatchAllOrNothing) {
+  auto store = SqliteJobStore::Open(FreshDb("batch"));
+  ASSERT_TRUE(store.ok());
+  std::vector<fitrun::v1::JobEvent> batch;
+  for (int i = 1; i <= 100; ++i) {
+    fitrun::v1::JobEvent& event = batch.emplace_back();
+    event.set_job_id("j");
+    event.set_sequence(i);
+    event.mutable_log()->set_text(std::to_string(i));
+  }
+  ASSERT_TRUE((*store)->AppendEvents(batch).ok());
+  EXPECT_EQ(*(*store)->LastEventSequence("j"), 100);
+  auto events = (*store)->ReadEvents("j", 1, 1000);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 100u);
+  EXPECT_EQ((*events)[99].log().text(), "100");
+  // A batch with one sequence already stored leaves nothing of itself behind.
+  std::vector<fitrun::v1::JobEvent> clash(2);
+  clash[0].set_job_id("j");
+  clash[0].set_sequence(101);
+  clash[1].set_job_id("j");
+  clash[1].set_sequence(50);
+  EXPECT_FALSE((*store)->AppendEvents(clash).ok());
+  EXPECT_EQ(*(*store)->LastEventSequence("j"), 100);
+  // The store still takes batches after a rolled-back one, and an empty batch is fine.
+  clash.pop_back();
+  EXPECT_TRUE((*store)->AppendEvents(clash).ok());
+  EXPECT_TRUE((*store)->AppendEvents({}).ok());
+  EXPECT_EQ(*(*store)->LastEventSequence("j"), 101);
+}
+
 TEST(SqliteJobStoreTest, AttemptsAreKeptInTheirOwnTable) {
   const std::string path = FreshDb("attempts");
   auto store = SqliteJobStore::Open(path);
