@@ -372,54 +372,72 @@ absl::StatusOr<WorkerKey> JobManager::AttachWorker(const fitrun::v1::Hello& hell
 }
 
 void JobManager::OnWorkerReport(const WorkerKey& key, const fitrun::v1::WorkerReport& report) {
+  std::vector<const fitrun::v1::WorkerReport*> reports;
+  if (report.has_batch()) {
+    for (const fitrun::v1::WorkerReport& one : report.batch().reports()) reports.push_back(&one);
+  } else {
+    reports.push_back(&report);
+  }
+  OnWorkerReports(key, reports);
+}
+
+void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::v1::WorkerReport* const> reports) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(key.job_id);
   if (it == jobs_.end()) return;
   JobEntry& entry = it->second;
-  if (!entry.active || entry.active->attempt != key.attempt) return;  // a late report of an older attempt
-  RankState& rank = entry.active->ranks[key.rank];
   Job& job = entry.record.job;
-
-  JobEvent event;
-  switch (report.report_case()) {
-    case fitrun::v1::WorkerReport::kProgress: {
-      *event.mutable_progress() = report.progress();
-      event.mutable_progress()->set_rank(key.rank);
-      if (key.rank == 0) {
-        const int64_t advanced = report.progress().step() - job.last_progress().step();
-        *job.mutable_last_progress() = event.progress();
-        metrics_->TrainingProgress(job.id(), std::max<int64_t>(0, advanced), report.progress().loss());
+  std::vector<JobEvent> events;
+  for (const fitrun::v1::WorkerReport* report : reports) {
+    // Checked per report: a finished rank below may end the attempt.
+    if (!entry.active || entry.active->attempt != key.attempt) break;  // a late report of an older attempt
+    RankState& rank = entry.active->ranks[key.rank];
+    JobEvent event;
+    switch (report->report_case()) {
+      case fitrun::v1::WorkerReport::kProgress: {
+        *event.mutable_progress() = report->progress();
+        event.mutable_progress()->set_rank(key.rank);
+        if (key.rank == 0) {
+          const int64_t advanced = report->progress().step() - job.last_progress().step();
+          *job.mutable_last_progress() = event.progress();
+          metrics_->TrainingProgress(job.id(), std::max<int64_t>(0, advanced), report->progress().loss());
+        }
+        break;
       }
-      break;
+      case fitrun::v1::WorkerReport::kOom:
+        *event.mutable_oom() = report->oom();
+        event.mutable_oom()->set_rank(key.rank);
+        break;
+      case fitrun::v1::WorkerReport::kCheckpointSaved:
+        *event.mutable_checkpoint_saved() = report->checkpoint_saved();
+        event.mutable_checkpoint_saved()->set_rank(key.rank);
+        break;
+      case fitrun::v1::WorkerReport::kLog:
+        *event.mutable_log() = report->log();
+        event.mutable_log()->set_rank(key.rank);
+        break;
+      case fitrun::v1::WorkerReport::kFinished: {
+        rank.finished = report->finished();
+        rank.finished->set_rank(key.rank);
+        *event.mutable_rank_finished() = *rank.finished;
+        break;
+      }
+      case fitrun::v1::WorkerReport::kFailed:
+        rank.failure_report = report->failed().reason();
+        event.mutable_log()->set_rank(key.rank);
+        event.mutable_log()->set_text(absl::StrCat("failed: ", report->failed().reason()));
+        break;
+      default:
+        continue;  // heartbeats carry no event; a hello or nested batch here is ignored
     }
-    case fitrun::v1::WorkerReport::kOom:
-      *event.mutable_oom() = report.oom();
-      event.mutable_oom()->set_rank(key.rank);
-      break;
-    case fitrun::v1::WorkerReport::kCheckpointSaved:
-      *event.mutable_checkpoint_saved() = report.checkpoint_saved();
-      event.mutable_checkpoint_saved()->set_rank(key.rank);
-      break;
-    case fitrun::v1::WorkerReport::kLog:
-      *event.mutable_log() = report.log();
-      event.mutable_log()->set_rank(key.rank);
-      break;
-    case fitrun::v1::WorkerReport::kFinished: {
-      rank.finished = report.finished();
-      rank.finished->set_rank(key.rank);
-      *event.mutable_rank_finished() = *rank.finished;
-      break;
+    events.push_back(std::move(event));
+    if (report->report_case() == fitrun::v1::WorkerReport::kFinished) {
+      // The rank_finished event goes out before whatever state change it leads to.
+      PublishAllLocked(entry, std::exchange(events, {}));
+      MaybeSucceed(entry, /*deadline_passed=*/false);
     }
-    case fitrun::v1::WorkerReport::kFailed:
-      rank.failure_report = report.failed().reason();
-      event.mutable_log()->set_rank(key.rank);
-      event.mutable_log()->set_text(absl::StrCat("failed: ", report.failed().reason()));
-      break;
-    default:
-      return;  // heartbeats carry no event
   }
-  PublishLocked(entry, std::move(event));
-  if (report.report_case() == fitrun::v1::WorkerReport::kFinished) MaybeSucceed(entry, /*deadline_passed=*/false);
+  PublishAllLocked(entry, std::move(events));
 }
 
 void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
@@ -783,29 +801,42 @@ absl::Status JobManager::Transition(JobEntry& entry, JobState to, const std::str
 }
 
 void JobManager::PublishLocked(JobEntry& entry, JobEvent event) {
+  std::vector<JobEvent> events;
+  events.push_back(std::move(event));
+  PublishAllLocked(entry, std::move(events));
+}
+
+void JobManager::PublishAllLocked(JobEntry& entry, std::vector<JobEvent> events) {
+  if (events.empty()) return;
   const std::string& job_id = entry.record.job.id();
-  const std::string kind = EventKind(event);
-  const bool rank0_progress = event.has_progress() && event.progress().rank() == 0;
-  // Sequence, store, then fan out: a watcher never sees an event the store does not have.
-  JobEvent sequenced = std::move(event);
-  sequenced.set_job_id(job_id);
-  sequenced.set_sequence(hub_.NextSequence(job_id));
-  *sequenced.mutable_time() = ToProto(options_.clock());
-  if (absl::Status status = store_->AppendEvent(sequenced); !status.ok()) {
-    // The event still reaches live watchers; the gap in the store is reported in the log.
-    fprintf(stderr, "fitrund: could not store event %s/%lld: %s\n", job_id.c_str(),
-            static_cast<long long>(sequenced.sequence()), std::string(status.message()).c_str());
-  }
-  entry.record.job.set_last_sequence(sequenced.sequence());
   const absl::Time now = options_.clock();
-  if (kind == "state_changed" || kind == "plan_chosen" || kind == "rank_finished") {
+  bool persist = false;
+  bool rank0_progress = false;
+  // Sequence, store, then fan out: a watcher never sees an event the store does not have.
+  int64_t sequence = hub_.NextSequence(job_id);
+  for (JobEvent& event : events) {
+    const std::string kind = EventKind(event);
+    if (kind == "state_changed" || kind == "plan_chosen" || kind == "rank_finished") persist = true;
+    if (event.has_progress() && event.progress().rank() == 0) rank0_progress = true;
+    event.set_job_id(job_id);
+    event.set_sequence(sequence++);
+    *event.mutable_time() = ToProto(now);
+    metrics_->EventRecorded(kind);
+  }
+  if (absl::Status status = store_->AppendEvents(events); !status.ok()) {
+    // The events still reach live watchers; the gap in the store is reported in the log.
+    fprintf(stderr, "fitrund: could not store events %s/%lld..%lld: %s\n", job_id.c_str(),
+            static_cast<long long>(events.front().sequence()), static_cast<long long>(events.back().sequence()),
+            std::string(status.message()).c_str());
+  }
+  entry.record.job.set_last_sequence(events.back().sequence());
+  if (persist) {
     Persist(entry);
   } else if (rank0_progress && now - entry.progress_persisted_at >= absl::Seconds(1)) {
     entry.progress_persisted_at = now;
     Persist(entry);
   }
-  metrics_->EventRecorded(kind);
-  hub_.Publish(std::move(sequenced));
+  hub_.Publish(std::move(events));
 }
 
 void JobManager::Persist(const JobEntry& entry) {

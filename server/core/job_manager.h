@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "fitrun/v1/job.pb.h"
 #include "fitrun/v1/worker.pb.h"
 #include "server/core/coordinator_metrics.h"
@@ -110,7 +111,11 @@ class JobManager {
   // ---- the worker side (called by the WorkerChannel service) ----
   // Checks the Hello (job, attempt, rank, token) and registers the connection for commands.
   absl::StatusOr<WorkerKey> AttachWorker(const fitrun::v1::Hello& hello, std::weak_ptr<WorkerConnection> connection);
+  // A report, or a ReportBatch handled report by report.
   void OnWorkerReport(const WorkerKey& key, const fitrun::v1::WorkerReport& report);
+  // Several reports of one rank under one lock: their events are stored in one transaction (a group
+  // commit) and published together. Hellos and nested batches are skipped.
+  void OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::v1::WorkerReport* const> reports);
 
   // One scheduling pass, as the scheduler thread runs it after every change: place queued jobs on
   // free devices, then launch them. Returns how long each half took.
@@ -182,6 +187,8 @@ class JobManager {
   absl::Status Transition(JobEntry& entry, fitrun::v1::JobState to, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(JobEntry& entry, fitrun::v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sequences, stores (one transaction), then fans out events of one job, in order.
+  void PublishAllLocked(JobEntry& entry, std::vector<fitrun::v1::JobEvent> events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Persist(const JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Devices with no rank on them, with the memory a plan may use.
