@@ -32,12 +32,23 @@ class FakeCoordinator final : public fitrun::v1::WorkerChannel::Service {
     bool first = true;
     bool stopped = false;
     while (stream->Read(&report)) {
+      bool has_progress = report.has_progress();
       {
+        // A ReportBatch is recorded as the reports it carries, as the coordinator handles it.
         absl::MutexLock lock(&mu_);
-        reports_.push_back(report);
+        ++messages_;
+        if (report.has_batch()) {
+          ++batches_;
+          for (const fitrun::v1::WorkerReport& one : report.batch().reports()) {
+            reports_.push_back(one);
+            has_progress = has_progress || one.has_progress();
+          }
+        } else {
+          reports_.push_back(report);
+        }
       }
       if (first && reject) return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "bad job token");
-      if (!stopped && ((first && stop_after_hello) || (report.has_progress() && stop_after_progress))) {
+      if (!stopped && ((first && stop_after_hello) || (has_progress && stop_after_progress))) {
         fitrun::v1::WorkerCommand command;
         command.mutable_stop()->set_reason("peer rank 1 exited");
         stream->Write(command);
@@ -59,7 +70,16 @@ class FakeCoordinator final : public fitrun::v1::WorkerChannel::Service {
     return builder.BuildAndStart();
   }
 
-  // Every report received, in arrival order across streams.
+  // Messages read, and how many of them were ReportBatches.
+  int messages() const {
+    absl::MutexLock lock(&mu_);
+    return messages_;
+  }
+  int batches() const {
+    absl::MutexLock lock(&mu_);
+    return batches_;
+  }
+  // Every report received (batches unpacked), in arrival order across streams.
   std::vector<fitrun::v1::WorkerReport> reports() const {
     absl::MutexLock lock(&mu_);
     return reports_;
@@ -79,6 +99,8 @@ class FakeCoordinator final : public fitrun::v1::WorkerChannel::Service {
   mutable absl::Mutex mu_;
   std::vector<fitrun::v1::WorkerReport> reports_ ABSL_GUARDED_BY(mu_);
   int streams_closed_by_worker_ ABSL_GUARDED_BY(mu_) = 0;
+  int messages_ ABSL_GUARDED_BY(mu_) = 0;
+  int batches_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace fitrun::worker

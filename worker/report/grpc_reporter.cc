@@ -47,6 +47,9 @@ absl::StatusOr<std::unique_ptr<GrpcReporter>> GrpcReporter::Create(Options optio
   if (options.queue_capacity < 1) {
     return absl::InvalidArgumentError("reporter queue capacity must be >= 1");
   }
+  if (options.max_reports_per_message < 1) {
+    return absl::InvalidArgumentError("reporter max_reports_per_message must be >= 1");
+  }
   grpc::ChannelArguments args;
   // A restarted coordinator should see the rank again within a second or two, not gRPC's default 2 min.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
@@ -309,7 +312,9 @@ void GrpcReporter::WriterLoop() {
       backoff = kMinBackoff;
     }
 
-    Queued next;
+    // Everything queued goes in one message (a ReportBatch when there are several): the
+    // coordinator then stores them in one transaction.
+    std::vector<Queued> next;
     bool end_stream = false;
     bool stream_lost = false;
     {
@@ -322,15 +327,17 @@ void GrpcReporter::WriterLoop() {
                              : (mu_.Await(absl::Condition(&ready)), true);
       if (!woken) {
         // Quiet phases (rendezvous, evaluation, a long step) still show the coordinator a live rank.
-        next.report.mutable_heartbeat()->set_step(last_step_);
+        next.emplace_back().report.mutable_heartbeat()->set_step(last_step_);
         writing_ = true;
       } else if (stream_ended_) {
         stream_lost = true;
       } else if (queue_.empty() || absl::Now() >= deadline_) {
         end_stream = true;  // shutting down and drained (or out of time)
       } else {
-        next = std::move(queue_.front());
-        queue_.pop_front();
+        while (!queue_.empty() && next.size() < options_.max_reports_per_message) {
+          next.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+        }
         writing_ = true;
       }
     }
@@ -342,13 +349,25 @@ void GrpcReporter::WriterLoop() {
       CloseStream(/*graceful=*/true);
       break;
     }
-    const bool written = stream_->Write(next.report);
+    bool written = false;
+    if (next.size() == 1) {
+      written = stream_->Write(next.front().report);
+    } else {
+      fitrun::v1::WorkerReport batch;
+      for (Queued& queued : next) *batch.mutable_batch()->add_reports() = std::move(queued.report);
+      written = stream_->Write(batch);
+      if (!written) {
+        for (size_t i = 0; i < next.size(); ++i) next[i].report = std::move(*batch.mutable_batch()->mutable_reports(static_cast<int>(i)));
+      }
+    }
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
-      // Put a lost report back so a new stream delivers it; progress that is stale by then is
-      // cheap and the coordinator keeps only the latest.
-      if (!written) queue_.push_front(std::move(next));
+      // Put lost reports back, in order, so a new stream delivers them; progress that is stale by
+      // then is cheap and the coordinator keeps only the latest.
+      if (!written) {
+        for (auto it = next.rbegin(); it != next.rend(); ++it) queue_.push_front(std::move(*it));
+      }
     }
     if (!written) CloseStream(/*graceful=*/false);
   }

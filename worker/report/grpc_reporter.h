@@ -28,7 +28,8 @@ namespace fitrun::worker {
 //
 // Reporting never blocks or slows training: the sink methods only push onto a bounded queue (the
 // oldest progress and log lines are dropped when it is full; finished/failed reports never are), and
-// a writer thread owns the stream. When the coordinator is unreachable or the stream breaks, the
+// a writer thread owns the stream, writing everything queued since its last write in one message
+// (a ReportBatch), so a burst of reports costs one message and one store transaction. When the coordinator is unreachable or the stream breaks, the
 // writer keeps retrying with backoff (sending a new Hello each time) while training goes on. A
 // coordinator that ends the stream on purpose (bad token, OK, ...) or that sent a StopCommand is not
 // reconnected to.
@@ -46,6 +47,9 @@ class GrpcReporter final : public ProgressSink {
     std::string job_token;
     int pid = 0;
     size_t queue_capacity = 1024;
+    // Reports queued when the writer gets to them travel together, this many at most to a message
+    // (a ReportBatch); 1 sends each alone.
+    size_t max_reports_per_message = 256;
     absl::Duration connect_timeout = absl::Seconds(2);
     absl::Duration max_backoff = absl::Seconds(5);
     // A Heartbeat goes out when nothing else was sent for this long; zero disables heartbeats.

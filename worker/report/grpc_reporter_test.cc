@@ -147,6 +147,37 @@ TEST(GrpcReporterTest, ACoordinatorThatStartsLateStillGetsTheFinishedReport) {
   server->Shutdown();
 }
 
+// Reports queued while the coordinator was away go out together: the Hello alone first, then
+// batches of at most max_reports_per_message, in order.
+TEST(GrpcReporterTest, QueuedReportsTravelInBatchesAfterTheHello) {
+  const int port = FreeLoopbackPort();
+  GrpcReporter::Options options = OptionsFor(port);
+  options.max_backoff = absl::Milliseconds(200);
+  options.max_reports_per_message = 4;
+  auto reporter = GrpcReporter::Create(options, nullptr);
+  ASSERT_TRUE(reporter.ok());
+  for (int step = 1; step <= 10; ++step) (*reporter)->OnProgress(Step(step));
+  fitrun::v1::RankFinished finished;
+  finished.set_steps(10);
+  (*reporter)->ReportFinished(finished);
+  absl::SleepFor(absl::Milliseconds(300));
+
+  FakeCoordinator coordinator;
+  int bound = 0;
+  auto server = coordinator.Serve(&bound, port);
+  ASSERT_EQ(bound, port);
+  (*reporter)->Shutdown(absl::Seconds(10));
+  const std::vector<WorkerReport> reports = coordinator.reports();
+  ASSERT_EQ(reports.size(), 12u);
+  EXPECT_TRUE(reports[0].has_hello());
+  for (int step = 1; step <= 10; ++step) EXPECT_EQ(reports[step].progress().step(), step);
+  EXPECT_EQ(reports[11].finished().steps(), 10);
+  // Hello, then 11 reports in messages of at most 4: 1 + 3 messages, all three of them batches.
+  EXPECT_EQ(coordinator.messages(), 4);
+  EXPECT_EQ(coordinator.batches(), 3);
+  server->Shutdown();
+}
+
 TEST(GrpcReporterTest, QuietRanksSendHeartbeatsWithTheLastStep) {
   FakeCoordinator coordinator;
   int port = 0;
