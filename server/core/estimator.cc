@@ -34,13 +34,26 @@ fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const 
   m.set_ddp_buckets_bytes(param_bytes);
 
   m.set_activations_bytes(per_device_batch * (model.activation_bytes_per_sample + model.input_bytes_per_sample));
-  m.set_workspace_bytes(options.workspace_bytes);
-  m.set_framework_overhead_bytes(options.framework_overhead_bytes);
+  double margin = options.safety_margin;
+  if (model.calibrated) {
+    // The measured fixed part holds the model states counted above; what it holds beyond them is the
+    // runtime's (autograd bookkeeping, kernels' scratch, the optimizer's temporaries). When the
+    // arithmetic counts more than was measured (a state the probe's peak did not overlap), the
+    // arithmetic stands: the estimate errs high.
+    const int64_t states =
+        m.weights_bytes() + m.gradients_bytes() + m.optimizer_state_bytes() + m.ddp_buckets_bytes();
+    m.set_workspace_bytes(0);
+    m.set_framework_overhead_bytes(std::max<int64_t>(0, model.calibrated_fixed_bytes - states));
+    margin = options.calibrated_safety_margin;
+  } else {
+    m.set_workspace_bytes(options.workspace_bytes);
+    m.set_framework_overhead_bytes(options.framework_overhead_bytes);
+  }
 
   const int64_t subtotal = m.weights_bytes() + m.gradients_bytes() + m.optimizer_state_bytes() +
                            m.ddp_buckets_bytes() + m.activations_bytes() + m.workspace_bytes() +
                            m.framework_overhead_bytes();
-  m.set_safety_margin_bytes(static_cast<int64_t>(std::ceil(subtotal * options.safety_margin)));
+  m.set_safety_margin_bytes(static_cast<int64_t>(std::ceil(subtotal * margin)));
   m.set_total_bytes(subtotal + m.safety_margin_bytes());
   return m;
 }

@@ -3,6 +3,12 @@
 // peak(b) = weights + gradients + optimizer state + DDP bucket buffers + activations(b) + workspace
 //           + framework overhead, then a safety margin on top. Plain arithmetic, no I/O: the planner
 // calls it many times per plan.
+//
+// Two sources for the figures. Analytic profiles (model_profile.h) count tensors by formula and add
+// fixed overheads and a 10% margin. Calibrated profiles (memory_calibration.h) carry a measured line
+// peak(b) = fixed + per_sample * b: weights, gradients, optimizer state and buckets are still
+// computed, activations are the measured per-sample bytes times b, the rest of the measured fixed
+// part is the framework overhead, and the margin is small because the line is a measurement.
 #ifndef FITRUN_SERVER_CORE_ESTIMATOR_H_
 #define FITRUN_SERVER_CORE_ESTIMATOR_H_
 
@@ -21,6 +27,9 @@ struct EstimatorOptions {
   int64_t workspace_bytes = 8LL << 20;
   // Added on top of the sum, as a fraction of it.
   double safety_margin = 0.10;
+  // The margin for calibrated profiles: covers what the probe's single process does not see (the
+  // real reducer's per-bucket buffers, the process group's scratch), measured at about 1%.
+  double calibrated_safety_margin = 0.03;
 };
 
 // Per-rank peak memory for `per_device_batch` samples per micro-batch.

@@ -13,6 +13,7 @@
 #include "server/core/coordinator_metrics.h"
 #include "server/core/device_inventory.h"
 #include "server/core/job_store.h"
+#include "server/core/memory_calibration.h"
 #include "server/core/worker_launcher.h"
 
 namespace fitrun::server {
@@ -193,6 +194,30 @@ class RecordingMetrics : public CoordinatorMetrics {
     absl::MutexLock lock(&mu_);
     loss_.erase(job_id);
   }
+  void OutOfMemory() override {
+    absl::MutexLock lock(&mu_);
+    ++out_of_memory_;
+  }
+  void JobRestarted(const std::string& reason) override {
+    absl::MutexLock lock(&mu_);
+    ++restarts_[reason];
+  }
+  void Recovered(absl::Duration time_to_recover) override {
+    absl::MutexLock lock(&mu_);
+    recoveries_.push_back(time_to_recover);
+  }
+  int out_of_memory() {
+    absl::MutexLock lock(&mu_);
+    return out_of_memory_;
+  }
+  int restarts(const std::string& reason) {
+    absl::MutexLock lock(&mu_);
+    return restarts_[reason];
+  }
+  std::vector<absl::Duration> recoveries() {
+    absl::MutexLock lock(&mu_);
+    return recoveries_;
+  }
   int jobs_in(fitrun::v1::JobState state) {
     absl::MutexLock lock(&mu_);
     return jobs_by_state_[state];
@@ -212,6 +237,57 @@ class RecordingMetrics : public CoordinatorMetrics {
   std::map<std::string, int64_t> events_ ABSL_GUARDED_BY(mu_);
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, double> loss_ ABSL_GUARDED_BY(mu_);
+  int out_of_memory_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int> restarts_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Duration> recoveries_ ABSL_GUARDED_BY(mu_);
+};
+
+// ---- memory probe ----
+// Answers every probe with `result` (or `error`), counts the calls and records the specs; with
+// Hold() probes wait until Release(), so a test can see a calibration in flight.
+class FakeMemoryProbe : public MemoryProbe {
+ public:
+  explicit FakeMemoryProbe(ProbeResult result = {}) : result_(result) {}
+  absl::StatusOr<ProbeResult> Probe(const fitrun::v1::JobSpec& spec) override {
+    absl::MutexLock lock(&mu_);
+    probed_.push_back(spec);
+    auto released = [this] { return !held_; };
+    mu_.Await(absl::Condition(&released));
+    if (!error_.ok()) return error_;
+    return result_;
+  }
+  void SetResult(ProbeResult result) {
+    absl::MutexLock lock(&mu_);
+    result_ = result;
+    error_ = absl::OkStatus();
+  }
+  void Fail(absl::Status error) {
+    absl::MutexLock lock(&mu_);
+    error_ = std::move(error);
+  }
+  void Hold() {
+    absl::MutexLock lock(&mu_);
+    held_ = true;
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    held_ = false;
+  }
+  std::vector<fitrun::v1::JobSpec> probed() {
+    absl::MutexLock lock(&mu_);
+    return probed_;
+  }
+  int calls() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(probed_.size());
+  }
+
+ private:
+  absl::Mutex mu_;
+  ProbeResult result_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<fitrun::v1::JobSpec> probed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fitrun::server

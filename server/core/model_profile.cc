@@ -141,13 +141,28 @@ absl::StatusOr<ModelProfile> TorchScript(const fitrun::v1::JobSpec& spec) {
 }  // namespace
 
 absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec) {
-  if (spec.model().kind_case() == fitrun::v1::ModelSpec::kTorchscript) return TorchScript(spec);
+  absl::StatusOr<ModelProfile> profile;
   const std::string& builtin = spec.model().builtin();
-  if (builtin == "mlp") return Mlp();
-  if (builtin == "cnn") return Cnn();
-  if (builtin == "gpt") return Gpt(spec);
-  if (builtin == "sasrec") return SasRec(spec);
-  return absl::NotFoundError(absl::StrCat("spec.model.builtin: no memory profile for '", builtin, "'"));
+  if (spec.model().kind_case() == fitrun::v1::ModelSpec::kTorchscript) {
+    profile = TorchScript(spec);
+  } else if (builtin == "mlp") {
+    profile = Mlp();
+  } else if (builtin == "cnn") {
+    profile = Cnn();
+  } else if (builtin == "gpt") {
+    profile = Gpt(spec);
+  } else if (builtin == "sasrec") {
+    profile = SasRec(spec);
+  } else {
+    return absl::NotFoundError(absl::StrCat("spec.model.builtin: no memory profile for '", builtin, "'"));
+  }
+  if (profile.ok()) {
+    profile->memory_source =
+        spec.model().kind_case() == fitrun::v1::ModelSpec::kTorchscript
+            ? "analytic: parameters bounded by the TorchScript file's size, activations taken as the cnn's"
+            : absl::StrCat("analytic: the ", builtin, " profile's arithmetic");
+  }
+  return profile;
 }
 
 }  // namespace fitrun::server

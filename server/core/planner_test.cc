@@ -141,6 +141,39 @@ TEST(PlannerTest, NothingFitsSaysWhatIsNeeded) {
   EXPECT_THAT(plan.status().message(), HasSubstr("even per-device batch 1 needs"));
 }
 
+// A calibrated profile whose activations dominate: 1 MiB fixed, 10 MiB per sample.
+ModelProfile ActivationHeavy(const fitrun::v1::JobSpec& spec) {
+  ModelProfile p = Profile(spec);
+  p.parameter_count = 1000;
+  p.calibrated = true;
+  p.calibrated_fixed_bytes = 1 * kMiB;
+  p.activation_bytes_per_sample = 10 * kMiB;
+  p.input_bytes_per_sample = 0;
+  return p;
+}
+
+TEST(PlannerTest, NothingFitsNamesTheSmallestBatchAndBf16) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  // Batch 1 needs 11 MiB * 1.03; 12 MiB less 10% headroom is 10.8 MiB. bf16's activations (~0.6x) fit.
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, ActivationHeavy(spec), Devices(2, 12 * kMiB));
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(plan.status().message(), HasSubstr("what would fit: per-device batch 1 (the smallest) needs 11.3 MiB"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("devices with 12.6 MiB free each"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("spec.precision: bf16, estimated at about 7.2 MiB for per-device batch 1"));
+
+  spec.set_precision(fitrun::v1::PRECISION_BF16);
+  plan = PlanJob(spec, ActivationHeavy(spec), Devices(2, 12 * kMiB));
+  EXPECT_THAT(plan.status().message(), ::testing::Not(HasSubstr("spec.precision: bf16")));
+}
+
+TEST(PlannerTest, NothingFitsOnEnoughDevicesSuggestsFewer) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  const std::vector<DeviceCapacity> devices = {{"cpu:0", 64 * kMiB}, {"cpu:1", 8 * kMiB}};
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, ActivationHeavy(spec), devices);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(plan.status().message(), HasSubstr("fewer devices: 1 device(s) (cpu:0) fit batch 1, so spec.resources.min_devices: 1"));
+}
+
 TEST(PlannerTest, TooFewFreeDevicesIsUnavailable) {
   fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
   absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(1, 4096 * kMiB));
