@@ -7,7 +7,11 @@ both, their ratio, and fitrun's exposed communication (time blocked in the final
 buckets / training time). A program that prints figures, not a test: nothing is asserted.
 
 Usage (from the repository root):
-  bazel build //worker:fitrun-worker && /usr/bin/python3 tools/bench/ddp_bench.py [--models mlp,cnn]
+  bazel build -c opt //worker:fitrun-worker && /usr/bin/python3 tools/bench/ddp_bench.py [--models mlp,cnn]
+      [--worker PATH] (another fitrun-worker binary, e.g. a copy of an earlier build, to compare)
+
+Also prints where fitrun-worker's step time went (rank 0's `step time:` line): batch assembly,
+forward, backward (with the reducer's hooks), synchronize (the exposed all-reduce wait) and optimizer.
 """
 import argparse
 import json
@@ -52,7 +56,7 @@ def run_ranks(commands, env_extra, timeout):
     return outputs
 
 
-def bench(model, steps, work):
+def bench(worker, model, steps, work):
     dump = os.path.join(work, model)
     os.makedirs(dump, exist_ok=True)
     assignment = os.path.join(dump, "assignment.textproto")
@@ -64,7 +68,7 @@ plan {{ device_ids: "cpu:0" device_ids: "cpu:1" per_device_batch: {PER_RANK_BATC
   learning_rate: {LR} total_steps: {steps} }}
 cpu_threads: 1 cpu_threads: 1
 """)
-    out = run_ranks([[WORKER]] * 2, {"FITRUN_ASSIGNMENT": assignment, "FITRUN_DUMP_INITIAL_STATE": dump},
+    out = run_ranks([[worker]] * 2, {"FITRUN_ASSIGNMENT": assignment, "FITRUN_DUMP_INITIAL_STATE": dump},
                     timeout=600)[0]
     comm = re.search(r"communication: (\d+) buckets, exposed all-reduce wait ([0-9.]+) s over (\d+) steps = "
                      r"([0-9.]+)% of ([0-9.]+) s training; ([0-9.]+) samples/s", out)
@@ -72,6 +76,8 @@ cpu_threads: 1 cpu_threads: 1
         sys.exit(f"no communication line in the worker's log:\n{out}")
     fitrun = {"buckets": int(comm.group(1)), "exposed": float(comm.group(4)),
               "seconds": float(comm.group(5)), "samples_per_second": float(comm.group(6))}
+    breakdown = re.search(r"step time: (.*) of [0-9.]+ s training", out)
+    fitrun["step_time"] = breakdown.group(1) if breakdown else "(not logged by this worker)"
 
     ref_cmd = ["/usr/bin/python3", REFERENCE, "--data", DATA, "--dump", dump, "--model", model, "--steps",
                str(steps), "--batch", str(PER_RANK_BATCH), "--lr", str(LR), "--momentum", "0.9",
@@ -86,14 +92,15 @@ def main():
     parser.add_argument("--models", default="mlp,cnn")
     parser.add_argument("--mlp-steps", type=int, default=200)
     parser.add_argument("--cnn-steps", type=int, default=30)
+    parser.add_argument("--worker", default=WORKER)
     args = parser.parse_args()
-    if not os.path.exists(WORKER):
-        sys.exit("build first: bazel build //worker:fitrun-worker")
+    if not os.path.exists(args.worker):
+        sys.exit("build first: bazel build -c opt //worker:fitrun-worker")
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for model in args.models.split(","):
             steps = args.mlp_steps if model == "mlp" else args.cnn_steps
-            fitrun, torch_run = bench(model, steps, work)
+            fitrun, torch_run = bench(args.worker, model, steps, work)
             rows.append((model, steps, fitrun, torch_run))
             print(f"{model}: done", file=sys.stderr, flush=True)
     print(f"2 ranks x 1 thread, Gloo on loopback, global batch {2 * PER_RANK_BATCH}, SGD momentum, "
@@ -105,6 +112,8 @@ def main():
         ratio = fitrun["samples_per_second"] / torch_run["samples_per_second"]
         print(f"| {model} | {steps} | {fitrun['samples_per_second']:.0f} | {torch_run['samples_per_second']:.0f} | "
               f"{ratio:.2f}x | {fitrun['buckets']} | {fitrun['exposed']:.1f}% |")
+    for model, _, fitrun, _ in rows:
+        print(f"{model}: fitrun-worker rank 0 step time: {fitrun['step_time']}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <exception>
 #include <utility>
 
@@ -38,6 +39,10 @@ absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
     return absl::InvalidArgumentError(absl::StrCat("spec.ddp.bucket_cap_mb: must be > 0 (got ",
                                                    options.bucket_cap_bytes, " bytes)"));
   }
+  if (options.target_bucket_count < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_bucket_count must be >= 1 (got ", options.target_bucket_count, ")"));
+  }
   std::vector<at::Tensor> trained;
   for (const at::Tensor& p : parameters) {
     if (!p.requires_grad()) continue;
@@ -53,16 +58,21 @@ absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
   // Reverse registration order: the output layer's gradients are ready first.
   std::vector<Bucket>& buckets = reducer->buckets_;
   reducer->slots_.resize(trained.size());
+  int64_t model_bytes = 0;
+  for (const at::Tensor& p : trained) model_bytes += p.numel() * static_cast<int64_t>(sizeof(float));
+  const int64_t later_cap = std::min(
+      options.bucket_cap_bytes,
+      std::max(options.first_bucket_cap_bytes, model_bytes / options.target_bucket_count));
   int64_t bucket_bytes = 0;
   for (int i = static_cast<int>(trained.size()) - 1; i >= 0; --i) {
     const int64_t bytes = trained[i].numel() * static_cast<int64_t>(sizeof(float));
-    const int64_t cap = buckets.size() <= 1 ? options.first_bucket_cap_bytes : options.bucket_cap_bytes;
+    const int64_t cap = buckets.size() <= 1 ? options.first_bucket_cap_bytes : later_cap;
     if (buckets.empty() || (bucket_bytes > 0 && bucket_bytes + bytes > cap)) {
       buckets.emplace_back();
       bucket_bytes = 0;
     }
     Bucket& bucket = buckets.back();
-    reducer->slots_[i] = {static_cast<int>(buckets.size()) - 1, bucket_bytes / 4, false};
+    reducer->slots_[i] = {static_cast<int>(buckets.size()) - 1, bucket_bytes / 4, at::Tensor(), false};
     bucket.parameters.push_back(i);
     bucket.offsets.push_back(bucket_bytes / 4);
     bucket_bytes += bytes;
@@ -75,6 +85,13 @@ absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
     if (b + 1 == buckets.size()) elements += 1;  // the loss
     buckets[b].flat = at::zeros({elements}, at::kFloat);
     buckets[b].pending = static_cast<int>(buckets[b].parameters.size());
+    for (size_t j = 0; j < buckets[b].parameters.size(); ++j) {
+      const at::Tensor& p = trained[buckets[b].parameters[j]];
+      const at::Tensor& flat = buckets[b].flat;
+      reducer->slots_[buckets[b].parameters[j]].grad_view =
+          at::empty({0}, flat.options())
+              .set_(flat.storage(), flat.storage_offset() + buckets[b].offsets[j], p.sizes());
+    }
   }
 
   try {
@@ -112,10 +129,8 @@ void BucketedReducer::MarkReady(int index) {
   // A bucket already on the wire would be corrupted by a second write; that only happens when one
   // backward reaches a parameter twice through separate graphs, which the reducer does not support.
   if (bucket.work) return;
-  const at::Tensor& p = parameters_[index];
   try {
-    at::NoGradGuard no_grad;
-    bucket.flat.narrow(0, slot.offset, p.numel()).copy_(p.grad().reshape({-1}));
+    MoveGradientIntoBucket(index);
     if (!slot.ready) {
       slot.ready = true;
       --bucket.pending;
@@ -147,12 +162,7 @@ absl::StatusOr<double> BucketedReducer::Synchronize(double local_loss) {
       Slot& slot = slots_[i];
       if (slot.ready) continue;
       Bucket& bucket = buckets_[slot.bucket];
-      at::Tensor target = bucket.flat.narrow(0, slot.offset, parameters_[i].numel());
-      if (parameters_[i].grad().defined()) {
-        target.copy_(parameters_[i].grad().reshape({-1}));
-      } else {
-        target.zero_();
-      }
+      MoveGradientIntoBucket(static_cast<int>(i));
       slot.ready = true;
       --bucket.pending;
     }
@@ -165,19 +175,10 @@ absl::StatusOr<double> BucketedReducer::Synchronize(double local_loss) {
     stats_.wait_time += absl::Now() - wait_start;
     ++stats_.synchronized_steps;
 
+    // Every gradient is its bucket slot (MoveGradientIntoBucket ran for each this step), so the
+    // division leaves the means in the gradients.
     const double world = group_->getSize();
-    for (Bucket& bucket : buckets_) {
-      bucket.flat.div_(world);
-      for (size_t j = 0; j < bucket.parameters.size(); ++j) {
-        at::Tensor& p = const_cast<at::Tensor&>(parameters_[bucket.parameters[j]]);
-        at::Tensor mean = bucket.flat.narrow(0, bucket.offsets[j], p.numel()).view_as(p);
-        if (p.grad().defined()) {
-          p.mutable_grad().copy_(mean);
-        } else {
-          p.mutable_grad() = mean.clone();
-        }
-      }
-    }
+    for (Bucket& bucket : buckets_) bucket.flat.div_(world);
     const double loss = last.flat[last.flat.numel() - 1].item<double>();
     ResetForNextStep();
     return loss;
@@ -185,6 +186,19 @@ absl::StatusOr<double> BucketedReducer::Synchronize(double local_loss) {
     ResetForNextStep();
     return StatusFromC10dException(e, "all-reducing gradient buckets");
   }
+}
+
+void BucketedReducer::MoveGradientIntoBucket(int index) {
+  at::Tensor& grad = const_cast<at::Tensor&>(parameters_[index]).mutable_grad();
+  const at::Tensor& view = slots_[index].grad_view;
+  if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
+  at::NoGradGuard no_grad;
+  if (grad.defined()) {
+    view.copy_(grad);
+  } else {
+    view.zero_();
+  }
+  grad = view;
 }
 
 void BucketedReducer::ResetForNextStep() {

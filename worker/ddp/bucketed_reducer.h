@@ -22,16 +22,25 @@ namespace fitrun::worker {
 //
 //  - Parameters are assigned to buckets in reverse registration order (roughly the order backward
 //    produces their gradients), the first bucket capped at first_bucket_cap_bytes so that
-//    communication starts early, the others at bucket_cap_bytes. Each bucket owns one flat buffer.
-//  - A post-hook on each parameter's gradient accumulator (the AccumulateGrad node) copies the
-//    accumulated gradient into its bucket slot. When the last slot of a bucket is filled, that bucket
-//    and every completed bucket after it in launch order are all-reduced asynchronously; the process
-//    group runs the collective on its own threads while backward continues.
+//    communication starts early, the others at bucket_cap_bytes, and (unlike PyTorch) also at the
+//    model's gradient bytes / target_bucket_count (never below first_bucket_cap_bytes). PyTorch's
+//    25 MiB suits models of hundreds of MiB; a model smaller than that would otherwise sit in one or
+//    two buckets, whose last one only starts when backward has finished, and overlap nothing.
+//    Bucketing changes which elements travel together, never their values: each element is still
+//    the sum of the ranks' gradients. Each bucket owns one flat buffer.
+//  - Gradients are views into their bucket (DDP's gradient_as_bucket_view): once a parameter's .grad
+//    is its bucket slot, AccumulateGrad adds into the bucket in place (the optimizer's zero_grad
+//    zeroes it in place), so no gradient is copied into a bucket or back out of it. A post-hook on
+//    each parameter's gradient accumulator (the AccumulateGrad node) marks the slot ready; the first
+//    time, or whenever something replaced .grad, it copies the gradient in and points .grad at the
+//    slot. When the last slot of a bucket is ready, that bucket and every completed bucket after it in
+//    launch order are all-reduced asynchronously; the process group runs the collective on its own
+//    threads while backward continues.
 //  - Buckets are launched strictly in index order, so every rank issues the same collectives in the
 //    same order even when hooks fire in a different order on different ranks.
 //  - Synchronize() launches what is left (parameters whose gradient backward did not produce count
-//    as zeros), waits for every bucket, divides by the world size and copies the means back into the
-//    gradients. The step's loss rides in the last bucket's final element: no extra collective.
+//    as zeros), waits for every bucket and divides it by the world size, which leaves the means in
+//    the gradients. The step's loss rides in the last bucket's final element: no extra collective.
 //  - Backward passes of earlier micro-batches (BeforeBackward(false)) only accumulate locally, like
 //    DDP's no_sync().
 //
@@ -44,6 +53,8 @@ class BucketedReducer final : public GradientSynchronizer {
     int64_t bucket_cap_bytes = 25 << 20;
     // PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
     int64_t first_bucket_cap_bytes = 1 << 20;
+    // Small models are split into about this many buckets so that all but the last overlap backward.
+    int target_bucket_count = 4;
   };
 
   // Time the training thread spent blocked on communication, for the exposed-communication share.
@@ -78,6 +89,9 @@ class BucketedReducer final : public GradientSynchronizer {
   struct Slot {
     int bucket = 0;
     int64_t offset = 0;
+    // The parameter-shaped window of the bucket that becomes its .grad. Not an autograd view (it
+    // shares the bucket's storage directly), so the optimizer's zero_grad may detach_() it.
+    at::Tensor grad_view;
     bool ready = false;
   };
   class ReadyHook;
@@ -90,6 +104,9 @@ class BucketedReducer final : public GradientSynchronizer {
   // `include_last`, since it carries the loss).
   void LaunchReadyBuckets(bool include_last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResetForNextStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes parameter `index`'s .grad its bucket slot: copies a gradient held elsewhere in (or zeros
+  // the slot when there is none) and points .grad at the slot.
+  void MoveGradientIntoBucket(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const c10::intrusive_ptr<c10d::ProcessGroup> group_;
   const std::vector<at::Tensor> parameters_;

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/nn/module.h>
+#include <torch/optim/sgd.h>
 
 #include <cstdio>
 #include <functional>
@@ -62,6 +63,19 @@ TEST(BucketedReducerTest, BucketsFollowReverseRegistrationOrderAndCaps) {
     auto one_bucket = BucketedReducer::Create(group, chain.parameters(), big);
     ASSERT_TRUE(one_bucket.ok());
     EXPECT_EQ((*one_bucket)->BucketLayout(), (std::vector<std::vector<int>>{{2, 1, 0}}));
+
+    // A model smaller than the cap is still split: later buckets are capped at a quarter of its
+    // 448 gradient bytes (112), not at bucket_cap_bytes.
+    BucketedReducer::Options spread;
+    spread.first_bucket_cap_bytes = 64;
+    spread.bucket_cap_bytes = 1 << 20;
+    auto spread_out = BucketedReducer::Create(group, chain.parameters(), spread);
+    ASSERT_TRUE(spread_out.ok());
+    EXPECT_EQ((*spread_out)->BucketLayout(), (std::vector<std::vector<int>>{{2}, {1}, {0}}));
+    spread.target_bucket_count = 1;
+    auto one_target = BucketedReducer::Create(group, chain.parameters(), spread);
+    ASSERT_TRUE(one_target.ok());
+    EXPECT_EQ((*one_target)->BucketLayout(), (std::vector<std::vector<int>>{{2}, {1, 0}}));
   });
 }
 
@@ -95,6 +109,46 @@ TEST(BucketedReducerTest, AveragesGradientsLikeOneProcessWithTheWholeBatch) {
       EXPECT_TRUE(at::allclose(chain.w3.grad(), expected_w3, 1e-5, 1e-6)) << "rank " << rank;
     }
     EXPECT_EQ((*reducer)->comm_stats().synchronized_steps, 2);
+  });
+}
+
+// gradient_as_bucket_view: after the first step every gradient is its bucket slot and stays so
+// through the optimizer's zero_grad (which detaches and zeroes in place), and later steps, which
+// AccumulateGrad writes straight into the buckets, still average correctly.
+TEST(BucketedReducerTest, GradientsStayBucketViewsAcrossSteps) {
+  at::manual_seed(3);
+  const at::Tensor inputs = at::randn({2, 6, 4});
+  std::vector<at::Tensor> expected;
+  {
+    at::manual_seed(1);
+    Chain chain;
+    for (int step = 0; step < 2; ++step) {
+      chain.w2.mutable_grad() = at::Tensor();
+      chain.Forward(inputs[step]).pow(2).mean().backward();
+      expected.push_back(chain.w2.grad().clone());
+    }
+  }
+  RunRanks("views_store", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    at::manual_seed(1);
+    Chain chain;
+    auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
+    ASSERT_TRUE(reducer.ok()) << reducer.status();
+    torch::optim::SGD optimizer(chain.parameters(), torch::optim::SGDOptions(0.1));
+    std::vector<const void*> first_step_grads;
+    for (int step = 0; step < 2; ++step) {
+      optimizer.zero_grad();
+      (*reducer)->BeforeBackward(true);
+      chain.Forward(inputs[step].narrow(0, 3 * rank, 3)).pow(2).mean().backward();
+      ASSERT_TRUE((*reducer)->Synchronize(0).ok());
+      EXPECT_TRUE(at::allclose(chain.w2.grad(), expected[step], 1e-5, 1e-6)) << "rank " << rank;
+      std::vector<const void*> grads;
+      for (const at::Tensor& p : chain.parameters()) grads.push_back(p.grad().data_ptr());
+      if (step == 0) {
+        first_step_grads = grads;
+      } else {
+        EXPECT_EQ(grads, first_step_grads) << "a gradient left its bucket";
+      }
+    }
   });
 }
 

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 
 namespace fitrun::worker {
@@ -41,6 +42,58 @@ absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> CreateOptimizer(
       return absl::InvalidArgumentError(
           absl::StrCat("spec.optimizer.kind: unknown optimizer ", static_cast<int>(spec.kind())));
   }
+}
+
+// Autocast for one forward pass, switched off again even when the forward throws: CPU autocast in
+// bfloat16, or (CUDA builds, model on a CUDA device) CUDA autocast in float16 or bfloat16. Backward
+// runs outside it and produces float32 gradients for float32 parameters either way, so the reducer
+// and the optimizer do not change.
+class AutocastScope {
+ public:
+  AutocastScope(fitrun::v1::Precision precision, bool on_cuda) {
+    if (precision != fitrun::v1::PRECISION_BF16 && precision != fitrun::v1::PRECISION_FP16) return;
+    const at::ScalarType dtype = precision == fitrun::v1::PRECISION_FP16 ? at::kHalf : at::kBFloat16;
+    if (on_cuda) {
+#ifdef FITRUN_WITH_CUDA
+      at::autocast::set_enabled(true);
+      at::autocast::set_autocast_gpu_dtype(dtype);
+      cuda_ = true;
+#endif
+    } else {
+      // Trainer::Create refuses FP16 on the CPU, so this is bfloat16.
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(dtype);
+      cpu_ = true;
+    }
+  }
+  ~AutocastScope() {
+    if (cpu_) at::autocast::set_cpu_enabled(false);
+#ifdef FITRUN_WITH_CUDA
+    if (cuda_) at::autocast::set_enabled(false);
+#endif
+    // Autocast caches the low-precision copies of the weights for the pass; they go stale when the
+    // optimizer steps.
+    if (cpu_ || cuda_) at::autocast::clear_cache();
+  }
+  bool active() const { return cpu_ || cuda_; }
+
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool cpu_ = false;
+  bool cuda_ = false;
+};
+
+bool HasCudaParameters(const Model& model) {
+  for (const at::Tensor& p : model.parameters()) {
+    if (p.is_cuda()) return true;
+  }
+  return false;
+}
+
+double Percent(absl::Duration part, double total_seconds) {
+  return total_seconds > 0 ? 100.0 * absl::ToDoubleSeconds(part) / total_seconds : 0.0;
 }
 
 }  // namespace
@@ -94,12 +147,17 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& o, int64_t train_size)
     return absl::InvalidArgumentError(
         absl::StrCat("spec.optimizer.weight_decay: must be >= 0 (got ", optimizer.weight_decay(), ")"));
   }
-  if (o.precision != fitrun::v1::PRECISION_UNSPECIFIED && o.precision != fitrun::v1::PRECISION_FP32 &&
-      o.precision != fitrun::v1::PRECISION_BF16) {
+  if (!fitrun::v1::Precision_IsValid(o.precision)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.precision: unknown precision ", static_cast<int>(o.precision)));
+  }
+#ifndef FITRUN_WITH_CUDA
+  if (o.precision == fitrun::v1::PRECISION_FP16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.precision: ", fitrun::v1::Precision_Name(o.precision),
-        " needs a CUDA device (CPU workers support FP32 and BF16)"));
+        " needs a CUDA device (CPU workers support FP32 and BF16; this fitrun-worker is a CPU build)"));
   }
+#endif
   if (o.checkpoint_every_steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("spec.checkpoint.every_steps: must be >= 0 (got ",
                                                    o.checkpoint_every_steps, ")"));
@@ -144,9 +202,27 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options,
     return absl::InternalError(absl::StrCat("creating the optimizer: ", e.what()));
   }
   if (!optimizer.ok()) return optimizer.status();
-  return std::unique_ptr<Trainer>(new Trainer(std::move(options), std::move(model), std::move(train),
-                                              std::move(test), *std::move(sampler),
-                                              *std::move(optimizer), synchronizer, sink));
+
+  const bool on_cuda = HasCudaParameters(*model);
+  if (options.precision == fitrun::v1::PRECISION_FP16 && !on_cuda) {
+    return absl::InvalidArgumentError(
+        "spec.precision: PRECISION_FP16 needs a CUDA device, and this rank's model is on the CPU; use bf16 "
+        "(CPU autocast) or fp32");
+  }
+  std::unique_ptr<GradScaler> scaler;
+  if (options.loss_scaling.has_value() || (options.precision == fitrun::v1::PRECISION_FP16 && on_cuda)) {
+    // bf16 has float32's exponent range, so only fp16 needs its loss scaled (as in PyTorch's AMP).
+    absl::StatusOr<std::unique_ptr<GradScaler>> created =
+        GradScaler::Create(options.loss_scaling.value_or(GradScaler::Options()));
+    if (!created.ok()) return created.status();
+    scaler = *std::move(created);
+  }
+  auto trainer = std::unique_ptr<Trainer>(new Trainer(std::move(options), std::move(model), std::move(train),
+                                                      std::move(test), *std::move(sampler),
+                                                      *std::move(optimizer), synchronizer, sink));
+  trainer->on_cuda_ = on_cuda;
+  trainer->scaler_ = std::move(scaler);
+  return trainer;
 }
 
 Trainer::Trainer(TrainerOptions options, std::shared_ptr<Model> model, LabeledImages train,
@@ -235,6 +311,8 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   int64_t cached_epoch = -1;
   std::vector<int64_t> shard;
   double loss = 0;
+  TrainResult::StepTimes times;
+  const std::vector<at::Tensor> parameters = model_->parameters();
 
   for (int64_t step = start_step_ + 1; step <= o.total_steps; ++step) {
     current_step_ = step;
@@ -253,36 +331,39 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
       cached_epoch = epoch;
     }
 
+    absl::Time mark = absl::Now();
+    // Charges the time since the last mark to `phase`.
+    auto charge = [&mark](absl::Duration& phase) {
+      const absl::Time now = absl::Now();
+      phase += now - mark;
+      mark = now;
+    };
     optimizer_->zero_grad();
+    charge(times.optimizer);
     double local_loss = 0;
     for (int m = 0; m < k; ++m) {
       const int64_t begin = (step_in_epoch * k + m) * b;
       const at::Tensor indices = at::from_blob(shard.data() + begin, {b}, at::kLong);
       const at::Tensor inputs = train_.images.index_select(0, indices);
       const at::Tensor targets = train_.labels.index_select(0, indices);
+      charge(times.batch);
       at::Tensor micro_loss;
-      if (o.precision == fitrun::v1::PRECISION_BF16) {
-        // CPU autocast runs matmuls and convolutions in bfloat16 on float32 parameters; backward
-        // then produces float32 gradients, so the reducer and optimizer are unchanged.
-        at::autocast::set_cpu_enabled(true);
-        at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-        try {
-          micro_loss = model_->Loss(inputs, targets).to(at::kFloat);
-        } catch (...) {
-          at::autocast::set_cpu_enabled(false);
-          throw;
-        }
-        at::autocast::set_cpu_enabled(false);
-        at::autocast::clear_cache();
-      } else {
+      {
+        AutocastScope autocast(o.precision, on_cuda_);
         micro_loss = model_->Loss(inputs, targets);
+        if (autocast.active()) micro_loss = micro_loss.to(at::kFloat);
       }
+      charge(times.forward);
       synchronizer_->BeforeBackward(m == k - 1);
       // Scaled so that the accumulated gradient is the mean over the step's k*b samples.
-      (micro_loss / k).backward();
+      at::Tensor objective = micro_loss / k;
+      if (scaler_ != nullptr) objective = scaler_->Scale(objective);
+      objective.backward();
       local_loss += micro_loss.item<double>() / k;
+      charge(times.backward);
     }
     absl::StatusOr<double> global_loss = synchronizer_->Synchronize(local_loss);
+    charge(times.synchronize);
     if (!global_loss.ok()) {
       return absl::Status(global_loss.status().code(),
                           absl::StrCat("step ", step, ": ", global_loss.status().message()));
@@ -293,7 +374,17 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
       return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
                                               " (learning rate ", o.learning_rate, " too high?)"));
     }
-    optimizer_->step();
+    if (scaler_ != nullptr) {
+      // The gradients are already the means over ranks, so every rank reaches the same verdict.
+      const double scale = scaler_->scale();
+      if (!scaler_->UnscaleStepAndUpdate(parameters, [this] { optimizer_->step(); })) {
+        sink_->OnLog(absl::StrCat("step ", step, ": inf/NaN gradients at loss scale ", scale,
+                                  "; optimizer step skipped, loss scale now ", scaler_->scale()));
+      }
+    } else {
+      optimizer_->step();
+    }
+    charge(times.optimizer);
     samples_since_report += b * k;
     MaybeCheckpoint(step);
 
@@ -318,6 +409,23 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   result.final_loss = loss;
   result.train_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   result.parameter_checksum = ParameterChecksum(*model_);
+  result.step_times = times;
+  if (scaler_ != nullptr) {
+    result.skipped_steps = scaler_->skipped_steps();
+    result.loss_scale = scaler_->scale();
+  }
+  if (o.total_steps > start_step_) {
+    sink_->OnLog(absl::StrFormat(
+        "step time: batch %.1f%%, forward %.1f%%, backward %.1f%%, synchronize %.1f%%, optimizer %.1f%% "
+        "of %.3f s training over %d steps",
+        Percent(times.batch, result.train_seconds), Percent(times.forward, result.train_seconds),
+        Percent(times.backward, result.train_seconds), Percent(times.synchronize, result.train_seconds),
+        Percent(times.optimizer, result.train_seconds), result.train_seconds, o.total_steps - start_step_));
+  }
+  if (scaler_ != nullptr) {
+    sink_->OnLog(absl::StrCat("loss scaling: ", result.skipped_steps, " optimizer steps skipped, final scale ",
+                              result.loss_scale));
+  }
   if (test_.has_value()) {
     absl::StatusOr<Evaluation> evaluation = model_->Evaluate(*test_, o.eval_batch);
     if (!evaluation.ok()) return evaluation.status();

@@ -17,6 +17,7 @@
 #include "worker/data/sampler.h"
 #include "worker/ddp/gradient_synchronizer.h"
 #include "worker/models/model.h"
+#include "worker/trainer/grad_scaler.h"
 #include "worker/trainer/progress_sink.h"
 
 namespace torch::optim {
@@ -43,9 +44,14 @@ struct TrainerOptions {
   // Progress goes to the sink at most this often, plus the first and the last step.
   absl::Duration progress_interval = absl::Milliseconds(250);
   int64_t eval_batch = 1000;
-  // spec.precision: FP32 (or UNSPECIFIED) everywhere, or BF16 autocast for forward and loss on CPU
-  // (parameters, gradients, all-reduce and optimizer stay float32).
+  // spec.precision: FP32 (or UNSPECIFIED) everywhere, or autocast for forward and loss (parameters,
+  // gradients, all-reduce and optimizer stay float32): BF16 on CPU; in a CUDA build (FITRUN_WITH_CUDA)
+  // on a model whose parameters are on a CUDA device, FP16 with dynamic loss scaling or BF16.
   fitrun::v1::Precision precision = fitrun::v1::PRECISION_FP32;
+  // Dynamic loss scaling (GradScaler). FP16 on CUDA turns it on with PyTorch's defaults when this is
+  // unset; set, it applies to any precision and device (on CPU in fp32, scaling by a power of two
+  // changes no bit of the training, which is how the tests exercise it).
+  std::optional<GradScaler::Options> loss_scaling;
   // Where rank 0 saves (null: no checkpoints), every checkpoint_every_steps steps (0: only at the
   // end) and after the last step. Must outlive the trainer.
   CheckpointStore* checkpoints = nullptr;
@@ -62,6 +68,19 @@ struct TrainResult {
   double train_seconds = 0;
   bool has_test_accuracy = false;
   double test_accuracy = 0;
+  // Under loss scaling: optimizer steps skipped for inf/NaN gradients, and the scale at the end.
+  int64_t skipped_steps = 0;
+  double loss_scale = 0;
+  // Where this run's step time went, summed over its steps (the rest of train_seconds is reporting,
+  // checkpoints and the test-set evaluation).
+  struct StepTimes {
+    absl::Duration batch;        // assembling micro-batches from the shard
+    absl::Duration forward;      // forward and loss (under autocast when asked)
+    absl::Duration backward;     // backward, including the reducer's hooks and bucket launches
+    absl::Duration synchronize;  // GradientSynchronizer::Synchronize: waiting for the all-reduce
+    absl::Duration optimizer;    // zero_grad, unscaling and the optimizer step
+  };
+  StepTimes step_times;
 };
 
 // Decides which steps are reported: the first, the last, and otherwise at most one per interval.
@@ -126,6 +145,10 @@ class Trainer {
 
   TrainerOptions options_;
   std::shared_ptr<Model> model_;
+  // Whether the model's parameters are on a CUDA device: picks CUDA autocast over CPU autocast.
+  bool on_cuda_ = false;
+  // Set when loss scaling is on (FP16 on CUDA, or TrainerOptions::loss_scaling).
+  std::unique_ptr<GradScaler> scaler_;
   LabeledImages train_;
   std::optional<LabeledImages> test_;
   DistributedSampler sampler_;
