@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/time/time.h"
 #include "fitrun/v1/job.pb.h"
 
 namespace fitrun::server {
@@ -22,6 +23,13 @@ class CoordinatorMetrics {
   virtual void TrainingProgress(const std::string& job_id, int64_t steps_advanced, double loss) = 0;
   // The job no longer runs: its per-job series are dropped so label cardinality stays bounded.
   virtual void JobStopped(const std::string& job_id) = 0;
+  // A rank ran out of device memory.
+  virtual void OutOfMemory() = 0;
+  // A job's ranks were all stopped to be started again; `reason` is one of "out_of_memory", "crash",
+  // "hang", "coordinator_restart".
+  virtual void JobRestarted(const std::string& reason) = 0;
+  // From a failure being detected to the next attempt's first training step.
+  virtual void Recovered(absl::Duration time_to_recover) = 0;
 };
 
 // Records nothing; for tools and tests that do not look at metrics.
@@ -31,6 +39,9 @@ class NoopCoordinatorMetrics : public CoordinatorMetrics {
   void EventRecorded(const std::string&) override {}
   void TrainingProgress(const std::string&, int64_t, double) override {}
   void JobStopped(const std::string&) override {}
+  void OutOfMemory() override {}
+  void JobRestarted(const std::string&) override {}
+  void Recovered(absl::Duration) override {}
 };
 
 }  // namespace fitrun::server

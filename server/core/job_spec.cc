@@ -424,11 +424,13 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
             {"fault_injection",
              Mapping({
                  {"kind", EnumField<fitrun::v1::FaultInjection::Kind>(
-                              {{"exit", fitrun::v1::FaultInjection::KIND_EXIT}},
+                              {{"exit", fitrun::v1::FaultInjection::KIND_EXIT},
+                               {"oom", fitrun::v1::FaultInjection::KIND_OOM}},
                               [&](fitrun::v1::FaultInjection::Kind v) { fault->set_kind(v); })},
                  {"rank", Int([&](int64_t v) { fault->set_rank(static_cast<int32_t>(v)); })},
                  {"at_step", Int([&](int64_t v) { fault->set_at_step(v); })},
                  {"exit_code", Int([&](int64_t v) { fault->set_exit_code(static_cast<int32_t>(v)); })},
+                 {"attempt", Int([&](int64_t v) { fault->set_attempt(static_cast<int32_t>(v)); })},
              })},
         });
     if (!status.ok()) return status;
@@ -552,6 +554,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (fault.kind() != fitrun::v1::FaultInjection::KIND_UNSPECIFIED) {
     if (fault.rank() < 0) return FieldError("spec.fault_injection.rank", "must be >= 0");
     if (fault.at_step() < 1) return FieldError("spec.fault_injection.at_step", "must be >= 1");
+    if (fault.attempt() < 0) return FieldError("spec.fault_injection.attempt", "must be >= 1 (or 0 for the first)");
   }
   return absl::OkStatus();
 }

@@ -19,11 +19,36 @@ PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry)
       loss_(prometheus::BuildGauge()
                 .Name("fitrun_running_job_loss")
                 .Help("Latest training loss of each running job.")
-                .Register(registry)) {
+                .Register(registry)),
+      out_of_memory_(prometheus::BuildCounter()
+                         .Name("fitrun_out_of_memory_total")
+                         .Help("Ranks that ran out of device memory.")
+                         .Register(registry)
+                         .Add({})),
+      restarts_(prometheus::BuildCounter()
+                    .Name("fitrun_job_restarts_total")
+                    .Help("Restarts of a job's whole group of ranks, by reason.")
+                    .Register(registry)),
+      recovery_seconds_(prometheus::BuildHistogram()
+                            .Name("fitrun_recovery_seconds")
+                            .Help("From a failure being detected to the next attempt's first training step.")
+                            .Register(registry)
+                            .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 5, 10, 15, 30, 60, 120, 300})) {
   // Every state is present from the start, so dashboards see zeros rather than gaps.
   for (int s = fitrun::v1::JOB_STATE_QUEUED; s <= fitrun::v1::JOB_STATE_CANCELLED; ++s) {
     jobs_.Add({{"state", absl::AsciiStrToLower(JobStateName(static_cast<fitrun::v1::JobState>(s)))}});
   }
+  for (const char* reason : {"out_of_memory", "crash", "hang", "coordinator_restart"}) {
+    restarts_.Add({{"reason", reason}});
+  }
+}
+
+void PrometheusMetrics::OutOfMemory() { out_of_memory_.Increment(); }
+
+void PrometheusMetrics::JobRestarted(const std::string& reason) { restarts_.Add({{"reason", reason}}).Increment(); }
+
+void PrometheusMetrics::Recovered(absl::Duration time_to_recover) {
+  recovery_seconds_.Observe(absl::ToDoubleSeconds(time_to_recover));
 }
 
 void PrometheusMetrics::JobStateChanged(fitrun::v1::JobState from, fitrun::v1::JobState to) {

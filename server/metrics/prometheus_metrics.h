@@ -6,6 +6,10 @@
 //   fitrun_training_steps_total           counter: optimizer steps completed by all jobs (rank 0)
 //   fitrun_running_job_loss{job_id}       gauge: latest loss of each running job; the series is
 //                                         removed when the job stops, so it is bounded by devices
+//   fitrun_out_of_memory_total            counter: ranks that ran out of device memory
+//   fitrun_job_restarts_total{reason}     counter: group restarts by reason (out_of_memory, crash,
+//                                         hang, coordinator_restart)
+//   fitrun_recovery_seconds               histogram: from a failure to the next attempt's first step
 // Thread-safe (prometheus-cpp's metrics are; the per-job map has its own mutex).
 #ifndef FITRUN_SERVER_METRICS_PROMETHEUS_METRICS_H_
 #define FITRUN_SERVER_METRICS_PROMETHEUS_METRICS_H_
@@ -13,6 +17,7 @@
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include <map>
@@ -32,12 +37,18 @@ class PrometheusMetrics : public CoordinatorMetrics {
   void EventRecorded(const std::string& kind) override;
   void TrainingProgress(const std::string& job_id, int64_t steps_advanced, double loss) override;
   void JobStopped(const std::string& job_id) override;
+  void OutOfMemory() override;
+  void JobRestarted(const std::string& reason) override;
+  void Recovered(absl::Duration time_to_recover) override;
 
  private:
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Counter>& events_;
   prometheus::Counter& steps_;
   prometheus::Family<prometheus::Gauge>& loss_;
+  prometheus::Counter& out_of_memory_;
+  prometheus::Family<prometheus::Counter>& restarts_;
+  prometheus::Histogram& recovery_seconds_;
   absl::Mutex mu_;
   std::map<std::string, prometheus::Gauge*> loss_by_job_ ABSL_GUARDED_BY(mu_);
 };
