@@ -133,7 +133,11 @@ TrainerOptions TrainerOptionsFor(const fitrun::v1::WorkerAssignment& a, const Wo
   options.steps_per_epoch = a.plan().steps_per_epoch();
   options.seed = a.spec().seed();
   options.optimizer = a.spec().optimizer();
-  options.fault_injection = a.spec().fault_injection();
+  // A fault belongs to one attempt (the first by default), so the attempt that recovers runs clean.
+  const int fault_attempt = std::max(1, a.spec().fault_injection().attempt());
+  if (a.attempt() == fault_attempt || (a.attempt() == 0 && fault_attempt == 1)) {
+    options.fault_injection = a.spec().fault_injection();
+  }
   options.precision = a.spec().precision();
   options.checkpoint_every_steps = a.spec().checkpoint().every_steps();
   return options;
@@ -242,6 +246,11 @@ class Worker {
         return Fail(kBadConfiguration, absl::ResourceExhaustedError(absl::StrCat(
                                            "the model's parameters do not fit the memory cap: ", e.what())));
       }
+      trainer_options.exhaust_memory = [memory = memory_] {
+        // More than the cap leaves: the capped allocator refuses it, exactly as a full device would.
+        const int64_t beyond = memory->cap_bytes() - memory->Live() + (1LL << 20);
+        (void)torch::empty({beyond}, torch::kUInt8);
+      };
       memory_sink_ = std::make_unique<MemoryStampingSink>(sink_.get(), memory_);
       trainer_sink = memory_sink_.get();
       sink_->OnLog(absl::StrCat("memory cap ", cap, " bytes enforced; model state ", memory_->Live(),

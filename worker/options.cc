@@ -157,7 +157,7 @@ absl::Status ValidateAssignment(const fitrun::v1::WorkerAssignment& a, const Wor
                                                    spec.ddp().collective_timeout_seconds(), ")"));
   }
   const fitrun::v1::FaultInjection& fault = spec.fault_injection();
-  if (fault.kind() == fitrun::v1::FaultInjection::KIND_EXIT) {
+  if (fault.kind() != fitrun::v1::FaultInjection::KIND_UNSPECIFIED) {
     if (fault.at_step() < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("spec.fault_injection.at_step: must be >= 1 (got ", fault.at_step(), ")"));

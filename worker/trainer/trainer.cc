@@ -194,6 +194,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options,
       {train.size(), options.world_size, options.rank, options.seed});
   if (!sampler.ok()) return sampler.status();
   if (!options.exit_process) options.exit_process = [](int code) { std::_Exit(code); };
+  if (!options.exhaust_memory) {
+    options.exhaust_memory = [] {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "fault injection: the device has no memory cap to exceed");
+    };
+  }
 
   absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> optimizer;
   try {
@@ -254,14 +259,20 @@ absl::StatusOr<TrainResult> Trainer::Run() {
 
 void Trainer::MaybeInjectFault(int64_t step) {
   const fitrun::v1::FaultInjection& fault = options_.fault_injection;
-  if (fault.kind() != fitrun::v1::FaultInjection::KIND_EXIT || fault.rank() != options_.rank ||
-      fault.at_step() != step) {
-    return;
+  if (fault.rank() != options_.rank || fault.at_step() != step) return;
+  switch (fault.kind()) {
+    case fitrun::v1::FaultInjection::KIND_EXIT:
+      sink_->OnLog(absl::StrCat("fault injection: exiting with code ", fault.exit_code(), " before step ", step));
+      sink_->Flush(absl::Seconds(1));
+      options_.exit_process(fault.exit_code());
+      return;
+    case fitrun::v1::FaultInjection::KIND_OOM:
+      sink_->OnLog(absl::StrCat("fault injection: asking for more memory than the device has left at step ", step));
+      options_.exhaust_memory();  // throws c10::OutOfMemoryError, which Run() reports as on any OOM
+      return;
+    default:
+      return;
   }
-  sink_->OnLog(absl::StrCat("fault injection: exiting with code ", fault.exit_code(), " before step ",
-                            step));
-  sink_->Flush(absl::Seconds(1));
-  options_.exit_process(fault.exit_code());
 }
 
 absl::Status Trainer::ResumeFrom(const CheckpointStore& store, int64_t step) {

@@ -58,6 +58,9 @@ struct TrainerOptions {
   int64_t checkpoint_every_steps = 0;
   // How a KIND_EXIT fault ends the process; tests replace it.
   std::function<void(int exit_code)> exit_process;
+  // How a KIND_OOM fault makes the device refuse an allocation for real: asks the capped allocator
+  // for more than is left (it throws c10::OutOfMemoryError). Tests replace it.
+  std::function<void()> exhaust_memory;
 };
 
 // What a rank reports when it finishes.

@@ -1,9 +1,11 @@
 #include "worker/trainer/trainer.h"
 
 #include <ATen/ATen.h>
+#include <torch/torch.h>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "worker/memory/capped_allocator.h"
 #include "worker/trainer/fake_progress_sink.h"
 
 namespace fitrun::worker {
@@ -175,6 +177,26 @@ TEST_F(TrainerTest, FaultInjectionForAnotherRankDoesNothing) {
   auto trainer = Make(options, false);
   ASSERT_TRUE(trainer.ok());
   EXPECT_TRUE((*trainer)->Run().ok());
+}
+
+TEST_F(TrainerTest, OutOfMemoryFaultIsARealAllocatorRefusalAtItsStep) {
+  CappedCpuAllocator memory(/*cap_bytes=*/1LL << 30);
+  memory.Install();
+  TrainerOptions options = BaseOptions();
+  options.fault_injection.set_kind(fitrun::v1::FaultInjection::KIND_OOM);
+  options.fault_injection.set_rank(0);
+  options.fault_injection.set_at_step(3);
+  options.exhaust_memory = [&memory] {  // as fitrun-worker does on a capped device
+    (void)torch::empty({memory.cap_bytes() - memory.Live() + (1LL << 20)}, torch::kUInt8);
+  };
+  auto trainer = Make(options);
+  ASSERT_TRUE(trainer.ok());
+  absl::StatusOr<TrainResult> result = (*trainer)->Run();
+  memory.Uninstall();
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(result.status().message(), "step 3: out of device memory")) << result.status();
+  EXPECT_GT(memory.LastFailedRequest(), memory.cap_bytes() - memory.LiveAtLastFailure());
+  EXPECT_EQ(sink_.progress().back().step, 2);
 }
 
 TEST_F(TrainerTest, StopRequestCancelsBeforeTheNextStep) {
