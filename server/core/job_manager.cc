@@ -218,6 +218,9 @@ absl::Duration JobManager::StopGrace(const JobEntry& entry) const {
 absl::StatusOr<Job> JobManager::Submit(JobSpec spec) {
   absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(std::move(spec));
   if (!normalized.ok()) return normalized.status();
+  // Measured here, on the caller's thread before the lock (seconds, once per model: then cached),
+  // so the plan uses the calibrated estimate; a failed probe leaves the analytic one.
+  if (options_.memory_calibrator != nullptr) (void)options_.memory_calibrator->Calibrate(*normalized);
 
   absl::MutexLock lock(&mu_);
   // A job that could never run on this node is refused now rather than queued forever.
@@ -253,6 +256,9 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec) {
 absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec) {
   absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(std::move(spec));
   if (!normalized.ok()) return normalized.status();
+  // Measured here, on the caller's thread before the lock (seconds, once per model: then cached),
+  // so the plan uses the calibrated estimate; a failed probe leaves the analytic one.
+  if (options_.memory_calibrator != nullptr) (void)options_.memory_calibrator->Calibrate(*normalized);
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Plan> plan = PlanOn(*normalized, /*only_free_devices=*/true);
   if (absl::IsUnavailable(plan.status())) {
@@ -621,6 +627,7 @@ std::vector<JobManager::Placement> JobManager::PlaceQueuedJobs(int* queued_count
   }
   std::vector<Placement> placements;
   for (JobEntry* entry : queued) {
+    if (options_.memory_calibrator != nullptr && WaitingForMemoryProbe(*entry)) continue;
     const JobSpec& spec = entry->record.job.spec();
     absl::StatusOr<ModelProfile> profile = ProfileFor(spec);
     absl::StatusOr<Plan> plan =
@@ -868,6 +875,28 @@ absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, bool only_free_devi
     capacities.push_back({device.id(), bytes});
   }
   return PlanJob(spec, *profile, capacities, options_.estimator);
+}
+
+absl::StatusOr<ModelProfile> JobManager::ProfileFor(const JobSpec& spec) const {
+  if (options_.memory_calibrator == nullptr) return fitrun::server::ProfileFor(spec);
+  return options_.memory_calibrator->ProfileFor(spec, /*probe_if_missing=*/false);
+}
+
+bool JobManager::WaitingForMemoryProbe(JobEntry& entry) {
+  const JobSpec& spec = entry.record.job.spec();
+  const MemoryCalibrator::State state = options_.memory_calibrator->Find(spec).state;
+  if (state != MemoryCalibrator::State::kMissing && state != MemoryCalibrator::State::kMeasuring) return false;
+  const bool started = options_.memory_calibrator->StartCalibration(spec, calibration_callbacks_.Wrap([this] {
+    absl::MutexLock lock(&mu_);
+    RequestSchedule();
+  }));
+  if (started) {
+    JobEvent event;
+    event.mutable_log()->set_rank(-1);
+    event.mutable_log()->set_text("queued: measuring memory (fitrun-worker --probe runs the model at two micro-batch sizes)");
+    PublishLocked(entry, std::move(event));
+  }
+  return true;
 }
 
 std::string JobManager::JobDir(const std::string& job_id) const {

@@ -32,6 +32,7 @@
 #include "server/core/device_inventory.h"
 #include "server/core/estimator.h"
 #include "server/core/event_hub.h"
+#include "server/core/memory_calibration.h"
 #include "server/core/job_store.h"
 #include "server/core/worker_launcher.h"
 
@@ -72,6 +73,9 @@ class JobManager {
     // Off only in benchmarks and tests that drive RunSchedulingPass themselves.
     bool run_scheduler_thread = true;
     EstimatorOptions estimator;
+    // Measures each model's memory (fitrun-worker --probe) for calibrated plans; nullptr: analytic
+    // estimates only. Must outlive the manager.
+    MemoryCalibrator* memory_calibrator = nullptr;
     std::function<absl::Time()> clock = [] { return absl::Now(); };
   };
 
@@ -196,6 +200,12 @@ class JobManager {
   absl::StatusOr<fitrun::v1::Plan> PlanOn(const fitrun::v1::JobSpec& spec, bool only_free_devices)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string JobDir(const std::string& job_id) const;
+  // The spec's model profile, calibrated when the memory probe has measured it. A member of the same
+  // name as model_profile.h's free function, so every plan the manager makes uses it.
+  absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec) const;
+  // True while the job's model has no measurement yet: starts the probe off the lock (once) and
+  // tells the job's watchers it is measuring memory; the probe's end schedules again.
+  bool WaitingForMemoryProbe(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   JobStore* const store_;
@@ -212,6 +222,8 @@ class JobManager {
   bool schedule_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::thread scheduler_;
+  // Last, so it goes first: a probe ending after the manager is gone wakes nothing.
+  CallbackGuard calibration_callbacks_;
 };
 
 }  // namespace fitrun::server
