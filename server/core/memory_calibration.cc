@@ -143,10 +143,10 @@ MemoryCalibrator::Lookup MemoryCalibrator::Find(const fitrun::v1::JobSpec& spec)
   return lookup;
 }
 
-void MemoryCalibrator::StartCalibration(const fitrun::v1::JobSpec& spec, std::function<void()> on_done) {
+bool MemoryCalibrator::StartCalibration(const fitrun::v1::JobSpec& spec, std::function<void()> on_done) {
   const std::string key = CalibrationKey(spec);
   absl::MutexLock lock(&mu_);
-  if (stopping_ || done_.count(key) > 0 || measuring_.count(key) > 0) return;
+  if (stopping_ || done_.count(key) > 0 || measuring_.count(key) > 0) return false;
   measuring_[key] = true;
   ++probes_run_;
   threads_.emplace_back([this, spec, key, on_done = std::move(on_done)] {
@@ -154,6 +154,7 @@ void MemoryCalibrator::StartCalibration(const fitrun::v1::JobSpec& spec, std::fu
     Store(key, result);
     if (on_done) on_done();
   });
+  return true;
 }
 
 absl::StatusOr<ModelProfile> MemoryCalibrator::ProfileFor(const fitrun::v1::JobSpec& spec, bool probe_if_missing) {

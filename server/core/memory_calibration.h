@@ -82,9 +82,10 @@ class MemoryCalibrator {
   };
   // Never blocks on a probe.
   Lookup Find(const fitrun::v1::JobSpec& spec);
-  // Starts probing the spec on a background thread unless its key is cached or being measured;
-  // `on_done` runs on that thread when the result (or failure) is cached, with no lock held.
-  void StartCalibration(const fitrun::v1::JobSpec& spec, std::function<void()> on_done);
+  // Starts probing the spec on a background thread unless its key is cached or being measured
+  // (then returns false); `on_done` runs on that thread when the result (or failure) is cached,
+  // with no lock of the calibrator's held.
+  bool StartCalibration(const fitrun::v1::JobSpec& spec, std::function<void()> on_done);
 
   // The spec's profile for planning: analytic, calibrated when the cache has the spec's line; with
   // `probe_if_missing` the probe runs now (blocking). A failed probe falls back to the analytic
@@ -106,6 +107,34 @@ class MemoryCalibrator {
   int64_t probes_run_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+};
+
+// Lets a callback handed to another thread (StartCalibration's on_done) call back into an object
+// that may be destroyed first: wrapped callbacks do nothing once the guard is gone, and the guard's
+// destructor waits for one that is running. Declare it as the owner's last member.
+class CallbackGuard {
+ public:
+  CallbackGuard() : state_(std::make_shared<State>()) {}
+  ~CallbackGuard() {
+    absl::MutexLock lock(&state_->mu);
+    state_->alive = false;
+  }
+  CallbackGuard(const CallbackGuard&) = delete;
+  CallbackGuard& operator=(const CallbackGuard&) = delete;
+
+  std::function<void()> Wrap(std::function<void()> callback) const {
+    return [state = state_, callback = std::move(callback)] {
+      absl::MutexLock lock(&state->mu);
+      if (state->alive) callback();
+    };
+  }
+
+ private:
+  struct State {
+    absl::Mutex mu;
+    bool alive = true;
+  };
+  const std::shared_ptr<State> state_;
 };
 
 }  // namespace fitrun::server

@@ -195,8 +195,8 @@ TEST(MemoryCalibratorTest, BackgroundCalibrationIsSeenAsMeasuringUntilDone) {
   auto calibrator = *MemoryCalibrator::Create({}, &probe);
   const fitrun::v1::JobSpec spec = MlpSpec();
   absl::Notification done;
-  calibrator->StartCalibration(spec, [&done] { done.Notify(); });
-  calibrator->StartCalibration(spec, [] { ADD_FAILURE() << "a second probe of the same key"; });
+  EXPECT_TRUE(calibrator->StartCalibration(spec, [&done] { done.Notify(); }));
+  EXPECT_FALSE(calibrator->StartCalibration(spec, [] { ADD_FAILURE() << "a second probe of the same key"; }));
   EXPECT_EQ(calibrator->Find(spec).state, MemoryCalibrator::State::kMeasuring);
   EXPECT_FALSE(calibrator->ProfileFor(spec, /*probe_if_missing=*/false)->calibrated);
 
@@ -210,6 +210,18 @@ TEST(MemoryCalibratorTest, BackgroundCalibrationIsSeenAsMeasuringUntilDone) {
   EXPECT_EQ(calibrator->Find(spec).state, MemoryCalibrator::State::kReady);
   EXPECT_EQ(probe.calls(), 1);
   EXPECT_EQ(calibrator->probes_run(), 1);
+}
+
+TEST(CallbackGuardTest, CallbacksDoNothingOnceTheGuardIsGone) {
+  int calls = 0;
+  std::function<void()> callback;
+  {
+    CallbackGuard guard;
+    callback = guard.Wrap([&calls] { ++calls; });
+    callback();
+  }
+  callback();
+  EXPECT_EQ(calls, 1);
 }
 
 }  // namespace
