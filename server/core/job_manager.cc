@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "server/core/job_spec.h"
+#include "server/core/memory_feedback.h"
 #include "server/core/model_profile.h"
 #include "server/core/planner.h"
 
@@ -49,6 +50,19 @@ std::string LogTail(const std::string& path, size_t max_lines = 12, size_t max_b
   if (start > 0 && !lines.empty()) lines.erase(lines.begin());  // first line is cut
   if (lines.size() > max_lines) lines.erase(lines.begin(), lines.end() - static_cast<long>(max_lines));
   return absl::StrJoin(lines, "\n");
+}
+
+// fitrun-worker's exit codes that say something about the job (worker/main.cc).
+constexpr int kWorkerBadConfigExit = 2;    // the assignment or spec was refused before training
+constexpr int kWorkerOutOfMemoryExit = 3;  // the device's memory ran out (an OutOfMemory report came first)
+
+const char* FailureKindLabel(int kind) {
+  switch (kind) {
+    case 0: return "out_of_memory";
+    case 1: return "crash";
+    case 2: return "hang";
+    default: return "bad_config";
+  }
 }
 
 bool TransitionAllowed(JobState from, JobState to) {
@@ -144,6 +158,16 @@ absl::Status JobManager::LoadStoredJobs() {
       case fitrun::v1::JOB_STATE_RUNNING:
         RecoverRunningJob(entry);
         break;
+      case fitrun::v1::JOB_STATE_RESTARTING:
+      case fitrun::v1::JOB_STATE_FAILED:
+      case fitrun::v1::JOB_STATE_CANCELLED:
+        // The previous coordinator may have died while stopping these ranks: finish the job of
+        // stopping them, so the restarted attempt never runs beside the old one.
+        if (AdoptLastAttempt(entry) > 0) {
+          StopRanks(entry, absl::StrCat("the job is ", JobStateName(entry.record.job.state())));
+        }
+        MaybeReleaseAttempt(entry);
+        break;
       default:
         break;
     }
@@ -152,19 +176,20 @@ absl::Status JobManager::LoadStoredJobs() {
   return absl::OkStatus();
 }
 
-void JobManager::RecoverRunningJob(JobEntry& entry) {
+int JobManager::AdoptLastAttempt(JobEntry& entry) {
   Job& job = entry.record.job;
-  if (job.attempt_history().empty()) {
-    (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, "the coordinator restarted; no attempt was on record");
-    return;
-  }
+  if (job.attempt_history().empty() || entry.active) return 0;
   const fitrun::v1::AttemptRecord& record = job.attempt_history(job.attempt_history_size() - 1);
+  bool any_alive = false;
+  for (const fitrun::v1::RankOutcome& outcome : record.ranks()) any_alive |= !outcome.exited();
+  if (!any_alive) return 0;
   entry.active.emplace();
   ActiveAttempt& active = *entry.active;
   active.attempt = record.attempt();
   active.device_ids.assign(record.device_ids().begin(), record.device_ids().end());
   active.ranks.resize(record.ranks_size());
   const std::string attempt_dir = (std::filesystem::path(JobDir(job.id())) / absl::StrCat("attempt-", record.attempt())).string();
+  const absl::Time now = options_.clock();
   int adopted = 0;
   for (const fitrun::v1::RankOutcome& outcome : record.ranks()) {
     RankState& rank = active.ranks[outcome.rank()];
@@ -179,11 +204,23 @@ void JobManager::RecoverRunningJob(JobEntry& entry) {
     if (!handle.ok()) continue;
     rank.handle = *handle;
     rank.exited = false;
+    rank.last_heard = now;
     ++adopted;
   }
-  for (const std::string& device : active.device_ids) device_owner_[device] = {job.id(), 0};
-  for (size_t r = 0; r < active.device_ids.size(); ++r) device_owner_[active.device_ids[r]].second = static_cast<int>(r);
+  for (size_t r = 0; r < active.device_ids.size(); ++r) {
+    device_owner_[active.device_ids[r]] = {job.id(), static_cast<int>(r)};
+  }
+  return adopted;
+}
 
+void JobManager::RecoverRunningJob(JobEntry& entry) {
+  Job& job = entry.record.job;
+  if (job.attempt_history().empty()) {
+    (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, "the coordinator restarted; no attempt was on record");
+    return;
+  }
+  const fitrun::v1::AttemptRecord& record = job.attempt_history(job.attempt_history_size() - 1);
+  const int adopted = AdoptLastAttempt(entry);
   if (adopted == record.ranks_size()) {
     JobEvent event;
     event.mutable_log()->set_rank(-1);
@@ -195,6 +232,8 @@ void JobManager::RecoverRunningJob(JobEntry& entry) {
   const std::string reason = absl::StrCat("the coordinator restarted and ", record.ranks_size() - adopted, " of ",
                                           record.ranks_size(), " ranks were gone; restarting from the last checkpoint");
   RecordAttemptOutcome(entry, reason);
+  metrics_->JobRestarted("coordinator_restart");
+  entry.recovering_since = options_.clock();
   (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
   StopRanks(entry, reason);
   MaybeReleaseAttempt(entry);
@@ -371,6 +410,7 @@ absl::StatusOr<WorkerKey> JobManager::AttachWorker(const fitrun::v1::Hello& hell
     return absl::InvalidArgumentError(absl::StrCat("hello.rank: ", hello.rank(), " is out of range"));
   }
   entry.active->ranks[hello.rank()].connection = connection;
+  entry.active->ranks[hello.rank()].last_heard = options_.clock();
   if (IsTerminal(entry.record.job.state())) {
     if (auto live = connection.lock()) live->SendStop("the job has ended");
   }
@@ -398,6 +438,7 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
     // Checked per report: a finished rank below may end the attempt.
     if (!entry.active || entry.active->attempt != key.attempt) break;  // a late report of an older attempt
     RankState& rank = entry.active->ranks[key.rank];
+    rank.last_heard = options_.clock();
     JobEvent event;
     switch (report->report_case()) {
       case fitrun::v1::WorkerReport::kProgress: {
@@ -407,13 +448,29 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
           const int64_t advanced = report->progress().step() - job.last_progress().step();
           *job.mutable_last_progress() = event.progress();
           metrics_->TrainingProgress(job.id(), std::max<int64_t>(0, advanced), report->progress().loss());
+          if (entry.recovering_since && job.state() == fitrun::v1::JOB_STATE_RUNNING) {
+            const absl::Duration took = options_.clock() - *entry.recovering_since;
+            entry.recovering_since.reset();
+            metrics_->Recovered(took);
+            JobEvent resumed;
+            resumed.mutable_log()->set_rank(-1);
+            resumed.mutable_log()->set_text(absl::StrFormat(
+                "training resumed at step %d of attempt %d, %.1f s after the failure", report->progress().step(),
+                key.attempt, absl::ToDoubleSeconds(took)));
+            events.push_back(std::move(resumed));
+          }
         }
         break;
       }
       case fitrun::v1::WorkerReport::kOom:
         *event.mutable_oom() = report->oom();
         event.mutable_oom()->set_rank(key.rank);
-        break;
+        // The OOM event goes out before the restart it leads to; the peers are stopped right away
+        // instead of waiting in their next collective.
+        events.push_back(event);
+        PublishAllLocked(entry, std::exchange(events, {}));
+        OnOutOfMemoryLocked(entry, event.oom());
+        continue;
       case fitrun::v1::WorkerReport::kCheckpointSaved:
         *event.mutable_checkpoint_saved() = report->checkpoint_saved();
         event.mutable_checkpoint_saved()->set_rank(key.rank);
@@ -481,24 +538,121 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
   if (entry.record.job.state() == fitrun::v1::JOB_STATE_RUNNING) {
     if (!clean) {
       // One rank gone means its peers would wait in their next collective until a timeout: stop
-      // them now and say which rank failed and why.
-      std::string reason = !exit.status_known
-                               ? absl::StrCat("rank ", key.rank, " (adopted after a coordinator restart) exited before finishing")
-                           : exit.signal != 0
-                               ? absl::StrCat("rank ", key.rank, " was killed by signal ", exit.signal)
-                               : absl::StrCat("rank ", key.rank, " exited with code ", exit.exit_code);
-      absl::StrAppend(&reason, " (attempt ", key.attempt, ")");
-      if (!rank.failure_report.empty()) absl::StrAppend(&reason, ": ", rank.failure_report);
-      if (!exited->log_tail().empty()) absl::StrAppend(&reason, "\nlast lines of its log:\n", exited->log_tail());
-      entry.record.job.set_failure_reason(reason);
-      RecordAttemptOutcome(entry, reason.substr(0, reason.find('\n')));
-      (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, reason);
-      StopRanks(entry, absl::StrCat("rank ", key.rank, " failed"));
+      // them now, say which rank failed and why, and try again where that can help.
+      std::string headline = !exit.status_known
+                                 ? absl::StrCat("rank ", key.rank, " (adopted after a coordinator restart) exited before finishing")
+                             : exit.signal != 0
+                                 ? absl::StrCat("rank ", key.rank, " was killed by signal ", exit.signal)
+                                 : absl::StrCat("rank ", key.rank, " exited with code ", exit.exit_code);
+      absl::StrAppend(&headline, " (attempt ", key.attempt, ")");
+      if (!rank.failure_report.empty()) absl::StrAppend(&headline, ": ", rank.failure_report);
+      const std::string details =
+          exited->log_tail().empty() ? "" : absl::StrCat("\nlast lines of its log:\n", exited->log_tail());
+      FailureKind kind = FailureKind::kCrash;
+      if (exit.status_known && exit.signal == 0 && exit.exit_code == kWorkerOutOfMemoryExit) {
+        kind = FailureKind::kOutOfMemory;
+        // The rank's OutOfMemory report did not arrive: the batch it ran is still known not to fit.
+        fitrun::v1::OutOfMemory oom;
+        oom.set_rank(key.rank);
+        oom.set_per_device_batch(entry.record.job.plan().per_device_batch());
+        entry.record.job.mutable_oom_history()->Add(std::move(oom));
+      } else if (exit.status_known && exit.signal == 0 && exit.exit_code == kWorkerBadConfigExit) {
+        kind = FailureKind::kBadConfig;
+      }
+      HandleAttemptFailure(entry, kind, headline, details);
     } else {
       MaybeSucceed(entry, /*deadline_passed=*/false);
     }
   }
   MaybeReleaseAttempt(entry);
+}
+
+void JobManager::OnOutOfMemoryLocked(JobEntry& entry, const fitrun::v1::OutOfMemory& oom) {
+  Job& job = entry.record.job;
+  *job.add_oom_history() = oom;
+  metrics_->OutOfMemory();
+  const std::string headline = absl::StrCat(
+      "rank ", oom.rank(), " ran out of memory at step ", oom.step(), " with per-device batch ", oom.per_device_batch(),
+      " (needed at least ", FormatBytes(MemoryNeededAt(oom)), ", the device has ", FormatBytes(oom.cap_bytes()),
+      ") (attempt ", entry.active ? entry.active->attempt : job.attempts(), ")");
+  HandleAttemptFailure(entry, FailureKind::kOutOfMemory, headline);
+}
+
+void JobManager::HandleAttemptFailure(JobEntry& entry, FailureKind kind, const std::string& headline,
+                                      const std::string& details) {
+  Job& job = entry.record.job;
+  if (job.state() != fitrun::v1::JOB_STATE_RUNNING) return;  // already stopping for an earlier failure
+  const fitrun::v1::FaultTolerance& tolerance = job.spec().fault_tolerance();
+  std::string decision;
+  bool retry = false;
+  switch (kind) {
+    case FailureKind::kOutOfMemory:
+      if (job.spec().resources().per_device_batch() > 0) {
+        decision = absl::StrCat("spec.resources.per_device_batch fixes the batch at ",
+                                job.spec().resources().per_device_batch(),
+                                ", so fitrun cannot choose a smaller one; remove it or set a smaller one");
+      } else if (job.oom_replans() >= tolerance.max_oom_retries()) {
+        decision = absl::StrCat("giving up after ", job.oom_replans(),
+                                " re-plan(s) (spec.fault_tolerance.max_oom_retries ", tolerance.max_oom_retries(), ")");
+      } else {
+        job.set_oom_replans(job.oom_replans() + 1);
+        retry = true;
+        decision = absl::StrCat("re-planning with a smaller per-device batch and more accumulation (the same global "
+                                "batch) and resuming from the last checkpoint (re-plan ",
+                                job.oom_replans(), " of ", tolerance.max_oom_retries(), ")");
+      }
+      break;
+    case FailureKind::kCrash:
+    case FailureKind::kHang:
+      if (job.restarts() >= tolerance.max_restarts()) {
+        decision = absl::StrCat("giving up after ", job.restarts(), " restart(s) (spec.fault_tolerance.max_restarts ",
+                                tolerance.max_restarts(), ")");
+      } else {
+        job.set_restarts(job.restarts() + 1);
+        retry = true;
+        decision = absl::StrCat("restarting every rank from the last checkpoint (restart ", job.restarts(), " of ",
+                                tolerance.max_restarts(), ")");
+      }
+      break;
+    case FailureKind::kBadConfig:
+      decision = "the worker refused the job's configuration, so trying again cannot help";
+      break;
+  }
+  RecordAttemptOutcome(entry, headline);
+  const std::string reason = absl::StrCat(headline, "; ", decision);
+  if (retry) {
+    metrics_->JobRestarted(FailureKindLabel(static_cast<int>(kind)));
+    entry.recovering_since = options_.clock();
+    (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
+  } else {
+    job.set_failure_reason(absl::StrCat(reason, details));
+    (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, job.failure_reason());
+  }
+  StopRanks(entry, headline);
+}
+
+absl::Time JobManager::CheckHeartbeats(absl::Time now) {
+  absl::Time next = absl::InfiniteFuture();
+  for (auto& [id, entry] : jobs_) {
+    if (!entry.active || entry.record.job.state() != fitrun::v1::JOB_STATE_RUNNING) continue;
+    const int timeout_seconds = entry.record.job.spec().fault_tolerance().heartbeat_timeout_seconds();
+    if (timeout_seconds <= 0) continue;
+    const absl::Duration timeout = absl::Seconds(timeout_seconds);
+    for (size_t r = 0; r < entry.active->ranks.size(); ++r) {
+      const RankState& rank = entry.active->ranks[r];
+      if (rank.exited || rank.last_heard == absl::InfinitePast()) continue;
+      if (now - rank.last_heard >= timeout) {
+        HandleAttemptFailure(
+            entry, FailureKind::kHang,
+            absl::StrFormat("rank %d sent nothing for %.1f s (spec.fault_tolerance.heartbeat_timeout_seconds %d): "
+                            "it is stopped or hung (attempt %d)",
+                            r, absl::ToDoubleSeconds(now - rank.last_heard), timeout_seconds, entry.active->attempt));
+        break;
+      }
+      next = std::min(next, rank.last_heard + timeout);
+    }
+  }
+  return next;
 }
 
 void JobManager::MaybeSucceed(JobEntry& entry, bool deadline_passed) {
@@ -573,7 +727,7 @@ void JobManager::SchedulerLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
     // Wake for new work, or in time for the earliest pending deadline.
-    absl::Time wake = absl::InfiniteFuture();
+    absl::Time wake = CheckHeartbeats(options_.clock());
     for (const auto& [id, entry] : jobs_) {
       if (entry.active && entry.active->awaiting_reports_until) {
         wake = std::min(wake, *entry.active->awaiting_reports_until);
@@ -628,10 +782,7 @@ std::vector<JobManager::Placement> JobManager::PlaceQueuedJobs(int* queued_count
   std::vector<Placement> placements;
   for (JobEntry* entry : queued) {
     if (options_.memory_calibrator != nullptr && WaitingForMemoryProbe(*entry)) continue;
-    const JobSpec& spec = entry->record.job.spec();
-    absl::StatusOr<ModelProfile> profile = ProfileFor(spec);
-    absl::StatusOr<Plan> plan =
-        profile.ok() ? PlanJob(spec, *profile, free_devices, options_.estimator) : absl::StatusOr<Plan>(profile.status());
+    absl::StatusOr<Plan> plan = PlanForJob(entry->record.job, free_devices);
     if (absl::IsUnavailable(plan.status())) {
       // The head job waits for devices and nothing behind it jumps ahead, so a large job is never
       // starved by a stream of small ones.
@@ -762,6 +913,7 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
       return absl::InternalError(absl::StrCat("rank ", rank, ": ", handle.status().message()));
     }
     active.ranks[rank].handle = *handle;
+    active.ranks[rank].last_heard = options_.clock();
   }
   if (!job.has_started_at()) *job.mutable_started_at() = ToProto(options_.clock());
   fitrun::v1::AttemptRecord* record = job.add_attempt_history();
@@ -875,6 +1027,13 @@ absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, bool only_free_devi
     capacities.push_back({device.id(), bytes});
   }
   return PlanJob(spec, *profile, capacities, options_.estimator);
+}
+
+absl::StatusOr<Plan> JobManager::PlanForJob(const Job& job, const std::vector<DeviceCapacity>& devices) {
+  absl::StatusOr<ModelProfile> profile = ProfileFor(job.spec());
+  if (!profile.ok()) return profile.status();
+  const ModelProfile corrected = ProfileAfterOutOfMemory(*profile, job.spec(), job.oom_history(), options_.estimator);
+  return PlanJob(job.spec(), corrected, devices, options_.estimator, LimitsAfterOutOfMemory(job.oom_history()));
 }
 
 absl::StatusOr<ModelProfile> JobManager::ProfileFor(const JobSpec& spec) const {

@@ -34,6 +34,7 @@
 #include "server/core/event_hub.h"
 #include "server/core/memory_calibration.h"
 #include "server/core/job_store.h"
+#include "server/core/planner.h"
 #include "server/core/worker_launcher.h"
 
 namespace fitrun::server {
@@ -143,6 +144,9 @@ class JobManager {
     std::string failure_report;  // from RankFailed
     std::string log_path;
     std::weak_ptr<WorkerConnection> connection;
+    // When the coordinator last heard from the rank (launch, adoption, any report): a rank silent
+    // past spec.fault_tolerance.heartbeat_timeout_seconds is taken as hung.
+    absl::Time last_heard = absl::InfinitePast();
   };
   struct ActiveAttempt {
     int attempt = 0;
@@ -156,6 +160,16 @@ class JobManager {
     std::optional<ActiveAttempt> active;
     // Progress rewrites the stored job at most once a second; the events hold every report.
     absl::Time progress_persisted_at = absl::InfinitePast();
+    // When the failure that the job is recovering from was detected, until training resumes.
+    std::optional<absl::Time> recovering_since;
+  };
+
+  // What ended an attempt early, which decides whether and how the job is tried again.
+  enum class FailureKind {
+    kOutOfMemory,  // re-plan with a smaller per-device batch (spec.fault_tolerance.max_oom_retries)
+    kCrash,        // restart the group as it was (spec.fault_tolerance.max_restarts)
+    kHang,         // a rank went silent: restart the group (max_restarts)
+    kBadConfig,    // the worker refused the job's configuration: trying again cannot help
   };
 
   JobManager(Options options, JobStore* store, DeviceInventory* devices, WorkerLauncher* launcher,
@@ -183,6 +197,18 @@ class JobManager {
   // After a coordinator restart: takes over the running attempt's workers if every one is alive,
   // otherwise stops the survivors and restarts the job from its last checkpoint.
   void RecoverRunningJob(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A running attempt failed: stops every rank at once and either restarts the job (RESTARTING, re-planned
+  // on the next scheduling pass) or, past the spec's limits, fails it. `headline` says what happened in
+  // one line; `details` (e.g. a log tail) only goes into the failure reason.
+  void HandleAttemptFailure(JobEntry& entry, FailureKind kind, const std::string& headline,
+                            const std::string& details = "") ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnOutOfMemoryLocked(JobEntry& entry, const fitrun::v1::OutOfMemory& oom) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails over every running attempt with a rank silent past its heartbeat timeout; returns when the
+  // next rank would time out (InfiniteFuture if none can).
+  absl::Time CheckHeartbeats(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes over the still-living workers of the job's last recorded attempt (after a coordinator
+  // restart); returns how many it adopted. The attempt becomes the job's active one.
+  int AdoptLastAttempt(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the current attempt's record with `outcome` (first outcome wins).
   void RecordAttemptOutcome(JobEntry& entry, const std::string& outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration StopGrace(const JobEntry& entry) const;
@@ -198,6 +224,10 @@ class JobManager {
   // Devices with no rank on them, with the memory a plan may use.
   std::vector<fitrun::v1::Device> DevicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<fitrun::v1::Plan> PlanOn(const fitrun::v1::JobSpec& spec, bool only_free_devices)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The plan for a queued or restarting job on `devices`, with what its earlier attempts' out-of-memory
+  // errors taught (a smaller per-device batch, a corrected per-sample cost).
+  absl::StatusOr<fitrun::v1::Plan> PlanForJob(const fitrun::v1::Job& job, const std::vector<DeviceCapacity>& devices)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string JobDir(const std::string& job_id) const;
   // The spec's model profile, calibrated when the memory probe has measured it. A member of the same

@@ -5,6 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+
+#include <google/protobuf/text_format.h>
+#include "absl/strings/match.h"
 
 #include "server/core/fakes.h"
 #include "server/core/job_spec.h"
@@ -155,7 +159,9 @@ TEST_F(JobManagerTest, ExitWithoutFinalReportStillSucceedsAfterTheWait) {
 }
 
 TEST_F(JobManagerTest, FailingRankFailsTheJobAndStopsItsPeersAtOnce) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  fitrun::v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_fault_tolerance()->set_max_restarts(0);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
   WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
@@ -167,6 +173,7 @@ TEST_F(JobManagerTest, FailingRankFailsTheJobAndStopsItsPeersAtOnce) {
   fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.failure_reason(), HasSubstr("rank 1 exited with code 7"));
   EXPECT_THAT(failed.failure_reason(), HasSubstr("RuntimeError: something broke"));
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 0 restart(s)"));
   EXPECT_EQ(launcher_.stopped(), std::vector<int>{0});
   // Devices stay taken until the stopped peer has really exited.
   EXPECT_EQ(manager_->Devices()[0].job_id(), job->id());
@@ -371,7 +378,9 @@ TEST_F(JobManagerRecoveryTest, JobWhoseWorkersAreGoneRestartsAsANewAttempt) {
 }
 
 TEST_F(JobManagerTest, AttemptHistoryRecordsEveryRanksExit) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  fitrun::v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_fault_tolerance()->set_max_restarts(0);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
   WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
@@ -404,6 +413,186 @@ TEST_F(JobManagerTest, RelativeStateDirBecomesAbsoluteForWorkers) {
   EXPECT_TRUE(std::filesystem::path(EnvOf(launch)["FITRUN_ASSIGNMENT"]).is_absolute());
   (*manager)->Shutdown();
   std::filesystem::remove_all("relative-state");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Recovery: crashes, hangs and out-of-memory errors
+
+// Reads the plan the coordinator wrote for a launched rank.
+fitrun::v1::Plan AssignedPlan(const WorkerLaunch& launch) {
+  std::map<std::string, std::string> env(launch.env.begin(), launch.env.end());
+  std::ifstream in(env["FITRUN_ASSIGNMENT"]);
+  std::stringstream text;
+  text << in.rdbuf();
+  fitrun::v1::WorkerAssignment assignment;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text.str(), &assignment));
+  return assignment.plan();
+}
+
+TEST_F(JobManagerTest, CrashedRankRestartsTheWholeGroupAsANewAttempt) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  launcher_.Exit(1, -1, 9);
+  fitrun::v1::Job restarting = WaitForState(job->id(), fitrun::v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(launcher_.stopped(), std::vector<int>{0});  // the peer at once, not after a collective timeout
+  EXPECT_EQ(restarting.restarts(), 1);
+  // Nothing relaunches while the old rank 0 still runs: never two attempts at once.
+  EXPECT_EQ(launcher_.launches().size(), 2u);
+  launcher_.Exit(0, -1, 15);
+  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
+  fitrun::v1::Job relaunched = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(relaunched.attempts(), 2);
+  ASSERT_EQ(relaunched.attempt_history_size(), 2);
+  EXPECT_EQ(relaunched.attempt_history(0).outcome(), "rank 1 was killed by signal 9 (attempt 1)");
+  EXPECT_EQ(relaunched.attempt_history(0).ranks(1).signal(), 9);
+  EXPECT_EQ(EnvOf(launcher_.launches()[2])["FITRUN_ATTEMPT"], "2");
+  EXPECT_EQ(metrics_.restarts("crash"), 1);
+
+  // Training resumes: the time to recover is measured and said.
+  fitrun::v1::WorkerReport progress;
+  progress.mutable_progress()->set_step(3);
+  Report(job->id(), 2, 0, progress);
+  EXPECT_EQ(metrics_.recoveries().size(), 1u);
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = manager_->ReadEvents(job->id(), 1, 1000);
+  ASSERT_TRUE(events.ok());
+  bool said = false;
+  for (const auto& event : *events) said |= event.has_log() && absl::StrContains(event.log().text(), "training resumed");
+  EXPECT_TRUE(said);
+}
+
+TEST_F(JobManagerTest, RestartsStopAtTheSpecLimit) {
+  fitrun::v1::JobSpec spec = Spec(1, 1);
+  spec.mutable_fault_tolerance()->set_max_restarts(1);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  launcher_.Exit(0, 1);
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  launcher_.Exit(1, 1);
+  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("rank 0 exited with code 1 (attempt 2)"));
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 1 restart(s) (spec.fault_tolerance.max_restarts 1)"));
+  EXPECT_EQ(failed.attempt_history_size(), 2);
+}
+
+TEST_F(JobManagerTest, RefusedConfigurationFailsWithoutARestart) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  launcher_.Exit(0, 2);
+  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("trying again cannot help"));
+  EXPECT_EQ(failed.restarts(), 0);
+}
+
+TEST_F(JobManagerTest, OutOfMemoryStopsThePeersAndReplansASmallerBatchWithTheSameGlobalBatch) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const fitrun::v1::Plan first = running.plan();
+  ASSERT_EQ(first.per_device_batch(), 128);
+
+  fitrun::v1::WorkerReport oom;
+  oom.mutable_oom()->set_step(5);
+  oom.mutable_oom()->set_per_device_batch(128);
+  oom.mutable_oom()->set_live_bytes(3LL << 30);
+  oom.mutable_oom()->set_requested_bytes(2LL << 30);  // far beyond what the estimate said
+  oom.mutable_oom()->set_cap_bytes(4LL << 30);
+  Report(job->id(), 1, 1, oom);
+  // Every rank is told to stop the moment the report arrives, before any process has exited.
+  EXPECT_EQ(launcher_.stopped(), (std::vector<int>{0, 1}));
+  fitrun::v1::Job restarting = WaitForState(job->id(), fitrun::v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(restarting.oom_replans(), 1);
+  EXPECT_EQ(restarting.oom_history_size(), 1);
+  EXPECT_EQ(restarting.oom_history(0).rank(), 1);
+  EXPECT_EQ(metrics_.out_of_memory(), 1);
+  EXPECT_EQ(metrics_.restarts("out_of_memory"), 1);
+
+  launcher_.Exit(1, 3);
+  launcher_.Exit(0, -1, 15);
+  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
+  fitrun::v1::Job replanned = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const fitrun::v1::Plan second = AssignedPlan(launcher_.launches()[2]);
+  EXPECT_LT(second.per_device_batch(), 128);
+  EXPECT_EQ(second.device_ids_size() * second.per_device_batch() * second.grad_accum_steps(), 256);
+  EXPECT_EQ(replanned.plan().per_device_batch(), second.per_device_batch());
+  // The corrected estimate covers what the OOM measured, scaled down to the new batch.
+  EXPECT_GT(second.predicted().activations_bytes(),
+            first.predicted().activations_bytes() * second.per_device_batch() / 128);
+  EXPECT_THAT(replanned.attempt_history(0).outcome(), HasSubstr("rank 1 ran out of memory at step 5"));
+}
+
+TEST_F(JobManagerTest, OutOfMemoryExitWithoutAReportStillBoundsTheBatch) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  launcher_.Exit(0, 3);
+  launcher_.Exit(1, -1, 15);
+  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(AssignedPlan(launcher_.launches()[2]).per_device_batch(), 64);
+}
+
+TEST_F(JobManagerTest, OutOfMemoryWithAFixedBatchFailsAndSaysWhy) {
+  fitrun::v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_resources()->set_per_device_batch(128);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  fitrun::v1::WorkerReport oom;
+  oom.mutable_oom()->set_step(1);
+  oom.mutable_oom()->set_per_device_batch(128);
+  Report(job->id(), 1, 0, oom);
+  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("spec.resources.per_device_batch fixes the batch at 128"));
+}
+
+TEST_F(JobManagerTest, OutOfMemoryRetriesStopAtTheSpecLimit) {
+  fitrun::v1::JobSpec spec = Spec(1, 1);
+  spec.mutable_fault_tolerance()->set_max_oom_retries(1);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    ASSERT_TRUE(launcher_.WaitForLaunches(attempt, absl::Seconds(5)));
+    WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+    fitrun::v1::WorkerReport oom;
+    oom.mutable_oom()->set_step(2);
+    oom.mutable_oom()->set_per_device_batch(AssignedPlan(launcher_.launches()[attempt - 1]).per_device_batch());
+    Report(job->id(), attempt, 0, oom);
+    launcher_.Exit(attempt - 1, 3);
+  }
+  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 1 re-plan(s)"));
+  EXPECT_EQ(failed.oom_history_size(), 2);
+}
+
+TEST_F(JobManagerTest, SilentRankIsTakenAsHungAndTheGroupRestarts) {
+  fitrun::v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_fault_tolerance()->set_heartbeat_timeout_seconds(1);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  // Rank 0 keeps reporting; rank 1 says nothing.
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  fitrun::v1::WorkerReport heartbeat;
+  heartbeat.mutable_heartbeat()->set_step(1);
+  while (manager_->Get(job->id())->state() == fitrun::v1::JOB_STATE_RUNNING && absl::Now() < deadline) {
+    Report(job->id(), 1, 0, heartbeat);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  fitrun::v1::Job restarting = WaitForState(job->id(), fitrun::v1::JOB_STATE_RESTARTING);
+  EXPECT_THAT(restarting.attempt_history(0).outcome(), HasSubstr("rank 1 sent nothing for"));
+  EXPECT_EQ(metrics_.restarts("hang"), 1);
+  EXPECT_EQ(launcher_.stopped(), (std::vector<int>{0, 1}));
 }
 
 }  // namespace
