@@ -118,9 +118,12 @@ absl::Status GrpcCoordinatorClient::WatchJob(const std::string& job_id, int64_t 
   v1::WatchJobRequest request;
   request.set_job_id(job_id);
   request.set_from_sequence(from_sequence);
-  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
-  v1::JobEvent event;
-  while (reader->Read(&event)) on_event(event);
+  // The batched stream: one message carries every event the coordinator had pending for us.
+  std::unique_ptr<grpc::ClientReader<v1::JobEventBatch>> reader = stub_->WatchJobEvents(&context, request);
+  v1::JobEventBatch batch;
+  while (reader->Read(&batch)) {
+    for (const v1::JobEvent& event : batch.events()) on_event(event);
+  }
   return ToAbslStatus(reader->Finish());
 }
 

@@ -49,16 +49,22 @@ class ScriptedCoordinator final : public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest* request,
-                        grpc::ServerWriter<v1::JobEvent>* writer) override {
+  // Sends the events two to a message, so the client must unpack batches in order.
+  grpc::Status WatchJobEvents(grpc::ServerContext*, const v1::WatchJobRequest* request,
+                              grpc::ServerWriter<v1::JobEventBatch>* writer) override {
     watch_from = request->from_sequence();
+    v1::JobEventBatch batch;
     for (int64_t sequence = request->from_sequence(); sequence <= 5; ++sequence) {
-      v1::JobEvent event;
-      event.set_job_id(request->job_id());
-      event.set_sequence(sequence);
-      event.mutable_progress()->set_step(sequence * 10);
-      writer->Write(event);
+      v1::JobEvent* event = batch.add_events();
+      event->set_job_id(request->job_id());
+      event->set_sequence(sequence);
+      event->mutable_progress()->set_step(sequence * 10);
+      if (batch.events_size() == 2) {
+        writer->Write(batch);
+        batch.Clear();
+      }
     }
+    if (batch.events_size() > 0) writer->Write(batch);
     if (request->job_id() == "broken") {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
     }

@@ -1,7 +1,8 @@
 // Coordinator benchmarks, printed as figures (not assertions):
 //   1. one scheduling pass over 10,000 queued jobs on 1,024 virtual devices;
 //   2. event ingest: worker reports through real WorkerChannel streams into the SQLite store and out
-//      to 100 real WatchJob streams, as fast as they go;
+//      to 100 real WatchJobEvents streams, as fast as they go (reports sent BATCH to a message, as
+//      the worker's reporter sends what it has queued);
 //   3. latency from a worker's report to a watcher at a steady 10,000 events/s.
 // Workers and watchers are gRPC clients in this process on 127.0.0.1; the launcher is a fake (no
 // training processes), so the figures are the coordinator's own costs.
@@ -111,7 +112,7 @@ class RankStream {
 
 int64_t NowNanos() { return absl::ToUnixNanos(absl::Now()); }
 
-void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, int kPacedEvents) {
+void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, int kPacedEvents, int kBatch) {
   const std::string dir = TempDir("ingest");
   auto store = SqliteJobStore::Open(dir + "/fitrun.db");
   if (!store.ok()) return;
@@ -149,6 +150,8 @@ void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, 
 
   // Watchers: each on its own channel, following from the next event, timing log events.
   std::atomic<int64_t> delivered{0};
+  std::atomic<int64_t> missed{0};    // events watchers were told they missed
+  std::atomic<int64_t> messages{0};  // WatchJobEvents messages read
   std::vector<std::vector<int64_t>> latencies(kWatchers);
   std::atomic<bool> measuring_latency{false};
   std::vector<std::thread> watchers;
@@ -163,15 +166,24 @@ void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, 
       fitrun::v1::WatchJobRequest request;
       request.set_job_id(job->id());
       request.set_from_sequence(first_sequence);
-      auto reader = stub->WatchJob(watch_contexts[w].get(), request);
+      auto reader = stub->WatchJobEvents(watch_contexts[w].get(), request);
       watching.fetch_add(1);
-      fitrun::v1::JobEvent event;
-      while (reader->Read(&event)) {
-        delivered.fetch_add(1, std::memory_order_relaxed);
-        if (event.has_log() && measuring_latency.load(std::memory_order_relaxed)) {
-          int64_t sent = 0;
-          if (absl::SimpleAtoi(event.log().text(), &sent)) latencies[w].push_back(NowNanos() - sent);
+      fitrun::v1::JobEventBatch batch;
+      while (reader->Read(&batch)) {
+        const int64_t now = NowNanos();
+        for (const fitrun::v1::JobEvent& event : batch.events()) {
+          if (event.has_missed()) {
+            missed.fetch_add(event.missed().last_sequence() - event.missed().first_sequence() + 1,
+                             std::memory_order_relaxed);
+            continue;
+          }
+          delivered.fetch_add(1, std::memory_order_relaxed);
+          if (event.has_log() && measuring_latency.load(std::memory_order_relaxed)) {
+            int64_t sent = 0;
+            if (absl::SimpleAtoi(event.log().text(), &sent)) latencies[w].push_back(now - sent);
+          }
         }
+        messages.fetch_add(1, std::memory_order_relaxed);
       }
       reader->Finish();
     });
@@ -183,40 +195,42 @@ void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, 
   RankStream rank0(*worker_stub, job->id(), 0, token);
   RankStream rank1(*worker_stub, job->id(), 1, token);
 
-  // 1. Flood: both ranks report progress as fast as the stream takes it.
+  // 1. Flood: both ranks report progress as fast as the stream takes it, kBatch reports a message.
+  auto flood = [&](RankStream& rank) {
+    fitrun::v1::WorkerReport message;
+    for (int i = 0; i < kFloodEvents / 2; ++i) {
+      fitrun::v1::WorkerReport* report = kBatch > 1 ? message.mutable_batch()->add_reports() : &message;
+      report->mutable_progress()->set_step(i);
+      report->mutable_progress()->set_loss(1.0 / (i + 1));
+      if (kBatch <= 1 || message.batch().reports_size() == kBatch || i + 1 == kFloodEvents / 2) {
+        rank.Write(message);
+        message.Clear();
+      }
+    }
+  };
   const absl::Time flood_start = absl::Now();
-  std::thread second([&] {
-    fitrun::v1::WorkerReport report;
-    for (int i = 0; i < kFloodEvents / 2; ++i) {
-      report.mutable_progress()->set_step(i);
-      report.mutable_progress()->set_loss(1.0 / (i + 1));
-      rank1.Write(report);
-    }
-  });
-  {
-    fitrun::v1::WorkerReport report;
-    for (int i = 0; i < kFloodEvents / 2; ++i) {
-      report.mutable_progress()->set_step(i);
-      report.mutable_progress()->set_loss(1.0 / (i + 1));
-      rank0.Write(report);
-    }
-  }
+  std::thread second([&] { flood(rank1); });
+  flood(rank0);
   second.join();
   const int64_t target = first_sequence + kFloodEvents - 1;
   while ((*manager)->events().LastSequence(job->id()) < target) absl::SleepFor(absl::Microseconds(200));
   const absl::Duration ingest = absl::Now() - flood_start;
+  // Every watcher has either received or been told it missed each flooded event.
   const int64_t want_delivered = static_cast<int64_t>(kFloodEvents) * kWatchers;
-  while (delivered.load() < want_delivered && absl::Now() - flood_start < absl::Seconds(300)) {
+  while (delivered.load() + missed.load() < want_delivered && absl::Now() - flood_start < absl::Seconds(300)) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   const absl::Duration fanout = absl::Now() - flood_start;
-  printf("event ingest: %d progress reports from 2 rank streams into SQLite (WAL), %d watchers following\n",
-         kFloodEvents, kWatchers);
+  printf("event ingest: %d progress reports from 2 rank streams (%d a message) into SQLite (WAL), %d watchers following\n",
+         kFloodEvents, std::max(1, kBatch), kWatchers);
   printf("  stored and published: %.0f events/s (%.2f s)\n", kFloodEvents / absl::ToDoubleSeconds(ingest),
          absl::ToDoubleSeconds(ingest));
-  printf("  delivered to all %d watchers: %.0f events/s per watcher, %.0f deliveries/s in all (%.2f s, %lld of %lld)\n",
-         kWatchers, kFloodEvents / absl::ToDoubleSeconds(fanout), delivered.load() / absl::ToDoubleSeconds(fanout),
-         absl::ToDoubleSeconds(fanout), static_cast<long long>(delivered.load()), static_cast<long long>(want_delivered));
+  printf("  watchers done after %.2f s: %.0f deliveries/s in all (%lld delivered, %lld missed of %lld; %.1f events a message)\n",
+         absl::ToDoubleSeconds(fanout), delivered.load() / absl::ToDoubleSeconds(fanout),
+         static_cast<long long>(delivered.load()), static_cast<long long>(missed.load()),
+         static_cast<long long>(want_delivered),
+         messages.load() ? static_cast<double>(delivered.load()) / messages.load() : 0.0);
+  const int64_t missed_after_flood = missed.load();
 
   // 2. Latency at a steady rate: log events stamped with their send time.
   measuring_latency = true;
@@ -231,7 +245,7 @@ void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, 
     (i % 2 ? rank1 : rank0).Write(report);
   }
   const int64_t paced_target = static_cast<int64_t>(kFloodEvents + kPacedEvents) * kWatchers;
-  while (delivered.load() < paced_target && absl::Now() - paced_start < absl::Seconds(120)) {
+  while (delivered.load() + missed.load() < paced_target && absl::Now() - paced_start < absl::Seconds(120)) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   const double achieved = kPacedEvents / absl::ToDoubleSeconds(absl::Now() - paced_start);
@@ -239,8 +253,10 @@ void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, 
   for (const auto& l : latencies) all.insert(all.end(), l.begin(), l.end());
   std::sort(all.begin(), all.end());
   auto pct = [&](double p) { return all.empty() ? 0.0 : all[static_cast<size_t>(p * (all.size() - 1))] / 1e6; };
-  printf("latency, worker report -> watcher, at %d events/s (%.0f achieved) with %d watchers: p50 %.2f ms, p99 %.2f ms, max %.2f ms (%zu samples)\n",
-         kPacedRate, achieved, kWatchers, pct(0.5), pct(0.99), pct(1.0), all.size());
+  printf("latency, worker report -> watcher, at %d events/s (%.0f achieved) with %d watchers: p50 %.2f ms, p99 %.2f ms, max %.2f ms (%zu samples, %lld missed)\n",
+         kPacedRate, achieved, kWatchers, pct(0.5), pct(0.99), pct(1.0), all.size(),
+         static_cast<long long>(missed.load() - missed_after_flood));
+
 
   rank0.Close();
   rank1.Close();
@@ -255,13 +271,13 @@ void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, 
 }  // namespace
 }  // namespace fitrun::server
 
-// Usage: coordinator_bench [WATCHERS [FLOOD_EVENTS [PACED_RATE [PACED_EVENTS]]]]
-// (defaults 100 20000 10000 20000).
+// Usage: coordinator_bench [WATCHERS [FLOOD_EVENTS [PACED_RATE [PACED_EVENTS [BATCH]]]]]
+// (defaults 100 20000 10000 20000 64).
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   auto arg = [&](int i, int fallback) { return argc > i ? std::atoi(argv[i]) : fallback; };
   printf("fitrun coordinator benchmark (%u cores)\n", std::thread::hardware_concurrency());
   fitrun::server::BenchmarkSchedulingPass();
-  fitrun::server::BenchmarkIngestAndLatency(arg(1, 100), arg(2, 20000), arg(3, 10000), arg(4, 20000));
+  fitrun::server::BenchmarkIngestAndLatency(arg(1, 100), arg(2, 20000), arg(3, 10000), arg(4, 20000), arg(5, 64));
   return 0;
 }

@@ -4,6 +4,9 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <string>
+
+#include <google/protobuf/util/time_util.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -47,7 +50,7 @@ class PolledWriteReactor : public grpc::ServerWriteReactor<Message> {
       FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away"));
       return;
     }
-    Pump();
+    AfterWrite();
   }
   void OnCancel() override { FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")); }
   void OnDone() override {
@@ -64,6 +67,8 @@ class PolledWriteReactor : public grpc::ServerWriteReactor<Message> {
   virtual Step Next(Message* next, grpc::Status* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   // Runs once the stream is done, before the reactor is deleted (drop subscriptions here).
   virtual void BeforeDelete() {}
+  // A write completed: by default the next one starts at once.
+  virtual void AfterWrite() { Pump(); }
 
   PolledWriteReactor() : link_(std::make_shared<Link>()) { link_->reactor = this; }
 
@@ -111,39 +116,116 @@ class PolledWriteReactor : public grpc::ServerWriteReactor<Message> {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// One WatchJob stream. It keeps a cursor (the next sequence to send) and, whenever it is idle and
-// the job has news, reads a few events from the manager (memory tail or store) and writes them one
-// at a time. Publishing never waits for it, however slow the client is.
-class WatchJobReactor : public PolledWriteReactor<JobEvent> {
+// Where one watcher is in a job's events. History older than the hub's in-memory tail is replayed
+// from the store, in full; once the watcher has caught up with the tail it follows it, and if it
+// then falls behind the tail (the bounded buffer every watcher of the job shares) it is told which
+// sequences it missed and goes on from the oldest event still kept, so a slow watcher never makes
+// the coordinator read the store on its behalf while ingest writes it. Not thread-safe: each
+// reactor calls it under its own lock.
+class WatchCursor {
  public:
-  WatchJobReactor(JobManager* manager, WatchFanout* fanout, std::string job_id, int64_t from_sequence)
-      : manager_(manager),
-        fanout_(fanout),
-        job_id_(std::move(job_id)),
-        next_sequence_(std::max<int64_t>(1, from_sequence)) {}
+  WatchCursor(JobManager* manager, std::string job_id, int64_t from_sequence)
+      : manager_(manager), job_id_(std::move(job_id)), next_(std::max<int64_t>(1, from_sequence)) {}
+
+  // The job has ended with this event: the stream ends once it is sent.
+  void EndAt(int64_t last_sequence) { end_ = last_sequence; }
+  bool Done() const { return end_.has_value() && next_ > *end_; }
+
+  // Up to `limit` (>= 2) next events, in order; empty when there is nothing new yet.
+  absl::StatusOr<std::vector<EventHub::EventRef>> Next(size_t limit) {
+    std::vector<EventHub::EventRef> out;
+    EventHub::SharedReadResult read = manager_->events().ReadShared(job_id_, next_, limit);
+    if (read.events.empty() && next_ <= read.last_sequence) {
+      if (following_ && read.oldest_retained > next_) {
+        JobEvent missed;
+        missed.set_job_id(job_id_);  // sequence 0: not one of the job's events
+        *missed.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+        missed.mutable_missed()->set_first_sequence(next_);
+        missed.mutable_missed()->set_last_sequence(read.oldest_retained - 1);
+        out.push_back(EventHub::MakeRef(std::move(missed)));
+        next_ = read.oldest_retained;
+        read = manager_->events().ReadShared(job_id_, next_, limit - 1);
+      } else {
+        absl::StatusOr<std::vector<JobEvent>> stored = manager_->ReadEvents(job_id_, next_, static_cast<int>(limit));
+        if (!stored.ok()) return stored.status();
+        for (JobEvent& event : *stored) out.push_back(EventHub::MakeRef(std::move(event)));
+      }
+    } else {
+      following_ = true;  // the tail serves this watcher (or it is level with the job)
+    }
+    out.insert(out.end(), read.events.begin(), read.events.end());
+    for (const EventHub::EventRef& ref : out) {
+      const JobEvent& event = ref->event;
+      if (event.sequence() == 0) continue;
+      next_ = event.sequence() + 1;
+      if (event.has_state_changed() && JobManager::IsTerminal(event.state_changed().to())) end_ = event.sequence();
+    }
+    return out;
+  }
+
+ private:
+  JobManager* const manager_;
+  const std::string job_id_;
+  int64_t next_;
+  bool following_ = false;
+  std::optional<int64_t> end_;
+};
+
+// What both WatchJob flavours share: the cursor, the subscription that wakes the stream through
+// the fan-out thread, and starting (refused at once when the job does not exist).
+template <typename Message>
+class WatchReactorBase : public PolledWriteReactor<Message> {
+ public:
+  WatchReactorBase(JobManager* manager, WatchFanout* fanout, std::string job_id, int64_t from_sequence)
+      : manager_(manager), fanout_(fanout), job_id_(job_id), cursor_(manager, std::move(job_id), from_sequence) {}
 
   void Start() {
     absl::StatusOr<fitrun::v1::Job> job = manager_->Get(job_id_);
     if (!job.ok()) {
-      FinishOnce(ToGrpcStatus(job.status()));
+      this->FinishOnce(ToGrpcStatus(job.status()));
       return;
     }
     {
       // A job that already ended has no more events past its last one.
-      absl::MutexLock lock(&mu_);
-      if (JobManager::IsTerminal(job->state())) end_sequence_ = job->last_sequence();
+      absl::MutexLock lock(&this->mu_);
+      if (JobManager::IsTerminal(job->state())) cursor_.EndAt(job->last_sequence());
     }
-    auto pending = std::make_shared<std::atomic<bool>>(false);
     subscribed_ = true;
     subscription_ = manager_->events().Subscribe(
-        job_id_, [pending, fanout = fanout_, wake = Waker()] { fanout->Schedule(pending, wake); });
-    Pump();
+        job_id_, [pending = pending_, fanout = fanout_, wake = this->Waker()] { fanout->Schedule(pending, wake); });
+    this->Pump();
   }
+  // Ends the stream before it starts.
+  void Refuse(const grpc::Status& status) { this->FinishOnce(status); }
+
+ protected:
+  void BeforeDelete() override {
+    if (subscribed_) manager_->events().Unsubscribe(subscription_);
+  }
+  // What arrived during the write goes out through the fan-out thread, which gathers it into one
+  // message instead of writing whatever trickled in since.
+  void AfterWrite() override { fanout_->Schedule(pending_, this->Waker()); }
+
+  JobManager* const manager_;
+  WatchFanout* const fanout_;
+  const std::shared_ptr<std::atomic<bool>> pending_ = std::make_shared<std::atomic<bool>>(false);
+  const std::string job_id_;
+  WatchCursor cursor_;  // guarded by mu_ (Next runs under it)
+
+ private:
+  bool subscribed_ = false;
+  int64_t subscription_ = 0;
+};
+
+// One WatchJob stream: one event per message.
+class WatchJobReactor : public WatchReactorBase<JobEvent> {
+ public:
+  using WatchReactorBase::WatchReactorBase;
 
  private:
   Step Next(JobEvent* next, grpc::Status* status) override {
     if (pending_.empty()) {
-      absl::StatusOr<std::vector<JobEvent>> events = manager_->ReadEvents(job_id_, next_sequence_, kBatch);
+      absl::StatusOr<std::vector<EventHub::EventRef>> events = cursor_.Next(kBatch);
       if (!events.ok()) {
         *status = ToGrpcStatus(events.status());
         return Step::kFinish;
@@ -151,31 +233,63 @@ class WatchJobReactor : public PolledWriteReactor<JobEvent> {
       pending_.assign(events->begin(), events->end());
     }
     if (!pending_.empty()) {
-      *next = std::move(pending_.front());
+      *next = pending_.front()->event;
       pending_.pop_front();
-      next_sequence_ = next->sequence() + 1;
-      if (next->has_state_changed() && JobManager::IsTerminal(next->state_changed().to())) {
-        end_sequence_ = next->sequence();
-      }
       return Step::kWrite;
     }
-    if (end_sequence_ && next_sequence_ > *end_sequence_) return Step::kFinish;
-    return Step::kWait;
+    return cursor_.Done() ? Step::kFinish : Step::kWait;
   }
 
-  void BeforeDelete() override {
-    if (subscribed_) manager_->events().Unsubscribe(subscription_);
+  static constexpr size_t kBatch = 64;
+  std::deque<EventHub::EventRef> pending_ ABSL_GUARDED_BY(mu_);
+};
+
+// Appends `value` as a protobuf varint.
+void AppendVarint(uint64_t value, std::string* out) {
+  while (value >= 0x80) {
+    out->push_back(static_cast<char>((value & 0x7f) | 0x80));
+    value >>= 7;
+  }
+  out->push_back(static_cast<char>(value));
+}
+
+// One WatchJobEvents stream: every event the watcher has pending in one JobEventBatch message. The
+// message is assembled from the events' stored encodings (a JobEventBatch is field 1, repeated,
+// length-delimited), so fanning an event out to N watchers serializes it once, not N times.
+class WatchJobEventsReactor : public WatchReactorBase<grpc::ByteBuffer> {
+ public:
+  using WatchReactorBase::WatchReactorBase;
+
+ private:
+  Step Next(grpc::ByteBuffer* next, grpc::Status* status) override {
+    if (pending_.empty()) {
+      absl::StatusOr<std::vector<EventHub::EventRef>> events = cursor_.Next(kMaxEvents);
+      if (!events.ok()) {
+        *status = ToGrpcStatus(events.status());
+        return Step::kFinish;
+      }
+      pending_.assign(events->begin(), events->end());
+    }
+    if (pending_.empty()) return cursor_.Done() ? Step::kFinish : Step::kWait;
+    auto* bytes = new std::string();
+    while (!pending_.empty() &&
+           (bytes->empty() || bytes->size() + pending_.front()->serialized.size() + 6 <= kMaxBytes)) {
+      const std::string& event = pending_.front()->serialized;
+      bytes->push_back(static_cast<char>((1 << 3) | 2));  // events = 1, length-delimited
+      AppendVarint(event.size(), bytes);
+      bytes->append(event);
+      pending_.pop_front();
+    }
+    grpc::Slice slice(bytes->data(), bytes->size(), [](void* owned) { delete static_cast<std::string*>(owned); },
+                      bytes);
+    *next = grpc::ByteBuffer(&slice, 1);
+    return Step::kWrite;
   }
 
-  static constexpr int kBatch = 64;
-  JobManager* const manager_;
-  WatchFanout* const fanout_;
-  const std::string job_id_;
-  bool subscribed_ = false;
-  int64_t subscription_ = 0;
-  int64_t next_sequence_ ABSL_GUARDED_BY(mu_);
-  std::optional<int64_t> end_sequence_ ABSL_GUARDED_BY(mu_);
-  std::deque<JobEvent> pending_ ABSL_GUARDED_BY(mu_);
+  // Well under gRPC's default 4 MiB receive limit; one event larger than this still goes alone.
+  static constexpr size_t kMaxEvents = 1024;
+  static constexpr size_t kMaxBytes = 1 << 20;
+  std::deque<EventHub::EventRef> pending_ ABSL_GUARDED_BY(mu_);
 };
 
 // One StreamLogs call: sends the file in chunks; when following, the ticker wakes it to look again
@@ -246,17 +360,24 @@ class LogStreamReactor : public PolledWriteReactor<fitrun::v1::LogChunk> {
 
 }  // namespace
 
-WatchFanout::WatchFanout() {
+WatchFanout::WatchFanout(absl::Duration coalesce) : coalesce_(coalesce) {
   thread_ = std::thread([this] {
     absl::MutexLock lock(&mu_);
     while (true) {
       auto ready = [this] { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
-      std::function<void()> pump = std::move(queue_.front());
-      queue_.pop_front();
+      if (coalesce_ > absl::ZeroDuration()) {
+        // Let more events (and more watchers' wakes) gather before writing.
+        mu_.Unlock();
+        absl::SleepFor(coalesce_);
+        mu_.Lock();
+        if (stopping_) return;
+      }
+      std::deque<std::function<void()>> pumps;
+      pumps.swap(queue_);
       mu_.Unlock();
-      pump();
+      for (std::function<void()>& pump : pumps) pump();
       mu_.Lock();
     }
   });
@@ -367,6 +488,25 @@ grpc::ServerWriteReactor<JobEvent>* CoordinatorService::WatchJob(grpc::CallbackS
                                                                  const fitrun::v1::WatchJobRequest* request) {
   auto* reactor = new WatchJobReactor(manager_, &fanout_, request->job_id(), request->from_sequence());
   reactor->Start();
+  return reactor;
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::WatchJobEvents(grpc::CallbackServerContext* context,
+                                                                               const grpc::ByteBuffer* raw_request) {
+  // A raw method (its responses are assembled from stored bytes), so the request is parsed here.
+  fitrun::v1::WatchJobRequest request;
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (raw_request->Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  const bool parsed = request.ParseFromString(bytes);
+  auto* reactor = new WatchJobEventsReactor(manager_, &fanout_, request.job_id(), request.from_sequence());
+  if (!parsed) {
+    reactor->Refuse(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request: not a WatchJobRequest"));
+  } else {
+    reactor->Start();
+  }
   return reactor;
 }
 
