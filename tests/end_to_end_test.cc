@@ -112,14 +112,19 @@ TEST(EndToEndTest, FailingRankFailsTheJobWithItsExitCodeAndLogAndItsPeerIsStoppe
   ASSERT_TRUE(coordinator.ok()) << ReadFile(coordinator.log_path());
 
   // Rank 1 dies before step 5; rank 0 would otherwise wait in its all-reduce for the 60 s timeout.
-  absl::StatusOr<fitrun::v1::Job> job =
-      coordinator.Submit(MlpSpecYaml("fails", 1000, "fault_injection: {kind: exit, rank: 1, at_step: 5, exit_code: 3}\n"));
+  // No restarts allowed, so the first failure is the job's end (tests/fault_injection_test covers
+  // the restarts).
+  absl::StatusOr<fitrun::v1::Job> job = coordinator.Submit(
+      MlpSpecYaml("fails", 1000,
+                  "fault_injection: {kind: exit, rank: 1, at_step: 5, exit_code: 7}\n"
+                  "fault_tolerance: {max_restarts: 0}\n"));
   ASSERT_TRUE(job.ok()) << job.status();
   const std::vector<fitrun::v1::JobEvent> events = coordinator.Watch(job->id());
   const fitrun::v1::Job failed = coordinator.Get(job->id());
   ASSERT_EQ(failed.state(), fitrun::v1::JOB_STATE_FAILED) << ReadFile(coordinator.log_path());
   const absl::Time failed_at = absl::Now();
-  EXPECT_THAT(failed.failure_reason(), HasSubstr("rank 1 exited with code 3"));
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("rank 1 exited with code 7"));
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 0 restart(s)"));
   EXPECT_THAT(failed.failure_reason(), HasSubstr("last lines of its log"));
   EXPECT_THAT(failed.failure_reason(), HasSubstr("fault injection"));
 

@@ -179,7 +179,7 @@ absl::Status JobManager::LoadStoredJobs() {
 int JobManager::AdoptLastAttempt(JobEntry& entry) {
   Job& job = entry.record.job;
   if (job.attempt_history().empty() || entry.active) return 0;
-  const fitrun::v1::AttemptRecord& record = job.attempt_history(job.attempt_history_size() - 1);
+  fitrun::v1::AttemptRecord& record = *job.mutable_attempt_history(job.attempt_history_size() - 1);
   bool any_alive = false;
   for (const fitrun::v1::RankOutcome& outcome : record.ranks()) any_alive |= !outcome.exited();
   if (!any_alive) return 0;
@@ -191,17 +191,22 @@ int JobManager::AdoptLastAttempt(JobEntry& entry) {
   const std::string attempt_dir = (std::filesystem::path(JobDir(job.id())) / absl::StrCat("attempt-", record.attempt())).string();
   const absl::Time now = options_.clock();
   int adopted = 0;
-  for (const fitrun::v1::RankOutcome& outcome : record.ranks()) {
+  for (fitrun::v1::RankOutcome& outcome : *record.mutable_ranks()) {
     RankState& rank = active.ranks[outcome.rank()];
     rank.log_path = attempt_dir + absl::StrCat("/rank-", outcome.rank(), ".log");
     rank.exited = true;  // until adopted
     if (outcome.exited()) continue;
+    // Gone while no coordinator watched: it exited, with a status nobody saw.
+    outcome.set_exited(true);
+    outcome.set_exit_code(-1);
     const WorkerKey key{job.id(), record.attempt(), outcome.rank()};
     absl::StatusOr<int> handle = launcher_->Adopt(
         outcome.pid(),
         {{"FITRUN_JOB_ID", job.id()}, {"FITRUN_ATTEMPT", absl::StrCat(record.attempt())}, {"RANK", absl::StrCat(outcome.rank())}},
         [this, key](const WorkerExit& exit) { OnWorkerExit(key, exit); });
     if (!handle.ok()) continue;
+    outcome.set_exited(false);
+    outcome.set_exit_code(0);
     rank.handle = *handle;
     rank.exited = false;
     rank.last_heard = now;
