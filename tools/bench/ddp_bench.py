@@ -23,7 +23,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORKER = os.path.join(ROOT, "bazel-bin", "worker", "fitrun-worker")
+# The -c opt output itself: bazel-bin follows whichever configuration the tree's last build used.
+WORKER = os.path.join(ROOT, "bazel-out", "k8-opt", "bin", "worker", "fitrun-worker")
 REFERENCE = os.path.join(ROOT, "tests", "parity", "torch_ddp_reference.py")
 DATA = "/usr/share/datasets/fashion-mnist"
 PER_RANK_BATCH = 128
