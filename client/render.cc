@@ -96,6 +96,22 @@ std::string RenderJob(const v1::Job& job, const RenderContext& context) {
     if (result.has_test_accuracy()) text = absl::StrFormat("test accuracy %.4f, ", result.test_accuracy()) + text;
     rows.emplace_back("result", text);
   }
+  // Restarts and re-plans against their limits, and what each out-of-memory error measured.
+  if (job.restarts() > 0 || job.oom_replans() > 0 || job.oom_history_size() > 0) {
+    const v1::FaultTolerance& limits = job.spec().fault_tolerance();
+    rows.emplace_back("recovery", absl::StrCat(job.restarts(), " of ", limits.max_restarts(), " restart(s), ",
+                                               job.oom_replans(), " of ", limits.max_oom_retries(),
+                                               " out-of-memory re-plan(s)"));
+  }
+  for (const v1::OutOfMemory& oom : job.oom_history()) {
+    std::string text = absl::StrCat("rank ", oom.rank(), " at step ", oom.step(), ", per-device batch ",
+                                    oom.per_device_batch());
+    if (oom.cap_bytes() > 0) {
+      absl::StrAppend(&text, ": asked for ", FormatBytes(oom.requested_bytes()), " with ", FormatBytes(oom.live_bytes()),
+                      " in use of ", FormatBytes(oom.cap_bytes()));
+    }
+    rows.emplace_back("out of memory", text);
+  }
   // Every launch, oldest first: where it ran, with what batch, how it ended and how each rank exited.
   for (const v1::AttemptRecord& attempt : job.attempt_history()) {
     std::string text = absl::StrCat(attempt.device_ids_size(), " device(s), per-device batch ",

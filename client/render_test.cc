@@ -97,6 +97,25 @@ TEST(RenderJobTest, ShowsAttemptsFailureAndResult) {
                         "time 2m13s\n"));
 }
 
+TEST(RenderJobTest, ShowsRecoveryAgainstItsLimitsAndWhatEachOutOfMemoryMeasured) {
+  v1::Job job = RunningJob();
+  job.mutable_spec()->mutable_fault_tolerance()->set_max_restarts(3);
+  job.mutable_spec()->mutable_fault_tolerance()->set_max_oom_retries(2);
+  job.set_restarts(1);
+  job.set_oom_replans(1);
+  v1::OutOfMemory* oom = job.add_oom_history();
+  oom->set_rank(1);
+  oom->set_step(120);
+  oom->set_per_device_batch(128);
+  oom->set_requested_bytes(64LL << 20);
+  oom->set_live_bytes(1536LL << 20);
+  oom->set_cap_bytes(2LL << 30);
+  const std::string text = RenderJob(job, Context());
+  EXPECT_THAT(text, HasSubstr("1 of 3 restart(s), 1 of 2 out-of-memory re-plan(s)"));
+  EXPECT_THAT(text, HasSubstr("rank 1 at step 120, per-device batch 128: asked for 64.0 MiB with 1.5 GiB in use of 2.0 GiB"));
+  EXPECT_THAT(RenderJob(RunningJob(), Context()), Not(HasSubstr("recovery")));
+}
+
 TEST(RenderJobTableTest, OneRowPerJob) {
   v1::ListJobsResponse response;
   *response.add_jobs() = RunningJob();
