@@ -213,7 +213,13 @@ void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, 
   flood(rank0);
   second.join();
   const int64_t target = first_sequence + kFloodEvents - 1;
-  while ((*manager)->events().LastSequence(job->id()) < target) absl::SleepFor(absl::Microseconds(200));
+  while ((*manager)->events().LastSequence(job->id()) < target && absl::Now() - flood_start < absl::Seconds(120)) {
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  if ((*manager)->events().LastSequence(job->id()) < target) {
+    printf("  ingest stopped short: %lld of %d events stored after 120 s\n",
+           static_cast<long long>((*manager)->events().LastSequence(job->id()) - first_sequence + 1), kFloodEvents);
+  }
   const absl::Duration ingest = absl::Now() - flood_start;
   // Every watcher has either received or been told it missed each flooded event.
   const int64_t want_delivered = static_cast<int64_t>(kFloodEvents) * kWatchers;
