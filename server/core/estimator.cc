@@ -29,9 +29,10 @@ fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const 
   }
   m.set_optimizer_state_bytes(optimizer_states * param_bytes);
 
-  // Gradients are copied into flat bucket buffers for the all-reduce; the buckets together hold one
-  // copy of every gradient, whatever the bucket cap.
-  m.set_ddp_buckets_bytes(param_bytes);
+  // The all-reduce's flat bucket buffers hold one copy of every gradient whatever the bucket cap,
+  // and the gradients are views into them (worker/ddp/bucketed_reducer.h, as PyTorch's
+  // gradient_as_bucket_view): counted once, as gradients, plus the loss slot.
+  m.set_ddp_buckets_bytes(kFloat);
 
   m.set_activations_bytes(per_device_batch * (model.activation_bytes_per_sample + model.input_bytes_per_sample));
   double margin = options.safety_margin;

@@ -19,25 +19,40 @@
 namespace fitrun::worker {
 namespace {
 
-// Stands in for the bucketed reducer of a single rank: it holds one flat buffer of every
-// gradient (plus the loss slot), allocated up front as the reducer's buckets are, and copies the
-// gradients into it each step as the reducer does before its all-reduce.
+// Stands in for the bucketed reducer of a single rank (worker/ddp/bucketed_reducer.h) as far as
+// memory goes: one flat buffer of every gradient plus the loss slot, allocated up front as the
+// reducer's buckets are, with each parameter's gradient a view into it (the reducer's gradients
+// are bucket views, so gradients and buckets share memory), and a gradient autograd allocated
+// anew moved into its view as the reducer's hook does.
 class FlatBufferSynchronizer final : public GradientSynchronizer {
  public:
   explicit FlatBufferSynchronizer(std::vector<at::Tensor> parameters) : parameters_(std::move(parameters)) {
     int64_t elements = 1;
     for (const at::Tensor& p : parameters_) elements += p.numel();
     flat_ = at::zeros({elements}, at::kFloat);
+    at::NoGradGuard no_grad;
+    int64_t offset = 0;
+    for (at::Tensor& p : parameters_) {
+      // Aliasing through set_ rather than a view, as the reducer does, so that zero_grad may detach_.
+      views_.push_back(at::empty({0}, flat_.options()).set_(flat_.storage(), flat_.storage_offset() + offset, p.sizes()));
+      p.mutable_grad() = views_.back();
+      offset += p.numel();
+    }
   }
 
   void BeforeBackward(bool) override {}
 
   absl::StatusOr<double> Synchronize(double local_loss) override {
     at::NoGradGuard no_grad;
-    int64_t offset = 0;
-    for (const at::Tensor& p : parameters_) {
-      if (p.grad().defined()) flat_.narrow(0, offset, p.numel()).copy_(p.grad().reshape({-1}));
-      offset += p.numel();
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      at::Tensor& grad = parameters_[i].mutable_grad();
+      if (grad.defined() && grad.data_ptr() == views_[i].data_ptr()) continue;
+      if (grad.defined()) {
+        views_[i].copy_(grad);
+      } else {
+        views_[i].zero_();
+      }
+      grad = views_[i];
     }
     return local_loss;
   }
@@ -45,6 +60,7 @@ class FlatBufferSynchronizer final : public GradientSynchronizer {
  private:
   std::vector<at::Tensor> parameters_;
   at::Tensor flat_;
+  std::vector<at::Tensor> views_;
 };
 
 // The probe's steps report nowhere.
