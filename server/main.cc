@@ -24,8 +24,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "server/core/job_manager.h"
+#include "server/core/memory_calibration.h"
+#include "server/devices/nvml_devices.h"
 #include "server/devices/virtual_cpu_devices.h"
 #include "server/launcher/process_launcher.h"
+#include "server/probe/process_memory_probe.h"
 #include "server/metrics/prometheus_metrics.h"
 #include "server/service/coordinator_service.h"
 #include "server/service/worker_channel_service.h"
@@ -34,7 +37,15 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (HOST:PORT; port 0 picks a free one)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "Prometheus /metrics address (HOST:PORT; port 0 picks one)");
 ABSL_FLAG(std::string, state_dir, "fitrun-state", "Directory for the job store, job logs and checkpoints");
-ABSL_FLAG(std::string, devices, "auto", "auto, or virtual CPU devices as cpu:NxSIZE (e.g. cpu:2x4GiB)");
+ABSL_FLAG(std::string, devices, "auto",
+          "auto (NVML GPUs when the driver's library loads and --worker_cuda, else virtual CPU devices), or "
+          "virtual CPU devices as cpu:NxSIZE (e.g. cpu:2x4GiB)");
+ABSL_FLAG(bool, worker_cuda, false,
+          "The fitrun-worker can train on CUDA devices (a CUDA LibTorch build). Debian's LibTorch is CPU-only, so "
+          "by default --devices=auto never plans on GPUs, even where NVML sees them");
+ABSL_FLAG(bool, memory_probe, true,
+          "Calibrate each model's memory estimate by running fitrun-worker --probe once per model (cached in "
+          "the state directory); false: analytic estimates only");
 ABSL_FLAG(std::string, worker_binary, "", "fitrun-worker to launch (default: the one built beside fitrund)");
 ABSL_FLAG(bool, stop_workers_on_exit, false,
           "Stop running ranks when fitrund exits (default: leave them training; a restarted fitrund re-adopts them)");
@@ -48,6 +59,8 @@ struct ServerOptions {
   std::string state_dir;
   std::string devices;
   std::string worker_binary;
+  bool worker_cuda = false;
+  bool memory_probe = true;
   bool stop_workers_on_exit = false;
 };
 
@@ -56,6 +69,9 @@ struct RunningServer {
   std::unique_ptr<SqliteJobStore> store;
   std::unique_ptr<DeviceInventory> devices;
   std::unique_ptr<ProcessLauncher> launcher;
+  // Before the manager, so they outlive it.
+  std::unique_ptr<ProcessMemoryProbe> memory_probe;
+  std::unique_ptr<MemoryCalibrator> memory_calibrator;
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<PrometheusMetrics> metrics;
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -116,9 +132,28 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
 
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int64_t memory = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
-  absl::StatusOr<std::unique_ptr<VirtualCpuDevices>> devices = VirtualCpuDevices::Create(options.devices, cores, memory);
-  if (!devices.ok()) return devices.status();
-  server->devices = *std::move(devices);
+  if (options.devices == "auto") {
+    // GPUs only when they can be used: NVML sees them and the worker can train on them.
+    absl::StatusOr<std::unique_ptr<NvmlDevices>> gpus = NvmlDevices::Create({});
+    if (gpus.ok() && !(*gpus)->Snapshot().empty()) {
+      if (options.worker_cuda) {
+        server->devices = *std::move(gpus);
+      } else {
+        fprintf(stderr,
+                "fitrund: NVML sees %zu GPU(s), but fitrun-worker trains on CPU devices only (pass --worker_cuda "
+                "with a CUDA LibTorch build); using virtual CPU devices\n",
+                (*gpus)->Snapshot().size());
+      }
+    } else if (!gpus.ok() && !absl::IsNotFound(gpus.status())) {
+      fprintf(stderr, "fitrund: NVML: %s; using virtual CPU devices\n", std::string(gpus.status().message()).c_str());
+    }
+  }
+  if (server->devices == nullptr) {
+    absl::StatusOr<std::unique_ptr<VirtualCpuDevices>> devices =
+        VirtualCpuDevices::Create(options.devices, cores, memory);
+    if (!devices.ok()) return devices.status();
+    server->devices = *std::move(devices);
+  }
 
   server->registry = std::make_shared<prometheus::Registry>();
   server->metrics = std::make_unique<PrometheusMetrics>(*server->registry);
@@ -152,6 +187,22 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   manager_options.worker_channel_address = absl::StrCat(dial_host, ":", port);
   manager_options.pick_master_port = PickFreeTcpPort;
   manager_options.stop_workers_on_shutdown = options.stop_workers_on_exit;
+  if (options.memory_probe) {
+    ProcessMemoryProbe::Options probe_options;
+    probe_options.worker_binary = manager_options.worker_binary;
+    probe_options.work_dir = (std::filesystem::path(options.state_dir) / "memory-probes").string();
+    // Measure with the threads a rank gets, since intra-op threads take scratch memory of their own.
+    const std::vector<fitrun::v1::Device> inventory = server->devices->Snapshot();
+    probe_options.cpu_threads = inventory.empty() ? 1 : std::max(1, inventory.front().cpu_threads());
+    absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> probe = ProcessMemoryProbe::Create(probe_options);
+    if (!probe.ok()) return probe.status();
+    server->memory_probe = *std::move(probe);
+    absl::StatusOr<std::unique_ptr<MemoryCalibrator>> calibrator = MemoryCalibrator::Create(
+        {(std::filesystem::path(options.state_dir) / "memory_calibration.tsv").string()}, server->memory_probe.get());
+    if (!calibrator.ok()) return calibrator.status();
+    server->memory_calibrator = *std::move(calibrator);
+    manager_options.memory_calibrator = server->memory_calibrator.get();
+  }
   absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
       manager_options, server->store.get(), server->devices.get(), server->launcher.get(), server->metrics.get());
   if (!manager.ok()) return manager.status();
@@ -197,6 +248,8 @@ int main(int argc, char** argv) {
   options.devices = absl::GetFlag(FLAGS_devices);
   options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   options.stop_workers_on_exit = absl::GetFlag(FLAGS_stop_workers_on_exit);
+  options.worker_cuda = absl::GetFlag(FLAGS_worker_cuda);
+  options.memory_probe = absl::GetFlag(FLAGS_memory_probe);
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t signals;
