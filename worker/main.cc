@@ -328,7 +328,7 @@ class Worker {
     stop_.Attach(nullptr);
     if (!result.ok()) {
       if (result.status().code() == absl::StatusCode::kCancelled && stop_.stopped()) return Stopped();
-      if (result.status().code() == absl::StatusCode::kResourceExhausted && memory_ != nullptr) {
+      if (result.status().code() == absl::StatusCode::kResourceExhausted) {
         return OutOfMemory((*trainer)->current_step(), trainer_options.per_device_batch, result.status());
       }
       // When the coordinator stops a job, the first rank to obey breaks its peers' all-reduce before
@@ -421,16 +421,20 @@ class Worker {
   }
 
   // The device's cap was hit: the OutOfMemory event carries what the coordinator needs to replan
-  // (the request refused, what was live then, the batch), and goes out before the RankFailed.
+  // (the request refused, what was live then, the batch), and goes out before the RankFailed. Without
+  // a counting allocator (a CUDA device) the bytes are unknown and left 0; the batch alone still
+  // tells the coordinator what not to plan again.
   int OutOfMemory(int64_t step, int64_t per_device_batch, const absl::Status& status) {
     fitrun::v1::OutOfMemory oom;
     oom.set_rank(options_.rank);
     oom.set_step(step);
-    oom.set_requested_bytes(memory_->LastFailedRequest());
     oom.set_per_device_batch(per_device_batch);
-    oom.set_live_bytes(memory_->LiveAtLastFailure());
-    oom.set_peak_bytes(memory_->Peak());
-    oom.set_cap_bytes(memory_->cap_bytes());
+    if (memory_ != nullptr) {
+      oom.set_requested_bytes(memory_->LastFailedRequest());
+      oom.set_live_bytes(memory_->LiveAtLastFailure());
+      oom.set_peak_bytes(memory_->Peak());
+      oom.set_cap_bytes(memory_->cap_bytes());
+    }
     console_.OnLog(absl::StrCat("out of memory at step ", step, ": requested ", oom.requested_bytes(),
                                 " bytes with ", oom.live_bytes(), " live (peak ", oom.peak_bytes(),
                                 ") of a ", oom.cap_bytes(), "-byte cap at per-device batch ", per_device_batch));

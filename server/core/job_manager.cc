@@ -576,10 +576,13 @@ void JobManager::OnOutOfMemoryLocked(JobEntry& entry, const fitrun::v1::OutOfMem
   Job& job = entry.record.job;
   *job.add_oom_history() = oom;
   metrics_->OutOfMemory();
-  const std::string headline = absl::StrCat(
-      "rank ", oom.rank(), " ran out of memory at step ", oom.step(), " with per-device batch ", oom.per_device_batch(),
-      " (needed at least ", FormatBytes(MemoryNeededAt(oom)), ", the device has ", FormatBytes(oom.cap_bytes()),
-      ") (attempt ", entry.active ? entry.active->attempt : job.attempts(), ")");
+  std::string headline = absl::StrCat("rank ", oom.rank(), " ran out of memory at step ", oom.step(),
+                                      " with per-device batch ", oom.per_device_batch());
+  if (oom.cap_bytes() > 0) {
+    absl::StrAppend(&headline, " (needed at least ", FormatBytes(MemoryNeededAt(oom)), ", the device has ",
+                    FormatBytes(oom.cap_bytes()), ")");
+  }
+  absl::StrAppend(&headline, " (attempt ", entry.active ? entry.active->attempt : job.attempts(), ")");
   HandleAttemptFailure(entry, FailureKind::kOutOfMemory, headline);
 }
 
