@@ -120,23 +120,29 @@ TEST(FaultInjectionTest, OutOfMemoryOnRankOneStopsEveryRankAndResumesWithASmalle
   EXPECT_GT(done.oom_history(0).requested_bytes(), 0);
 
   // The times, from the coordinator's own event timestamps.
-  std::optional<absl::Time> oom_at, all_stopped_at, resumed_at;
+  std::optional<absl::Time> oom_at, all_stopped_at, relaunched_at, resumed_at;
   int attempt = 1, exited_in_first = 0;
   int64_t resumed_from_step = 0;
   for (const auto& event : events) {
     if (event.has_oom() && !oom_at) oom_at = TimeOf(event);
     if (event.has_plan_chosen()) attempt = event.plan_chosen().attempt();
     if (event.has_rank_exited() && attempt == 1 && ++exited_in_first == 2) all_stopped_at = TimeOf(event);
+    if (event.has_state_changed() && event.state_changed().to() == fitrun::v1::JOB_STATE_RUNNING && attempt == 2) {
+      relaunched_at = TimeOf(event);
+    }
     if (event.has_progress() && attempt == 2 && !resumed_at) {
       resumed_at = TimeOf(event);
       resumed_from_step = event.progress().step();
     }
   }
-  ASSERT_TRUE(oom_at && all_stopped_at && resumed_at);
+  ASSERT_TRUE(oom_at && all_stopped_at && relaunched_at && resumed_at);
   const double stopped_s = absl::ToDoubleSeconds(*all_stopped_at - *oom_at);
   const double resumed_s = absl::ToDoubleSeconds(*resumed_at - *oom_at);
   std::printf("fault-injection timing: OOM -> every rank stopped %.2f s (target 2 s); "
-              "OOM -> training resumed %.2f s (target 15 s)\n", stopped_s, resumed_s);
+              "OOM -> training resumed %.2f s (target 15 s); of which re-planned and launched after %.2f s, "
+              "first step of the new attempt %.2f s after launch\n",
+              stopped_s, resumed_s, absl::ToDoubleSeconds(*relaunched_at - *oom_at),
+              absl::ToDoubleSeconds(*resumed_at - *relaunched_at));
   RecordProperty("oom_to_stopped_seconds", absl::StrCat(stopped_s));
   RecordProperty("oom_to_resumed_seconds", absl::StrCat(resumed_s));
   // Resumed from the last checkpoint (step 100), not from the start.
