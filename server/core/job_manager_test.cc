@@ -555,6 +555,22 @@ TEST_F(JobManagerTest, OutOfMemoryWithAFixedBatchFailsAndSaysWhy) {
   EXPECT_THAT(failed.failure_reason(), HasSubstr("spec.resources.per_device_batch fixes the batch at 128"));
 }
 
+TEST_F(JobManagerTest, OutOfMemoryAtBatchOneFailsAtOnce) {
+  fitrun::v1::JobSpec spec = Spec(2, 2);
+  spec.set_global_batch_size(2);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  fitrun::v1::WorkerReport oom;
+  oom.mutable_oom()->set_step(1);
+  oom.mutable_oom()->set_per_device_batch(1);
+  Report(job->id(), 1, 1, oom);
+  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("even a per-device batch of 1 does not fit"));
+  EXPECT_EQ(failed.oom_replans(), 0);
+}
+
 TEST_F(JobManagerTest, OutOfMemoryRetriesStopAtTheSpecLimit) {
   fitrun::v1::JobSpec spec = Spec(1, 1);
   spec.mutable_fault_tolerance()->set_max_oom_retries(1);
