@@ -43,8 +43,12 @@ fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const 
     // arithmetic stands: the estimate errs high.
     const int64_t states =
         m.weights_bytes() + m.gradients_bytes() + m.optimizer_state_bytes() + m.ddp_buckets_bytes();
+    // At small batches a batch-independent cost (the optimizer step's temporaries, a kernel's packed
+    // weights) can set the peak instead: the measured small-batch line is a floor, shown as overhead.
+    const int64_t floor = model.calibrated_small_fixed_bytes + model.calibrated_small_per_sample_bytes * per_device_batch;
+    const int64_t line = std::max(model.calibrated_fixed_bytes + m.activations_bytes(), floor);
     m.set_workspace_bytes(0);
-    m.set_framework_overhead_bytes(std::max<int64_t>(0, model.calibrated_fixed_bytes - states));
+    m.set_framework_overhead_bytes(std::max<int64_t>(0, line - m.activations_bytes() - states));
     margin = options.calibrated_safety_margin;
   } else {
     m.set_workspace_bytes(options.workspace_bytes);

@@ -25,16 +25,17 @@ std::string FileVersion(const std::string& path) {
 
 std::string CalibrationKey(const fitrun::v1::JobSpec& spec) {
   const fitrun::v1::ModelSpec& model = spec.model();
-  std::string key;
+  // "v2": results of probes that measure small and large batches; older lines are not reused.
+  std::string key = "v2 ";
   if (model.kind_case() == fitrun::v1::ModelSpec::kTorchscript) {
-    key = absl::StrCat("torchscript ", FileVersion(model.torchscript()));
+    absl::StrAppend(&key, "torchscript ", FileVersion(model.torchscript()));
   } else if (model.builtin() == "gpt") {
-    key = absl::StrCat("gpt ", model.gpt().ShortDebugString());
+    absl::StrAppend(&key, "gpt ", model.gpt().ShortDebugString());
   } else if (model.builtin() == "sasrec") {
     // The item count, read from the ratings file, sizes the embedding.
-    key = absl::StrCat("sasrec ", model.sasrec().ShortDebugString(), " data ", FileVersion(spec.data().path()));
+    absl::StrAppend(&key, "sasrec ", model.sasrec().ShortDebugString(), " data ", FileVersion(spec.data().path()));
   } else {
-    key = model.builtin();
+    absl::StrAppend(&key, model.builtin());
   }
   const fitrun::v1::OptimizerSpec& optimizer = spec.optimizer();
   absl::StrAppend(&key, " | optimizer ", fitrun::v1::OptimizerKind_Name(optimizer.kind()),
@@ -56,9 +57,12 @@ ModelProfile CalibratedProfile(ModelProfile analytic, const ProbeResult& probe) 
   p.calibrated_fixed_bytes = probe.fixed_bytes;
   p.activation_bytes_per_sample = probe.per_sample_bytes;
   p.input_bytes_per_sample = 0;
+  p.calibrated_small_fixed_bytes = probe.small_fixed_bytes;
+  p.calibrated_small_per_sample_bytes = probe.small_per_sample_bytes;
   p.memory_source = absl::StrCat("calibrated: fitrun-worker --probe measured ", FormatBytes(probe.fixed_bytes),
-                                 " + ", FormatBytes(probe.per_sample_bytes), " per sample (micro-batches ",
-                                 probe.small_batch, " and ", probe.large_batch, ")");
+                                 " + ", FormatBytes(probe.per_sample_bytes), " per sample, at least ",
+                                 FormatBytes(probe.small_fixed_bytes), " + ", FormatBytes(probe.small_per_sample_bytes),
+                                 " per sample (micro-batches ", probe.small_batch, " to ", probe.large_batch, ")");
   return p;
 }
 
@@ -89,9 +93,10 @@ absl::Status MemoryCalibrator::LoadCache() {
     std::vector<std::string> fields = absl::StrSplit(line, '\t');
     ProbeResult r;
     // A torn last line (crash while appending) is skipped; the spec is probed again.
-    if (fields.size() != 6 || !absl::SimpleAtoi(fields[1], &r.fixed_bytes) ||
+    if (fields.size() != 8 || !absl::SimpleAtoi(fields[1], &r.fixed_bytes) ||
         !absl::SimpleAtoi(fields[2], &r.per_sample_bytes) || !absl::SimpleAtoi(fields[3], &r.model_state_bytes) ||
-        !absl::SimpleAtoi(fields[4], &r.small_batch) || !absl::SimpleAtoi(fields[5], &r.large_batch)) {
+        !absl::SimpleAtoi(fields[4], &r.small_batch) || !absl::SimpleAtoi(fields[5], &r.large_batch) ||
+        !absl::SimpleAtoi(fields[6], &r.small_fixed_bytes) || !absl::SimpleAtoi(fields[7], &r.small_per_sample_bytes)) {
       continue;
     }
     done_.insert_or_assign(fields[0], r);
@@ -107,7 +112,8 @@ void MemoryCalibrator::Store(const std::string& key, const absl::StatusOr<ProbeR
   if (!result.ok() || options_.cache_path.empty()) return;
   std::ofstream out(options_.cache_path, std::ios::app);
   out << key << '\t' << result->fixed_bytes << '\t' << result->per_sample_bytes << '\t' << result->model_state_bytes
-      << '\t' << result->small_batch << '\t' << result->large_batch << '\n';
+      << '\t' << result->small_batch << '\t' << result->large_batch << '\t' << result->small_fixed_bytes << '\t'
+      << result->small_per_sample_bytes << '\n';
 }
 
 absl::StatusOr<ProbeResult> MemoryCalibrator::Calibrate(const fitrun::v1::JobSpec& spec) {

@@ -27,14 +27,23 @@
 
 namespace fitrun::server {
 
-// One rank's measured memory line, as `fitrun-worker --probe` prints it.
+// One rank's measured peak memory as the larger of two lines in the micro-batch b: the line through
+// two large batches (fixed + per_sample * b: activations dominate) and the line through two small
+// ones (small_fixed + small_per_sample * b: there, batch-independent costs such as the optimizer
+// step's temporaries or a kernel's packed weights set the peak). A single line through small
+// batches underestimates large ones when their per-sample cost grows past the plateau.
 struct ProbeResult {
-  int64_t fixed_bytes = 0;       // peak at batch 0 by extrapolation: model states, buckets, runtime
+  int64_t fixed_bytes = 0;       // large-batch line at b = 0: model states, buckets, runtime
   int64_t per_sample_bytes = 0;  // added per sample of the micro-batch: activations, inputs, scratch
+  int64_t small_fixed_bytes = 0;
+  int64_t small_per_sample_bytes = 0;
   int64_t model_state_bytes = 0;  // parameters and buffers
-  // The two micro-batch sizes measured (for the plan's explanation).
+  // The smallest and largest micro-batch measured (for the plan's explanation) and the peaks of
+  // the last probe run's two batches.
   int64_t small_batch = 0;
   int64_t large_batch = 0;
+  int64_t small_peak_bytes = 0;
+  int64_t large_peak_bytes = 0;
 };
 
 // Measures a spec's memory by running it. Blocking (seconds); implementations are thread-safe.
@@ -60,7 +69,8 @@ ModelProfile CalibratedProfile(ModelProfile analytic, const ProbeResult& probe);
 class MemoryCalibrator {
  public:
   struct Options {
-    // A file of cached results ("key<TAB>fixed<TAB>per_sample<TAB>model_state<TAB>b1<TAB>b2" lines),
+    // A file of cached results (lines "key<TAB>fixed<TAB>per_sample<TAB>model_state<TAB>smallest
+    // batch<TAB>largest batch<TAB>small_fixed<TAB>small_per_sample"),
     // read at Create and appended to after each probe; empty: memory only.
     std::string cache_path;
   };

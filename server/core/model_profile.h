@@ -26,6 +26,9 @@ struct ModelProfile {
   // estimator's small calibrated margin instead of its analytic overheads.
   bool calibrated = false;
   int64_t calibrated_fixed_bytes = 0;
+  // The small-batch line the peak never goes below (see ProbeResult in memory_calibration.h).
+  int64_t calibrated_small_fixed_bytes = 0;
+  int64_t calibrated_small_per_sample_bytes = 0;
   // Where the memory figures came from, for the plan's reasons.
   std::string memory_source;
 };

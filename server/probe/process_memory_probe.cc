@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +21,7 @@
 #include "absl/strings/strip.h"
 #include "fitrun/v1/worker.pb.h"
 #include "google/protobuf/text_format.h"
+#include "server/core/model_profile.h"
 
 extern char** environ;
 
@@ -51,10 +54,14 @@ absl::StatusOr<ProbeResult> ParseProbeJson(absl::string_view json) {
       !JsonInt(json, "model_state_bytes", &r.model_state_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat("not a memory probe result: '", Tail(std::string(json)), "'"));
   }
-  // "peaks": [{"batch": B1, ...}, {"batch": B2, ...}]
+  // "peaks": [{"batch": B1, "peak_bytes": P1}, {"batch": B2, "peak_bytes": P2}]
   const size_t second = json.find("\"batch\":", json.find("\"batch\":") + 1);
   if (JsonInt(json, "batch", &small)) r.small_batch = small;
-  if (second != absl::string_view::npos && JsonInt(json.substr(second), "batch", &large)) r.large_batch = large;
+  (void)JsonInt(json, "peak_bytes", &r.small_peak_bytes);
+  if (second != absl::string_view::npos) {
+    if (JsonInt(json.substr(second), "batch", &large)) r.large_batch = large;
+    (void)JsonInt(json.substr(second), "peak_bytes", &r.large_peak_bytes);
+  }
   return r;
 }
 
@@ -74,6 +81,33 @@ absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> ProcessMemoryProbe::Create(O
 }
 
 absl::StatusOr<ProbeResult> ProcessMemoryProbe::Probe(const fitrun::v1::JobSpec& spec) {
+  absl::StatusOr<ProbeResult> small = RunOnce(spec, options_.small_batch, options_.large_batch);
+  if (!small.ok() || !options_.large_batches) return small;
+  ProbeResult result = *small;
+  result.small_fixed_bytes = small->fixed_bytes;
+  result.small_per_sample_bytes = small->per_sample_bytes;
+
+  // Large enough that activations are about twice the small-batch fixed cost.
+  int64_t b3 = small->per_sample_bytes > 0 ? 2 * small->fixed_bytes / small->per_sample_bytes : options_.min_large_batch;
+  b3 = std::clamp(b3, options_.min_large_batch, options_.max_large_batch / 2);
+  if (small->per_sample_bytes > 0) {
+    b3 = std::min(b3, (options_.max_probe_bytes - small->fixed_bytes) / (2 * small->per_sample_bytes));
+  }
+  absl::StatusOr<ModelProfile> profile = fitrun::server::ProfileFor(spec);
+  if (profile.ok() && profile->train_samples > 0) b3 = std::min(b3, profile->train_samples / 2);
+  if (b3 <= options_.large_batch) return result;  // no room for larger batches: the small line it is
+  absl::StatusOr<ProbeResult> large = RunOnce(spec, b3, 2 * b3);
+  if (!large.ok()) return large.status();
+  result.fixed_bytes = large->fixed_bytes;
+  result.per_sample_bytes = large->per_sample_bytes;
+  result.large_batch = large->large_batch;
+  result.small_peak_bytes = large->small_peak_bytes;
+  result.large_peak_bytes = large->large_peak_bytes;
+  return result;
+}
+
+absl::StatusOr<ProbeResult> ProcessMemoryProbe::RunOnce(const fitrun::v1::JobSpec& spec, int64_t small_batch,
+                                                        int64_t large_batch) {
   // A one-rank assignment: the probe reads only the spec and rank 0's threads.
   fitrun::v1::WorkerAssignment assignment;
   assignment.set_job_id("memory-probe");
@@ -95,7 +129,7 @@ absl::StatusOr<ProbeResult> ProcessMemoryProbe::Probe(const fitrun::v1::JobSpec&
   } remove_file{path};
 
   std::vector<std::string> args = {options_.worker_binary, "--probe",
-                                   absl::StrCat("--probe_batches=", options_.small_batch, ",", options_.large_batch)};
+                                   absl::StrCat("--probe_batches=", small_batch, ",", large_batch)};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -187,7 +221,15 @@ absl::StatusOr<ProbeResult> ProcessMemoryProbe::Probe(const fitrun::v1::JobSpec&
     // Exit 2 is a bad spec: the worker names the field.
     return absl::InvalidArgumentError(absl::StrCat("memory probe: fitrun-worker --probe ", how, ": ", Tail(err)));
   }
-  return ParseProbeJson(out);
+  absl::StatusOr<ProbeResult> r = ParseProbeJson(out);
+  if (!r.ok()) return r;
+  // The step's overall peaks as a line (the worker's own fixed/per-sample figures are backward's).
+  if (r->large_batch > r->small_batch && r->large_peak_bytes > 0) {
+    r->per_sample_bytes = static_cast<int64_t>(std::llround(static_cast<double>(r->large_peak_bytes - r->small_peak_bytes) /
+                                                            static_cast<double>(r->large_batch - r->small_batch)));
+    r->fixed_bytes = r->small_peak_bytes - r->per_sample_bytes * r->small_batch;
+  }
+  return r;
 }
 
 }  // namespace fitrun::server

@@ -26,9 +26,17 @@ class ProcessMemoryProbe : public MemoryProbe {
     std::string worker_binary;
     // Where the probes' assignment files go (created if missing).
     std::string work_dir;
-    // The two micro-batch sizes measured; clamped to the dataset's size by the worker's own check.
+    // The small micro-batch sizes measured first. A second run then measures two large ones, chosen
+    // so that activations outweigh the small-batch fixed cost (at least min_large_batch, at most
+    // the dataset's size, max_large_batch and max_probe_bytes by the first run's line), since a
+    // step's per-sample cost can grow past a small-batch plateau.
     int64_t small_batch = 4;
     int64_t large_batch = 16;
+    int64_t min_large_batch = 32;
+    int64_t max_large_batch = 4096;
+    int64_t max_probe_bytes = 1LL << 30;
+    // false: only the small batches (one run), for measuring at exactly large_batch.
+    bool large_batches = true;
     // Threads the probe trains with, as a rank of a virtual CPU device would on this machine.
     int cpu_threads = 1;
     absl::Duration timeout = absl::Seconds(180);
@@ -38,6 +46,8 @@ class ProcessMemoryProbe : public MemoryProbe {
   absl::StatusOr<ProbeResult> Probe(const fitrun::v1::JobSpec& spec) override;
 
  private:
+  // One fitrun-worker --probe run at two batch sizes: its overall peaks as a line.
+  absl::StatusOr<ProbeResult> RunOnce(const fitrun::v1::JobSpec& spec, int64_t small_batch, int64_t large_batch);
   explicit ProcessMemoryProbe(Options options) : options_(std::move(options)) {}
   const Options options_;
   std::atomic<int64_t> next_id_{0};

@@ -51,23 +51,34 @@ TEST(ParseProbeJsonTest, ReadsTheWorkersLine) {
   EXPECT_EQ(r->per_sample_bytes, 5192);
   EXPECT_EQ(r->small_batch, 2);
   EXPECT_EQ(r->large_batch, 8);
+  EXPECT_EQ(r->small_peak_bytes, 12333376);
+  EXPECT_EQ(r->large_peak_bytes, 12364528);
   EXPECT_FALSE(ParseProbeJson("Segmentation fault").ok());
 }
 
-TEST(ProcessMemoryProbeTest, RunsTheWorkerWithTheSpecAndReadsItsResult) {
-  // Checks its argv and that the assignment file carries the spec, then answers.
+TEST(ProcessMemoryProbeTest, RunsTheWorkerAtSmallThenLargeBatchesAndFitsBothLines) {
+  // Checks its argv and that the assignment file carries the spec, then answers like a model whose
+  // peak is max(1000 + 100 b, 10 + 150 b): a plateau at small batches, steeper at large ones.
   const std::string worker = FakeWorker("probe_ok.sh", R"(
-[ "$1" = "--probe" ] && [ "$2" = "--probe_batches=4,16" ] || { echo "bad argv: $*" >&2; exit 2; }
+[ "$1" = "--probe" ] || { echo "bad argv: $*" >&2; exit 2; }
 grep -q 'name: "probe-me"' "$FITRUN_ASSIGNMENT" || { echo "no spec in $FITRUN_ASSIGNMENT" >&2; exit 2; }
 grep -q 'cpu_threads: 1' "$FITRUN_ASSIGNMENT" || { echo "no threads" >&2; exit 2; }
 echo "loading..." >&2
-echo '{"model_state_bytes": 100, "peaks": [{"batch": 4, "peak_bytes": 1400}, {"batch": 16, "peak_bytes": 2600}], "fixed_bytes": 1000, "per_sample_bytes": 100}')");
+case "$2" in
+  --probe_batches=4,16) echo '{"model_state_bytes": 100, "peaks": [{"batch": 4, "peak_bytes": 1400}, {"batch": 16, "peak_bytes": 2600}], "fixed_bytes": 1000, "per_sample_bytes": 100}' ;;
+  --probe_batches=32,64) echo '{"model_state_bytes": 100, "peaks": [{"batch": 32, "peak_bytes": 4810}, {"batch": 64, "peak_bytes": 9610}], "fixed_bytes": 10, "per_sample_bytes": 150}' ;;
+  *) echo "bad batches: $2" >&2; exit 2 ;;
+esac)");
   auto probe = *ProcessMemoryProbe::Create(OptionsFor(worker));
   absl::StatusOr<ProbeResult> r = probe->Probe(Spec());
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->fixed_bytes, 1000);
-  EXPECT_EQ(r->per_sample_bytes, 100);
-  EXPECT_EQ(r->large_batch, 16);
+  EXPECT_EQ(r->small_fixed_bytes, 1000);
+  EXPECT_EQ(r->small_per_sample_bytes, 100);
+  EXPECT_EQ(r->fixed_bytes, 10);
+  EXPECT_EQ(r->per_sample_bytes, 150);
+  EXPECT_EQ(r->small_batch, 4);
+  EXPECT_EQ(r->large_batch, 64);
+  EXPECT_EQ(r->large_peak_bytes, 9610);
   // The assignment file is gone afterwards.
   EXPECT_TRUE(std::filesystem::is_empty(OptionsFor(worker).work_dir));
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <exception>
 #include <memory>
+#include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -24,9 +25,15 @@ namespace {
 // reducer's buckets are, with each parameter's gradient a view into it (the reducer's gradients
 // are bucket views, so gradients and buckets share memory), and a gradient autograd allocated
 // anew moved into its view as the reducer's hook does.
+//
+// It also splits the step's peak in two phases, because a step's peak is the larger of two lines in
+// the batch size: backward (saved activations and their gradients: steep) and the rest (optimizer
+// step with its temporaries, zero_grad, forward: nearly flat). At small batches the flat one is the
+// peak, so a single line through two small batches would underestimate large ones.
 class FlatBufferSynchronizer final : public GradientSynchronizer {
  public:
-  explicit FlatBufferSynchronizer(std::vector<at::Tensor> parameters) : parameters_(std::move(parameters)) {
+  FlatBufferSynchronizer(std::vector<at::Tensor> parameters, CappedCpuAllocator* counter)
+      : parameters_(std::move(parameters)), counter_(counter) {
     int64_t elements = 1;
     for (const at::Tensor& p : parameters_) elements += p.numel();
     flat_ = at::zeros({elements}, at::kFloat);
@@ -40,9 +47,14 @@ class FlatBufferSynchronizer final : public GradientSynchronizer {
     }
   }
 
-  void BeforeBackward(bool) override {}
+  void BeforeBackward(bool) override {
+    other_peak_ = std::max(other_peak_, counter_->Peak());
+    counter_->ResetPeak();
+  }
 
   absl::StatusOr<double> Synchronize(double local_loss) override {
+    backward_peak_ = std::max(backward_peak_, counter_->Peak());
+    counter_->ResetPeak();
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < parameters_.size(); ++i) {
       at::Tensor& grad = parameters_[i].mutable_grad();
@@ -57,11 +69,26 @@ class FlatBufferSynchronizer final : public GradientSynchronizer {
     return local_loss;
   }
 
+  // After the run: the last optimizer step's peak belongs to the rest.
+  void Finish() { other_peak_ = std::max(other_peak_, counter_->Peak()); }
+  int64_t backward_peak() const { return backward_peak_; }
+  int64_t other_peak() const { return other_peak_; }
+
  private:
   std::vector<at::Tensor> parameters_;
+  CappedCpuAllocator* const counter_;
   at::Tensor flat_;
   std::vector<at::Tensor> views_;
+  int64_t backward_peak_ = 0;
+  int64_t other_peak_ = 0;
 };
+
+// The line through two (batch, bytes) points: {fixed, per_sample}.
+std::pair<int64_t, int64_t> Line(int64_t b1, int64_t p1, int64_t b2, int64_t p2) {
+  const int64_t per_sample =
+      static_cast<int64_t>(std::llround(static_cast<double>(p2 - p1) / static_cast<double>(b2 - b1)));
+  return {p1 - per_sample * b1, per_sample};
+}
 
 // The probe's steps report nowhere.
 class DiscardingSink final : public ProgressSink {
@@ -131,13 +158,15 @@ absl::StatusOr<ProbeResult> RunMemoryProbe(const fitrun::v1::WorkerAssignment& a
       // Gradients and optimizer state of the previous batch size are gone before the new peak starts.
       for (at::Tensor& p : workload->model->parameters()) p.mutable_grad() = at::Tensor();
       counter->ResetPeak();
-      FlatBufferSynchronizer synchronizer(workload->model->parameters());
+      FlatBufferSynchronizer synchronizer(workload->model->parameters(), counter);
       absl::StatusOr<std::unique_ptr<Trainer>> trainer =
           Trainer::Create(trainer_options, workload->model, train, std::nullopt, &synchronizer, &sink);
       if (!trainer.ok()) return trainer.status();
       absl::StatusOr<TrainResult> run = (*trainer)->Run();
       if (!run.ok()) return run.status();
-      result.peaks.push_back({batch, counter->Peak()});
+      synchronizer.Finish();
+      result.peaks.push_back({batch, std::max(synchronizer.backward_peak(), synchronizer.other_peak()),
+                              synchronizer.backward_peak(), synchronizer.other_peak()});
     }
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("memory probe: ", e.what()));
@@ -145,19 +174,24 @@ absl::StatusOr<ProbeResult> RunMemoryProbe(const fitrun::v1::WorkerAssignment& a
 
   const ProbePeak& small = result.peaks[0];
   const ProbePeak& large = result.peaks[1];
-  result.per_sample_bytes = static_cast<int64_t>(std::llround(
-      static_cast<double>(large.peak_bytes - small.peak_bytes) / static_cast<double>(large.batch - small.batch)));
-  result.fixed_bytes = small.peak_bytes - result.per_sample_bytes * small.batch;
+  std::tie(result.fixed_bytes, result.per_sample_bytes) =
+      Line(small.batch, small.backward_peak_bytes, large.batch, large.backward_peak_bytes);
+  std::tie(result.other_fixed_bytes, result.other_per_sample_bytes) =
+      Line(small.batch, small.other_peak_bytes, large.batch, large.other_peak_bytes);
   return result;
 }
 
 std::string ProbeResultJson(const ProbeResult& r) {
   std::vector<std::string> peaks;
   for (const ProbePeak& p : r.peaks) {
-    peaks.push_back(absl::StrCat("{\"batch\": ", p.batch, ", \"peak_bytes\": ", p.peak_bytes, "}"));
+    peaks.push_back(absl::StrCat("{\"batch\": ", p.batch, ", \"peak_bytes\": ", p.peak_bytes,
+                                 ", \"backward_peak_bytes\": ", p.backward_peak_bytes,
+                                 ", \"other_peak_bytes\": ", p.other_peak_bytes, "}"));
   }
   return absl::StrCat("{\"model_state_bytes\": ", r.model_state_bytes, ", \"peaks\": [", absl::StrJoin(peaks, ", "),
-                      "], \"fixed_bytes\": ", r.fixed_bytes, ", \"per_sample_bytes\": ", r.per_sample_bytes, "}");
+                      "], \"fixed_bytes\": ", r.fixed_bytes, ", \"per_sample_bytes\": ", r.per_sample_bytes,
+                      ", \"other_fixed_bytes\": ", r.other_fixed_bytes,
+                      ", \"other_per_sample_bytes\": ", r.other_per_sample_bytes, "}");
 }
 
 }  // namespace fitrun::worker

@@ -22,17 +22,22 @@ struct ProbeOptions {
 
 struct ProbePeak {
   int64_t batch = 0;
-  int64_t peak_bytes = 0;
+  int64_t peak_bytes = 0;           // the step's peak: the larger of the two below
+  int64_t backward_peak_bytes = 0;  // during backward (activations and their gradients)
+  int64_t other_peak_bytes = 0;     // the rest of the step: forward, optimizer step, zero_grad
 };
 
-// One rank's device memory as a line in the batch size: peak(b) = fixed_bytes + per_sample_bytes * b,
-// fitted through the two measured peaks. This is the calibration the coordinator's estimator uses
-// for any model (DESIGN.md, "Memory estimator").
+// One rank's device memory as the larger of two lines in the batch size: backward's,
+// fixed_bytes + per_sample_bytes * b, and the rest of the step's, other_fixed_bytes +
+// other_per_sample_bytes * b, each fitted through the two measured batch sizes. This is the
+// calibration the coordinator's estimator uses for any model (DESIGN.md, "Memory estimator").
 struct ProbeResult {
   int64_t model_state_bytes = 0;  // parameters and buffers
   std::vector<ProbePeak> peaks;   // small batch first
   int64_t fixed_bytes = 0;
   int64_t per_sample_bytes = 0;
+  int64_t other_fixed_bytes = 0;
+  int64_t other_per_sample_bytes = 0;
 };
 
 // Measures what one rank of the assignment's job needs on its device, without a process group:
@@ -45,8 +50,9 @@ struct ProbeResult {
 absl::StatusOr<ProbeResult> RunMemoryProbe(const fitrun::v1::WorkerAssignment& assignment,
                                            const ProbeOptions& options, CappedCpuAllocator* counter);
 
-// {"model_state_bytes": ..., "peaks": [{"batch": B1, "peak_bytes": P1}, ...], "fixed_bytes": F,
-//  "per_sample_bytes": S} on one line.
+// {"model_state_bytes": ..., "peaks": [{"batch": B1, "peak_bytes": P1, "backward_peak_bytes": ...,
+//  "other_peak_bytes": ...}, ...], "fixed_bytes": F, "per_sample_bytes": S, "other_fixed_bytes": F2,
+//  "other_per_sample_bytes": S2} on one line.
 std::string ProbeResultJson(const ProbeResult& result);
 
 }  // namespace fitrun::worker
