@@ -10,6 +10,7 @@
 #include "server/core/job_manager.h"
 #include "server/core/job_spec.h"
 #include "server/core/memory_calibration.h"
+#include "server/core/test_specs.h"
 
 namespace fitrun::server {
 namespace {
@@ -17,18 +18,10 @@ namespace {
 using ::testing::HasSubstr;
 
 fitrun::v1::JobSpec MlpSpec() {
-  fitrun::v1::JobSpec spec;
+  fitrun::v1::JobSpec spec = MlpTestSpec(1024, 1, 2);
   spec.set_name("calibrated");
-  spec.mutable_model()->set_builtin("mlp");
-  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
-  spec.mutable_data()->set_path("/usr/share/datasets/fashion-mnist");
-  spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_SGD);
   spec.mutable_optimizer()->set_lr(0.05);
-  spec.mutable_optimizer()->set_momentum(0.9);
-  spec.set_global_batch_size(1024);
   spec.set_max_steps(10);
-  spec.mutable_resources()->set_min_devices(1);
-  spec.mutable_resources()->set_max_devices(2);
   return spec;
 }
 

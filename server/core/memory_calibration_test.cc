@@ -13,6 +13,7 @@
 #include "server/core/fakes.h"
 #include "server/core/job_spec.h"
 #include "server/core/planner.h"
+#include "server/core/test_specs.h"
 
 namespace fitrun::server {
 namespace {
@@ -20,20 +21,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-fitrun::v1::JobSpec MlpSpec() {
-  fitrun::v1::JobSpec spec;
-  spec.set_name("t");
-  spec.mutable_model()->set_builtin("mlp");
-  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
-  spec.mutable_data()->set_path("/usr/share/datasets/fashion-mnist");
-  spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_SGD);
-  spec.mutable_optimizer()->set_lr(0.1);
-  spec.mutable_optimizer()->set_momentum(0.9);
-  spec.set_global_batch_size(256);
-  spec.set_epochs(1);
-  ApplyJobSpecDefaults(spec);
-  return spec;
-}
+fitrun::v1::JobSpec MlpSpec() { return MlpTestSpec(256); }
 
 // The mlp's real probe figures (fitrun-worker --probe --probe_batches=2,8, SGD with momentum, fp32).
 ProbeResult MlpProbe() {

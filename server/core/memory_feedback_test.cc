@@ -2,28 +2,14 @@
 
 #include <gtest/gtest.h>
 
-#include "server/core/job_spec.h"
+#include "server/core/test_specs.h"
 
 namespace fitrun::server {
 namespace {
 
 constexpr int64_t kMiB = 1LL << 20;
 
-fitrun::v1::JobSpec MlpSpec() {
-  fitrun::v1::JobSpec spec;
-  spec.set_name("t");
-  spec.mutable_model()->set_builtin("mlp");
-  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
-  spec.mutable_data()->set_path("/usr/share/datasets/fashion-mnist");
-  spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_SGD);
-  spec.mutable_optimizer()->set_lr(0.1);
-  spec.set_global_batch_size(256);
-  spec.set_epochs(1);
-  spec.mutable_resources()->set_min_devices(2);
-  spec.mutable_resources()->set_max_devices(2);
-  ApplyJobSpecDefaults(spec);
-  return spec;
-}
+fitrun::v1::JobSpec MlpSpec() { return MlpTestSpec(256, 2, 2); }
 
 fitrun::v1::OutOfMemory Oom(int64_t batch, int64_t live, int64_t requested, int64_t cap) {
   fitrun::v1::OutOfMemory oom;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "server/core/job_spec.h"
+#include "server/core/test_specs.h"
 
 namespace fitrun::server {
 namespace {
@@ -13,20 +14,7 @@ using ::testing::HasSubstr;
 constexpr int64_t kMiB = 1LL << 20;
 
 fitrun::v1::JobSpec MlpSpec(int64_t global_batch, int min_devices, int max_devices) {
-  fitrun::v1::JobSpec spec;
-  spec.set_name("t");
-  spec.mutable_model()->set_builtin("mlp");
-  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
-  spec.mutable_data()->set_path("/usr/share/datasets/fashion-mnist");
-  spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_SGD);
-  spec.mutable_optimizer()->set_lr(0.1);
-  spec.mutable_optimizer()->set_momentum(0.9);
-  spec.set_global_batch_size(global_batch);
-  spec.set_epochs(1);
-  spec.mutable_resources()->set_min_devices(min_devices);
-  spec.mutable_resources()->set_max_devices(max_devices);
-  ApplyJobSpecDefaults(spec);
-  return spec;
+  return MlpTestSpec(global_batch, min_devices, max_devices);
 }
 
 ModelProfile Profile(const fitrun::v1::JobSpec& spec) { return *ProfileFor(spec); }
