@@ -4,7 +4,6 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include <algorithm>
 #include <exception>
 #include <utility>
 
@@ -39,10 +38,6 @@ absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
     return absl::InvalidArgumentError(absl::StrCat("spec.ddp.bucket_cap_mb: must be > 0 (got ",
                                                    options.bucket_cap_bytes, " bytes)"));
   }
-  if (options.target_bucket_count < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("target_bucket_count must be >= 1 (got ", options.target_bucket_count, ")"));
-  }
   std::vector<at::Tensor> trained;
   for (const at::Tensor& p : parameters) {
     if (!p.requires_grad()) continue;
@@ -58,15 +53,10 @@ absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
   // Reverse registration order: the output layer's gradients are ready first.
   std::vector<Bucket>& buckets = reducer->buckets_;
   reducer->slots_.resize(trained.size());
-  int64_t model_bytes = 0;
-  for (const at::Tensor& p : trained) model_bytes += p.numel() * static_cast<int64_t>(sizeof(float));
-  const int64_t later_cap = std::min(
-      options.bucket_cap_bytes,
-      std::max(options.first_bucket_cap_bytes, model_bytes / options.target_bucket_count));
   int64_t bucket_bytes = 0;
   for (int i = static_cast<int>(trained.size()) - 1; i >= 0; --i) {
     const int64_t bytes = trained[i].numel() * static_cast<int64_t>(sizeof(float));
-    const int64_t cap = buckets.size() <= 1 ? options.first_bucket_cap_bytes : later_cap;
+    const int64_t cap = buckets.size() <= 1 ? options.first_bucket_cap_bytes : options.bucket_cap_bytes;
     if (buckets.empty() || (bucket_bytes > 0 && bucket_bytes + bytes > cap)) {
       buckets.emplace_back();
       bucket_bytes = 0;

@@ -22,12 +22,10 @@ namespace fitrun::worker {
 //
 //  - Parameters are assigned to buckets in reverse registration order (roughly the order backward
 //    produces their gradients), the first bucket capped at first_bucket_cap_bytes so that
-//    communication starts early, the others at bucket_cap_bytes, and (unlike PyTorch) also at the
-//    model's gradient bytes / target_bucket_count (never below first_bucket_cap_bytes). PyTorch's
-//    25 MiB suits models of hundreds of MiB; a model smaller than that would otherwise sit in one or
-//    two buckets, whose last one only starts when backward has finished, and overlap nothing.
-//    Bucketing changes which elements travel together, never their values: each element is still
-//    the sum of the ranks' gradients. Each bucket owns one flat buffer.
+//    communication starts early, the others at bucket_cap_bytes. Each bucket owns one flat buffer.
+//    (Splitting small models into more buckets, so that more of their all-reduce overlaps backward,
+//    made the 2-rank mlp benchmark slower on this 2-core machine: the communication is CPU work on
+//    cores that backward already fills, and mid-backward collectives wait on the scheduler.)
 //  - Gradients are views into their bucket (DDP's gradient_as_bucket_view): once a parameter's .grad
 //    is its bucket slot, AccumulateGrad adds into the bucket in place (the optimizer's zero_grad
 //    zeroes it in place), so no gradient is copied into a bucket or back out of it. A post-hook on
@@ -53,8 +51,6 @@ class BucketedReducer final : public GradientSynchronizer {
     int64_t bucket_cap_bytes = 25 << 20;
     // PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
     int64_t first_bucket_cap_bytes = 1 << 20;
-    // Small models are split into about this many buckets so that all but the last overlap backward.
-    int target_bucket_count = 4;
   };
 
   // Time the training thread spent blocked on communication, for the exposed-communication share.

@@ -63,19 +63,6 @@ TEST(BucketedReducerTest, BucketsFollowReverseRegistrationOrderAndCaps) {
     auto one_bucket = BucketedReducer::Create(group, chain.parameters(), big);
     ASSERT_TRUE(one_bucket.ok());
     EXPECT_EQ((*one_bucket)->BucketLayout(), (std::vector<std::vector<int>>{{2, 1, 0}}));
-
-    // A model smaller than the cap is still split: later buckets are capped at a quarter of its
-    // 448 gradient bytes (112), not at bucket_cap_bytes.
-    BucketedReducer::Options spread;
-    spread.first_bucket_cap_bytes = 64;
-    spread.bucket_cap_bytes = 1 << 20;
-    auto spread_out = BucketedReducer::Create(group, chain.parameters(), spread);
-    ASSERT_TRUE(spread_out.ok());
-    EXPECT_EQ((*spread_out)->BucketLayout(), (std::vector<std::vector<int>>{{2}, {1}, {0}}));
-    spread.target_bucket_count = 1;
-    auto one_target = BucketedReducer::Create(group, chain.parameters(), spread);
-    ASSERT_TRUE(one_target.ok());
-    EXPECT_EQ((*one_target)->BucketLayout(), (std::vector<std::vector<int>>{{2}, {1, 0}}));
   });
 }
 

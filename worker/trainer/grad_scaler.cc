@@ -39,9 +39,7 @@ bool GradScaler::Unscale(const std::vector<at::Tensor>& parameters) const {
   for (const at::Tensor& p : parameters) {
     const at::Tensor& grad = p.grad();
     if (!grad.defined()) continue;
-    // Checked before the multiplication, as PyTorch's kernel does: a finite gradient stays finite
-    // when multiplied by 1/scale <= 1... but 1/scale can exceed 1 after many back-offs, so the check
-    // looks at the scaled values the backward produced.
+    // The values backward produced are checked, before unscaling, as PyTorch's kernel does.
     at::Tensor bad = at::logical_not(at::isfinite(grad)).any();
     found_inf = found_inf.defined() ? at::logical_or(found_inf, bad) : bad;
     grad.mul_(inverse);
