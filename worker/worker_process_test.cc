@@ -378,7 +378,7 @@ ProbeLine ParseProbeLine(const std::string& json) {
   line.model_state_bytes = number("model_state_bytes");
   line.fixed_bytes = number("fixed_bytes");
   line.per_sample_bytes = number("per_sample_bytes");
-  const std::regex peak("\\{\"batch\": ([0-9]+), \"peak_bytes\": ([0-9]+)\\}");
+  const std::regex peak("\\{\"batch\": ([0-9]+), \"peak_bytes\": ([0-9]+)");
   for (auto it = std::sregex_iterator(json.begin(), json.end(), peak); it != std::sregex_iterator(); ++it) {
     line.peaks.emplace_back(std::stoll((*it)[1]), std::stoll((*it)[2]));
   }
