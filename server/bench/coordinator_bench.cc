@@ -3,7 +3,9 @@
 //   2. event ingest: worker reports through real WorkerChannel streams into the SQLite store and out
 //      to 100 real WatchJobEvents streams, as fast as they go (reports sent BATCH to a message, as
 //      the worker's reporter sends what it has queued);
-//   3. latency from a worker's report to a watcher at a steady 10,000 events/s.
+//   3. latency from a worker's report to a watcher at a steady 10,000 events/s, the reports queued at
+//      that rate and written as a rank's reporter writes them (what queued during the previous
+//      write goes as one ReportBatch).
 // Workers and watchers are gRPC clients in this process on 127.0.0.1; the launcher is a fake (no
 // training processes), so the figures are the coordinator's own costs.
 #include <grpcpp/grpcpp.h>
@@ -13,11 +15,14 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <deque>
 #include <map>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -112,10 +117,207 @@ class RankStream {
 
 int64_t NowNanos() { return absl::ToUnixNanos(absl::Now()); }
 
-void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, int kPacedEvents, int kBatch) {
+// What the watchers count, shared by all of them.
+struct WatchCounters {
+  std::atomic<int64_t> delivered{0};
+  std::atomic<int64_t> missed{0};    // events watchers were told they missed (EventsMissed ranges)
+  std::atomic<int64_t> messages{0};  // WatchJobEvents messages read
+  std::atomic<bool> measuring_latency{false};
+  // Watchers start one event early (at count_from - 1) so each proves it is connected by receiving
+  // it; that event is not counted.
+  int64_t count_from = 0;
+  std::atomic<int> ready{0};  // watchers that received their first message
+  std::atomic<int> ended{0};  // watchers whose stream ended before the benchmark stopped it
+  std::atomic<bool> stopping{false};  // set before the job is cancelled, which ends the streams
+};
+
+// Counts (and, in the latency phase, times) one parsed JobEventBatch; `latencies` is the watcher's own.
+void CountBatch(const fitrun::v1::JobEventBatch& batch, WatchCounters& counters, std::vector<int64_t>& latencies) {
+  const int64_t now = NowNanos();
+  int64_t delivered = 0;
+  for (const fitrun::v1::JobEvent& event : batch.events()) {
+    if (event.sequence() != 0 && event.sequence() < counters.count_from) {
+      counters.ready.fetch_add(1);
+      continue;
+    }
+    if (event.has_missed()) {
+      counters.missed.fetch_add(event.missed().last_sequence() - event.missed().first_sequence() + 1,
+                                std::memory_order_relaxed);
+      continue;
+    }
+    ++delivered;
+    if (event.has_log() && counters.measuring_latency.load(std::memory_order_relaxed)) {
+      int64_t sent = 0;
+      if (absl::SimpleAtoi(event.log().text(), &sent)) latencies.push_back(now - sent);
+    }
+  }
+  counters.delivered.fetch_add(delivered, std::memory_order_relaxed);
+  counters.messages.fetch_add(1, std::memory_order_relaxed);
+}
+
+// One WatchJobEvents stream on a connection of its own, read by gRPC's callback threads (a few
+// client threads rather than 100). Every message is parsed into a JobEventBatch and every event
+// counted. Measured against ThreadWatcher on this machine it did not help (gRPC 1.51's callback
+// client serializes much of the work), so it is a flag, not the default.
+class CallbackWatcher : public grpc::ClientReadReactor<fitrun::v1::JobEventBatch> {
+ public:
+  CallbackWatcher(const std::string& address, int index, const std::string& job_id, int64_t from_sequence,
+                  WatchCounters* counters)
+      : counters_(counters) {
+    grpc::ChannelArguments args;
+    args.SetInt("fitrun.watcher", index);  // a channel (connection) of its own
+    stub_ = fitrun::v1::Coordinator::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    request_.set_job_id(job_id);
+    request_.set_from_sequence(from_sequence - 1);
+    stub_->async()->WatchJobEvents(&context_, &request_, this);
+    StartRead(&batch_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      if (!counters_->stopping.load()) counters_->ended.fetch_add(1);
+      return;
+    }
+    CountBatch(batch_, *counters_, latencies_);
+    StartRead(&batch_);
+  }
+  void OnDone(const grpc::Status&) override { done_.Notify(); }
+  void Stop() {
+    context_.TryCancel();
+    done_.WaitForNotification();
+  }
+  // Read after Stop.
+  const std::vector<int64_t>& latencies() const { return latencies_; }
+
+ private:
+  WatchCounters* const counters_;
+  std::unique_ptr<fitrun::v1::Coordinator::Stub> stub_;
+  grpc::ClientContext context_;
+  fitrun::v1::WatchJobRequest request_;
+  fitrun::v1::JobEventBatch batch_;
+  std::vector<int64_t> latencies_;
+  absl::Notification done_;
+};
+
+// One WatchJobEvents stream on a connection of its own, read by a blocking reader on a thread of
+// its own (the default).
+class ThreadWatcher {
+ public:
+  ThreadWatcher(const std::string& address, int index, const std::string& job_id, int64_t from_sequence,
+                WatchCounters* counters) {
+    thread_ = std::thread([=] {
+      grpc::ChannelArguments args;
+      args.SetInt("fitrun.watcher", index);
+      auto stub = fitrun::v1::Coordinator::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+      fitrun::v1::WatchJobRequest request;
+      request.set_job_id(job_id);
+      request.set_from_sequence(from_sequence - 1);
+      auto reader = stub->WatchJobEvents(&context_, request);
+      fitrun::v1::JobEventBatch batch;
+      while (reader->Read(&batch)) CountBatch(batch, *counters, latencies_);
+      const grpc::Status status = reader->Finish();
+      if (!counters->stopping.load()) {
+        counters->ended.fetch_add(1);
+        fprintf(stderr, "watcher %d ended early: %s\n", index, status.error_message().c_str());
+      }
+    });
+  }
+  void Stop() {
+    context_.TryCancel();
+    thread_.join();
+  }
+  const std::vector<int64_t>& latencies() const { return latencies_; }
+
+ private:
+  grpc::ClientContext context_;
+  std::vector<int64_t> latencies_;
+  std::thread thread_;
+};
+
+// Sends a rank's reports the way fitrun-worker's reporter does: callers only queue, and a writer
+// thread writes everything queued while its previous write was in flight as one message (a
+// ReportBatch of at most `max_batch`; 1 sends each report alone).
+class BatchingSender {
+ public:
+  BatchingSender(RankStream* rank, size_t max_batch) : rank_(rank), max_batch_(std::max<size_t>(1, max_batch)) {
+    thread_ = std::thread([this] { WriteLoop(); });
+  }
+  void Send(fitrun::v1::WorkerReport report) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(report));
+  }
+  // Writes what is queued, then stops.
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+  int64_t messages() const { return messages_; }  // after Stop
+
+ private:
+  void WriteLoop() {
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      auto ready = [this] { return stopping_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;
+      fitrun::v1::WorkerReport message;
+      if (max_batch_ == 1 || queue_.size() == 1) {
+        message = std::move(queue_.front());
+        queue_.pop_front();
+      } else {
+        while (!queue_.empty() && static_cast<size_t>(message.batch().reports_size()) < max_batch_) {
+          *message.mutable_batch()->add_reports() = std::move(queue_.front());
+          queue_.pop_front();
+        }
+      }
+      mu_.Unlock();
+      rank_->Write(message);
+      ++messages_;
+      mu_.Lock();
+    }
+  }
+
+  RankStream* const rank_;
+  const size_t max_batch_;
+  absl::Mutex mu_;
+  std::deque<fitrun::v1::WorkerReport> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t messages_ = 0;  // the writer thread's
+  std::thread thread_;
+};
+
+struct BenchOptions {
+  int watchers = 100;
+  int flood_events = 20000;
+  int flood_batch = 64;
+  int paced_rate = 10000;
+  int paced_events = 20000;
+  int paced_max_batch = 256;  // the reporter's max_reports_per_message; 1: one message per report
+  bool callback_watchers = false;
+  WatchFanout::Options fanout;
+};
+
+void PrintFanout(const char* phase, const WatchFanout::Stats& before, const WatchFanout::Stats& after,
+                 absl::Duration wall) {
+  const int64_t passes = after.passes - before.passes;
+  const int64_t pumps = after.pumps - before.pumps;
+  const absl::Duration pumping = after.pumping - before.pumping;
+  printf("  fan-out (%s): %lld passes, %lld watcher wakes, %.1f us a wake, busy %.0f%% of %.2f s\n", phase,
+         static_cast<long long>(passes), static_cast<long long>(pumps),
+         pumps ? absl::ToDoubleMicroseconds(pumping) / pumps : 0.0,
+         100.0 * absl::ToDoubleSeconds(pumping) / absl::ToDoubleSeconds(wall), absl::ToDoubleSeconds(wall));
+}
+
+void BenchmarkIngestAndLatency(const BenchOptions& bench) {
   const std::string dir = TempDir("ingest");
   auto store = SqliteJobStore::Open(dir + "/fitrun.db");
-  if (!store.ok()) return;
+  if (!store.ok()) {
+    printf("event ingest: %s\n", std::string(store.status().message()).c_str());
+    return;
+  }
   FakeDeviceInventory devices(2, 16LL << 30);
   FakeWorkerLauncher launcher;
   NoopCoordinatorMetrics metrics;
@@ -125,7 +327,9 @@ void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, 
   options.pick_master_port = [] { return 29500; };
   auto manager = JobManager::Create(options, store->get(), &devices, &launcher, &metrics);
   if (!manager.ok()) return;
-  CoordinatorService coordinator_service(manager->get());
+  CoordinatorService::Options service_options;
+  service_options.fanout = bench.fanout;
+  CoordinatorService coordinator_service(manager->get(), service_options);
   WorkerChannelService worker_service(manager->get());
   grpc::ServerBuilder builder;
   int port = 0;
@@ -140,7 +344,11 @@ void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, 
   spec.mutable_resources()->set_max_devices(2);
   spec.set_max_steps(1000000000);
   absl::StatusOr<fitrun::v1::Job> job = (*manager)->Submit(spec);
-  if (!job.ok() || !launcher.WaitForLaunches(2, absl::Seconds(10))) return;
+  if (!job.ok() || !launcher.WaitForLaunches(2, absl::Seconds(60))) {
+    printf("event ingest: the benchmark job did not start (%s)\n",
+           job.ok() ? "no launch within 60 s" : std::string(job.status().message()).c_str());
+    return;
+  }
   std::string token;
   const std::vector<WorkerLaunch> launches = launcher.launches();
   for (const auto& [key, value] : launches[0].env) {
@@ -148,54 +356,35 @@ void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, 
   }
   const int64_t first_sequence = (*manager)->events().LastSequence(job->id()) + 1;
 
-  // Watchers: each on its own channel, following from the next event, timing log events.
-  std::atomic<int64_t> delivered{0};
-  std::atomic<int64_t> missed{0};    // events watchers were told they missed
-  std::atomic<int64_t> messages{0};  // WatchJobEvents messages read
-  std::vector<std::vector<int64_t>> latencies(kWatchers);
-  std::atomic<bool> measuring_latency{false};
-  std::vector<std::thread> watchers;
-  std::vector<std::unique_ptr<grpc::ClientContext>> watch_contexts(kWatchers);
-  std::atomic<int> watching{0};
-  for (int w = 0; w < kWatchers; ++w) {
-    watch_contexts[w] = std::make_unique<grpc::ClientContext>();
-    watchers.emplace_back([&, w] {
-      grpc::ChannelArguments args;
-      args.SetInt("fitrun.watcher", w);  // a channel (connection) of its own
-      auto stub = fitrun::v1::Coordinator::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
-      fitrun::v1::WatchJobRequest request;
-      request.set_job_id(job->id());
-      request.set_from_sequence(first_sequence);
-      auto reader = stub->WatchJobEvents(watch_contexts[w].get(), request);
-      watching.fetch_add(1);
-      fitrun::v1::JobEventBatch batch;
-      while (reader->Read(&batch)) {
-        const int64_t now = NowNanos();
-        for (const fitrun::v1::JobEvent& event : batch.events()) {
-          if (event.has_missed()) {
-            missed.fetch_add(event.missed().last_sequence() - event.missed().first_sequence() + 1,
-                             std::memory_order_relaxed);
-            continue;
-          }
-          delivered.fetch_add(1, std::memory_order_relaxed);
-          if (event.has_log() && measuring_latency.load(std::memory_order_relaxed)) {
-            int64_t sent = 0;
-            if (absl::SimpleAtoi(event.log().text(), &sent)) latencies[w].push_back(now - sent);
-          }
-        }
-        messages.fetch_add(1, std::memory_order_relaxed);
-      }
-      reader->Finish();
-    });
+  // Watchers, each on its own connection, following from the next event.
+  WatchCounters counters;
+  counters.count_from = first_sequence;
+  std::vector<std::unique_ptr<CallbackWatcher>> callback_watchers;
+  std::vector<std::unique_ptr<ThreadWatcher>> thread_watchers;
+  for (int w = 0; w < bench.watchers; ++w) {
+    if (!bench.callback_watchers) {
+      thread_watchers.push_back(std::make_unique<ThreadWatcher>(address, w, job->id(), first_sequence, &counters));
+    } else {
+      callback_watchers.push_back(std::make_unique<CallbackWatcher>(address, w, job->id(), first_sequence, &counters));
+    }
   }
-  while (watching.load() < kWatchers) absl::SleepFor(absl::Milliseconds(10));
-  absl::SleepFor(absl::Milliseconds(200));  // let every WatchJob call reach the server
+  const absl::Time connecting = absl::Now();
+  while (counters.ready.load() + counters.ended.load() < bench.watchers && absl::Now() - connecting < absl::Seconds(60)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (counters.ready.load() < bench.watchers) {
+    printf("event ingest: only %d of %d watchers connected (%d ended)\n", counters.ready.load(), bench.watchers,
+           counters.ended.load());
+  }
+  const int watching = counters.ready.load();
 
   auto worker_stub = fitrun::v1::WorkerChannel::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   RankStream rank0(*worker_stub, job->id(), 0, token);
   RankStream rank1(*worker_stub, job->id(), 1, token);
 
-  // 1. Flood: both ranks report progress as fast as the stream takes it, kBatch reports a message.
+  // 1. Flood: both ranks report progress as fast as the stream takes it, flood_batch reports a message.
+  const int kBatch = bench.flood_batch;
+  const int kFloodEvents = bench.flood_events;
   auto flood = [&](RankStream& rank) {
     fitrun::v1::WorkerReport message;
     for (int i = 0; i < kFloodEvents / 2; ++i) {
@@ -208,6 +397,7 @@ void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, 
       }
     }
   };
+  const WatchFanout::Stats fanout_at_start = coordinator_service.fanout_stats();
   const absl::Time flood_start = absl::Now();
   std::thread second([&] { flood(rank1); });
   flood(rank0);
@@ -222,53 +412,93 @@ void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, 
   }
   const absl::Duration ingest = absl::Now() - flood_start;
   // Every watcher has either received or been told it missed each flooded event.
-  const int64_t want_delivered = static_cast<int64_t>(kFloodEvents) * kWatchers;
-  while (delivered.load() + missed.load() < want_delivered && absl::Now() - flood_start < absl::Seconds(300)) {
+  const int64_t want_delivered = static_cast<int64_t>(kFloodEvents) * watching;
+  while (counters.delivered.load() + counters.missed.load() < want_delivered &&
+         absl::Now() - flood_start < absl::Seconds(120)) {
     absl::SleepFor(absl::Milliseconds(1));
   }
+  if (counters.delivered.load() + counters.missed.load() < want_delivered) {
+    printf("  watchers stopped short after 120 s: %lld of %lld delivered or reported missed (%d streams ended)\n",
+           static_cast<long long>(counters.delivered.load() + counters.missed.load()),
+           static_cast<long long>(want_delivered), counters.ended.load());
+  }
   const absl::Duration fanout = absl::Now() - flood_start;
-  printf("event ingest: %d progress reports from 2 rank streams (%d a message) into SQLite (WAL), %d watchers following\n",
-         kFloodEvents, std::max(1, kBatch), kWatchers);
-  printf("  stored and published: %.0f events/s (%.2f s)\n", kFloodEvents / absl::ToDoubleSeconds(ingest),
-         absl::ToDoubleSeconds(ingest));
-  printf("  watchers done after %.2f s: %.0f deliveries/s in all (%lld delivered, %lld missed of %lld; %.1f events a message)\n",
-         absl::ToDoubleSeconds(fanout), delivered.load() / absl::ToDoubleSeconds(fanout),
-         static_cast<long long>(delivered.load()), static_cast<long long>(missed.load()),
+  const int64_t delivered = counters.delivered.load();
+  const int64_t missed = counters.missed.load();
+  printf("event ingest: %d progress reports from 2 rank streams (%d a message) into SQLite (WAL), %d watchers "
+         "following (%s)\n",
+         kFloodEvents, std::max(1, kBatch), bench.watchers,
+         bench.callback_watchers ? "callback readers" : "a thread each");
+  printf("  accepted into the store and published: %.0f events/s (%.2f s)\n",
+         kFloodEvents / absl::ToDoubleSeconds(ingest), absl::ToDoubleSeconds(ingest));
+  printf("  watchers done after %.2f s: %.0f deliveries/s in all (%lld delivered, %lld missed = %.1f%% of %lld; "
+         "%.1f events a message)\n",
+         absl::ToDoubleSeconds(fanout), delivered / absl::ToDoubleSeconds(fanout), static_cast<long long>(delivered),
+         static_cast<long long>(missed), want_delivered ? 100.0 * missed / want_delivered : 0.0,
          static_cast<long long>(want_delivered),
-         messages.load() ? static_cast<double>(delivered.load()) / messages.load() : 0.0);
-  const int64_t missed_after_flood = missed.load();
+         counters.messages.load() ? static_cast<double>(delivered) / counters.messages.load() : 0.0);
+  const WatchFanout::Stats fanout_after_flood = coordinator_service.fanout_stats();
+  PrintFanout("flood", fanout_at_start, fanout_after_flood, fanout);
+  absl::SleepFor(absl::Milliseconds(200));
 
-  // 2. Latency at a steady rate: log events stamped with their send time.
-  measuring_latency = true;
-  const absl::Duration interval = absl::Seconds(1) / kPacedRate;
+  // 2. Latency at a steady rate: log reports stamped with the time the rank makes them (queues them
+  //    to its sender), sent as the worker's reporter sends.
+  const int64_t missed_after_flood = counters.missed.load();
+  const int64_t messages_after_flood = counters.messages.load();
+  counters.measuring_latency = true;
+  const WatchFanout::Stats fanout_before_paced = coordinator_service.fanout_stats();
+  BatchingSender sender0(&rank0, bench.paced_max_batch);
+  BatchingSender sender1(&rank1, bench.paced_max_batch);
+  const absl::Duration interval = absl::Seconds(1) / bench.paced_rate;
   const absl::Time paced_start = absl::Now();
   fitrun::v1::WorkerReport report;
-  for (int i = 0; i < kPacedEvents; ++i) {
+  for (int i = 0; i < bench.paced_events; ++i) {
+    // Sleep (not spin) until the report is due, so the pacer does not take a core from the rest.
     const absl::Time due = paced_start + interval * i;
-    while (absl::Now() < due) {
-    }
+    const absl::Time now = absl::Now();
+    if (now < due) absl::SleepFor(due - now);
     report.mutable_log()->set_text(absl::StrCat(NowNanos()));
-    (i % 2 ? rank1 : rank0).Write(report);
+    (i % 2 ? sender1 : sender0).Send(report);
   }
-  const int64_t paced_target = static_cast<int64_t>(kFloodEvents + kPacedEvents) * kWatchers;
-  while (delivered.load() + missed.load() < paced_target && absl::Now() - paced_start < absl::Seconds(120)) {
+  const absl::Duration pacing = absl::Now() - paced_start;
+  sender0.Stop();
+  sender1.Stop();
+  const int64_t paced_target = static_cast<int64_t>(kFloodEvents + bench.paced_events) * watching;
+  while (counters.delivered.load() + counters.missed.load() < paced_target &&
+         absl::Now() - paced_start < absl::Seconds(120)) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  const double achieved = kPacedEvents / absl::ToDoubleSeconds(absl::Now() - paced_start);
-  std::vector<int64_t> all;
-  for (const auto& l : latencies) all.insert(all.end(), l.begin(), l.end());
-  std::sort(all.begin(), all.end());
-  auto pct = [&](double p) { return all.empty() ? 0.0 : all[static_cast<size_t>(p * (all.size() - 1))] / 1e6; };
-  printf("latency, worker report -> watcher, at %d events/s (%.0f achieved) with %d watchers: p50 %.2f ms, p99 %.2f ms, max %.2f ms (%zu samples, %lld missed)\n",
-         kPacedRate, achieved, kWatchers, pct(0.5), pct(0.99), pct(1.0), all.size(),
-         static_cast<long long>(missed.load() - missed_after_flood));
+  const absl::Duration paced_wall = absl::Now() - paced_start;
+  const WatchFanout::Stats fanout_after_paced = coordinator_service.fanout_stats();
 
-
+  counters.stopping = true;
   rank0.Close();
   rank1.Close();
   (void)(*manager)->Cancel(job->id(), "benchmark done");
-  for (auto& context : watch_contexts) context->TryCancel();
-  for (auto& t : watchers) t.join();
+  std::vector<int64_t> all;
+  for (auto& watcher : callback_watchers) {
+    watcher->Stop();
+    all.insert(all.end(), watcher->latencies().begin(), watcher->latencies().end());
+  }
+  for (auto& watcher : thread_watchers) {
+    watcher->Stop();
+    all.insert(all.end(), watcher->latencies().begin(), watcher->latencies().end());
+  }
+  std::sort(all.begin(), all.end());
+  auto pct = [&](double p) { return all.empty() ? 0.0 : all[static_cast<size_t>(p * (all.size() - 1))] / 1e6; };
+  const int64_t paced_messages = sender0.messages() + sender1.messages();
+  printf("latency, worker report -> watcher, at %d events/s (%.0f made) with %d watchers, reports sent as queued "
+         "(up to %d a message: %.1f a message on average): p50 %.2f ms, p99 %.2f ms, max %.2f ms (%zu samples of "
+         "%lld, %lld missed; %.1f events a watcher message)\n",
+         bench.paced_rate, bench.paced_events / absl::ToDoubleSeconds(pacing), bench.watchers, bench.paced_max_batch,
+         paced_messages ? static_cast<double>(bench.paced_events) / paced_messages : 0.0, pct(0.5), pct(0.99),
+         pct(1.0), all.size(), static_cast<long long>(bench.paced_events) * watching,
+         static_cast<long long>(counters.missed.load() - missed_after_flood),
+         counters.messages.load() > messages_after_flood
+             ? static_cast<double>(all.size()) / (counters.messages.load() - messages_after_flood)
+             : 0.0);
+  PrintFanout("paced", fanout_before_paced, fanout_after_paced, paced_wall);
+
   server->Shutdown();
   (*manager)->Shutdown();
   std::filesystem::remove_all(dir);
@@ -277,13 +507,47 @@ void BenchmarkIngestAndLatency(int kWatchers, int kFloodEvents, int kPacedRate, 
 }  // namespace
 }  // namespace fitrun::server
 
-// Usage: coordinator_bench [WATCHERS [FLOOD_EVENTS [PACED_RATE [PACED_EVENTS [BATCH]]]]]
-// (defaults 100 20000 10000 20000 64).
+// Usage: coordinator_bench [WATCHERS [FLOOD_EVENTS [PACED_RATE [PACED_EVENTS [BATCH]]]]] [--flags]
+// (defaults 100 20000 10000 20000 64). Flags, for comparisons: --paced_max_batch=N (1: one message
+// per paced report), --callback_watchers (gRPC callback readers instead of a blocking reader thread
+// per watcher), --window_us=N (the
+// fan-out's window), --fixed_window (wait the window after every wake), --fanout_threads=N.
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
-  auto arg = [&](int i, int fallback) { return argc > i ? std::atoi(argv[i]) : fallback; };
+  fitrun::server::BenchOptions bench;
+  std::vector<int> positional;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    int value = 0;
+    auto flag = [&](const char* name) {
+      const std::string prefix = absl::StrCat("--", name, "=");
+      return arg.rfind(prefix, 0) == 0 && absl::SimpleAtoi(arg.substr(prefix.size()), &value);
+    };
+    if (arg == "--callback_watchers") {
+      bench.callback_watchers = true;
+    } else if (arg == "--fixed_window") {
+      bench.fanout.always_wait = true;
+    } else if (flag("paced_max_batch")) {
+      bench.paced_max_batch = value;
+    } else if (flag("window_us")) {
+      bench.fanout.window = absl::Microseconds(value);
+    } else if (flag("fanout_threads")) {
+      bench.fanout.threads = value;
+    } else if (absl::SimpleAtoi(arg, &value)) {
+      positional.push_back(value);
+    } else {
+      fprintf(stderr, "coordinator_bench: unknown argument %s\n", arg.c_str());
+      return 2;
+    }
+  }
+  auto arg = [&](size_t i, int fallback) { return positional.size() > i ? positional[i] : fallback; };
+  bench.watchers = arg(0, 100);
+  bench.flood_events = arg(1, 20000);
+  bench.paced_rate = arg(2, 10000);
+  bench.paced_events = arg(3, 20000);
+  bench.flood_batch = arg(4, 64);
   printf("fitrun coordinator benchmark (%u cores)\n", std::thread::hardware_concurrency());
   fitrun::server::BenchmarkSchedulingPass();
-  fitrun::server::BenchmarkIngestAndLatency(arg(1, 100), arg(2, 20000), arg(3, 10000), arg(4, 20000), arg(5, 64));
+  fitrun::server::BenchmarkIngestAndLatency(bench);
   return 0;
 }
