@@ -4,11 +4,17 @@
 // coordinator's estimator (worker/probe/memory_probe.h).
 #include <ATen/Parallel.h>
 #include <unistd.h>
+#ifdef FITRUN_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include <algorithm>
 #include <fstream>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -102,15 +108,24 @@ class StopSwitch {
   Trainer* trainer_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
-// Stamps each progress report with the capped allocator's live and peak bytes before passing it on.
+// A device's memory as its allocator counts it.
+struct MemoryFigures {
+  int64_t live_bytes = 0;
+  int64_t peak_bytes = 0;
+};
+
+// Stamps each progress report with the device allocator's live and peak bytes before passing it on:
+// the capped allocator's on a virtual CPU device, the CUDA caching allocator's on a GPU.
 class MemoryStampingSink final : public ProgressSink {
  public:
-  MemoryStampingSink(ProgressSink* next, const CappedCpuAllocator* memory) : next_(next), memory_(memory) {}
+  MemoryStampingSink(ProgressSink* next, std::function<MemoryFigures()> measure)
+      : next_(next), measure_(std::move(measure)) {}
 
   void OnProgress(const StepProgress& progress) override {
     StepProgress stamped = progress;
-    stamped.live_bytes = memory_->Live();
-    stamped.peak_bytes = memory_->Peak();
+    const MemoryFigures figures = measure_();
+    stamped.live_bytes = figures.live_bytes;
+    stamped.peak_bytes = figures.peak_bytes;
     next_->OnProgress(stamped);
   }
   void OnLog(const std::string& text) override { next_->OnLog(text); }
@@ -119,8 +134,45 @@ class MemoryStampingSink final : public ProgressSink {
 
  private:
   ProgressSink* next_;
-  const CappedCpuAllocator* memory_;
+  std::function<MemoryFigures()> measure_;
 };
+
+#ifdef FITRUN_WITH_CUDA
+MemoryFigures CudaMemoryFigures(c10::DeviceIndex index) {
+  const c10::cuda::CUDACachingAllocator::DeviceStats stats =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  const auto& bytes =
+      stats.allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)];
+  return {bytes.current, bytes.peak};
+}
+#endif
+
+// The torch::Device for this rank's plan device, made the process's current CUDA device when it is
+// one. A "cpu:N" device is a budget on the host, so every N is LibTorch's CPU device. A CUDA device
+// in a build without CUDA is a configuration error, not a crash.
+absl::StatusOr<c10::Device> UseDevice(const PlanDevice& device, const std::string& field,
+                                      const std::string& device_id) {
+  if (device.kind == PlanDevice::Kind::kCpu) return c10::Device(c10::kCPU);
+#ifdef FITRUN_WITH_CUDA
+  const int available = c10::cuda::device_count();
+  if (device.index >= available) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", device_id, " but this process sees ", available,
+                                                   " CUDA devices (check CUDA_VISIBLE_DEVICES)"));
+  }
+  const auto index = static_cast<c10::DeviceIndex>(device.index);
+  try {
+    c10::cuda::set_device(index);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(field, ": cannot use ", device_id, ": ", e.what()));
+  }
+  return c10::Device(c10::kCUDA, index);
+#else
+  return absl::InvalidArgumentError(absl::StrCat(
+      "fitrun-worker was built without CUDA; ", field, " is ", device_id,
+      ". Build it with LIBTORCH_HOME pointing at a LibTorch with libtorch_cuda.so, or run the job on CPU "
+      "devices (fitrund --devices=cpu:...)"));
+#endif
+}
 
 TrainerOptions TrainerOptionsFor(const fitrun::v1::WorkerAssignment& a, const WorkerOptions& o) {
   TrainerOptions options;
@@ -152,7 +204,7 @@ absl::Status DumpInitialState(const std::string& dir, const torch::nn::Module& m
   std::ofstream values(dir + "/parameters.f32", std::ios::binary);
   std::ofstream manifest(dir + "/parameters.txt");
   for (const auto& item : model.named_parameters()) {
-    const at::Tensor t = item.value().detach().contiguous();
+    const at::Tensor t = item.value().detach().to(at::kCPU).contiguous();
     values.write(static_cast<const char*>(t.data_ptr()), t.numel() * sizeof(float));
     manifest << item.key();
     for (int64_t d : t.sizes()) manifest << " " << d;
@@ -209,6 +261,13 @@ class Worker {
       return Fail(kBadConfiguration, s);
     }
     const fitrun::v1::JobSpec& spec = assignment->spec();
+    const std::string& device_id = assignment->plan().device_ids(options_.rank);
+    const std::string device_field = absl::StrCat("plan.device_ids[", options_.rank, "]");
+    absl::StatusOr<PlanDevice> plan_device = ParsePlanDevice(device_id, device_field);
+    if (!plan_device.ok()) return Fail(kBadConfiguration, plan_device.status());
+    absl::StatusOr<c10::Device> device = UseDevice(*plan_device, device_field, device_id);
+    if (!device.ok()) return Fail(kBadConfiguration, device.status());
+    device_ = *device;
 
     const int threads = assignment->cpu_threads_size() > 0 && assignment->cpu_threads(options_.rank) > 0
                             ? assignment->cpu_threads(options_.rank)
@@ -221,6 +280,7 @@ class Worker {
     if (!workload.ok()) return Fail(kBadConfiguration, workload.status());
 
     TrainerOptions trainer_options = TrainerOptionsFor(*assignment, options_);
+    trainer_options.device = device_;
     if (absl::Status s = ValidateTrainerOptions(trainer_options, workload->train.size()); !s.ok()) {
       return Fail(kBadConfiguration, s);
     }
@@ -233,7 +293,8 @@ class Worker {
                               trainer_options.total_steps, " steps, ", threads, " threads"));
     // The training loop's sink: progress carries live and peak bytes when the device has a cap.
     ProgressSink* trainer_sink = sink_.get();
-    if (assignment->memory_cap_bytes_size() > 0 && assignment->memory_cap_bytes(options_.rank) > 0) {
+    const bool has_cap = assignment->memory_cap_bytes_size() > 0 && assignment->memory_cap_bytes(options_.rank) > 0;
+    if (has_cap && device_.is_cpu()) {
       const int64_t cap = assignment->memory_cap_bytes(options_.rank);
       // Never freed: LibTorch keeps the installed allocator for the rest of the process, and other
       // threads may allocate through it until exit. The training data loaded above is host data
@@ -251,10 +312,36 @@ class Worker {
         const int64_t beyond = memory->cap_bytes() - memory->Live() + (1LL << 20);
         (void)torch::empty({beyond}, torch::kUInt8);
       };
-      memory_sink_ = std::make_unique<MemoryStampingSink>(sink_.get(), memory_);
+      memory_sink_ = std::make_unique<MemoryStampingSink>(
+          sink_.get(), [memory = memory_] { return MemoryFigures{memory->Live(), memory->Peak()}; });
       trainer_sink = memory_sink_.get();
       sink_->OnLog(absl::StrCat("memory cap ", cap, " bytes enforced; model state ", memory_->Live(),
                                 " bytes"));
+    }
+    if (!device_.is_cpu()) {
+      // Parameters and buffers move before the broadcast, the reducer and the optimizer see them.
+      try {
+        workload->model->to(device_);
+      } catch (const std::exception& e) {
+        return Fail(kBadConfiguration, absl::ResourceExhaustedError(absl::StrCat(
+                                           "moving the model to ", device_.str(), ": ", e.what())));
+      }
+#ifdef FITRUN_WITH_CUDA
+      // A CUDA device's limit is its own memory, enforced by the device; the caching allocator counts.
+      if (device_.is_cuda()) {
+        const c10::DeviceIndex index = device_.index();
+        trainer_options.exhaust_memory = [index] {
+          // More than the whole device: the caching allocator refuses it with a real OutOfMemoryError.
+          const int64_t beyond = static_cast<int64_t>(at::cuda::getDeviceProperties(index)->totalGlobalMem) + (1LL << 20);
+          (void)torch::empty({beyond}, torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA, index));
+        };
+        memory_sink_ = std::make_unique<MemoryStampingSink>(sink_.get(), [index] { return CudaMemoryFigures(index); });
+        trainer_sink = memory_sink_.get();
+      }
+#endif
+      sink_->OnLog(absl::StrCat("model on ", device_.str(),
+                                has_cap ? "; memory_cap_bytes is not enforced on it (the device's own memory is the limit)"
+                                        : ""));
     }
 
     const int timeout_seconds = spec.ddp().collective_timeout_seconds() > 0
@@ -267,13 +354,7 @@ class Worker {
     group_options.world_size = options_.world_size;
     group_options.collective_timeout = absl::Seconds(timeout_seconds);
     group_options.rendezvous_timeout = std::max(absl::Seconds(timeout_seconds), kMinRendezvousTimeout);
-    group_options.backend = BackendForDevice(assignment->plan().device_ids(options_.rank));
-    if (group_options.backend == CollectiveBackend::kNccl) {
-      return Fail(kBadConfiguration,
-                  absl::UnimplementedError(absl::StrCat(
-                      "plan.device_ids: ", assignment->plan().device_ids(options_.rank),
-                      " is a CUDA device; this worker trains on CPU devices only")));
-    }
+    group_options.backend = device_.is_cuda() ? CollectiveBackend::kNccl : CollectiveBackend::kGloo;
 
     std::unique_ptr<CheckpointStore> checkpoints;
     if (!assignment->checkpoint_dir().empty()) {
@@ -359,7 +440,7 @@ class Worker {
         sink_->OnLog(absl::StrCat("skipping checkpoint of step ", candidate, ": ", s.message()));
       }
     }
-    absl::StatusOr<int64_t> chosen = BroadcastInt64(group, step);
+    absl::StatusOr<int64_t> chosen = BroadcastInt64(group, step, device_);
     if (!chosen.ok()) return chosen.status();
     if (*chosen < 0) return absl::OkStatus();
     if (options_.rank != 0) {
@@ -421,9 +502,10 @@ class Worker {
   }
 
   // The device's cap was hit: the OutOfMemory event carries what the coordinator needs to replan
-  // (the request refused, what was live then, the batch), and goes out before the RankFailed. Without
-  // a counting allocator (a CUDA device) the bytes are unknown and left 0; the batch alone still
-  // tells the coordinator what not to plan again.
+  // (the request refused, what was live then, the batch), and goes out before the RankFailed. On a
+  // CUDA device the caching allocator's counters give live and peak and the device's total memory
+  // is the cap; the refused request is only in the error's text and is left 0. Without either, the
+  // bytes stay 0 and the batch alone tells the coordinator what not to plan again.
   int OutOfMemory(int64_t step, int64_t per_device_batch, const absl::Status& status) {
     fitrun::v1::OutOfMemory oom;
     oom.set_rank(options_.rank);
@@ -435,6 +517,18 @@ class Worker {
       oom.set_peak_bytes(memory_->Peak());
       oom.set_cap_bytes(memory_->cap_bytes());
     }
+#ifdef FITRUN_WITH_CUDA
+    if (device_.is_cuda()) {
+      try {
+        const MemoryFigures figures = CudaMemoryFigures(device_.index());
+        oom.set_live_bytes(figures.live_bytes);
+        oom.set_peak_bytes(figures.peak_bytes);
+        oom.set_cap_bytes(static_cast<int64_t>(at::cuda::getDeviceProperties(device_.index())->totalGlobalMem));
+      } catch (const std::exception& e) {
+        console_.OnLog(absl::StrCat("reading CUDA memory statistics: ", e.what()));
+      }
+    }
+#endif
     console_.OnLog(absl::StrCat("out of memory at step ", step, ": requested ", oom.requested_bytes(),
                                 " bytes with ", oom.live_bytes(), " live (peak ", oom.peak_bytes(),
                                 ") of a ", oom.cap_bytes(), "-byte cap at per-device batch ", per_device_batch));
@@ -456,6 +550,8 @@ class Worker {
   StopSwitch stop_;
   std::unique_ptr<GrpcReporter> reporter_;
   std::unique_ptr<TeeSink> sink_;
+  // This rank's device (plan.device_ids[rank]), set at the start of Train().
+  c10::Device device_ = c10::Device(c10::kCPU);
   CappedCpuAllocator* memory_ = nullptr;  // see Train(): deliberately never freed
   std::unique_ptr<MemoryStampingSink> memory_sink_;
 };

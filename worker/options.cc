@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace fitrun::worker {
 namespace {
@@ -121,12 +122,34 @@ absl::StatusOr<fitrun::v1::WorkerAssignment> LoadAssignment(const std::string& p
   return assignment;
 }
 
+absl::StatusOr<PlanDevice> ParsePlanDevice(const std::string& device_id, const std::string& field) {
+  absl::string_view rest = device_id;
+  PlanDevice device;
+  if (absl::ConsumePrefix(&rest, "cpu:")) {
+    device.kind = PlanDevice::Kind::kCpu;
+  } else if (absl::ConsumePrefix(&rest, "cuda:") || absl::ConsumePrefix(&rest, "gpu:")) {
+    device.kind = PlanDevice::Kind::kCuda;
+  } else {
+    rest = "";
+  }
+  if (rest.empty() || !absl::SimpleAtoi(rest, &device.index) || device.index < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": \"", device_id, "\" is not a device; expected cpu:N or cuda:N"));
+  }
+  return device;
+}
+
 absl::Status ValidateAssignment(const fitrun::v1::WorkerAssignment& a, const WorkerOptions& o) {
   const fitrun::v1::JobSpec& spec = a.spec();
   const fitrun::v1::Plan& plan = a.plan();
   if (plan.device_ids_size() != o.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("plan.device_ids: has ", plan.device_ids_size(),
                                                    " devices but WORLD_SIZE is ", o.world_size));
+  }
+  if (absl::Status s = ParsePlanDevice(plan.device_ids(o.rank), absl::StrCat("plan.device_ids[", o.rank, "]"))
+                           .status();
+      !s.ok()) {
+    return s;
   }
   if (!o.job_id.empty() && !a.job_id().empty() && a.job_id() != o.job_id) {
     return absl::InvalidArgumentError(absl::StrCat("job_id: the assignment is for job \"", a.job_id(),

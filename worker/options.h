@@ -32,6 +32,19 @@ struct WorkerOptions {
   std::string initial_state_dump_dir;
 };
 
+// A rank's device as the plan names it (plan.device_ids[rank]). Plain C++ so that this library needs
+// no LibTorch; fitrun-worker turns it into a torch::Device. A "cpu:N" device is a virtual CPU device
+// (a memory budget on the host), so every CPU index is LibTorch's one CPU device.
+struct PlanDevice {
+  enum class Kind { kCpu, kCuda };
+  Kind kind = Kind::kCpu;
+  int index = 0;
+};
+
+// Parses "cpu:N" or "cuda:N" ("gpu:N" is accepted as cuda, as the collective backend does); errors
+// name `field`.
+absl::StatusOr<PlanDevice> ParsePlanDevice(const std::string& device_id, const std::string& field);
+
 // Looks a variable up; nullopt when unset. main passes the process environment, tests a map.
 using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
 
@@ -42,7 +55,8 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromEnvironment(const EnvLookup& look
 absl::StatusOr<fitrun::v1::WorkerAssignment> LoadAssignment(const std::string& path);
 
 // Checks what this rank needs from the assignment before it does anything expensive: that it agrees
-// with the environment (world size, job) and that the fields the worker reads are usable. Errors name
+// with the environment (world size, job) and that the fields the worker reads (this rank's device
+// among them) are usable. Errors name
 // the field. (Plan numbers that depend on the dataset are checked by the trainer.)
 absl::Status ValidateAssignment(const fitrun::v1::WorkerAssignment& assignment,
                                 const WorkerOptions& options);

@@ -133,6 +133,8 @@ TEST_F(OptionsTest, ValidationErrorsNameTheField) {
     EXPECT_TRUE(absl::StrContains(status.message(), field)) << status;
   };
   expect_field([](auto& a) { a.mutable_plan()->add_device_ids("cpu:2"); }, "plan.device_ids");
+  expect_field([](auto& a) { a.mutable_plan()->set_device_ids(1, "tpu:0"); }, "plan.device_ids[1]");
+  expect_field([](auto& a) { a.mutable_plan()->set_device_ids(1, "cuda:"); }, "plan.device_ids[1]");
   expect_field([](auto& a) { a.set_job_id("other"); }, "FITRUN_JOB_ID");
   expect_field([](auto& a) { a.mutable_spec()->mutable_data()->clear_path(); }, "spec.data.path");
   expect_field([](auto& a) { a.add_cpu_threads(1); }, "cpu_threads");
@@ -147,6 +149,23 @@ TEST_F(OptionsTest, ValidationErrorsNameTheField) {
         fault->set_at_step(3);
       },
       "spec.fault_injection.rank");
+}
+
+TEST(ParsePlanDeviceTest, CpuAndCudaWithTheirIndex) {
+  absl::StatusOr<PlanDevice> cpu = ParsePlanDevice("cpu:3", "plan.device_ids[0]");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->kind, PlanDevice::Kind::kCpu);
+  EXPECT_EQ(cpu->index, 3);
+  absl::StatusOr<PlanDevice> cuda = ParsePlanDevice("cuda:1", "plan.device_ids[0]");
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  EXPECT_EQ(cuda->kind, PlanDevice::Kind::kCuda);
+  EXPECT_EQ(cuda->index, 1);
+  EXPECT_EQ(ParsePlanDevice("gpu:0", "f")->kind, PlanDevice::Kind::kCuda);
+  for (const char* bad : {"cpu", "cpu:-1", "cuda:x", "", "mps:0"}) {
+    absl::Status status = ParsePlanDevice(bad, "plan.device_ids[1]").status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(status.message(), "plan.device_ids[1]")) << status;
+  }
 }
 
 }  // namespace

@@ -324,6 +324,34 @@ TEST_F(WorkerProcessTest, BadAssignmentExitsTwoAndSaysWhy) {
   server->Shutdown();
 }
 
+// A CUDA device the worker cannot use is a configuration error (exit 2) naming the field, not a
+// crash: a CPU build says it was built without CUDA; a CUDA build has no 100th GPU either.
+TEST_F(WorkerProcessTest, UnusableCudaDeviceExitsTwoAndSaysWhy) {
+  assignment_.mutable_plan()->set_device_ids(0, "cuda:98");
+  assignment_.mutable_plan()->set_device_ids(1, "cuda:99");
+  FakeCoordinator coordinator;
+  int port = 0;
+  auto server = coordinator.Serve(&port);
+  StartRanks(port);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    EXPECT_EQ(WaitRank(rank), 2) << Log(rank);
+    const std::string field = absl::StrCat("plan.device_ids[", rank, "]");
+    EXPECT_TRUE(absl::StrContains(Log(rank), field)) << Log(rank);
+    EXPECT_TRUE(absl::StrContains(Log(rank), "fitrun-worker was built without CUDA;") ||
+                absl::StrContains(Log(rank), "CUDA devices (check CUDA_VISIBLE_DEVICES)"))
+        << Log(rank);
+  }
+  int failed = 0;
+  for (const WorkerReport& r : coordinator.reports()) {
+    if (r.has_failed()) {
+      ++failed;
+      EXPECT_TRUE(absl::StrContains(r.failed().reason(), "plan.device_ids[")) << r.failed().reason();
+    }
+  }
+  EXPECT_EQ(failed, kWorld);
+  server->Shutdown();
+}
+
 TEST_F(WorkerProcessTest, TinyMemoryCapSendsOutOfMemoryAndExitsThree) {
   // The MLP's weights (2.7 MB), the broadcast's copy of them and DDP's buckets fit; gradients and
   // momentum on top of them do not.

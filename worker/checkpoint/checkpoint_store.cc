@@ -14,6 +14,9 @@
 #include <exception>
 #include <functional>
 #include <sstream>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
@@ -77,6 +80,77 @@ int64_t ReadScalar(torch::serialize::InputArchive& archive, const std::string& k
   return t.item<int64_t>();
 }
 
+at::Tensor OnCpu(const at::Tensor& t) { return t.defined() ? t.to(at::kCPU) : t; }
+
+// Module::save with every parameter and buffer copied to the CPU (a no-op for CPU tensors), in the
+// same archive layout, so Module::load reads it and the file names no device.
+void SaveModuleOnCpu(const torch::nn::Module& module, torch::serialize::OutputArchive& archive) {
+  at::NoGradGuard no_grad;
+  for (const auto& parameter : module.named_parameters(/*recurse=*/false)) {
+    archive.write(parameter.key(), OnCpu(parameter.value()));
+  }
+  for (const auto& buffer : module.named_buffers(/*recurse=*/false)) {
+    archive.write(buffer.key(), OnCpu(buffer.value()), /*is_buffer=*/true);
+  }
+  for (const auto& child : module.named_children()) {
+    if (!child.value()->is_serializable()) continue;
+    torch::serialize::OutputArchive child_archive(archive.compilation_unit());
+    SaveModuleOnCpu(*child.value(), child_archive);
+    archive.write(child.key(), child_archive);
+  }
+}
+
+// A stand-in for `optimizer` that saves the same archive with its state on the CPU: the same kind and
+// options over the same parameters (the archive keys state by parameter), holding CPU copies of the
+// state. Sharing the parameters copies none of them.
+template <typename OptimizerT, typename OptionsT, typename StateT>
+std::unique_ptr<torch::optim::Optimizer> CpuStateCopy(const OptimizerT& optimizer,
+                                                      void (*to_cpu)(StateT& state)) {
+  auto copy = std::make_unique<OptimizerT>(optimizer.param_groups(),
+                                           static_cast<const OptionsT&>(optimizer.defaults()));
+  for (const auto& [key, state] : optimizer.state()) {
+    auto cpu_state = std::make_unique<StateT>(static_cast<const StateT&>(*state));
+    to_cpu(*cpu_state);
+    copy->state()[key] = std::move(cpu_state);
+  }
+  return copy;
+}
+
+template <typename AdamStateT>
+void AdamStateToCpu(AdamStateT& s) {
+  s.exp_avg(OnCpu(s.exp_avg()));
+  s.exp_avg_sq(OnCpu(s.exp_avg_sq()));
+  s.max_exp_avg_sq(OnCpu(s.max_exp_avg_sq()));
+}
+
+// The optimizer fitrun trains with (SGD, Adam, AdamW) with its state on the CPU; nullptr for another
+// kind, which is then saved where its state lives (still loadable anywhere, as loads map every tensor
+// to the model's device).
+std::unique_ptr<torch::optim::Optimizer> OptimizerOnCpu(const torch::optim::Optimizer& optimizer) {
+  namespace optim = torch::optim;
+  at::NoGradGuard no_grad;
+  if (const auto* sgd = dynamic_cast<const optim::SGD*>(&optimizer)) {
+    return CpuStateCopy<optim::SGD, optim::SGDOptions, optim::SGDParamState>(
+        *sgd, [](optim::SGDParamState& s) { s.momentum_buffer(OnCpu(s.momentum_buffer())); });
+  }
+  if (const auto* adam = dynamic_cast<const optim::Adam*>(&optimizer)) {
+    return CpuStateCopy<optim::Adam, optim::AdamOptions, optim::AdamParamState>(*adam, &AdamStateToCpu);
+  }
+  if (const auto* adamw = dynamic_cast<const optim::AdamW*>(&optimizer)) {
+    return CpuStateCopy<optim::AdamW, optim::AdamWOptions, optim::AdamWParamState>(*adamw, &AdamStateToCpu);
+  }
+  return nullptr;
+}
+
+// Where a checkpoint's tensors go when it is loaded into `model`: where the model already is. A
+// parameter read from another device would be moved (set_data), which would detach it from the
+// reducer's hooks and buckets; read on its own device it keeps its identity.
+at::Device DeviceOf(const torch::nn::Module& model) {
+  for (const at::Tensor& p : model.parameters()) return p.device();
+  for (const at::Tensor& b : model.buffers()) return b.device();
+  return at::Device(at::kCPU);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Create(const Options& options) {
@@ -130,11 +204,13 @@ absl::StatusOr<SavedCheckpoint> CheckpointStore::Save(const TrainingPosition& po
       std::lock_guard<std::mutex> lock(generator.mutex());
       archive.write("cpu_rng_state", generator.get_state());
     }
+    // CPU copies, so that the file loads on any device (and in a build without CUDA).
     torch::serialize::OutputArchive model_archive;
-    model.save(model_archive);
+    SaveModuleOnCpu(model, model_archive);
     archive.write("model", model_archive);
     torch::serialize::OutputArchive optimizer_archive;
-    optimizer.save(optimizer_archive);
+    const std::unique_ptr<torch::optim::Optimizer> cpu_optimizer = OptimizerOnCpu(optimizer);
+    (cpu_optimizer != nullptr ? *cpu_optimizer : optimizer).save(optimizer_archive);
     archive.write("optimizer", optimizer_archive);
     std::ostringstream out;
     archive.save_to(out);
@@ -166,7 +242,7 @@ absl::StatusOr<TrainingPosition> CheckpointStore::Load(int64_t step, torch::nn::
   const std::string path = PathFor(step);
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from(path);
+    archive.load_from(path, DeviceOf(model));
     const int64_t version = ReadScalar(archive, "format_version");
     if (version != kFormatVersion) {
       return absl::FailedPreconditionError(
@@ -181,6 +257,7 @@ absl::StatusOr<TrainingPosition> CheckpointStore::Load(int64_t step, torch::nn::
     }
     at::Tensor rng_state;
     archive.read("cpu_rng_state", rng_state);
+    rng_state = rng_state.to(at::kCPU);  // mapped to the model's device with everything else
     torch::serialize::InputArchive model_archive;
     archive.read("model", model_archive);
     torch::serialize::InputArchive optimizer_archive;

@@ -32,6 +32,8 @@ struct SavedCheckpoint {
 
 // One job's checkpoints in one directory: ckpt-<step>.pt files, each holding the model's parameters
 // and buffers, the optimizer's state, the training position and the CPU random generator's state.
+// Tensors are saved from CPU copies and loaded onto the device the model is on, so a checkpoint taken
+// on a CUDA device resumes on a CPU one and the other way round.
 //
 // Saves are atomic: the archive goes to a temporary file in the same directory, is fsynced, renamed
 // over its final name and the directory is fsynced, so a crash or a full disk leaves either the new
@@ -57,6 +59,7 @@ class CheckpointStore {
   std::vector<int64_t> Steps() const;
 
   // Loads the checkpoint of `step` into `model` and `optimizer` and restores the generator state.
+  // Every tensor is read onto the device of `model`'s parameters: move the model to its device first.
   absl::StatusOr<TrainingPosition> Load(int64_t step, torch::nn::Module& model,
                                         torch::optim::Optimizer& optimizer) const;
 

@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <sys/stat.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize/input-archive.h>
 
 #include <cstdio>
 #include <fstream>
@@ -62,6 +64,55 @@ TEST(CheckpointStoreTest, RoundTripRestoresModelOptimizerPositionAndRng) {
   // Same momentum buffer: the next steps agree exactly.
   Step(saved, sgd);
   Step(loaded, loaded_sgd);
+  EXPECT_TRUE(at::equal(loaded.w, saved.w));
+}
+
+// A checkpoint is written from CPU copies (so it names no CUDA device) and loaded onto the model's
+// device: here an explicit CPU device, with Adam's state, whose copy goes through its own path.
+TEST(CheckpointStoreTest, SavesCpuTensorsAndLoadsOntoTheModelsDevice) {
+  auto store = CheckpointStore::Create({FreshDir("device"), 2});
+  ASSERT_TRUE(store.ok()) << store.status();
+  const c10::Device device(c10::kCPU);
+  at::manual_seed(1);
+  Tiny saved;
+  saved.to(device);
+  torch::optim::Adam adam(saved.parameters(), torch::optim::AdamOptions(0.01));
+  for (int i = 0; i < 2; ++i) {
+    adam.zero_grad();
+    saved.w.pow(2).sum().backward();
+    adam.step();
+  }
+  absl::StatusOr<SavedCheckpoint> written = (*store)->Save({2, 0, 2}, saved, adam);
+  ASSERT_TRUE(written.ok()) << written.status();
+
+  // Read without naming a device: every tensor in the file is a CPU tensor.
+  torch::serialize::InputArchive archive;
+  archive.load_from(written->path);
+  torch::serialize::InputArchive model_archive;
+  archive.read("model", model_archive);
+  at::Tensor w;
+  model_archive.read("w", w);
+  EXPECT_TRUE(w.is_cpu());
+  EXPECT_TRUE(at::equal(w, saved.w));
+
+  at::manual_seed(99);
+  Tiny loaded;
+  loaded.to(device);
+  const at::Tensor parameter_before = loaded.w;  // the same tensor afterwards: hooks on it survive
+  torch::optim::Adam loaded_adam(loaded.parameters(), torch::optim::AdamOptions(0.01));
+  absl::StatusOr<TrainingPosition> position = (*store)->Load(2, loaded, loaded_adam);
+  ASSERT_TRUE(position.ok()) << position.status();
+  EXPECT_TRUE(loaded.w.is_same(parameter_before));
+  EXPECT_EQ(loaded.w.device(), device);
+  EXPECT_TRUE(at::equal(loaded.w, saved.w));
+  EXPECT_TRUE(at::equal(loaded.running, saved.running));
+  // Same moments and step count: the next Adam steps agree exactly.
+  for (auto* m : {&saved, &loaded}) {
+    auto& optimizer = m == &saved ? adam : loaded_adam;
+    optimizer.zero_grad();
+    m->w.pow(2).sum().backward();
+    optimizer.step();
+  }
   EXPECT_TRUE(at::equal(loaded.w, saved.w));
 }
 

@@ -45,8 +45,16 @@ absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
       return absl::UnimplementedError(absl::StrCat("all-reducing a ", c10::toString(p.scalar_type()),
                                                    " parameter (only float32 leaves are supported)"));
     }
+    if (!trained.empty() && p.device() != trained.front().device()) {
+      return absl::UnimplementedError(absl::StrCat("parameters on ", trained.front().device().str(), " and ",
+                                                   p.device().str(), " (one rank's model lives on one device)"));
+    }
     trained.push_back(p);
   }
+  // The buckets live where the gradients are produced, so autograd accumulates into them on the
+  // device and the collective (Gloo for CPU, NCCL for CUDA) reduces them in place.
+  const at::TensorOptions bucket_options =
+      at::TensorOptions().dtype(at::kFloat).device(trained.empty() ? at::Device(at::kCPU) : trained.front().device());
   auto reducer = std::unique_ptr<BucketedReducer>(new BucketedReducer(std::move(group), trained));
 
   absl::MutexLock lock(&reducer->mu_);
@@ -73,7 +81,7 @@ absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
     int64_t elements = 0;
     for (int i : buckets[b].parameters) elements += trained[i].numel();
     if (b + 1 == buckets.size()) elements += 1;  // the loss
-    buckets[b].flat = at::zeros({elements}, at::kFloat);
+    buckets[b].flat = at::zeros({elements}, bucket_options);
     buckets[b].pending = static_cast<int>(buckets[b].parameters.size());
     for (size_t j = 0; j < buckets[b].parameters.size(); ++j) {
       const at::Tensor& p = trained[buckets[b].parameters[j]];

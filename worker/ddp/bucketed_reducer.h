@@ -60,7 +60,9 @@ class BucketedReducer final : public GradientSynchronizer {
   };
 
   // `parameters` in registration order, the same on every rank; those that do not require gradients
-  // are skipped. All must be float32 leaves.
+  // are skipped. All must be float32 leaves on one device, where the buckets are then allocated: move
+  // the model to its device before creating the reducer (moving it later would leave the buckets
+  // and the hooks behind).
   static absl::StatusOr<std::unique_ptr<BucketedReducer>> Create(
       c10::intrusive_ptr<c10d::ProcessGroup> group, const std::vector<at::Tensor>& parameters,
       const Options& options);

@@ -99,6 +99,35 @@ TEST(BucketedReducerTest, AveragesGradientsLikeOneProcessWithTheWholeBatch) {
   });
 }
 
+// The buckets are allocated on the parameters' device: after a step on an explicit CPU device the
+// gradients (bucket slots) are there and hold the average. Parameters split across devices are
+// refused, since one bucket cannot hold both (the meta device stands in for a second device here).
+TEST(BucketedReducerTest, BucketsLiveOnTheParametersDevice) {
+  const c10::Device device(c10::kCPU);
+  RunRanks("device_store", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    at::manual_seed(1);
+    Chain chain;
+    chain.to(device);
+    auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
+    ASSERT_TRUE(reducer.ok()) << reducer.status();
+    (*reducer)->BeforeBackward(true);
+    chain.Forward(at::full({3, 4}, rank + 1.0, at::TensorOptions().device(device))).sum().backward();
+    absl::StatusOr<double> loss = (*reducer)->Synchronize(rank);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_DOUBLE_EQ(*loss, 0.5);
+    for (const at::Tensor& p : chain.parameters()) {
+      ASSERT_TRUE(p.grad().defined());
+      EXPECT_EQ(p.grad().device(), device);
+    }
+
+    std::vector<at::Tensor> mixed = chain.parameters();
+    mixed[1] = at::zeros({8, 8}, at::TensorOptions().device(at::kMeta)).requires_grad_();
+    absl::StatusOr<std::unique_ptr<BucketedReducer>> refused =
+        BucketedReducer::Create(group, mixed, SmallBuckets());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented) << refused.status();
+  });
+}
+
 // gradient_as_bucket_view: after the first step every gradient is its bucket slot and stays so
 // through the optimizer's zero_grad (which detaches and zeroes in place), and later steps, which
 // AccumulateGrad writes straight into the buckets, still average correctly.

@@ -25,7 +25,9 @@ absl::StatusOr<std::unique_ptr<FlatAllReduceSynchronizer>> FlatAllReduceSynchron
     trained.push_back(p);
     elements += p.numel();
   }
-  at::Tensor flat = at::zeros({elements + 1}, at::kFloat);
+  // On the parameters' device, like the reducer's buckets.
+  at::Tensor flat = at::zeros({elements + 1}, at::TensorOptions().dtype(at::kFloat).device(
+                                                  trained.empty() ? at::Device(at::kCPU) : trained.front().device()));
   auto synchronizer = std::unique_ptr<FlatAllReduceSynchronizer>(
       new FlatAllReduceSynchronizer(std::move(group), std::move(trained), flat));
   synchronizer->gradient_elements_ = elements;

@@ -150,9 +150,9 @@ absl::Status BroadcastModuleState(c10d::ProcessGroup& group, const torch::nn::Mo
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> BroadcastInt64(c10d::ProcessGroup& group, int64_t value) {
+absl::StatusOr<int64_t> BroadcastInt64(c10d::ProcessGroup& group, int64_t value, const at::Device& device) {
   try {
-    std::vector<at::Tensor> tensors = {at::full({1}, value, at::kLong)};
+    std::vector<at::Tensor> tensors = {at::full({1}, value, at::TensorOptions().dtype(at::kLong).device(device))};
     group.broadcast(tensors)->wait();
     return tensors[0].item<int64_t>();
   } catch (const std::exception& e) {

@@ -56,11 +56,13 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateGlooProcessGroup(
     const std::string& hostname = "127.0.0.1");
 
 // Overwrites every rank's parameters and buffers with rank 0's in one collective, so ranks start
-// bitwise identical whatever their own initialization did.
+// bitwise identical whatever their own initialization did. The flat buffer is built on the device of
+// the module's state, so move the module to the rank's device first.
 absl::Status BroadcastModuleState(c10d::ProcessGroup& group, const torch::nn::Module& module);
 
-// Rank 0's `value` on every rank (e.g. the checkpoint step every rank must resume from).
-absl::StatusOr<int64_t> BroadcastInt64(c10d::ProcessGroup& group, int64_t value);
+// Rank 0's `value` on every rank (e.g. the checkpoint step every rank must resume from). `device` is
+// where the one-element tensor travels from: the rank's device, since NCCL only moves CUDA tensors.
+absl::StatusOr<int64_t> BroadcastInt64(c10d::ProcessGroup& group, int64_t value, const at::Device& device);
 
 }  // namespace fitrun::worker
 

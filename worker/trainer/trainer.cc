@@ -85,11 +85,32 @@ class AutocastScope {
   bool cuda_ = false;
 };
 
-bool HasCudaParameters(const Model& model) {
-  for (const at::Tensor& p : model.parameters()) {
-    if (p.is_cuda()) return true;
+// The model must be on the trainer's device before the reducer and the optimizer see its parameters
+// (moving it later would leave them holding tensors elsewhere), so Create only checks.
+absl::Status CheckModelDevice(const Model& model, const c10::Device& device) {
+  for (const auto& item : model.named_parameters()) {
+    if (item.value().device() != device) {
+      return absl::InvalidArgumentError(absl::StrCat("model parameter ", item.key(), " is on ",
+                                                     item.value().device().str(), " but the trainer's device is ",
+                                                     device.str(), "; move the model there first"));
+    }
   }
-  return false;
+  for (const auto& item : model.named_buffers()) {
+    if (item.value().device() != device) {
+      return absl::InvalidArgumentError(absl::StrCat("model buffer ", item.key(), " is on ",
+                                                     item.value().device().str(), " but the trainer's device is ",
+                                                     device.str(), "; move the model there first"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rows `indices` of a host tensor, on `device`. The gather makes a fresh pageable tensor, so a
+// non_blocking copy to CUDA is still synchronous with respect to the host; pinning it first would
+// cost another host copy per micro-batch, which only pays off with a prefetching loader. On the CPU
+// the move is a no-op.
+at::Tensor RowsOn(const at::Tensor& host, const at::Tensor& indices, const c10::Device& device) {
+  return host.index_select(0, indices).to(at::TensorOptions().device(device), /*non_blocking=*/true);
 }
 
 double Percent(absl::Duration part, double total_seconds) {
@@ -208,7 +229,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options,
   }
   if (!optimizer.ok()) return optimizer.status();
 
-  const bool on_cuda = HasCudaParameters(*model);
+  if (absl::Status status = CheckModelDevice(*model, options.device); !status.ok()) return status;
+  const bool on_cuda = options.device.is_cuda();
   if (options.precision == fitrun::v1::PRECISION_FP16 && !on_cuda) {
     return absl::InvalidArgumentError(
         "spec.precision: PRECISION_FP16 needs a CUDA device, and this rank's model is on the CPU; use bf16 "
@@ -355,8 +377,8 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
     for (int m = 0; m < k; ++m) {
       const int64_t begin = (step_in_epoch * k + m) * b;
       const at::Tensor indices = at::from_blob(shard.data() + begin, {b}, at::kLong);
-      const at::Tensor inputs = train_.images.index_select(0, indices);
-      const at::Tensor targets = train_.labels.index_select(0, indices);
+      const at::Tensor inputs = RowsOn(train_.images, indices, o.device);
+      const at::Tensor targets = RowsOn(train_.labels, indices, o.device);
       charge(times.batch);
       at::Tensor micro_loss;
       {
@@ -438,7 +460,9 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
                               result.loss_scale));
   }
   if (test_.has_value()) {
-    absl::StatusOr<Evaluation> evaluation = model_->Evaluate(*test_, o.eval_batch);
+    // On the training device, moved once (a no-op on the CPU); the models batch it from there.
+    const LabeledImages test{test_->images.to(o.device), test_->labels.to(o.device)};
+    absl::StatusOr<Evaluation> evaluation = model_->Evaluate(test, o.eval_batch);
     if (!evaluation.ok()) return evaluation.status();
     sink_->OnLog(evaluation->summary);
     result.has_test_accuracy = evaluation->accuracy.has_value();

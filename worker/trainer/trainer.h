@@ -30,6 +30,9 @@ namespace fitrun::worker {
 struct TrainerOptions {
   int rank = 0;
   int world_size = 1;
+  // Where this rank computes (the plan's device_ids[rank]): the model's parameters must already be
+  // there (Create checks); micro-batches and the test set are moved there from host memory.
+  c10::Device device = c10::Device(c10::kCPU);
   int64_t per_device_batch = 0;
   int grad_accum_steps = 1;
   // plan.learning_rate (already scaled for the global batch); optimizer.lr is not used.
@@ -148,7 +151,7 @@ class Trainer {
 
   TrainerOptions options_;
   std::shared_ptr<Model> model_;
-  // Whether the model's parameters are on a CUDA device: picks CUDA autocast over CPU autocast.
+  // Whether options_.device is a CUDA device: picks CUDA autocast over CPU autocast.
   bool on_cuda_ = false;
   // Set when loss scaling is on (FP16 on CUDA, or TrainerOptions::loss_scaling).
   std::unique_ptr<GradScaler> scaler_;

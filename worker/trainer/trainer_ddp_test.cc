@@ -7,7 +7,10 @@
 #include <cstdio>
 #include <thread>
 
+#include <torch/optim/sgd.h>
+
 #include "gtest/gtest.h"
+#include "worker/checkpoint/checkpoint_store.h"
 #include "worker/ddp/bucketed_reducer.h"
 #include "worker/ddp/flat_all_reduce.h"
 #include "worker/ddp/process_group.h"
@@ -207,6 +210,69 @@ TEST(TrainerDdpTest, UnevenDatasetAcrossEpochsDoesNotHang) {
   const std::vector<std::shared_ptr<Model>> ranks = TrainTwoRanks(train, 16, 1, "uneven_store", 20);
   EXPECT_EQ(ParameterChecksum(*ranks[0]), ParameterChecksum(*ranks[1]));
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+// What fitrun-worker does with a plan device, on an explicit CPU device: the model is moved there
+// before the broadcast, the bucketed reducer's buckets and the trainer's micro-batches and test set
+// follow it, and rank 0's final checkpoint loads into a fresh model with the trained parameters.
+TEST(TrainerDdpTest, ExplicitDeviceWithTheBucketedReducerSavesALoadableCheckpoint) {
+  const std::string store_path = StorePath("device_store");
+  const char* root = std::getenv("TEST_TMPDIR");
+  const std::string checkpoint_dir = std::string(root != nullptr ? root : "/tmp") + "/device_checkpoints";
+  std::system(("rm -rf '" + checkpoint_dir + "'").c_str());
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> checkpoints = CheckpointStore::Create({checkpoint_dir, 2});
+  ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
+  const c10::Device device(c10::kCPU);
+  const LabeledImages train = SyntheticSet(512);
+  const LabeledImages test = SyntheticSet(100);
+
+  fitrun::v1::ModelSpec spec;
+  spec.set_builtin("mlp");
+  std::vector<std::shared_ptr<Model>> models;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    auto model = CreateModel(spec, 200 + rank);
+    ASSERT_TRUE(model.ok());
+    (*model)->to(device);
+    models.push_back(*model);
+  }
+  std::vector<FakeProgressSink> sinks(kWorld);
+  std::vector<absl::StatusOr<TrainResult>> results(kWorld, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto store = c10::make_intrusive<c10d::FileStore>(store_path, kWorld);
+      auto group = CreateGlooProcessGroup(store, rank, kWorld, absl::Seconds(10));
+      ASSERT_TRUE(group.ok()) << group.status();
+      ASSERT_TRUE(BroadcastModuleState(**group, *models[rank]).ok());
+      auto reducer = BucketedReducer::Create(*group, models[rank]->parameters(), BucketedReducer::Options());
+      ASSERT_TRUE(reducer.ok()) << reducer.status();
+      TrainerOptions options = EquivalenceOptions(rank, kWorld, 16, 2);
+      options.device = device;
+      options.checkpoints = checkpoints->get();
+      options.checkpoint_every_steps = 4;
+      std::optional<LabeledImages> test_set;
+      if (rank == 0) test_set = test;
+      auto trainer = Trainer::Create(options, models[rank], train, test_set, reducer->get(), &sinks[rank]);
+      ASSERT_TRUE(trainer.ok()) << trainer.status();
+      results[rank] = (*trainer)->Run();
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(results[0]->parameter_checksum, results[1]->parameter_checksum);
+  EXPECT_TRUE(results[0]->has_test_accuracy);
+  for (const at::Tensor& p : models[0]->parameters()) EXPECT_EQ(p.grad().device(), device);
+
+  EXPECT_EQ((*checkpoints)->Steps(), (std::vector<int64_t>{8, 4}));
+  auto fresh = CreateModel(spec, 300);
+  ASSERT_TRUE(fresh.ok());
+  (*fresh)->to(device);
+  torch::optim::SGD sgd((*fresh)->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  absl::StatusOr<TrainingPosition> position = (*checkpoints)->Load(8, **fresh, sgd);
+  ASSERT_TRUE(position.ok()) << position.status();
+  EXPECT_EQ(position->step, 8);
+  EXPECT_EQ(ParameterChecksum(**fresh), results[0]->parameter_checksum);
 }
 
 }  // namespace

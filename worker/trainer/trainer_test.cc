@@ -217,6 +217,25 @@ TEST_F(TrainerTest, DivergingLossIsAnError) {
   EXPECT_TRUE(absl::StrContains(result.status().message(), "loss is")) << result.status();
 }
 
+// The trainer runs on the device its options name and refuses a model that is not there (the meta
+// device stands in for a second device on a CPU-only machine; LibTorch 1.13 cannot move a module to
+// it, so the trainer is told the model should be there instead).
+TEST_F(TrainerTest, TrainsOnItsDeviceAndRefusesAModelElsewhere) {
+  TrainerOptions options = BaseOptions();
+  options.device = c10::Device(c10::kCPU);
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Make(options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  absl::StatusOr<TrainResult> result = (*trainer)->Run();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->has_test_accuracy);
+
+  options.device = c10::Device(c10::kMeta);
+  absl::StatusOr<std::unique_ptr<Trainer>> refused = Make(options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "is on cpu but the trainer's device is meta"))
+      << refused.status();
+}
+
 TEST_F(TrainerTest, RejectsPlansThatDoNotFitTheData) {
   TrainerOptions options = BaseOptions();
   options.steps_per_epoch = 21;  // 21 * 32 > 640
