@@ -3,7 +3,9 @@
 // It validates and stores jobs, runs the scheduler (a thread of its own), plans each job against
 // the free devices, launches one worker per device through the WorkerLauncher, turns worker reports
 // and process exits into events and state changes, and stops every rank of a job at once when one
-// fails or the job is cancelled. State transitions are checked in one function (Transition).
+// fails or the job is cancelled. State transitions are checked in one function (Transition). What a
+// failed attempt leads to (re-plan after an OOM, restart after a crash or a hang, or the job's end) and
+// how a restarted coordinator takes over its predecessor's ranks live in job_manager_recovery.cc.
 //
 // Thread-safety: all methods may be called from any thread (gRPC handlers, launcher exit threads).
 // One mutex guards the jobs; event listeners run under it and must not call back into the manager.
@@ -171,6 +173,8 @@ class JobManager {
     kHang,         // a rank went silent: restart the group (max_restarts)
     kBadConfig,    // the worker refused the job's configuration: trying again cannot help
   };
+  // The reason label of fitrun_job_restarts_total.
+  static const char* FailureKindLabel(FailureKind kind);
 
   JobManager(Options options, JobStore* store, DeviceInventory* devices, WorkerLauncher* launcher,
              CoordinatorMetrics* metrics);
