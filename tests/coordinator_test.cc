@@ -108,7 +108,7 @@ TEST(CoordinatorTest, TwentyJobsOnTwoDevicesAllCompleteInPriorityOrder) {
 
   for (const auto& [id, priority] : jobs) {
     coordinator.Watch(id, 1, absl::Seconds(240));
-    ASSERT_EQ(coordinator.Get(id).state(), fitrun::v1::JOB_STATE_SUCCEEDED) << id;
+    ASSERT_EQ(coordinator.Get(id).state(), fitrun::v1::JOB_STATE_SUCCEEDED) << id << "\n" << ReadFile(coordinator.log_path());
   }
   // Started in priority order, then submission order.
   std::vector<std::pair<std::string, int>> expected = jobs;

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 
 #include "absl/strings/numbers.h"
@@ -77,12 +78,25 @@ absl::StatusOr<fitrun::v1::Job> RunningCoordinator::Submit(const std::string& sp
 }
 
 fitrun::v1::Job RunningCoordinator::Get(const std::string& job_id) {
-  grpc::ClientContext context;
   fitrun::v1::GetJobRequest request;
   request.set_job_id(job_id);
-  fitrun::v1::Job job;
-  stub_->GetJob(&context, request, &job);
-  return job;
+  // A channel can lose its connection between two calls (the next call reconnects); a daemon that is
+  // really gone stays UNAVAILABLE, and the failure says so next to its log.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (true) {
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    fitrun::v1::Job job;
+    const grpc::Status status = stub_->GetJob(&context, request, &job);
+    if (status.ok()) return job;
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() > deadline) {
+      std::fprintf(stderr, "GetJob(%s) failed: %d %s\n", job_id.c_str(), static_cast<int>(status.error_code()),
+                   status.error_message().c_str());
+      return fitrun::v1::Job();
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
 }
 
 std::vector<fitrun::v1::JobEvent> RunningCoordinator::Watch(const std::string& job_id, int64_t from_sequence,
