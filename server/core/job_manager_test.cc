@@ -74,6 +74,23 @@ class JobManagerTest : public ::testing::Test {
     manager_->OnWorkerReport(WorkerKey{job_id, attempt, rank}, report);
   }
 
+  // Submits `spec` and waits until the launcher has seen `launches` launches in all and the job runs.
+  std::string SubmitAndWaitRunning(const fitrun::v1::JobSpec& spec, size_t launches) {
+    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return "";
+    EXPECT_TRUE(launcher_.WaitForLaunches(launches, absl::Seconds(5)));
+    WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+    return job->id();
+  }
+
+  void ReportOutOfMemory(const std::string& job_id, int attempt, int rank, int64_t step, int64_t batch) {
+    fitrun::v1::WorkerReport report;
+    report.mutable_oom()->set_step(step);
+    report.mutable_oom()->set_per_device_batch(batch);
+    Report(job_id, attempt, rank, report);
+  }
+
   void ReportFinished(const std::string& job_id, int rank, double accuracy) {
     fitrun::v1::WorkerReport report;
     report.mutable_finished()->set_steps(10);
@@ -430,19 +447,16 @@ fitrun::v1::Plan AssignedPlan(const WorkerLaunch& launch) {
 }
 
 TEST_F(JobManagerTest, CrashedRankRestartsTheWholeGroupAsANewAttempt) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const std::string id = SubmitAndWaitRunning(Spec(2, 2), 2);
   launcher_.Exit(1, -1, 9);
-  fitrun::v1::Job restarting = WaitForState(job->id(), fitrun::v1::JOB_STATE_RESTARTING);
+  fitrun::v1::Job restarting = WaitForState(id, fitrun::v1::JOB_STATE_RESTARTING);
   EXPECT_EQ(launcher_.stopped(), std::vector<int>{0});  // the peer at once, not after a collective timeout
   EXPECT_EQ(restarting.restarts(), 1);
   // Nothing relaunches while the old rank 0 still runs: never two attempts at once.
   EXPECT_EQ(launcher_.launches().size(), 2u);
   launcher_.Exit(0, -1, 15);
   ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
-  fitrun::v1::Job relaunched = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  fitrun::v1::Job relaunched = WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(relaunched.attempts(), 2);
   ASSERT_EQ(relaunched.attempt_history_size(), 2);
   EXPECT_EQ(relaunched.attempt_history(0).outcome(), "rank 1 was killed by signal 9 (attempt 1)");
@@ -453,9 +467,9 @@ TEST_F(JobManagerTest, CrashedRankRestartsTheWholeGroupAsANewAttempt) {
   // Training resumes: the time to recover is measured and said.
   fitrun::v1::WorkerReport progress;
   progress.mutable_progress()->set_step(3);
-  Report(job->id(), 2, 0, progress);
+  Report(id, 2, 0, progress);
   EXPECT_EQ(metrics_.recoveries().size(), 1u);
-  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = manager_->ReadEvents(job->id(), 1, 1000);
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = manager_->ReadEvents(id, 1, 1000);
   ASSERT_TRUE(events.ok());
   bool said = false;
   for (const auto& event : *events) said |= event.has_log() && absl::StrContains(event.log().text(), "training resumed");
@@ -465,27 +479,21 @@ TEST_F(JobManagerTest, CrashedRankRestartsTheWholeGroupAsANewAttempt) {
 TEST_F(JobManagerTest, RestartsStopAtTheSpecLimit) {
   fitrun::v1::JobSpec spec = Spec(1, 1);
   spec.mutable_fault_tolerance()->set_max_restarts(1);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const std::string id = SubmitAndWaitRunning(spec, 1);
   launcher_.Exit(0, 1);
   ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
   launcher_.Exit(1, 1);
-  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  fitrun::v1::Job failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.failure_reason(), HasSubstr("rank 0 exited with code 1 (attempt 2)"));
   EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 1 restart(s) (spec.fault_tolerance.max_restarts 1)"));
   EXPECT_EQ(failed.attempt_history_size(), 2);
 }
 
 TEST_F(JobManagerTest, RefusedConfigurationFailsWithoutARestart) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 1));
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const std::string id = SubmitAndWaitRunning(Spec(1, 1), 1);
   launcher_.Exit(0, 2);
-  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  fitrun::v1::Job failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.failure_reason(), HasSubstr("trying again cannot help"));
   EXPECT_EQ(failed.restarts(), 0);
 }
@@ -529,44 +537,29 @@ TEST_F(JobManagerTest, OutOfMemoryStopsThePeersAndReplansASmallerBatchWithTheSam
 }
 
 TEST_F(JobManagerTest, OutOfMemoryExitWithoutAReportStillBoundsTheBatch) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const std::string id = SubmitAndWaitRunning(Spec(2, 2), 2);
   launcher_.Exit(0, 3);
   launcher_.Exit(1, -1, 15);
   ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(AssignedPlan(launcher_.launches()[2]).per_device_batch(), 64);
 }
 
 TEST_F(JobManagerTest, OutOfMemoryWithAFixedBatchFailsAndSaysWhy) {
   fitrun::v1::JobSpec spec = Spec(2, 2);
   spec.mutable_resources()->set_per_device_batch(128);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
-  fitrun::v1::WorkerReport oom;
-  oom.mutable_oom()->set_step(1);
-  oom.mutable_oom()->set_per_device_batch(128);
-  Report(job->id(), 1, 0, oom);
-  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  const std::string id = SubmitAndWaitRunning(spec, 2);
+  ReportOutOfMemory(id, 1, 0, /*step=*/1, /*batch=*/128);
+  fitrun::v1::Job failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.failure_reason(), HasSubstr("spec.resources.per_device_batch fixes the batch at 128"));
 }
 
 TEST_F(JobManagerTest, OutOfMemoryAtBatchOneFailsAtOnce) {
   fitrun::v1::JobSpec spec = Spec(2, 2);
   spec.set_global_batch_size(2);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
-  ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
-  fitrun::v1::WorkerReport oom;
-  oom.mutable_oom()->set_step(1);
-  oom.mutable_oom()->set_per_device_batch(1);
-  Report(job->id(), 1, 1, oom);
-  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  const std::string id = SubmitAndWaitRunning(spec, 2);
+  ReportOutOfMemory(id, 1, 1, /*step=*/1, /*batch=*/1);
+  fitrun::v1::Job failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.failure_reason(), HasSubstr("even a per-device batch of 1 does not fit"));
   EXPECT_EQ(failed.oom_replans(), 0);
 }
@@ -579,10 +572,8 @@ TEST_F(JobManagerTest, OutOfMemoryRetriesStopAtTheSpecLimit) {
   for (int attempt = 1; attempt <= 2; ++attempt) {
     ASSERT_TRUE(launcher_.WaitForLaunches(attempt, absl::Seconds(5)));
     WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
-    fitrun::v1::WorkerReport oom;
-    oom.mutable_oom()->set_step(2);
-    oom.mutable_oom()->set_per_device_batch(AssignedPlan(launcher_.launches()[attempt - 1]).per_device_batch());
-    Report(job->id(), attempt, 0, oom);
+    const int64_t batch = AssignedPlan(launcher_.launches()[attempt - 1]).per_device_batch();
+    ReportOutOfMemory(job->id(), attempt, 0, /*step=*/2, batch);
     launcher_.Exit(attempt - 1, 3);
   }
   fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
@@ -593,19 +584,16 @@ TEST_F(JobManagerTest, OutOfMemoryRetriesStopAtTheSpecLimit) {
 TEST_F(JobManagerTest, SilentRankIsTakenAsHungAndTheGroupRestarts) {
   fitrun::v1::JobSpec spec = Spec(2, 2);
   spec.mutable_fault_tolerance()->set_heartbeat_timeout_seconds(1);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const std::string id = SubmitAndWaitRunning(spec, 2);
   // Rank 0 keeps reporting; rank 1 says nothing.
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
   fitrun::v1::WorkerReport heartbeat;
   heartbeat.mutable_heartbeat()->set_step(1);
-  while (manager_->Get(job->id())->state() == fitrun::v1::JOB_STATE_RUNNING && absl::Now() < deadline) {
-    Report(job->id(), 1, 0, heartbeat);
+  while (manager_->Get(id)->state() == fitrun::v1::JOB_STATE_RUNNING && absl::Now() < deadline) {
+    Report(id, 1, 0, heartbeat);
     absl::SleepFor(absl::Milliseconds(100));
   }
-  fitrun::v1::Job restarting = WaitForState(job->id(), fitrun::v1::JOB_STATE_RESTARTING);
+  fitrun::v1::Job restarting = WaitForState(id, fitrun::v1::JOB_STATE_RESTARTING);
   EXPECT_THAT(restarting.attempt_history(0).outcome(), HasSubstr("rank 1 sent nothing for"));
   EXPECT_EQ(metrics_.restarts("hang"), 1);
   EXPECT_EQ(launcher_.stopped(), (std::vector<int>{0, 1}));
