@@ -25,15 +25,7 @@ fitrun::v1::JobSpec MlpSpec() {
   return spec;
 }
 
-ProbeResult MlpProbe() {
-  ProbeResult r;
-  r.fixed_bytes = 12322992;
-  r.per_sample_bytes = 5192;
-  r.model_state_bytes = 2678824;
-  r.small_batch = 4;
-  r.large_batch = 16;
-  return r;
-}
+ProbeResult MlpProbe() { return MlpProbeResult(/*small_batch=*/4, /*large_batch=*/16); }
 
 class JobManagerCalibrationTest : public ::testing::Test {
  protected:

@@ -23,16 +23,7 @@ using ::testing::Not;
 
 fitrun::v1::JobSpec MlpSpec() { return MlpTestSpec(256); }
 
-// The mlp's real probe figures (fitrun-worker --probe --probe_batches=2,8, SGD with momentum, fp32).
-ProbeResult MlpProbe() {
-  ProbeResult r;
-  r.fixed_bytes = 12322992;
-  r.per_sample_bytes = 5192;
-  r.model_state_bytes = 2678824;
-  r.small_batch = 2;
-  r.large_batch = 8;
-  return r;
-}
+ProbeResult MlpProbe() { return MlpProbeResult(/*small_batch=*/2, /*large_batch=*/8); }
 
 std::string TempPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");

@@ -1,4 +1,5 @@
-// Job specs the core's tests share: the built-in MLP on Debian's Fashion-MNIST, trained with SGD.
+// What the core's tests share about the built-in MLP on Debian's Fashion-MNIST: its job spec (SGD) and
+// what the memory probe measures for it.
 #ifndef FITRUN_SERVER_CORE_TEST_SPECS_H_
 #define FITRUN_SERVER_CORE_TEST_SPECS_H_
 
@@ -6,6 +7,7 @@
 
 #include "fitrun/v1/job.pb.h"
 #include "server/core/job_spec.h"
+#include "server/core/memory_calibration.h"
 
 namespace fitrun::server {
 
@@ -26,6 +28,18 @@ inline fitrun::v1::JobSpec MlpTestSpec(int64_t global_batch = 256, int min_devic
   spec.mutable_resources()->set_max_devices(max_devices);
   ApplyJobSpecDefaults(spec);
   return spec;
+}
+
+// The mlp's real probe figures (fitrun-worker --probe, SGD with momentum, fp32), as measured between the
+// given micro-batch sizes.
+inline ProbeResult MlpProbeResult(int64_t small_batch, int64_t large_batch) {
+  ProbeResult r;
+  r.fixed_bytes = 12322992;
+  r.per_sample_bytes = 5192;
+  r.model_state_bytes = 2678824;
+  r.small_batch = small_batch;
+  r.large_batch = large_batch;
+  return r;
 }
 
 }  // namespace fitrun::server
