@@ -121,16 +121,21 @@ TEST(MemoryTest, PlannedBatchRunsWithinTenPercentOfThePredictionAndALargerFixedB
     EXPECT_EQ(event.oom().cap_bytes(), 8LL << 20);
   }
   EXPECT_TRUE(oom_event);
-  // The rank that hit the cap says so as it fails. (Its exit code 3 is usually not what the attempt
-  // records: the coordinator stops every rank on the first OutOfMemory report, and SIGTERM tends to
-  // arrive before the rank's own exit.)
+  // The rank that hit the cap says so as it fails and exits with its own code: the coordinator stops
+  // its peer at once but leaves that rank to finish its last report.
   ASSERT_TRUE(WaitFor([&] { return WorkersUnder(coordinator.state_dir()).empty(); }, absl::Seconds(10)));
   bool rank_failed_out_of_memory = false;
   for (const fitrun::v1::JobEvent& event : coordinator.Watch(forced->id(), 1, absl::Seconds(20))) {
     rank_failed_out_of_memory |= event.has_log() && event.log().text().find("out of device memory") != std::string::npos;
   }
   EXPECT_TRUE(rank_failed_out_of_memory);
-  EXPECT_TRUE(WaitFor([&] { return WorkersUnder(coordinator.state_dir()).empty(); }, absl::Seconds(10)));
+  const fitrun::v1::Job ended = coordinator.Get(forced->id());
+  ASSERT_EQ(ended.attempt_history_size(), 1);
+  bool exited_out_of_memory = false;  // exit code 3
+  for (const fitrun::v1::RankOutcome& rank : ended.attempt_history(0).ranks()) {
+    exited_out_of_memory |= rank.exit_code() == 3;
+  }
+  EXPECT_TRUE(exited_out_of_memory) << ended.attempt_history(0).ShortDebugString();
 }
 
 }  // namespace

@@ -101,6 +101,10 @@ class FakeWorkerLauncher : public WorkerLauncher {
     absl::MutexLock lock(&mu_);
     stopped_.push_back(handle);
   }
+  void KillIfStillRunningAfter(int handle, absl::Duration) override {
+    absl::MutexLock lock(&mu_);
+    left_to_exit_.push_back(handle);
+  }
   // Adopts the pids in adoptable() (set by the test); others are gone.
   absl::StatusOr<int> Adopt(int pid, const std::vector<std::pair<std::string, std::string>>&,
                             ExitCallback on_exit) override {
@@ -139,6 +143,11 @@ class FakeWorkerLauncher : public WorkerLauncher {
     absl::MutexLock lock(&mu_);
     return stopped_;
   }
+  // Handles of workers left to exit on their own (killed only after the grace).
+  std::vector<int> left_to_exit() {
+    absl::MutexLock lock(&mu_);
+    return left_to_exit_;
+  }
   bool WaitForLaunches(size_t n, absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     auto enough = [this, n] { return launches_.size() >= n; };
@@ -150,6 +159,7 @@ class FakeWorkerLauncher : public WorkerLauncher {
   std::vector<WorkerLaunch> launches_ ABSL_GUARDED_BY(mu_);
   std::vector<ExitCallback> callbacks_ ABSL_GUARDED_BY(mu_);
   std::vector<int> stopped_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> left_to_exit_ ABSL_GUARDED_BY(mu_);
   std::set<int> adoptable_ ABSL_GUARDED_BY(mu_);
   std::vector<int> adopted_ ABSL_GUARDED_BY(mu_);
 };

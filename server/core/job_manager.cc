@@ -397,6 +397,7 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
         // instead of waiting in their next collective.
         events.push_back(event);
         PublishAllLocked(entry, std::exchange(events, {}));
+        rank.exiting_on_its_own = true;
         OnOutOfMemoryLocked(entry, event.oom());
         continue;
       case fitrun::v1::WorkerReport::kCheckpointSaved:
@@ -537,6 +538,10 @@ void JobManager::StopRanks(JobEntry& entry, const std::string& reason) {
   if (!entry.active) return;
   for (RankState& rank : entry.active->ranks) {
     if (rank.exited || rank.handle < 0) continue;
+    if (rank.exiting_on_its_own) {
+      launcher_->KillIfStillRunningAfter(rank.handle, StopGrace(entry));
+      continue;
+    }
     if (auto connection = rank.connection.lock()) connection->SendStop(reason);
     launcher_->Stop(rank.handle, StopGrace(entry));
   }

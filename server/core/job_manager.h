@@ -144,6 +144,9 @@ class JobManager {
     WorkerExit exit;
     std::optional<fitrun::v1::RankFinished> finished;
     std::string failure_report;  // from RankFailed
+    // The rank reported an out-of-memory error and exits on its own with its own code and last
+    // report; stopping the group does not SIGTERM it.
+    bool exiting_on_its_own = false;
     std::string log_path;
     std::weak_ptr<WorkerConnection> connection;
     // When the coordinator last heard from the rank (launch, adoption, any report): a rank silent

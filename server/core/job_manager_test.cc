@@ -513,8 +513,10 @@ TEST_F(JobManagerTest, OutOfMemoryStopsThePeersAndReplansASmallerBatchWithTheSam
   oom.mutable_oom()->set_requested_bytes(2LL << 30);  // far beyond what the estimate said
   oom.mutable_oom()->set_cap_bytes(4LL << 30);
   Report(job->id(), 1, 1, oom);
-  // Every rank is told to stop the moment the report arrives, before any process has exited.
-  EXPECT_EQ(launcher_.stopped(), (std::vector<int>{0, 1}));
+  // The peer is told to stop the moment the report arrives, before any process has exited; the rank
+  // that ran out is left to exit with its own code and last report (killed only after the grace).
+  EXPECT_EQ(launcher_.stopped(), (std::vector<int>{0}));
+  EXPECT_EQ(launcher_.left_to_exit(), (std::vector<int>{1}));
   fitrun::v1::Job restarting = WaitForState(job->id(), fitrun::v1::JOB_STATE_RESTARTING);
   EXPECT_EQ(restarting.oom_replans(), 1);
   EXPECT_EQ(restarting.oom_history_size(), 1);
@@ -534,6 +536,7 @@ TEST_F(JobManagerTest, OutOfMemoryStopsThePeersAndReplansASmallerBatchWithTheSam
   EXPECT_GT(second.predicted().activations_bytes(),
             first.predicted().activations_bytes() * second.per_device_batch() / 128);
   EXPECT_THAT(replanned.attempt_history(0).outcome(), HasSubstr("rank 1 ran out of memory at step 5"));
+  EXPECT_EQ(replanned.attempt_history(0).ranks(1).exit_code(), 3);
 }
 
 TEST_F(JobManagerTest, OutOfMemoryExitWithoutAReportStillBoundsTheBatch) {

@@ -41,6 +41,9 @@ class WorkerLauncher {
   virtual absl::StatusOr<int> Launch(const WorkerLaunch& launch, ExitCallback on_exit) = 0;
   // Asks the worker to stop (SIGTERM to its process group) and kills it if still alive after `grace`.
   virtual void Stop(int handle, absl::Duration grace) = 0;
+  // For a worker that said it is exiting (it reported an out-of-memory error and is sending its
+  // last words): no SIGTERM, which would cut them off, but SIGKILL if still alive after `grace`.
+  virtual void KillIfStillRunningAfter(int handle, absl::Duration grace) = 0;
   // Takes over a worker started by an earlier coordinator: `pid` must be alive and carry every
   // variable of `expected_env` (so a recycled pid is never adopted). NOT_FOUND when it is gone.
   virtual absl::StatusOr<int> Adopt(int pid, const std::vector<std::pair<std::string, std::string>>& expected_env,

@@ -184,6 +184,13 @@ void ProcessLauncher::Stop(int handle, absl::Duration grace) {
   kill_deadlines_.emplace(absl::Now() + grace, pid);
 }
 
+void ProcessLauncher::KillIfStillRunningAfter(int handle, absl::Duration grace) {
+  const pid_t pid = static_cast<pid_t>(handle);
+  absl::MutexLock lock(&mu_);
+  if (!alive_.count(pid)) return;
+  kill_deadlines_.emplace(absl::Now() + grace, pid);
+}
+
 void ProcessLauncher::KillerLoop() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {

@@ -28,6 +28,7 @@ class ProcessLauncher : public WorkerLauncher {
   // The handle is the worker's pid (and process group id).
   absl::StatusOr<int> Launch(const WorkerLaunch& launch, ExitCallback on_exit) override;
   void Stop(int handle, absl::Duration grace) override;
+  void KillIfStillRunningAfter(int handle, absl::Duration grace) override;
   // Watches the adopted process through a pidfd, which works for processes that are not our children.
   absl::StatusOr<int> Adopt(int pid, const std::vector<std::pair<std::string, std::string>>& expected_env,
                             ExitCallback on_exit) override;

@@ -77,6 +77,25 @@ TEST(ProcessLauncherTest, StopTerminatesAndKillsAfterGrace) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
 }
 
+TEST(ProcessLauncherTest, KillIfStillRunningAfterLetsAnExitingWorkerFinishAndKillsOneThatDoesNot) {
+  ProcessLauncher launcher;
+  auto run = [&](const std::string& script, absl::Duration grace) {
+    WorkerLaunch launch;
+    launch.argv = {"/bin/sh", "-c", script};
+    launch.log_path = TempPath("left-to-exit.log");
+    absl::Notification exited;
+    WorkerExit result;
+    absl::StatusOr<int> handle = launcher.Launch(launch, [&](const WorkerExit& e) { result = e; exited.Notify(); });
+    EXPECT_TRUE(handle.ok());
+    if (handle.ok()) launcher.KillIfStillRunningAfter(*handle, grace);
+    EXPECT_TRUE(exited.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    return result;
+  };
+  // No SIGTERM: the worker's own exit code is what is seen.
+  EXPECT_EQ(run("sleep 0.3; exit 3", absl::Seconds(10)).exit_code, 3);
+  EXPECT_EQ(run("while true; do sleep 0.05; done", absl::Milliseconds(300)).signal, SIGKILL);
+}
+
 TEST(ProcessLauncherTest, MissingBinaryIsAnError) {
   ProcessLauncher launcher;
   WorkerLaunch launch;
