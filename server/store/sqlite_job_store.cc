@@ -2,6 +2,8 @@
 
 #include <sqlite3.h>
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 
 namespace fitrun::server {
@@ -70,8 +72,11 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
   std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(db));
   absl::MutexLock lock(&store->mu_);
   // WAL: readers never block the writer; synchronous=NORMAL is durable across process crashes
-  // (what a SIGKILLed coordinator needs) without an fsync per event.
-  if (absl::Status status = store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"); !status.ok()) {
+  // (what a SIGKILLed coordinator needs) without an fsync per event. Commits never checkpoint: the
+  // checkpoint thread does (see the header).
+  if (absl::Status status =
+          store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=0;");
+      !status.ok()) {
     return status;
   }
   if (absl::Status status = store->Migrate(); !status.ok()) {
@@ -81,10 +86,71 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
                          &store->append_event_, nullptr) != SQLITE_OK) {
     return SqliteError(store->db_, "preparing the event insert");
   }
+  if (absl::Status status = store->StartCheckpointer(path); !status.ok()) return status;
   return store;
 }
 
+absl::Status SqliteJobStore::StartCheckpointer(const std::string& path) {
+  if (sqlite3_open_v2(path.c_str(), &checkpoint_db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, nullptr) !=
+      SQLITE_OK) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot open the job store ", path, " for checkpoints: ",
+                                                      checkpoint_db_ ? sqlite3_errmsg(checkpoint_db_) : "out of memory"));
+  }
+  sqlite3_busy_timeout(checkpoint_db_, 5000);
+  // A connection learns that the database is in WAL mode when it first reads it; until then its
+  // checkpoints do nothing.
+  if (sqlite3_exec(checkpoint_db_, "SELECT count(*) FROM sqlite_master;", nullptr, nullptr, nullptr) != SQLITE_OK) {
+    return SqliteError(checkpoint_db_, "reading the job store for checkpoints");
+  }
+  checkpointer_ = std::thread([this] { CheckpointLoop(); });
+  sqlite3_wal_hook(db_, &SqliteJobStore::OnWalCommit, this);
+  return absl::OkStatus();
+}
+
+void SqliteJobStore::CheckpointLoop() {
+  // A PASSIVE checkpoint copies what no reader still needs and never blocks the writer. It runs when
+  // a commit has grown the WAL to kCheckpointFrames (the size at which SQLite would checkpoint
+  // inside that commit), and after a quiet spell so that an idle WAL is folded in too.
+  constexpr absl::Duration kIdleInterval = absl::Seconds(5);
+  absl::MutexLock lock(&checkpoint_mu_);
+  while (!stopping_) {
+    auto due = [this] { return stopping_ || checkpoint_requested_; };
+    checkpoint_mu_.AwaitWithTimeout(absl::Condition(&due), kIdleInterval);
+    checkpoint_requested_ = false;
+    checkpoint_mu_.Unlock();
+    int wal_frames = 0;
+    int copied = 0;
+    if (sqlite3_wal_checkpoint_v2(checkpoint_db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, &wal_frames, &copied) !=
+            SQLITE_OK &&
+        sqlite3_errcode(checkpoint_db_) != SQLITE_BUSY) {
+      fprintf(stderr, "fitrund: checkpointing the job store: %s\n", sqlite3_errmsg(checkpoint_db_));
+    }
+    checkpoint_mu_.Lock();
+    ++checkpoints_;
+  }
+}
+
+int SqliteJobStore::OnWalCommit(void* self, sqlite3*, const char*, int wal_frames) {
+  if (wal_frames >= kCheckpointFrames) {
+    auto* store = static_cast<SqliteJobStore*>(self);
+    absl::MutexLock lock(&store->checkpoint_mu_);
+    store->checkpoint_requested_ = true;
+  }
+  return SQLITE_OK;
+}
+
+int64_t SqliteJobStore::checkpoints() {
+  absl::MutexLock lock(&checkpoint_mu_);
+  return checkpoints_;
+}
+
 SqliteJobStore::~SqliteJobStore() {
+  {
+    absl::MutexLock lock(&checkpoint_mu_);
+    stopping_ = true;
+  }
+  if (checkpointer_.joinable()) checkpointer_.join();
+  sqlite3_close(checkpoint_db_);
   absl::MutexLock lock(&mu_);
   sqlite3_finalize(append_event_);
   sqlite3_close(db_);

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <chrono>
 #include <filesystem>
+#include <thread>
+#include <vector>
 
 namespace fitrun::server {
 namespace {
@@ -100,6 +103,37 @@ TEST(SqliteJobStoreTest, AppendEventsStoresABatchAllOrNothing) {
   EXPECT_TRUE((*store)->AppendEvents(clash).ok());
   EXPECT_TRUE((*store)->AppendEvents({}).ok());
   EXPECT_EQ(*(*store)->LastEventSequence("j"), 101);
+}
+
+TEST(SqliteJobStoreTest, AFullWalIsCopiedIntoTheDatabaseInTheBackgroundNotByTheCommit) {
+  const std::string path = FreshDb("checkpoint");
+  auto store = SqliteJobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::uintmax_t empty_size = std::filesystem::file_size(path);
+  // Well past the WAL's checkpoint threshold (1,000 pages of 4 KiB), in batches as ingest commits.
+  constexpr int kEvents = 24000;
+  constexpr size_t kText = 200;
+  std::vector<fitrun::v1::JobEvent> events;
+  for (int i = 1; i <= kEvents; ++i) {
+    fitrun::v1::JobEvent& event = events.emplace_back();
+    event.set_job_id("j");
+    event.set_sequence(i);
+    event.mutable_log()->set_text(std::string(kText, 'x'));
+    if (events.size() == 100) {
+      ASSERT_TRUE((*store)->AppendEvents(events).ok());
+      events.clear();
+    }
+  }
+  // The commits only appended to the WAL and asked; the checkpoint thread copies it into the
+  // database file.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::filesystem::file_size(path) <= empty_size + kText * kEvents / 2 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GT(std::filesystem::file_size(path), empty_size + kText * kEvents / 2);
+  EXPECT_GE((*store)->checkpoints(), 1);
+  EXPECT_EQ(*(*store)->LastEventSequence("j"), kEvents);
 }
 
 TEST(SqliteJobStoreTest, AttemptsAreKeptInTheirOwnTable) {
