@@ -129,7 +129,18 @@ TEST(MemoryTest, PlannedBatchRunsWithinTenPercentOfThePredictionAndALargerFixedB
     rank_failed_out_of_memory |= event.has_log() && event.log().text().find("out of device memory") != std::string::npos;
   }
   EXPECT_TRUE(rank_failed_out_of_memory);
-  const fitrun::v1::Job ended = coordinator.Get(forced->id());
+  // The coordinator records each rank's exit when it reaps the process, a moment after it is gone.
+  fitrun::v1::Job ended;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        ended = coordinator.Get(forced->id());
+        if (ended.attempt_history_size() != 1) return false;
+        for (const fitrun::v1::RankOutcome& rank : ended.attempt_history(0).ranks()) {
+          if (!rank.exited()) return false;
+        }
+        return true;
+      },
+      absl::Seconds(10)));
   ASSERT_EQ(ended.attempt_history_size(), 1);
   bool exited_out_of_memory = false;  // exit code 3
   for (const fitrun::v1::RankOutcome& rank : ended.attempt_history(0).ranks()) {
