@@ -320,7 +320,7 @@ class BatchingSender {
 
 struct BenchOptions {
   int watchers = 100;
-  int flood_events = 20000;
+  int flood_events = 100000;
   int flood_batch = 64;
   int paced_rate = 10000;
   int paced_events = 20000;
@@ -553,7 +553,7 @@ void BenchmarkIngestAndLatency(const BenchOptions& bench) {
 }  // namespace fitrun::server
 
 // Usage: coordinator_bench [WATCHERS [FLOOD_EVENTS [PACED_RATE [PACED_EVENTS [BATCH]]]]] [--flags]
-// (defaults 100 20000 10000 20000 64). Flags, for comparisons: --paced_max_batch=N (1: one message
+// (defaults 100 100000 10000 20000 64). Flags, for comparisons: --paced_max_batch=N (1: one message
 // per paced report), --callback_watchers (gRPC callback readers instead of a blocking reader thread
 // per watcher), --window_us=N (the
 // fan-out's window), --fixed_window (wait the window after every wake), --fanout_threads=N,
@@ -590,7 +590,7 @@ int main(int argc, char** argv) {
   }
   auto arg = [&](size_t i, int fallback) { return positional.size() > i ? positional[i] : fallback; };
   bench.watchers = arg(0, 100);
-  bench.flood_events = arg(1, 20000);
+  bench.flood_events = arg(1, 100000);
   bench.paced_rate = arg(2, 10000);
   bench.paced_events = arg(3, 20000);
   bench.flood_batch = arg(4, 64);
