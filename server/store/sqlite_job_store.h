@@ -8,7 +8,8 @@
 // connection of their own, so no commit on the ingest path ever waits for one: left to SQLite, the
 // commit that fills the WAL to 1,000 pages runs the checkpoint itself, a stall of several
 // milliseconds under the coordinator's lock every few seconds of heavy event traffic. Commits only
-// tell that thread when the WAL has reached that size.
+// tell that thread when the WAL has reached that size; only a burst that outruns the thread by far
+// (kCommitCheckpointFrames) makes a commit checkpoint itself.
 #ifndef FITRUN_SERVER_STORE_SQLITE_JOB_STORE_H_
 #define FITRUN_SERVER_STORE_SQLITE_JOB_STORE_H_
 
@@ -34,6 +35,11 @@ class SqliteJobStore : public JobStore {
 
   // WAL pages after which a commit asks for a checkpoint (SQLite's own default threshold).
   static constexpr int kCheckpointFrames = 1000;
+  // WAL pages past which the checkpoint thread makes the writer start the WAL afresh.
+  static constexpr int kRestartFrames = 8 * kCheckpointFrames;
+  // WAL pages past which a commit checkpoints itself: the bound on the WAL when commits come faster
+  // than the checkpoint thread copies them.
+  static constexpr int kCommitCheckpointFrames = 32 * kCheckpointFrames;
 
   static absl::StatusOr<std::unique_ptr<SqliteJobStore>> Open(const std::string& path);
   ~SqliteJobStore() override;
@@ -53,6 +59,9 @@ class SqliteJobStore : public JobStore {
   // Starts the checkpoint thread on its own connection to `path`.
   absl::Status StartCheckpointer(const std::string& path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckpointLoop();
+  // One checkpoint of `mode` (SQLITE_CHECKPOINT_*) on the checkpoint connection; returns the WAL's
+  // size in pages.
+  int Checkpoint(int mode);
   // sqlite3_wal_hook: runs after each commit, with the WAL's size in pages.
   static int OnWalCommit(void* self, sqlite3* db, const char* name, int wal_frames);
   absl::Status Migrate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <thread>
@@ -127,12 +128,34 @@ TEST(SqliteJobStoreTest, AFullWalIsCopiedIntoTheDatabaseInTheBackgroundNotByTheC
   // The commits only appended to the WAL and asked; the checkpoint thread copies it into the
   // database file.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::filesystem::file_size(path) <= empty_size + kText * kEvents / 2 &&
+  while ((std::filesystem::file_size(path) <= empty_size + kText * kEvents / 2 || (*store)->checkpoints() == 0) &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_GT(std::filesystem::file_size(path), empty_size + kText * kEvents / 2);
   EXPECT_GE((*store)->checkpoints(), 1);
+  EXPECT_EQ(*(*store)->LastEventSequence("j"), kEvents);
+}
+
+TEST(SqliteJobStoreTest, TheWalStaysBoundedUnderCommitsThatNeverPause) {
+  const std::string path = FreshDb("bounded-wal");
+  auto store = SqliteJobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  // One commit per event, back to back: each appends at least one 4 KiB page, so 60,000 of them
+  // would leave a WAL of 240 MB or more if it never started afresh.
+  constexpr int kEvents = 60000;
+  std::uintmax_t largest_wal = 0;
+  fitrun::v1::JobEvent event;
+  event.set_job_id("j");
+  event.mutable_log()->set_text("a line of the job's log");
+  for (int i = 1; i <= kEvents; ++i) {
+    event.set_sequence(i);
+    ASSERT_TRUE((*store)->AppendEvent(event).ok());
+    if (i % 1000 == 0) largest_wal = std::max(largest_wal, std::filesystem::file_size(path + "-wal"));
+  }
+  // A WAL frame is a 4 KiB page and a 24-byte header; one commit here adds at most a few.
+  EXPECT_LT(largest_wal, (SqliteJobStore::kCommitCheckpointFrames + 10) * (4096u + 24))
+      << "checkpoints run: " << (*store)->checkpoints();
   EXPECT_EQ(*(*store)->LastEventSequence("j"), kEvents);
 }
 
