@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "server/launcher/child_spawn.h"
 
 extern char** environ;
 
@@ -70,25 +71,13 @@ absl::StatusOr<int> ProcessLauncher::Launch(const WorkerLaunch& launch, ExitCall
     posix_spawn_file_actions_addopen(&actions, 1, launch.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
   }
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  // Own process group, so stopping a worker also stops anything it started; default signal
-  // handling and an empty mask whatever the coordinator's threads have blocked.
-  sigset_t empty, defaults;
-  sigemptyset(&empty);
-  sigemptyset(&defaults);
-  for (int sig : {SIGTERM, SIGINT, SIGPIPE, SIGHUP, SIGCHLD}) sigaddset(&defaults, sig);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setsigmask(&attr, &empty);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  const ChildSpawnAttributes attributes(/*own_process_group=*/true);
 
   pid_t pid = 0;
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the launcher is shutting down");
-  const int rc = posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), envp.data());
+  const int rc = posix_spawn(&pid, argv[0], &actions, attributes.get(), argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
   if (rc != 0) {
     return absl::InternalError(absl::StrCat("cannot start ", launch.argv[0], ": ", std::strerror(rc)));
   }
