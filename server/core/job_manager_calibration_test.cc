@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "server/core/fakes.h"
 #include "server/core/job_manager.h"
+#include "server/core/job_manager_testing.h"
 #include "server/core/job_spec.h"
 #include "server/core/memory_calibration.h"
 #include "server/core/test_specs.h"
@@ -48,15 +49,7 @@ class JobManagerCalibrationTest : public ::testing::Test {
   void TearDown() override { manager_.reset(); }
 
   fitrun::v1::Job WaitForState(const std::string& id, fitrun::v1::JobState state) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    fitrun::v1::Job job;
-    while (absl::Now() < deadline) {
-      job = *manager_->Get(id);
-      if (job.state() == state) return job;
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    ADD_FAILURE() << "job " << id << " is " << JobStateName(job.state()) << ", wanted " << JobStateName(state);
-    return job;
+    return server::WaitForState(*manager_, id, state);
   }
 
   FakeJobStore store_;

@@ -1,4 +1,5 @@
 #include "server/core/job_manager.h"
+#include "server/core/job_manager_testing.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -53,17 +54,8 @@ class JobManagerTest : public ::testing::Test {
     manager_ = *std::move(manager);
   }
 
-  // Waits (on the manager's own state, never a bare sleep) for the job to reach `state`.
   fitrun::v1::Job WaitForState(const std::string& id, fitrun::v1::JobState state) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    fitrun::v1::Job job;
-    while (absl::Now() < deadline) {
-      job = *manager_->Get(id);
-      if (job.state() == state) return job;
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    ADD_FAILURE() << "job " << id << " is " << JobStateName(job.state()) << ", wanted " << JobStateName(state);
-    return job;
+    return server::WaitForState(*manager_, id, state);
   }
 
   static std::map<std::string, std::string> EnvOf(const WorkerLaunch& launch) {
