@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include <torch/optim/sgd.h>
@@ -31,10 +32,16 @@ LabeledImages SyntheticSet(int64_t n) {
   return set;
 }
 
-TEST(TrainerDdpTest, RanksEndBitwiseEqualWithOneGlobalLoss) {
+// A path under the test's temporary directory with nothing at it yet (a store file or a directory).
+std::string FreshPath(const std::string& name) {
   const char* root = std::getenv("TEST_TMPDIR");
-  const std::string store_path = std::string(root != nullptr ? root : "/tmp") + "/trainer_ddp_store";
-  std::remove(store_path.c_str());
+  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
+  std::filesystem::remove_all(path);
+  return path;
+}
+
+TEST(TrainerDdpTest, RanksEndBitwiseEqualWithOneGlobalLoss) {
+  const std::string store_path = FreshPath("trainer_ddp_store");
   const LabeledImages train = SyntheticSet(512);
   const LabeledImages test = SyntheticSet(100);
 
@@ -92,13 +99,6 @@ TEST(TrainerDdpTest, RanksEndBitwiseEqualWithOneGlobalLoss) {
   EXPECT_LT(progress.back().loss, progress.front().loss);
 }
 
-std::string StorePath(const std::string& name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
-  std::remove(path.c_str());
-  return path;
-}
-
 TrainerOptions EquivalenceOptions(int rank, int world_size, int64_t per_device_batch, int accumulation) {
   TrainerOptions options;
   options.rank = rank;
@@ -138,7 +138,7 @@ std::shared_ptr<Model> TrainAlone(const LabeledImages& train, int64_t batch, int
 std::vector<std::shared_ptr<Model>> TrainTwoRanks(const LabeledImages& train, int64_t per_device_batch,
                                                   int accumulation, const std::string& store_name,
                                                   int64_t total_steps = 8) {
-  const std::string store_path = StorePath(store_name);
+  const std::string store_path = FreshPath(store_name);
   std::vector<std::shared_ptr<Model>> models = {MlpFromSeed(42), MlpFromSeed(43)};
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
@@ -216,10 +216,8 @@ TEST(TrainerDdpTest, UnevenDatasetAcrossEpochsDoesNotHang) {
 // before the broadcast, the bucketed reducer's buckets and the trainer's micro-batches and test set
 // follow it, and rank 0's final checkpoint loads into a fresh model with the trained parameters.
 TEST(TrainerDdpTest, ExplicitDeviceWithTheBucketedReducerSavesALoadableCheckpoint) {
-  const std::string store_path = StorePath("device_store");
-  const char* root = std::getenv("TEST_TMPDIR");
-  const std::string checkpoint_dir = std::string(root != nullptr ? root : "/tmp") + "/device_checkpoints";
-  std::system(("rm -rf '" + checkpoint_dir + "'").c_str());
+  const std::string store_path = FreshPath("device_store");
+  const std::string checkpoint_dir = FreshPath("device_checkpoints");
   absl::StatusOr<std::unique_ptr<CheckpointStore>> checkpoints = CheckpointStore::Create({checkpoint_dir, 2});
   ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
   const c10::Device device(c10::kCPU);
