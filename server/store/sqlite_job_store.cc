@@ -57,6 +57,18 @@ absl::Status SqliteError(sqlite3* db, absl::string_view what) {
   return absl::InternalError(absl::StrCat("sqlite: ", what, ": ", sqlite3_errmsg(db)));
 }
 
+// One checkpoint of `mode` (SQLITE_CHECKPOINT_*) on `db`; returns the WAL's size in pages. BUSY
+// (another checkpoint is running) is not worth a word.
+int Checkpoint(sqlite3* db, int mode) {
+  int wal_frames = 0;
+  int copied = 0;
+  if (sqlite3_wal_checkpoint_v2(db, nullptr, mode, &wal_frames, &copied) != SQLITE_OK &&
+      sqlite3_errcode(db) != SQLITE_BUSY) {
+    fprintf(stderr, "fitrund: checkpointing the job store: %s\n", sqlite3_errmsg(db));
+  }
+  return wal_frames;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::string& path) {
@@ -127,39 +139,32 @@ void SqliteJobStore::CheckpointLoop() {
     if (checkpoint_mu_.AwaitWithTimeout(absl::Condition(&stopping), kSpacing)) break;
     checkpoint_requested_ = false;
     checkpoint_mu_.Unlock();
-    int wal_frames = Checkpoint(SQLITE_CHECKPOINT_PASSIVE);
-    // The writer starts the WAL afresh only when it finds every frame copied, which never happens
-    // while it commits faster than a pass copies: past kRestartFrames a RESTART checkpoint makes it
-    // wait for the last frames (the passive pass has just copied the rest), a few milliseconds, so
-    // the WAL stays bounded.
-    if (wal_frames >= kRestartFrames) Checkpoint(SQLITE_CHECKPOINT_RESTART);
+    {
+      absl::MutexLock pass(&pass_mu_);
+      const int wal_frames = Checkpoint(checkpoint_db_, SQLITE_CHECKPOINT_PASSIVE);
+      // The writer starts the WAL afresh only when it finds every frame copied, which never happens
+      // while it commits faster than a pass copies: past kRestartFrames a RESTART checkpoint makes it
+      // wait for the last frames (the passive pass has just copied the rest), a few milliseconds, so
+      // the WAL stays bounded.
+      if (wal_frames >= kRestartFrames) Checkpoint(checkpoint_db_, SQLITE_CHECKPOINT_RESTART);
+    }
     checkpoint_mu_.Lock();
     ++checkpoints_;
   }
 }
 
-int SqliteJobStore::Checkpoint(int mode) {
-  int wal_frames = 0;
-  int copied = 0;
-  if (sqlite3_wal_checkpoint_v2(checkpoint_db_, nullptr, mode, &wal_frames, &copied) != SQLITE_OK &&
-      sqlite3_errcode(checkpoint_db_) != SQLITE_BUSY) {
-    fprintf(stderr, "fitrund: checkpointing the job store: %s\n", sqlite3_errmsg(checkpoint_db_));
-  }
-  return wal_frames;
-}
-
 int SqliteJobStore::OnWalCommit(void* self, sqlite3* db, const char*, int wal_frames) {
+  auto* store = static_cast<SqliteJobStore*>(self);
   if (wal_frames >= kCommitCheckpointFrames) {
     // Commits outrun the checkpoint thread (a burst far beyond any job's reports): this commit
-    // copies the WAL and has it start afresh (waiting for a pass of that thread to end first),
-    // which also holds the writer back until it is done.
-    int log = 0;
-    int copied = 0;
-    sqlite3_wal_checkpoint_v2(db, nullptr, SQLITE_CHECKPOINT_RESTART, &log, &copied);
+    // copies the WAL and has it start afresh, which also holds the writer back until it is done.
+    // It waits for a pass of the thread to end first: SQLite refuses a second checkpointer at once
+    // rather than waiting. (The hook runs after the commit has released SQLite's locks.)
+    absl::MutexLock pass(&store->pass_mu_);
+    Checkpoint(db, SQLITE_CHECKPOINT_RESTART);
     return SQLITE_OK;
   }
   if (wal_frames >= kCheckpointFrames) {
-    auto* store = static_cast<SqliteJobStore*>(self);
     absl::MutexLock lock(&store->checkpoint_mu_);
     store->checkpoint_requested_ = true;
   }

@@ -59,9 +59,6 @@ class SqliteJobStore : public JobStore {
   // Starts the checkpoint thread on its own connection to `path`.
   absl::Status StartCheckpointer(const std::string& path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckpointLoop();
-  // One checkpoint of `mode` (SQLITE_CHECKPOINT_*) on the checkpoint connection; returns the WAL's
-  // size in pages.
-  int Checkpoint(int mode);
   // sqlite3_wal_hook: runs after each commit, with the WAL's size in pages.
   static int OnWalCommit(void* self, sqlite3* db, const char* name, int wal_frames);
   absl::Status Migrate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -76,6 +73,8 @@ class SqliteJobStore : public JobStore {
 
   // The checkpoint thread's connection and its stop signal.
   sqlite3* checkpoint_db_ = nullptr;
+  // Held through each checkpoint, so that one a commit must run waits for the thread's to end.
+  absl::Mutex pass_mu_;
   absl::Mutex checkpoint_mu_;
   bool stopping_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
   bool checkpoint_requested_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
