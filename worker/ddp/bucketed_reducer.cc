@@ -91,6 +91,8 @@ absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
               .set_(flat.storage(), flat.storage_offset() + buckets[b].offsets[j], p.sizes());
     }
   }
+  // Every gradient is its slot from the start (see the class comment).
+  for (size_t i = 0; i < trained.size(); ++i) reducer->MoveGradientIntoBucket(static_cast<int>(i));
 
   try {
     for (size_t i = 0; i < trained.size(); ++i) {

@@ -26,12 +26,14 @@ namespace fitrun::worker {
 //    (Splitting small models into more buckets, so that more of their all-reduce overlaps backward,
 //    made the 2-rank mlp benchmark slower on this 2-core machine: the communication is CPU work on
 //    cores that backward already fills, and mid-backward collectives wait on the scheduler.)
-//  - Gradients are views into their bucket (DDP's gradient_as_bucket_view): once a parameter's .grad
-//    is its bucket slot, AccumulateGrad adds into the bucket in place (the optimizer's zero_grad
-//    zeroes it in place), so no gradient is copied into a bucket or back out of it. A post-hook on
-//    each parameter's gradient accumulator (the AccumulateGrad node) marks the slot ready; the first
-//    time, or whenever something replaced .grad, it copies the gradient in and points .grad at the
-//    slot. When the last slot of a bucket is ready, that bucket and every completed bucket after it in
+//  - Gradients are views into their bucket (DDP's gradient_as_bucket_view): every parameter's .grad
+//    is its bucket slot from the start (a gradient it already had is copied in), so AccumulateGrad
+//    adds into the bucket in place (the optimizer's zero_grad zeroes it in place), and no gradient is
+//    copied into a bucket or back out of it, nor held beside it: pointing .grad at the slot only once
+//    the first gradient arrived would keep a second copy of every gradient through the first step's
+//    accumulation micro-batches, a peak the memory probe does not see. A post-hook on each
+//    parameter's gradient accumulator (the AccumulateGrad node) marks the slot ready; whenever
+//    something replaced .grad, it copies the gradient in and points .grad at the slot again. When the last slot of a bucket is ready, that bucket and every completed bucket after it in
 //    launch order are all-reduced asynchronously; the process group runs the collective on its own
 //    threads while backward continues.
 //  - Buckets are launched strictly in index order, so every rank issues the same collectives in the

@@ -3,9 +3,15 @@
 namespace fitrun::worker {
 
 void ConsoleSink::OnProgress(const StepProgress& p) {
-  std::fprintf(out_, "[rank %d] step %lld/%lld epoch %d loss %.4f samples/s %.0f\n", rank_,
+  std::fprintf(out_, "[rank %d] step %lld/%lld epoch %d loss %.4f samples/s %.0f", rank_,
                static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.epoch, p.loss,
                p.samples_per_second);
+  // The device's memory, where it is counted (the rank's log is where a user looks after an OOM).
+  if (p.peak_bytes > 0) {
+    std::fprintf(out_, " live %lld peak %lld bytes", static_cast<long long>(p.live_bytes),
+                 static_cast<long long>(p.peak_bytes));
+  }
+  std::fprintf(out_, "\n");
   std::fflush(out_);
 }
 
