@@ -69,12 +69,12 @@ struct RunningServer {
   std::unique_ptr<SqliteJobStore> store;
   std::unique_ptr<DeviceInventory> devices;
   std::unique_ptr<ProcessLauncher> launcher;
-  // Before the manager, so they outlive it.
-  std::unique_ptr<ProcessMemoryProbe> memory_probe;
-  std::unique_ptr<MemoryCalibrator> memory_calibrator;
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<PrometheusMetrics> metrics;
   std::unique_ptr<prometheus::Exposer> exposer;
+  // After the metrics they report to, before the manager, so they outlive it.
+  std::unique_ptr<ProcessMemoryProbe> memory_probe;
+  std::unique_ptr<MemoryCalibrator> memory_calibrator;
   std::unique_ptr<JobManager> manager;
   std::unique_ptr<CoordinatorService> coordinator_service;
   std::unique_ptr<WorkerChannelService> worker_service;
@@ -197,8 +197,11 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
     absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> probe = ProcessMemoryProbe::Create(probe_options);
     if (!probe.ok()) return probe.status();
     server->memory_probe = *std::move(probe);
-    absl::StatusOr<std::unique_ptr<MemoryCalibrator>> calibrator = MemoryCalibrator::Create(
-        {(std::filesystem::path(options.state_dir) / "memory_calibration.tsv").string()}, server->memory_probe.get());
+    MemoryCalibrator::Options calibrator_options;
+    calibrator_options.cache_path = (std::filesystem::path(options.state_dir) / "memory_calibration.tsv").string();
+    calibrator_options.metrics = server->metrics.get();
+    absl::StatusOr<std::unique_ptr<MemoryCalibrator>> calibrator =
+        MemoryCalibrator::Create(calibrator_options, server->memory_probe.get());
     if (!calibrator.ok()) return calibrator.status();
     server->memory_calibrator = *std::move(calibrator);
     manager_options.memory_calibrator = server->memory_calibrator.get();

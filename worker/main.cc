@@ -1,7 +1,7 @@
 // fitrun-worker: one rank of a fitrun job. Started by fitrund (or by hand) with the torchrun
 // environment plus FITRUN_*; see worker/options.h for the contract and ExitCode for what the exit
-// status means. With --probe it instead measures one rank's peak memory at two batch sizes for the
-// coordinator's estimator (worker/probe/memory_probe.h).
+// status means. With --probe it instead measures one rank's peak memory at the micro-batch sizes the
+// coordinator's calibration asks for (worker/probe/memory_probe.h).
 #include <ATen/Parallel.h>
 #include <unistd.h>
 #ifdef FITRUN_WITH_CUDA
@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iostream>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -26,6 +27,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -192,6 +194,9 @@ TrainerOptions TrainerOptionsFor(const fitrun::v1::WorkerAssignment& a, const Wo
   }
   options.precision = a.spec().precision();
   options.checkpoint_every_steps = a.spec().checkpoint().every_steps();
+  // Evaluating in micro-batches of the training batch never needs more memory than a training step
+  // (forward only, without gradients), so the plan that fits training fits the evaluation too.
+  options.eval_batch = std::max<int64_t>(1, a.plan().per_device_batch());
   return options;
 }
 
@@ -565,41 +570,46 @@ std::optional<std::string> GetEnv(const std::string& name) {
 // What the command line may say; without --probe the worker trains as its environment describes.
 struct CommandLine {
   bool probe = false;
-  ProbeOptions probe_options;
+  // --probe_batches=B1,B2,...: measure these and exit; empty: read batch sizes from stdin.
+  std::vector<int64_t> probe_batches;
 };
 
 absl::StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
   CommandLine command_line;
-  bool batches_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--probe") {
       command_line.probe = true;
     } else if (absl::StartsWith(arg, "--probe_batches=")) {
       const std::string value = arg.substr(std::string("--probe_batches=").size());
-      const std::vector<std::string> parts = absl::StrSplit(value, ',');
-      int64_t small = 0, large = 0;
-      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &small) || !absl::SimpleAtoi(parts[1], &large) ||
-          small < 1 || large <= small) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--probe_batches: expected two micro-batch sizes B1,B2 with 1 <= B1 < B2 (got \"", value, "\")"));
+      for (absl::string_view part : absl::StrSplit(value, ',')) {
+        int64_t batch = 0;
+        if (!absl::SimpleAtoi(part, &batch) || batch < 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--probe_batches: expected micro-batch sizes B1,B2,... each >= 1 (got \"", value, "\")"));
+        }
+        command_line.probe_batches.push_back(batch);
       }
-      command_line.probe_options.small_batch = small;
-      command_line.probe_options.large_batch = large;
-      batches_given = true;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown argument \"", arg, "\""));
     }
   }
-  if (batches_given && !command_line.probe) {
+  if (!command_line.probe_batches.empty() && !command_line.probe) {
     return absl::InvalidArgumentError("--probe_batches: only meaningful with --probe");
   }
   return command_line;
 }
 
-// fitrun-worker --probe: prints one line of JSON (see ProbeResultJson) on stdout and exits 0, or
-// says what was wrong on stderr and exits 2.
-int RunProbe(const ProbeOptions& probe_options) {
+void PrintLine(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+// fitrun-worker --probe: prints the probe's header line (see memory_probe.h), then measures each
+// batch of --probe_batches, or each batch size read from stdin (one per line, until end of input),
+// printing one line per measurement as soon as it is done, so fitrund can decide what to measure
+// next from what it has seen. Exits 0, or 2 when the spec cannot be probed or a measurement fails.
+int RunProbe(const std::vector<int64_t>& batches) {
   const std::optional<std::string> path = GetEnv("FITRUN_ASSIGNMENT");
   absl::Status status;
   if (!path.has_value() || path->empty()) {
@@ -607,15 +617,40 @@ int RunProbe(const ProbeOptions& probe_options) {
   } else if (absl::StatusOr<fitrun::v1::WorkerAssignment> assignment = LoadAssignment(*path); !assignment.ok()) {
     status = assignment.status();
   } else {
-    // Never freed, as in Worker::Train: LibTorch keeps the installed allocator until exit.
-    auto* counter = new CappedCpuAllocator(/*cap_bytes=*/0);
-    absl::StatusOr<ProbeResult> result = RunMemoryProbe(*assignment, probe_options, counter);
-    if (result.ok()) {
-      std::printf("%s\n", ProbeResultJson(*result).c_str());
-      std::fflush(stdout);
-      return kSuccess;
+    // Never freed, as in Worker::Train: LibTorch keeps the installed allocator until exit. The
+    // assignment's memory cap, if any, is the probe's budget.
+    auto* counter = new CappedCpuAllocator(
+        assignment->memory_cap_bytes_size() > 0 ? std::max<int64_t>(0, assignment->memory_cap_bytes(0)) : 0);
+    absl::StatusOr<std::unique_ptr<MemoryProbe>> probe = MemoryProbe::Create(*assignment, counter);
+    if (probe.ok()) {
+      PrintLine(ProbeHeaderJson(**probe));
+      // A batch past the budget is an answer (the caller measures smaller ones next); any other
+      // failure ends the probe.
+      auto measure = [&](int64_t batch) {
+        absl::StatusOr<ProbePeak> peak = (*probe)->Measure(batch);
+        PrintLine(peak.ok() ? ProbePeakJson(*peak) : ProbeErrorJson(batch, peak.status()));
+        return absl::IsResourceExhausted(peak.status()) ? absl::OkStatus() : peak.status();
+      };
+      if (!batches.empty()) {
+        for (int64_t batch : batches) {
+          if (status = measure(batch); !status.ok()) break;
+        }
+      } else {
+        std::string line;
+        while (status.ok() && std::getline(std::cin, line)) {
+          int64_t batch = 0;
+          if (absl::StripAsciiWhitespace(line).empty()) continue;
+          if (!absl::SimpleAtoi(line, &batch)) {
+            status = absl::InvalidArgumentError(absl::StrCat("stdin: expected a batch size, got \"", line, "\""));
+            break;
+          }
+          status = measure(batch);
+        }
+      }
+      if (status.ok()) return kSuccess;
+    } else {
+      status = probe.status();
     }
-    status = result.status();
   }
   std::fprintf(stderr, "fitrun-worker --probe: %s\n", std::string(status.message()).c_str());
   return kBadConfiguration;
@@ -631,14 +666,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "fitrun-worker: %s\n"
                  "usage: %s                              train one rank\n"
-                 "       %s --probe [--probe_batches=B1,B2]  measure peak memory at two micro-batch sizes\n"
+                 "       %s --probe [--probe_batches=B1,B2,...]  measure peak memory at micro-batch sizes\n"
+                 "                         (without --probe_batches: one size per line on stdin)\n"
                  "Configured by the environment: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,\n"
                  "MASTER_PORT, FITRUN_ASSIGNMENT, and optionally FITRUN_COORDINATOR, FITRUN_JOB_ID,\n"
                  "FITRUN_ATTEMPT, FITRUN_JOB_TOKEN. The probe reads only FITRUN_ASSIGNMENT.\n",
                  std::string(command_line.status().message()).c_str(), argv[0], argv[0]);
     return kBadConfiguration;
   }
-  if (command_line->probe) return fitrun::worker::RunProbe(command_line->probe_options);
+  if (command_line->probe) return fitrun::worker::RunProbe(command_line->probe_batches);
   absl::StatusOr<fitrun::worker::WorkerOptions> options =
       fitrun::worker::WorkerOptionsFromEnvironment(fitrun::worker::GetEnv);
   if (!options.ok()) {

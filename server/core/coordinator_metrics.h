@@ -30,6 +30,11 @@ class CoordinatorMetrics {
   virtual void JobRestarted(const std::string& reason) = 0;
   // From a failure being detected to the next attempt's first training step.
   virtual void Recovered(absl::Duration time_to_recover) = 0;
+  // One rank of a finished attempt peaked at `ratio` times its plan's predicted peak (the memory
+  // estimator's error, as it runs).
+  virtual void MemoryPredictionObserved(double ratio) = 0;
+  // A memory probe (a calibration sweep or a single measurement) ran for `took`.
+  virtual void MemoryProbeRan(absl::Duration took) = 0;
 };
 
 // Records nothing; for tools and tests that do not look at metrics.
@@ -42,6 +47,8 @@ class NoopCoordinatorMetrics : public CoordinatorMetrics {
   void OutOfMemory() override {}
   void JobRestarted(const std::string&) override {}
   void Recovered(absl::Duration) override {}
+  void MemoryPredictionObserved(double) override {}
+  void MemoryProbeRan(absl::Duration) override {}
 };
 
 }  // namespace fitrun::server

@@ -34,23 +34,21 @@ fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const 
   // gradient_as_bucket_view): counted once, as gradients, plus the loss slot.
   m.set_ddp_buckets_bytes(kFloat);
 
-  m.set_activations_bytes(per_device_batch * (model.activation_bytes_per_sample + model.input_bytes_per_sample));
   double margin = options.safety_margin;
-  if (model.calibrated) {
-    // The measured fixed part holds the model states counted above; what it holds beyond them is the
-    // runtime's (autograd bookkeeping, kernels' scratch, the optimizer's temporaries). When the
-    // arithmetic counts more than was measured (a state the probe's peak did not overlap), the
-    // arithmetic stands: the estimate errs high.
+  if (model.measured.has_value()) {
+    // The measured peak holds the model states counted above; what it holds beyond them and the
+    // activations is the runtime's (autograd bookkeeping, kernels' scratch, the optimizer step's
+    // temporaries). When the arithmetic counts more than was measured (a state the probe's peak did
+    // not overlap), the arithmetic stands: the estimate errs high.
     const int64_t states =
         m.weights_bytes() + m.gradients_bytes() + m.optimizer_state_bytes() + m.ddp_buckets_bytes();
-    // At small batches a batch-independent cost (the optimizer step's temporaries, a kernel's packed
-    // weights) can set the peak instead: the measured small-batch line is a floor, shown as overhead.
-    const int64_t floor = model.calibrated_small_fixed_bytes + model.calibrated_small_per_sample_bytes * per_device_batch;
-    const int64_t line = std::max(model.calibrated_fixed_bytes + m.activations_bytes(), floor);
+    const int64_t peak = model.measured->PeakAt(per_device_batch);
+    m.set_activations_bytes(std::max<int64_t>(0, peak - model.measured->FixedBytes()));
     m.set_workspace_bytes(0);
-    m.set_framework_overhead_bytes(std::max<int64_t>(0, line - m.activations_bytes() - states));
+    m.set_framework_overhead_bytes(std::max<int64_t>(0, peak - m.activations_bytes() - states));
     margin = options.calibrated_safety_margin;
   } else {
+    m.set_activations_bytes(per_device_batch * (model.activation_bytes_per_sample + model.input_bytes_per_sample));
     m.set_workspace_bytes(options.workspace_bytes);
     m.set_framework_overhead_bytes(options.framework_overhead_bytes);
   }

@@ -5,10 +5,10 @@
 // calls it many times per plan.
 //
 // Two sources for the figures. Analytic profiles (model_profile.h) count tensors by formula and add
-// fixed overheads and a 10% margin. Calibrated profiles (memory_calibration.h) carry a measured line
-// peak(b) = fixed + per_sample * b: weights, gradients, optimizer state and buckets are still
-// computed, activations are the measured per-sample bytes times b, the rest of the measured fixed
-// part is the framework overhead, and the margin is small because the line is a measurement.
+// fixed overheads and a 10% margin. Calibrated profiles (memory_calibration.h) carry the peaks the
+// probe measured (memory_curve.h): the total is the curve at the batch plus a small margin, and the
+// breakdown splits it into weights, gradients, optimizer state and buckets (computed), activations
+// (what the curve adds over its batch-independent part) and framework overhead (the rest).
 #ifndef FITRUN_SERVER_CORE_ESTIMATOR_H_
 #define FITRUN_SERVER_CORE_ESTIMATOR_H_
 
@@ -28,7 +28,8 @@ struct EstimatorOptions {
   // Added on top of the sum, as a fraction of it.
   double safety_margin = 0.10;
   // The margin for calibrated profiles: covers what the probe's single process does not see (the
-  // real reducer's per-bucket buffers, the process group's scratch), measured at about 1%.
+  // real reducer's per-bucket buffers, the process group's scratch, measured at about 1%); the
+  // curve between measured batches is already at most its tolerance above the truth.
   double calibrated_safety_margin = 0.03;
 };
 

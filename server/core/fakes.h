@@ -3,7 +3,9 @@
 #ifndef FITRUN_SERVER_CORE_FAKES_H_
 #define FITRUN_SERVER_CORE_FAKES_H_
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -216,6 +218,18 @@ class RecordingMetrics : public CoordinatorMetrics {
     absl::MutexLock lock(&mu_);
     recoveries_.push_back(time_to_recover);
   }
+  void MemoryPredictionObserved(double ratio) override {
+    absl::MutexLock lock(&mu_);
+    prediction_ratios_.push_back(ratio);
+  }
+  void MemoryProbeRan(absl::Duration took) override {
+    absl::MutexLock lock(&mu_);
+    probe_times_.push_back(took);
+  }
+  std::vector<double> prediction_ratios() {
+    absl::MutexLock lock(&mu_);
+    return prediction_ratios_;
+  }
   int out_of_memory() {
     absl::MutexLock lock(&mu_);
     return out_of_memory_;
@@ -250,26 +264,33 @@ class RecordingMetrics : public CoordinatorMetrics {
   int out_of_memory_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, int> restarts_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Duration> recoveries_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> prediction_ratios_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Duration> probe_times_ ABSL_GUARDED_BY(mu_);
 };
 
 // ---- memory probe ----
-// Answers every probe with `result` (or `error`), counts the calls and records the specs; with
-// Hold() probes wait until Release(), so a test can see a calibration in flight.
+// Plays a model whose peak at micro-batch b is `peak(b)`: every session answers from it (a peak
+// past the session's budget is RESOURCE_EXHAUSTED, as the real probe's allocator refuses it). Counts
+// sessions, records the specs and the batches measured; with Hold() sessions wait to start until
+// Release(), so a test can see a calibration in flight; Fail() makes sessions fail to start.
 class FakeMemoryProbe : public MemoryProbe {
  public:
-  explicit FakeMemoryProbe(ProbeResult result = {}) : result_(result) {}
-  absl::StatusOr<ProbeResult> Probe(const fitrun::v1::JobSpec& spec) override {
+  using PeakFunction = std::function<int64_t(int64_t)>;
+  explicit FakeMemoryProbe(PeakFunction peak, int64_t model_state_bytes = 2678824, int64_t train_samples = 60000)
+      : peak_(std::move(peak)), model_state_bytes_(model_state_bytes), train_samples_(train_samples) {}
+
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> Start(const fitrun::v1::JobSpec& spec,
+                                                            int64_t max_bytes) override {
     absl::MutexLock lock(&mu_);
     probed_.push_back(spec);
     auto released = [this] { return !held_; };
     mu_.Await(absl::Condition(&released));
     if (!error_.ok()) return error_;
-    return result_;
+    return std::unique_ptr<MemoryProbeSession>(new Session(this, max_bytes));
   }
-  void SetResult(ProbeResult result) {
+  void SetPeak(PeakFunction peak) {
     absl::MutexLock lock(&mu_);
-    result_ = result;
-    error_ = absl::OkStatus();
+    peak_ = std::move(peak);
   }
   void Fail(absl::Status error) {
     absl::MutexLock lock(&mu_);
@@ -287,17 +308,43 @@ class FakeMemoryProbe : public MemoryProbe {
     absl::MutexLock lock(&mu_);
     return probed_;
   }
+  // Sessions started (sweeps and single measurements).
   int calls() {
     absl::MutexLock lock(&mu_);
     return static_cast<int>(probed_.size());
   }
+  std::vector<int64_t> measured_batches() {
+    absl::MutexLock lock(&mu_);
+    return measured_;
+  }
 
  private:
+  class Session : public MemoryProbeSession {
+   public:
+    Session(FakeMemoryProbe* probe, int64_t max_bytes) : probe_(probe), max_bytes_(max_bytes) {}
+    int64_t model_state_bytes() const override { return probe_->model_state_bytes_; }
+    int64_t train_samples() const override { return probe_->train_samples_; }
+    absl::StatusOr<int64_t> MeasurePeak(int64_t batch) override {
+      absl::MutexLock lock(&probe_->mu_);
+      probe_->measured_.push_back(batch);
+      const int64_t peak = probe_->peak_(batch);
+      if (max_bytes_ > 0 && peak > max_bytes_) return absl::ResourceExhaustedError("past the probe's budget");
+      return peak;
+    }
+
+   private:
+    FakeMemoryProbe* const probe_;
+    const int64_t max_bytes_;
+  };
+
   absl::Mutex mu_;
-  ProbeResult result_ ABSL_GUARDED_BY(mu_);
+  PeakFunction peak_ ABSL_GUARDED_BY(mu_);
+  const int64_t model_state_bytes_;
+  const int64_t train_samples_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<fitrun::v1::JobSpec> probed_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> measured_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fitrun::server

@@ -18,6 +18,7 @@
 #include "server/core/memory_feedback.h"
 #include "server/core/model_profile.h"
 #include "server/core/planner.h"
+#include "server/core/units.h"
 
 namespace fitrun::server {
 namespace {
@@ -185,19 +186,20 @@ absl::Duration JobManager::StopGrace(const JobEntry& entry) const {
 absl::StatusOr<Job> JobManager::Submit(JobSpec spec) {
   absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(std::move(spec));
   if (!normalized.ok()) return normalized.status();
-  // Measured here, on the caller's thread before the lock (seconds, once per model: then cached),
-  // so the plan uses the calibrated estimate; a failed probe leaves the analytic one.
-  if (options_.memory_calibrator != nullptr) (void)options_.memory_calibrator->Calibrate(*normalized);
 
   absl::MutexLock lock(&mu_);
-  // A job that could never run on this node is refused now rather than queued forever.
+  // A job that could never run on this node is refused now rather than queued forever. Its memory
+  // is judged here only when its workload is measured: the analytic estimate is an upper bound, so
+  // "does not fit" from it waits for the measurement, which runs off this call's path.
+  const bool calibrated = options_.memory_calibrator == nullptr ||
+                          options_.memory_calibrator->Find(*normalized).state != MemoryCalibrator::State::kMissing;
   absl::StatusOr<Plan> feasible = PlanOn(*normalized, /*only_free_devices=*/false);
   if (!feasible.ok()) {
     if (absl::IsUnavailable(feasible.status())) {
       return absl::InvalidArgumentError(absl::StrCat("spec.resources.min_devices: ", feasible.status().message(),
                                                      " on this node in all; lower min_devices"));
     }
-    return feasible.status();
+    if (calibrated || !absl::IsResourceExhausted(feasible.status())) return feasible.status();
   }
 
   const int64_t order = next_submit_order_++;
@@ -213,7 +215,9 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec) {
     return absl::UnavailableError(absl::StrCat("could not store the job: ", status.message()));
   }
   JobEntry& stored = jobs_[job.id()] = std::move(entry);
-  if (absl::Status status = Transition(stored, fitrun::v1::JOB_STATE_QUEUED, "submitted"); !status.ok()) {
+  const std::string reason =
+      calibrated ? "submitted" : "submitted; its workload's memory is measured first (fitrun-worker --probe)";
+  if (absl::Status status = Transition(stored, fitrun::v1::JOB_STATE_QUEUED, reason); !status.ok()) {
     return status;
   }
   RequestSchedule();
@@ -223,17 +227,29 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec) {
 absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec) {
   absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(std::move(spec));
   if (!normalized.ok()) return normalized.status();
-  // Measured here, on the caller's thread before the lock (seconds, once per model: then cached),
-  // so the plan uses the calibrated estimate; a failed probe leaves the analytic one.
-  if (options_.memory_calibrator != nullptr) (void)options_.memory_calibrator->Calibrate(*normalized);
   absl::MutexLock lock(&mu_);
+  // Never waits for a probe: an unmeasured workload is planned with the analytic estimate while
+  // its measurement starts, and the plan says so.
+  const std::string calibrating = options_.memory_calibrator != nullptr ? AwaitCalibration(*normalized) : "";
   absl::StatusOr<Plan> plan = PlanOn(*normalized, /*only_free_devices=*/true);
   if (absl::IsUnavailable(plan.status())) {
     // Busy devices: show the plan it gets once they free up.
     plan = PlanOn(*normalized, /*only_free_devices=*/false);
     if (plan.ok()) plan->add_reasons("queued: not enough devices are free now; this is the plan once they are");
   }
-  if (!plan.ok()) return plan.status();
+  const std::string pending = absl::StrCat(
+      calibrating, ": this is the analytic estimate, an upper bound; plan again in a few seconds for a calibrated one");
+  if (!plan.ok()) {
+    if (!calibrating.empty()) return absl::Status(plan.status().code(), absl::StrCat(plan.status().message(), " (", pending, ")"));
+    return plan.status();
+  }
+  if (!calibrating.empty()) {
+    plan->add_reasons(pending);
+  } else if (options_.memory_calibrator != nullptr) {
+    if (const std::string measuring = AwaitPlanMeasurement(*normalized, *plan); !measuring.empty()) {
+      plan->add_reasons(absl::StrCat("before launch: ", measuring));
+    }
+  }
   return std::make_pair(*std::move(normalized), *std::move(plan));
 }
 
@@ -372,6 +388,8 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
       case fitrun::v1::WorkerReport::kProgress: {
         *event.mutable_progress() = report->progress();
         event.mutable_progress()->set_rank(key.rank);
+        rank.peak_bytes = std::max(rank.peak_bytes, report->progress().peak_bytes());
+        rank.last_step = std::max(rank.last_step, report->progress().step());
         if (key.rank == 0) {
           const int64_t advanced = report->progress().step() - job.last_progress().step();
           *job.mutable_last_progress() = event.progress();
@@ -398,6 +416,7 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
         events.push_back(event);
         PublishAllLocked(entry, std::exchange(events, {}));
         rank.exiting_on_its_own = true;
+        entry.active->out_of_memory = true;
         OnOutOfMemoryLocked(entry, event.oom());
         continue;
       case fitrun::v1::WorkerReport::kCheckpointSaved:
@@ -480,6 +499,7 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
       FailureKind kind = FailureKind::kCrash;
       if (exit.status_known && exit.signal == 0 && exit.exit_code == kWorkerOutOfMemoryExit) {
         kind = FailureKind::kOutOfMemory;
+        entry.active->out_of_memory = true;
         // The rank's OutOfMemory report did not arrive: the batch it ran is still known not to fit.
         fitrun::v1::OutOfMemory oom;
         oom.set_rank(key.rank);
@@ -554,6 +574,7 @@ void JobManager::MaybeReleaseAttempt(JobEntry& entry) {
   }
   const JobState state = entry.record.job.state();
   if (!IsTerminal(state) && state != fitrun::v1::JOB_STATE_RESTARTING) return;
+  RecordAttemptMemory(entry);
   for (const std::string& device : entry.active->device_ids) device_owner_.erase(device);
   Job& job = entry.record.job;
   if (!job.attempt_history().empty()) {
@@ -604,16 +625,18 @@ std::vector<JobManager::Placement> JobManager::PlaceQueuedJobs(int* queued_count
   std::vector<JobEntry*> queued;
   for (auto& [id, entry] : jobs_) {
     const JobState state = entry.record.job.state();
-    if (state == fitrun::v1::JOB_STATE_QUEUED || (state == fitrun::v1::JOB_STATE_RESTARTING && !entry.active)) {
+    // PLANNING without an attempt: waiting for its memory to be measured.
+    if (state == fitrun::v1::JOB_STATE_QUEUED ||
+        ((state == fitrun::v1::JOB_STATE_RESTARTING || state == fitrun::v1::JOB_STATE_PLANNING) && !entry.active)) {
       queued.push_back(&entry);
     }
   }
   *queued_count = static_cast<int>(queued.size());
-  // Jobs restarting first (they already held devices), then priority, then submission order.
+  // Jobs that already ran first (restarting ones held devices), then priority, then submission order.
   std::sort(queued.begin(), queued.end(), [](const JobEntry* a, const JobEntry* b) {
-    const bool a_restarting = a->record.job.state() == fitrun::v1::JOB_STATE_RESTARTING;
-    const bool b_restarting = b->record.job.state() == fitrun::v1::JOB_STATE_RESTARTING;
-    if (a_restarting != b_restarting) return a_restarting;
+    const bool a_ran = a->record.job.attempts() > 0;
+    const bool b_ran = b->record.job.attempts() > 0;
+    if (a_ran != b_ran) return a_ran;
     if (a->record.job.spec().priority() != b->record.job.spec().priority()) {
       return a->record.job.spec().priority() > b->record.job.spec().priority();
     }
@@ -624,22 +647,47 @@ std::vector<JobManager::Placement> JobManager::PlaceQueuedJobs(int* queued_count
   for (const fitrun::v1::Device& device : DevicesLocked()) {
     if (device.job_id().empty()) free_devices.push_back({device.id(), device.free_bytes()});
   }
+  // What each workload still waits for, asked once per pass however many jobs share it, and the
+  // workloads one job already waits in PLANNING for.
+  std::map<std::string, std::string> awaiting;
+  std::set<std::string> calibrating;
   std::vector<Placement> placements;
   for (JobEntry* entry : queued) {
-    if (options_.memory_calibrator != nullptr && WaitingForMemoryProbe(*entry)) continue;
+    const JobSpec& spec = entry->record.job.spec();
+    if (options_.memory_calibrator != nullptr) {
+      if (entry->calibration_key.empty()) entry->calibration_key = CalibrationKey(spec);
+      auto [it, first_asked] = awaiting.try_emplace(entry->calibration_key);
+      if (first_asked) it->second = AwaitCalibration(spec);
+      if (!it->second.empty()) {
+        // Jobs behind may start meanwhile. One job per workload waits in PLANNING; the others stay
+        // queued (their QUEUED reason says their memory is measured first).
+        const bool first = calibrating.insert(entry->calibration_key).second;
+        if (first || entry->record.job.state() == fitrun::v1::JOB_STATE_PLANNING) {
+          placements.push_back({entry, absl::UnknownError(""), it->second});
+        }
+        continue;
+      }
+    }
     absl::StatusOr<Plan> plan = PlanForJob(entry->record.job, free_devices);
     if (absl::IsUnavailable(plan.status())) {
       // The head job waits for devices and nothing behind it jumps ahead, so a large job is never
       // starved by a stream of small ones.
+      if (entry->record.job.state() == fitrun::v1::JOB_STATE_PLANNING) {
+        placements.push_back({entry, std::move(plan), "", /*back_to_queue=*/true});
+      }
       break;
     }
+    std::string waiting;
     if (plan.ok()) {
       const std::set<std::string> taken(plan->device_ids().begin(), plan->device_ids().end());
       free_devices.erase(std::remove_if(free_devices.begin(), free_devices.end(),
                                         [&](const DeviceCapacity& d) { return taken.count(d.id) > 0; }),
                          free_devices.end());
+      // Its devices stay out of this pass's free list while its batch is measured, and it keeps its
+      // place in the queue on the next passes, so they are still there when the measurement is in.
+      if (options_.memory_calibrator != nullptr) waiting = AwaitPlanMeasurement(spec, *plan);
     }
-    placements.push_back({entry, std::move(plan)});
+    placements.push_back({entry, std::move(plan), std::move(waiting)});
   }
   return placements;
 }
@@ -652,8 +700,21 @@ JobManager::SchedulingPassTimes JobManager::SchedulePass() {
   times.placing = placed - start;
   for (Placement& placement : placements) {
     JobEntry& entry = *placement.entry;
-    if (absl::Status status = Transition(entry, fitrun::v1::JOB_STATE_PLANNING, "devices are free"); !status.ok()) {
+    if (!placement.waiting_for.empty()) {
+      WaitInPlanning(entry, placement.waiting_for);
       continue;
+    }
+    if (placement.back_to_queue) {
+      entry.waiting_for.clear();
+      (void)Transition(entry, fitrun::v1::JOB_STATE_QUEUED,
+                       absl::StrCat("memory measured; waiting for devices: ", placement.plan.status().message()));
+      continue;
+    }
+    entry.waiting_for.clear();
+    if (entry.record.job.state() != fitrun::v1::JOB_STATE_PLANNING) {
+      if (absl::Status status = Transition(entry, fitrun::v1::JOB_STATE_PLANNING, "devices are free"); !status.ok()) {
+        continue;
+      }
     }
     if (!placement.plan.ok()) {
       entry.record.job.set_failure_reason(absl::StrCat("planning failed: ", placement.plan.status().message()));
@@ -766,6 +827,7 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
   for (const std::string& id : active.device_ids) record->add_device_ids(id);
   record->set_per_device_batch(plan.per_device_batch());
   record->set_grad_accum_steps(plan.grad_accum_steps());
+  record->set_predicted_peak_bytes(plan.predicted().total_bytes());
   *record->mutable_started_at() = ToProto(options_.clock());
   for (int rank = 0; rank < world_size; ++rank) {
     fitrun::v1::RankOutcome* outcome = record->add_ranks();
@@ -883,24 +945,80 @@ absl::StatusOr<Plan> JobManager::PlanForJob(const Job& job, const std::vector<De
 
 absl::StatusOr<ModelProfile> JobManager::ProfileFor(const JobSpec& spec) const {
   if (options_.memory_calibrator == nullptr) return fitrun::server::ProfileFor(spec);
-  return options_.memory_calibrator->ProfileFor(spec, /*probe_if_missing=*/false);
+  return options_.memory_calibrator->ProfileFor(spec);
 }
 
-bool JobManager::WaitingForMemoryProbe(JobEntry& entry) {
-  const JobSpec& spec = entry.record.job.spec();
+std::string JobManager::AwaitCalibration(const JobSpec& spec) {
   const MemoryCalibrator::State state = options_.memory_calibrator->Find(spec).state;
-  if (state != MemoryCalibrator::State::kMissing && state != MemoryCalibrator::State::kMeasuring) return false;
-  const bool started = options_.memory_calibrator->StartCalibration(spec, calibration_callbacks_.Wrap([this] {
+  if (state != MemoryCalibrator::State::kMissing && state != MemoryCalibrator::State::kMeasuring) return "";
+  // The sweep measures up to the most one rank of this job can take in a micro-batch, and up to the
+  // roomiest device's memory.
+  const int64_t per_rank = spec.resources().per_device_batch() > 0
+                               ? spec.resources().per_device_batch()
+                               : spec.global_batch_size() / std::max(1, spec.resources().min_devices());
+  int64_t roomiest = 0;
+  for (const fitrun::v1::Device& device : DevicesLocked()) roomiest = std::max(roomiest, device.total_bytes());
+  options_.memory_calibrator->StartCalibration(spec, per_rank, roomiest, calibration_callbacks_.Wrap([this] {
     absl::MutexLock lock(&mu_);
     RequestSchedule();
   }));
-  if (started) {
-    JobEvent event;
-    event.mutable_log()->set_rank(-1);
-    event.mutable_log()->set_text("queued: measuring memory (fitrun-worker --probe runs the model at two micro-batch sizes)");
-    PublishLocked(entry, std::move(event));
+  return absl::StrCat("measuring memory: fitrun-worker --probe runs the workload at growing micro-batches, up to ",
+                      per_rank, " or ", FormatBytes(roomiest));
+}
+
+std::string JobManager::AwaitPlanMeasurement(const JobSpec& spec, const Plan& plan) {
+  if (spec.resources().per_device_batch() > 0) return "";  // a fixed batch is the user's call
+  absl::StatusOr<ModelProfile> profile = ProfileFor(spec);
+  if (!profile.ok() || !profile->measured.has_value()) return "";
+  const int64_t batch = plan.per_device_batch();
+  const MemoryCurve& curve = *profile->measured;
+  if (curve.Measured(batch)) return "";
+  const bool beyond = batch > curve.largest_batch();
+  const bool tight = plan.predicted().total_bytes() > plan.usable_bytes() / 2;
+  if (!beyond && !tight) return "";
+  const bool queued = options_.memory_calibrator->StartMeasurement(
+      spec, batch, plan.usable_bytes(), calibration_callbacks_.Wrap([this] {
+        absl::MutexLock lock(&mu_);
+        RequestSchedule();
+      }));
+  if (!queued && !options_.memory_calibrator->Measuring(spec, batch)) return "";  // it failed: go ahead
+  return absl::StrCat("measuring the peak at per-device batch ", batch, " before launch (predicted ",
+                      FormatBytes(plan.predicted().total_bytes()), " of ", FormatBytes(plan.usable_bytes()),
+                      " usable, ", beyond ? curve.HowEstimated(batch) : "over half of it", ")");
+}
+
+void JobManager::WaitInPlanning(JobEntry& entry, const std::string& waiting_for) {
+  if (entry.waiting_for == waiting_for) return;
+  entry.waiting_for = waiting_for;
+  if (entry.record.job.state() != fitrun::v1::JOB_STATE_PLANNING) {
+    (void)Transition(entry, fitrun::v1::JOB_STATE_PLANNING, waiting_for);
+    return;
   }
-  return true;
+  JobEvent event;
+  event.mutable_log()->set_rank(-1);
+  event.mutable_log()->set_text(absl::StrCat("planning: ", waiting_for));
+  PublishLocked(entry, std::move(event));
+}
+
+void JobManager::RecordAttemptMemory(JobEntry& entry) {
+  Job& job = entry.record.job;
+  if (!entry.active || entry.active->out_of_memory || job.attempt_history().empty()) return;
+  fitrun::v1::AttemptRecord& record = *job.mutable_attempt_history(job.attempt_history_size() - 1);
+  if (record.attempt() != entry.active->attempt || record.predicted_peak_bytes() <= 0) return;
+  // A rank stopped before its second step has not allocated everything a step keeps.
+  const int64_t enough_steps = std::min<int64_t>(2, std::max<int64_t>(1, job.plan().total_steps()));
+  int64_t measured = 0;
+  for (const RankState& rank : entry.active->ranks) {
+    if (rank.peak_bytes <= 0 || rank.last_step < enough_steps) continue;
+    measured = std::max(measured, rank.peak_bytes);
+    metrics_->MemoryPredictionObserved(static_cast<double>(rank.peak_bytes) /
+                                       static_cast<double>(record.predicted_peak_bytes()));
+  }
+  if (measured <= 0) return;
+  record.set_measured_peak_bytes(measured);
+  if (options_.memory_calibrator != nullptr) {
+    options_.memory_calibrator->RecordRun(job.spec(), record.per_device_batch(), measured);
+  }
 }
 
 std::string JobManager::JobDir(const std::string& job_id) const {

@@ -76,8 +76,10 @@ class JobManager {
     // Off only in benchmarks and tests that drive RunSchedulingPass themselves.
     bool run_scheduler_thread = true;
     EstimatorOptions estimator;
-    // Measures each model's memory (fitrun-worker --probe) for calibrated plans; nullptr: analytic
-    // estimates only. Must outlive the manager.
+    // Measures each workload's memory (fitrun-worker --probe) for calibrated plans, on its own
+    // threads: a job whose workload is not measured yet waits in PLANNING, as does one whose plan's
+    // batch is measured before launch (see NeedsMeasurement); nullptr: analytic estimates only.
+    // Must outlive the manager.
     MemoryCalibrator* memory_calibrator = nullptr;
     std::function<absl::Time()> clock = [] { return absl::Now(); };
   };
@@ -141,6 +143,9 @@ class JobManager {
   struct RankState {
     int handle = -1;  // the launcher's handle: the worker's pid
     bool exited = false;
+    // The highest peak bytes and latest step the rank's progress reports carried.
+    int64_t peak_bytes = 0;
+    int64_t last_step = 0;
     WorkerExit exit;
     std::optional<fitrun::v1::RankFinished> finished;
     std::string failure_report;  // from RankFailed
@@ -159,6 +164,8 @@ class JobManager {
     std::vector<RankState> ranks;
     // Set when every rank exited 0 but a final report is still missing.
     std::optional<absl::Time> awaiting_reports_until;
+    // A rank ran out of memory: the attempt's peaks say nothing about what fits.
+    bool out_of_memory = false;
   };
   struct JobEntry {
     JobRecord record;
@@ -167,6 +174,10 @@ class JobManager {
     absl::Time progress_persisted_at = absl::InfinitePast();
     // When the failure that the job is recovering from was detected, until training resumes.
     std::optional<absl::Time> recovering_since;
+    // What the job waits for in PLANNING (its memory being measured), as last told to its watchers.
+    std::string waiting_for;
+    // Its workload's CalibrationKey, computed once (scheduling passes look it up for every queued job).
+    std::string calibration_key;
   };
 
   // What ended an attempt early, which decides whether and how the job is tried again.
@@ -185,10 +196,14 @@ class JobManager {
 
   void SchedulerLoop();
   SchedulingPassTimes SchedulePass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A queued job and what the planner decided for it (a plan, or why it cannot run).
+  // A queued job and what the scheduler decided for it: launch with a plan, fail (the planner's
+  // error), wait in PLANNING while its memory is measured (`waiting_for` says what), or go back to
+  // QUEUED until devices free up (`back_to_queue`, for a job that waited in PLANNING).
   struct Placement {
     JobEntry* entry;
     absl::StatusOr<fitrun::v1::Plan> plan;
+    std::string waiting_for;
+    bool back_to_queue = false;
   };
   // Decides, without side effects, which queued jobs start now and where, in queue order: the
   // devices of each placed job are taken out of the free list before the next job is planned.
@@ -240,9 +255,20 @@ class JobManager {
   // The spec's model profile, calibrated when the memory probe has measured it. A member of the same
   // name as model_profile.h's free function, so every plan the manager makes uses it.
   absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec) const;
-  // True while the job's model has no measurement yet: starts the probe off the lock (once) and
-  // tells the job's watchers it is measuring memory; the probe's end schedules again.
-  bool WaitingForMemoryProbe(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the job's workload still needs measured before it can be planned, with the probe queued on
+  // the calibrator's threads (its end schedules again); empty when nothing.
+  std::string AwaitCalibration(const fitrun::v1::JobSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the plan still needs measured before it launches: its batch, when its predicted peak is
+  // tight (over half the usable memory) or beyond the largest measured batch and not measured yet;
+  // the measurement is queued. Empty when nothing (or when that measurement failed: the plan goes).
+  std::string AwaitPlanMeasurement(const fitrun::v1::JobSpec& spec, const fitrun::v1::Plan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the job's watchers what it waits for in PLANNING (a state change into PLANNING, or a log
+  // line when it is there already); nothing when that has not changed.
+  void WaitInPlanning(JobEntry& entry, const std::string& waiting_for) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The memory a finished attempt's ranks reported against its plan: recorded on the attempt, in the
+  // metrics, and with the calibrator, which corrects the workload's curve from it.
+  void RecordAttemptMemory(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   JobStore* const store_;

@@ -11,6 +11,7 @@
 #include "server/core/job_spec.h"
 #include "server/core/memory_feedback.h"
 #include "server/core/planner.h"
+#include "server/core/units.h"
 
 namespace fitrun::server {
 namespace {

@@ -1,16 +1,33 @@
 #include "server/core/memory_calibration.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "server/core/planner.h"
+#include "absl/time/clock.h"
+#include "server/core/units.h"
 
 namespace fitrun::server {
 namespace {
+
+// The cache file holds one record per line, tab-separated, replayed in order at start:
+//   sweep <key> <model state bytes> <batch:peak,batch:peak,...> <why the sweep stopped where it did>
+//   point <key> <batch> <peak>          a single measurement added to the key's curve
+//   run   <key> <batch> <peak>          a real run's largest rank peak
+// A later sweep of a key replaces its points. A torn last line (a crash while appending) is skipped.
+constexpr char kSweep[] = "sweep";
+constexpr char kPoint[] = "point";
+constexpr char kRun[] = "run";
 
 // "<path>@<mtime ns>:<size>", or "<path>@missing": a rewritten file is a new model.
 std::string FileVersion(const std::string& path) {
@@ -21,12 +38,47 @@ std::string FileVersion(const std::string& path) {
   return absl::StrCat(path, "@", mtime.time_since_epoch().count(), ":", error ? 0 : static_cast<int64_t>(size));
 }
 
+// Tabs and newlines are the file's separators.
+std::string OneField(std::string text) {
+  for (char& c : text) {
+    if (c == '\t' || c == '\n' || c == '\r') c = ' ';
+  }
+  return text;
+}
+
+std::string PointsField(const MemoryCurve& curve) {
+  std::vector<std::string> points;
+  for (const MeasuredPeak& p : curve.points()) points.push_back(absl::StrCat(p.batch, ":", p.peak_bytes));
+  return absl::StrJoin(points, ",");
+}
+
+bool ParsePoints(absl::string_view field, std::vector<MeasuredPeak>* points) {
+  for (absl::string_view pair : absl::StrSplit(field, ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> parts = absl::StrSplit(pair, ':');
+    MeasuredPeak p;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &p.batch) || !absl::SimpleAtoi(parts[1], &p.peak_bytes)) {
+      return false;
+    }
+    points->push_back(p);
+  }
+  return !points->empty();
+}
+
+std::string SweepLine(const std::string& key, const Calibration& c) {
+  return absl::StrCat(kSweep, "\t", key, "\t", c.model_state_bytes, "\t", PointsField(c.measured), "\t",
+                      OneField(c.sweep_note), "\n");
+}
+
+std::string PairLine(const char* kind, const std::string& key, const MeasuredPeak& p) {
+  return absl::StrCat(kind, "\t", key, "\t", p.batch, "\t", p.peak_bytes, "\n");
+}
+
 }  // namespace
 
 std::string CalibrationKey(const fitrun::v1::JobSpec& spec) {
   const fitrun::v1::ModelSpec& model = spec.model();
-  // "v2": results of probes that measure small and large batches; older lines are not reused.
-  std::string key = "v2 ";
+  // "v3": sweeps over many micro-batches; the two-line results of earlier versions are not reused.
+  std::string key = "v3 ";
   if (model.kind_case() == fitrun::v1::ModelSpec::kTorchscript) {
     absl::StrAppend(&key, "torchscript ", FileVersion(model.torchscript()));
   } else if (model.builtin() == "gpt") {
@@ -44,91 +96,126 @@ std::string CalibrationKey(const fitrun::v1::JobSpec& spec) {
                   fitrun::v1::Precision_Name(spec.precision() == fitrun::v1::PRECISION_UNSPECIFIED
                                                  ? fitrun::v1::PRECISION_FP32
                                                  : spec.precision()));
-  for (char& c : key) {
-    if (c == '\t' || c == '\n') c = ' ';  // the cache file's separators
-  }
-  return key;
+  return OneField(key);
 }
 
-ModelProfile CalibratedProfile(ModelProfile analytic, const ProbeResult& probe) {
+double Calibration::RunCorrection(double tolerance) const {
+  if (measured.empty() || runs.empty()) return 1.0;
+  double largest = 0;
+  for (const MeasuredPeak& run : runs) {
+    const int64_t expected = measured.PeakAt(run.batch);
+    if (expected > 0) largest = std::max(largest, static_cast<double>(run.peak_bytes) / static_cast<double>(expected));
+  }
+  if (largest <= 0 || std::abs(largest - 1.0) <= tolerance) return 1.0;
+  return largest;
+}
+
+ModelProfile CalibratedProfile(ModelProfile analytic, const Calibration& calibration, double run_tolerance) {
   ModelProfile p = std::move(analytic);
-  if (probe.model_state_bytes > 0) p.parameter_count = probe.model_state_bytes / 4;
-  p.calibrated = true;
-  p.calibrated_fixed_bytes = probe.fixed_bytes;
-  p.activation_bytes_per_sample = probe.per_sample_bytes;
-  p.input_bytes_per_sample = 0;
-  p.calibrated_small_fixed_bytes = probe.small_fixed_bytes;
-  p.calibrated_small_per_sample_bytes = probe.small_per_sample_bytes;
-  p.memory_source = absl::StrCat("calibrated: fitrun-worker --probe measured ", FormatBytes(probe.fixed_bytes),
-                                 " + ", FormatBytes(probe.per_sample_bytes), " per sample, at least ",
-                                 FormatBytes(probe.small_fixed_bytes), " + ", FormatBytes(probe.small_per_sample_bytes),
-                                 " per sample (micro-batches ", probe.small_batch, " to ", probe.large_batch, ")");
+  if (calibration.model_state_bytes > 0) p.parameter_count = calibration.model_state_bytes / 4;
+  const double correction = calibration.RunCorrection(run_tolerance);
+  p.measured = correction == 1.0 ? calibration.measured : calibration.measured.Scaled(correction);
+  p.memory_source = absl::StrCat("calibrated: fitrun-worker --probe measured the peak at ",
+                                 calibration.measured.Describe());
+  if (!calibration.sweep_note.empty()) absl::StrAppend(&p.memory_source, "; ", calibration.sweep_note);
+  if (correction != 1.0) {
+    absl::StrAppend(&p.memory_source,
+                    absl::StrFormat("; real runs peaked at up to %.2fx the measurements (%d run(s)), so the "
+                                    "curve is scaled by %.2f",
+                                    correction, static_cast<int>(calibration.runs.size()), correction));
+  } else if (!calibration.runs.empty()) {
+    absl::StrAppend(&p.memory_source, "; ", calibration.runs.size(), " real run(s) agree within ",
+                    absl::StrFormat("%.0f%%", run_tolerance * 100));
+  }
   return p;
 }
 
 absl::StatusOr<std::unique_ptr<MemoryCalibrator>> MemoryCalibrator::Create(Options options, MemoryProbe* probe) {
   if (probe == nullptr) return absl::InvalidArgumentError("memory calibrator: no probe");
+  if (options.threads < 1) return absl::InvalidArgumentError("memory calibrator: threads must be >= 1");
   std::unique_ptr<MemoryCalibrator> calibrator(new MemoryCalibrator(std::move(options), probe));
   if (absl::Status status = calibrator->LoadCache(); !status.ok()) return status;
+  for (int i = 0; i < calibrator->options_.threads; ++i) {
+    calibrator->threads_.emplace_back([c = calibrator.get()] { c->Loop(); });
+  }
   return calibrator;
 }
 
 MemoryCalibrator::~MemoryCalibrator() {
-  std::vector<std::thread> threads;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    threads.swap(threads_);
   }
-  for (std::thread& t : threads) t.join();
+  for (std::thread& t : threads_) t.join();
 }
 
 absl::Status MemoryCalibrator::LoadCache() {
   if (options_.cache_path.empty()) return absl::OkStatus();
   std::ifstream in(options_.cache_path);
   if (!in) return absl::OkStatus();  // nothing measured yet
-  std::string line;
   absl::MutexLock lock(&mu_);
+  std::string line;
   while (std::getline(in, line)) {
+    ++cache_lines_;
     std::vector<std::string> fields = absl::StrSplit(line, '\t');
-    ProbeResult r;
-    // A torn last line (crash while appending) is skipped; the spec is probed again.
-    if (fields.size() != 8 || !absl::SimpleAtoi(fields[1], &r.fixed_bytes) ||
-        !absl::SimpleAtoi(fields[2], &r.per_sample_bytes) || !absl::SimpleAtoi(fields[3], &r.model_state_bytes) ||
-        !absl::SimpleAtoi(fields[4], &r.small_batch) || !absl::SimpleAtoi(fields[5], &r.large_batch) ||
-        !absl::SimpleAtoi(fields[6], &r.small_fixed_bytes) || !absl::SimpleAtoi(fields[7], &r.small_per_sample_bytes)) {
+    if (fields.size() == 5 && fields[0] == kSweep) {
+      Calibration c;
+      std::vector<MeasuredPeak> points;
+      if (!absl::SimpleAtoi(fields[2], &c.model_state_bytes) || !ParsePoints(fields[3], &points)) continue;
+      c.measured = MemoryCurve(std::move(points));
+      c.sweep_note = fields[4];
+      if (auto it = done_.find(fields[1]); it != done_.end() && it->second.ok()) c.runs = it->second->runs;
+      done_.insert_or_assign(fields[1], std::move(c));
       continue;
     }
-    done_.insert_or_assign(fields[0], r);
+    MeasuredPeak p;
+    if (fields.size() != 4 || !absl::SimpleAtoi(fields[2], &p.batch) || !absl::SimpleAtoi(fields[3], &p.peak_bytes)) {
+      continue;  // a torn line, or a record of an older version
+    }
+    auto it = done_.find(fields[1]);
+    if (it == done_.end() || !it->second.ok()) continue;
+    if (fields[0] == kPoint) it->second->measured = it->second->measured.WithPoint(p);
+    if (fields[0] == kRun) {
+      std::vector<MeasuredPeak>& runs = it->second->runs;
+      runs.push_back(p);
+      if (static_cast<int>(runs.size()) > options_.runs_kept) runs.erase(runs.begin());
+    }
   }
+  if (cache_lines_ > 2 * static_cast<int64_t>(done_.size()) * (options_.runs_kept + 2) + 64) RewriteCache();
   return absl::OkStatus();
 }
 
-void MemoryCalibrator::Store(const std::string& key, const absl::StatusOr<ProbeResult>& result) {
-  absl::MutexLock lock(&mu_);
-  done_.insert_or_assign(key, result);
-  measuring_.erase(key);
-  // Failures stay in memory only: a restarted coordinator tries again (the binary may be fixed).
-  if (!result.ok() || options_.cache_path.empty()) return;
+void MemoryCalibrator::AppendToCache(const std::string& lines) {
+  if (options_.cache_path.empty()) return;
   std::ofstream out(options_.cache_path, std::ios::app);
-  out << key << '\t' << result->fixed_bytes << '\t' << result->per_sample_bytes << '\t' << result->model_state_bytes
-      << '\t' << result->small_batch << '\t' << result->large_batch << '\t' << result->small_fixed_bytes << '\t'
-      << result->small_per_sample_bytes << '\n';
+  out << lines;
+  cache_lines_ += std::count(lines.begin(), lines.end(), '\n');
+  if (cache_lines_ > 2 * static_cast<int64_t>(done_.size()) * (options_.runs_kept + 2) + 64) RewriteCache();
 }
 
-absl::StatusOr<ProbeResult> MemoryCalibrator::Calibrate(const fitrun::v1::JobSpec& spec) {
-  const std::string key = CalibrationKey(spec);
-  {
-    absl::MutexLock lock(&mu_);
-    auto measured = [&] { return done_.count(key) > 0 || measuring_.count(key) == 0; };
-    mu_.Await(absl::Condition(&measured));
-    if (auto it = done_.find(key); it != done_.end()) return it->second;
-    measuring_[key] = true;
-    ++probes_run_;
+void MemoryCalibrator::RewriteCache() {
+  std::string text;
+  int64_t lines = 0;
+  for (const auto& [key, result] : done_) {
+    if (!result.ok()) continue;
+    absl::StrAppend(&text, SweepLine(key, *result));
+    ++lines;
+    for (const MeasuredPeak& run : result->runs) {
+      absl::StrAppend(&text, PairLine(kRun, key, run));
+      ++lines;
+    }
   }
-  absl::StatusOr<ProbeResult> result = probe_->Probe(spec);
-  Store(key, result);
-  return result;
+  // Written beside the file and renamed over it: a crash leaves the old file or the new one whole.
+  const std::string temp = options_.cache_path + ".tmp";
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!written || std::rename(temp.c_str(), options_.cache_path.c_str()) != 0) {
+    std::remove(temp.c_str());
+    return;
+  }
+  cache_lines_ = lines;
 }
 
 MemoryCalibrator::Lookup MemoryCalibrator::Find(const fitrun::v1::JobSpec& spec) {
@@ -138,46 +225,183 @@ MemoryCalibrator::Lookup MemoryCalibrator::Find(const fitrun::v1::JobSpec& spec)
   if (auto it = done_.find(key); it != done_.end()) {
     if (it->second.ok()) {
       lookup.state = State::kReady;
-      lookup.result = *it->second;
+      lookup.calibration = *it->second;
     } else {
       lookup.state = State::kFailed;
       lookup.error = it->second.status();
     }
-  } else if (measuring_.count(key) > 0) {
+  } else if (sweeping_.count(key) > 0) {
     lookup.state = State::kMeasuring;
   }
   return lookup;
 }
 
-bool MemoryCalibrator::StartCalibration(const fitrun::v1::JobSpec& spec, std::function<void()> on_done) {
+bool MemoryCalibrator::StartCalibration(const fitrun::v1::JobSpec& spec, int64_t max_batch, int64_t max_bytes,
+                                        std::function<void()> on_done) {
   const std::string key = CalibrationKey(spec);
   absl::MutexLock lock(&mu_);
-  if (stopping_ || done_.count(key) > 0 || measuring_.count(key) > 0) return false;
-  measuring_[key] = true;
-  ++probes_run_;
-  threads_.emplace_back([this, spec, key, on_done = std::move(on_done)] {
-    absl::StatusOr<ProbeResult> result = probe_->Probe(spec);
-    Store(key, result);
-    if (on_done) on_done();
-  });
+  if (stopping_ || done_.count(key) > 0 || sweeping_.count(key) > 0) return false;
+  sweeping_.insert(key);
+  Task task{key, spec, 0, SweepLimits{}, std::move(on_done)};
+  task.limits.max_batch = std::max<int64_t>(1, max_batch);
+  task.limits.max_bytes = std::min(max_bytes > 0 ? max_bytes : options_.max_probe_bytes, options_.max_probe_bytes);
+  task.limits.tolerance = options_.tolerance;
+  queue_.push_back(std::move(task));
   return true;
 }
 
-absl::StatusOr<ModelProfile> MemoryCalibrator::ProfileFor(const fitrun::v1::JobSpec& spec, bool probe_if_missing) {
+bool MemoryCalibrator::StartMeasurement(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t max_bytes,
+                                        std::function<void()> on_done) {
+  const std::string key = CalibrationKey(spec);
+  absl::MutexLock lock(&mu_);
+  auto it = done_.find(key);
+  if (stopping_ || batch < 1 || it == done_.end() || !it->second.ok() || it->second->measured.Measured(batch) ||
+      measuring_.count({key, batch}) > 0 || failed_measurements_.count({key, batch}) > 0) {
+    return false;
+  }
+  measuring_.insert({key, batch});
+  Task task{key, spec, batch, SweepLimits{}, std::move(on_done)};
+  task.limits.max_bytes = std::min(max_bytes > 0 ? max_bytes : options_.max_probe_bytes, options_.max_probe_bytes);
+  queue_.push_back(std::move(task));
+  return true;
+}
+
+bool MemoryCalibrator::Measuring(const fitrun::v1::JobSpec& spec, int64_t batch) {
+  const std::string key = CalibrationKey(spec);
+  absl::MutexLock lock(&mu_);
+  return measuring_.count({key, batch}) > 0;
+}
+
+void MemoryCalibrator::RecordRun(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t peak_bytes) {
+  if (batch < 1 || peak_bytes <= 0) return;
+  const std::string key = CalibrationKey(spec);
+  absl::MutexLock lock(&mu_);
+  auto it = done_.find(key);
+  if (it == done_.end() || !it->second.ok()) return;  // nothing to correct yet
+  std::vector<MeasuredPeak>& runs = it->second->runs;
+  runs.push_back({batch, peak_bytes});
+  if (static_cast<int>(runs.size()) > options_.runs_kept) runs.erase(runs.begin());
+  AppendToCache(PairLine(kRun, key, {batch, peak_bytes}));
+}
+
+void MemoryCalibrator::Loop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    // The oldest task whose workload no other thread is probing.
+    auto runnable = [this] {
+      if (stopping_) return true;
+      for (const Task& task : queue_) {
+        if (busy_.count(task.key) == 0) return true;
+      }
+      return false;
+    };
+    mu_.Await(absl::Condition(&runnable));
+    if (stopping_) return;
+    auto it = std::find_if(queue_.begin(), queue_.end(), [this](const Task& t) { return busy_.count(t.key) == 0; });
+    Task task = std::move(*it);
+    queue_.erase(it);
+    busy_.insert(task.key);
+    ++probes_run_;
+    mu_.Unlock();
+    const absl::Time started = absl::Now();
+    if (task.batch == 0) {
+      StoreSweep(task.key, Sweep(task.spec, task.limits));
+    } else {
+      absl::StatusOr<MeasuredPeak> point = MeasureOne(task.spec, task.batch, task.limits.max_bytes);
+      absl::MutexLock done(&mu_);
+      measuring_.erase({task.key, task.batch});
+      if (point.ok()) {
+        auto calibrated = done_.find(task.key);
+        if (calibrated != done_.end() && calibrated->second.ok()) {
+          calibrated->second->measured = calibrated->second->measured.WithPoint(*point);
+          AppendToCache(PairLine(kPoint, task.key, *point));
+        }
+      } else {
+        // Remembered so the plan goes ahead without it instead of asking again and again.
+        failed_measurements_.insert({task.key, task.batch});
+        std::fprintf(stderr, "fitrund: measuring micro-batch %lld of %s failed: %s\n",
+                     static_cast<long long>(task.batch), task.key.c_str(), std::string(point.status().message()).c_str());
+      }
+    }
+    if (options_.metrics != nullptr) options_.metrics->MemoryProbeRan(absl::Now() - started);
+    if (task.on_done) task.on_done();
+    mu_.Lock();
+    busy_.erase(task.key);
+  }
+}
+
+absl::StatusOr<Calibration> MemoryCalibrator::Sweep(const fitrun::v1::JobSpec& spec, const SweepLimits& limits) {
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe_->Start(spec, limits.max_bytes);
+  if (!session.ok()) return session.status();
+  Calibration c;
+  c.model_state_bytes = (*session)->model_state_bytes();
+  SweepLimits bounded = limits;
+  bounded.max_batch = std::min(bounded.max_batch, std::max<int64_t>(1, (*session)->train_samples()));
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return absl::CancelledError("the coordinator is shutting down");
+    }
+    const SweepStep step = NextSweepBatch(c.measured, bounded);
+    if (step.next_batch == 0) {
+      c.sweep_note = step.done_reason;
+      break;
+    }
+    absl::StatusOr<int64_t> peak = (*session)->MeasurePeak(step.next_batch);
+    if (absl::IsResourceExhausted(peak.status())) {
+      bounded.over_budget_batch = step.next_batch;
+      continue;
+    }
+    if (!peak.ok()) return peak.status();
+    c.measured = c.measured.WithPoint({step.next_batch, *peak});
+  }
+  if (c.measured.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat("memory probe: ", c.sweep_note));
+  }
+  return c;
+}
+
+absl::StatusOr<MeasuredPeak> MemoryCalibrator::MeasureOne(const fitrun::v1::JobSpec& spec, int64_t batch,
+                                                           int64_t max_bytes) {
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe_->Start(spec, max_bytes);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<int64_t> peak = (*session)->MeasurePeak(batch);
+  // More than the budget (the device) is all a plan needs to know: it does not fit.
+  if (absl::IsResourceExhausted(peak.status())) return MeasuredPeak{batch, max_bytes + 1};
+  if (!peak.ok()) return peak.status();
+  return MeasuredPeak{batch, *peak};
+}
+
+void MemoryCalibrator::StoreSweep(const std::string& key, const absl::StatusOr<Calibration>& result) {
+  absl::MutexLock lock(&mu_);
+  // Failures stay in memory only: a restarted coordinator tries again (the binary may be fixed).
+  done_.insert_or_assign(key, result);
+  sweeping_.erase(key);
+  if (result.ok()) AppendToCache(SweepLine(key, *result));
+}
+
+absl::StatusOr<Calibration> MemoryCalibrator::CalibrateNow(const fitrun::v1::JobSpec& spec, const SweepLimits& limits) {
+  const std::string key = CalibrationKey(spec);
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = done_.find(key); it != done_.end()) return it->second;
+    ++probes_run_;
+  }
+  absl::StatusOr<Calibration> result = Sweep(spec, limits);
+  StoreSweep(key, result);
+  return result;
+}
+
+absl::StatusOr<ModelProfile> MemoryCalibrator::ProfileFor(const fitrun::v1::JobSpec& spec) {
   absl::StatusOr<ModelProfile> analytic = fitrun::server::ProfileFor(spec);
   if (!analytic.ok()) return analytic.status();
-  absl::StatusOr<ProbeResult> probed = absl::NotFoundError("not measured yet");
-  if (probe_if_missing) {
-    probed = Calibrate(spec);
-  } else {
-    Lookup lookup = Find(spec);
-    if (lookup.state == State::kReady) probed = lookup.result;
-    if (lookup.state == State::kFailed) probed = lookup.error;
+  const Lookup lookup = Find(spec);
+  if (lookup.state == State::kReady) {
+    return CalibratedProfile(*std::move(analytic), lookup.calibration, options_.run_tolerance);
   }
-  if (probed.ok()) return CalibratedProfile(*std::move(analytic), *probed);
-  if (!absl::IsNotFound(probed.status())) {
+  if (lookup.state == State::kFailed) {
     analytic->memory_source = absl::StrCat(analytic->memory_source, " (the memory probe failed: ",
-                                           probed.status().message(), ")");
+                                           lookup.error.message(), ")");
   }
   return analytic;
 }

@@ -1,78 +1,108 @@
-// Calibrated memory estimates: one rank's peak memory measured by running the model, cached.
+// Calibrated memory estimates: one rank's peak memory measured by running the model, kept per
+// workload and corrected by what real runs report.
 //
-// The analytic profiles (model_profile.h) are within a few tens of percent; a probe that runs real
-// forward/backward/optimizer steps at two small micro-batch sizes under the worker's counting
-// allocator measures peak(b) = fixed + per_sample * b exactly for the model, its optimizer and its
-// precision. MemoryCalibrator runs such probes (through the MemoryProbe interface, a child process
-// in fitrund: server/probe/process_memory_probe.h), caches their results by what changes memory
-// (CalibrationKey), persists them in a file so a restarted coordinator does not probe again, and
-// turns them into the calibrated ModelProfile the estimator and the planner use.
+// The analytic profiles (model_profile.h) are upper bounds, tens to hundreds of percent high. A
+// probe (fitrun-worker --probe: real forward/backward/optimizer steps under the worker's counting
+// allocator, one process per sweep) measures the peak at the micro-batches a sweep chooses
+// (memory_curve.h). MemoryCalibrator runs those sweeps, and single measurements at batches plans are
+// about to use, on threads of its own, never on a caller's: a lookup never waits for a probe. It
+// caches the results by what changes memory (CalibrationKey) in memory and in a file, so a
+// restarted coordinator does not probe again, learns from the peaks that real runs of the workload
+// report, and turns all of it into the calibrated ModelProfile the estimator and the planner use.
 #ifndef FITRUN_SERVER_CORE_MEMORY_CALIBRATION_H_
 #define FITRUN_SERVER_CORE_MEMORY_CALIBRATION_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <optional>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "fitrun/v1/job.pb.h"
+#include "server/core/coordinator_metrics.h"
+#include "server/core/memory_curve.h"
 #include "server/core/model_profile.h"
 
 namespace fitrun::server {
 
-// One rank's measured peak memory as the larger of two lines in the micro-batch b: the line through
-// two large batches (fixed + per_sample * b: activations dominate) and the line through two small
-// ones (small_fixed + small_per_sample * b: there, batch-independent costs such as the optimizer
-// step's temporaries or a kernel's packed weights set the peak). A single line through small
-// batches underestimates large ones when their per-sample cost grows past the plateau.
-struct ProbeResult {
-  int64_t fixed_bytes = 0;       // large-batch line at b = 0: model states, buckets, runtime
-  int64_t per_sample_bytes = 0;  // added per sample of the micro-batch: activations, inputs, scratch
-  int64_t small_fixed_bytes = 0;
-  int64_t small_per_sample_bytes = 0;
-  int64_t model_state_bytes = 0;  // parameters and buffers
-  // The smallest and largest micro-batch measured (for the plan's explanation) and the peaks of
-  // the last probe run's two batches.
-  int64_t small_batch = 0;
-  int64_t large_batch = 0;
-  int64_t small_peak_bytes = 0;
-  int64_t large_peak_bytes = 0;
+// One running probe of one spec: the model built and its data loaded, ready to measure. Blocking
+// calls (seconds); used by one thread at a time.
+class MemoryProbeSession {
+ public:
+  virtual ~MemoryProbeSession() = default;
+  // Parameters and buffers as the probe's allocator counted them.
+  virtual int64_t model_state_bytes() const = 0;
+  // The largest micro-batch it can measure: the training split's size.
+  virtual int64_t train_samples() const = 0;
+  // The peak of real training steps at `batch`; RESOURCE_EXHAUSTED when the steps need more than the
+  // session's byte budget (the probe enforces it), any other error when the probe failed.
+  virtual absl::StatusOr<int64_t> MeasurePeak(int64_t batch) = 0;
 };
 
-// Measures a spec's memory by running it. Blocking (seconds); implementations are thread-safe.
+// Starts probe sessions (a child process in fitrund: server/probe/process_memory_probe.h).
+// Implementations are thread-safe.
 class MemoryProbe {
  public:
   virtual ~MemoryProbe() = default;
-  virtual absl::StatusOr<ProbeResult> Probe(const fitrun::v1::JobSpec& spec) = 0;
+  // Loads `spec`'s workload for measuring, with no measurement allowed past `max_bytes`. Errors
+  // name the spec field when the spec cannot be probed.
+  virtual absl::StatusOr<std::unique_ptr<MemoryProbeSession>> Start(const fitrun::v1::JobSpec& spec,
+                                                                     int64_t max_bytes) = 0;
 };
 
-// What a probe result depends on: the model (builtin and its config, or the TorchScript file and its
+// What a calibration depends on: the model (builtin and its config, or the TorchScript file and its
 // modification time), the dataset where it sizes the model (SASRec's item count), the optimizer's
 // state (kind, momentum, weight decay) and the precision. Not the batch, devices or steps.
 std::string CalibrationKey(const fitrun::v1::JobSpec& spec);
 
-// The analytic profile with the probe's line in place of its memory figures: calibrated_fixed_bytes
-// = fixed, activation_bytes_per_sample = per_sample (input bytes are inside it), parameter_count
-// from the measured model state.
-ModelProfile CalibratedProfile(ModelProfile analytic, const ProbeResult& probe);
+// Everything fitrund has measured of one workload's memory.
+struct Calibration {
+  int64_t model_state_bytes = 0;
+  // Every peak the probe measured: the sweep's, then single measurements at plans' batches.
+  MemoryCurve measured;
+  // Why the sweep stopped doubling where it did.
+  std::string sweep_note;
+  // Peaks real runs reported at their per-device batch (an attempt's largest rank peak), newest last.
+  std::vector<MeasuredPeak> runs;
 
-// Thread-safe. Probes run on the caller's thread (Calibrate) or on a thread of the calibrator's own
-// (StartCalibration), never under the lock, so lookups never wait for a probe. The destructor joins
-// the background probes.
+  // The factor real runs show the probe's curve to be off by: the largest run peak / curve ratio
+  // (so no run's peak is above the corrected curve), or 1 while every run is within `tolerance`.
+  double RunCorrection(double tolerance) const;
+};
+
+// The analytic profile with the calibration's curve (corrected by real runs) in place of its memory
+// figures, and the plan's account of where they come from in memory_source.
+ModelProfile CalibratedProfile(ModelProfile analytic, const Calibration& calibration, double run_tolerance);
+
+// Thread-safe. Probes run on the calibrator's own threads, one workload at a time per thread and
+// never two of the same workload at once; callbacks run on those threads with no lock of the
+// calibrator's held. The destructor waits for the probe running, drops the queued ones.
 class MemoryCalibrator {
  public:
   struct Options {
-    // A file of cached results (lines "key<TAB>fixed<TAB>per_sample<TAB>model_state<TAB>smallest
-    // batch<TAB>largest batch<TAB>small_fixed<TAB>small_per_sample"),
-    // read at Create and appended to after each probe; empty: memory only.
+    // Where calibrations persist (an append-only file of sweeps, single measurements and runs, see
+    // memory_calibration.cc); empty: memory only.
     std::string cache_path;
+    // No probe measurement may peak above this, whatever the devices (the host runs the probes).
+    int64_t max_probe_bytes = int64_t{4} << 30;
+    // The sweep's tolerance (memory_curve.h), and how far runs may differ from the curve before
+    // they correct it (the estimator's calibrated margin covers smaller differences).
+    double tolerance = 0.04;
+    double run_tolerance = 0.03;
+    // Run peaks kept per workload.
+    int runs_kept = 16;
+    // Probes measuring at once (of different workloads).
+    int threads = 1;
+    // Told how long each probe ran; nullptr: nobody.
+    CoordinatorMetrics* metrics = nullptr;
   };
   // Reads the cache file if it exists. `probe` must outlive the calibrator.
   static absl::StatusOr<std::unique_ptr<MemoryCalibrator>> Create(Options options, MemoryProbe* probe);
@@ -80,43 +110,71 @@ class MemoryCalibrator {
   MemoryCalibrator(const MemoryCalibrator&) = delete;
   MemoryCalibrator& operator=(const MemoryCalibrator&) = delete;
 
-  // The cached result, or probes now and caches it (a probe already running for the same key is
-  // waited for, not repeated). A failed probe is remembered and returned again without re-probing.
-  absl::StatusOr<ProbeResult> Calibrate(const fitrun::v1::JobSpec& spec);
-
   enum class State { kMissing, kMeasuring, kReady, kFailed };
   struct Lookup {
     State state = State::kMissing;
-    ProbeResult result;  // kReady
-    absl::Status error;  // kFailed
+    Calibration calibration;  // kReady
+    absl::Status error;       // kFailed
   };
   // Never blocks on a probe.
   Lookup Find(const fitrun::v1::JobSpec& spec);
-  // Starts probing the spec on a background thread unless its key is cached or being measured
-  // (then returns false); `on_done` runs on that thread when the result (or failure) is cached,
-  // with no lock of the calibrator's held.
-  bool StartCalibration(const fitrun::v1::JobSpec& spec, std::function<void()> on_done);
 
-  // The spec's profile for planning: analytic, calibrated when the cache has the spec's line; with
-  // `probe_if_missing` the probe runs now (blocking). A failed probe falls back to the analytic
-  // profile and says so in memory_source.
-  absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec, bool probe_if_missing);
+  // Queues a sweep of the spec's workload unless it is calibrated or queued already (then returns
+  // false), measuring micro-batches up to `max_batch` (the most a rank of the asking job takes) and
+  // peaks up to `max_bytes` (its roomiest device). `on_done` runs when the result is in.
+  bool StartCalibration(const fitrun::v1::JobSpec& spec, int64_t max_batch, int64_t max_bytes,
+                        std::function<void()> on_done);
+  // Queues one measurement at `batch` of a calibrated workload (a plan's batch beyond the measured
+  // ones, or a tight one); the peak joins the curve, or, past `max_bytes`, a point just above it
+  // does. False when that batch is measured or queued already, or the workload is not calibrated.
+  bool StartMeasurement(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t max_bytes,
+                        std::function<void()> on_done);
+  // Whether a measurement of `batch` for the spec's workload is queued or running.
+  bool Measuring(const fitrun::v1::JobSpec& spec, int64_t batch);
+  // What a real run measured: the largest peak of an attempt's ranks at its per-device batch.
+  void RecordRun(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t peak_bytes);
 
+  // Sweeps now on the caller's thread (or returns the cached calibration): for benchmarks and tools.
+  absl::StatusOr<Calibration> CalibrateNow(const fitrun::v1::JobSpec& spec, const SweepLimits& limits);
+
+  // The spec's profile for planning: analytic, calibrated when its workload is. Never probes.
+  absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec);
+
+  // Probe sessions started so far (sweeps and single measurements).
   int64_t probes_run();
 
  private:
+  struct Task {
+    std::string key;
+    fitrun::v1::JobSpec spec;
+    int64_t batch = 0;  // 0: a sweep; otherwise a single measurement
+    SweepLimits limits;
+    std::function<void()> on_done;
+  };
   MemoryCalibrator(Options options, MemoryProbe* probe) : options_(std::move(options)), probe_(probe) {}
   absl::Status LoadCache();
-  void Store(const std::string& key, const absl::StatusOr<ProbeResult>& result);
+  void Loop();
+  absl::StatusOr<Calibration> Sweep(const fitrun::v1::JobSpec& spec, const SweepLimits& limits);
+  absl::StatusOr<MeasuredPeak> MeasureOne(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t max_bytes);
+  void StoreSweep(const std::string& key, const absl::StatusOr<Calibration>& result);
+  // Appends lines to the cache file; rewrites it whole (atomically) when it has grown well past
+  // what it describes.
+  void AppendToCache(const std::string& lines) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RewriteCache() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   MemoryProbe* const probe_;
   absl::Mutex mu_;
-  std::map<std::string, absl::StatusOr<ProbeResult>> done_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, bool> measuring_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::StatusOr<Calibration>> done_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> sweeping_ ABSL_GUARDED_BY(mu_);                       // queued or running
+  std::set<std::pair<std::string, int64_t>> measuring_ ABSL_GUARDED_BY(mu_);  // queued or running
+  std::set<std::pair<std::string, int64_t>> failed_measurements_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);  // a task of the workload runs
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   int64_t probes_run_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cache_lines_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;
 };
 
 // Lets a callback handed to another thread (StartCalibration's on_done) call back into an object

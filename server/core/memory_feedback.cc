@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
 namespace fitrun::server {
 
 int64_t MemoryNeededAt(const fitrun::v1::OutOfMemory& oom) {
@@ -30,6 +33,19 @@ ModelProfile ProfileAfterOutOfMemory(ModelProfile model, const fitrun::v1::JobSp
     const int64_t predicted_before_margin = predicted.total_bytes() - predicted.safety_margin_bytes();
     const int64_t shortfall = MemoryNeededAt(oom) - predicted_before_margin;
     if (shortfall <= 0) continue;
+    if (model.measured.has_value()) {
+      // As for the analytic profile: what the batch adds is taken to be what was underestimated,
+      // so smaller batches are judged by the same per-sample cost.
+      const MemoryCurve& curve = *model.measured;
+      const double added = static_cast<double>(std::max<int64_t>(1, curve.PeakAt(b) - curve.FixedBytes()));
+      const double needed = static_cast<double>(MemoryNeededAt(oom) - curve.FixedBytes());
+      model.measured = curve.ScaledPerSample(needed / added);
+      absl::StrAppend(&model.memory_source,
+                      absl::StrFormat("; its per-sample part scaled by %.2f after an out-of-memory error at "
+                                      "micro-batch %d",
+                                      needed / added, b));
+      continue;
+    }
     model.activation_bytes_per_sample += (shortfall + b - 1) / b;
   }
   return model;

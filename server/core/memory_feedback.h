@@ -27,8 +27,9 @@ int64_t MemoryNeededAt(const fitrun::v1::OutOfMemory& oom);
 // Batches below the smallest one that ran out of memory (no bound for an empty history).
 PlanLimits LimitsAfterOutOfMemory(const OutOfMemoryHistory& history);
 
-// `model` with its per-sample bytes raised so that, before the safety margin, the estimate at each
-// OOM's batch is at least what that OOM showed was needed. Unchanged where the estimate already was.
+// `model` with its per-sample bytes raised (a calibrated model: its measured curve scaled) so that,
+// before the safety margin, the estimate at each OOM's batch is at least what that OOM showed was
+// needed. Unchanged where the estimate already was.
 ModelProfile ProfileAfterOutOfMemory(ModelProfile model, const fitrun::v1::JobSpec& spec,
                                      const OutOfMemoryHistory& history, const EstimatorOptions& estimator);
 

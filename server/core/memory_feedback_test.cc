@@ -54,6 +54,27 @@ TEST(MemoryFeedbackTest, EstimateAtTheFailedBatchCoversWhatWasMeasured) {
   EXPECT_EQ(after.weights_bytes(), EstimateRankMemory(model, spec, 128).weights_bytes());
 }
 
+TEST(MemoryFeedbackTest, ACalibratedCurvesPerSamplePartIsScaledToCoverWhatWasMeasured) {
+  const fitrun::v1::JobSpec spec = MlpSpec();
+  ModelProfile model = *ProfileFor(spec);
+  std::vector<MeasuredPeak> points;
+  for (int64_t b = 1; b <= 128; b *= 2) points.push_back({b, MlpPeakBytes(b)});
+  model.measured = MemoryCurve(points);
+  // The run at 128 needed twice what the curve adds over its fixed part there.
+  const int64_t fixed = model.measured->FixedBytes();
+  const int64_t needed = fixed + 2 * (MlpPeakBytes(128) - fixed);
+  OutOfMemoryHistory history;
+  *history.Add() = Oom(128, /*live=*/needed - kMiB, /*requested=*/kMiB, /*cap=*/needed);
+  const ModelProfile corrected = ProfileAfterOutOfMemory(model, spec, history, {});
+  const fitrun::v1::MemoryBreakdown after = EstimateRankMemory(corrected, spec, 128);
+  EXPECT_GE(after.total_bytes() - after.safety_margin_bytes(), needed);
+  // Smaller batches grow by the same per-sample factor, so half the batch still fits where a
+  // scaling of the whole curve would have ruled everything out.
+  EXPECT_NEAR(corrected.measured->PeakAt(64) - fixed, 2.0 * (MlpPeakBytes(64) - fixed), 2);
+  EXPECT_EQ(corrected.measured->FixedBytes(), fixed);
+  EXPECT_NE(corrected.memory_source.find("per-sample part scaled by 2.00"), std::string::npos);
+}
+
 TEST(MemoryFeedbackTest, OutOfMemoryBelowTheEstimateLeavesTheEstimateAlone) {
   const fitrun::v1::JobSpec spec = MlpSpec();
   const ModelProfile model = *ProfileFor(spec);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/core/units.h"
 
 namespace fitrun::server {
 namespace {
@@ -60,6 +61,15 @@ std::string WhatWouldFit(const JobSpec& spec, const ModelProfile& model, const s
     ModelProfile bf16 = model;
     bf16.activation_bytes_per_sample =
         static_cast<int64_t>(static_cast<double>(bf16.activation_bytes_per_sample) * kBf16ActivationRatio);
+    if (model.measured.has_value()) {
+      // The measured curve's batch-dependent part shrinks, its batch-independent part stays.
+      const int64_t fixed = model.measured->FixedBytes();
+      std::vector<MeasuredPeak> points = model.measured->points();
+      for (MeasuredPeak& p : points) {
+        p.peak_bytes = fixed + static_cast<int64_t>(static_cast<double>(p.peak_bytes - fixed) * kBf16ActivationRatio);
+      }
+      bf16.measured = MemoryCurve(std::move(points));
+    }
     JobSpec bf16_spec = spec;
     bf16_spec.set_precision(fitrun::v1::PRECISION_BF16);
     // The largest per-device batch bf16 would fit on the roomiest device.
@@ -82,14 +92,6 @@ std::string WhatWouldFit(const JobSpec& spec, const ModelProfile& model, const s
 }
 
 }  // namespace
-
-std::string FormatBytes(int64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (std::abs(b) >= (1LL << 30)) return absl::StrFormat("%.2f GiB", b / (1LL << 30));
-  if (std::abs(b) >= (1LL << 20)) return absl::StrFormat("%.1f MiB", b / (1LL << 20));
-  if (std::abs(b) >= (1LL << 10)) return absl::StrFormat("%.1f KiB", b / (1LL << 10));
-  return absl::StrCat(bytes, " B");
-}
 
 double ScaledLearningRate(const fitrun::v1::OptimizerSpec& optimizer, int64_t global_batch_size) {
   const int64_t reference =
@@ -180,6 +182,7 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     plan.set_grad_accum_steps(static_cast<int32_t>(per_rank / chosen));
     plan.set_learning_rate(ScaledLearningRate(spec.optimizer(), global_batch));
     *plan.mutable_predicted() = predicted;
+    plan.set_usable_bytes(budget);
     plan.set_steps_per_epoch(model.train_samples / global_batch);
     plan.set_total_steps(spec.max_steps() > 0 ? spec.max_steps()
                                               : static_cast<int64_t>(spec.epochs()) * plan.steps_per_epoch());
@@ -200,6 +203,9 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
                                            FormatBytes(predicted.total_bytes()), ") fits the ", FormatBytes(budget),
                                            " usable on ", sorted[n - 1].id, " (", FormatBytes(free_bytes), " free less ",
                                            absl::StrFormat("%.0f%%", headroom * 100), " headroom)");
+      if (model.measured.has_value()) {
+        absl::StrAppend(&why_batch, "; its peak is ", model.measured->HowEstimated(chosen));
+      }
       if (limits.max_per_device_batch > 0) {
         absl::StrAppend(&why_batch, "; at most ", limits.max_per_device_batch,
                         " because a larger batch ran out of memory in an earlier attempt");

@@ -42,9 +42,6 @@ absl::StatusOr<fitrun::v1::Plan> PlanJob(const fitrun::v1::JobSpec& spec, const 
 // The learning rate after the spec's scaling rule (none, linear, sqrt) against its reference batch.
 double ScaledLearningRate(const fitrun::v1::OptimizerSpec& optimizer, int64_t global_batch_size);
 
-// "1.5 GiB", "512.0 MiB": for messages.
-std::string FormatBytes(int64_t bytes);
-
 }  // namespace fitrun::server
 
 #endif  // FITRUN_SERVER_CORE_PLANNER_H_

@@ -133,10 +133,7 @@ TEST(PlannerTest, NothingFitsSaysWhatIsNeeded) {
 ModelProfile ActivationHeavy(const fitrun::v1::JobSpec& spec) {
   ModelProfile p = Profile(spec);
   p.parameter_count = 1000;
-  p.calibrated = true;
-  p.calibrated_fixed_bytes = 1 * kMiB;
-  p.activation_bytes_per_sample = 10 * kMiB;
-  p.input_bytes_per_sample = 0;
+  p.measured = MemoryCurve({{1, 11 * kMiB}, {256, 2561 * kMiB}});
   return p;
 }
 

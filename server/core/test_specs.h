@@ -3,11 +3,11 @@
 #ifndef FITRUN_SERVER_CORE_TEST_SPECS_H_
 #define FITRUN_SERVER_CORE_TEST_SPECS_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "fitrun/v1/job.pb.h"
 #include "server/core/job_spec.h"
-#include "server/core/memory_calibration.h"
 
 namespace fitrun::server {
 
@@ -30,16 +30,20 @@ inline fitrun::v1::JobSpec MlpTestSpec(int64_t global_batch = 256, int min_devic
   return spec;
 }
 
-// The mlp's real probe figures (fitrun-worker --probe, SGD with momentum, fp32), as measured between the
-// given micro-batch sizes.
-inline ProbeResult MlpProbeResult(int64_t small_batch, int64_t large_batch) {
-  ProbeResult r;
-  r.fixed_bytes = 12322992;
-  r.per_sample_bytes = 5192;
-  r.model_state_bytes = 2678824;
-  r.small_batch = small_batch;
-  r.large_batch = large_batch;
-  return r;
+// The mlp's peak at micro-batch b as fitrun-worker --probe measured it (SGD with momentum, fp32): 5192
+// bytes per sample up to 128, then a kernel's scratch makes it steeper, 11336 bytes per sample from
+// 1024 on.
+inline int64_t MlpPeakBytes(int64_t b) {
+  if (b <= 128) return 9644168 + 5192 * b;
+  if (b <= 256) return 10308744 + 9032 * (b - 128);
+  if (b <= 512) return 11464840 + 9288 * (b - 256);
+  if (b <= 1024) return 13842568 + 11332 * (b - 512);
+  return 19644552 + 11336 * (b - 1024);
+}
+
+// The same with Adam: its optimizer step's temporaries hold the peak at 13.9 MB up to about 140.
+inline int64_t AdamMlpPeakBytes(int64_t b) {
+  return std::max<int64_t>(13926576, MlpPeakBytes(b) - 9644168 + 12322992);
 }
 
 }  // namespace fitrun::server

@@ -33,7 +33,19 @@ PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry)
                             .Name("fitrun_recovery_seconds")
                             .Help("From a failure being detected to the next attempt's first training step.")
                             .Register(registry)
-                            .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 5, 10, 15, 30, 60, 120, 300})) {
+                            .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 5, 10, 15, 30, 60, 120, 300})),
+      prediction_ratio_(prometheus::BuildHistogram()
+                            .Name("fitrun_memory_prediction_ratio")
+                            .Help("Each rank's measured peak memory over its plan's predicted peak, per finished "
+                                  "attempt: above 1, the plan promised too little.")
+                            .Register(registry)
+                            .Add({}, prometheus::Histogram::BucketBoundaries{0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 1.0,
+                                                                             1.03, 1.05, 1.1, 1.25, 1.5})),
+      probe_seconds_(prometheus::BuildHistogram()
+                         .Name("fitrun_memory_probe_seconds")
+                         .Help("How long each memory probe (a calibration sweep or one measurement) ran.")
+                         .Register(registry)
+                         .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 5, 10, 20, 30, 60, 120, 300})) {
   // Every state is present from the start, so dashboards see zeros rather than gaps.
   for (int s = fitrun::v1::JOB_STATE_QUEUED; s <= fitrun::v1::JOB_STATE_CANCELLED; ++s) {
     jobs_.Add({{"state", absl::AsciiStrToLower(JobStateName(static_cast<fitrun::v1::JobState>(s)))}});
@@ -50,6 +62,10 @@ void PrometheusMetrics::JobRestarted(const std::string& reason) { restarts_.Add(
 void PrometheusMetrics::Recovered(absl::Duration time_to_recover) {
   recovery_seconds_.Observe(absl::ToDoubleSeconds(time_to_recover));
 }
+
+void PrometheusMetrics::MemoryPredictionObserved(double ratio) { prediction_ratio_.Observe(ratio); }
+
+void PrometheusMetrics::MemoryProbeRan(absl::Duration took) { probe_seconds_.Observe(absl::ToDoubleSeconds(took)); }
 
 void PrometheusMetrics::JobStateChanged(fitrun::v1::JobState from, fitrun::v1::JobState to) {
   if (from != fitrun::v1::JOB_STATE_UNSPECIFIED) {

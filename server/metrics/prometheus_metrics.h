@@ -10,6 +10,9 @@
 //   fitrun_job_restarts_total{reason}     counter: group restarts by reason (out_of_memory, crash,
 //                                         hang, coordinator_restart)
 //   fitrun_recovery_seconds               histogram: from a failure to the next attempt's first step
+//   fitrun_memory_prediction_ratio         histogram: each rank's measured peak over its plan's
+//                                         predicted peak, per finished attempt (the estimator's error)
+//   fitrun_memory_probe_seconds           histogram: how long each memory probe ran
 // Thread-safe (prometheus-cpp's metrics are; the per-job map has its own mutex).
 #ifndef FITRUN_SERVER_METRICS_PROMETHEUS_METRICS_H_
 #define FITRUN_SERVER_METRICS_PROMETHEUS_METRICS_H_
@@ -40,6 +43,8 @@ class PrometheusMetrics : public CoordinatorMetrics {
   void OutOfMemory() override;
   void JobRestarted(const std::string& reason) override;
   void Recovered(absl::Duration time_to_recover) override;
+  void MemoryPredictionObserved(double ratio) override;
+  void MemoryProbeRan(absl::Duration took) override;
 
  private:
   prometheus::Family<prometheus::Gauge>& jobs_;
@@ -49,6 +54,8 @@ class PrometheusMetrics : public CoordinatorMetrics {
   prometheus::Counter& out_of_memory_;
   prometheus::Family<prometheus::Counter>& restarts_;
   prometheus::Histogram& recovery_seconds_;
+  prometheus::Histogram& prediction_ratio_;
+  prometheus::Histogram& probe_seconds_;
   absl::Mutex mu_;
   std::map<std::string, prometheus::Gauge*> loss_by_job_ ABSL_GUARDED_BY(mu_);
 };

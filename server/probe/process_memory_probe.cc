@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,7 +20,6 @@
 #include "absl/strings/strip.h"
 #include "fitrun/v1/worker.pb.h"
 #include "google/protobuf/text_format.h"
-#include "server/core/model_profile.h"
 #include "server/launcher/child_spawn.h"
 
 extern char** environ;
@@ -40,38 +38,196 @@ bool JsonInt(absl::string_view json, absl::string_view name, int64_t* value) {
   return absl::SimpleAtoi(rest.substr(0, end), value);
 }
 
+// The string after "name": (with \" and \\ unescaped).
+bool JsonString(absl::string_view json, absl::string_view name, std::string* value) {
+  const std::string quoted = absl::StrCat("\"", name, "\": \"");
+  size_t at = json.find(quoted);
+  if (at == absl::string_view::npos) return false;
+  value->clear();
+  for (at += quoted.size(); at < json.size() && json[at] != '"'; ++at) {
+    if (json[at] == '\\' && at + 1 < json.size()) ++at;
+    value->push_back(json[at]);
+  }
+  return true;
+}
+
 // The last `limit` bytes of a process's output, for error messages.
 std::string Tail(const std::string& text, size_t limit = 600) {
   std::string t(absl::StripTrailingAsciiWhitespace(text));
   return t.size() <= limit ? t : "..." + t.substr(t.size() - limit);
 }
 
+// Writes to a pipe whose reader may have exited: EPIPE instead of the process-wide SIGPIPE (the
+// signal is blocked on this thread for the write, and one it raised is taken before unblocking).
+bool WriteWithoutSigpipe(int fd, const std::string& data) {
+  sigset_t pipe_only, old;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+  const ssize_t n = write(fd, data.data(), data.size());
+  if (n < 0 && errno == EPIPE && !sigismember(&old, SIGPIPE)) {
+    const timespec no_wait{0, 0};
+    sigtimedwait(&pipe_only, nullptr, &no_wait);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return n == static_cast<ssize_t>(data.size());
+}
+
+// A running fitrun-worker --probe: its pipes, and what it has written so far.
+class ProcessSession final : public MemoryProbeSession {
+ public:
+  ProcessSession(pid_t pid, int in, int out, int err, std::string assignment_path, absl::Duration measure_timeout)
+      : pid_(pid), in_(in), out_(out), err_(err), assignment_path_(std::move(assignment_path)),
+        measure_timeout_(measure_timeout) {}
+
+  ~ProcessSession() override {
+    // End of input ends the probe; one that does not go is killed.
+    if (in_ >= 0) close(in_);
+    int status = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(2);
+    while (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == 0) {
+      if (absl::Now() >= deadline) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (out_ >= 0) close(out_);
+    if (err_ >= 0) close(err_);
+    std::remove(assignment_path_.c_str());
+  }
+
+  // Waits for the header line.
+  absl::Status Begin(absl::Duration timeout) {
+    absl::StatusOr<std::string> line = ReadLine(timeout, "loading the workload");
+    if (!line.ok()) return line.status();
+    absl::StatusOr<ProbeLine> header = ParseProbeLine(*line);
+    if (!header.ok()) return header.status();
+    if (header->model_state_bytes < 0 || header->train_samples < 0) {
+      return absl::InternalError(absl::StrCat("memory probe: expected its header line, got '", Tail(*line), "'"));
+    }
+    model_state_bytes_ = header->model_state_bytes;
+    train_samples_ = header->train_samples;
+    return absl::OkStatus();
+  }
+
+  int64_t model_state_bytes() const override { return model_state_bytes_; }
+  int64_t train_samples() const override { return train_samples_; }
+
+  absl::StatusOr<int64_t> MeasurePeak(int64_t batch) override {
+    const std::string request = absl::StrCat(batch, "\n");
+    if (in_ < 0 || !WriteWithoutSigpipe(in_, request)) {
+      return absl::InternalError(absl::StrCat("memory probe: cannot send it a batch size: ", Tail(stderr_)));
+    }
+    absl::StatusOr<std::string> line = ReadLine(measure_timeout_, absl::StrCat("measuring micro-batch ", batch));
+    if (!line.ok()) return line.status();
+    absl::StatusOr<ProbeLine> measured = ParseProbeLine(*line);
+    if (!measured.ok()) return measured.status();
+    if (measured->out_of_memory) {
+      return absl::ResourceExhaustedError(absl::StrCat("micro-batch ", batch, ": ", measured->error));
+    }
+    if (!measured->error.empty()) {
+      return absl::InternalError(absl::StrCat("memory probe at micro-batch ", batch, ": ", measured->error));
+    }
+    if (measured->batch != batch || measured->peak_bytes < 0) {
+      return absl::InternalError(absl::StrCat("memory probe: asked for micro-batch ", batch, ", got '", *line, "'"));
+    }
+    return measured->peak_bytes;
+  }
+
+ private:
+  // The next line on stdout, reading stderr meanwhile (so the child never blocks on it); an error
+  // naming `what` when the child ends or the timeout passes first.
+  absl::StatusOr<std::string> ReadLine(absl::Duration timeout, const std::string& what) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      if (const size_t newline = stdout_.find('\n'); newline != std::string::npos) {
+        std::string line = stdout_.substr(0, newline);
+        stdout_.erase(0, newline + 1);
+        return line;
+      }
+      if (out_ < 0) return Ended(what);
+      const int64_t wait_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+      if (wait_ms <= 0) {
+        if (pid_ > 0) kill(pid_, SIGKILL);
+        return absl::DeadlineExceededError(absl::StrCat("memory probe: ", what, " took longer than ",
+                                                        absl::FormatDuration(timeout)));
+      }
+      pollfd fds[2] = {{out_, POLLIN, 0}, {err_, POLLIN, 0}};
+      const int ready = poll(fds, err_ >= 0 ? 2 : 1, static_cast<int>(std::min<int64_t>(wait_ms, 1000)));
+      if (ready < 0 && errno != EINTR) return absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));
+      int* fd_of[2] = {&out_, &err_};
+      std::string* sink_of[2] = {&stdout_, &stderr_};
+      for (int i = 0; i < 2; ++i) {
+        if (*fd_of[i] < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+        char buffer[4096];
+        const ssize_t n = read(*fd_of[i], buffer, sizeof(buffer));
+        if (n > 0) {
+          sink_of[i]->append(buffer, static_cast<size_t>(n));
+          if (i == 1 && stderr_.size() > 16384) stderr_.erase(0, stderr_.size() - 8192);
+        } else if (n == 0 || errno != EINTR) {
+          close(*fd_of[i]);
+          *fd_of[i] = -1;
+        }
+      }
+    }
+  }
+
+  // The probe ended before answering: how, with what it said on stderr.
+  absl::Status Ended(const std::string& what) {
+    while (err_ >= 0) {  // the rest of stderr
+      char buffer[4096];
+      const ssize_t n = read(err_, buffer, sizeof(buffer));
+      if (n > 0) {
+        stderr_.append(buffer, static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        close(err_);
+        err_ = -1;
+      }
+    }
+    if (pid_ > 0) {
+      int status = 0;
+      while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+      }
+      how_it_ended_ = WIFEXITED(status) ? absl::StrCat("exited with ", WEXITSTATUS(status))
+                                        : absl::StrCat("was killed by signal ", WTERMSIG(status));
+      pid_ = -1;  // reaped: never waited for or killed again
+    }
+    // Exit 2 is a spec it cannot run: the worker names the field.
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory probe: fitrun-worker --probe ", how_it_ended_, " while ", what, ": ", Tail(stderr_)));
+  }
+
+  pid_t pid_;
+  int in_, out_, err_;
+  const std::string assignment_path_;
+  const absl::Duration measure_timeout_;
+  std::string stdout_, stderr_;
+  std::string how_it_ended_;
+  int64_t model_state_bytes_ = 0;
+  int64_t train_samples_ = 0;
+};
+
 }  // namespace
 
-absl::StatusOr<ProbeResult> ParseProbeJson(absl::string_view json) {
-  ProbeResult r;
-  int64_t small = 0, large = 0;
-  if (!JsonInt(json, "fixed_bytes", &r.fixed_bytes) || !JsonInt(json, "per_sample_bytes", &r.per_sample_bytes) ||
-      !JsonInt(json, "model_state_bytes", &r.model_state_bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("not a memory probe result: '", Tail(std::string(json)), "'"));
+absl::StatusOr<ProbeLine> ParseProbeLine(absl::string_view json) {
+  ProbeLine line;
+  const bool header = JsonInt(json, "model_state_bytes", &line.model_state_bytes) &&
+                      JsonInt(json, "train_samples", &line.train_samples);
+  const bool measured = JsonInt(json, "batch", &line.batch);
+  if (!header && !measured) {
+    return absl::InvalidArgumentError(absl::StrCat("not a memory probe line: '", Tail(std::string(json)), "'"));
   }
-  // "peaks": [{"batch": B1, "peak_bytes": P1}, {"batch": B2, "peak_bytes": P2}]
-  const size_t second = json.find("\"batch\":", json.find("\"batch\":") + 1);
-  if (JsonInt(json, "batch", &small)) r.small_batch = small;
-  (void)JsonInt(json, "peak_bytes", &r.small_peak_bytes);
-  if (second != absl::string_view::npos) {
-    if (JsonInt(json.substr(second), "batch", &large)) r.large_batch = large;
-    (void)JsonInt(json.substr(second), "peak_bytes", &r.large_peak_bytes);
+  if (measured && !JsonString(json, "error", &line.error) && !JsonInt(json, "peak_bytes", &line.peak_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("memory probe line without a peak: '", Tail(std::string(json)), "'"));
   }
-  return r;
+  line.out_of_memory = json.find("\"out_of_memory\": true") != absl::string_view::npos;
+  return line;
 }
 
 absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> ProcessMemoryProbe::Create(Options options) {
   if (options.worker_binary.empty()) return absl::InvalidArgumentError("memory probe: no worker binary");
-  if (options.small_batch < 1 || options.large_batch <= options.small_batch) {
-    return absl::InvalidArgumentError(absl::StrCat("memory probe: need 1 <= small batch < large batch (got ",
-                                                   options.small_batch, ", ", options.large_batch, ")"));
-  }
   std::error_code error;
   std::filesystem::create_directories(options.work_dir, error);
   if (error) {
@@ -81,39 +237,14 @@ absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> ProcessMemoryProbe::Create(O
   return std::unique_ptr<ProcessMemoryProbe>(new ProcessMemoryProbe(std::move(options)));
 }
 
-absl::StatusOr<ProbeResult> ProcessMemoryProbe::Probe(const fitrun::v1::JobSpec& spec) {
-  absl::StatusOr<ProbeResult> small = RunOnce(spec, options_.small_batch, options_.large_batch);
-  if (!small.ok() || !options_.large_batches) return small;
-  ProbeResult result = *small;
-  result.small_fixed_bytes = small->fixed_bytes;
-  result.small_per_sample_bytes = small->per_sample_bytes;
-
-  // Large enough that activations are about twice the small-batch fixed cost.
-  int64_t b3 = small->per_sample_bytes > 0 ? 2 * small->fixed_bytes / small->per_sample_bytes : options_.min_large_batch;
-  b3 = std::clamp(b3, options_.min_large_batch, options_.max_large_batch / 2);
-  if (small->per_sample_bytes > 0) {
-    b3 = std::min(b3, (options_.max_probe_bytes - small->fixed_bytes) / (2 * small->per_sample_bytes));
-  }
-  absl::StatusOr<ModelProfile> profile = fitrun::server::ProfileFor(spec);
-  if (profile.ok() && profile->train_samples > 0) b3 = std::min(b3, profile->train_samples / 2);
-  if (b3 <= options_.large_batch) return result;  // no room for larger batches: the small line it is
-  absl::StatusOr<ProbeResult> large = RunOnce(spec, b3, 2 * b3);
-  if (!large.ok()) return large.status();
-  result.fixed_bytes = large->fixed_bytes;
-  result.per_sample_bytes = large->per_sample_bytes;
-  result.large_batch = large->large_batch;
-  result.small_peak_bytes = large->small_peak_bytes;
-  result.large_peak_bytes = large->large_peak_bytes;
-  return result;
-}
-
-absl::StatusOr<ProbeResult> ProcessMemoryProbe::RunOnce(const fitrun::v1::JobSpec& spec, int64_t small_batch,
-                                                        int64_t large_batch) {
-  // A one-rank assignment: the probe reads only the spec and rank 0's threads.
+absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(const fitrun::v1::JobSpec& spec,
+                                                                               int64_t max_bytes) {
+  // A one-rank assignment: the probe reads the spec, rank 0's threads and its memory cap.
   fitrun::v1::WorkerAssignment assignment;
   assignment.set_job_id("memory-probe");
   *assignment.mutable_spec() = spec;
   assignment.add_cpu_threads(options_.cpu_threads);
+  assignment.add_memory_cap_bytes(std::max<int64_t>(0, max_bytes));
   std::string text;
   google::protobuf::TextFormat::PrintToString(assignment, &text);
   const std::string path =
@@ -124,13 +255,8 @@ absl::StatusOr<ProbeResult> ProcessMemoryProbe::RunOnce(const fitrun::v1::JobSpe
     out << text;
     if (!out.good()) return absl::InternalError(absl::StrCat("memory probe: cannot write ", path));
   }
-  struct RemoveFile {
-    std::string path;
-    ~RemoveFile() { std::remove(path.c_str()); }
-  } remove_file{path};
 
-  std::vector<std::string> args = {options_.worker_binary, "--probe",
-                                   absl::StrCat("--probe_batches=", small_batch, ",", large_batch)};
+  std::vector<std::string> args = {options_.worker_binary, "--probe"};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -143,85 +269,32 @@ absl::StatusOr<ProbeResult> ProcessMemoryProbe::RunOnce(const fitrun::v1::JobSpe
   for (std::string& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
 
-  int out_pipe[2], err_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
-    close(out_pipe[0]);
-    close(out_pipe[1]);
+  int in_pipe[2], out_pipe[2], err_pipe[2];
+  if (pipe2(in_pipe, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
+    for (int fd : {in_pipe[0], in_pipe[1]}) close(fd);
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, in_pipe[0], 0);
   posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
   posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
   const ChildSpawnAttributes attributes(/*own_process_group=*/false);
   pid_t pid = 0;
   const int rc = posix_spawn(&pid, argv[0], &actions, attributes.get(), argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
-  close(out_pipe[1]);
-  close(err_pipe[1]);
+  for (int fd : {in_pipe[0], out_pipe[1], err_pipe[1]}) close(fd);
   if (rc != 0) {
-    close(out_pipe[0]);
-    close(err_pipe[0]);
+    for (int fd : {in_pipe[1], out_pipe[0], err_pipe[0]}) close(fd);
+    std::remove(path.c_str());
     return absl::FailedPreconditionError(
         absl::StrCat("memory probe: cannot start ", options_.worker_binary, ": ", std::strerror(rc)));
   }
-
-  // Read both pipes to their end or the deadline.
-  std::string out, err;
-  const absl::Time deadline = absl::Now() + options_.timeout;
-  bool timed_out = false;
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
-  std::string* sinks[2] = {&out, &err};
-  int open_fds = 2;
-  while (open_fds > 0) {
-    const int64_t wait_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (wait_ms <= 0) {
-      timed_out = true;
-      break;
-    }
-    const int ready = poll(fds, 2, static_cast<int>(std::min<int64_t>(wait_ms, 1000)));
-    if (ready < 0 && errno != EINTR) break;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-      char buffer[4096];
-      const ssize_t n = read(fds[i].fd, buffer, sizeof(buffer));
-      if (n > 0) {
-        sinks[i]->append(buffer, static_cast<size_t>(n));
-      } else if (n == 0 || errno != EINTR) {
-        close(fds[i].fd);
-        fds[i].fd = -1;
-        --open_fds;
-      }
-    }
-  }
-  if (timed_out) kill(pid, SIGKILL);
-  for (const pollfd& fd : fds) {
-    if (fd.fd >= 0) close(fd.fd);
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (timed_out) {
-    return absl::DeadlineExceededError(absl::StrCat("memory probe: fitrun-worker --probe took longer than ",
-                                                    absl::FormatDuration(options_.timeout)));
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    const std::string how = WIFEXITED(status) ? absl::StrCat("exited with ", WEXITSTATUS(status))
-                                              : absl::StrCat("was killed by signal ", WTERMSIG(status));
-    // Exit 2 is a bad spec: the worker names the field.
-    return absl::InvalidArgumentError(absl::StrCat("memory probe: fitrun-worker --probe ", how, ": ", Tail(err)));
-  }
-  absl::StatusOr<ProbeResult> r = ParseProbeJson(out);
-  if (!r.ok()) return r;
-  // The step's overall peaks as a line (the worker's own fixed/per-sample figures are backward's).
-  if (r->large_batch > r->small_batch && r->large_peak_bytes > 0) {
-    r->per_sample_bytes = static_cast<int64_t>(std::llround(static_cast<double>(r->large_peak_bytes - r->small_peak_bytes) /
-                                                            static_cast<double>(r->large_batch - r->small_batch)));
-    r->fixed_bytes = r->small_peak_bytes - r->per_sample_bytes * r->small_batch;
-  }
-  return r;
+  auto session = std::make_unique<ProcessSession>(pid, in_pipe[1], out_pipe[0], err_pipe[0], path,
+                                                  options_.measure_timeout);
+  if (absl::Status status = session->Begin(options_.start_timeout); !status.ok()) return status;
+  return session;
 }
 
 }  // namespace fitrun::server

@@ -1,10 +1,12 @@
-// MemoryProbe over a child process: `fitrun-worker --probe` (worker/probe/memory_probe.h) runs real
-// training steps of the spec at two micro-batch sizes under the worker's counting allocator and
-// prints the fitted line as JSON. fitrund does not link LibTorch, so measuring is the worker's job.
+// MemoryProbe over a child process: `fitrun-worker --probe` (worker/probe/memory_probe.h) loads the
+// spec's workload once, then measures the peak of real training steps at each micro-batch size it
+// reads on stdin, answering one JSON line per batch. fitrund does not link LibTorch, so measuring is
+// the worker's job; deciding what to measure is the calibration's (server/core/memory_curve.h).
 //
 // No shell: posix_spawn with the coordinator's environment plus FITRUN_ASSIGNMENT (a one-rank
-// assignment written to a file under work_dir), stdout and stderr read through pipes, SIGKILL at
-// the timeout. Thread-safe: each Probe call is its own process.
+// assignment written to a file under work_dir, whose memory cap is the session's byte budget, which
+// the worker's counting allocator enforces), stdin/stdout/stderr through pipes, SIGKILL at a
+// timeout. Thread-safe: each session is its own process, used by one thread.
 #ifndef FITRUN_SERVER_PROBE_PROCESS_MEMORY_PROBE_H_
 #define FITRUN_SERVER_PROBE_PROCESS_MEMORY_PROBE_H_
 
@@ -26,35 +28,36 @@ class ProcessMemoryProbe : public MemoryProbe {
     std::string worker_binary;
     // Where the probes' assignment files go (created if missing).
     std::string work_dir;
-    // The small micro-batch sizes measured first. A second run then measures two large ones, chosen
-    // so that activations outweigh the small-batch fixed cost (at least min_large_batch, at most
-    // the dataset's size, max_large_batch and max_probe_bytes by the first run's line), since a
-    // step's per-sample cost can grow past a small-batch plateau.
-    int64_t small_batch = 4;
-    int64_t large_batch = 16;
-    int64_t min_large_batch = 32;
-    int64_t max_large_batch = 4096;
-    int64_t max_probe_bytes = 1LL << 30;
-    // false: only the small batches (one run), for measuring at exactly large_batch.
-    bool large_batches = true;
     // Threads the probe trains with, as a rank of a virtual CPU device would on this machine.
     int cpu_threads = 1;
-    absl::Duration timeout = absl::Seconds(180);
+    // For loading the workload, and for each measurement.
+    absl::Duration start_timeout = absl::Seconds(120);
+    absl::Duration measure_timeout = absl::Seconds(180);
   };
   static absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> Create(Options options);
 
-  absl::StatusOr<ProbeResult> Probe(const fitrun::v1::JobSpec& spec) override;
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> Start(const fitrun::v1::JobSpec& spec,
+                                                            int64_t max_bytes) override;
 
  private:
-  // One fitrun-worker --probe run at two batch sizes: its overall peaks as a line.
-  absl::StatusOr<ProbeResult> RunOnce(const fitrun::v1::JobSpec& spec, int64_t small_batch, int64_t large_batch);
   explicit ProcessMemoryProbe(Options options) : options_(std::move(options)) {}
   const Options options_;
   std::atomic<int64_t> next_id_{0};
 };
 
-// Reads fitrun-worker --probe's JSON line; INVALID_ARGUMENT when a field is missing.
-absl::StatusOr<ProbeResult> ParseProbeJson(absl::string_view json);
+// One line of fitrun-worker --probe's output, read.
+struct ProbeLine {
+  // The header line.
+  int64_t model_state_bytes = -1;
+  int64_t train_samples = -1;
+  // A measurement line.
+  int64_t batch = -1;
+  int64_t peak_bytes = -1;
+  std::string error;        // a failed measurement's message
+  bool out_of_memory = false;  // it failed for needing more than the budget
+};
+// INVALID_ARGUMENT when the line is not the probe's JSON.
+absl::StatusOr<ProbeLine> ParseProbeLine(absl::string_view json);
 
 }  // namespace fitrun::server
 

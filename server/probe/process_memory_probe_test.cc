@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 namespace fitrun::server {
 namespace {
@@ -37,76 +38,118 @@ ProcessMemoryProbe::Options OptionsFor(const std::string& binary) {
   ProcessMemoryProbe::Options options;
   options.worker_binary = binary;
   options.work_dir = (std::filesystem::path(TestDir()) / "probes").string();
-  options.timeout = absl::Seconds(10);
+  options.start_timeout = absl::Seconds(10);
+  options.measure_timeout = absl::Seconds(10);
   return options;
 }
 
-TEST(ParseProbeJsonTest, ReadsTheWorkersLine) {
-  absl::StatusOr<ProbeResult> r = ParseProbeJson(
-      R"({"model_state_bytes": 2678824, "peaks": [{"batch": 2, "peak_bytes": 12333376}, )"
-      R"({"batch": 8, "peak_bytes": 12364528}], "fixed_bytes": 12322992, "per_sample_bytes": 5192})");
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->model_state_bytes, 2678824);
-  EXPECT_EQ(r->fixed_bytes, 12322992);
-  EXPECT_EQ(r->per_sample_bytes, 5192);
-  EXPECT_EQ(r->small_batch, 2);
-  EXPECT_EQ(r->large_batch, 8);
-  EXPECT_EQ(r->small_peak_bytes, 12333376);
-  EXPECT_EQ(r->large_peak_bytes, 12364528);
-  EXPECT_FALSE(ParseProbeJson("Segmentation fault").ok());
+TEST(ParseProbeLineTest, ReadsTheHeaderMeasurementsAndErrors) {
+  absl::StatusOr<ProbeLine> header = ParseProbeLine(R"({"model_state_bytes": 2678824, "train_samples": 60000})");
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->model_state_bytes, 2678824);
+  EXPECT_EQ(header->train_samples, 60000);
+  absl::StatusOr<ProbeLine> peak = ParseProbeLine(
+      R"({"batch": 8, "peak_bytes": 12364528, "backward_peak_bytes": 12364528, "other_peak_bytes": 1})");
+  ASSERT_TRUE(peak.ok()) << peak.status();
+  EXPECT_EQ(peak->batch, 8);
+  EXPECT_EQ(peak->peak_bytes, 12364528);
+  absl::StatusOr<ProbeLine> oom =
+      ParseProbeLine(R"({"batch": 4096, "error": "step 2: out of \"device\" memory", "out_of_memory": true})");
+  ASSERT_TRUE(oom.ok()) << oom.status();
+  EXPECT_TRUE(oom->out_of_memory);
+  EXPECT_EQ(oom->error, "step 2: out of \"device\" memory");
+  EXPECT_FALSE(ParseProbeLine("Segmentation fault").ok());
+  EXPECT_FALSE(ParseProbeLine(R"({"batch": 8})").ok());
 }
 
-TEST(ProcessMemoryProbeTest, RunsTheWorkerAtSmallThenLargeBatchesAndFitsBothLines) {
-  // Checks its argv and that the assignment file carries the spec, then answers like a model whose
-  // peak is max(1000 + 100 b, 10 + 150 b): a plateau at small batches, steeper at large ones.
+TEST(ProcessMemoryProbeTest, OneProcessMeasuresEveryBatchItIsSent) {
+  // Checks its argv and that the assignment carries the spec, the threads and the budget as the
+  // memory cap; then answers each batch b read from stdin like a model whose peak is 1000 + 100 b,
+  // refusing what passes the budget, and logs one line per batch to a file so the test can see
+  // that a single process served them all.
+  const std::string log = (std::filesystem::path(TestDir()) / "probe_ok.log").string();
+  std::filesystem::remove(log);
   const std::string worker = FakeWorker("probe_ok.sh", R"(
-[ "$1" = "--probe" ] || { echo "bad argv: $*" >&2; exit 2; }
+[ "$1" = "--probe" ] && [ -z "$2" ] || { echo "bad argv: $*" >&2; exit 2; }
 grep -q 'name: "probe-me"' "$FITRUN_ASSIGNMENT" || { echo "no spec in $FITRUN_ASSIGNMENT" >&2; exit 2; }
 grep -q 'cpu_threads: 1' "$FITRUN_ASSIGNMENT" || { echo "no threads" >&2; exit 2; }
+grep -q 'memory_cap_bytes: 50000' "$FITRUN_ASSIGNMENT" || { echo "no budget" >&2; exit 2; }
 echo "loading..." >&2
-case "$2" in
-  --probe_batches=4,16) echo '{"model_state_bytes": 100, "peaks": [{"batch": 4, "peak_bytes": 1400}, {"batch": 16, "peak_bytes": 2600}], "fixed_bytes": 1000, "per_sample_bytes": 100}' ;;
-  --probe_batches=32,64) echo '{"model_state_bytes": 100, "peaks": [{"batch": 32, "peak_bytes": 4810}, {"batch": 64, "peak_bytes": 9610}], "fixed_bytes": 10, "per_sample_bytes": 150}' ;;
-  *) echo "bad batches: $2" >&2; exit 2 ;;
-esac)");
+echo '{"model_state_bytes": 100, "train_samples": 1000}'
+while read b; do
+  echo "$$ $b" >> )" + log + R"(
+  peak=$((1000 + 100 * b))
+  if [ $peak -gt 50000 ]; then
+    echo "{\"batch\": $b, \"error\": \"step 1: out of device memory\", \"out_of_memory\": true}"
+  else
+    echo "{\"batch\": $b, \"peak_bytes\": $peak, \"backward_peak_bytes\": $peak, \"other_peak_bytes\": 0}"
+  fi
+done)");
   auto probe = *ProcessMemoryProbe::Create(OptionsFor(worker));
-  absl::StatusOr<ProbeResult> r = probe->Probe(Spec());
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->small_fixed_bytes, 1000);
-  EXPECT_EQ(r->small_per_sample_bytes, 100);
-  EXPECT_EQ(r->fixed_bytes, 10);
-  EXPECT_EQ(r->per_sample_bytes, 150);
-  EXPECT_EQ(r->small_batch, 4);
-  EXPECT_EQ(r->large_batch, 64);
-  EXPECT_EQ(r->large_peak_bytes, 9610);
-  // The assignment file is gone afterwards.
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 50000);
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ((*session)->model_state_bytes(), 100);
+  EXPECT_EQ((*session)->train_samples(), 1000);
+  EXPECT_EQ(*(*session)->MeasurePeak(4), 1400);
+  EXPECT_EQ(*(*session)->MeasurePeak(64), 7400);
+  EXPECT_EQ((*session)->MeasurePeak(900).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(*(*session)->MeasurePeak(16), 2600) << "the probe goes on after a batch past the budget";
+  session->reset();
+  // One process served all four, and its assignment file is gone.
+  std::ifstream in(log);
+  std::set<std::string> pids;
+  int lines = 0;
+  for (std::string pid, batch; in >> pid >> batch; ++lines) pids.insert(pid);
+  EXPECT_EQ(lines, 4);
+  EXPECT_EQ(pids.size(), 1u);
   EXPECT_TRUE(std::filesystem::is_empty(OptionsFor(worker).work_dir));
 }
 
-TEST(ProcessMemoryProbeTest, AFailingWorkerIsReportedWithItsStderr) {
+TEST(ProcessMemoryProbeTest, AWorkerThatRefusesTheSpecIsReportedWithItsStderr) {
   const std::string worker =
       FakeWorker("probe_bad.sh", "echo 'fitrun-worker --probe: spec.model.torchscript: not a module' >&2; exit 2");
   auto probe = *ProcessMemoryProbe::Create(OptionsFor(worker));
-  absl::StatusOr<ProbeResult> r = probe->Probe(Spec());
-  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(r.status().message(), HasSubstr("exited with 2"));
-  EXPECT_THAT(r.status().message(), HasSubstr("spec.model.torchscript: not a module"));
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30);
+  ASSERT_EQ(session.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(session.status().message(), HasSubstr("exited with 2"));
+  EXPECT_THAT(session.status().message(), HasSubstr("spec.model.torchscript: not a module"));
+}
+
+TEST(ProcessMemoryProbeTest, AWorkerThatDiesMidwayIsAnErrorNotACrash) {
+  const std::string worker = FakeWorker("probe_dies.sh", R"(
+echo '{"model_state_bytes": 100, "train_samples": 1000}'
+read b
+echo "Segmentation fault" >&2
+kill -SEGV $$)");
+  auto probe = *ProcessMemoryProbe::Create(OptionsFor(worker));
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30);
+  ASSERT_TRUE(session.ok()) << session.status();
+  absl::StatusOr<int64_t> peak = (*session)->MeasurePeak(4);
+  ASSERT_FALSE(peak.ok());
+  EXPECT_THAT(peak.status().message(), HasSubstr("killed by signal 11"));
+  EXPECT_THAT(peak.status().message(), HasSubstr("Segmentation fault"));
+  // Sending it another batch fails cleanly too (no SIGPIPE for the test process).
+  EXPECT_FALSE((*session)->MeasurePeak(8).ok());
 }
 
 TEST(ProcessMemoryProbeTest, AHungWorkerIsKilledAtTheTimeout) {
-  const std::string worker = FakeWorker("probe_hang.sh", "exec sleep 60");
+  const std::string worker = FakeWorker("probe_hang.sh", R"(
+echo '{"model_state_bytes": 100, "train_samples": 1000}'
+exec sleep 60)");
   ProcessMemoryProbe::Options options = OptionsFor(worker);
-  options.timeout = absl::Milliseconds(300);
+  options.measure_timeout = absl::Milliseconds(300);
   auto probe = *ProcessMemoryProbe::Create(options);
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30);
+  ASSERT_TRUE(session.ok()) << session.status();
   const absl::Time start = absl::Now();
-  absl::StatusOr<ProbeResult> r = probe->Probe(Spec());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ((*session)->MeasurePeak(4).status().code(), absl::StatusCode::kDeadlineExceeded);
+  session->reset();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 TEST(ProcessMemoryProbeTest, AMissingBinaryIsAnError) {
   auto probe = *ProcessMemoryProbe::Create(OptionsFor("/nonexistent/fitrun-worker"));
-  EXPECT_EQ(probe->Probe(Spec()).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(probe->Start(Spec(), 1 << 30).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -3,15 +3,14 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <cmath>
+#include <algorithm>
 #include <exception>
 #include <memory>
-#include <tuple>
+#include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "worker/ddp/gradient_synchronizer.h"
 #include "worker/models/workload.h"
 #include "worker/trainer/progress_sink.h"
@@ -26,10 +25,9 @@ namespace {
 // are bucket views, so gradients and buckets share memory), and a gradient autograd allocated
 // anew moved into its view as the reducer's hook does.
 //
-// It also splits the step's peak in two phases, because a step's peak is the larger of two lines in
-// the batch size: backward (saved activations and their gradients: steep) and the rest (optimizer
-// step with its temporaries, zero_grad, forward: nearly flat). At small batches the flat one is the
-// peak, so a single line through two small batches would underestimate large ones.
+// It also records the peak by phase, backward (saved activations and their gradients) and the rest
+// of the step (forward, the optimizer step with its temporaries, zero_grad), which shows where a
+// peak comes from: at small batches often the optimizer step, at large ones backward.
 class FlatBufferSynchronizer final : public GradientSynchronizer {
  public:
   FlatBufferSynchronizer(std::vector<at::Tensor> parameters, CappedCpuAllocator* counter)
@@ -83,13 +81,6 @@ class FlatBufferSynchronizer final : public GradientSynchronizer {
   int64_t other_peak_ = 0;
 };
 
-// The line through two (batch, bytes) points: {fixed, per_sample}.
-std::pair<int64_t, int64_t> Line(int64_t b1, int64_t p1, int64_t b2, int64_t p2) {
-  const int64_t per_sample =
-      static_cast<int64_t>(std::llround(static_cast<double>(p2 - p1) / static_cast<double>(b2 - b1)));
-  return {p1 - per_sample * b1, per_sample};
-}
-
 // The probe's steps report nowhere.
 class DiscardingSink final : public ProgressSink {
  public:
@@ -102,17 +93,10 @@ constexpr double kDefaultLearningRate = 1e-3;  // any positive rate allocates th
 
 }  // namespace
 
-absl::StatusOr<ProbeResult> RunMemoryProbe(const fitrun::v1::WorkerAssignment& assignment,
-                                           const ProbeOptions& options, CappedCpuAllocator* counter) {
-  if (options.small_batch < 1 || options.large_batch <= options.small_batch) {
-    return absl::InvalidArgumentError(absl::StrCat("--probe_batches: need 1 <= B1 < B2 (got ", options.small_batch,
-                                                   ",", options.large_batch, ")"));
-  }
-  if (options.steps < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("probe steps must be >= 1 (got ", options.steps, ")"));
-  }
-  if (counter == nullptr || counter->cap_bytes() != 0 || counter->installed()) {
-    return absl::InvalidArgumentError("the probe needs an uncapped counting allocator not yet installed");
+absl::StatusOr<std::unique_ptr<MemoryProbe>> MemoryProbe::Create(const fitrun::v1::WorkerAssignment& assignment,
+                                                                CappedCpuAllocator* counter) {
+  if (counter == nullptr || counter->installed()) {
+    return absl::InvalidArgumentError("the probe needs a counting allocator not yet installed");
   }
   const fitrun::v1::JobSpec& spec = assignment.spec();
   if (spec.data().path().empty()) {
@@ -125,73 +109,86 @@ absl::StatusOr<ProbeResult> RunMemoryProbe(const fitrun::v1::WorkerAssignment& a
   at::set_num_interop_threads(1);
   at::set_num_threads(assignment.cpu_threads_size() > 0 && assignment.cpu_threads(0) > 0 ? assignment.cpu_threads(0)
                                                                                           : 1);
-
+  // Loaded before the allocator is installed, the data stays uncounted as it does in a training run.
   absl::StatusOr<Workload> workload = LoadWorkload(spec, /*with_test=*/false);
   if (!workload.ok()) return workload.status();
-  if (workload->train.size() < options.large_batch) {
-    return absl::InvalidArgumentError(absl::StrCat("--probe_batches: B2 = ", options.large_batch,
-                                                   " is larger than the ", workload->train.size(),
-                                                   " training samples of spec.data.path"));
-  }
-  // Enough samples for every step at the large batch; the rest of the data is not needed. Loaded
-  // before the allocator is installed, the data stays uncounted as it does in a training run.
-  const int64_t slice = std::min<int64_t>(workload->train.size(), options.large_batch * options.steps);
-  LabeledImages train{workload->train.images.narrow(0, 0, slice), workload->train.labels.narrow(0, 0, slice)};
-
+  std::unique_ptr<MemoryProbe> probe(new MemoryProbe(assignment, *std::move(workload), counter));
   counter->Install();
-  ProbeResult result;
   try {
-    MoveModuleStateIntoAllocator(*workload->model);
-    result.model_state_bytes = counter->Live();
-
-    DiscardingSink sink;
-    for (const int64_t batch : {options.small_batch, options.large_batch}) {
-      TrainerOptions trainer_options;
-      trainer_options.per_device_batch = batch;
-      trainer_options.learning_rate =
-          assignment.plan().learning_rate() > 0 ? assignment.plan().learning_rate() : kDefaultLearningRate;
-      trainer_options.total_steps = options.steps;
-      trainer_options.seed = spec.seed();
-      trainer_options.optimizer = spec.optimizer();
-      trainer_options.precision = spec.precision();
-      trainer_options.progress_interval = absl::InfiniteDuration();
-      // Gradients and optimizer state of the previous batch size are gone before the new peak starts.
-      for (at::Tensor& p : workload->model->parameters()) p.mutable_grad() = at::Tensor();
-      counter->ResetPeak();
-      FlatBufferSynchronizer synchronizer(workload->model->parameters(), counter);
-      absl::StatusOr<std::unique_ptr<Trainer>> trainer =
-          Trainer::Create(trainer_options, workload->model, train, std::nullopt, &synchronizer, &sink);
-      if (!trainer.ok()) return trainer.status();
-      absl::StatusOr<TrainResult> run = (*trainer)->Run();
-      if (!run.ok()) return run.status();
-      synchronizer.Finish();
-      result.peaks.push_back({batch, std::max(synchronizer.backward_peak(), synchronizer.other_peak()),
-                              synchronizer.backward_peak(), synchronizer.other_peak()});
-    }
+    MoveModuleStateIntoAllocator(*probe->workload_.model);
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("the model's state alone needs more than the probe's budget of ",
+                                                     counter->cap_bytes(), " bytes"));
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("memory probe: ", e.what()));
+    return absl::InternalError(absl::StrCat("memory probe: moving the model's state: ", e.what()));
   }
-
-  const ProbePeak& small = result.peaks[0];
-  const ProbePeak& large = result.peaks[1];
-  std::tie(result.fixed_bytes, result.per_sample_bytes) =
-      Line(small.batch, small.backward_peak_bytes, large.batch, large.backward_peak_bytes);
-  std::tie(result.other_fixed_bytes, result.other_per_sample_bytes) =
-      Line(small.batch, small.other_peak_bytes, large.batch, large.other_peak_bytes);
-  return result;
+  probe->model_state_bytes_ = counter->Live();
+  return probe;
 }
 
-std::string ProbeResultJson(const ProbeResult& r) {
-  std::vector<std::string> peaks;
-  for (const ProbePeak& p : r.peaks) {
-    peaks.push_back(absl::StrCat("{\"batch\": ", p.batch, ", \"peak_bytes\": ", p.peak_bytes,
-                                 ", \"backward_peak_bytes\": ", p.backward_peak_bytes,
-                                 ", \"other_peak_bytes\": ", p.other_peak_bytes, "}"));
+absl::StatusOr<ProbePeak> MemoryProbe::Measure(int64_t batch, int steps) {
+  if (batch < 1 || batch > train_samples()) {
+    return absl::InvalidArgumentError(absl::StrCat("probe batch: must be in 1..", train_samples(),
+                                                   " (the training samples of spec.data.path), got ", batch));
   }
-  return absl::StrCat("{\"model_state_bytes\": ", r.model_state_bytes, ", \"peaks\": [", absl::StrJoin(peaks, ", "),
-                      "], \"fixed_bytes\": ", r.fixed_bytes, ", \"per_sample_bytes\": ", r.per_sample_bytes,
-                      ", \"other_fixed_bytes\": ", r.other_fixed_bytes,
-                      ", \"other_per_sample_bytes\": ", r.other_per_sample_bytes, "}");
+  if (steps < 2) return absl::InvalidArgumentError(absl::StrCat("probe steps must be >= 2 (got ", steps, ")"));
+  const fitrun::v1::JobSpec& spec = assignment_.spec();
+  TrainerOptions trainer_options;
+  trainer_options.per_device_batch = batch;
+  trainer_options.learning_rate =
+      assignment_.plan().learning_rate() > 0 ? assignment_.plan().learning_rate() : kDefaultLearningRate;
+  trainer_options.total_steps = steps;
+  trainer_options.seed = spec.seed();
+  trainer_options.optimizer = spec.optimizer();
+  trainer_options.precision = spec.precision();
+  trainer_options.progress_interval = absl::InfiniteDuration();
+  // Enough samples for every step; the trainer wraps into further epochs when the set is smaller.
+  const int64_t slice = std::min<int64_t>(train_samples(), batch * steps);
+  LabeledImages train{workload_.train.images.narrow(0, 0, slice), workload_.train.labels.narrow(0, 0, slice)};
+  try {
+    // A fresh rank: no gradients and no optimizer state of an earlier measurement are alive.
+    for (at::Tensor& p : workload_.model->parameters()) p.mutable_grad() = at::Tensor();
+    counter_->ResetPeak();
+    FlatBufferSynchronizer synchronizer(workload_.model->parameters(), counter_);
+    DiscardingSink sink;
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+        Trainer::Create(trainer_options, workload_.model, train, std::nullopt, &synchronizer, &sink);
+    if (!trainer.ok()) return trainer.status();
+    absl::StatusOr<TrainResult> run = (*trainer)->Run();
+    if (!run.ok()) return run.status();
+    synchronizer.Finish();
+    return ProbePeak{batch, std::max(synchronizer.backward_peak(), synchronizer.other_peak()),
+                     synchronizer.backward_peak(), synchronizer.other_peak()};
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("memory probe at batch ", batch, ": ", e.what()));
+  }
+}
+
+std::string ProbeHeaderJson(const MemoryProbe& probe) {
+  return absl::StrCat("{\"model_state_bytes\": ", probe.model_state_bytes(),
+                      ", \"train_samples\": ", probe.train_samples(), "}");
+}
+
+std::string ProbePeakJson(const ProbePeak& p) {
+  return absl::StrCat("{\"batch\": ", p.batch, ", \"peak_bytes\": ", p.peak_bytes,
+                      ", \"backward_peak_bytes\": ", p.backward_peak_bytes,
+                      ", \"other_peak_bytes\": ", p.other_peak_bytes, "}");
+}
+
+std::string ProbeErrorJson(int64_t batch, const absl::Status& status) {
+  std::string message;
+  for (char c : status.message()) {
+    if (c == '"' || c == '\\') {
+      message += '\\';
+      message += c;
+    } else if (c == '\n') {
+      message += "\\n";
+    } else if (static_cast<unsigned char>(c) >= 0x20) {
+      message += c;
+    }
+  }
+  return absl::StrCat("{\"batch\": ", batch, ", \"error\": \"", message, "\"",
+                      absl::IsResourceExhausted(status) ? ", \"out_of_memory\": true" : "", "}");
 }
 
 }  // namespace fitrun::worker

@@ -1,59 +1,71 @@
+// fitrun-worker --probe: one rank's peak device memory at any micro-batch size, measured by running
+// real training steps of a job's spec under the counting allocator. The coordinator drives it (which
+// batches to measure is its calibration's business: server/core/memory_curve.h); the worker only
+// measures, one batch after another in one process, so the dataset and LibTorch load once.
 #ifndef FITRUN_WORKER_PROBE_MEMORY_PROBE_H_
 #define FITRUN_WORKER_PROBE_MEMORY_PROBE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "fitrun/v1/worker.pb.h"
 #include "worker/memory/capped_allocator.h"
+#include "worker/models/workload.h"
 
 namespace fitrun::worker {
 
-// The two micro-batch sizes the probe measures (fitrun-worker --probe_batches=B1,B2).
-struct ProbeOptions {
-  int64_t small_batch = 2;
-  int64_t large_batch = 8;
-  // Real optimizer steps per batch size: the first allocates optimizer state, later ones show the
-  // steady state with gradients kept between steps.
-  int steps = 3;
-};
-
+// One measurement: the peak of `steps` real training steps at one micro-batch size.
 struct ProbePeak {
   int64_t batch = 0;
   int64_t peak_bytes = 0;           // the step's peak: the larger of the two below
-  int64_t backward_peak_bytes = 0;  // during backward (activations and their gradients)
+  int64_t backward_peak_bytes = 0;  // during backward (saved activations and their gradients)
   int64_t other_peak_bytes = 0;     // the rest of the step: forward, optimizer step, zero_grad
 };
 
-// One rank's device memory as the larger of two lines in the batch size: backward's,
-// fixed_bytes + per_sample_bytes * b, and the rest of the step's, other_fixed_bytes +
-// other_per_sample_bytes * b, each fitted through the two measured batch sizes. This is the
-// calibration the coordinator's estimator uses for any model (DESIGN.md, "Memory estimator").
-struct ProbeResult {
-  int64_t model_state_bytes = 0;  // parameters and buffers
-  std::vector<ProbePeak> peaks;   // small batch first
-  int64_t fixed_bytes = 0;
-  int64_t per_sample_bytes = 0;
-  int64_t other_fixed_bytes = 0;
-  int64_t other_per_sample_bytes = 0;
+// Measures what one rank of a job needs on its device, without a process group. Create loads the
+// spec's workload, installs `counter` (not installed yet; its cap, if any, is the probe's byte
+// budget: a measurement past it fails with ResourceExhausted) as the process's CPU allocator and
+// moves the model's state into it; each Measure then runs real steps (forward, backward, the
+// spec's optimizer and precision) with one flat buffer the size of all gradients standing in for
+// DDP's buckets, starting from no gradients and no optimizer state, as a fresh rank would. Uses
+// assignment.cpu_threads[0] threads (1 if unset) as rank 0 would; the plan is not used.
+// Not thread-safe: one measuring thread.
+class MemoryProbe {
+ public:
+  // Errors are InvalidArgument naming the field (spec.*, cpu_threads).
+  static absl::StatusOr<std::unique_ptr<MemoryProbe>> Create(const fitrun::v1::WorkerAssignment& assignment,
+                                                             CappedCpuAllocator* counter);
+
+  // Parameters and buffers, as counted once they moved into the allocator.
+  int64_t model_state_bytes() const { return model_state_bytes_; }
+  // The largest micro-batch that can be measured: the training split's size.
+  int64_t train_samples() const { return workload_.train.size(); }
+
+  // `steps` >= 2 real optimizer steps at `batch` (1..train_samples()): the first allocates the
+  // optimizer's state, later ones show the steady state with it and the gradients kept.
+  absl::StatusOr<ProbePeak> Measure(int64_t batch, int steps = 3);
+
+ private:
+  MemoryProbe(const fitrun::v1::WorkerAssignment& assignment, Workload workload, CappedCpuAllocator* counter)
+      : assignment_(assignment), workload_(std::move(workload)), counter_(counter) {}
+
+  const fitrun::v1::WorkerAssignment assignment_;
+  Workload workload_;
+  CappedCpuAllocator* const counter_;
+  int64_t model_state_bytes_ = 0;
 };
 
-// Measures what one rank of the assignment's job needs on its device, without a process group:
-// loads the spec's workload, installs `counter` (which must have no cap and not be installed yet) as
-// the process's CPU allocator, moves the model's state into it, and for each batch size runs
-// `steps` real training steps (forward, backward, the spec's optimizer and precision) with one flat
-// buffer the size of all gradients standing in for DDP's buckets, recording the peak of each.
-// Uses assignment.cpu_threads[0] threads (1 if unset) as rank 0 would. The plan's batch, steps and
-// devices are not used. Errors are InvalidArgument naming the field (spec.*, --probe_batches).
-absl::StatusOr<ProbeResult> RunMemoryProbe(const fitrun::v1::WorkerAssignment& assignment,
-                                           const ProbeOptions& options, CappedCpuAllocator* counter);
-
-// {"model_state_bytes": ..., "peaks": [{"batch": B1, "peak_bytes": P1, "backward_peak_bytes": ...,
-//  "other_peak_bytes": ...}, ...], "fixed_bytes": F, "per_sample_bytes": S, "other_fixed_bytes": F2,
-//  "other_per_sample_bytes": S2} on one line.
-std::string ProbeResultJson(const ProbeResult& result);
+// The probe's output, one JSON object per line: first what the probe loaded,
+//   {"model_state_bytes": N, "train_samples": T}
+// then one line per measured batch,
+//   {"batch": B, "peak_bytes": P, "backward_peak_bytes": P1, "other_peak_bytes": P2}
+// or, when a measurement fails, {"batch": B, "error": "..."} (with "out_of_memory": true when it
+// needed more than the budget).
+std::string ProbeHeaderJson(const MemoryProbe& probe);
+std::string ProbePeakJson(const ProbePeak& peak);
+std::string ProbeErrorJson(int64_t batch, const absl::Status& status);
 
 }  // namespace fitrun::worker
 

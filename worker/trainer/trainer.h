@@ -46,6 +46,7 @@ struct TrainerOptions {
   fitrun::v1::FaultInjection fault_injection;
   // Progress goes to the sink at most this often, plus the first and the last step.
   absl::Duration progress_interval = absl::Milliseconds(250);
+  // Test samples per evaluation forward pass (fitrun-worker uses the per-device batch).
   int64_t eval_batch = 1000;
   // spec.precision: FP32 (or UNSPECIFIED) everywhere, or autocast for forward and loss (parameters,
   // gradients, all-reduce and optimizer stay float32): BF16 on CPU; in a CUDA build (FITRUN_WITH_CUDA)
