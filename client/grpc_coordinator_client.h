@@ -19,8 +19,9 @@ class GrpcCoordinatorClient : public CoordinatorApi {
   struct Options {
     // Any gRPC target: "HOST:PORT", "dns:///host:port", "unix:/path".
     std::string address;
-    // For unary calls only. A watch follows a job for as long as it runs, so it has no deadline.
-    absl::Duration rpc_timeout = absl::Seconds(30);
+    // For unary calls only (fitrund answers them without waiting for training or memory probes). A
+    // watch follows a job for as long as it runs, so it has no deadline.
+    absl::Duration rpc_timeout = absl::Seconds(10);
   };
 
   static absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> Create(const Options& options);

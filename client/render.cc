@@ -128,6 +128,13 @@ std::string RenderJob(const v1::Job& job, const RenderContext& context) {
       }
     }
     if (!ranks.empty()) absl::StrAppend(&text, " [ranks: ", absl::StrJoin(ranks, ", "), "]");
+    // The memory estimator's error on this attempt: what its ranks peaked at against the plan.
+    if (attempt.measured_peak_bytes() > 0 && attempt.predicted_peak_bytes() > 0) {
+      absl::StrAppend(&text, absl::StrFormat("; memory: peaked at %s of %s predicted (%.0f%%)",
+                                             FormatBytes(attempt.measured_peak_bytes()),
+                                             FormatBytes(attempt.predicted_peak_bytes()),
+                                             100.0 * attempt.measured_peak_bytes() / attempt.predicted_peak_bytes()));
+    }
     rows.emplace_back(absl::StrCat("attempt ", attempt.attempt()), text);
   }
   return KeyValueBlock(rows);

@@ -254,6 +254,23 @@ TEST(RenderJobTest, ShowsEveryAttemptWithHowEachRankExited) {
   EXPECT_THAT(text, HasSubstr("attempt 2: 1 device(s), per-device batch 64 x 4: running [ranks: 0 running (pid 4242)]"));
 }
 
+TEST(RenderJobTest, AFinishedAttemptShowsItsPeakAgainstThePrediction) {
+  v1::Job job;
+  job.set_id("j-6");
+  job.set_state(v1::JOB_STATE_SUCCEEDED);
+  v1::AttemptRecord* attempt = job.add_attempt_history();
+  attempt->set_attempt(1);
+  attempt->add_device_ids("cpu:0");
+  attempt->set_per_device_batch(512);
+  attempt->set_grad_accum_steps(1);
+  attempt->set_outcome("succeeded");
+  attempt->set_predicted_peak_bytes(20 << 20);
+  attempt->set_measured_peak_bytes(19 << 20);
+  EXPECT_THAT(RenderJob(job, Context()),
+              HasSubstr("attempt 1: 1 device(s), per-device batch 512 x 1: succeeded; memory: peaked at 19.0 MiB of "
+                        "20.0 MiB predicted (95%)"));
+}
+
 TEST(RenderOutcomeTest, ModelsWithoutAccuracyShowNoAccuracy) {
   v1::Job job;
   job.set_id("j-2");
