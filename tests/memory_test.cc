@@ -19,6 +19,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "tests/testing/coordinator.h"
 
 namespace fitrun::testing {
@@ -30,18 +33,37 @@ using ::testing::HasSubstr;
 // (about 17 MB), 4 do (about 6.3 MB).
 constexpr char kSmallDevices[] = "cpu:2x8MiB";
 
-// 6400 bytes of words: 89 training windows of 64 bytes and 9 test windows (so rank 0's final
-// evaluation, which runs after training at up to 1000 windows at once, stays small).
-std::string WriteText(const std::string& name) {
+// `bytes` of words: 6400 make 89 training windows of 64 bytes and 9 test windows.
+std::string WriteText(const std::string& name, size_t bytes = 6400) {
   const char* dir = std::getenv("TEST_TMPDIR");
   const std::string path = (std::filesystem::path(dir != nullptr ? dir : "/tmp") / name).string();
   static const char* kWords[] = {"the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "with"};
   std::mt19937 random(1);
   std::string text;
-  while (text.size() < 6400) absl::StrAppend(&text, kWords[random() % 12], " ");
-  text.resize(6400);
+  while (text.size() < bytes) absl::StrAppend(&text, kWords[random() % 12], " ");
+  text.resize(bytes);
   std::ofstream(path) << text;
   return path;
+}
+
+// The highest peak any rank reported in `events`, and whether one ran out of memory.
+struct Peaks {
+  int64_t highest = 0;
+  int ranks = 0;
+  bool out_of_memory = false;
+};
+Peaks PeaksOf(const std::vector<fitrun::v1::JobEvent>& events) {
+  std::map<int, int64_t> by_rank;
+  Peaks peaks;
+  for (const fitrun::v1::JobEvent& event : events) {
+    peaks.out_of_memory |= event.has_oom();
+    if (!event.has_progress()) continue;
+    int64_t& peak = by_rank[event.progress().rank()];
+    peak = std::max(peak, event.progress().peak_bytes());
+  }
+  for (const auto& [rank, peak] : by_rank) peaks.highest = std::max(peaks.highest, peak);
+  peaks.ranks = static_cast<int>(by_rank.size());
+  return peaks;
 }
 
 std::string GptSpec(const std::string& name, const std::string& text_path, const std::string& resources) {
@@ -147,6 +169,182 @@ TEST(MemoryTest, PlannedBatchRunsWithinTenPercentOfThePredictionAndALargerFixedB
     exited_out_of_memory |= rank.exit_code() == 3;
   }
   EXPECT_TRUE(exited_out_of_memory) << ended.attempt_history(0).ShortDebugString();
+}
+
+// One built-in workload on two capped devices: its model and data, and a global batch whose per-rank
+// share has divisors every few percent around the batch that fills the cap, so the planner's
+// choice (the largest divisor that fits) is close to the cap.
+struct CappedCase {
+  std::string name;
+  std::string model_and_data;  // YAML lines
+  int64_t cap_mib;
+  int64_t global_batch;
+};
+
+// The planner's choice on capped devices, for each built-in model with Adam and with SGD: the global
+// batch is far more than fits in one pass, so it picks the largest per-device batch that fits; that
+// batch runs without running out of memory and fills at least 80% of the cap.
+TEST(MemoryTest, EachBuiltInModelRunsAtTheLargestFittingBatchWithoutOutOfMemory) {
+  const std::string text = WriteText("capped-text.txt", 160000);
+  const std::string ratings = FreshTestDir("capped-ratings") + "/ratings.dat";
+  const CommandResult sample =
+      RunCommand({"/usr/bin/python3", Runfile("tools/make_movielens_sample.py"), ratings});
+  ASSERT_EQ(sample.exit_code, 0) << sample.err;
+  const std::vector<CappedCase> cases = {
+      {"mlp", "model: {builtin: mlp}\ndata: {kind: fashion_mnist, path: /usr/share/datasets/fashion-mnist}\n", 24,
+       55440},
+      {"cnn", "model: {builtin: cnn}\ndata: {kind: fashion_mnist, path: /usr/share/datasets/fashion-mnist}\n", 64,
+       5040},
+      {"gpt", absl::StrCat("model: {builtin: gpt, gpt: {layers: 2, heads: 4, hidden: 64, context: 64}}\n"
+                           "data: {kind: text, path: ", text, "}\n"), 40, 1680},
+      {"sasrec", absl::StrCat("model: {builtin: sasrec, sasrec: {max_len: 50, hidden: 64, blocks: 2, heads: 1}}\n"
+                              "data: {kind: movielens, path: ", ratings, "}\n"), 24, 1680},
+  };
+  std::string table = "model, optimizer: cap, planned batch x accumulation, predicted, measured peak, peak / cap\n";
+  for (const CappedCase& c : cases) {
+    RunningCoordinator coordinator(absl::StrCat("capped-", c.name), absl::StrCat("cpu:2x", c.cap_mib, "MiB"));
+    ASSERT_TRUE(coordinator.ok()) << ReadFile(coordinator.log_path());
+    const int64_t cap = c.cap_mib << 20;
+    for (const std::string optimizer : {"{kind: adam, lr: 0.001}", "{kind: sgd, lr: 0.01}"}) {
+      const std::string spec = absl::StrCat("name: capped-", c.name, "\n", c.model_and_data, "optimizer: ", optimizer,
+                                            "\nglobal_batch_size: ", c.global_batch,
+                                            "\nmax_steps: 2\nseed: 1\n"
+                                            "resources: {min_devices: 2, max_devices: 2, memory_headroom: 0.05}\n"
+                                            "fault_tolerance: {max_oom_retries: 0}\n");
+      absl::StatusOr<fitrun::v1::Job> job = coordinator.Submit(spec);
+      ASSERT_TRUE(job.ok()) << job.status();
+      const Peaks peaks = PeaksOf(coordinator.Watch(job->id()));
+      const fitrun::v1::Job done = coordinator.Get(job->id());
+      const std::string what = absl::StrCat(c.name, ", ", optimizer);
+      ASSERT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED)
+          << what << ": " << done.failure_reason() << "\n" << ReadFile(coordinator.log_path());
+      const fitrun::v1::Plan& plan = done.plan();
+      EXPECT_FALSE(peaks.out_of_memory) << what;
+      EXPECT_GT(plan.grad_accum_steps(), 1) << what << ": the global batch should not fit in one pass";
+      EXPECT_EQ(peaks.ranks, 2) << what;
+      EXPECT_LE(peaks.highest, cap) << what;
+      EXPECT_GE(peaks.highest, 0.8 * cap) << what << ": planned " << plan.ShortDebugString();
+      absl::StrAppend(&table, absl::StrFormat("%s: %d MiB, %d x %d, %.2f MiB, %.2f MiB, %.1f%%\n", what, c.cap_mib,
+                                              plan.per_device_batch(), plan.grad_accum_steps(),
+                                              plan.predicted().total_bytes() / 1048576.0, peaks.highest / 1048576.0,
+                                              100.0 * peaks.highest / cap));
+    }
+  }
+  std::printf("%s", table.c_str());
+}
+
+fitrun::v1::Plan PlanOf(RunningCoordinator& coordinator, const std::string& spec_yaml) {
+  grpc::ClientContext context;
+  fitrun::v1::PlanJobRequest request;
+  request.set_spec_yaml(spec_yaml);
+  fitrun::v1::PlanJobResponse response;
+  const grpc::Status status = coordinator.stub().PlanJob(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response.plan();
+}
+
+int64_t Unmargined(const fitrun::v1::Plan& plan) {
+  return plan.predicted().total_bytes() - plan.predicted().safety_margin_bytes();
+}
+
+// fitrund learns from every run: a calibration on disk that says the mlp needs half of what it
+// does (as a stale or doctored cache would) plans too little; the first job's measured peaks correct
+// it, and the next plan of the same workload covers what that job really took.
+TEST(MemoryTest, AWrongStoredCalibrationIsCorrectedByOneJob) {
+  RunningCoordinator coordinator("learns", "cpu:2x256MiB");
+  ASSERT_TRUE(coordinator.ok()) << ReadFile(coordinator.log_path());
+  const std::string spec = MlpSpecYaml("learns", 3);
+  absl::StatusOr<fitrun::v1::Job> first = coordinator.Submit(spec);
+  ASSERT_TRUE(first.ok()) << first.status();
+  coordinator.Watch(first->id());
+  ASSERT_EQ(coordinator.Get(first->id()).state(), fitrun::v1::JOB_STATE_SUCCEEDED) << ReadFile(coordinator.log_path());
+
+  // Halve every peak the sweep measured, and forget the run that agreed with them.
+  coordinator.Stop();
+  const std::string cache = coordinator.state_dir() + "/memory_calibration.tsv";
+  std::string doctored;
+  const std::vector<std::string> lines = absl::StrSplit(ReadFile(cache), '\n', absl::SkipEmpty());
+  for (const std::string& line : lines) {
+    std::vector<std::string> fields = absl::StrSplit(line, '\t');
+    if (fields[0] != "sweep") continue;
+    std::vector<std::string> halved;
+    const std::vector<std::string> points = absl::StrSplit(fields[3], ',');
+    for (const std::string& point : points) {
+      const std::pair<std::string, std::string> parts = absl::StrSplit(point, ':');
+      halved.push_back(absl::StrCat(parts.first, ":", std::stoll(parts.second) / 2));
+    }
+    fields[3] = absl::StrJoin(halved, ",");
+    absl::StrAppend(&doctored, absl::StrJoin(fields, "\t"), "\n");
+  }
+  ASSERT_FALSE(doctored.empty()) << ReadFile(cache);
+  std::ofstream(cache, std::ios::trunc) << doctored;
+  ASSERT_TRUE(coordinator.Restart()) << ReadFile(coordinator.log_path());
+
+  const fitrun::v1::Plan wrong = PlanOf(coordinator, spec);
+  absl::StatusOr<fitrun::v1::Job> second = coordinator.Submit(spec);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const Peaks peaks = PeaksOf(coordinator.Watch(second->id()));
+  const fitrun::v1::Job ran = coordinator.Get(second->id());
+  ASSERT_EQ(ran.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << ReadFile(coordinator.log_path());
+  EXPECT_EQ(ran.plan().per_device_batch(), wrong.per_device_batch());
+  EXPECT_EQ(ran.plan().predicted().total_bytes(), wrong.predicted().total_bytes());
+  EXPECT_GT(peaks.highest, wrong.predicted().total_bytes()) << "the doctored calibration plans too little";
+  // The attempt keeps what it measured against what was promised.
+  EXPECT_TRUE(WaitFor([&] { return coordinator.Get(second->id()).attempt_history(0).measured_peak_bytes() > 0; },
+                      absl::Seconds(10)));
+  EXPECT_EQ(coordinator.Get(second->id()).attempt_history(0).measured_peak_bytes(), peaks.highest);
+
+  const fitrun::v1::Plan corrected = PlanOf(coordinator, spec);
+  EXPECT_EQ(corrected.per_device_batch(), wrong.per_device_batch());
+  EXPECT_GE(Unmargined(corrected), peaks.highest);
+  std::string reasons;
+  for (const std::string& r : corrected.reasons()) absl::StrAppend(&reasons, r, "\n");
+  EXPECT_THAT(reasons, HasSubstr("real runs peaked at up to"));
+  std::printf("per-device batch %lld: the doctored calibration predicted %.2f MiB, the run peaked at %.2f MiB, "
+              "the next plan predicts %.2f MiB\n",
+              static_cast<long long>(wrong.per_device_batch()), wrong.predicted().total_bytes() / 1048576.0,
+              peaks.highest / 1048576.0, corrected.predicted().total_bytes() / 1048576.0);
+  // And the estimator's error is on /metrics: one observation per rank (of this fitrund's one job),
+  // both above 1.1 (the plan promised too little).
+  const std::string metrics = coordinator.Metrics();
+  EXPECT_THAT(metrics, HasSubstr("fitrun_memory_prediction_ratio_count 2"));
+  EXPECT_THAT(metrics, HasSubstr("fitrun_memory_prediction_ratio_bucket{le=\"1.1\"} 0"));
+}
+
+// The first submit of a workload never seen before answers at once: its memory probe runs on
+// fitrund's own thread while the job waits, and a user who submits once has exactly one job.
+TEST(MemoryTest, TheFirstSubmitOfANewWorkloadDoesNotWaitForItsProbe) {
+  RunningCoordinator coordinator("first-submit", "cpu:2x512MiB");
+  ASSERT_TRUE(coordinator.ok()) << ReadFile(coordinator.log_path());
+  const std::string spec_path = coordinator.state_dir() + "/cnn-adam.yaml";
+  std::ofstream(spec_path) << "name: cnn-adam\n"
+                              "model: {builtin: cnn}\n"
+                              "data: {kind: fashion_mnist, path: /usr/share/datasets/fashion-mnist}\n"
+                              "optimizer: {kind: adam, lr: 0.001}\n"
+                              "global_batch_size: 64\nmax_steps: 2\n"
+                              "resources: {min_devices: 2, max_devices: 2}\n";
+  const absl::Time start = absl::Now();
+  const CommandResult cli =
+      RunCommand({Runfile("client/fitrun"), "--coordinator=" + coordinator.address(), "submit", spec_path});
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_EQ(cli.exit_code, 0) << cli.err;
+  EXPECT_THAT(cli.out, HasSubstr("submitted job j-000001"));
+  std::printf("fitrun submit of a new workload (cnn, adam) answered in %.3f s\n", absl::ToDoubleSeconds(took));
+
+  grpc::ClientContext context;
+  fitrun::v1::ListJobsResponse list;
+  ASSERT_TRUE(coordinator.stub().ListJobs(&context, {}, &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  // It was accepted before its workload was measured, and it waited in PLANNING for the probe.
+  const std::vector<fitrun::v1::JobEvent> events = coordinator.Watch(list.jobs(0).id());
+  std::string reasons;
+  for (const fitrun::v1::JobEvent& e : events) {
+    if (e.has_state_changed()) absl::StrAppend(&reasons, e.state_changed().reason(), "\n");
+  }
+  EXPECT_THAT(reasons, HasSubstr("submitted; its workload's memory is measured first"));
+  EXPECT_THAT(reasons, HasSubstr("measuring memory: fitrun-worker --probe"));
+  EXPECT_EQ(coordinator.Get(list.jobs(0).id()).state(), fitrun::v1::JOB_STATE_SUCCEEDED)
+      << ReadFile(coordinator.log_path());
 }
 
 }  // namespace
