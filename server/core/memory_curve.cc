@@ -97,7 +97,7 @@ int64_t MemoryCurve::PeakAt(int64_t batch) const {
   if (batch <= points_.front().batch) return points_.front().peak_bytes;
   if (batch >= points_.back().batch) {
     const double beyond = static_cast<double>(batch - points_.back().batch);
-    return points_.back().peak_bytes + static_cast<int64_t>(std::ceil(static_cast<double>(LastSlope()) * beyond));
+    return points_.back().peak_bytes + static_cast<int64_t>(std::ceil(static_cast<double>(SlopeBeyond()) * beyond));
   }
   const auto hi = std::lower_bound(points_.begin(), points_.end(), MeasuredPeak{batch, 0},
                                    [](const MeasuredPeak& a, const MeasuredPeak& b) { return a.batch < b.batch; });
@@ -105,9 +105,11 @@ int64_t MemoryCurve::PeakAt(int64_t batch) const {
   return static_cast<int64_t>(std::ceil(Through(*(hi - 1), *hi)(static_cast<double>(batch))));
 }
 
-int64_t MemoryCurve::LastSlope() const {
-  if (points_.size() < 2) return 0;
-  const double slope = Through(points_[points_.size() - 2], points_.back()).slope;
+int64_t MemoryCurve::SlopeBeyond() const {
+  const size_t n = points_.size();
+  if (n < 2) return 0;
+  double slope = Through(points_[n - 2], points_[n - 1]).slope;
+  if (n >= 3) slope = std::max(slope, Through(points_[n - 3], points_[n - 2]).slope);
   return std::max<int64_t>(0, static_cast<int64_t>(std::ceil(slope)));
 }
 
@@ -162,7 +164,7 @@ std::string MemoryCurve::HowEstimated(int64_t batch) const {
   }
   if (batch > points_.back().batch) {
     return absl::StrCat("extrapolated beyond the largest measured micro-batch ", points_.back().batch, " at ",
-                        FormatBytes(LastSlope()), " per sample");
+                        FormatBytes(SlopeBeyond()), " per sample");
   }
   const auto hi = std::lower_bound(points_.begin(), points_.end(), MeasuredPeak{batch, 0},
                                    [](const MeasuredPeak& a, const MeasuredPeak& b) { return a.batch < b.batch; });
@@ -207,7 +209,7 @@ SweepStep NextSweepBatch(const MemoryCurve& measured, const SweepLimits& limits)
   }
   if (stopped.empty()) {
     int64_t next = std::min(2 * last.batch, max_batch);
-    const int64_t slope = measured.LastSlope();
+    const int64_t slope = measured.SlopeBeyond();
     if (slope > 0 && last.peak_bytes + slope * (next - last.batch) > limits.max_bytes) {
       next = last.batch + (limits.max_bytes - last.peak_bytes) / slope;
     }

@@ -10,8 +10,8 @@
 // and the per-sample part is most of the peak) or a limit is reached, then measures more wherever
 // the two bounds are further apart than the tolerance. The estimate between points is the chord, so
 // it is never below a convex curve and at most the tolerance above it. Beyond the largest measured
-// batch the last segment's line is extrapolated: a lower bound, which is why plans there are
-// confirmed by one more measurement (server/core/job_manager.cc) and say so.
+// batch the steady slope is extrapolated: not a bound, which is why plans there are confirmed by one
+// more measurement (server/core/job_manager.cc) and say so.
 //
 // Plain value types and pure functions; no I/O.
 #ifndef FITRUN_SERVER_CORE_MEMORY_CURVE_H_
@@ -43,11 +43,13 @@ class MemoryCurve {
   int64_t largest_batch() const { return points_.empty() ? 0 : points_.back().batch; }
   bool Measured(int64_t batch) const;
 
-  // The peak at `batch`: as measured at a measured batch; on the chord between two; along the last
-  // segment's line beyond the largest (see LastSlope); the smallest's peak below the smallest.
+  // The peak at `batch`: as measured at a measured batch; on the chord between two; from the largest
+  // on at SlopeBeyond per sample; the smallest's peak below the smallest.
   int64_t PeakAt(int64_t batch) const;
-  // Bytes per sample of the last segment (0 with fewer than two points).
-  int64_t LastSlope() const;
+  // Bytes per sample beyond the largest measured batch: the steeper of the last two segments (the
+  // last one on a convex curve; a measurement a little low at the end must not flatten the whole
+  // extrapolation, as a bf16 mlp's does); 0 with fewer than two points.
+  int64_t SlopeBeyond() const;
   // The batch-independent part, for the plan's breakdown: the first segment's line at batch 0.
   int64_t FixedBytes() const;
 
@@ -82,7 +84,7 @@ struct SweepLimits {
   // Refine an interval where the upper and lower bounds differ by more than this share.
   double tolerance = 0.04;
   // The flat start is over when the last two segments' slopes agree within this share ...
-  double steady_slope = 0.10;
+  double steady_slope = 0.05;
   // ... and the per-sample part (slope x batch) is at least this share of the peak.
   double per_sample_share = 0.5;
   int max_points = 24;

@@ -79,7 +79,7 @@ TEST(MemoryCurveTest, InterpolatesOnChordsAndExtrapolatesTheLastSlope) {
   EXPECT_EQ(curve.PeakAt(8), 200);
   EXPECT_EQ(curve.PeakAt(6), 150);
   EXPECT_EQ(curve.PeakAt(1), 100);
-  EXPECT_EQ(curve.LastSlope(), 25);
+  EXPECT_EQ(curve.SlopeBeyond(), 25);
   EXPECT_EQ(curve.PeakAt(20), 500);
   EXPECT_EQ(curve.FixedBytes(), 100);
   EXPECT_TRUE(curve.Measured(16));
@@ -87,6 +87,13 @@ TEST(MemoryCurveTest, InterpolatesOnChordsAndExtrapolatesTheLastSlope) {
   EXPECT_THAT(curve.HowEstimated(20), HasSubstr("extrapolated beyond the largest measured micro-batch 16"));
   EXPECT_THAT(curve.HowEstimated(6), HasSubstr("between the measured micro-batches 4 and 8"));
   EXPECT_THAT(curve.HowEstimated(8), HasSubstr("measured at micro-batch 8"));
+}
+
+TEST(MemoryCurveTest, ALastPointALittleLowDoesNotFlattenTheExtrapolation) {
+  // A bf16 mlp with Adam as measured: 8808 bytes per sample, but 2048 came out low.
+  const MemoryCurve curve({{512, 16094256}, {1024, 20604080}, {2048, 29278384}});
+  EXPECT_EQ(curve.SlopeBeyond(), 8809);  // 8808.25, rounded up
+  EXPECT_GE(curve.PeakAt(19700), 184757200);  // measured there
 }
 
 TEST(MemoryCurveTest, AMeasurementBelowASmallerBatchsIsRaisedToIt) {
