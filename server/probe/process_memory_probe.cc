@@ -239,6 +239,10 @@ absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> ProcessMemoryProbe::Create(O
 
 absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(const fitrun::v1::JobSpec& spec,
                                                                                int64_t max_bytes) {
+  if (access(options_.worker_binary.c_str(), X_OK) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("memory probe: cannot start ", options_.worker_binary, ": ", std::strerror(errno)));
+  }
   // A one-rank assignment: the probe reads the spec, rank 0's threads and its memory cap.
   fitrun::v1::WorkerAssignment assignment;
   assignment.set_job_id("memory-probe");
@@ -257,6 +261,7 @@ absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(co
   }
 
   std::vector<std::string> args = {options_.worker_binary, "--probe"};
+  if (options_.nice > 0) args.insert(args.begin(), {"/usr/bin/nice", "-n", absl::StrCat(options_.nice)});
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -288,8 +293,7 @@ absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(co
   if (rc != 0) {
     for (int fd : {in_pipe[1], out_pipe[0], err_pipe[0]}) close(fd);
     std::remove(path.c_str());
-    return absl::FailedPreconditionError(
-        absl::StrCat("memory probe: cannot start ", options_.worker_binary, ": ", std::strerror(rc)));
+    return absl::FailedPreconditionError(absl::StrCat("memory probe: cannot start ", argv[0], ": ", std::strerror(rc)));
   }
   auto session = std::make_unique<ProcessSession>(pid, in_pipe[1], out_pipe[0], err_pipe[0], path,
                                                   options_.measure_timeout);

@@ -30,6 +30,10 @@ class ProcessMemoryProbe : public MemoryProbe {
     std::string work_dir;
     // Threads the probe trains with, as a rank of a virtual CPU device would on this machine.
     int cpu_threads = 1;
+    // The probe measures memory, not time: it runs at this niceness (through /usr/bin/nice, so that
+    // every thread it starts inherits it) and never takes the CPU from fitrund or training ranks.
+    // 0: as fitrund.
+    int nice = 10;
     // For loading the workload, and for each measurement.
     absl::Duration start_timeout = absl::Seconds(120);
     absl::Duration measure_timeout = absl::Seconds(180);
