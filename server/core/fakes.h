@@ -46,6 +46,15 @@ class FakeJobStore : public JobStore {
     for (const fitrun::v1::JobEvent& event : events) events_[event.job_id()].emplace(event.sequence(), event);
     return absl::OkStatus();
   }
+  absl::Status AppendEventsAndPutJob(absl::Span<const fitrun::v1::JobEvent> events,
+                                     const JobRecord& record) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!put_status_.ok()) return put_status_;  // all or none
+    }
+    if (absl::Status status = AppendEvents(events); !status.ok()) return status;
+    return PutJob(record);
+  }
   // How many AppendEvents calls there were (each one transaction in a real store).
   int append_batches() {
     absl::MutexLock lock(&mu_);

@@ -1,12 +1,12 @@
 #include "server/core/job_manager.h"
 
 #include <google/protobuf/text_format.h>
+#include <sys/random.h>
 #include <google/protobuf/util/time_util.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <set>
 #include <sstream>
 
@@ -33,9 +33,15 @@ google::protobuf::Timestamp ToProto(absl::Time t) {
   return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
 }
 
+// 128 bits from the kernel's random source (getrandom: no file to open per token).
 std::string NewToken() {
-  std::random_device random;
-  return absl::StrFormat("%08x%08x%08x%08x", random(), random(), random(), random());
+  uint32_t words[4];
+  size_t got = 0;
+  while (got < sizeof(words)) {
+    const ssize_t n = getrandom(reinterpret_cast<char*>(words) + got, sizeof(words) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  return absl::StrFormat("%08x%08x%08x%08x", words[0], words[1], words[2], words[3]);
 }
 
 // The last lines of a rank's log, for failure reasons: what a user needs to see first.
@@ -207,17 +213,17 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec) {
   entry.record.submit_order = order;
   entry.record.token = NewToken();
   Job& job = entry.record.job;
-  job.set_id(absl::StrFormat("j-%06d", order));
+  const std::string id = absl::StrFormat("j-%06d", order);
+  job.set_id(id);
   *job.mutable_spec() = *std::move(normalized);
   *job.mutable_created_at() = ToProto(options_.clock());
-  // Durable before it is acknowledged: a job accepted is never dropped.
-  if (absl::Status status = store_->PutJob(entry.record); !status.ok()) {
-    return absl::UnavailableError(absl::StrCat("could not store the job: ", status.message()));
-  }
-  JobEntry& stored = jobs_[job.id()] = std::move(entry);
+  JobEntry& stored = jobs_[id] = std::move(entry);
   const std::string reason =
       calibrated ? "submitted" : "submitted; its workload's memory is measured first (fitrun-worker --probe)";
+  // Durable before it is acknowledged (a job accepted is never dropped): admitting a new job stores
+  // it with its first event, and a job the store refused never existed.
   if (absl::Status status = Transition(stored, fitrun::v1::JOB_STATE_QUEUED, reason); !status.ok()) {
+    jobs_.erase(id);
     return status;
   }
   RequestSchedule();
@@ -414,7 +420,7 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
         // The OOM event goes out before the restart it leads to; the peers are stopped right away
         // instead of waiting in their next collective.
         events.push_back(event);
-        PublishAllLocked(entry, std::exchange(events, {}));
+        (void)PublishAllLocked(entry, std::exchange(events, {}));
         rank.exiting_on_its_own = true;
         entry.active->out_of_memory = true;
         OnOutOfMemoryLocked(entry, event.oom());
@@ -444,11 +450,11 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
     events.push_back(std::move(event));
     if (report->report_case() == fitrun::v1::WorkerReport::kFinished) {
       // The rank_finished event goes out before whatever state change it leads to.
-      PublishAllLocked(entry, std::exchange(events, {}));
+      (void)PublishAllLocked(entry, std::exchange(events, {}));
       MaybeSucceed(entry, /*deadline_passed=*/false);
     }
   }
-  PublishAllLocked(entry, std::move(events));
+  (void)PublishAllLocked(entry, std::move(events));
 }
 
 void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
@@ -602,6 +608,10 @@ void JobManager::SchedulerLoop() {
     auto ready = [this] { return schedule_requested_ || shutting_down_; };
     mu_.AwaitWithDeadline(absl::Condition(&ready), wake);
     if (shutting_down_) return;
+    // A burst of submits, reports and exits is one pass, not one pass each: every pass walks the
+    // queue under the lock the API's calls wait for.
+    mu_.AwaitWithDeadline(absl::Condition(&shutting_down_), last_pass_ + options_.min_pass_spacing);
+    if (shutting_down_) return;
     schedule_requested_ = false;
 
     const absl::Time now = options_.clock();
@@ -613,6 +623,7 @@ void JobManager::SchedulerLoop() {
       }
     }
     SchedulePass();
+    last_pass_ = absl::Now();
   }
 }
 
@@ -856,24 +867,30 @@ absl::Status JobManager::Transition(JobEntry& entry, JobState to, const std::str
   }
   job.set_state(to);
   if (IsTerminal(to)) *job.mutable_finished_at() = ToProto(options_.clock());
-  metrics_->JobStateChanged(from, to);
   JobEvent event;
   auto* changed = event.mutable_state_changed();
   changed->set_from(from);
   changed->set_to(to);
   changed->set_reason(reason);
-  PublishLocked(entry, std::move(event));  // persists the job too
+  // A new job exists only once stored; a job that exists changes whatever the store says (and the
+  // store's failure is logged).
+  const bool admitting = from == fitrun::v1::JOB_STATE_UNSPECIFIED;
+  if (absl::Status stored = PublishAllLocked(entry, {std::move(event)}, /*only_if_stored=*/admitting); !stored.ok()) {
+    job.set_state(from);
+    return absl::UnavailableError(absl::StrCat("could not store the job: ", stored.message()));
+  }
+  metrics_->JobStateChanged(from, to);
   return absl::OkStatus();
 }
 
 void JobManager::PublishLocked(JobEntry& entry, JobEvent event) {
   std::vector<JobEvent> events;
   events.push_back(std::move(event));
-  PublishAllLocked(entry, std::move(events));
+  (void)PublishAllLocked(entry, std::move(events));
 }
 
-void JobManager::PublishAllLocked(JobEntry& entry, std::vector<JobEvent> events) {
-  if (events.empty()) return;
+absl::Status JobManager::PublishAllLocked(JobEntry& entry, std::vector<JobEvent> events, bool only_if_stored) {
+  if (events.empty()) return absl::OkStatus();
   const std::string& job_id = entry.record.job.id();
   const absl::Time now = options_.clock();
   bool persist = false;
@@ -889,20 +906,22 @@ void JobManager::PublishAllLocked(JobEntry& entry, std::vector<JobEvent> events)
     *event.mutable_time() = ToProto(now);
     metrics_->EventRecorded(kind);
   }
-  if (absl::Status status = store_->AppendEvents(events); !status.ok()) {
-    // The events still reach live watchers; the gap in the store is reported in the log.
-    fprintf(stderr, "fitrund: could not store events %s/%lld..%lld: %s\n", job_id.c_str(),
-            static_cast<long long>(events.front().sequence()), static_cast<long long>(events.back().sequence()),
-            std::string(status.message()).c_str());
-  }
   entry.record.job.set_last_sequence(events.back().sequence());
-  if (persist) {
-    Persist(entry);
-  } else if (rank0_progress && now - entry.progress_persisted_at >= absl::Seconds(1)) {
+  if (rank0_progress && now - entry.progress_persisted_at >= absl::Seconds(1)) {
     entry.progress_persisted_at = now;
-    Persist(entry);
+    persist = true;
+  }
+  // The job, when it changed, in the same commit as its events.
+  const absl::Status status = persist ? store_->AppendEventsAndPutJob(events, entry.record) : store_->AppendEvents(events);
+  if (!status.ok()) {
+    if (only_if_stored) return status;
+    // The events still reach live watchers; the gap in the store is reported in the log.
+    fprintf(stderr, "fitrund: could not store events %s/%lld..%lld%s: %s\n", job_id.c_str(),
+            static_cast<long long>(events.front().sequence()), static_cast<long long>(events.back().sequence()),
+            persist ? " with the job" : "", std::string(status.message()).c_str());
   }
   hub_.Publish(std::move(events));
+  return status;
 }
 
 void JobManager::Persist(const JobEntry& entry) {

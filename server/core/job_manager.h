@@ -75,6 +75,8 @@ class JobManager {
     bool stop_workers_on_shutdown = false;
     // Off only in benchmarks and tests that drive RunSchedulingPass themselves.
     bool run_scheduler_thread = true;
+    // The scheduler thread's passes are at least this far apart, so a burst of changes is one pass.
+    absl::Duration min_pass_spacing = absl::Milliseconds(5);
     EstimatorOptions estimator;
     // Measures each workload's memory (fitrun-worker --probe) for calibrated plans, on its own
     // threads: a job whose workload is not measured yet waits in PLANNING, as does one whose plan's
@@ -236,11 +238,16 @@ class JobManager {
   absl::Duration StopGrace(const JobEntry& entry) const;
 
   // The one place job states change: checks the transition, persists, publishes the event.
+  // FAILED_PRECONDITION for a transition not allowed; UNAVAILABLE when a new job (from UNSPECIFIED)
+  // could not be stored, which is then not admitted: nothing is published or counted.
   absl::Status Transition(JobEntry& entry, fitrun::v1::JobState to, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(JobEntry& entry, fitrun::v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sequences, stores (one transaction), then fans out events of one job, in order.
-  void PublishAllLocked(JobEntry& entry, std::vector<fitrun::v1::JobEvent> events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sequences, stores (one transaction, with the job when a state change, plan or finish changed
+  // it), then fans out events of one job, in order. Returns the store's verdict; with
+  // `only_if_stored`, events the store refused are not fanned out.
+  absl::Status PublishAllLocked(JobEntry& entry, std::vector<fitrun::v1::JobEvent> events, bool only_if_stored = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Persist(const JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Devices with no rank on them, with the memory a plan may use.
@@ -283,6 +290,7 @@ class JobManager {
   std::map<std::string, std::pair<std::string, int>> device_owner_ ABSL_GUARDED_BY(mu_);
   int64_t next_submit_order_ ABSL_GUARDED_BY(mu_) = 1;
   bool schedule_requested_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::thread scheduler_;
   // Last, so it goes first: a probe ending after the manager is gone wakes nothing.

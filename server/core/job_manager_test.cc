@@ -110,6 +110,21 @@ TEST_F(JobManagerTest, SubmittedJobIsStoredBeforeSubmitReturns) {
   EXPECT_EQ(job->state(), fitrun::v1::JOB_STATE_QUEUED);
 }
 
+TEST_F(JobManagerTest, ASubmitTheStoreRefusesIsNotAcknowledgedAndLeavesNoJob) {
+  store_.FailPuts(absl::InternalError("disk full"));
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 2));
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kUnavailable) << job.status();
+  EXPECT_THAT(job.status().message(), HasSubstr("could not store the job: disk full"));
+  EXPECT_TRUE(manager_->List({}).empty());
+  EXPECT_EQ(metrics_.jobs_in(fitrun::v1::JOB_STATE_QUEUED), 0);
+  EXPECT_EQ(store_.job_count(), 0u);
+  // Once the store takes it again, submitting works and nothing of the refused job shows.
+  store_.FailPuts(absl::OkStatus());
+  job = manager_->Submit(Spec(1, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(manager_->List({}).size(), 1u);
+}
+
 TEST_F(JobManagerTest, LaunchesOneWorkerPerDeviceWithTheTorchrunContract) {
   absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 2));
   ASSERT_TRUE(job.ok());

@@ -35,6 +35,10 @@ class JobStore {
   // Appends several events, all or none (one transaction: a group commit, so a burst of events
   // costs one commit rather than one each). Same rules as AppendEvent for each.
   virtual absl::Status AppendEvents(absl::Span<const fitrun::v1::JobEvent> events) = 0;
+  // Appends the job's events and stores the job, all or none (one commit for a state change and
+  // the job it changes, rather than two).
+  virtual absl::Status AppendEventsAndPutJob(absl::Span<const fitrun::v1::JobEvent> events,
+                                             const JobRecord& record) = 0;
   virtual absl::StatusOr<std::vector<JobRecord>> LoadJobs() = 0;
   // The highest event sequence stored for the job (0 when none): where numbering resumes.
   virtual absl::StatusOr<int64_t> LastEventSequence(const std::string& job_id) = 0;

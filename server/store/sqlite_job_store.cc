@@ -221,6 +221,35 @@ absl::Status SqliteJobStore::Migrate() {
 
 absl::Status SqliteJobStore::PutJob(const JobRecord& record) {
   absl::MutexLock lock(&mu_);
+  // Two statements when an attempt changes: one transaction.
+  if (record.job.attempt_history().empty()) return UpsertJob(record);
+  if (absl::Status status = Exec("BEGIN IMMEDIATE;"); !status.ok()) return status;
+  if (absl::Status status = UpsertJob(record); !status.ok()) {
+    (void)Exec("ROLLBACK;");
+    return status;
+  }
+  return Exec("COMMIT;");
+}
+
+absl::Status SqliteJobStore::AppendEventsAndPutJob(absl::Span<const fitrun::v1::JobEvent> events,
+                                                   const JobRecord& record) {
+  std::string blob;
+  absl::MutexLock lock(&mu_);
+  if (absl::Status status = Exec("BEGIN IMMEDIATE;"); !status.ok()) return status;
+  for (const fitrun::v1::JobEvent& event : events) {
+    if (absl::Status status = InsertEvent(event, &blob); !status.ok()) {
+      (void)Exec("ROLLBACK;");
+      return status;
+    }
+  }
+  if (absl::Status status = UpsertJob(record); !status.ok()) {
+    (void)Exec("ROLLBACK;");
+    return status;
+  }
+  return Exec("COMMIT;");
+}
+
+absl::Status SqliteJobStore::UpsertJob(const JobRecord& record) {
   Statement insert(db_,
                    "INSERT INTO jobs (id, submit_order, state, token, job) VALUES (?1, ?2, ?3, ?4, ?5) "
                    "ON CONFLICT(id) DO UPDATE SET state = excluded.state, job = excluded.job;");

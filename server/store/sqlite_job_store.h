@@ -47,6 +47,7 @@ class SqliteJobStore : public JobStore {
   absl::Status PutJob(const JobRecord& record) override;
   absl::Status AppendEvent(const fitrun::v1::JobEvent& event) override;
   absl::Status AppendEvents(absl::Span<const fitrun::v1::JobEvent> events) override;
+  absl::Status AppendEventsAndPutJob(absl::Span<const fitrun::v1::JobEvent> events, const JobRecord& record) override;
   absl::StatusOr<std::vector<JobRecord>> LoadJobs() override;
   absl::StatusOr<int64_t> LastEventSequence(const std::string& job_id) override;
   absl::StatusOr<std::vector<fitrun::v1::JobEvent>> ReadEvents(const std::string& job_id, int64_t from_sequence,
@@ -65,6 +66,7 @@ class SqliteJobStore : public JobStore {
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One insert through the prepared statement, inside whatever transaction is open.
   absl::Status InsertEvent(const fitrun::v1::JobEvent& event, std::string* scratch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status UpsertJob(const JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_);

@@ -106,6 +106,26 @@ TEST(SqliteJobStoreTest, AppendEventsStoresABatchAllOrNothing) {
   EXPECT_EQ(*(*store)->LastEventSequence("j"), 101);
 }
 
+TEST(SqliteJobStoreTest, EventsAndTheirJobAreStoredInOneTransaction) {
+  auto store = SqliteJobStore::Open(FreshDb("events-and-job"));
+  ASSERT_TRUE(store.ok());
+  std::vector<fitrun::v1::JobEvent> events(1);
+  events[0].set_job_id("j");
+  events[0].set_sequence(1);
+  ASSERT_TRUE((*store)->AppendEventsAndPutJob(events, Record("j", 1, fitrun::v1::JOB_STATE_QUEUED)).ok());
+  EXPECT_EQ(*(*store)->LastEventSequence("j"), 1);
+  ASSERT_EQ((*store)->LoadJobs()->size(), 1u);
+  // An event that clashes leaves the job as it was.
+  EXPECT_FALSE((*store)->AppendEventsAndPutJob(events, Record("j", 1, fitrun::v1::JOB_STATE_RUNNING)).ok());
+  EXPECT_EQ((*store)->LoadJobs()->front().job.state(), fitrun::v1::JOB_STATE_QUEUED);
+  events[0].set_sequence(2);
+  JobRecord with_attempt = Record("j", 1, fitrun::v1::JOB_STATE_RUNNING);
+  with_attempt.job.add_attempt_history()->set_attempt(1);
+  ASSERT_TRUE((*store)->AppendEventsAndPutJob(events, with_attempt).ok());
+  EXPECT_EQ((*store)->LoadJobs()->front().job.state(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(*(*store)->LastEventSequence("j"), 2);
+}
+
 TEST(SqliteJobStoreTest, AFullWalIsCopiedIntoTheDatabaseInTheBackgroundNotByTheCommit) {
   const std::string path = FreshDb("checkpoint");
   auto store = SqliteJobStore::Open(path);
