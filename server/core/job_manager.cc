@@ -197,8 +197,12 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec) {
   // A job that could never run on this node is refused now rather than queued forever. Its memory
   // is judged here only when its workload is measured: the analytic estimate is an upper bound, so
   // "does not fit" from it waits for the measurement, which runs off this call's path.
-  const bool calibrated = options_.memory_calibrator == nullptr ||
-                          options_.memory_calibrator->Find(*normalized).state != MemoryCalibrator::State::kMissing;
+  // (A workload being measured is not measured yet; one whose probe failed has its analytic verdict.)
+  bool calibrated = true;
+  if (options_.memory_calibrator != nullptr) {
+    const MemoryCalibrator::State state = options_.memory_calibrator->Find(*normalized).state;
+    calibrated = state == MemoryCalibrator::State::kReady || state == MemoryCalibrator::State::kFailed;
+  }
   absl::StatusOr<Plan> feasible = PlanOn(*normalized, /*only_free_devices=*/false);
   if (!feasible.ok()) {
     if (absl::IsUnavailable(feasible.status())) {
