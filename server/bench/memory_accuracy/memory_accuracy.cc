@@ -207,9 +207,12 @@ int Run() {
   const std::vector<std::string> precisions = absl::StrSplit(absl::GetFlag(FLAGS_precisions), ',');
 
   std::vector<Row> rows;
-  std::string table =
-      "| workload | batch | how | predicted | measured peak | error | analytic only | error | "
-      "weights+grads+optimizer | error |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  // The full table goes out row by row as workloads finish (a run takes hours); the summary at the end.
+  std::printf("how: m = a batch the sweep measured, i = between two it measured, x = extrapolated beyond the "
+              "largest\n\n| workload | batch | how | predicted | measured peak | error | analytic only | error | "
+              "weights+grads+optimizer | error |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  std::fflush(stdout);
+  std::string table;
   struct Calibrated {
     Model model;
     std::string optimizer;
@@ -283,13 +286,16 @@ int Run() {
                                                   Error(states, *measured)));
         }
         rows.push_back(row);
+        std::printf("%s", table.c_str());
+        std::fflush(stdout);
+        table.clear();
         std::fprintf(stderr, "  worst errors %+.1f%% .. %+.1f%% over %d batches\n", row.worst_under, row.worst_over,
                      row.measured);
       }
     }
   }
 
-  std::printf("Estimator accuracy on a %s MiB device: calibrated as fitrund does, measured at batches the sweep "
+  std::printf("\nEstimator accuracy on a %s MiB device: calibrated as fitrund does, measured at batches the sweep "
               "did not choose, from 1 to the largest the estimate fits\n\n",
               MiB(device_bytes).c_str());
   std::printf("| workload | batches measured | largest | sweep points | sweep seconds | worst below | worst above | sweep stopped because |\n");
@@ -301,10 +307,8 @@ int Run() {
     std::printf("| %s | %d | %lld | %d | %.1f | %+.1f%% | %+.1f%% | %s |\n", r.workload.c_str(), r.measured,
                 static_cast<long long>(r.largest), r.points, r.seconds, r.worst_under, r.worst_over, r.note.c_str());
   }
-  std::printf("\nover every batch: the lowest error %+.1f%% (target >= 0), the highest %+.1f%% (target <= +10%%)\n\n",
+  std::printf("\nover every batch: the lowest error %+.1f%% (target >= 0), the highest %+.1f%% (target <= +10%%)\n",
               worst_under, worst_over);
-  std::printf("how: m = a batch the sweep measured, i = between two it measured, x = extrapolated beyond the largest\n\n%s",
-              table.c_str());
   std::fflush(stdout);
   if (!absl::GetFlag(FLAGS_cap_matrix)) return 0;
 
