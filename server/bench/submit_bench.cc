@@ -10,7 +10,7 @@
 // acknowledged job is stored exactly once. fitrund is stopped (and its ranks with it) at the end.
 //
 //   bazel build -c opt //server:fitrund //worker:fitrun-worker //server/bench:submit_bench
-//   bazel-bin/server/bench/submit_bench --fitrund=bazel-bin/server/fitrund \
+//   bazel-bin/server/bench/submit_bench --fitrund=bazel-bin/server/fitrund
 //       --worker_binary=bazel-bin/worker/fitrun-worker [--clients=32 --jobs=1000 --model=cnn]
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
