@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "fitrun/v1/launch_contract.h"
 #include "worker/checkpoint/checkpoint_store.h"
 #include "worker/data/sampler.h"
 #include "worker/ddp/bucketed_reducer.h"
@@ -48,13 +49,13 @@
 namespace fitrun::worker {
 namespace {
 
-enum ExitCode : int {
-  kSuccess = 0,
-  kTrainingFailed = 1,   // a collective, LibTorch or the loss failed
-  kBadConfiguration = 2,  // environment, assignment, flags or dataset unusable
-  kOutOfMemory = 3,      // the device's memory cap was hit; an OutOfMemory report was sent first
-  kStopped = 143,        // the coordinator said stop (128 + SIGTERM, as if terminated)
-};
+// What the exit status means (fitrun/v1/launch_contract.h), by the names this file uses.
+using ExitCode = fitrun::v1::launch::ExitCode;
+constexpr ExitCode kSuccess = fitrun::v1::launch::kExitSuccess;
+constexpr ExitCode kTrainingFailed = fitrun::v1::launch::kExitTrainingFailed;
+constexpr ExitCode kBadConfiguration = fitrun::v1::launch::kExitBadConfiguration;
+constexpr ExitCode kOutOfMemory = fitrun::v1::launch::kExitOutOfMemory;
+constexpr ExitCode kStopped = fitrun::v1::launch::kExitStopped;
 
 // After a StopCommand the loop ends at its next step; a rank stuck in a collective or the rendezvous
 // is ended this long after the command instead.
@@ -610,10 +611,10 @@ void PrintLine(const std::string& line) {
 // printing one line per measurement as soon as it is done, so fitrund can decide what to measure
 // next from what it has seen. Exits 0, or 2 when the spec cannot be probed or a measurement fails.
 int RunProbe(const std::vector<int64_t>& batches) {
-  const std::optional<std::string> path = GetEnv("FITRUN_ASSIGNMENT");
+  const std::optional<std::string> path = GetEnv(fitrun::v1::launch::kAssignment);
   absl::Status status;
   if (!path.has_value() || path->empty()) {
-    status = absl::InvalidArgumentError("FITRUN_ASSIGNMENT: not set");
+    status = absl::InvalidArgumentError(absl::StrCat(fitrun::v1::launch::kAssignment, ": not set"));
   } else if (absl::StatusOr<fitrun::v1::WorkerAssignment> assignment = LoadAssignment(*path); !assignment.ok()) {
     status = assignment.status();
   } else {

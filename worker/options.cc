@@ -9,9 +9,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "fitrun/v1/launch_contract.h"
 
 namespace fitrun::worker {
 namespace {
+
+namespace launch = fitrun::v1::launch;
 
 absl::StatusOr<std::string> Required(const EnvLookup& lookup, const std::string& name) {
   std::optional<std::string> value = lookup(name);
@@ -57,46 +60,46 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromEnvironment(const EnvLookup& look
   WorkerOptions options;
   constexpr int kMaxWorld = 1 << 16;
 
-  absl::StatusOr<int> world_size = RequiredInt(lookup, "WORLD_SIZE", 1, kMaxWorld);
+  absl::StatusOr<int> world_size = RequiredInt(lookup, launch::kWorldSize, 1, kMaxWorld);
   if (!world_size.ok()) return world_size.status();
   options.world_size = *world_size;
-  absl::StatusOr<int> rank = RequiredInt(lookup, "RANK", 0, options.world_size - 1);
+  absl::StatusOr<int> rank = RequiredInt(lookup, launch::kRank, 0, options.world_size - 1);
   if (!rank.ok()) return rank.status();
   options.rank = *rank;
 
-  const std::string local_world = Optional(lookup, "LOCAL_WORLD_SIZE");
+  const std::string local_world = Optional(lookup, launch::kLocalWorldSize);
   options.local_world_size = options.world_size;
   if (!local_world.empty()) {
-    absl::StatusOr<int> v = ParseInt("LOCAL_WORLD_SIZE", local_world, 1, kMaxWorld);
+    absl::StatusOr<int> v = ParseInt(launch::kLocalWorldSize, local_world, 1, kMaxWorld);
     if (!v.ok()) return v.status();
     options.local_world_size = *v;
   }
-  const std::string local_rank = Optional(lookup, "LOCAL_RANK");
+  const std::string local_rank = Optional(lookup, launch::kLocalRank);
   options.local_rank = options.rank;
   if (!local_rank.empty()) {
-    absl::StatusOr<int> v = ParseInt("LOCAL_RANK", local_rank, 0, options.local_world_size - 1);
+    absl::StatusOr<int> v = ParseInt(launch::kLocalRank, local_rank, 0, options.local_world_size - 1);
     if (!v.ok()) return v.status();
     options.local_rank = *v;
   }
 
-  absl::StatusOr<std::string> master_addr = Required(lookup, "MASTER_ADDR");
+  absl::StatusOr<std::string> master_addr = Required(lookup, launch::kMasterAddr);
   if (!master_addr.ok()) return master_addr.status();
   options.master_addr = *master_addr;
-  absl::StatusOr<int> master_port = RequiredInt(lookup, "MASTER_PORT", 1, 65535);
+  absl::StatusOr<int> master_port = RequiredInt(lookup, launch::kMasterPort, 1, 65535);
   if (!master_port.ok()) return master_port.status();
   options.master_port = *master_port;
 
-  absl::StatusOr<std::string> assignment = Required(lookup, "FITRUN_ASSIGNMENT");
+  absl::StatusOr<std::string> assignment = Required(lookup, launch::kAssignment);
   if (!assignment.ok()) return assignment.status();
   options.assignment_path = *assignment;
 
-  options.coordinator = Optional(lookup, "FITRUN_COORDINATOR");
-  options.job_id = Optional(lookup, "FITRUN_JOB_ID");
-  options.job_token = Optional(lookup, "FITRUN_JOB_TOKEN");
-  options.initial_state_dump_dir = Optional(lookup, "FITRUN_DUMP_INITIAL_STATE");
-  const std::string attempt = Optional(lookup, "FITRUN_ATTEMPT");
+  options.coordinator = Optional(lookup, launch::kCoordinator);
+  options.job_id = Optional(lookup, launch::kJobId);
+  options.job_token = Optional(lookup, launch::kJobToken);
+  options.initial_state_dump_dir = Optional(lookup, launch::kDumpInitialState);
+  const std::string attempt = Optional(lookup, launch::kAttempt);
   if (!attempt.empty()) {
-    absl::StatusOr<int> v = ParseInt("FITRUN_ATTEMPT", attempt, 0, 1 << 30);
+    absl::StatusOr<int> v = ParseInt(launch::kAttempt, attempt, 0, 1 << 30);
     if (!v.ok()) return v.status();
     options.attempt = *v;
   }
@@ -153,7 +156,7 @@ absl::Status ValidateAssignment(const fitrun::v1::WorkerAssignment& a, const Wor
   }
   if (!o.job_id.empty() && !a.job_id().empty() && a.job_id() != o.job_id) {
     return absl::InvalidArgumentError(absl::StrCat("job_id: the assignment is for job \"", a.job_id(),
-                                                   "\" but FITRUN_JOB_ID is \"", o.job_id, "\""));
+                                                   "\" but ", launch::kJobId, " is \"", o.job_id, "\""));
   }
   // Whether the kind suits the model is the workload loader's to say (worker/models/workload.h).
   if (!fitrun::v1::DataKind_IsValid(spec.data().kind())) {

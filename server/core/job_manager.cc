@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "fitrun/v1/launch_contract.h"
 #include "server/core/job_spec.h"
 #include "server/core/memory_feedback.h"
 #include "server/core/model_profile.h"
@@ -28,6 +29,7 @@ using fitrun::v1::JobEvent;
 using fitrun::v1::JobSpec;
 using fitrun::v1::JobState;
 using fitrun::v1::Plan;
+namespace launch = fitrun::v1::launch;
 
 google::protobuf::Timestamp ToProto(absl::Time t) {
   return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
@@ -59,9 +61,6 @@ std::string LogTail(const std::string& path, size_t max_lines = 12, size_t max_b
   return absl::StrJoin(lines, "\n");
 }
 
-// fitrun-worker's exit codes that say something about the job (worker/main.cc).
-constexpr int kWorkerBadConfigExit = 2;    // the assignment or spec was refused before training
-constexpr int kWorkerOutOfMemoryExit = 3;  // the device's memory ran out (an OutOfMemory report came first)
 
 bool TransitionAllowed(JobState from, JobState to) {
   switch (from) {
@@ -507,7 +506,7 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
       const std::string details =
           exited->log_tail().empty() ? "" : absl::StrCat("\nlast lines of its log:\n", exited->log_tail());
       FailureKind kind = FailureKind::kCrash;
-      if (exit.status_known && exit.signal == 0 && exit.exit_code == kWorkerOutOfMemoryExit) {
+      if (exit.status_known && exit.signal == 0 && exit.exit_code == fitrun::v1::launch::kExitOutOfMemory) {
         kind = FailureKind::kOutOfMemory;
         entry.active->out_of_memory = true;
         // The rank's OutOfMemory report did not arrive: the batch it ran is still known not to fit.
@@ -515,7 +514,7 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
         oom.set_rank(key.rank);
         oom.set_per_device_batch(entry.record.job.plan().per_device_batch());
         entry.record.job.mutable_oom_history()->Add(std::move(oom));
-      } else if (exit.status_known && exit.signal == 0 && exit.exit_code == kWorkerBadConfigExit) {
+      } else if (exit.status_known && exit.signal == 0 && exit.exit_code == fitrun::v1::launch::kExitBadConfiguration) {
         kind = FailureKind::kBadConfig;
       }
       HandleAttemptFailure(entry, kind, headline, details);
@@ -811,17 +810,17 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
     launch.working_dir = attempt_dir.string();
     launch.log_path = (attempt_dir / absl::StrCat("rank-", rank, ".log")).string();
     launch.env = {
-        {"RANK", absl::StrCat(rank)},
-        {"LOCAL_RANK", absl::StrCat(rank)},
-        {"WORLD_SIZE", absl::StrCat(world_size)},
-        {"LOCAL_WORLD_SIZE", absl::StrCat(world_size)},
-        {"MASTER_ADDR", options_.master_addr},
-        {"MASTER_PORT", absl::StrCat(*master_port)},
-        {"FITRUN_COORDINATOR", options_.worker_channel_address},
-        {"FITRUN_JOB_ID", job.id()},
-        {"FITRUN_ATTEMPT", absl::StrCat(attempt_number)},
-        {"FITRUN_JOB_TOKEN", entry.record.token},
-        {"FITRUN_ASSIGNMENT", assignment_path.string()},
+        {launch::kRank, absl::StrCat(rank)},
+        {launch::kLocalRank, absl::StrCat(rank)},
+        {launch::kWorldSize, absl::StrCat(world_size)},
+        {launch::kLocalWorldSize, absl::StrCat(world_size)},
+        {launch::kMasterAddr, options_.master_addr},
+        {launch::kMasterPort, absl::StrCat(*master_port)},
+        {launch::kCoordinator, options_.worker_channel_address},
+        {launch::kJobId, job.id()},
+        {launch::kAttempt, absl::StrCat(attempt_number)},
+        {launch::kJobToken, entry.record.token},
+        {launch::kAssignment, assignment_path.string()},
     };
     active.ranks[rank].log_path = launch.log_path;
     const WorkerKey key{job.id(), attempt_number, rank};

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "fitrun/v1/launch_contract.h"
 #include "server/core/job_manager.h"
 #include "server/core/job_spec.h"
 #include "server/core/memory_feedback.h"
@@ -57,7 +58,9 @@ int JobManager::AdoptLastAttempt(JobEntry& entry) {
     const WorkerKey key{job.id(), record.attempt(), outcome.rank()};
     absl::StatusOr<int> handle = launcher_->Adopt(
         outcome.pid(),
-        {{"FITRUN_JOB_ID", job.id()}, {"FITRUN_ATTEMPT", absl::StrCat(record.attempt())}, {"RANK", absl::StrCat(outcome.rank())}},
+        {{fitrun::v1::launch::kJobId, job.id()},
+         {fitrun::v1::launch::kAttempt, absl::StrCat(record.attempt())},
+         {fitrun::v1::launch::kRank, absl::StrCat(outcome.rank())}},
         [this, key](const WorkerExit& exit) { OnWorkerExit(key, exit); });
     if (!handle.ok()) continue;
     outcome.set_exited(false);
