@@ -1,0 +1,421 @@
+#include "worker/programs/builtin_training.h"
+
+#include <ATen/Parallel.h>
+#ifdef FITRUN_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <algorithm>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "fitrun/v1/launch_contract.h"
+#include "worker/checkpoint/checkpoint_store.h"
+#include "worker/data/sampler.h"
+#include "worker/ddp/bucketed_reducer.h"
+#include "worker/ddp/process_group.h"
+#include "worker/memory/capped_allocator.h"
+#include "worker/models/model.h"
+#include "worker/models/workload.h"
+#include "worker/trainer/trainer.h"
+
+namespace fitrun::worker {
+namespace {
+
+constexpr ExitCode kTrainingFailed = fitrun::v1::launch::kExitTrainingFailed;
+constexpr ExitCode kBadConfiguration = fitrun::v1::launch::kExitBadConfiguration;
+
+constexpr int kDefaultCollectiveTimeoutSeconds = 60;
+constexpr absl::Duration kMinRendezvousTimeout = absl::Seconds(60);
+
+#ifdef FITRUN_WITH_CUDA
+MemoryFigures CudaMemoryFigures(c10::DeviceIndex index) {
+  const c10::cuda::CUDACachingAllocator::DeviceStats stats =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  const auto& bytes =
+      stats.allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)];
+  return {bytes.current, bytes.peak};
+}
+#endif
+
+// The torch::Device for this rank's plan device, made the process's current CUDA device when it is
+// one. A "cpu:N" device is a budget on the host, so every N is LibTorch's CPU device. A CUDA device
+// in a build without CUDA is a configuration error, not a crash.
+absl::StatusOr<c10::Device> UseDevice(const PlanDevice& device, const std::string& field,
+                                      const std::string& device_id) {
+  if (device.kind == PlanDevice::Kind::kCpu) return c10::Device(c10::kCPU);
+#ifdef FITRUN_WITH_CUDA
+  const int available = c10::cuda::device_count();
+  if (device.index >= available) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", device_id, " but this process sees ", available,
+                                                   " CUDA devices (check CUDA_VISIBLE_DEVICES)"));
+  }
+  const auto index = static_cast<c10::DeviceIndex>(device.index);
+  try {
+    c10::cuda::set_device(index);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(field, ": cannot use ", device_id, ": ", e.what()));
+  }
+  return c10::Device(c10::kCUDA, index);
+#else
+  return absl::InvalidArgumentError(absl::StrCat(
+      "fitrun-worker was built without CUDA; ", field, " is ", device_id,
+      ". Build it with LIBTORCH_HOME pointing at a LibTorch with libtorch_cuda.so, or run the job on CPU "
+      "devices (fitrund --devices=cpu:...)"));
+#endif
+}
+
+TrainerOptions TrainerOptionsFor(const fitrun::v1::WorkerAssignment& a, const WorkerOptions& o) {
+  TrainerOptions options;
+  options.rank = o.rank;
+  options.world_size = o.world_size;
+  options.per_device_batch = a.plan().per_device_batch();
+  options.grad_accum_steps = a.plan().grad_accum_steps();
+  options.learning_rate = a.plan().learning_rate();
+  options.total_steps = a.plan().total_steps();
+  options.steps_per_epoch = a.plan().steps_per_epoch();
+  options.seed = a.spec().seed();
+  options.optimizer = a.spec().optimizer();
+  // A fault belongs to one attempt (the first by default), so the attempt that recovers runs clean.
+  const int fault_attempt = std::max(1, a.spec().fault_injection().attempt());
+  if (a.attempt() == fault_attempt || (a.attempt() == 0 && fault_attempt == 1)) {
+    options.fault_injection = a.spec().fault_injection();
+  }
+  options.precision = a.spec().precision();
+  options.checkpoint_every_steps = a.spec().checkpoint().every_steps();
+  // Evaluating in micro-batches of the training batch never needs more memory than a training step
+  // (forward only, without gradients), so the plan that fits training fits the evaluation too.
+  options.eval_batch = std::max<int64_t>(1, a.plan().per_device_batch());
+  return options;
+}
+
+// Writes what another implementation needs to reproduce this run from its first step: every
+// parameter as raw little-endian float32 in registration order (parameters.f32), one line per
+// parameter "name dim0 dim1 ..." (parameters.txt), and the sample order of the epochs the run
+// touches as int64 (sample_order.i64, epoch after epoch, each a permutation of the training set).
+absl::Status DumpInitialState(const std::string& dir, const torch::nn::Module& model, int64_t train_size,
+                              uint64_t seed, int64_t epochs) {
+  std::ofstream values(dir + "/parameters.f32", std::ios::binary);
+  std::ofstream manifest(dir + "/parameters.txt");
+  for (const auto& item : model.named_parameters()) {
+    const at::Tensor t = item.value().detach().to(at::kCPU).contiguous();
+    values.write(static_cast<const char*>(t.data_ptr()), t.numel() * sizeof(float));
+    manifest << item.key();
+    for (int64_t d : t.sizes()) manifest << " " << d;
+    manifest << "\n";
+  }
+  std::ofstream order(dir + "/sample_order.i64", std::ios::binary);
+  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+    const std::vector<int64_t> permutation = DistributedSampler::Permutation(train_size, seed, epoch);
+    order.write(reinterpret_cast<const char*>(permutation.data()), permutation.size() * sizeof(int64_t));
+  }
+  if (!values || !manifest || !order) {
+    return absl::UnavailableError(absl::StrCat("FITRUN_DUMP_INITIAL_STATE: cannot write to ", dir));
+  }
+  return absl::OkStatus();
+}
+
+// One rank from start to exit code: builds every piece from the options and the assignment, runs the
+// loop on the calling thread, and makes sure the coordinator hears how it ended (RankFinished or
+// RankFailed) before the process exits. Errors before the rendezvous are the job's fault (exit 2);
+
+// One rank of a built-in job: builds every piece from the options and the assignment and runs the
+// loop on the calling thread. Errors before the rendezvous are the job's fault (exit 2); after it,
+// training's (exit 1).
+class BuiltinTraining final : public TrainingProgram {
+ public:
+  explicit BuiltinTraining(const WorkerOptions& options) : options_(options) {}
+
+  int Run(RankRuntime& runtime) override {
+    runtime_ = &runtime;
+    sink_ = &runtime.sink();
+    absl::StatusOr<fitrun::v1::WorkerAssignment> assignment = LoadAssignment(options_.assignment_path);
+    if (!assignment.ok()) return Fail(kBadConfiguration, assignment.status());
+    if (absl::Status s = ValidateAssignment(*assignment, options_); !s.ok()) {
+      return Fail(kBadConfiguration, s);
+    }
+    const fitrun::v1::JobSpec& spec = assignment->spec();
+    const std::string& device_id = assignment->plan().device_ids(options_.rank);
+    const std::string device_field = absl::StrCat("plan.device_ids[", options_.rank, "]");
+    absl::StatusOr<PlanDevice> plan_device = ParsePlanDevice(device_id, device_field);
+    if (!plan_device.ok()) return Fail(kBadConfiguration, plan_device.status());
+    absl::StatusOr<c10::Device> device = UseDevice(*plan_device, device_field, device_id);
+    if (!device.ok()) return Fail(kBadConfiguration, device.status());
+    device_ = *device;
+
+    const int threads = assignment->cpu_threads_size() > 0 && assignment->cpu_threads(options_.rank) > 0
+                            ? assignment->cpu_threads(options_.rank)
+                            : 1;
+    at::set_num_interop_threads(1);
+    at::set_num_threads(threads);
+
+    const absl::Time load_start = absl::Now();
+    absl::StatusOr<Workload> workload = LoadWorkload(spec, /*with_test=*/options_.rank == 0);
+    if (!workload.ok()) return Fail(kBadConfiguration, workload.status());
+
+    TrainerOptions trainer_options = TrainerOptionsFor(*assignment, options_);
+    trainer_options.device = device_;
+    if (absl::Status s = ValidateTrainerOptions(trainer_options, workload->train.size()); !s.ok()) {
+      return Fail(kBadConfiguration, s);
+    }
+    sink_->OnLog(absl::StrCat("rank ", options_.rank, "/", options_.world_size, " on ",
+                              assignment->plan().device_ids(options_.rank), ": model ",
+                              workload->description, ", ", workload->train.size(), " training samples loaded in ",
+                              absl::FormatDuration(absl::Now() - load_start), ", per-device batch ",
+                              trainer_options.per_device_batch, " x ", trainer_options.grad_accum_steps,
+                              " accumulation, lr ", trainer_options.learning_rate, ", ",
+                              trainer_options.total_steps, " steps, ", threads, " threads"));
+    // The training loop's sink: progress carries live and peak bytes when the device has a cap.
+    ProgressSink* trainer_sink = sink_;
+    const bool has_cap = assignment->memory_cap_bytes_size() > 0 && assignment->memory_cap_bytes(options_.rank) > 0;
+    if (has_cap && device_.is_cpu()) {
+      const int64_t cap = assignment->memory_cap_bytes(options_.rank);
+      // Never freed: LibTorch keeps the installed allocator for the rest of the process, and other
+      // threads may allocate through it until exit. The training data loaded above is host data
+      // and stays uncounted, as the estimator leaves it out.
+      memory_ = new CappedCpuAllocator(cap);
+      memory_->Install();
+      try {
+        MoveModuleStateIntoAllocator(*workload->model);
+      } catch (const std::exception& e) {
+        return Fail(kBadConfiguration, absl::ResourceExhaustedError(absl::StrCat(
+                                           "the model's parameters do not fit the memory cap: ", e.what())));
+      }
+      trainer_options.exhaust_memory = [memory = memory_] {
+        // More than the cap leaves: the capped allocator refuses it, exactly as a full device would.
+        const int64_t beyond = memory->cap_bytes() - memory->Live() + (1LL << 20);
+        (void)torch::empty({beyond}, torch::kUInt8);
+      };
+      memory_sink_ = std::make_unique<MemoryStampingSink>(
+          sink_, [memory = memory_] { return MemoryFigures{memory->Live(), memory->Peak()}; });
+      trainer_sink = memory_sink_.get();
+      sink_->OnLog(absl::StrCat("memory cap ", cap, " bytes enforced; model state ", memory_->Live(),
+                                " bytes"));
+    }
+    if (!device_.is_cpu()) {
+      // Parameters and buffers move before the broadcast, the reducer and the optimizer see them.
+      try {
+        workload->model->to(device_);
+      } catch (const std::exception& e) {
+        return Fail(kBadConfiguration, absl::ResourceExhaustedError(absl::StrCat(
+                                           "moving the model to ", device_.str(), ": ", e.what())));
+      }
+#ifdef FITRUN_WITH_CUDA
+      // A CUDA device's limit is its own memory, enforced by the device; the caching allocator counts.
+      if (device_.is_cuda()) {
+        const c10::DeviceIndex index = device_.index();
+        trainer_options.exhaust_memory = [index] {
+          // More than the whole device: the caching allocator refuses it with a real OutOfMemoryError.
+          const int64_t beyond = static_cast<int64_t>(at::cuda::getDeviceProperties(index)->totalGlobalMem) + (1LL << 20);
+          (void)torch::empty({beyond}, torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA, index));
+        };
+        memory_sink_ = std::make_unique<MemoryStampingSink>(sink_, [index] { return CudaMemoryFigures(index); });
+        trainer_sink = memory_sink_.get();
+      }
+#endif
+      sink_->OnLog(absl::StrCat("model on ", device_.str(),
+                                has_cap ? "; memory_cap_bytes is not enforced on it (the device's own memory is the limit)"
+                                        : ""));
+    }
+
+    const int timeout_seconds = spec.ddp().collective_timeout_seconds() > 0
+                                    ? spec.ddp().collective_timeout_seconds()
+                                    : kDefaultCollectiveTimeoutSeconds;
+    ProcessGroupOptions group_options;
+    group_options.master_addr = options_.master_addr;
+    group_options.master_port = options_.master_port;
+    group_options.rank = options_.rank;
+    group_options.world_size = options_.world_size;
+    group_options.collective_timeout = absl::Seconds(timeout_seconds);
+    group_options.rendezvous_timeout = std::max(absl::Seconds(timeout_seconds), kMinRendezvousTimeout);
+    group_options.backend = device_.is_cuda() ? CollectiveBackend::kNccl : CollectiveBackend::kGloo;
+
+    std::unique_ptr<CheckpointStore> checkpoints;
+    if (!assignment->checkpoint_dir().empty()) {
+      absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Create(
+          {assignment->checkpoint_dir(), spec.checkpoint().keep_last() > 0 ? spec.checkpoint().keep_last() : 2});
+      if (!store.ok()) return Fail(kBadConfiguration, store.status());
+      checkpoints = *std::move(store);
+      trainer_options.checkpoints = checkpoints.get();
+    }
+    const absl::Time join_start = absl::Now();
+    absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> group = ConnectProcessGroup(group_options);
+    if (!group.ok()) return Fail(kTrainingFailed, group.status());
+    if (absl::Status s = BroadcastModuleState(**group, *workload->model); !s.ok()) return Fail(kTrainingFailed, s);
+    sink_->OnLog(absl::StrCat("joined the process group at ", options_.master_addr, ":",
+                              options_.master_port, " in ", absl::FormatDuration(absl::Now() - join_start),
+                              "; parameters ", ParameterChecksum(*workload->model), " after rank 0's broadcast"));
+
+    BucketedReducer::Options bucket_options;
+    if (spec.ddp().bucket_cap_mb() > 0) {
+      bucket_options.bucket_cap_bytes = static_cast<int64_t>(spec.ddp().bucket_cap_mb() * (1 << 20));
+    }
+    absl::StatusOr<std::unique_ptr<BucketedReducer>> synchronizer =
+        BucketedReducer::Create(*group, workload->model->parameters(), bucket_options);
+    if (!synchronizer.ok()) return Fail(kTrainingFailed, synchronizer.status());
+    const int64_t train_size = workload->train.size();
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+        Trainer::Create(trainer_options, workload->model, std::move(workload->train), std::move(workload->test),
+                        synchronizer->get(), trainer_sink);
+    if (!trainer.ok()) {
+      return Fail(trainer.status().code() == absl::StatusCode::kInvalidArgument ? kBadConfiguration
+                                                                                 : kTrainingFailed,
+                  trainer.status());
+    }
+
+    if (checkpoints != nullptr) {
+      if (absl::Status s = Resume(**group, *checkpoints, **trainer, *workload->model); !s.ok()) {
+        return Fail(kTrainingFailed, s);
+      }
+    }
+    if (!options_.initial_state_dump_dir.empty() && options_.rank == 0) {
+      const TrainerOptions& o = (*trainer)->options();
+      const int64_t epochs = (o.total_steps + o.steps_per_epoch - 1) / o.steps_per_epoch;
+      if (absl::Status s = DumpInitialState(options_.initial_state_dump_dir, *workload->model, train_size,
+                                            o.seed, epochs);
+          !s.ok()) {
+        return Fail(kBadConfiguration, s);
+      }
+    }
+
+    if (!runtime.stop().Attach([trainer = trainer->get()] { trainer->RequestStop(); })) return runtime.Stopped();
+    absl::StatusOr<TrainResult> result = (*trainer)->Run();
+    runtime.stop().Attach(nullptr);
+    if (!result.ok()) {
+      if (result.status().code() == absl::StatusCode::kCancelled && runtime.stop().stopped()) return runtime.Stopped();
+      if (result.status().code() == absl::StatusCode::kResourceExhausted) {
+        return OutOfMemory((*trainer)->current_step(), trainer_options.per_device_batch, result.status());
+      }
+      if (IsCollectiveFailure(result.status()) && runtime.StoppedMeanwhile()) {
+        runtime.console().OnLog(absl::StrCat("collective failed while stopping: ", result.status().message()));
+        return runtime.Stopped();
+      }
+      return Fail(kTrainingFailed, result.status());
+    }
+    LogCommunication(**synchronizer, *result, (*trainer)->start_step(), trainer_options);
+    return Finish(*result);
+  }
+
+ private:
+  // Every rank resumes from rank 0's newest checkpoint that loads: rank 0 picks it, broadcasts its
+  // step, every rank loads that file (model, optimizer, RNG), and the parameters are broadcast again
+  // so that ranks are bitwise equal even if a rank's file read differed.
+  absl::Status Resume(c10d::ProcessGroup& group, const CheckpointStore& store, Trainer& trainer,
+                      const torch::nn::Module& model) {
+    int64_t step = -1;
+    if (options_.rank == 0) {
+      for (int64_t candidate : store.Steps()) {
+        absl::Status s = trainer.ResumeFrom(store, candidate);
+        if (s.ok()) {
+          step = candidate;
+          break;
+        }
+        sink_->OnLog(absl::StrCat("skipping checkpoint of step ", candidate, ": ", s.message()));
+      }
+    }
+    absl::StatusOr<int64_t> chosen = BroadcastInt64(group, step, device_);
+    if (!chosen.ok()) return chosen.status();
+    if (*chosen < 0) return absl::OkStatus();
+    if (options_.rank != 0) {
+      if (absl::Status s = trainer.ResumeFrom(store, *chosen); !s.ok()) return s;
+    }
+    if (absl::Status s = BroadcastModuleState(group, model); !s.ok()) return s;
+    sink_->OnLog(absl::StrCat("resumed from the checkpoint of step ", *chosen, " (", store.PathFor(*chosen),
+                              "); parameters ", ParameterChecksum(model)));
+    return absl::OkStatus();
+  }
+
+  // The figures the benchmark and an operator want: this rank's throughput and the share of training
+  // time spent blocked on gradient communication that backward did not hide.
+  void LogCommunication(const BucketedReducer& reducer, const TrainResult& result, int64_t start_step,
+                        const TrainerOptions& o) {
+    const BucketedReducer::CommStats stats = reducer.comm_stats();
+    const double wait = absl::ToDoubleSeconds(stats.wait_time);
+    const double samples = static_cast<double>(result.steps - start_step) * o.per_device_batch *
+                           o.grad_accum_steps * o.world_size;
+    sink_->OnLog(absl::StrFormat(
+        "communication: %d buckets, exposed all-reduce wait %.3f s over %d steps = %.1f%% of %.3f s "
+        "training; %.1f samples/s (all ranks)",
+        static_cast<int>(reducer.BucketLayout().size()), wait, stats.synchronized_steps,
+        result.train_seconds > 0 ? 100.0 * wait / result.train_seconds : 0.0, result.train_seconds,
+        result.train_seconds > 0 ? samples / result.train_seconds : 0.0));
+  }
+  int Finish(const TrainResult& result) {
+    std::string summary = absl::StrCat("finished ", result.steps, " steps in ",
+                                       absl::FormatDuration(absl::Seconds(result.train_seconds)),
+                                       ": final loss ", result.final_loss, ", parameter checksum ",
+                                       result.parameter_checksum);
+    if (result.has_test_accuracy) absl::StrAppend(&summary, ", test accuracy ", result.test_accuracy);
+    fitrun::v1::RankFinished finished;
+    finished.set_steps(result.steps);
+    finished.set_final_loss(result.final_loss);
+    finished.set_parameter_checksum(result.parameter_checksum);
+    finished.set_has_test_accuracy(result.has_test_accuracy);
+    finished.set_test_accuracy(result.test_accuracy);
+    finished.set_train_seconds(result.train_seconds);
+    return runtime_->Finish(finished, summary);
+  }
+
+  int Fail(ExitCode code, const absl::Status& status) { return runtime_->Fail(code, status); }
+
+
+  // The device's cap was hit: the OutOfMemory event carries what the coordinator needs to replan
+  // (the request refused, what was live then, the batch), and goes out before the RankFailed. On a
+  // CUDA device the caching allocator's counters give live and peak and the device's total memory
+  // is the cap; the refused request is only in the error's text and is left 0. Without either, the
+  // bytes stay 0 and the batch alone tells the coordinator what not to plan again.
+  int OutOfMemory(int64_t step, int64_t per_device_batch, const absl::Status& status) {
+    fitrun::v1::OutOfMemory oom;
+    oom.set_step(step);
+    oom.set_per_device_batch(per_device_batch);
+    if (memory_ != nullptr) {
+      oom.set_requested_bytes(memory_->LastFailedRequest());
+      oom.set_live_bytes(memory_->LiveAtLastFailure());
+      oom.set_peak_bytes(memory_->Peak());
+      oom.set_cap_bytes(memory_->cap_bytes());
+    }
+#ifdef FITRUN_WITH_CUDA
+    if (device_.is_cuda()) {
+      try {
+        const MemoryFigures figures = CudaMemoryFigures(device_.index());
+        oom.set_live_bytes(figures.live_bytes);
+        oom.set_peak_bytes(figures.peak_bytes);
+        oom.set_cap_bytes(static_cast<int64_t>(at::cuda::getDeviceProperties(device_.index())->totalGlobalMem));
+      } catch (const std::exception& e) {
+        runtime_->console().OnLog(absl::StrCat("reading CUDA memory statistics: ", e.what()));
+      }
+    }
+#endif
+    return runtime_->OutOfMemory(oom, status);
+  }
+
+  static bool IsCollectiveFailure(const absl::Status& status) {
+    return status.code() == absl::StatusCode::kUnavailable ||
+           status.code() == absl::StatusCode::kDeadlineExceeded;
+  }
+
+  const WorkerOptions options_;
+  RankRuntime* runtime_ = nullptr;
+  ProgressSink* sink_ = nullptr;
+  // This rank's device (plan.device_ids[rank]), set at the start of Run().
+  c10::Device device_ = c10::Device(c10::kCPU);
+  CappedCpuAllocator* memory_ = nullptr;  // see Run(): deliberately never freed
+  std::unique_ptr<MemoryStampingSink> memory_sink_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainingProgram> MakeBuiltinTraining(const WorkerOptions& options) {
+  return std::make_unique<BuiltinTraining>(options);
+}
+
+}  // namespace fitrun::worker

@@ -1,0 +1,131 @@
+#include "worker/runtime/rank_runtime.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace fitrun::worker {
+
+void StopSwitch::Stop(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  reason_ = reason;
+  if (request_stop_) request_stop_();
+  std::thread([grace = grace_] {
+    absl::SleepFor(grace);
+    std::fprintf(stderr, "fitrun-worker: still running %s after the stop command; exiting\n",
+                 absl::FormatDuration(grace).c_str());
+    std::_Exit(fitrun::v1::launch::kExitStopped);
+  }).detach();
+}
+
+bool StopSwitch::Attach(std::function<void()> request_stop) {
+  absl::MutexLock lock(&mu_);
+  request_stop_ = std::move(request_stop);
+  return !stopped_;
+}
+
+bool StopSwitch::stopped() const {
+  absl::MutexLock lock(&mu_);
+  return stopped_;
+}
+
+bool StopSwitch::WaitForStop(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&stopped_), timeout);
+  return stopped_;
+}
+
+std::string StopSwitch::reason() const {
+  absl::MutexLock lock(&mu_);
+  return reason_;
+}
+
+void MemoryStampingSink::OnProgress(const StepProgress& progress) {
+  StepProgress stamped = progress;
+  const MemoryFigures figures = measure_();
+  stamped.live_bytes = figures.live_bytes;
+  stamped.peak_bytes = figures.peak_bytes;
+  next_->OnProgress(stamped);
+}
+
+RankRuntime::RankRuntime(const WorkerOptions& options, Timing timing)
+    : options_(options), timing_(timing), console_(options.rank, stderr), stop_(timing.stop_grace) {}
+
+absl::Status RankRuntime::Start() {
+  if (options_.coordinator.empty()) {
+    sink_ = std::make_unique<TeeSink>(std::vector<ProgressSink*>{&console_});
+    console_.OnLog("FITRUN_COORDINATOR not set: standalone, reports go to this log only");
+    return absl::OkStatus();
+  }
+  GrpcReporter::Options reporter_options;
+  reporter_options.coordinator = options_.coordinator;
+  reporter_options.job_id = options_.job_id;
+  reporter_options.attempt = options_.attempt;
+  reporter_options.rank = options_.rank;
+  reporter_options.world_size = options_.world_size;
+  reporter_options.job_token = options_.job_token;
+  reporter_options.pid = static_cast<int>(getpid());
+  absl::StatusOr<std::unique_ptr<GrpcReporter>> reporter =
+      GrpcReporter::Create(reporter_options, [this](const std::string& reason) {
+        console_.OnLog(absl::StrCat("stop command from the coordinator: ", reason));
+        stop_.Stop(reason);
+      });
+  if (!reporter.ok()) return reporter.status();
+  reporter_ = *std::move(reporter);
+  sink_ = std::make_unique<TeeSink>(std::vector<ProgressSink*>{&console_, reporter_.get()});
+  return absl::OkStatus();
+}
+
+int RankRuntime::Finish(const fitrun::v1::RankFinished& finished, const std::string& summary) {
+  console_.OnLog(summary);
+  if (reporter_ != nullptr) {
+    fitrun::v1::RankFinished report = finished;
+    report.set_rank(options_.rank);
+    reporter_->ReportFinished(report);
+    reporter_->Shutdown(timing_.finish_timeout);
+  }
+  return fitrun::v1::launch::kExitSuccess;
+}
+
+int RankRuntime::Fail(ExitCode code, const absl::Status& status) {
+  const std::string reason(status.message());
+  std::fprintf(stderr, "fitrun-worker: rank %d failed: %s\n", options_.rank, reason.c_str());
+  std::fflush(stderr);
+  if (reporter_ != nullptr) {
+    reporter_->ReportFailed(reason);
+    reporter_->Shutdown(timing_.fail_timeout);
+  }
+  return code;
+}
+
+int RankRuntime::OutOfMemory(fitrun::v1::OutOfMemory oom, const absl::Status& status) {
+  oom.set_rank(options_.rank);
+  console_.OnLog(absl::StrCat("out of memory at step ", oom.step(), ": requested ", oom.requested_bytes(),
+                              " bytes with ", oom.live_bytes(), " live (peak ", oom.peak_bytes(), ") of a ",
+                              oom.cap_bytes(), "-byte cap at per-device batch ", oom.per_device_batch()));
+  if (reporter_ != nullptr) reporter_->ReportOutOfMemory(oom);
+  return Fail(fitrun::v1::launch::kExitOutOfMemory, status);
+}
+
+int RankRuntime::Stopped() {
+  return Fail(fitrun::v1::launch::kExitStopped,
+              absl::CancelledError(absl::StrCat("stopped by the coordinator: ", stop_.reason())));
+}
+
+bool RankRuntime::StoppedMeanwhile() { return reporter_ != nullptr && stop_.WaitForStop(timing_.stop_race); }
+
+int RunRank(const WorkerOptions& options, TrainingProgram& program) {
+  RankRuntime runtime(options);
+  if (absl::Status s = runtime.Start(); !s.ok()) {
+    return runtime.Fail(fitrun::v1::launch::kExitBadConfiguration, s);
+  }
+  return program.Run(runtime);
+}
+
+}  // namespace fitrun::worker
