@@ -1,7 +1,8 @@
 // How fitrund starts a rank and how a rank says how it ended: the environment every rank gets (the
 // torchrun variables and fitrun's own) and the exit codes it answers with. Beside the protos because it
 // is as much the API between the coordinator and its ranks as they are: fitrund, fitrun-worker and its
-// memory probe name these constants instead of spelling the strings.
+// memory probe name these constants instead of spelling the strings; the Python module mirrors them in
+// client/python/fitrun/contract.py.
 #ifndef FITRUN_PROTO_FITRUN_V1_LAUNCH_CONTRACT_H_
 #define FITRUN_PROTO_FITRUN_V1_LAUNCH_CONTRACT_H_
 
@@ -24,6 +25,27 @@ inline constexpr char kJobToken[] = "FITRUN_JOB_TOKEN";
 inline constexpr char kAssignment[] = "FITRUN_ASSIGNMENT";
 // For the parity test: where rank 0 writes its initial parameters and sample order.
 inline constexpr char kDumpInitialState[] = "FITRUN_DUMP_INITIAL_STATE";
+
+// What a script rank (spec.script) is told besides the torchrun variables: its share of the plan, a
+// checkpoint directory that outlives attempts, and the step limit when the spec sets one.
+inline constexpr char kPerDeviceBatch[] = "FITRUN_PER_DEVICE_BATCH";
+inline constexpr char kGradAccumSteps[] = "FITRUN_GRAD_ACCUM_STEPS";
+inline constexpr char kLearningRate[] = "FITRUN_LR";
+inline constexpr char kGlobalBatchSize[] = "FITRUN_GLOBAL_BATCH_SIZE";
+inline constexpr char kCheckpointDir[] = "FITRUN_CHECKPOINT_DIR";
+inline constexpr char kMaxSteps[] = "FITRUN_MAX_STEPS";
+// "1" when the run is fitrund's memory probe (one rank, a few steps), so a script may skip its
+// evaluation and checkpoints.
+inline constexpr char kProbe[] = "FITRUN_PROBE";
+// The pipes between a script rank and the fitrun-worker that supervises it: the script writes JSON
+// lines to the report descriptor (the Python module's run.report and friends) and reads "stop
+// <reason>" lines from the control descriptor.
+inline constexpr char kReportFd[] = "FITRUN_REPORT_FD";
+inline constexpr char kControlFd[] = "FITRUN_CONTROL_FD";
+// Read by the preloaded allocator (libfitrun_memory.so): the device's cap in bytes (0: count only),
+// and a file where it writes "<peak bytes> <live bytes>" when the process exits.
+inline constexpr char kMemoryCapBytes[] = "FITRUN_MEMORY_CAP_BYTES";
+inline constexpr char kMemoryPeakFile[] = "FITRUN_MEMORY_PEAK_FILE";
 
 // How a rank ends.
 enum ExitCode : int {

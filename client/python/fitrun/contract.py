@@ -1,0 +1,44 @@
+"""The launch contract, as Python names it: the environment a rank starts with and its exit codes.
+
+Mirrors proto/fitrun/v1/launch_contract.h (fitrund and fitrun-worker name the same strings there);
+change both together.
+"""
+
+# torchrun's variables: an unchanged torchrun script reads these (init_process_group with env://).
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+
+# fitrun's own.
+COORDINATOR = "FITRUN_COORDINATOR"
+JOB_ID = "FITRUN_JOB_ID"
+ATTEMPT = "FITRUN_ATTEMPT"
+JOB_TOKEN = "FITRUN_JOB_TOKEN"
+ASSIGNMENT = "FITRUN_ASSIGNMENT"
+
+# The plan, for script ranks.
+PER_DEVICE_BATCH = "FITRUN_PER_DEVICE_BATCH"
+GRAD_ACCUM_STEPS = "FITRUN_GRAD_ACCUM_STEPS"
+LEARNING_RATE = "FITRUN_LR"
+GLOBAL_BATCH_SIZE = "FITRUN_GLOBAL_BATCH_SIZE"
+CHECKPOINT_DIR = "FITRUN_CHECKPOINT_DIR"
+MAX_STEPS = "FITRUN_MAX_STEPS"
+PROBE = "FITRUN_PROBE"
+
+# The pipes to the supervising fitrun-worker: JSON lines out, "stop <reason>" lines in.
+REPORT_FD = "FITRUN_REPORT_FD"
+CONTROL_FD = "FITRUN_CONTROL_FD"
+
+# The preloaded allocator (libfitrun_memory.so).
+MEMORY_CAP_BYTES = "FITRUN_MEMORY_CAP_BYTES"
+MEMORY_PEAK_FILE = "FITRUN_MEMORY_PEAK_FILE"
+
+# How a rank ends.
+EXIT_SUCCESS = 0
+EXIT_TRAINING_FAILED = 1
+EXIT_BAD_CONFIGURATION = 2
+EXIT_OUT_OF_MEMORY = 3
+EXIT_STOPPED = 143
