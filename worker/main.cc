@@ -1,6 +1,6 @@
 // fitrun-worker: one rank of a fitrun job. Started by fitrund (or by hand) with the torchrun
 // environment plus FITRUN_*; see worker/options.h for the contract and ExitCode for what the exit
-// status means. With --probe it instead measures one rank's peak memory at the micro-batch sizes the
+// status means. A script job's rank supervises the user's script (worker/programs/script_rank.h). With --probe it instead measures one rank's peak memory at the micro-batch sizes the
 // coordinator's calibration asks for (worker/probe/memory_probe.h).
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +18,7 @@
 #include "worker/options.h"
 #include "worker/probe/probe_mode.h"
 #include "worker/programs/builtin_training.h"
+#include "worker/programs/script_rank.h"
 #include "worker/runtime/rank_runtime.h"
 
 namespace fitrun::worker {
@@ -87,6 +88,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fitrun-worker: %s\n", std::string(options.status().message()).c_str());
     return kBadConfiguration;
   }
-  std::unique_ptr<fitrun::worker::TrainingProgram> program = fitrun::worker::MakeBuiltinTraining(*options);
+  // A script job's rank supervises the user's script; any other trains a built-in workload. An
+  // assignment that cannot be read is the built-in program's to report.
+  absl::StatusOr<fitrun::v1::WorkerAssignment> assignment = fitrun::worker::LoadAssignment(options->assignment_path);
+  std::unique_ptr<fitrun::worker::TrainingProgram> program =
+      assignment.ok() && assignment->spec().has_script() ? fitrun::worker::MakeScriptRank(*options)
+                                                          : fitrun::worker::MakeBuiltinTraining(*options);
   return fitrun::worker::RunRank(*options, *program);
 }

@@ -158,12 +158,16 @@ absl::Status ValidateAssignment(const fitrun::v1::WorkerAssignment& a, const Wor
     return absl::InvalidArgumentError(absl::StrCat("job_id: the assignment is for job \"", a.job_id(),
                                                    "\" but ", launch::kJobId, " is \"", o.job_id, "\""));
   }
-  // Whether the kind suits the model is the workload loader's to say (worker/models/workload.h).
-  if (!fitrun::v1::DataKind_IsValid(spec.data().kind())) {
+  if (spec.has_script()) {
+    if (spec.script().command().empty()) {
+      return absl::InvalidArgumentError("spec.script.command: empty (an argv such as [/usr/bin/python3, train.py])");
+    }
+  } else if (!fitrun::v1::DataKind_IsValid(spec.data().kind())) {
+    // Whether the kind suits the model is the workload loader's to say (worker/models/workload.h).
     return absl::InvalidArgumentError(
         absl::StrCat("spec.data.kind: unsupported (", static_cast<int>(spec.data().kind()), ")"));
   }
-  if (spec.data().path().empty()) {
+  if (!spec.has_script() && spec.data().path().empty()) {
     return absl::InvalidArgumentError("spec.data.path: empty (the dataset's directory or file)");
   }
   if (a.cpu_threads_size() != 0 && a.cpu_threads_size() != o.world_size) {

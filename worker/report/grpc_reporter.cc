@@ -109,6 +109,7 @@ void GrpcReporter::OnProgress(const StepProgress& p) {
   progress->set_samples_per_second(p.samples_per_second);
   progress->set_live_bytes(p.live_bytes);
   progress->set_peak_bytes(p.peak_bytes);
+  progress->mutable_metrics()->insert(p.metrics.begin(), p.metrics.end());
   {
     absl::MutexLock lock(&mu_);
     last_step_ = p.step;

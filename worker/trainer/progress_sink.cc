@@ -11,6 +11,7 @@ void ConsoleSink::OnProgress(const StepProgress& p) {
     std::fprintf(out_, " live %lld peak %lld bytes", static_cast<long long>(p.live_bytes),
                  static_cast<long long>(p.peak_bytes));
   }
+  for (const auto& [name, value] : p.metrics) std::fprintf(out_, " %s %.4g", name.c_str(), value);
   std::fprintf(out_, "\n");
   std::fflush(out_);
 }

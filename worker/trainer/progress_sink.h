@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,8 @@ struct StepProgress {
   double samples_per_second = 0;  // this rank's samples since its previous report
   int64_t live_bytes = 0;
   int64_t peak_bytes = 0;
+  // A script's own figures (run.report(metrics=...)); the built-in trainer sends none.
+  std::map<std::string, double> metrics;
 };
 
 // A checkpoint rank 0 wrote (CheckpointSaved in the API).

@@ -1,0 +1,126 @@
+#include "worker/probe/script_probe.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "fitrun/v1/launch_contract.h"
+
+namespace fitrun::worker {
+namespace launch = fitrun::v1::launch;
+namespace {
+
+// A port nobody listens on now, for the one-rank group's store.
+absl::StatusOr<int> FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket() failed");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    close(fd);
+    return absl::InternalError("cannot pick a free port");
+  }
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ScriptProbe>> ScriptProbe::Create(const fitrun::v1::WorkerAssignment& assignment) {
+  if (!assignment.spec().has_script()) return absl::InvalidArgumentError("spec.script: not a script job");
+  SupportFiles support = FindSupportFiles();
+  if (support.memory_library.empty()) {
+    return absl::FailedPreconditionError(
+        "libfitrun_memory.so is not beside fitrun-worker: without it a script's memory cannot be counted");
+  }
+  // The command must resolve before anything runs.
+  if (absl::StatusOr<ScriptCommand> command = ScriptCommandFor(assignment.spec(), ScriptRunSettings{}, support);
+      !command.ok()) {
+    return command.status();
+  }
+  return std::unique_ptr<ScriptProbe>(new ScriptProbe(assignment, std::move(support)));
+}
+
+absl::StatusOr<ProbePeak> ScriptProbe::Measure(int64_t batch) {
+  absl::StatusOr<int> port = FreePort();
+  if (!port.ok()) return port.status();
+  ScriptRunSettings settings;
+  settings.per_device_batch = batch;
+  settings.grad_accum_steps = 1;
+  settings.learning_rate = assignment_.spec().optimizer().lr();
+  settings.global_batch_size = batch;
+  settings.max_steps = kSteps;
+  settings.probe = true;
+  settings.memory_cap_bytes =
+      assignment_.memory_cap_bytes_size() > 0 ? std::max<int64_t>(0, assignment_.memory_cap_bytes(0)) : 0;
+  settings.memory_peak_file = absl::StrCat("/tmp/fitrun-probe-peak-", getpid(), "-", batch);
+  settings.extra_env = {{launch::kLocalRank, "0"},
+                        {launch::kLocalWorldSize, "1"},
+                        {launch::kMasterAddr, "127.0.0.1"},
+                        {launch::kMasterPort, absl::StrCat(*port)}};
+  absl::StatusOr<ScriptCommand> command = ScriptCommandFor(assignment_.spec(), settings, support_);
+  if (!command.ok()) return command.status();
+  // The probe's stdout is its answer to fitrund; the script's own output goes to stderr.
+  command->stdout_to_stderr = true;
+
+  std::atomic<bool> out_of_memory{false};
+  ScriptProcess::Callbacks callbacks;
+  callbacks.on_stderr_line = [&](const std::string& line) {
+    if (LooksLikeOutOfMemory(line)) out_of_memory = true;
+  };
+  absl::StatusOr<std::unique_ptr<ScriptProcess>> process = ScriptProcess::Start(*command, callbacks);
+  if (!process.ok()) return process.status();
+  absl::Notification exited;
+  bool timed_out = false;
+  std::thread watchdog([&] {
+    if (!exited.WaitForNotificationWithTimeout(kRunTimeout)) {
+      timed_out = true;
+      (*process)->Signal(SIGKILL);
+    }
+  });
+  const ScriptProcess::Exit exit = (*process)->Wait();
+  exited.Notify();
+  watchdog.join();
+
+  ProbePeak peak;
+  peak.batch = batch;
+  std::ifstream in(settings.memory_peak_file);
+  int64_t live = 0;
+  const bool have_peak = static_cast<bool>(in >> peak.peak_bytes >> live);
+  std::remove(settings.memory_peak_file.c_str());
+  peak.other_peak_bytes = peak.peak_bytes;
+  const std::string tail = (*process)->StderrTail();
+  if (timed_out) {
+    return absl::DeadlineExceededError(absl::StrCat("micro-batch ", batch, ": the script ran longer than ",
+                                                    absl::FormatDuration(kRunTimeout), " for ", kSteps,
+                                                    " steps (FITRUN_MAX_STEPS)"));
+  }
+  if (exit.signaled || exit.code != 0) {
+    if (out_of_memory || (!exit.signaled && exit.code == launch::kExitOutOfMemory)) {
+      return absl::ResourceExhaustedError(absl::StrCat("micro-batch ", batch, " ran out of the probe's ",
+                                                       settings.memory_cap_bytes, "-byte budget"));
+    }
+    return absl::InternalError(absl::StrCat("the script at micro-batch ", batch, " ",
+                                            exit.signaled ? "was killed by signal " : "exited with status ",
+                                            exit.code, "; its stderr ended with:\n", tail));
+  }
+  if (!have_peak) {
+    return absl::InternalError(absl::StrCat("the script at micro-batch ", batch,
+                                            " left no peak figure (did it end with os._exit?)"));
+  }
+  return peak;
+}
+
+}  // namespace fitrun::worker

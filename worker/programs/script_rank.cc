@@ -1,0 +1,219 @@
+#include "worker/programs/script_rank.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "fitrun/v1/launch_contract.h"
+#include "google/protobuf/util/json_util.h"
+#include "worker/script/script_process.h"
+
+namespace fitrun::worker {
+namespace {
+
+constexpr ExitCode kTrainingFailed = fitrun::v1::launch::kExitTrainingFailed;
+constexpr ExitCode kBadConfiguration = fitrun::v1::launch::kExitBadConfiguration;
+// After a StopCommand the script has this long to notice run.should_stop() before SIGTERM; the
+// runtime ends the rank for good at its own stop grace.
+constexpr absl::Duration kScriptStopNotice = absl::Seconds(1);
+
+struct PeakFile {
+  int64_t peak_bytes = 0;
+  int64_t live_bytes = 0;
+};
+
+PeakFile ReadPeakFile(const std::string& path) {
+  PeakFile figures;
+  std::ifstream in(path);
+  in >> figures.peak_bytes >> figures.live_bytes;
+  return figures;
+}
+
+class ScriptRank final : public TrainingProgram {
+ public:
+  explicit ScriptRank(const WorkerOptions& options) : options_(options) {}
+
+  int Run(RankRuntime& runtime) override {
+    runtime_ = &runtime;
+    absl::StatusOr<fitrun::v1::WorkerAssignment> assignment = LoadAssignment(options_.assignment_path);
+    if (!assignment.ok()) return runtime.Fail(kBadConfiguration, assignment.status());
+    if (absl::Status s = ValidateAssignment(*assignment, options_); !s.ok()) return runtime.Fail(kBadConfiguration, s);
+    const fitrun::v1::Plan& plan = assignment->plan();
+    const std::string device_field = absl::StrCat("plan.device_ids[", options_.rank, "]");
+    absl::StatusOr<PlanDevice> device = ParsePlanDevice(plan.device_ids(options_.rank), device_field);
+    if (!device.ok()) return runtime.Fail(kBadConfiguration, device.status());
+
+    ScriptRunSettings settings;
+    settings.rank = options_.rank;
+    settings.world_size = options_.world_size;
+    settings.per_device_batch = plan.per_device_batch();
+    settings.grad_accum_steps = plan.grad_accum_steps();
+    settings.learning_rate = plan.learning_rate();
+    settings.global_batch_size = assignment->spec().global_batch_size();
+    settings.checkpoint_dir = assignment->checkpoint_dir();
+    settings.max_steps = assignment->spec().max_steps();
+    // A virtual CPU device's cap is enforced in the script by the preloaded allocator; a GPU's own
+    // memory is its limit.
+    if (device->kind == PlanDevice::Kind::kCpu && assignment->memory_cap_bytes_size() > options_.rank) {
+      settings.memory_cap_bytes = assignment->memory_cap_bytes(options_.rank);
+    }
+    settings.memory_peak_file = absl::StrCat("/tmp/fitrun-script-peak-", getpid());
+    if (device->kind == PlanDevice::Kind::kCuda) {
+      settings.extra_env["CUDA_VISIBLE_DEVICES"] = absl::StrCat(device->index);
+    }
+    settings.extra_env[fitrun::v1::launch::kLocalRank] = absl::StrCat(options_.local_rank);
+    absl::StatusOr<ScriptCommand> command = ScriptCommandFor(assignment->spec(), settings, FindSupportFiles());
+    if (!command.ok()) return runtime.Fail(kBadConfiguration, command.status());
+
+    runtime.sink().OnLog(absl::StrCat("rank ", options_.rank, "/", options_.world_size, " on ",
+                                      plan.device_ids(options_.rank), ": running ",
+                                      absl::StrJoin(command->argv, " "), " in ", command->working_dir,
+                                      ", per-device batch ", settings.per_device_batch, " x ",
+                                      settings.grad_accum_steps, " accumulation, lr ", settings.learning_rate,
+                                      settings.memory_cap_bytes > 0
+                                          ? absl::StrCat(", memory cap ", settings.memory_cap_bytes, " bytes")
+                                          : ""));
+    ScriptProcess::Callbacks callbacks;
+    callbacks.on_report_line = [this](const std::string& line) { OnReport(line); };
+    callbacks.on_stderr_line = [this](const std::string& line) {
+      if (LooksLikeOutOfMemory(line)) {
+        absl::MutexLock lock(&mu_);
+        oom_on_stderr_ = true;
+      }
+    };
+    absl::StatusOr<std::unique_ptr<ScriptProcess>> process = ScriptProcess::Start(*command, callbacks);
+    if (!process.ok()) return runtime.Fail(kTrainingFailed, process.status());
+
+    absl::Notification exited;
+    std::thread terminator;
+    const bool attached = runtime.stop().Attach([&] {
+      (*process)->RequestStop(runtime.stop().reason());
+      terminator = std::thread([&] {
+        if (!exited.WaitForNotificationWithTimeout(kScriptStopNotice)) (*process)->Signal(SIGTERM);
+      });
+    });
+    if (!attached) (*process)->Signal(SIGTERM);
+    const ScriptProcess::Exit exit = (*process)->Wait();
+    exited.Notify();
+    runtime.stop().Attach(nullptr);
+    if (terminator.joinable()) terminator.join();
+    const PeakFile peak = ReadPeakFile(settings.memory_peak_file);
+    unlink(settings.memory_peak_file.c_str());
+    return Ended(exit, (*process)->StderrTail(), settings, peak);
+  }
+
+ private:
+  int Ended(const ScriptProcess::Exit& exit, const std::string& stderr_tail, const ScriptRunSettings& settings,
+            const PeakFile& peak) {
+    RankRuntime& runtime = *runtime_;
+    if (runtime.stop().stopped()) return runtime.Stopped();
+    absl::MutexLock lock(&mu_);
+    if (!exit.signaled && exit.code == fitrun::v1::launch::kExitSuccess) {
+      fitrun::v1::RankFinished finished;
+      finished.set_steps(last_step_);
+      finished.set_final_loss(last_loss_);
+      return runtime.Finish(finished, absl::StrCat("the script finished after ", last_step_, " reported steps",
+                                                   peak.peak_bytes > 0
+                                                       ? absl::StrCat(", peak ", peak.peak_bytes, " bytes")
+                                                       : ""));
+    }
+    const std::string how = exit.signaled ? absl::StrCat("was killed by signal ", exit.code)
+                                          : absl::StrCat("exited with status ", exit.code);
+    const std::string reason = absl::StrCat("the script ", how, "; its stderr ended with:\n", stderr_tail);
+    if (oom_reported_ || oom_on_stderr_ || (!exit.signaled && exit.code == fitrun::v1::launch::kExitOutOfMemory)) {
+      fitrun::v1::OutOfMemory oom = oom_;
+      if (!oom_reported_) {
+        oom.set_step(last_step_);
+        oom.set_per_device_batch(settings.per_device_batch);
+        oom.set_live_bytes(peak.live_bytes);
+        oom.set_peak_bytes(peak.peak_bytes);
+        oom.set_cap_bytes(settings.memory_cap_bytes);
+      }
+      return runtime.OutOfMemory(oom, absl::ResourceExhaustedError(reason));
+    }
+    if (!exit.signaled && exit.code == fitrun::v1::launch::kExitBadConfiguration) {
+      return runtime.Fail(kBadConfiguration, absl::InvalidArgumentError(absl::StrCat(
+                                                 reason, "(exit status 2: a usage or configuration error; "
+                                                         "restarting cannot help)")));
+    }
+    return runtime.Fail(kTrainingFailed, absl::InternalError(reason));
+  }
+
+  // One JSON line from the fitrun module: a WorkerReport in protobuf's JSON mapping.
+  void OnReport(const std::string& line) {
+    fitrun::v1::WorkerReport report;
+    if (const auto s = google::protobuf::util::JsonStringToMessage(line, &report); !s.ok()) {
+      runtime_->sink().OnLog(absl::StrCat("a report from the script was not understood (", s.message().ToString(), "): ", line));
+      return;
+    }
+    switch (report.report_case()) {
+      case fitrun::v1::WorkerReport::kProgress: {
+        const fitrun::v1::Progress& p = report.progress();
+        StepProgress progress;
+        progress.rank = options_.rank;
+        progress.step = p.step();
+        progress.total_steps = p.total_steps();
+        progress.epoch = p.epoch();
+        progress.loss = p.loss();
+        progress.samples_per_second = p.samples_per_second();
+        progress.live_bytes = p.live_bytes();
+        progress.peak_bytes = p.peak_bytes();
+        progress.metrics.insert(p.metrics().begin(), p.metrics().end());
+        {
+          absl::MutexLock lock(&mu_);
+          last_step_ = p.step();
+          last_loss_ = p.loss();
+        }
+        runtime_->sink().OnProgress(progress);
+        break;
+      }
+      case fitrun::v1::WorkerReport::kLog:
+        runtime_->sink().OnLog(report.log().text());
+        break;
+      case fitrun::v1::WorkerReport::kCheckpointSaved: {
+        CheckpointNotice notice;
+        notice.rank = options_.rank;
+        notice.step = report.checkpoint_saved().step();
+        notice.path = report.checkpoint_saved().path();
+        notice.bytes = report.checkpoint_saved().bytes();
+        runtime_->sink().OnCheckpointSaved(notice);
+        break;
+      }
+      case fitrun::v1::WorkerReport::kOom: {
+        absl::MutexLock lock(&mu_);
+        oom_ = report.oom();
+        oom_reported_ = true;
+        break;
+      }
+      default:
+        runtime_->sink().OnLog(absl::StrCat("a report the script may not send was ignored: ", line));
+    }
+  }
+
+  const WorkerOptions options_;
+  RankRuntime* runtime_ = nullptr;
+  absl::Mutex mu_;
+  int64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_loss_ ABSL_GUARDED_BY(mu_) = 0;
+  bool oom_on_stderr_ ABSL_GUARDED_BY(mu_) = false;
+  bool oom_reported_ ABSL_GUARDED_BY(mu_) = false;
+  fitrun::v1::OutOfMemory oom_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+std::unique_ptr<TrainingProgram> MakeScriptRank(const WorkerOptions& options) {
+  return std::make_unique<ScriptRank>(options);
+}
+
+}  // namespace fitrun::worker
