@@ -1,5 +1,7 @@
 #include "client/grpc_coordinator_client.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <utility>
 
@@ -33,11 +35,22 @@ void GrpcCoordinatorClient::PrepareUnary(grpc::ClientContext* context) const {
                         absl::ToChronoMilliseconds(options_.rpc_timeout));
 }
 
+namespace {
+
+// Where this client runs: the spec's relative paths mean paths from here.
+std::string WorkingDirectory() {
+  char buffer[4096];
+  return getcwd(buffer, sizeof(buffer)) != nullptr ? std::string(buffer) : std::string();
+}
+
+}  // namespace
+
 absl::StatusOr<v1::Job> GrpcCoordinatorClient::SubmitJob(const std::string& spec_yaml) {
   grpc::ClientContext context;
   PrepareUnary(&context);
   v1::SubmitJobRequest request;
   request.set_spec_yaml(spec_yaml);
+  request.set_client_dir(WorkingDirectory());
   v1::SubmitJobResponse response;
   if (absl::Status status = ToAbslStatus(stub_->SubmitJob(&context, request, &response));
       !status.ok()) {
@@ -51,6 +64,7 @@ absl::StatusOr<v1::PlanJobResponse> GrpcCoordinatorClient::PlanJob(const std::st
   PrepareUnary(&context);
   v1::PlanJobRequest request;
   request.set_spec_yaml(spec_yaml);
+  request.set_client_dir(WorkingDirectory());
   v1::PlanJobResponse response;
   if (absl::Status status = ToAbslStatus(stub_->PlanJob(&context, request, &response));
       !status.ok()) {

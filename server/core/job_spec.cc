@@ -1,18 +1,26 @@
 #include "server/core/job_spec.h"
 
+#include <unistd.h>
+
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "fitrun/v1/launch_contract.h"
 
 namespace fitrun::server {
+namespace launch = fitrun::v1::launch;
 namespace {
 
 using fitrun::v1::JobSpec;
@@ -157,6 +165,33 @@ FieldReader EnumField(std::vector<std::pair<std::string, Enum>> names, Setter se
     absl::StatusOr<Enum> value = ReadEnum(node, path, names);
     if (!value.ok()) return value.status();
     set(*value);
+    return absl::OkStatus();
+  };
+}
+
+template <typename Adder>
+FieldReader StringList(Adder add) {
+  return [add](const YAML::Node& node, const std::string& path) -> absl::Status {
+    if (!node.IsSequence()) return FieldError(path, absl::StrCat("expected a list such as [a, b]", Where(node)));
+    for (size_t i = 0; i < node.size(); ++i) {
+      absl::StatusOr<std::string> value = ReadString(node[i], absl::StrCat(path, "[", i, "]"));
+      if (!value.ok()) return value.status();
+      add(*value);
+    }
+    return absl::OkStatus();
+  };
+}
+
+template <typename Setter>
+FieldReader StringMap(Setter set) {
+  return [set](const YAML::Node& node, const std::string& path) -> absl::Status {
+    if (!node.IsMap()) return FieldError(path, absl::StrCat("expected a mapping such as {KEY: value}", Where(node)));
+    for (const auto& entry : node) {
+      const std::string key = entry.first.Scalar();
+      absl::StatusOr<std::string> value = ReadString(entry.second, absl::StrCat(path, ".", key));
+      if (!value.ok()) return value.status();
+      set(key, *value);
+    }
     return absl::OkStatus();
   };
 }
@@ -323,7 +358,101 @@ absl::Status ValidateModelAndData(const JobSpec& spec) {
   return ValidateFashionMnistDir(spec);
 }
 
+// A script job: its command must run on this machine as the ranks will run it.
+absl::Status ValidateScript(const JobSpec& spec) {
+  if (spec.has_model() || spec.has_data()) {
+    return FieldError("spec.script", "a job runs either a script or a model on data; remove spec.model and spec.data");
+  }
+  const fitrun::v1::ScriptSpec& script = spec.script();
+  if (script.command().empty()) {
+    return FieldError("spec.script.command", "required; an argv such as [/usr/bin/python3, train.py]");
+  }
+  const std::string& dir = script.working_dir();
+  if (dir.empty() || dir[0] != '/') {
+    return FieldError("spec.script.working_dir",
+                      absl::StrCat("must be an absolute path (got '", dir,
+                                   "'); the fitrun CLI and Python client resolve a relative one against their "
+                                   "own directory"));
+  }
+  std::error_code error;
+  if (!std::filesystem::is_directory(dir, error)) {
+    return FieldError("spec.script.working_dir", absl::StrCat("no directory '", dir, "' on the coordinator's machine"));
+  }
+  if (absl::StatusOr<std::string> found = FindCommand(script.command(0), dir); !found.ok()) {
+    return FieldError("spec.script.command[0]", found.status().message());
+  }
+  if (std::optional<int> index = ScriptFileIndex(script); index.has_value()) {
+    const std::filesystem::path file = std::filesystem::path(dir) / script.command(*index);
+    if (!std::filesystem::is_regular_file(file, error)) {
+      return FieldError(absl::StrCat("spec.script.command[", *index, "]"),
+                        absl::StrCat("no file '", script.command(*index), "' in spec.script.working_dir '", dir,
+                                     "'"));
+    }
+  }
+  if (!script.batch_flag().empty() && script.batch_flag()[0] != '-') {
+    return FieldError("spec.script.batch_flag",
+                      absl::StrCat("a flag such as --batch_size (got '", script.batch_flag(), "')"));
+  }
+  for (const auto& [key, value] : script.env()) {
+    const std::string field = absl::StrCat("spec.script.env.", key);
+    if (key.empty() || key.find('=') != std::string::npos) return FieldError(field, "not a variable name");
+    const std::vector<std::string> torchrun = {launch::kRank,          launch::kLocalRank,  launch::kWorldSize,
+                                               launch::kLocalWorldSize, launch::kMasterAddr, launch::kMasterPort};
+    if (absl::StartsWith(key, "FITRUN_") || std::find(torchrun.begin(), torchrun.end(), key) != torchrun.end()) {
+      return FieldError(field, "set by fitrun for every rank; remove it from spec.script.env");
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> FindCommand(const std::string& name, const std::string& working_dir) {
+  if (name.empty()) return absl::InvalidArgumentError("empty; name a program such as /usr/bin/python3");
+  auto executable = [](const std::string& path) {
+    std::error_code error;
+    return std::filesystem::is_regular_file(path, error) && access(path.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string::npos) {
+    const std::string path = name[0] == '/' ? name : absl::StrCat(working_dir, "/", name);
+    if (executable(path)) return path;
+    return absl::NotFoundError(absl::StrCat("'", path, "' is not an executable file on the coordinator's machine"));
+  }
+  const char* path_env = std::getenv("PATH");
+  for (absl::string_view dir : absl::StrSplit(path_env != nullptr ? path_env : "/usr/bin:/bin", ':')) {
+    const std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", name);
+    if (executable(candidate)) return candidate;
+  }
+  return absl::NotFoundError(absl::StrCat("'", name, "' is not on the coordinator's PATH (",
+                                          path_env != nullptr ? path_env : "", "); give its absolute path"));
+}
+
+std::optional<int> ScriptFileIndex(const fitrun::v1::ScriptSpec& script) {
+  if (script.command().empty()) return std::nullopt;
+  const std::string program = std::filesystem::path(script.command(0)).filename().string();
+  if (!absl::StartsWith(program, "python")) return std::nullopt;
+  for (int i = 1; i < script.command_size(); ++i) {
+    const std::string& arg = script.command(i);
+    if (arg == "-m" || arg == "-c") return std::nullopt;  // a module or inline code: no file to check
+    if (!arg.empty() && arg[0] != '-') return i;
+  }
+  return std::nullopt;
+}
+
+absl::Status ResolveClientPaths(JobSpec& spec, const std::string& client_dir) {
+  if (!spec.has_script()) return absl::OkStatus();
+  std::string* dir = spec.mutable_script()->mutable_working_dir();
+  if (!dir->empty() && (*dir)[0] == '/') return absl::OkStatus();
+  if (client_dir.empty() || client_dir[0] != '/') {
+    return FieldError("spec.script.working_dir",
+                      absl::StrCat("'", *dir, "' is relative and the request gave no client_dir to resolve it "
+                                              "against; give an absolute path"));
+  }
+  *dir = std::filesystem::path(client_dir) / *dir;
+  *dir = std::filesystem::path(*dir).lexically_normal().string();
+  if (dir->size() > 1 && dir->back() == '/') dir->pop_back();
+  return absl::OkStatus();
+}
 
 absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
   YAML::Node root;
@@ -338,6 +467,11 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
 
   auto* model = spec.mutable_model();
   auto* data = spec.mutable_data();
+  // A script job has neither; an unset message stays unset in the proto.
+  const auto clear_unused = [&] {
+    if (model->ByteSizeLong() == 0) spec.clear_model();
+    if (data->ByteSizeLong() == 0) spec.clear_data();
+  };
   auto* optimizer = spec.mutable_optimizer();
   auto* resources = spec.mutable_resources();
   auto* checkpoint = spec.mutable_checkpoint();
@@ -375,6 +509,15 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
                                       [&](fitrun::v1::DataKind v) { data->set_kind(v); })},
                          {"path", String([&](const std::string& v) { data->set_path(v); })},
                      })},
+            {"script",
+             Mapping({
+                 {"command", StringList([&](const std::string& v) { spec.mutable_script()->add_command(v); })},
+                 {"working_dir", String([&](const std::string& v) { spec.mutable_script()->set_working_dir(v); })},
+                 {"env", StringMap([&](const std::string& k, const std::string& v) {
+                    (*spec.mutable_script()->mutable_env())[k] = v;
+                  })},
+                 {"batch_flag", String([&](const std::string& v) { spec.mutable_script()->set_batch_flag(v); })},
+             })},
             {"optimizer",
              Mapping({
                  {"kind", EnumField<fitrun::v1::OptimizerKind>(
@@ -434,6 +577,7 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
              })},
         });
     if (!status.ok()) return status;
+    clear_unused();
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec: could not read YAML at line ", e.mark.line + 1, ": ", e.msg));
@@ -451,7 +595,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     }
   }
 
-  if (absl::Status s = ValidateModelAndData(spec); !s.ok()) return s;
+  const bool script = spec.has_script();
+  if (absl::Status s = script ? ValidateScript(spec) : ValidateModelAndData(spec); !s.ok()) return s;
 
   if (spec.global_batch_size() <= 0) {
     return FieldError("spec.global_batch_size",
@@ -461,15 +606,16 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.max_steps() < 0) {
     return FieldError("spec.max_steps", absl::StrCat("must be >= 0 (got ", spec.max_steps(), ")"));
   }
-  if (spec.epochs() == 0 && spec.max_steps() == 0) {
+  if (spec.epochs() == 0 && spec.max_steps() == 0 && !script) {
     return FieldError("spec.epochs", "set epochs or max_steps to say how long to train");
   }
 
   const auto& optimizer = spec.optimizer();
-  if (optimizer.kind() == fitrun::v1::OPTIMIZER_KIND_UNSPECIFIED) {
+  // A script brings its own optimizer; fitrun only scales the lr it is given (FITRUN_LR).
+  if (optimizer.kind() == fitrun::v1::OPTIMIZER_KIND_UNSPECIFIED && !script) {
     return FieldError("spec.optimizer.kind", "required; use one of: sgd, adam, adamw");
   }
-  if (!(optimizer.lr() > 0)) {
+  if (!(optimizer.lr() > 0) && !(script && optimizer.lr() == 0)) {
     return FieldError("spec.optimizer.lr", absl::StrCat("must be > 0 (got ", optimizer.lr(), ")"));
   }
   if (optimizer.momentum() < 0 || optimizer.momentum() >= 1) {

@@ -6,6 +6,9 @@
 #ifndef FITRUN_SERVER_CORE_JOB_SPEC_H_
 #define FITRUN_SERVER_CORE_JOB_SPEC_H_
 
+#include <optional>
+#include <string>
+
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
@@ -17,6 +20,18 @@ namespace fitrun::server {
 // Maps YAML text onto a JobSpec. Unknown fields, wrong types and unknown enum names are
 // INVALID_ARGUMENT errors naming the field. The result is not yet validated.
 absl::StatusOr<fitrun::v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml_text);
+
+// A spec's relative paths are relative to the client that sent it: script.working_dir is made
+// absolute against `client_dir` (the client's working directory, sent with the request).
+absl::Status ResolveClientPaths(fitrun::v1::JobSpec& spec, const std::string& client_dir);
+
+// Where a command's program is, found as execvp (and torchrun) would: a name with a slash as given
+// (relative to `working_dir`), otherwise on fitrund's PATH. NOT_FOUND says where it looked.
+absl::StatusOr<std::string> FindCommand(const std::string& name, const std::string& working_dir);
+
+// The index in script.command of the script file a Python interpreter runs (the first argument that
+// is not a flag), or nullopt when the program is not Python or runs a module (-m) or code (-c).
+std::optional<int> ScriptFileIndex(const fitrun::v1::ScriptSpec& script);
 
 // Checks ranges and cross-field rules (INVALID_ARGUMENT naming the field), including that the
 // dataset's files exist where data.path says.

@@ -1,5 +1,8 @@
 #include "server/core/memory_calibration.h"
 
+#include "server/core/job_spec.h"
+#include "server/core/units.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -75,10 +78,38 @@ std::string PairLine(const char* kind, const std::string& key, const MeasuredPea
 
 }  // namespace
 
+std::string BatchIgnoredBy(const MemoryCurve& curve) {
+  if (curve.points().size() < 3 || curve.largest_batch() < 8 * curve.smallest_batch()) return "";
+  int64_t lowest = curve.points().front().peak_bytes;
+  int64_t highest = lowest;
+  for (const MeasuredPeak& p : curve.points()) {
+    lowest = std::min(lowest, p.peak_bytes);
+    highest = std::max(highest, p.peak_bytes);
+  }
+  // Anything that follows the batch moves the peak by at least its inputs; a script that ignores it
+  // allocates the same tensors every run, give or take the allocator's noise.
+  const int64_t noise = (64 << 10) + lowest / 1000;
+  if (highest - lowest > noise) return "";
+  return absl::StrCat("spec.script: the probe measured the same peak (", FormatBytes(highest), ") at micro-batches ",
+                      curve.smallest_batch(), " to ", curve.largest_batch(),
+                      ": the script's memory does not follow the batch, so it reads neither spec.script.batch_flag "
+                      "nor FITRUN_PER_DEVICE_BATCH. Make it take its batch from one of them (and set batch_flag), "
+                      "or fix spec.resources.per_device_batch to the batch it uses");
+}
+
 std::string CalibrationKey(const fitrun::v1::JobSpec& spec) {
   const fitrun::v1::ModelSpec& model = spec.model();
   // "v3": sweeps over many micro-batches; the two-line results of earlier versions are not reused.
   std::string key = "v3 ";
+  if (spec.has_script()) {
+    // The script's text and everything it is told, but not the plan: a changed script is measured again.
+    const fitrun::v1::ScriptSpec& script = spec.script();
+    absl::StrAppend(&key, "script ", script.ShortDebugString());
+    if (std::optional<int> file = ScriptFileIndex(script); file.has_value()) {
+      absl::StrAppend(&key, " file ", FileVersion(absl::StrCat(script.working_dir(), "/", script.command(*file))));
+    }
+    return OneField(key);
+  }
   if (model.kind_case() == fitrun::v1::ModelSpec::kTorchscript) {
     absl::StrAppend(&key, "torchscript ", FileVersion(model.torchscript()));
   } else if (model.builtin() == "gpt") {
@@ -336,7 +367,8 @@ absl::StatusOr<Calibration> MemoryCalibrator::Sweep(const fitrun::v1::JobSpec& s
   Calibration c;
   c.model_state_bytes = (*session)->model_state_bytes();
   SweepLimits bounded = limits;
-  bounded.max_batch = std::min(bounded.max_batch, std::max<int64_t>(1, (*session)->train_samples()));
+  // 0 training samples: a script, whose dataset the probe cannot see.
+  if ((*session)->train_samples() > 0) bounded.max_batch = std::min(bounded.max_batch, (*session)->train_samples());
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -397,11 +429,18 @@ absl::StatusOr<ModelProfile> MemoryCalibrator::ProfileFor(const fitrun::v1::JobS
   if (!analytic.ok()) return analytic.status();
   const Lookup lookup = Find(spec);
   if (lookup.state == State::kReady) {
-    return CalibratedProfile(*std::move(analytic), lookup.calibration, options_.run_tolerance);
+    ModelProfile calibrated = CalibratedProfile(*std::move(analytic), lookup.calibration, options_.run_tolerance);
+    if (spec.has_script()) calibrated.batch_not_plannable = BatchIgnoredBy(lookup.calibration.measured);
+    return calibrated;
   }
   if (lookup.state == State::kFailed) {
     analytic->memory_source = absl::StrCat(analytic->memory_source, " (the memory probe failed: ",
                                            lookup.error.message(), ")");
+    if (spec.has_script()) {
+      analytic->batch_not_plannable = absl::StrCat(
+          "spec.script: the memory probe could not run the script (", lookup.error.message(),
+          "), so fitrun cannot choose its per-device batch; fix the script, or fix spec.resources.per_device_batch");
+    }
   }
   return analytic;
 }

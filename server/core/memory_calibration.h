@@ -60,8 +60,13 @@ class MemoryProbe {
 
 // What a calibration depends on: the model (builtin and its config, or the TorchScript file and its
 // modification time), the dataset where it sizes the model (SASRec's item count), the optimizer's
-// state (kind, momentum, weight decay) and the precision. Not the batch, devices or steps.
+// state (kind, momentum, weight decay) and the precision; for a script, its command, directory,
+// environment and the script file's version. Not the batch, devices or steps.
 std::string CalibrationKey(const fitrun::v1::JobSpec& spec);
+
+// Empty when the measured peaks follow the batch; otherwise why a script's batch cannot be planned
+// (the same peak, within the allocator's noise, from micro-batch 1 to at least 8) and the fix.
+std::string BatchIgnoredBy(const MemoryCurve& curve);
 
 // Everything fitrund has measured of one workload's memory.
 struct Calibration {

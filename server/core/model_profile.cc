@@ -141,6 +141,13 @@ absl::StatusOr<ModelProfile> TorchScript(const fitrun::v1::JobSpec& spec) {
 }  // namespace
 
 absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec) {
+  if (spec.has_script()) {
+    ModelProfile script;
+    script.memory_source =
+        "not measured yet: a script's memory is known only from its probe (fitrun-worker --probe runs it once "
+        "per micro-batch)";
+    return script;
+  }
   absl::StatusOr<ModelProfile> profile;
   const std::string& builtin = spec.model().builtin();
   if (spec.model().kind_case() == fitrun::v1::ModelSpec::kTorchscript) {

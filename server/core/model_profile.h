@@ -28,9 +28,14 @@ struct ModelProfile {
   std::optional<MemoryCurve> measured;
   // Where the memory figures came from, for the plan's reasons.
   std::string memory_source;
+  // Set when the planner cannot choose a per-device batch from these figures (a script whose memory
+  // does not follow the batch, or that could not be measured): why, and the fix. A spec that fixes
+  // resources.per_device_batch still plans.
+  std::string batch_not_plannable;
 };
 
-// The profile of a spec's model on its dataset; NOT_FOUND for a model the catalog does not know.
+// The profile of a spec's model on its dataset; NOT_FOUND for a model the catalog does not know. A
+// script's profile is empty (no parameters, no dataset size) until its probe measures it.
 absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec);
 
 }  // namespace fitrun::server

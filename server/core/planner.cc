@@ -117,7 +117,8 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     return absl::UnavailableError(absl::StrCat("needs ", min_devices, " free device(s) (spec.resources.min_devices), ",
                                                devices.size(), " free now"));
   }
-  if (model.train_samples < global_batch) {
+  // A script's dataset is its own (train_samples 0): its epochs are its business.
+  if (model.train_samples > 0 && model.train_samples < global_batch) {
     return absl::InvalidArgumentError(absl::StrCat("spec.global_batch_size: ", global_batch,
                                                    " is larger than the dataset's ", model.train_samples,
                                                    " training samples; use at most that"));
@@ -141,6 +142,9 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
 
     int64_t chosen = 0;
     fitrun::v1::MemoryBreakdown predicted;
+    if (resources.per_device_batch() == 0 && !model.batch_not_plannable.empty()) {
+      return absl::FailedPreconditionError(model.batch_not_plannable);
+    }
     if (resources.per_device_batch() > 0) {
       const int64_t fixed = resources.per_device_batch();
       if (per_rank % fixed != 0) {

@@ -25,11 +25,15 @@ using fitrun::v1::JobEvent;
 // A spec from either of a request's sources.
 template <typename Request>
 absl::StatusOr<fitrun::v1::JobSpec> SpecFrom(const Request& request) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec;
   switch (request.source_case()) {
-    case Request::kSpec: return request.spec();
-    case Request::kSpecYaml: return ParseJobSpecYaml(request.spec_yaml());
+    case Request::kSpec: spec = request.spec(); break;
+    case Request::kSpecYaml: spec = ParseJobSpecYaml(request.spec_yaml()); break;
     default: return absl::InvalidArgumentError("spec: give the job spec as `spec` or as `spec_yaml`");
   }
+  if (!spec.ok()) return spec;
+  if (absl::Status s = ResolveClientPaths(*spec, request.client_dir()); !s.ok()) return s;
+  return spec;
 }
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl::Status& status) {
