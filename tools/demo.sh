@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash tools/install-deps.sh
+bash tools/setup-python.sh
 bazel build //server:fitrund //worker:fitrun-worker //client:fitrun
 
 state_dir=${FITRUN_STATE_DIR:-fitrun-state}

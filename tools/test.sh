@@ -5,6 +5,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 bash tools/install-deps.sh || { echo "tests: 0 passed, 1 failed"; exit 1; }
+bash tools/setup-python.sh || { echo "tests: 0 passed, 1 failed"; exit 1; }
 
 if ! bazel build //...; then
   echo "build failed"
