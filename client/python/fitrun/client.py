@@ -1,0 +1,242 @@
+"""A Python client of the fitrun coordinator (fitrund): what the `fitrun` CLI does, as calls.
+
+    from fitrun.client import Client
+    with Client("127.0.0.1:7070") as fitrun:
+        job_id = fitrun.submit({"name": "mlp", "model": {"builtin": "mlp"}, ...})
+        for event in fitrun.watch(job_id):
+            ...
+        print(fitrun.get(job_id).result.test_accuracy)
+
+Specs go to fitrund as YAML text (a dict as JSON, which is YAML), so Python users get the
+coordinator's own parsing, defaults and field-naming error messages, exactly as the CLI's users do.
+Replies are the API's protobuf messages (fitrun.v1.job_pb2), not copies, so every field the API
+grows is there without changes here.
+
+The stubs (fitrun/v1/*_pb2*.py) are generated, not committed: tools/setup-python.sh writes them
+into this package, and Bazel's //client/python:fitrun generates them into its runfiles.
+"""
+
+import codecs
+import json
+import os
+import time
+
+import grpc
+
+try:
+    from fitrun.v1 import coordinator_pb2
+    from fitrun.v1 import coordinator_pb2_grpc
+    from fitrun.v1 import job_pb2
+except ModuleNotFoundError as e:  # pragma: no cover - depends on the checkout's setup
+    if not (e.name or "").startswith("fitrun.v1"):
+        raise
+    raise ImportError(
+        "fitrun's gRPC stubs (fitrun/v1/*_pb2.py) are not generated; run tools/setup-python.sh"
+    ) from e
+
+__all__ = ["Client", "ClientError", "FINAL_STATES"]
+
+# The states a job never leaves (JobManager::IsTerminal on the server).
+FINAL_STATES = frozenset(
+    {job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED}
+)
+
+# A restarted fitrund drops every stream while the job goes on; the CLI reconnects this long too.
+_RECONNECT_SECONDS = 120.0
+
+
+class ClientError(Exception):
+    """A call the coordinator refused or could not answer.
+
+    `code` is the gRPC status code's name ("INVALID_ARGUMENT", "NOT_FOUND", "UNAVAILABLE", ...) so
+    callers can branch on it without importing grpc; `message` is the coordinator's own text, which
+    names the offending spec field (e.g. "spec.max_steps: must be >= 0 (got -1)").
+    """
+
+    def __init__(self, code, message, method=""):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.method = method
+
+    @classmethod
+    def from_rpc_error(cls, error, method):
+        code = error.code() if hasattr(error, "code") else None
+        details = error.details() if hasattr(error, "details") else None
+        return cls(code.name if code is not None else "UNKNOWN", details or str(error), method)
+
+
+class Client:
+    """One connection to a coordinator at "host:port".
+
+    `timeout` (seconds) bounds each unary call; streams (watch, logs) have no deadline, since a job
+    may run for hours. Thread-safe (one gRPC channel); close it, or use it as a context manager.
+    """
+
+    def __init__(self, address, timeout=10.0):
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address)
+        self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __repr__(self):
+        return f"Client({self.address!r}, timeout={self.timeout})"
+
+    # ---- jobs ------------------------------------------------------------------------------------
+
+    def submit(self, spec):
+        """Validates, stores and queues a job; returns its id.
+
+        `spec` is a dict, YAML (or JSON) text, a path to a spec file, or a JobSpec message. Its
+        relative paths (script.working_dir) mean paths from this process's working directory, which
+        goes with the request as the CLI sends its own; fitrund resolves them, for every client
+        alike. Raises ClientError with INVALID_ARGUMENT, naming the field, for a spec it rejects.
+        """
+        request = coordinator_pb2.SubmitJobRequest(client_dir=os.getcwd(), **_spec_source(spec))
+        return self._unary("SubmitJob", request).job.id
+
+    def plan(self, spec):
+        """The plan `spec` would get now (a PlanJobResponse: the parsed spec and the Plan); nothing
+        is stored or run."""
+        request = coordinator_pb2.PlanJobRequest(client_dir=os.getcwd(), **_spec_source(spec))
+        return self._unary("PlanJob", request)
+
+    def get(self, job_id):
+        """The job's Job message: state, plan, last progress, result, attempts."""
+        return self._unary("GetJob", coordinator_pb2.GetJobRequest(job_id=job_id))
+
+    def list(self, states=()):
+        """Every job (a list of Job), or only those in `states` (JobState values or names such as
+        "running" or "JOB_STATE_RUNNING")."""
+        request = coordinator_pb2.ListJobsRequest(states=[_job_state(s) for s in states])
+        return list(self._unary("ListJobs", request).jobs)
+
+    def cancel(self, job_id, reason=""):
+        """Stops every rank of the job, which ends CANCELLED; returns the Job as the coordinator
+        saw it when it accepted (watch or get it to see it end)."""
+        request = coordinator_pb2.CancelJobRequest(job_id=job_id, reason=reason)
+        return self._unary("CancelJob", request).job
+
+    def devices(self):
+        """The coordinator's devices (a list of Device), with their free memory and holders."""
+        return list(self._unary("ListDevices", coordinator_pb2.ListDevicesRequest()).devices)
+
+    def watch(self, job_id, from_sequence=1, reconnect_for=_RECONNECT_SECONDS):
+        """Yields the job's JobEvent messages from `from_sequence` (the whole history by default),
+        then live ones, and ends when the job has reached a final state.
+
+        A coordinator that restarts drops the stream while the job goes on, so once the stream has
+        delivered, a lost one is resumed after the last event yielded (as the CLI does) for up to
+        `reconnect_for` seconds. A coordinator unreachable from the start fails at once instead.
+        """
+        next_sequence = max(1, from_sequence)
+        delivered = False
+        give_up = None
+        backoff = 0.2
+        while True:
+            call = self._stub.WatchJob(
+                coordinator_pb2.WatchJobRequest(job_id=job_id, from_sequence=next_sequence)
+            )
+            try:
+                for event in call:
+                    delivered = True
+                    if event.sequence > 0:  # 0: an EventsMissed notice, not a stored event
+                        next_sequence = event.sequence + 1
+                        give_up = None
+                    yield event
+                return  # the coordinator ends the stream once the job has ended
+            except grpc.RpcError as e:
+                if not delivered or e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise ClientError.from_rpc_error(e, "WatchJob") from None
+                now = time.monotonic()
+                give_up = give_up or now + reconnect_for
+                if now >= give_up:
+                    raise ClientError.from_rpc_error(e, "WatchJob") from None
+            finally:
+                call.cancel()  # a caller that stops iterating early must not leave the stream open
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    def logs(self, job_id, rank=None, follow=False, attempt=0):
+        """Yields text chunks of one rank's log (stdout and stderr) of the job's latest attempt (or
+        of `attempt`); rank None is rank 0. With follow, keeps yielding until the attempt ends.
+
+        Bytes are decoded as UTF-8 across chunk boundaries (a character split between two chunks
+        is not mangled); undecodable bytes become U+FFFD, since a log is for reading.
+        """
+        call = self._stub.StreamLogs(
+            coordinator_pb2.StreamLogsRequest(
+                job_id=job_id, rank=0 if rank is None else rank, follow=follow, attempt=attempt
+            )
+        )
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        try:
+            for chunk in call:
+                text = decoder.decode(chunk.data)
+                if text:
+                    yield text
+        except grpc.RpcError as e:
+            raise ClientError.from_rpc_error(e, "StreamLogs") from None
+        finally:
+            call.cancel()
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            yield tail
+
+    # ---- plumbing --------------------------------------------------------------------------------
+
+    def _unary(self, method, request):
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise ClientError.from_rpc_error(e, method) from None
+
+
+def _spec_source(spec):
+    """The SubmitJobRequest/PlanJobRequest `source` oneof for a spec given as the user had it."""
+    if isinstance(spec, job_pb2.JobSpec):
+        return {"spec": spec}
+    if isinstance(spec, dict):
+        # NaN and infinities are not YAML numbers: refused here rather than as a parse error there.
+        return {"spec_yaml": json.dumps(spec, indent=2, allow_nan=False, default=_json_default)}
+    if isinstance(spec, os.PathLike) or (isinstance(spec, str) and _looks_like_path(spec)):
+        # Read here and sent as text, as the CLI does: the file is on this machine, not fitrund's.
+        with open(spec, encoding="utf-8") as f:
+            return {"spec_yaml": f.read()}
+    if isinstance(spec, str):
+        return {"spec_yaml": spec}
+    raise TypeError(f"spec: expected a dict, YAML text, a file path or a JobSpec, got {type(spec).__name__}")
+
+
+def _looks_like_path(text):
+    # A spec's text has a newline or is one flow mapping; a path has neither. A path that does not
+    # exist should fail here as a missing file, not at fitrund as a spec that is one string.
+    return "\n" not in text and not text.lstrip().startswith("{")
+
+
+def _json_default(value):
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise TypeError(f"spec: {type(value).__name__} {value!r} is not a YAML scalar")
+
+
+def _job_state(state):
+    if isinstance(state, int):
+        return state
+    name = str(state).upper()
+    if not name.startswith("JOB_STATE_"):
+        name = "JOB_STATE_" + name
+    try:
+        return job_pb2.JobState.Value(name)
+    except ValueError:
+        known = ", ".join(n[len("JOB_STATE_"):].lower() for n in job_pb2.JobState.keys()[1:])
+        raise ValueError(f"states: unknown job state {state!r}; use one of: {known}") from None
