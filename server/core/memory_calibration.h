@@ -65,7 +65,7 @@ class MemoryProbe {
 std::string CalibrationKey(const fitrun::v1::JobSpec& spec);
 
 // Empty when the measured peaks follow the batch; otherwise why a script's batch cannot be planned
-// (the same peak, within the allocator's noise, from micro-batch 1 to at least 8) and the fix.
+// (the same peak, to 0.01%, from micro-batch 1 to at least 8) and the fix.
 std::string BatchIgnoredBy(const MemoryCurve& curve);
 
 // Everything fitrund has measured of one workload's memory.

@@ -121,6 +121,11 @@ class Run:
         """True when fitrun-worker supervises this process (reports reach the coordinator)."""
         return self._reports is not None
 
+    def memory(self):
+        """This rank's device memory in bytes, as counted (zeros where it is not): live, peak, cap."""
+        live, peak, cap = self._memory.figures()[:3]
+        return {"live": live, "peak": peak, "cap": cap}
+
     # Reports.
 
     def report(self, step, loss=None, samples=None, total_steps=None, epoch=None, metrics=None):

@@ -1,0 +1,170 @@
+"""Script jobs end to end: the real fitrund (with its memory probe) that script_jobs_test.sh started,
+real fitrun-worker supervisors, real /usr/bin/python3 ranks on Gloo, through the Python client.
+
+Each test submits its own job to the daemon's two virtual CPU devices and waits on the job's state,
+never on fixed times.
+"""
+
+import argparse
+import os
+import sys
+import time
+import unittest
+
+from fitrun.client import Client, ClientError
+
+ADDRESS = None
+STATE_DIR = None
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+FINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def script_spec(name, args, **extra):
+    spec = {
+        "name": name,
+        "script": {"command": ["/usr/bin/python3", "toy_train.py"] + args, "working_dir": SCRIPTS,
+                   "env": {"OMP_NUM_THREADS": "1"}},
+        "global_batch_size": 16,
+        "optimizer": {"lr": 0.001},
+        "resources": {"min_devices": 2, "max_devices": 2},
+        "fault_tolerance": {"max_restarts": 1, "stop_grace_seconds": 3},
+    }
+    spec.update(extra)
+    return spec
+
+
+def state_name(job):
+    from fitrun.v1 import job_pb2
+
+    return job_pb2.JobState.Name(job.state).replace("JOB_STATE_", "")
+
+
+def wait_for(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def processes_of(job_id):
+    """Pids of every process (supervisor or script) of a job: they carry its FITRUN_JOB_ID."""
+    found = []
+    needle = f"FITRUN_JOB_ID={job_id}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+class ScriptJobTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.client = Client(ADDRESS, timeout=30)
+
+    def run_to_end(self, spec, timeout=240):
+        job_id = self.client.submit(spec)
+        events = list(self.client.watch(job_id))
+        job = wait_for(lambda: (lambda j: j if state_name(j) in FINAL else None)(self.client.get(job_id)), timeout,
+                       f"{job_id} to end")
+        return job, events
+
+    def test_two_ranks_report_progress_and_succeed(self):
+        job, events = self.run_to_end(script_spec("two-ranks", ["--steps", "4"]))
+        self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+        ranks = {e.progress.rank for e in events if e.WhichOneof("event") == "progress"}
+        self.assertEqual(ranks, {0, 1}, "progress from both ranks")
+        steps = [e.progress for e in events if e.WhichOneof("event") == "progress" and e.progress.step == 4]
+        self.assertTrue(steps and all(p.loss > 0 and p.peak_bytes > 0 for p in steps), steps)
+        self.assertTrue(any("batch" in p.metrics for p in steps), "the script's own metrics arrive")
+        self.assertEqual(job.plan.per_device_batch * job.plan.grad_accum_steps * 2, 16)
+        self.assertTrue(any("calibrated" in r for r in job.plan.reasons), list(job.plan.reasons))
+
+    def test_an_unchanged_torchrun_script_succeeds(self):
+        spec = script_spec("plain-torchrun", [], max_steps=3)
+        spec["script"]["command"] = ["/usr/bin/python3", "plain_torchrun.py", "--steps", "3"]
+        spec["script"]["batch_flag"] = "--batch_size"
+        job, events = self.run_to_end(spec)
+        self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+        exits = [e.rank_exited for e in events if e.WhichOneof("event") == "rank_exited"]
+        self.assertEqual(sorted(x.rank for x in exits if x.exit_code == 0), [0, 1])
+        logs = "".join(self.client.logs(job.id, rank=0))
+        self.assertIn(f"rank 0 step 3 loss", logs)
+
+    def test_an_out_of_memory_error_is_replanned_and_the_script_resumes_from_its_checkpoint(self):
+        job, events = self.run_to_end(script_spec("oom-replan", ["--steps", "6", "--oom_at_step", "4"]))
+        self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+        self.assertGreaterEqual(job.oom_replans, 1)
+        first, last = job.attempt_history[0], job.attempt_history[-1]
+        self.assertLess(last.per_device_batch, first.per_device_batch)
+        self.assertGreater(last.grad_accum_steps, first.grad_accum_steps)
+        self.assertEqual(last.per_device_batch * last.grad_accum_steps, first.per_device_batch * first.grad_accum_steps)
+        self.assertTrue(any(e.WhichOneof("event") == "oom" for e in events))
+        logs = [e.log.text for e in events if e.WhichOneof("event") == "log"]
+        self.assertTrue(any("resumed from the checkpoint of step 3" in t for t in logs), logs[-20:])
+
+    def test_a_script_that_keeps_failing_fails_after_max_restarts_with_its_log_tail(self):
+        job, _ = self.run_to_end(script_spec("keeps-failing", ["--fail"]))
+        self.assertEqual(state_name(job), "FAILED")
+        self.assertEqual(job.restarts, 1)
+        self.assertIn("failing on purpose", job.failure_reason)
+
+    def test_bad_commands_are_refused_naming_the_field_and_nothing_is_stored(self):
+        before = len(self.client.list())
+        cases = [
+            ("spec.script.command[0]", {"command": ["no-such-program-xyz", "toy_train.py"]}),
+            ("spec.script.command[1]", {"command": ["/usr/bin/python3", "missing.py"]}),
+            ("spec.script.working_dir", {"working_dir": "/no/such/dir"}),
+        ]
+        for field, change in cases:
+            spec = script_spec("refused", [])
+            spec["script"].update(change)
+            with self.assertRaises(ClientError) as raised:
+                self.client.submit(spec)
+            self.assertEqual(raised.exception.code, "INVALID_ARGUMENT")
+            self.assertIn(field, str(raised.exception))
+        self.assertEqual(len(self.client.list()), before)
+
+    def test_a_script_that_ignores_the_batch_runs_at_a_fixed_batch_and_otherwise_fails_at_planning(self):
+        args = ["--steps", "2", "--ignore_fitrun_batch", "--batch_size", "8"]
+        job, _ = self.run_to_end(script_spec("ignores-batch", args))
+        self.assertEqual(state_name(job), "FAILED")
+        self.assertIn("does not follow the batch", job.failure_reason)
+        self.assertIn("per_device_batch", job.failure_reason)
+        fixed = script_spec("ignores-batch-fixed", args)
+        fixed["resources"]["per_device_batch"] = 8
+        job, _ = self.run_to_end(fixed)
+        self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+        self.assertEqual(job.plan.per_device_batch, 8)
+
+    def test_cancel_stops_every_rank_within_the_grace(self):
+        job_id = self.client.submit(script_spec("cancelled", ["--steps", "100000", "--step_seconds", "0.2"]))
+        def running():
+            job = self.client.get(job_id)
+            self.assertNotIn(state_name(job), FINAL, job.failure_reason)
+            return job.last_progress.step >= 2
+
+        wait_for(running, 240, "progress")
+        self.assertGreaterEqual(len(processes_of(job_id)), 4, "two supervisors and two scripts")
+        cancelled_at = time.monotonic()
+        self.client.cancel(job_id, "test")
+        wait_for(lambda: state_name(self.client.get(job_id)) == "CANCELLED", 30, "CANCELLED")
+        wait_for(lambda: not processes_of(job_id), 10, "every process of the job to exit")
+        self.assertLess(time.monotonic() - cancelled_at, 3 + 2, "within the stop grace (3 s) and a margin")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--address", required=True)
+    args, rest = parser.parse_known_args()
+    ADDRESS = args.address
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
