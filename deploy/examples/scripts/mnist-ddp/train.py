@@ -6,8 +6,8 @@ and its own flags, as it would on any cluster:
 
     torchrun --nproc_per_node=2 train.py --batch_size 128 --epochs 1
 
-fitrun runs it unchanged (fashion-mnist-ddp.yaml): it sets the same environment and appends the
-per-device batch it planned as `--batch_size N` (the spec's script.batch_flag).
+fitrun runs it unchanged (mnist-ddp.yaml beside it): it sets the same environment and
+appends the per-device batch it planned as `--batch_size N` (the spec's script.batch_flag).
 
 The data are the four IDX files of Debian's dataset-fashion-mnist package, read with gzip and numpy.
 """
@@ -35,6 +35,7 @@ def parse_args():
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist",
                    help="folder with {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz")
     p.add_argument("--batch_size", type=int, default=64, help="per process")
+    p.add_argument("--test_batch_size", type=int, default=0, help="per process (default: --batch_size)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
@@ -142,7 +143,7 @@ def main():
     counts = torch.zeros(2)
     my_share = Subset(test_set, range(rank, len(test_set), world))  # no padding: each image counted once
     with torch.no_grad():
-        for images, labels in DataLoader(my_share, batch_size=1000):
+        for images, labels in DataLoader(my_share, batch_size=args.test_batch_size or args.batch_size):
             counts += torch.tensor([(model(images).argmax(dim=1) == labels).sum().item(), len(labels)])
     dist.all_reduce(counts)
     if rank == 0:

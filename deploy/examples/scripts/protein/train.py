@@ -9,7 +9,7 @@ the masked-residue accuracy on it is measured after each epoch.
 The usual torchrun script, plus the fitrun module for what fitrun plans and watches:
 
     torchrun --nproc_per_node=2 train.py --epochs 2 --batch_size 8     # by hand
-    fitrun submit ../../protein.yaml --watch                           # fitrun picks devices and batch
+    fitrun submit deploy/examples/scripts/protein/protein.yaml --watch   # fitrun picks devices and batch
 
 Under fitrun, the per-device batch, gradient accumulation, learning rate (already scaled to the global
 batch), step limit and checkpoint directory come from the plan (run.*); by hand they come from the flags.
@@ -244,6 +244,7 @@ def train(run, args):
     samples_since_report, start = 0, time.time()
     epoch_samples = steps_per_epoch * global_batch
     evaluated = None  # (step, held-out loss, held-out accuracy) of the last evaluation
+    loss = None  # the training loss last reported
     step_epoch = epoch + 1 if samples_in_epoch else max(epoch, 1)  # the epoch the last step belongs to
     while step < total_steps:
         sampler.set_epoch(epoch)
@@ -304,7 +305,7 @@ def train(run, args):
         _, val_loss, val_accuracy = evaluated
         save(step, epoch, samples_in_epoch)
         if rank == 0:
-            run.report(step, total_steps=total_steps, epoch=step_epoch,
+            run.report(step, loss=loss, total_steps=total_steps, epoch=step_epoch,
                        metrics={"val_loss": val_loss, "val_masked_accuracy": val_accuracy})
             print(f"done: {step} steps in {time.time() - start:.1f}s; held-out loss {val_loss:.4f}, "
                   f"masked accuracy {val_accuracy:.3f}", flush=True)

@@ -9,7 +9,7 @@ the user never rated: HR@10 and NDCG@10.
 
     python3 tools/make_movielens_sample.py /tmp/ratings.dat     # or ML-1M's own ratings.dat
     torchrun --nproc_per_node=2 train.py --ratings /tmp/ratings.dat --num_epochs 20 --batch_size 64
-    fitrun submit sasrec.yaml --watch
+    fitrun submit deploy/examples/scripts/sasrec/sasrec.yaml --watch     # from the repository root
 
 The flags follow SASRec.pytorch's (--maxlen, --hidden_units, --num_blocks, --num_heads, --dropout_rate,
 --num_epochs, --lr, --batch_size per process). Under fitrun the per-device batch, gradient accumulation,
@@ -264,6 +264,7 @@ def train(run, args):
     step_epoch = epoch + 1 if samples_in_epoch else max(epoch, 1)
     running = torch.zeros(2, dtype=torch.float64)  # loss sum, micro-batches since the last report
     samples_since_report, started = 0, time.time()
+    loss_value = None  # the training loss last reported
     while step < total_steps:
         sampler.set_epoch(epoch)
         negatives_rng.manual_seed(args.seed * 1_000_003 + epoch * 1009 + rank)
@@ -321,7 +322,8 @@ def train(run, args):
         save(step, epoch, samples_in_epoch)
         hr, ndcg = evaluate(model, sequences, num_items, args.maxlen, rank, world, args.seed)
         if rank == 0:
-            run.report(step, total_steps=total_steps, epoch=step_epoch, metrics={"hr@10": hr, "ndcg@10": ndcg})
+            run.report(step, loss=loss_value, total_steps=total_steps, epoch=step_epoch,
+                       metrics={"hr@10": hr, "ndcg@10": ndcg})
             print(f"done: {step} steps in {time.time() - started:.1f}s; held-out last items: "
                   f"HR@10 {hr:.4f}, NDCG@10 {ndcg:.4f} ({TEST_NEGATIVES} sampled negatives each)", flush=True)
     return 0
