@@ -159,6 +159,13 @@ class ScriptJobTest(unittest.TestCase):
         self.client.cancel(job_id, "test")
         wait_for(lambda: state_name(self.client.get(job_id)) == "CANCELLED", 30, "CANCELLED")
         wait_for(lambda: not processes_of(job_id), 10, "every process of the job to exit")
+        # Every rank ended as stopped (exit 143) or by fitrund's SIGTERM, none by crashing on the way
+        # (a supervisor that deadlocked on the stop command died of SIGABRT).
+        events = list(self.client.watch(job_id))
+        for x in [e.rank_exited for e in events if e.WhichOneof("event") == "rank_exited"]:
+            self.assertTrue(x.exit_code == 143 or x.signal == 15, x)
+        for rank in (0, 1):
+            self.assertNotIn("deadlock", "".join(self.client.logs(job_id, rank=rank)))
         self.assertLess(time.monotonic() - cancelled_at, 3 + 2, "within the stop grace (3 s) and a margin")
 
 

@@ -287,7 +287,7 @@ class BuiltinTraining final : public TrainingProgram {
       }
     }
 
-    if (!runtime.stop().Attach([trainer = trainer->get()] { trainer->RequestStop(); })) return runtime.Stopped();
+    if (!runtime.stop().Attach([trainer = trainer->get()](const std::string&) { trainer->RequestStop(); })) return runtime.Stopped();
     absl::StatusOr<TrainResult> result = (*trainer)->Run();
     runtime.stop().Attach(nullptr);
     if (!result.ok()) {

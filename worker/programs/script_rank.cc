@@ -96,8 +96,8 @@ class ScriptRank final : public TrainingProgram {
 
     absl::Notification exited;
     std::thread terminator;
-    const bool attached = runtime.stop().Attach([&] {
-      (*process)->RequestStop(runtime.stop().reason());
+    const bool attached = runtime.stop().Attach([&](const std::string& reason) {
+      (*process)->RequestStop(reason);
       terminator = std::thread([&] {
         if (!exited.WaitForNotificationWithTimeout(kScriptStopNotice)) (*process)->Signal(SIGTERM);
       });

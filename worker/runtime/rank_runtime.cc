@@ -15,7 +15,7 @@ void StopSwitch::Stop(const std::string& reason) {
   if (stopped_) return;
   stopped_ = true;
   reason_ = reason;
-  if (request_stop_) request_stop_();
+  if (request_stop_) request_stop_(reason);
   std::thread([grace = grace_] {
     absl::SleepFor(grace);
     std::fprintf(stderr, "fitrun-worker: still running %s after the stop command; exiting\n",
@@ -24,7 +24,7 @@ void StopSwitch::Stop(const std::string& reason) {
   }).detach();
 }
 
-bool StopSwitch::Attach(std::function<void()> request_stop) {
+bool StopSwitch::Attach(std::function<void(const std::string& reason)> request_stop) {
   absl::MutexLock lock(&mu_);
   request_stop_ = std::move(request_stop);
   return !stopped_;

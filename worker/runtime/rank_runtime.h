@@ -32,9 +32,10 @@ class StopSwitch {
   explicit StopSwitch(absl::Duration grace) : grace_(grace) {}
 
   void Stop(const std::string& reason);
-  // Calls `request_stop` (from the stopping thread) when a stop arrives while attached; returns
-  // false when a stop already arrived. Attach(nullptr) detaches.
-  bool Attach(std::function<void()> request_stop);
+  // Calls `request_stop(reason)` (from the stopping thread, with this switch locked: it must not call
+  // back into it) when a stop arrives while attached; returns false when a stop already arrived.
+  // Attach(nullptr) detaches.
+  bool Attach(std::function<void(const std::string& reason)> request_stop);
   bool stopped() const;
   // True when a stop arrived or arrives within `timeout`.
   bool WaitForStop(absl::Duration timeout) const;
@@ -45,7 +46,7 @@ class StopSwitch {
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::string reason_ ABSL_GUARDED_BY(mu_);
-  std::function<void()> request_stop_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string& reason)> request_stop_ ABSL_GUARDED_BY(mu_);
 };
 
 // A device's memory as its allocator counts it.
