@@ -99,8 +99,9 @@ std::string BatchIgnoredBy(const MemoryCurve& curve) {
 
 std::string CalibrationKey(const fitrun::v1::JobSpec& spec) {
   const fitrun::v1::ModelSpec& model = spec.model();
-  // "v3": sweeps over many micro-batches; the two-line results of earlier versions are not reused.
-  std::string key = "v3 ";
+  // "v4": sweeps that measure to within 4x of the largest batch a plan can take; the sweeps of
+  // earlier versions, which could stop far below it, are not reused.
+  std::string key = "v4 ";
   if (spec.has_script()) {
     // The script's text and everything it is told, but not the plan: a changed script is measured again.
     const fitrun::v1::ScriptSpec& script = spec.script();

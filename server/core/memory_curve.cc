@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "server/core/units.h"
 
@@ -190,11 +191,20 @@ SweepStep NextSweepBatch(const MemoryCurve& measured, const SweepLimits& limits)
   if (n >= 3) {
     const double before = Through(p[n - 3], p[n - 2]).slope;
     const double now = Through(p[n - 2], p[n - 1]).slope;
+    // The largest micro-batch a plan could take, were the slope to stay as it is.
+    int64_t plannable = max_batch;
+    if (now > 0 && last.peak_bytes < limits.max_bytes) {
+      const double to_budget = static_cast<double>(limits.max_bytes - last.peak_bytes) / now;
+      plannable = std::min<int64_t>(plannable, last.batch + static_cast<int64_t>(std::min(to_budget, 1e15)));
+    }
     steady = now > 0 && std::abs(now - before) <= limits.steady_slope * now &&
-             now * last.batch >= limits.per_sample_share * last.peak_bytes;
+             now * last.batch >= limits.per_sample_share * last.peak_bytes &&
+             static_cast<double>(plannable) <= limits.extrapolation_reach * static_cast<double>(last.batch);
     if (steady && stopped.empty()) {
       stopped = absl::StrCat("the peak grows steadily by ", FormatBytes(static_cast<int64_t>(now)),
-                             " per sample from micro-batch ", p[n - 3].batch, " on");
+                             " per sample from micro-batch ", p[n - 3].batch, " on, and no plan takes over ",
+                             absl::StrFormat("%g", limits.extrapolation_reach), "x the largest measured (",
+                             plannable, " at most)");
     }
   }
   if (stopped.empty() && last.batch >= max_batch) {

@@ -6,8 +6,8 @@
 // times the weights), then grows along lines of increasing slope as activations take over. So the
 // curve is convex, and for a convex curve two measured neighbours bound every batch between them:
 // the chord from above, and the lines through the adjacent measured segments, extended, from below.
-// The sweep doubles the batch until the curve has clearly left its flat start (its slope is steady
-// and the per-sample part is most of the peak) or a limit is reached, then measures more wherever
+// The sweep doubles the batch until the curve has clearly left its flat start (its slope is steady,
+// the per-sample part is most of the peak, and plans cannot go far beyond it) or a limit is reached, then measures more wherever
 // the two bounds are further apart than the tolerance. The estimate between points is the chord, so
 // it is never below a convex curve and at most the tolerance above it. Beyond the largest measured
 // batch the steady slope is extrapolated: not a bound, which is why plans there are confirmed by one
@@ -85,8 +85,13 @@ struct SweepLimits {
   double tolerance = 0.04;
   // The flat start is over when the last two segments' slopes agree within this share ...
   double steady_slope = 0.05;
-  // ... and the per-sample part (slope x batch) is at least this share of the peak.
+  // ... and the per-sample part (slope x batch) is at least this share of the peak ...
   double per_sample_share = 0.5;
+  // ... and the largest micro-batch a plan could take (max_batch, or where the steady slope reaches
+  // max_bytes) is at most this many times the largest measured. A slope steady over small batches
+  // can still steepen later (SASRec in fp32 with SGD: 272 KiB per sample up to 8, 323 KiB from ~30
+  // on), so the sweep measures to within this factor of where plans go instead of extrapolating there.
+  double extrapolation_reach = 4.0;
   int max_points = 24;
 };
 

@@ -58,6 +58,13 @@ int64_t LateKink(int64_t b) { return std::max<int64_t>(20'000'000, 10'000 * b - 
 
 int64_t Linear(int64_t b) { return 5'000'000 + 40'000 * b; }
 
+// SASRec in fp32 with SGD, shaped as fitrun-worker --probe measured it: a line of 272 KiB per sample
+// that looks steady from 1 to 8 and is most of the peak there, then, from ~30 on, a steeper one of
+// 323 KiB per sample (another moment of the step holds the peak).
+int64_t SteeperLater(int64_t b) {
+  return std::max<int64_t>(1'000'000 + 278'528 * b, 330'752 * b - 500'000);
+}
+
 struct Accuracy {
   double worst_under = 0;  // largest (truth - estimate) / truth
   double worst_over = 0;   // largest (estimate - truth) / truth
@@ -136,12 +143,41 @@ TEST(MemoryCurveTest, ALinearCurveNeedsFewPoints) {
   limits.max_bytes = int64_t{1} << 40;
   std::vector<int64_t> order;
   const MemoryCurve curve = Sweep(Linear, limits, nullptr, &order);
-  // 5 MB fixed, 40 KB per sample: the per-sample part is half the peak at ~128.
-  EXPECT_LE(curve.largest_batch(), 512);
+  // 5 MB fixed, 40 KB per sample: steady from the start, and measured up to a quarter of the
+  // largest batch a plan can take.
+  EXPECT_EQ(curve.largest_batch(), 1024);
   EXPECT_LE(order.size(), 12u);
   const Accuracy a = Check(curve, Linear, 4096);
   EXPECT_LE(a.worst_under, 1e-9);
   EXPECT_LE(a.worst_over, 1e-9);
+}
+
+TEST(MemoryCurveTest, ASlopeSteadyOverSmallBatchesIsNotExtrapolatedFar) {
+  SweepLimits limits;
+  limits.max_batch = 2000;
+  limits.max_bytes = int64_t{2} << 30;
+  std::string why;
+  const MemoryCurve curve = Sweep(SteeperLater, limits, &why);
+  // Steady at 1, 2, 4, 8 and over half the peak, but a plan may take 2000: it measures on to a
+  // quarter of that, past the second line's start, so no batch a plan can take is under-estimated.
+  EXPECT_GE(curve.largest_batch() * 4, 2000) << curve.Describe();
+  EXPECT_THAT(why, HasSubstr("grows steadily"));
+  EXPECT_THAT(why, HasSubstr("2000 at most"));
+  const Accuracy a = Check(curve, SteeperLater, 2000);
+  EXPECT_LE(a.worst_under, 0.0) << curve.Describe();
+  EXPECT_LE(a.worst_over, limits.tolerance + 1e-9) << curve.Describe();
+}
+
+TEST(MemoryCurveTest, StopsDoublingWhereTheByteBudgetBoundsThePlans) {
+  SweepLimits limits;
+  limits.max_batch = 1'000'000;
+  limits.max_bytes = 100'000'000;  // ~2,500 samples of Linear
+  std::vector<int64_t> order;
+  std::string why;
+  const MemoryCurve curve = Sweep(Linear, limits, &why, &order);
+  EXPECT_THAT(why, HasSubstr("grows steadily"));
+  EXPECT_GE(curve.largest_batch() * 4, (limits.max_bytes - 5'000'000) / 40'000);
+  EXPECT_LT(curve.largest_batch(), 2048);
 }
 
 TEST(MemoryCurveTest, StopsAtTheLargestBatchWorthMeasuring) {
