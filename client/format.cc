@@ -68,6 +68,14 @@ std::string MemoryBar(int64_t used_bytes, int64_t total_bytes, int width) {
 
 std::string FormatLoss(double loss) { return absl::StrFormat("%.4f", loss); }
 
+std::vector<std::pair<std::string, std::string>> FormatMetrics(
+    const google::protobuf::Map<std::string, double>& metrics) {
+  std::vector<std::pair<std::string, std::string>> formatted;
+  for (const auto& [name, value] : metrics) formatted.emplace_back(name, absl::StrFormat("%.4g", value));
+  std::sort(formatted.begin(), formatted.end());
+  return formatted;
+}
+
 std::string StateName(v1::JobState state) {
   std::string name = v1::JobState_Name(state);
   if (name.empty()) return absl::StrCat("STATE_", static_cast<int>(state));

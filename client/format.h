@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -29,6 +30,11 @@ std::string MemoryBar(int64_t used_bytes, int64_t total_bytes, int width = 20);
 
 // Loss with four decimals, enough to see training move without the noise of a full double.
 std::string FormatLoss(double loss);
+
+// A workload's named figures, sorted by name, each with four significant digits:
+// {{"ndcg@10", 0.61}, {"hr@10", 0.9}} -> {{"hr@10", "0.9"}, {"ndcg@10", "0.61"}}.
+std::vector<std::pair<std::string, std::string>> FormatMetrics(
+    const google::protobuf::Map<std::string, double>& metrics);
 
 // "SUCCEEDED" rather than "JOB_STATE_SUCCEEDED": the prefix is proto namespacing, not information.
 std::string StateName(v1::JobState state);

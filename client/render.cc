@@ -93,6 +93,9 @@ std::string RenderJob(const v1::Job& job, const RenderContext& context) {
     const v1::JobResult& result = job.result();
     std::string text = absl::StrFormat("final loss %s, %d steps, train time %s", FormatLoss(result.final_loss()),
                                        result.steps(), FormatTrainTime(result.train_seconds()));
+    std::string figures;
+    for (const auto& [name, value] : FormatMetrics(result.metrics())) absl::StrAppend(&figures, name, " ", value, ", ");
+    text = figures + text;
     if (result.has_test_accuracy()) text = absl::StrFormat("test accuracy %.4f, ", result.test_accuracy()) + text;
     rows.emplace_back("result", text);
   }
@@ -252,20 +255,13 @@ std::string RenderDeviceTable(const v1::ListDevicesResponse& response) {
 std::string RenderOutcome(const v1::Job& job) {
   if (job.state() == v1::JOB_STATE_SUCCEEDED) {
     const v1::JobResult& result = job.result();
-    return absl::StrCat(
-        "job ", job.id(), " SUCCEEDED\n",
-        KeyValueBlock(result.has_test_accuracy()
-                          ? std::vector<std::pair<std::string, std::string>>{
-                                {"test accuracy", absl::StrFormat("%.4f", result.test_accuracy())},
-                                {"final loss", FormatLoss(result.final_loss())},
-                                {"steps", absl::StrCat(result.steps())},
-                                {"train time", FormatTrainTime(result.train_seconds())},
-                            }
-                          : std::vector<std::pair<std::string, std::string>>{
-                                {"final loss", FormatLoss(result.final_loss())},
-                                {"steps", absl::StrCat(result.steps())},
-                                {"train time", FormatTrainTime(result.train_seconds())},
-                            }));
+    std::vector<std::pair<std::string, std::string>> rows;
+    if (result.has_test_accuracy()) rows.emplace_back("test accuracy", absl::StrFormat("%.4f", result.test_accuracy()));
+    for (auto& metric : FormatMetrics(result.metrics())) rows.push_back(std::move(metric));
+    rows.emplace_back("final loss", FormatLoss(result.final_loss()));
+    rows.emplace_back("steps", absl::StrCat(result.steps()));
+    rows.emplace_back("train time", FormatTrainTime(result.train_seconds()));
+    return absl::StrCat("job ", job.id(), " SUCCEEDED\n", KeyValueBlock(rows));
   }
   std::string line = absl::StrCat("job ", job.id(), " ", StateName(job.state()));
   if (job.attempts() > 1) absl::StrAppend(&line, " after ", job.attempts(), " attempts");

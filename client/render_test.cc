@@ -299,6 +299,29 @@ TEST(RenderOutcomeTest, SucceededPrintsTheResult) {
             "train time:    42.2s\n");
 }
 
+TEST(RenderOutcomeTest, SucceededPrintsTheWorkloadsOwnFigures) {
+  v1::Job job;
+  job.set_id("j-3");
+  job.set_state(v1::JOB_STATE_SUCCEEDED);
+  job.mutable_result()->set_test_accuracy(0.912);
+  job.mutable_result()->set_has_test_accuracy(true);
+  (*job.mutable_result()->mutable_metrics())["ndcg@10"] = 0.61234;
+  (*job.mutable_result()->mutable_metrics())["hr@10"] = 0.912;
+  job.mutable_result()->set_final_loss(0.4);
+  job.mutable_result()->set_steps(100);
+  job.mutable_result()->set_train_seconds(12);
+  EXPECT_EQ(RenderOutcome(job),
+            "job j-3 SUCCEEDED\n"
+            "test accuracy: 0.9120\n"
+            "hr@10:         0.912\n"
+            "ndcg@10:       0.6123\n"
+            "final loss:    0.4000\n"
+            "steps:         100\n"
+            "train time:    12.0s\n");
+  EXPECT_THAT(RenderJob(job, {absl::Now(), absl::UTCTimeZone()}),
+              ::testing::HasSubstr("result: test accuracy 0.9120, hr@10 0.912, ndcg@10 0.6123, final loss 0.4000"));
+}
+
 TEST(RenderOutcomeTest, OtherStatesPrintWhy) {
   v1::Job job;
   job.set_id("j-2");

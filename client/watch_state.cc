@@ -53,6 +53,7 @@ std::vector<std::string> DescribeRankFinished(const v1::RankFinished& finished) 
   if (finished.has_test_accuracy()) {
     absl::StrAppend(&line, absl::StrFormat(", test accuracy %.4f", finished.test_accuracy()));
   }
+  for (const auto& [name, value] : FormatMetrics(finished.metrics())) absl::StrAppend(&line, ", ", name, " ", value);
   return {line};
 }
 
@@ -153,6 +154,7 @@ AggregateProgress WatchState::progress() const {
     if (rank == 0) {
       aggregate.has_loss = true;
       aggregate.loss = progress.loss();
+      aggregate.metrics = FormatMetrics(progress.metrics());
     }
   }
   if (std::optional<double> rate = StepsPerSecond(); rate.has_value() && aggregate.total_steps > 0) {
@@ -174,6 +176,7 @@ std::string WatchState::ProgressLine() const {
   }
   absl::StrAppend(&line, "  epoch ", p.epoch);
   if (p.has_loss) absl::StrAppend(&line, "  loss ", FormatLoss(p.loss));
+  for (const auto& [name, value] : p.metrics) absl::StrAppend(&line, "  ", name, " ", value);
   absl::StrAppend(&line, "  ", FormatRate(p.samples_per_second));
   absl::StrAppend(&line, "  ETA ", p.eta.has_value() ? FormatShortDuration(*p.eta) : "--");
   // Until every rank has reported, the aggregate covers only some of them; say so.

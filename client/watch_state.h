@@ -26,6 +26,8 @@ struct AggregateProgress {
   // Rank 0's: every rank reports the global mean loss, so one rank speaks for all.
   bool has_loss = false;
   double loss = 0;
+  // Rank 0's own figures (a script's run.report(metrics=...)), formatted, sorted by name.
+  std::vector<std::pair<std::string, std::string>> metrics;
   // Sum over ranks: each rank reports only the samples it processed.
   double samples_per_second = 0;
   int ranks_reporting = 0;

@@ -139,6 +139,18 @@ TEST(WatchStateTest, LossIsOmittedUntilRankZeroReports) {
   EXPECT_EQ(state.ProgressLine(), "step 5  epoch 1  12.5 samples/s  ETA --");
 }
 
+TEST(WatchStateTest, ShowsRankZerosOwnFigures) {
+  WatchState state;
+  state.Apply(PlanEvent(1, 1, {"cpu:0", "cpu:1"}), kStart);
+  v1::JobEvent zero = ProgressEvent(2, kStart, /*rank=*/0, /*step=*/40, /*loss=*/2.25, 300);
+  (*zero.mutable_progress()->mutable_metrics())["masked_accuracy"] = 0.1875;
+  v1::JobEvent one = ProgressEvent(3, kStart, /*rank=*/1, /*step=*/40, /*loss=*/2.25, 300);
+  (*one.mutable_progress()->mutable_metrics())["masked_accuracy"] = 0.5;
+  state.Apply(zero, kStart);
+  state.Apply(one, kStart);
+  EXPECT_EQ(state.ProgressLine(), "step 40/1000 (4.0%)  epoch 1  loss 2.2500  masked_accuracy 0.1875  600 samples/s  ETA --");
+}
+
 TEST(WatchStateTest, NoProgressNoLine) {
   WatchState state;
   EXPECT_FALSE(state.has_progress());
@@ -248,6 +260,14 @@ TEST(WatchStateTest, DescribesCheckpointsLogsAndFinishedRanks) {
   finished.mutable_rank_finished()->set_test_accuracy(0.8412);
   EXPECT_THAT(state.Apply(finished, kStart),
               ElementsAre("rank 0 finished: 1875 steps, loss 0.3123, test accuracy 0.8412"));
+
+  v1::JobEvent figures;
+  figures.set_sequence(4);
+  figures.mutable_rank_finished()->set_rank(0);
+  figures.mutable_rank_finished()->set_steps(100);
+  figures.mutable_rank_finished()->set_final_loss(1.5);
+  (*figures.mutable_rank_finished()->mutable_metrics())["test_loss"] = 1.61;
+  EXPECT_THAT(state.Apply(figures, kStart), ElementsAre("rank 0 finished: 100 steps, loss 1.5000, test_loss 1.61"));
 }
 
 TEST(WatchStateTest, DescribesRankExits) {

@@ -439,6 +439,7 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
       case fitrun::v1::WorkerReport::kFinished: {
         rank.finished = report->finished();
         rank.finished->set_rank(key.rank);
+        if (rank.peak_bytes == 0) rank.peak_bytes = rank.finished->peak_bytes();
         *event.mutable_rank_finished() = *rank.finished;
         break;
       }
@@ -555,6 +556,7 @@ void JobManager::MaybeSucceed(JobEntry& entry, bool deadline_passed) {
       result->set_final_loss(rank.finished->final_loss());
       result->set_steps(rank.finished->steps());
       result->set_train_seconds(rank.finished->train_seconds());
+      *result->mutable_metrics() = rank.finished->metrics();
     }
   }
   std::string reason = "every rank finished";
@@ -1027,11 +1029,12 @@ void JobManager::RecordAttemptMemory(JobEntry& entry) {
   if (!entry.active || entry.active->out_of_memory || job.attempt_history().empty()) return;
   fitrun::v1::AttemptRecord& record = *job.mutable_attempt_history(job.attempt_history_size() - 1);
   if (record.attempt() != entry.active->attempt || record.predicted_peak_bytes() <= 0) return;
-  // A rank stopped before its second step has not allocated everything a step keeps.
+  // A rank stopped before its second step has not allocated everything a step keeps; one that
+  // finished has.
   const int64_t enough_steps = std::min<int64_t>(2, std::max<int64_t>(1, job.plan().total_steps()));
   int64_t measured = 0;
   for (const RankState& rank : entry.active->ranks) {
-    if (rank.peak_bytes <= 0 || rank.last_step < enough_steps) continue;
+    if (rank.peak_bytes <= 0 || (rank.last_step < enough_steps && !rank.finished)) continue;
     measured = std::max(measured, rank.peak_bytes);
     metrics_->MemoryPredictionObserved(static_cast<double>(rank.peak_bytes) /
                                        static_cast<double>(record.predicted_peak_bytes()));

@@ -145,7 +145,8 @@ class JobManager {
   struct RankState {
     int handle = -1;  // the launcher's handle: the worker's pid
     bool exited = false;
-    // The highest peak bytes and latest step the rank's progress reports carried.
+    // The highest peak bytes and latest step the rank's progress reports carried (the peak from its
+    // RankFinished when it reported none: a script that reports no progress).
     int64_t peak_bytes = 0;
     int64_t last_step = 0;
     WorkerExit exit;

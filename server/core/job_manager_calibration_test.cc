@@ -251,6 +251,31 @@ TEST_F(JobManagerCalibrationTest, AWrongStoredCalibrationIsCorrectedByOneRun) {
   (void)done;
 }
 
+TEST_F(JobManagerCalibrationTest, ARankThatReportsNoProgressIsMeasuredByItsFinishedPeak) {
+  // A plain script reports no progress; its supervisor reads the whole run's peak from the
+  // preloaded allocator and sends it with RankFinished.
+  Start(4LL << 30);
+  const std::string id = manager_->Submit(MlpSpec(512))->id();
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  const int64_t batch = WaitForState(id, fitrun::v1::JOB_STATE_RUNNING).plan().per_device_batch();
+  for (int rank = 0; rank < 2; ++rank) {
+    fitrun::v1::WorkerReport finished;
+    finished.mutable_finished()->set_peak_bytes(MlpPeakBytes(batch) + rank);
+    manager_->OnWorkerReport(WorkerKey{id, 1, rank}, finished);
+  }
+  launcher_.Exit(0, 0);
+  launcher_.Exit(1, 0);
+  WaitForState(id, fitrun::v1::JOB_STATE_SUCCEEDED);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (manager_->Get(id)->attempt_history(0).measured_peak_bytes() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(manager_->Get(id)->attempt_history(0).measured_peak_bytes(), MlpPeakBytes(batch) + 1);
+  EXPECT_EQ(metrics_.prediction_ratios().size(), 2u);
+  ASSERT_EQ(calibrator_->Find(MlpSpec(512)).calibration.runs.size(), 1u);
+  EXPECT_EQ(calibrator_->Find(MlpSpec(512)).calibration.runs[0].peak_bytes, MlpPeakBytes(batch) + 1);
+}
+
 TEST_F(JobManagerCalibrationTest, AnAttemptThatRanOutOfMemoryTeachesNothingAboutWhatFits) {
   Start(4LL << 30);
   const std::string id = manager_->Submit(MlpSpec(512))->id();

@@ -91,6 +91,7 @@ class JobManagerTest : public ::testing::Test {
     if (rank == 0) {
       report.mutable_finished()->set_has_test_accuracy(true);
       report.mutable_finished()->set_test_accuracy(accuracy);
+      (*report.mutable_finished()->mutable_metrics())["hr@10"] = accuracy;
     }
     Report(job_id, 1, rank, report);
   }
@@ -165,6 +166,9 @@ TEST_F(JobManagerTest, JobSucceedsWhenEveryRankFinishesAndFreesItsDevices) {
   launcher_.Exit(1, 0);
   fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
   EXPECT_DOUBLE_EQ(done.result().test_accuracy(), 0.83);
+  // Rank 0's own figures are the job's.
+  ASSERT_EQ(done.result().metrics().count("hr@10"), 1u);
+  EXPECT_DOUBLE_EQ(done.result().metrics().at("hr@10"), 0.83);
   EXPECT_EQ(done.result().steps(), 10);
   EXPECT_EQ(done.last_progress().step(), 5);
   for (const fitrun::v1::Device& device : manager_->Devices()) EXPECT_EQ(device.job_id(), "");

@@ -114,6 +114,7 @@ class Gpt final : public Model {
       train(was_training);
       const double loss = loss_sum / test.size();
       Evaluation evaluation;
+      evaluation.metrics["test_loss"] = loss;
       evaluation.summary = absl::StrCat("test loss ", loss, " nats/byte (", loss / std::log(2.0),
                                         " bits/byte) over ", test.size(), " windows of ",
                                         test.images.size(1), " bytes");

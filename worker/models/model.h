@@ -2,6 +2,7 @@
 #define FITRUN_WORKER_MODELS_MODEL_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +20,8 @@ struct Evaluation {
   // Set when the workload has an accuracy-like figure the coordinator can show as test_accuracy:
   // top-1 accuracy for classifiers, hit-rate@10 for sasrec. Unset for language models.
   std::optional<double> accuracy;
+  // Every figure by name ("test_loss", "hr@10", "ndcg@10"), for the job's result.
+  std::map<std::string, double> metrics;
   // Every figure, in words, for the job's log ("test loss 2.31 nats/byte, ...").
   std::string summary;
 };

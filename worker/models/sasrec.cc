@@ -133,6 +133,8 @@ class SasRec final : public Model {
       train(was_training);
       Evaluation evaluation;
       evaluation.accuracy = static_cast<double>(hits) / test.size();
+      evaluation.metrics["hr@10"] = *evaluation.accuracy;
+      evaluation.metrics["ndcg@10"] = ndcg / test.size();
       evaluation.summary = absl::StrCat("test HR@10 ", *evaluation.accuracy, ", NDCG@10 ", ndcg / test.size(),
                                         " over ", test.size(), " users (held-out last item against ",
                                         test.labels.size(1) - 1, " sampled negatives)");

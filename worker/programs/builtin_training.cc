@@ -362,6 +362,8 @@ class BuiltinTraining final : public TrainingProgram {
     finished.set_has_test_accuracy(result.has_test_accuracy);
     finished.set_test_accuracy(result.test_accuracy);
     finished.set_train_seconds(result.train_seconds);
+    finished.mutable_metrics()->insert(result.test_metrics.begin(), result.test_metrics.end());
+    if (memory_ != nullptr) finished.set_peak_bytes(memory_->Peak());
     return runtime_->Finish(finished, summary);
   }
 

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -91,6 +92,7 @@ class ScriptRank final : public TrainingProgram {
         oom_on_stderr_ = true;
       }
     };
+    const absl::Time started = absl::Now();
     absl::StatusOr<std::unique_ptr<ScriptProcess>> process = ScriptProcess::Start(*command, callbacks);
     if (!process.ok()) return runtime.Fail(kTrainingFailed, process.status());
 
@@ -109,12 +111,14 @@ class ScriptRank final : public TrainingProgram {
     if (terminator.joinable()) terminator.join();
     const PeakFile peak = ReadPeakFile(settings.memory_peak_file);
     unlink(settings.memory_peak_file.c_str());
-    return Ended(exit, (*process)->StderrTail(), settings, peak);
+    return Ended(exit, (*process)->StderrTail(), settings, peak, absl::Now() - started);
   }
 
  private:
+  // `ran` is the script's whole life (start-up, training, evaluation): a script does not say which
+  // part was training.
   int Ended(const ScriptProcess::Exit& exit, const std::string& stderr_tail, const ScriptRunSettings& settings,
-            const PeakFile& peak) {
+            const PeakFile& peak, absl::Duration ran) {
     RankRuntime& runtime = *runtime_;
     if (runtime.stop().stopped()) return runtime.Stopped();
     absl::MutexLock lock(&mu_);
@@ -122,6 +126,9 @@ class ScriptRank final : public TrainingProgram {
       fitrun::v1::RankFinished finished;
       finished.set_steps(last_step_);
       finished.set_final_loss(last_loss_);
+      finished.set_train_seconds(absl::ToDoubleSeconds(ran));
+      finished.set_peak_bytes(peak.peak_bytes);
+      finished.mutable_metrics()->insert(last_metrics_.begin(), last_metrics_.end());
       return runtime.Finish(finished, absl::StrCat("the script finished after ", last_step_, " reported steps",
                                                    peak.peak_bytes > 0
                                                        ? absl::StrCat(", peak ", peak.peak_bytes, " bytes")
@@ -173,6 +180,8 @@ class ScriptRank final : public TrainingProgram {
           absl::MutexLock lock(&mu_);
           last_step_ = p.step();
           last_loss_ = p.loss();
+          // A script may report some figures only now and then (validation at an epoch's end).
+          for (const auto& [name, value] : p.metrics()) last_metrics_[name] = value;
         }
         runtime_->sink().OnProgress(progress);
         break;
@@ -205,6 +214,7 @@ class ScriptRank final : public TrainingProgram {
   absl::Mutex mu_;
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;
   double last_loss_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, double> last_metrics_ ABSL_GUARDED_BY(mu_);
   bool oom_on_stderr_ ABSL_GUARDED_BY(mu_) = false;
   bool oom_reported_ ABSL_GUARDED_BY(mu_) = false;
   fitrun::v1::OutOfMemory oom_ ABSL_GUARDED_BY(mu_);

@@ -467,6 +467,7 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
     sink_->OnLog(evaluation->summary);
     result.has_test_accuracy = evaluation->accuracy.has_value();
     result.test_accuracy = evaluation->accuracy.value_or(0);
+    result.test_metrics = evaluation->metrics;
   }
   return result;
 }

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,6 +76,8 @@ struct TrainResult {
   double train_seconds = 0;
   bool has_test_accuracy = false;
   double test_accuracy = 0;
+  // The evaluation's figures by name (Evaluation::metrics).
+  std::map<std::string, double> test_metrics;
   // Under loss scaling: optimizer steps skipped for inf/NaN gradients, and the scale at the end.
   int64_t skipped_steps = 0;
   double loss_scale = 0;
