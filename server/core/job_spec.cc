@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "fitrun/v1/find_command.h"
 #include "fitrun/v1/launch_contract.h"
 
 namespace fitrun::server {
@@ -378,7 +379,7 @@ absl::Status ValidateScript(const JobSpec& spec) {
   if (!std::filesystem::is_directory(dir, error)) {
     return FieldError("spec.script.working_dir", absl::StrCat("no directory '", dir, "' on the coordinator's machine"));
   }
-  if (absl::StatusOr<std::string> found = FindCommand(script.command(0), dir); !found.ok()) {
+  if (absl::StatusOr<std::string> found = launch::FindCommand(script.command(0), dir); !found.ok()) {
     return FieldError("spec.script.command[0]", found.status().message());
   }
   if (std::optional<int> index = ScriptFileIndex(script); index.has_value()) {
@@ -406,26 +407,6 @@ absl::Status ValidateScript(const JobSpec& spec) {
 }
 
 }  // namespace
-
-absl::StatusOr<std::string> FindCommand(const std::string& name, const std::string& working_dir) {
-  if (name.empty()) return absl::InvalidArgumentError("empty; name a program such as /usr/bin/python3");
-  auto executable = [](const std::string& path) {
-    std::error_code error;
-    return std::filesystem::is_regular_file(path, error) && access(path.c_str(), X_OK) == 0;
-  };
-  if (name.find('/') != std::string::npos) {
-    const std::string path = name[0] == '/' ? name : absl::StrCat(working_dir, "/", name);
-    if (executable(path)) return path;
-    return absl::NotFoundError(absl::StrCat("'", path, "' is not an executable file on the coordinator's machine"));
-  }
-  const char* path_env = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path_env != nullptr ? path_env : "/usr/bin:/bin", ':')) {
-    const std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", name);
-    if (executable(candidate)) return candidate;
-  }
-  return absl::NotFoundError(absl::StrCat("'", name, "' is not on the coordinator's PATH (",
-                                          path_env != nullptr ? path_env : "", "); give its absolute path"));
-}
 
 std::optional<int> ScriptFileIndex(const fitrun::v1::ScriptSpec& script) {
   if (script.command().empty()) return std::nullopt;

@@ -25,10 +25,6 @@ absl::StatusOr<fitrun::v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml_text
 // absolute against `client_dir` (the client's working directory, sent with the request).
 absl::Status ResolveClientPaths(fitrun::v1::JobSpec& spec, const std::string& client_dir);
 
-// Where a command's program is, found as execvp (and torchrun) would: a name with a slash as given
-// (relative to `working_dir`), otherwise on fitrund's PATH. NOT_FOUND says where it looked.
-absl::StatusOr<std::string> FindCommand(const std::string& name, const std::string& working_dir);
-
 // The index in script.command of the script file a Python interpreter runs (the first argument that
 // is not a flag), or nullopt when the program is not Python or runs a module (-m) or code (-c).
 std::optional<int> ScriptFileIndex(const fitrun::v1::ScriptSpec& script);

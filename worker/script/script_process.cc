@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "fitrun/v1/find_command.h"
 #include "fitrun/v1/launch_contract.h"
 
 extern char** environ;
@@ -70,22 +71,6 @@ SupportFiles FindSupportFiles() {
   return files;
 }
 
-absl::StatusOr<std::string> FindExecutable(const std::string& name, const std::string& working_dir) {
-  if (name.empty()) return absl::InvalidArgumentError("empty command");
-  if (name.find('/') != std::string::npos) {
-    const std::string path = name[0] == '/' || working_dir.empty() ? name : absl::StrCat(working_dir, "/", name);
-    if (access(path.c_str(), X_OK) == 0 && IsFile(path)) return path;
-    return absl::NotFoundError(absl::StrCat("'", path, "' is not an executable file"));
-  }
-  const char* path_env = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path_env != nullptr ? path_env : "/usr/bin:/bin", ':')) {
-    const std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", name);
-    if (access(candidate.c_str(), X_OK) == 0 && IsFile(candidate)) return candidate;
-  }
-  return absl::NotFoundError(absl::StrCat("'", name, "' is not on PATH (", path_env != nullptr ? path_env : "",
-                                          "); give its absolute path"));
-}
-
 absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, const ScriptRunSettings& settings,
                                                const SupportFiles& support) {
   const fitrun::v1::ScriptSpec& script = spec.script();
@@ -94,7 +79,7 @@ absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, 
   }
   ScriptCommand command;
   command.working_dir = script.working_dir();
-  absl::StatusOr<std::string> executable = FindExecutable(script.command(0), command.working_dir);
+  absl::StatusOr<std::string> executable = fitrun::v1::launch::FindCommand(script.command(0), command.working_dir);
   if (!executable.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec.script.command[0]: ", executable.status().message()));
   }

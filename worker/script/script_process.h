@@ -64,9 +64,6 @@ struct ScriptCommand {
 absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, const ScriptRunSettings& settings,
                                                const SupportFiles& support);
 
-// Looks `name` up as execvp would (a name with a slash is taken as is); NOT_FOUND otherwise.
-absl::StatusOr<std::string> FindExecutable(const std::string& name, const std::string& working_dir);
-
 // True when a stderr line reads as an out-of-memory error (PyTorch on CUDA or the capped CPU
 // allocator, the CPU allocator's own refusal, Python's MemoryError).
 bool LooksLikeOutOfMemory(const std::string& line);
