@@ -394,6 +394,10 @@ absl::Status ValidateScript(const JobSpec& spec) {
     return FieldError("spec.script.batch_flag",
                       absl::StrCat("a flag such as --batch_size (got '", script.batch_flag(), "')"));
   }
+  if (!script.grad_accum_flag().empty() && script.grad_accum_flag()[0] != '-') {
+    return FieldError("spec.script.grad_accum_flag",
+                      absl::StrCat("a flag such as --grad_accum_steps (got '", script.grad_accum_flag(), "')"));
+  }
   for (const auto& [key, value] : script.env()) {
     const std::string field = absl::StrCat("spec.script.env.", key);
     if (key.empty() || key.find('=') != std::string::npos) return FieldError(field, "not a variable name");
@@ -498,6 +502,8 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
                     (*spec.mutable_script()->mutable_env())[k] = v;
                   })},
                  {"batch_flag", String([&](const std::string& v) { spec.mutable_script()->set_batch_flag(v); })},
+                 {"grad_accum_flag",
+                  String([&](const std::string& v) { spec.mutable_script()->set_grad_accum_flag(v); })},
              })},
             {"optimizer",
              Mapping({

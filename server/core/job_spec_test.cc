@@ -1,6 +1,7 @@
 #include "server/core/job_spec.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -254,6 +255,45 @@ TEST(JobSpecTest, TorchScriptNeedsAFileAndFashionMnist) {
                   .status()
                   .message(),
               HasSubstr("spec.model.gpt: only for builtin gpt"));
+}
+
+
+// A script job whose working directory holds train.py, submitted from `client_dir`.
+absl::StatusOr<fitrun::v1::JobSpec> NormalizeScript(const std::string& script_yaml, const std::string& client_dir) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec =
+      ParseJobSpecYaml("name: s\nscript: " + script_yaml + "\nglobal_batch_size: 16\noptimizer: {lr: 0.001}\n");
+  if (!spec.ok()) return spec.status();
+  if (absl::Status resolved = ResolveClientPaths(*spec, client_dir); !resolved.ok()) return resolved;
+  return NormalizeJobSpec(*spec);
+}
+
+TEST(JobSpecTest, AScriptSpecIsCheckedWhereItsRanksWillRunIt) {
+  const std::string dir = std::filesystem::path(WriteTempFile("train.py", "print('hi')\n")).parent_path().string();
+  absl::StatusOr<fitrun::v1::JobSpec> spec = NormalizeScript(
+      "{command: [/usr/bin/python3, train.py, --epochs, '1'], working_dir: ., env: {OMP_NUM_THREADS: '1'}, "
+      "batch_flag: --batch_size, grad_accum_flag: --accum}",
+      dir);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->script().working_dir(), dir);  // resolved against the client's directory
+  EXPECT_EQ(spec->script().grad_accum_flag(), "--accum");
+  EXPECT_EQ(spec->script().env().at("OMP_NUM_THREADS"), "1");
+
+  auto error = [&](const std::string& script) { return std::string(NormalizeScript(script, dir).status().message()); };
+  EXPECT_THAT(error("{command: [no-such-python-here, train.py], working_dir: .}"),
+              HasSubstr("spec.script.command[0]: 'no-such-python-here' is not on PATH"));
+  EXPECT_THAT(error("{command: [/usr/bin/python3, missing.py], working_dir: .}"),
+              HasSubstr("spec.script.command[1]: no file 'missing.py' in spec.script.working_dir"));
+  EXPECT_THAT(error("{command: [/usr/bin/python3, train.py], working_dir: no/such/dir}"),
+              HasSubstr("spec.script.working_dir"));
+  EXPECT_THAT(error("{command: [/usr/bin/python3, train.py], working_dir: ., batch_flag: batch}"),
+              HasSubstr("spec.script.batch_flag: a flag such as --batch_size"));
+  EXPECT_THAT(error("{command: [/usr/bin/python3, train.py], working_dir: ., grad_accum_flag: accum}"),
+              HasSubstr("spec.script.grad_accum_flag: a flag such as --grad_accum_steps"));
+  EXPECT_THAT(error("{command: [/usr/bin/python3, train.py], working_dir: ., env: {RANK: '3'}}"),
+              HasSubstr("spec.script.env.RANK: set by fitrun for every rank"));
+  EXPECT_THAT(error("{command: [/usr/bin/python3, train.py], working_dir: ., env: {FITRUN_LR: '3'}}"),
+              HasSubstr("spec.script.env.FITRUN_LR: set by fitrun for every rank"));
+  EXPECT_THAT(error("{command: [], working_dir: .}"), HasSubstr("spec.script.command"));
 }
 
 }  // namespace

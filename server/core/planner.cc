@@ -218,6 +218,14 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     }
     plan.add_reasons(absl::StrCat("grad_accum_steps: ", plan.grad_accum_steps(), " so that ", n, " x ", chosen, " x ",
                                   plan.grad_accum_steps(), " = global batch ", global_batch));
+    if (spec.has_script() && plan.grad_accum_steps() > 1) {
+      plan.add_reasons(absl::StrCat(
+          "the script must accumulate gradients over ", plan.grad_accum_steps(),
+          " micro-batches per optimizer step (FITRUN_GRAD_ACCUM_STEPS",
+          spec.script().grad_accum_flag().empty() ? "" : absl::StrCat(", or ", spec.script().grad_accum_flag()),
+          "); one that does not trains on a global batch of ", n * chosen,
+          spec.script().grad_accum_flag().empty() ? " (spec.script.grad_accum_flag passes it as a flag)" : ""));
+    }
     if (!model.memory_source.empty()) plan.add_reasons(absl::StrCat("memory estimate: ", model.memory_source));
     plan.add_reasons(absl::StrFormat("learning_rate: %g (spec lr %g, lr_scaling %s against reference batch %d)",
                                      plan.learning_rate(), spec.optimizer().lr(),

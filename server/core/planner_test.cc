@@ -86,6 +86,28 @@ TEST(PlannerTest, SmallDevicesGetASmallerBatchAndAccumulation) {
   EXPECT_LE(plan->predicted().total_bytes(), static_cast<int64_t>(free_bytes * 0.9));
 }
 
+TEST(PlannerTest, AScriptThatMustAccumulateIsToldHow) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  const ModelProfile model = Profile(spec);
+  const int64_t free_bytes = static_cast<int64_t>(EstimateRankMemory(model, spec, 40).total_bytes() / 0.9);
+  spec.mutable_script()->add_command("/usr/bin/python3");
+  spec.mutable_script()->add_command("train.py");
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, model, Devices(2, free_bytes));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->grad_accum_steps(), 4);
+  std::string reasons;
+  for (const std::string& r : plan->reasons()) reasons += r + "\n";
+  EXPECT_THAT(reasons, HasSubstr("the script must accumulate gradients over 4 micro-batches per optimizer step "
+                                 "(FITRUN_GRAD_ACCUM_STEPS); one that does not trains on a global batch of 64 "
+                                 "(spec.script.grad_accum_flag passes it as a flag)"));
+  spec.mutable_script()->set_grad_accum_flag("--accum");
+  reasons.clear();
+  plan = PlanJob(spec, model, Devices(2, free_bytes));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const std::string& r : plan->reasons()) reasons += r + "\n";
+  EXPECT_THAT(reasons, HasSubstr("(FITRUN_GRAD_ACCUM_STEPS, or --accum); one that does not trains on a global batch of 64\n"));
+}
+
 TEST(PlannerTest, TheBatchIsAlwaysADivisorSoTheGlobalBatchIsExact) {
   fitrun::v1::JobSpec spec = MlpSpec(96, 1, 1);
   const ModelProfile model = Profile(spec);

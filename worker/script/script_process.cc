@@ -85,6 +85,10 @@ absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, 
   }
   command.executable = *executable;
   command.argv.assign(script.command().begin(), script.command().end());
+  if (!script.grad_accum_flag().empty() && settings.grad_accum_steps > 0) {
+    command.argv.push_back(script.grad_accum_flag());
+    command.argv.push_back(absl::StrCat(settings.grad_accum_steps));
+  }
   if (!script.batch_flag().empty() && settings.per_device_batch > 0) {
     command.argv.push_back(script.batch_flag());
     command.argv.push_back(absl::StrCat(settings.per_device_batch));

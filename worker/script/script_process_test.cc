@@ -1,0 +1,127 @@
+#include "worker/script/script_process.h"
+
+#include <stdlib.h>
+
+#include <map>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace fitrun::worker {
+namespace {
+
+using ::testing::ElementsAre;
+
+std::map<std::string, std::string> EnvOf(const ScriptCommand& command) {
+  std::map<std::string, std::string> env;
+  for (const std::string& entry : command.env) {
+    const size_t eq = entry.find('=');
+    env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  return env;
+}
+
+fitrun::v1::JobSpec ScriptSpec() {
+  fitrun::v1::JobSpec spec;
+  auto* script = spec.mutable_script();
+  script->add_command("sh");
+  script->add_command("train.sh");
+  script->set_working_dir("/tmp");
+  script->set_batch_flag("--batch_size");
+  script->set_grad_accum_flag("--accum");
+  (*script->mutable_env())["OMP_NUM_THREADS"] = "1";
+  (*script->mutable_env())["PYTHONPATH"] = "/mine";
+  return spec;
+}
+
+ScriptRunSettings Settings() {
+  ScriptRunSettings s;
+  s.rank = 1;
+  s.world_size = 2;
+  s.per_device_batch = 48;
+  s.grad_accum_steps = 3;
+  s.learning_rate = 0.002;
+  s.global_batch_size = 288;
+  s.checkpoint_dir = "/state/jobs/j-1/checkpoints";
+  s.max_steps = 100;
+  s.memory_cap_bytes = 1 << 30;
+  s.memory_peak_file = "/tmp/peak";
+  return s;
+}
+
+TEST(ScriptCommandForTest, TheSpecsArgvWithThePlansFlagsFoundOnPath) {
+  absl::StatusOr<ScriptCommand> command =
+      ScriptCommandFor(ScriptSpec(), Settings(), {"/lib/libfitrun_memory.so", "/fitrun/python"});
+  ASSERT_TRUE(command.ok()) << command.status();
+  EXPECT_THAT(command->argv, ElementsAre("sh", "train.sh", "--accum", "3", "--batch_size", "48"));
+  EXPECT_EQ(command->executable.substr(command->executable.size() - 3), "/sh");
+  EXPECT_EQ(command->working_dir, "/tmp");
+}
+
+TEST(ScriptCommandForTest, FitrunsVariablesComeLastAndTheSupervisorsSecretsNotAtAll) {
+  setenv("FITRUN_JOB_TOKEN", "secret", 1);
+  setenv("FITRUN_COORDINATOR", "127.0.0.1:1", 1);
+  setenv("LD_PRELOAD", "/other.so", 1);
+  absl::StatusOr<ScriptCommand> command =
+      ScriptCommandFor(ScriptSpec(), Settings(), {"/lib/libfitrun_memory.so", "/fitrun/python"});
+  unsetenv("FITRUN_JOB_TOKEN");
+  unsetenv("FITRUN_COORDINATOR");
+  unsetenv("LD_PRELOAD");
+  ASSERT_TRUE(command.ok()) << command.status();
+  std::map<std::string, std::string> env = EnvOf(*command);
+  EXPECT_EQ(env.count("FITRUN_JOB_TOKEN"), 0u);
+  EXPECT_EQ(env.count("FITRUN_COORDINATOR"), 0u);
+  EXPECT_EQ(env["RANK"], "1");
+  EXPECT_EQ(env["WORLD_SIZE"], "2");
+  EXPECT_EQ(env["FITRUN_PER_DEVICE_BATCH"], "48");
+  EXPECT_EQ(env["FITRUN_GRAD_ACCUM_STEPS"], "3");
+  EXPECT_EQ(env["FITRUN_LR"], "0.002");
+  EXPECT_EQ(env["FITRUN_GLOBAL_BATCH_SIZE"], "288");
+  EXPECT_EQ(env["FITRUN_CHECKPOINT_DIR"], "/state/jobs/j-1/checkpoints");
+  EXPECT_EQ(env["FITRUN_MAX_STEPS"], "100");
+  EXPECT_EQ(env.count("FITRUN_PROBE"), 0u);
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
+  // The allocator goes first so that its symbols win; the user's own preloads and module path stay.
+  EXPECT_EQ(env["LD_PRELOAD"], "/lib/libfitrun_memory.so:/other.so");
+  EXPECT_EQ(env["FITRUN_MEMORY_CAP_BYTES"], "1073741824");
+  EXPECT_EQ(env["FITRUN_MEMORY_PEAK_FILE"], "/tmp/peak");
+  EXPECT_EQ(env["PYTHONPATH"], "/fitrun/python:/mine");
+  EXPECT_EQ(env["PYTHONUNBUFFERED"], "1");
+}
+
+TEST(ScriptCommandForTest, AProbeRunIsToldSoAndGetsNoFlagsForAnUnplannedBatch) {
+  ScriptRunSettings probe = Settings();
+  probe.probe = true;
+  probe.per_device_batch = 0;
+  probe.grad_accum_steps = 0;
+  absl::StatusOr<ScriptCommand> command = ScriptCommandFor(ScriptSpec(), probe, {});
+  ASSERT_TRUE(command.ok()) << command.status();
+  EXPECT_THAT(command->argv, ElementsAre("sh", "train.sh"));
+  std::map<std::string, std::string> env = EnvOf(*command);
+  EXPECT_EQ(env["FITRUN_PROBE"], "1");
+  EXPECT_EQ(env["FITRUN_GRAD_ACCUM_STEPS"], "1");
+  EXPECT_EQ(env.count("FITRUN_MEMORY_CAP_BYTES"), 0u);  // no allocator to read it
+}
+
+TEST(ScriptCommandForTest, ACommandThatCannotBeFoundNamesTheField) {
+  fitrun::v1::JobSpec spec = ScriptSpec();
+  spec.mutable_script()->set_command(0, "no-such-program-anywhere");
+  EXPECT_THAT(ScriptCommandFor(spec, Settings(), {}).status().message(),
+              ::testing::HasSubstr("spec.script.command[0]: 'no-such-program-anywhere' is not on PATH"));
+  spec.mutable_script()->clear_command();
+  EXPECT_THAT(ScriptCommandFor(spec, Settings(), {}).status().message(),
+              ::testing::HasSubstr("spec.script.command: empty"));
+}
+
+TEST(LooksLikeOutOfMemoryTest, PyTorchsAndPythonsOutOfMemoryErrors) {
+  EXPECT_TRUE(LooksLikeOutOfMemory("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"));
+  EXPECT_TRUE(LooksLikeOutOfMemory("RuntimeError: CUDA out of memory."));
+  EXPECT_TRUE(LooksLikeOutOfMemory("RuntimeError: [enforce fail at alloc_cpu.cpp:75] . DefaultCPUAllocator: can't allocate memory"));
+  EXPECT_TRUE(LooksLikeOutOfMemory("  MemoryError"));
+  EXPECT_FALSE(LooksLikeOutOfMemory("loss 0.5, memory 12 MiB"));
+  EXPECT_FALSE(LooksLikeOutOfMemory("ValueError: bad batch"));
+}
+
+}  // namespace
+}  // namespace fitrun::worker
