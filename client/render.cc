@@ -258,9 +258,12 @@ std::string RenderOutcome(const v1::Job& job) {
     std::vector<std::pair<std::string, std::string>> rows;
     if (result.has_test_accuracy()) rows.emplace_back("test accuracy", absl::StrFormat("%.4f", result.test_accuracy()));
     for (auto& metric : FormatMetrics(result.metrics())) rows.push_back(std::move(metric));
-    rows.emplace_back("final loss", FormatLoss(result.final_loss()));
-    rows.emplace_back("steps", absl::StrCat(result.steps()));
-    rows.emplace_back("train time", FormatTrainTime(result.train_seconds()));
+    // A script that reports no progress leaves steps and loss unknown, not zero.
+    if (result.steps() > 0) {
+      rows.emplace_back("final loss", FormatLoss(result.final_loss()));
+      rows.emplace_back("steps", absl::StrCat(result.steps()));
+    }
+    rows.emplace_back(job.spec().has_script() ? "run time" : "train time", FormatTrainTime(result.train_seconds()));
     return absl::StrCat("job ", job.id(), " SUCCEEDED\n", KeyValueBlock(rows));
   }
   std::string line = absl::StrCat("job ", job.id(), " ", StateName(job.state()));

@@ -322,6 +322,15 @@ TEST(RenderOutcomeTest, SucceededPrintsTheWorkloadsOwnFigures) {
               ::testing::HasSubstr("result: test accuracy 0.9120, hr@10 0.912, ndcg@10 0.6123, final loss 0.4000"));
 }
 
+TEST(RenderOutcomeTest, AScriptThatReportedNothingHasNoStepsOrLossOnlyItsRunTime) {
+  v1::Job job;
+  job.set_id("j-4");
+  job.set_state(v1::JOB_STATE_SUCCEEDED);
+  job.mutable_spec()->mutable_script()->add_command("/usr/bin/python3");
+  job.mutable_result()->set_train_seconds(4.1);
+  EXPECT_EQ(RenderOutcome(job), "job j-4 SUCCEEDED\nrun time: 4.1s\n");
+}
+
 TEST(RenderOutcomeTest, OtherStatesPrintWhy) {
   v1::Job job;
   job.set_id("j-2");

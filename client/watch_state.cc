@@ -40,16 +40,20 @@ std::vector<std::string> DescribeOom(const v1::OutOfMemory& oom) {
 }
 
 std::vector<std::string> DescribeLog(const v1::LogLine& log) {
+  // The coordinator's own lines carry no rank.
+  const std::string who = log.rank() < 0 ? "fitrund" : absl::StrCat("rank ", log.rank());
   std::vector<std::string> lines;
   for (absl::string_view text : absl::StrSplit(log.text(), '\n', absl::SkipEmpty())) {
-    lines.push_back(absl::StrFormat("rank %d: %s", log.rank(), text));
+    lines.push_back(absl::StrCat(who, ": ", text));
   }
   return lines;
 }
 
 std::vector<std::string> DescribeRankFinished(const v1::RankFinished& finished) {
-  std::string line = absl::StrFormat("rank %d finished: %d steps, loss %s", finished.rank(),
-                                     finished.steps(), FormatLoss(finished.final_loss()));
+  // A script that reports no progress leaves steps and loss unknown, not zero.
+  std::string line = finished.steps() > 0 ? absl::StrFormat("rank %d finished: %d steps, loss %s", finished.rank(),
+                                                            finished.steps(), FormatLoss(finished.final_loss()))
+                                          : absl::StrFormat("rank %d finished", finished.rank());
   if (finished.has_test_accuracy()) {
     absl::StrAppend(&line, absl::StrFormat(", test accuracy %.4f", finished.test_accuracy()));
   }

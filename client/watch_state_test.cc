@@ -268,6 +268,20 @@ TEST(WatchStateTest, DescribesCheckpointsLogsAndFinishedRanks) {
   figures.mutable_rank_finished()->set_final_loss(1.5);
   (*figures.mutable_rank_finished()->mutable_metrics())["test_loss"] = 1.61;
   EXPECT_THAT(state.Apply(figures, kStart), ElementsAre("rank 0 finished: 100 steps, loss 1.5000, test_loss 1.61"));
+
+  // A script that reported no progress: no made-up zero steps and loss.
+  v1::JobEvent quiet;
+  quiet.set_sequence(5);
+  quiet.mutable_rank_finished()->set_rank(1);
+  EXPECT_THAT(state.Apply(quiet, kStart), ElementsAre("rank 1 finished"));
+
+  // The coordinator's own lines carry no rank.
+  v1::JobEvent planning;
+  planning.set_sequence(6);
+  planning.mutable_log()->set_rank(-1);
+  planning.mutable_log()->set_text("planning: measuring the peak at per-device batch 16 before launch");
+  EXPECT_THAT(state.Apply(planning, kStart),
+              ElementsAre("fitrund: planning: measuring the peak at per-device batch 16 before launch"));
 }
 
 TEST(WatchStateTest, DescribesRankExits) {

@@ -99,6 +99,13 @@ class ScriptJobTest(unittest.TestCase):
         self.assertEqual(sorted(x.rank for x in exits if x.exit_code == 0), [0, 1])
         logs = "".join(self.client.logs(job.id, rank=0))
         self.assertIn(f"rank 0 step 3 loss", logs)
+        # What the script prints reaches its watchers too, as torchrun shows it, from each rank.
+        shown = {(e.log.rank, e.log.text) for e in events if e.WhichOneof("event") == "log"}
+        for rank in (0, 1):
+            self.assertTrue(any(r == rank and t.startswith(f"rank {rank} step 3 loss") for r, t in shown), shown)
+        # It reported no progress, so the job's peak is the one its supervisors read at the end.
+        self.assertGreater(job.attempt_history[-1].measured_peak_bytes, 0)
+        self.assertEqual(job.result.steps, 0)
 
     def test_an_out_of_memory_error_is_replanned_and_the_script_resumes_from_its_checkpoint(self):
         job, events = self.run_to_end(script_spec("oom-replan", ["--steps", "6", "--oom_at_step", "4"]))

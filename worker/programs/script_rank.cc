@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -27,6 +28,42 @@ constexpr ExitCode kBadConfiguration = fitrun::v1::launch::kExitBadConfiguration
 // After a StopCommand the script has this long to notice run.should_stop() before SIGTERM; the
 // runtime ends the rank for good at its own stop grace.
 constexpr absl::Duration kScriptStopNotice = absl::Seconds(1);
+
+// A script's own output goes to its watchers as torchrun shows it, up to this many lines a second
+// per rank (and a burst of kOutputBurst): a script printing every step must not turn the job's event
+// stream into its stdout. The rank's log keeps every line.
+constexpr double kOutputLinesPerSecond = 20;
+constexpr double kOutputBurst = 100;
+
+// Token bucket over the script's stdout lines; counts what it held back. Used by the stdout reader
+// thread only.
+class OutputForwarder {
+ public:
+  explicit OutputForwarder(ProgressSink* coordinator) : coordinator_(coordinator) {}
+
+  void OnLine(const std::string& line) {
+    if (coordinator_ == nullptr) return;
+    const absl::Time now = absl::Now();
+    tokens_ = std::min(kOutputBurst, tokens_ + absl::ToDoubleSeconds(now - last_) * kOutputLinesPerSecond);
+    last_ = now;
+    if (tokens_ < 1) {
+      ++held_back_;
+      return;
+    }
+    tokens_ -= 1;
+    if (held_back_ > 0) {
+      coordinator_->OnLog(absl::StrCat("(", held_back_, " lines of the script's output not shown; fitrun logs has them)"));
+      held_back_ = 0;
+    }
+    coordinator_->OnLog(line);
+  }
+
+ private:
+  ProgressSink* const coordinator_;
+  double tokens_ = kOutputBurst;
+  absl::Time last_ = absl::Now();
+  int64_t held_back_ = 0;
+};
 
 struct PeakFile {
   int64_t peak_bytes = 0;
@@ -86,6 +123,8 @@ class ScriptRank final : public TrainingProgram {
                                           : ""));
     ScriptProcess::Callbacks callbacks;
     callbacks.on_report_line = [this](const std::string& line) { OnReport(line); };
+    OutputForwarder output(runtime.coordinator());
+    callbacks.on_stdout_line = [&output](const std::string& line) { output.OnLine(line); };
     callbacks.on_stderr_line = [this](const std::string& line) {
       if (LooksLikeOutOfMemory(line)) {
         absl::MutexLock lock(&mu_);

@@ -82,6 +82,8 @@ absl::Status RankRuntime::Start() {
   return absl::OkStatus();
 }
 
+ProgressSink* RankRuntime::coordinator() { return reporter_.get(); }
+
 int RankRuntime::Finish(const fitrun::v1::RankFinished& finished, const std::string& summary) {
   console_.OnLog(summary);
   if (reporter_ != nullptr) {

@@ -93,6 +93,8 @@ class RankRuntime {
   ProgressSink& sink() { return *sink_; }
   // The rank's log only.
   ProgressSink& console() { return console_; }
+  // The coordinator only (what is in the rank's log already); nullptr when standalone.
+  ProgressSink* coordinator();
   StopSwitch& stop() { return stop_; }
   bool connected() const { return reporter_ != nullptr; }
   const Timing& timing() const { return timing_; }

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <fstream>
 #include <set>
 
@@ -142,16 +143,17 @@ bool LooksLikeOutOfMemory(const std::string& line) {
 
 absl::StatusOr<std::unique_ptr<ScriptProcess>> ScriptProcess::Start(const ScriptCommand& command,
                                                                     Callbacks callbacks) {
-  int report[2], control[2], err[2];
-  if (pipe2(report, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  if (pipe2(control, O_CLOEXEC) != 0) {
-    close(report[0]);
-    close(report[1]);
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
-  if (pipe2(err, O_CLOEXEC) != 0) {
-    for (int fd : {report[0], report[1], control[0], control[1]}) close(fd);
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  int report[2], control[2], out[2], err[2];
+  int* const pipes[] = {report, control, out, err};
+  for (size_t made = 0; made < std::size(pipes); ++made) {
+    if (pipe2(pipes[made], O_CLOEXEC) != 0) {
+      const int error = errno;
+      for (size_t i = 0; i < made; ++i) {
+        close(pipes[i][0]);
+        close(pipes[i][1]);
+      }
+      return absl::InternalError(absl::StrCat("pipe: ", std::strerror(error)));
+    }
   }
   // Everything the child needs is built before fork: between fork and exec only async-signal-safe
   // calls are allowed in a threaded process.
@@ -170,14 +172,14 @@ absl::StatusOr<std::unique_ptr<ScriptProcess>> ScriptProcess::Start(const Script
 
   const pid_t pid = fork();
   if (pid < 0) {
-    for (int fd : {report[0], report[1], control[0], control[1], err[0], err[1]}) close(fd);
+    for (int fd : {report[0], report[1], control[0], control[1], out[0], out[1], err[0], err[1]}) close(fd);
     return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   }
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(launch::kExitStopped);
     dup2(err[1], STDERR_FILENO);
-    if (stdout_to_stderr) dup2(err[1], STDOUT_FILENO);
+    dup2(stdout_to_stderr ? err[1] : out[1], STDOUT_FILENO);
     fcntl(report[1], F_SETFD, 0);
     fcntl(control[0], F_SETFD, 0);
     if (!command.working_dir.empty() && chdir(command.working_dir.c_str()) != 0) {
@@ -192,12 +194,20 @@ absl::StatusOr<std::unique_ptr<ScriptProcess>> ScriptProcess::Start(const Script
   }
   close(report[1]);
   close(control[0]);
+  close(out[1]);
   close(err[1]);
   std::unique_ptr<ScriptProcess> process(new ScriptProcess());
   process->pid_ = pid;
   process->control_fd_ = control[1];
   process->report_reader_ = std::thread([p = process.get(), fd = report[0], cb = callbacks.on_report_line] {
     p->ReadLines(fd, cb, /*keep_tail=*/false);
+  });
+  process->stdout_reader_ = std::thread([p = process.get(), fd = out[0], cb = callbacks.on_stdout_line] {
+    p->ReadLines(fd, [&cb](const std::string& line) {
+      std::fprintf(stdout, "%s\n", line.c_str());
+      std::fflush(stdout);
+      if (cb) cb(line);
+    }, /*keep_tail=*/false);
   });
   process->stderr_reader_ = std::thread([p = process.get(), fd = err[0], cb = callbacks.on_stderr_line] {
     p->ReadLines(fd, [&cb](const std::string& line) {
@@ -271,6 +281,7 @@ ScriptProcess::Exit ScriptProcess::Wait() {
   // The readers drain what the script wrote; a grandchild it left behind may hold the pipes open, so
   // they give up two seconds after the script's exit.
   if (report_reader_.joinable()) report_reader_.join();
+  if (stdout_reader_.joinable()) stdout_reader_.join();
   if (stderr_reader_.joinable()) stderr_reader_.join();
   return exit_;
 }

@@ -68,13 +68,14 @@ absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, 
 // allocator, the CPU allocator's own refusal, Python's MemoryError).
 bool LooksLikeOutOfMemory(const std::string& line);
 
-// The script, running. Its stdout goes to this process's stdout (the rank log); its stderr is copied
-// line by line to this process's stderr and to `on_stderr_line`; each line it writes to the report
-// descriptor goes to `on_report_line`. The child dies with this process (PR_SET_PDEATHSIG).
+// The script, running. Its stdout and stderr are copied line by line to this process's (the rank
+// log) and to `on_stdout_line` / `on_stderr_line`; each line it writes to the report descriptor goes
+// to `on_report_line`. The child dies with this process (PR_SET_PDEATHSIG).
 class ScriptProcess {
  public:
   struct Callbacks {
     std::function<void(const std::string& line)> on_report_line;
+    std::function<void(const std::string& line)> on_stdout_line;
     std::function<void(const std::string& line)> on_stderr_line;
   };
   struct Exit {
@@ -101,6 +102,7 @@ class ScriptProcess {
   pid_t pid_ = -1;
   int control_fd_ = -1;
   std::thread report_reader_;
+  std::thread stdout_reader_;
   std::thread stderr_reader_;
   bool waited_ = false;
   Exit exit_;
