@@ -237,8 +237,10 @@ def train(run, args):
     val_masker = Masker(args.max_len, args.mask_ratio)
     val_masker.reseed(args.seed + 7919)
     val_inputs, val_labels = val_masker(val_set)
+    # Evaluated in batches of the training batch, so that the whole run's memory follows the plan's
+    # batch: a fixed, larger evaluation batch would set the peak whatever batch fitrun chose.
     mine = torch.arange(rank, len(val_set), world)
-    val_batches = [(val_inputs[mine[i:i + 64]], val_labels[mine[i:i + 64]]) for i in range(0, len(mine), 64)]
+    val_batches = [(val_inputs[mine[i:i + batch]], val_labels[mine[i:i + batch]]) for i in range(0, len(mine), batch)]
 
     stats = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, masked positions since the last report
     samples_since_report, start = 0, time.time()
@@ -299,7 +301,10 @@ def train(run, args):
                     print(f"epoch {epoch}: held-out loss {evaluated[1]:.4f}, "
                           f"masked accuracy {evaluated[2]:.3f}", flush=True)
 
-    if not run.probe:
+    if run.probe:
+        # One evaluation batch, so that fitrund's memory probe measures what a real run does.
+        evaluate(model, val_batches[:1])
+    else:
         if evaluated is None or evaluated[0] != step:
             evaluated = (step,) + evaluate(model, val_batches)
         _, val_loss, val_accuracy = evaluated

@@ -173,15 +173,16 @@ def sample_negatives(positives, history, num_items, generator):
 
 
 @torch.no_grad()
-def evaluate(model, sequences, num_items, maxlen, rank, world, seed):
+def evaluate(model, sequences, num_items, maxlen, rank, world, seed, batch, limit=None):
     """HR@10 and NDCG@10 of each user's held-out last item among 100 sampled unrated items; the users
-    are split between the ranks and the sums all-reduced."""
+    are split between the ranks and the sums all-reduced. `batch` users at a time (the training batch,
+    so that the whole run's memory follows the plan's batch), the first `limit` of this rank's users."""
     model.eval()
     generator = torch.Generator()
     totals = torch.zeros(3, dtype=torch.float64)  # hits, ndcg, users
-    mine = list(range(rank, len(sequences), world))
-    for start in range(0, len(mine), 256):
-        users = mine[start:start + 256]
+    mine = list(range(rank, len(sequences), world))[:limit]
+    for start in range(0, len(mine), batch):
+        users = mine[start:start + batch]
         histories, candidates = [], []
         for u in users:
             seq = sequences[u]
@@ -318,9 +319,12 @@ def train(run, args):
         if samples_in_epoch + global_batch > epoch_samples:  # the epoch is done
             epoch, samples_in_epoch = epoch + 1, 0
 
-    if not run.probe:
+    if run.probe:
+        # One evaluation batch, so that fitrund's memory probe measures what a real run does.
+        evaluate(model, sequences, num_items, args.maxlen, rank, world, args.seed, batch, limit=batch)
+    else:
         save(step, epoch, samples_in_epoch)
-        hr, ndcg = evaluate(model, sequences, num_items, args.maxlen, rank, world, args.seed)
+        hr, ndcg = evaluate(model, sequences, num_items, args.maxlen, rank, world, args.seed, batch)
         if rank == 0:
             run.report(step, loss=loss_value, total_steps=total_steps, epoch=step_epoch,
                        metrics={"hr@10": hr, "ndcg@10": ndcg})
