@@ -200,7 +200,10 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     if (resources.per_device_batch() > 0) {
       plan.add_reasons(absl::StrCat("per_device_batch: ", chosen, " fixed by spec.resources.per_device_batch; predicted peak ",
                                     FormatBytes(predicted.total_bytes()), " against ", FormatBytes(budget), " usable",
-                                    predicted.total_bytes() > budget ? " (PREDICTED NOT TO FIT)" : ""));
+                                    predicted.total_bytes() > budget ? " (PREDICTED NOT TO FIT)" : "",
+                                    model.measured.has_value()
+                                        ? absl::StrCat("; its peak is ", model.measured->HowEstimated(chosen))
+                                        : ""));
     } else {
       std::string why_batch = absl::StrCat("per_device_batch: ", chosen, ", the largest divisor of the ", per_rank,
                                            " samples each device takes per step whose predicted peak (",

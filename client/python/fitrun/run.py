@@ -101,6 +101,7 @@ class Run:
         self._stop_reason = None
         self._step = 0
         self._last_report = None
+        self._rate = 0.0
         self._reports = None
         self._control = None
         report_fd = _int(env, contract.REPORT_FD)
@@ -132,10 +133,12 @@ class Run:
         """Progress after an optimizer step. `samples`: samples this rank processed since its previous
         report (samples/s is computed here); `metrics`: the script's own figures by name."""
         now = time.monotonic()
-        rate = 0.0
-        if samples and self._last_report is not None and now > self._last_report:
-            rate = samples / (now - self._last_report)
-        self._last_report = now
+        if samples:
+            if self._last_report is not None and now > self._last_report:
+                self._rate = samples / (now - self._last_report)
+            self._last_report = now
+        # A report of no new samples (a final evaluation's metrics) keeps the rate of the last one.
+        rate = self._rate
         self._step = step
         live, peak = self._memory.figures()[:2]
         progress = {"rank": self.rank, "step": int(step), "liveBytes": live, "peakBytes": peak,

@@ -1,0 +1,183 @@
+"""How close fitrund's memory plan for a script job is to what the script really takes.
+
+    bazel build //server:fitrund //worker:fitrun-worker //worker/memory:libfitrun_memory.so \
+        && /usr/bin/python3 tools/make_movielens_sample.py /tmp/ratings.dat \
+        && /usr/bin/python3 tools/bench/script_memory_bench.py
+
+For each example script in deploy/examples/scripts (protein, mnist-ddp, sasrec) it starts a real
+fitrund on two capped virtual CPU devices (--devices, 1 GiB each by default) and submits the example's
+own spec: fitrund's script probe measures one rank (WORLD_SIZE=1) at the micro-batches of its sweep,
+and the job runs on the plan. Then, at per-device batches the sweep did not measure, it submits the
+same script with resources.per_device_batch fixed (2 ranks, no accumulation, a few steps) and
+compares the plan's predicted peak (the probe's curve: interpolated between two measured batches, or,
+beyond the largest, measured by the probe at exactly that batch before launch) with the highest
+peak either rank's preloaded allocator measured in the real 2-rank DDP run.
+
+It prints one row per run and the worst errors; the README quotes the table.
+"""
+
+import argparse
+import copy
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+
+from fitrun.client import Client, FINAL_STATES  # noqa: E402
+from fitrun.v1 import job_pb2  # noqa: E402
+
+EXAMPLES = [
+    # (name, spec, per-device batches to run at: odd, so a doubling sweep never measured them)
+    ("protein", "deploy/examples/scripts/protein/protein.yaml", [3, 7, 13, 27]),
+    ("mnist-ddp", "deploy/examples/scripts/mnist-ddp/mnist-ddp.yaml", [7, 19, 50, 200]),
+    ("sasrec", "deploy/examples/scripts/sasrec/sasrec.yaml", [7, 19, 50, 100]),
+]
+
+
+def mib(n):
+    return f"{n / (1 << 20):.2f}"
+
+
+class Fitrund:
+    """A fitrund on OS-chosen ports with its own state directory; stopped with every rank it started."""
+
+    def __init__(self, binary, worker, devices):
+        self.state = tempfile.mkdtemp(prefix="fitrun-script-bench-")
+        self.log = open(os.path.join(self.state, "fitrund.log"), "w")
+        self.process = subprocess.Popen(
+            [binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", f"--state_dir={self.state}",
+             f"--worker_binary={worker}", f"--devices={devices}", "--stop_workers_on_exit"],
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.monotonic() + 30
+        address_file = os.path.join(self.state, "fitrund.metrics_address")
+        while not (os.path.exists(address_file) and os.path.getsize(address_file) > 0):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"fitrund did not start; see {self.log.name}")
+            time.sleep(0.1)
+        with open(os.path.join(self.state, "fitrund.address")) as f:
+            self.address = f.read().strip()
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        # Ranks run in process groups of their own; any the daemon left are found by their assignment.
+        needle = f"FITRUN_ASSIGNMENT={self.state}/".encode()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if any(v.startswith(needle) for v in f.read().split(b"\0")):
+                        os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        self.log.close()
+        shutil.rmtree(self.state, ignore_errors=True)
+
+
+def run_to_end(client, spec, timeout=900):
+    job_id = client.submit(spec)
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.get(job_id)
+        if job.state in FINAL_STATES:
+            return job
+        if time.monotonic() > deadline:
+            client.cancel(job_id, "benchmark timeout")
+            raise RuntimeError(f"{job_id} did not end in {timeout} s")
+        time.sleep(0.25)
+
+
+def memory_reason(job):
+    for reason in job.plan.reasons:
+        if reason.startswith("memory estimate:"):
+            return reason
+    return ""
+
+
+def how_estimated(plan):
+    """How the plan's peak at its fixed batch comes from the probe's curve (the planner says so)."""
+    text = " ".join(plan.reasons)
+    if "its peak is between the measured micro-batches" in text:
+        return "interpolated"
+    if "its peak is measured at micro-batch" in text:
+        return "a sweep point"
+    if "its peak is extrapolated" in text:
+        return "probed before launch"
+    return f"? ({text})"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fitrund", default=os.path.join(ROOT, "bazel-bin/server/fitrund"))
+    parser.add_argument("--worker", default=os.path.join(ROOT, "bazel-bin/worker/fitrun-worker"))
+    parser.add_argument("--devices", default="cpu:2x1GiB", help="fitrund's --devices: two capped devices")
+    parser.add_argument("--examples", default=",".join(name for name, _, _ in EXAMPLES))
+    args = parser.parse_args()
+    if not os.path.exists("/tmp/ratings.dat"):
+        sys.exit("the sasrec example reads /tmp/ratings.dat: run tools/make_movielens_sample.py /tmp/ratings.dat")
+
+    daemon = Fitrund(args.fitrund, args.worker, args.devices)
+    rows = []
+    errors = []
+    try:
+        client = Client(daemon.address, timeout=30)
+        os.chdir(ROOT)  # the specs' working_dir is relative to the repository
+        for name, path, batches in EXAMPLES:
+            if name not in args.examples.split(","):
+                continue
+            base = client.plan(path).spec
+            # The example as it is: fitrund probes the script, then runs it on the plan.
+            started = time.monotonic()
+            job = run_to_end(client, base)
+            if job.state != job_pb2.JOB_STATE_SUCCEEDED:
+                raise RuntimeError(f"{name}: {job_pb2.JobState.Name(job.state)}: {job.failure_reason}")
+            print(f"{name}: the example SUCCEEDED in {time.monotonic() - started:.0f} s at per-device batch "
+                  f"{job.plan.per_device_batch}; {memory_reason(job)}", flush=True)
+            for batch in batches:
+                spec = copy.deepcopy(base)
+                spec.name = f"{name}-at-{batch}"
+                spec.global_batch_size = 2 * batch
+                spec.resources.min_devices = 2
+                spec.resources.max_devices = 2
+                spec.resources.per_device_batch = batch
+                spec.max_steps = 4
+                # Beyond the sweep's largest batch the job's plan is the probe's measurement at that batch.
+                how = how_estimated(client.plan(spec).plan)
+                if how == "a sweep point":
+                    continue
+                run = run_to_end(client, spec)
+                attempt = run.attempt_history[-1]
+                if run.state != job_pb2.JOB_STATE_SUCCEEDED or attempt.measured_peak_bytes <= 0:
+                    rows.append((name, batch, how, mib(attempt.predicted_peak_bytes), "-", "-",
+                                 f"{job_pb2.JobState.Name(run.state)} {run.failure_reason[:80]}"))
+                    continue
+                error = 100.0 * (attempt.predicted_peak_bytes - attempt.measured_peak_bytes) / attempt.measured_peak_bytes
+                errors.append(error)
+                rows.append((name, batch, how, mib(attempt.predicted_peak_bytes),
+                             mib(attempt.measured_peak_bytes), f"{error:+.1f}%", ""))
+                print("| " + " | ".join(str(c) for c in rows[-1]) + " |", flush=True)
+    finally:
+        daemon.stop()
+
+    print(f"\nScript jobs on {args.devices}: the plan's predicted peak (from fitrund's one-rank script probe) "
+          f"against a 2-rank DDP run's measured peak\n")
+    print("| script | per-device batch | predicted how | predicted (MiB) | measured peak (MiB) | error | note |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | --- |")
+    for row in rows:
+        print("| " + " | ".join(str(c) for c in row) + " |")
+    if errors:
+        print(f"\nover {len(errors)} runs: the lowest error {min(errors):+.1f}%, the highest {max(errors):+.1f}% "
+              f"(target: within 10% of the measured peak)")
+
+
+if __name__ == "__main__":
+    main()
