@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <set>
 #include <string>
@@ -174,8 +175,10 @@ struct Row {
   int points = 0;
   int64_t largest = 0;
   double seconds = 0;
-  double worst_under = 0;  // most negative error, %
-  double worst_over = 0;   // most positive error, %
+  // The lowest and highest error over the measured batches, % (both positive when every prediction is
+  // above its measured peak).
+  double worst_under = std::numeric_limits<double>::infinity();
+  double worst_over = -std::numeric_limits<double>::infinity();
   std::string note;
 };
 
@@ -298,9 +301,10 @@ int Run() {
   std::printf("\nEstimator accuracy on a %s MiB device: calibrated as fitrund does, measured at batches the sweep "
               "did not choose, from 1 to the largest the estimate fits\n\n",
               MiB(device_bytes).c_str());
-  std::printf("| workload | batches measured | largest | sweep points | sweep seconds | worst below | worst above | sweep stopped because |\n");
+  std::printf("| workload | batches measured | largest | sweep points | sweep seconds | lowest error | highest error | sweep stopped because |\n");
   std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
-  double worst_under = 0, worst_over = 0;
+  double worst_under = std::numeric_limits<double>::infinity();
+  double worst_over = -std::numeric_limits<double>::infinity();
   for (const Row& r : rows) {
     worst_under = std::min(worst_under, r.worst_under);
     worst_over = std::max(worst_over, r.worst_over);
