@@ -14,7 +14,7 @@ constexpr int64_t kClasses = 10;
 
 }  // namespace
 
-absl::StatusOr<LabeledImages> LoadFashionMnist(const std::string& dir, Split split) {
+absl::StatusOr<TensorDataset> LoadFashionMnist(const std::string& dir, Split split) {
   const std::string prefix = absl::StrCat(dir, "/", split == Split::kTrain ? "train" : "t10k");
   const std::string images_path = prefix + "-images-idx3-ubyte.gz";
   const std::string labels_path = prefix + "-labels-idx1-ubyte.gz";
@@ -41,13 +41,13 @@ absl::StatusOr<LabeledImages> LoadFashionMnist(const std::string& dir, Split spl
   }
 
   // from_blob borrows the vectors, so each tensor is converted (copied) before they go away.
-  LabeledImages set;
-  set.images = at::from_blob(images->data.data(), {n, 1, kSide, kSide}, at::kByte)
-                   .to(at::kFloat)
-                   .div_(255.0f)
-                   .sub_(kFashionMnistMean)
-                   .div_(kFashionMnistStd);
-  set.labels = at::from_blob(labels->data.data(), {n}, at::kByte).to(at::kLong);
+  TensorDataset set;
+  set.inputs = {at::from_blob(images->data.data(), {n, 1, kSide, kSide}, at::kByte)
+                    .to(at::kFloat)
+                    .div_(255.0f)
+                    .sub_(kFashionMnistMean)
+                    .div_(kFashionMnistStd)};
+  set.targets = at::from_blob(labels->data.data(), {n}, at::kByte).to(at::kLong);
   return set;
 }
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "worker/data/examples.h"
+#include "worker/data/tensor_dataset.h"
 
 namespace fitrun::worker {
 
@@ -17,7 +17,7 @@ inline constexpr float kFashionMnistStd = 0.3530f;
 // Loads one split of Fashion-MNIST from `dir`, which holds the four IDX .gz files
 // (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz,
 // t10k-labels-idx1-ubyte.gz). Image and label counts must agree and images must be 28x28.
-absl::StatusOr<LabeledImages> LoadFashionMnist(const std::string& dir, Split split);
+absl::StatusOr<TensorDataset> LoadFashionMnist(const std::string& dir, Split split);
 
 }  // namespace fitrun::worker
 

@@ -74,13 +74,13 @@ absl::StatusOr<MovieLensSplits> LoadMovieLens(const std::string& path, int64_t m
   const int64_t users = static_cast<int64_t>(sequences.size());
   MovieLensSplits splits;
   splits.num_items = num_items;
-  splits.train.images = at::zeros({users, max_len}, at::kLong);
-  splits.train.labels = at::zeros({users, max_len}, at::kLong);
+  splits.train.inputs = {at::zeros({users, max_len}, at::kLong)};
+  splits.train.targets = at::zeros({users, max_len}, at::kLong);
   for (int64_t u = 0; u < users; ++u) {
     const std::vector<int64_t>& items = sequences[u];
     const size_t n = items.size() - 1;  // the last item is held out
-    FillLeftPadded(items, 0, n - 1, max_len, splits.train.images[u].data_ptr<int64_t>());
-    FillLeftPadded(items, 1, n, max_len, splits.train.labels[u].data_ptr<int64_t>());
+    FillLeftPadded(items, 0, n - 1, max_len, splits.train.inputs[0][u].data_ptr<int64_t>());
+    FillLeftPadded(items, 1, n, max_len, splits.train.targets[u].data_ptr<int64_t>());
   }
 
   std::mt19937_64 random(seed ^ 0x5a5ec);
@@ -91,13 +91,13 @@ absl::StatusOr<MovieLensSplits> LoadMovieLens(const std::string& path, int64_t m
     if (num_items - static_cast<int64_t>(seen.size()) >= kMovieLensTestNegatives) test_users.push_back(u);
   }
   const int64_t tested = static_cast<int64_t>(test_users.size());
-  splits.test.images = at::zeros({tested, max_len}, at::kLong);
-  splits.test.labels = at::zeros({tested, 1 + kMovieLensTestNegatives}, at::kLong);
+  splits.test.inputs = {at::zeros({tested, max_len}, at::kLong)};
+  splits.test.targets = at::zeros({tested, 1 + kMovieLensTestNegatives}, at::kLong);
   for (int64_t t = 0; t < tested; ++t) {
     const std::vector<int64_t>& items = sequences[test_users[t]];
     const std::unordered_set<int64_t> seen(items.begin(), items.end());
-    FillLeftPadded(items, 0, items.size() - 1, max_len, splits.test.images[t].data_ptr<int64_t>());
-    int64_t* candidates = splits.test.labels[t].data_ptr<int64_t>();
+    FillLeftPadded(items, 0, items.size() - 1, max_len, splits.test.inputs[0][t].data_ptr<int64_t>());
+    int64_t* candidates = splits.test.targets[t].data_ptr<int64_t>();
     candidates[0] = items.back();
     for (int64_t k = 1; k <= kMovieLensTestNegatives; ++k) {
       int64_t item = any_item(random);

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "worker/data/examples.h"
+#include "worker/data/tensor_dataset.h"
 
 namespace fitrun::worker {
 
@@ -21,15 +21,15 @@ inline constexpr int64_t kMovieLensTestNegatives = 100;
 // 0 being padding. Users with fewer than 3 interactions are left out: training needs an input and a
 // next item besides the held-out last one. The coordinator counts samples with the same rules.
 //
-// train: one row per user, from all but the last item. images [U, max_len] int64 holds the items
-// before the last training item, left-padded with 0 (only the most recent max_len); labels
-// [U, max_len] the item following each position (0 under padding).
-// test: images [U', max_len] all but the last item, left-padded; labels [U', 1 + 100] the held-out
-// item followed by 100 items the user never interacted with, drawn with `seed`. Users with fewer
+// train: one row per user, from all but the last item. The input [U, max_len] int64 holds the
+// items before the last training item, left-padded with 0 (only the most recent max_len); the
+// targets [U, max_len] the item following each position (0 under padding).
+// test: the input [U', max_len] all but the last item, left-padded; the targets [U', 1 + 100] the
+// held-out item followed by 100 items the user never interacted with, drawn with `seed`. Users with fewer
 // than 100 unseen items cannot be ranked this way and are left out of the test split only.
 struct MovieLensSplits {
-  LabeledImages train;
-  LabeledImages test;
+  TensorDataset train;
+  TensorDataset test;
   int64_t num_items = 0;
 };
 

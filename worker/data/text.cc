@@ -26,7 +26,7 @@ int64_t TextWindowCount(int64_t file_bytes, int64_t context, Split split) {
   return n < 1 ? 0 : (n - 1) / context;
 }
 
-absl::StatusOr<LabeledImages> LoadTextWindows(const std::string& path, int64_t context, Split split) {
+absl::StatusOr<TensorDataset> LoadTextWindows(const std::string& path, int64_t context, Split split) {
   if (context < 1) return absl::InvalidArgumentError(absl::StrCat("context must be >= 1 (got ", context, ")"));
   std::ifstream file(path, std::ios::binary);
   if (!file) return absl::InvalidArgumentError(absl::StrCat("cannot read '", path, "'"));
@@ -45,9 +45,9 @@ absl::StatusOr<LabeledImages> LoadTextWindows(const std::string& path, int64_t c
   const at::Tensor all = at::from_blob(const_cast<char*>(bytes.data()) + begin, {size - begin}, at::kByte);
   // as_strided views overlapping windows without copying; the clones below own their memory.
   const at::Tensor framed = all.as_strided({windows, context + 1}, {context, 1});
-  LabeledImages set;
-  set.images = framed.narrow(1, 0, context).clone();
-  set.labels = framed.narrow(1, 1, context).clone();
+  TensorDataset set;
+  set.inputs = {framed.narrow(1, 0, context).clone()};
+  set.targets = framed.narrow(1, 1, context).clone();
   return set;
 }
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "worker/data/examples.h"
+#include "worker/data/tensor_dataset.h"
 
 namespace fitrun::worker {
 
@@ -15,7 +15,7 @@ namespace fitrun::worker {
 // exactly once per epoch; the sampler shuffles the windows. Window w of a split of n bytes covers
 // [w * context, w * context + context], and there are floor((n - 1) / context) of them.
 //
-// images holds each window's first `context` bytes and labels its last `context` (the next byte of
+// The input holds each window's first `context` bytes and the targets its last `context` (the next byte of
 // each position), both uint8 [windows, context]: twice the file in memory, no copies per step.
 
 // Windows in one split of a file of `file_bytes`; the coordinator's planner uses the same numbers.
@@ -23,7 +23,7 @@ int64_t TextWindowCount(int64_t file_bytes, int64_t context, Split split);
 
 // Reads `path` and returns one split's windows. InvalidArgument when the file cannot be read or a
 // split has no whole window.
-absl::StatusOr<LabeledImages> LoadTextWindows(const std::string& path, int64_t context, Split split);
+absl::StatusOr<TensorDataset> LoadTextWindows(const std::string& path, int64_t context, Split split);
 
 }  // namespace fitrun::worker
 

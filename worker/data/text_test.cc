@@ -36,26 +36,26 @@ TEST(TextTest, TargetsAreTheInputsShiftedByOneAndWindowsOverlapByOneByte) {
   for (int i = 0; i < 100; ++i) text.push_back(static_cast<char>('a' + i % 26));
   const std::string path = WriteFile("alphabet.txt", text);
 
-  absl::StatusOr<LabeledImages> train = LoadTextWindows(path, 4, Split::kTrain);
+  absl::StatusOr<TensorDataset> train = LoadTextWindows(path, 4, Split::kTrain);
   ASSERT_TRUE(train.ok()) << train.status();
   ASSERT_EQ(train->size(), (90 - 1) / 4);
-  EXPECT_EQ(train->images.sizes(), (at::IntArrayRef{22, 4}));
-  EXPECT_EQ(train->images.scalar_type(), at::kByte);
-  EXPECT_EQ(Bytes(train->images[0]), "abcd");
-  EXPECT_EQ(Bytes(train->labels[0]), "bcde");
-  EXPECT_EQ(Bytes(train->images[1]), "efgh");
-  EXPECT_EQ(Bytes(train->labels[21]), text.substr(85, 4));
+  EXPECT_EQ(train->inputs[0].sizes(), (at::IntArrayRef{22, 4}));
+  EXPECT_EQ(train->inputs[0].scalar_type(), at::kByte);
+  EXPECT_EQ(Bytes(train->inputs[0][0]), "abcd");
+  EXPECT_EQ(Bytes(train->targets[0]), "bcde");
+  EXPECT_EQ(Bytes(train->inputs[0][1]), "efgh");
+  EXPECT_EQ(Bytes(train->targets[21]), text.substr(85, 4));
 
-  absl::StatusOr<LabeledImages> test = LoadTextWindows(path, 4, Split::kTest);
+  absl::StatusOr<TensorDataset> test = LoadTextWindows(path, 4, Split::kTest);
   ASSERT_TRUE(test.ok()) << test.status();
   ASSERT_EQ(test->size(), (10 - 1) / 4);
-  EXPECT_EQ(Bytes(test->images[0]), text.substr(90, 4));
-  EXPECT_EQ(Bytes(test->labels[1]), text.substr(95, 4));
+  EXPECT_EQ(Bytes(test->inputs[0][0]), text.substr(90, 4));
+  EXPECT_EQ(Bytes(test->targets[1]), text.substr(95, 4));
 }
 
 TEST(TextTest, AFileTooShortForTheContextSaysWhatWouldFit) {
   const std::string path = WriteFile("short.txt", std::string(50, 'x'));
-  absl::StatusOr<LabeledImages> test = LoadTextWindows(path, 8, Split::kTest);
+  absl::StatusOr<TensorDataset> test = LoadTextWindows(path, 8, Split::kTest);
   EXPECT_EQ(test.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(test.status().message(), "test split")) << test.status();
   EXPECT_TRUE(absl::StrContains(test.status().message(), "100 bytes")) << test.status();

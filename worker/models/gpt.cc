@@ -83,8 +83,8 @@ class Gpt final : public Model {
     torch::nn::init::normal_(position_embedding_->weight, 0.0, kInitStd);
   }
 
-  at::Tensor Forward(const at::Tensor& input) override {
-    const at::Tensor tokens = input.to(at::kLong);
+  at::Tensor Forward(const ModelInputs& inputs) override {
+    const at::Tensor tokens = inputs.at(0).to(at::kLong);
     const int64_t time = tokens.size(1);
     TORCH_CHECK(time <= context_, "gpt: a window of ", time, " bytes is longer than the context ", context_);
     at::Tensor x = token_embedding_->forward(tokens) +
@@ -96,11 +96,11 @@ class Gpt final : public Model {
     return tied_head_ ? at::matmul(x, token_embedding_->weight.t()) : head_->forward(x);
   }
 
-  at::Tensor Loss(const at::Tensor& inputs, const at::Tensor& targets) override {
+  at::Tensor Loss(const ModelInputs& inputs, const at::Tensor& targets) override {
     return F::cross_entropy(Forward(inputs).reshape({-1, kByteVocabulary}), targets.to(at::kLong).reshape({-1}));
   }
 
-  absl::StatusOr<Evaluation> Evaluate(const LabeledImages& test, int64_t batch) override {
+  absl::StatusOr<Evaluation> Evaluate(const TensorDataset& test, int64_t batch) override {
     if (test.size() == 0) return absl::InvalidArgumentError("empty evaluation set");
     try {
       at::NoGradGuard no_grad;
@@ -109,7 +109,8 @@ class Gpt final : public Model {
       double loss_sum = 0;  // summed over windows; every window has the same number of bytes
       for (int64_t begin = 0; begin < test.size(); begin += batch) {
         const int64_t n = std::min(batch, test.size() - begin);
-        loss_sum += Loss(test.images.narrow(0, begin, n), test.labels.narrow(0, begin, n)).item<double>() * n;
+        const TensorDataset rows = test.Slice(begin, n);
+        loss_sum += Loss(rows.inputs, rows.targets).item<double>() * n;
       }
       train(was_training);
       const double loss = loss_sum / test.size();
@@ -117,7 +118,7 @@ class Gpt final : public Model {
       evaluation.metrics["test_loss"] = loss;
       evaluation.summary = absl::StrCat("test loss ", loss, " nats/byte (", loss / std::log(2.0),
                                         " bits/byte) over ", test.size(), " windows of ",
-                                        test.images.size(1), " bytes");
+                                        test.inputs.at(0).size(1), " bytes");
       return evaluation;
     } catch (const std::exception& e) {
       return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));

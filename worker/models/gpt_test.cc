@@ -40,10 +40,10 @@ TEST(GptTest, LogitsAreCausal) {
   absl::StatusOr<std::shared_ptr<Model>> model = CreateGpt(Config(2, 2, 16, 8), 3);
   ASSERT_TRUE(model.ok()) << model.status();
   at::Tensor input = at::randint(0, 256, {1, 8}, at::kLong);
-  const at::Tensor before = (*model)->Forward(input);
+  const at::Tensor before = (*model)->Forward({input});
   EXPECT_EQ(before.sizes(), (at::IntArrayRef{1, 8, 256}));
   input[0][5] = (input[0][5].item<int64_t>() + 1) % 256;
-  const at::Tensor after = (*model)->Forward(input);
+  const at::Tensor after = (*model)->Forward({input});
   // Positions before the changed byte cannot see it; the changed position and later ones do.
   EXPECT_TRUE(at::allclose(before.narrow(1, 0, 5), after.narrow(1, 0, 5)));
   EXPECT_FALSE(at::allclose(before.narrow(1, 5, 1), after.narrow(1, 5, 1)));
@@ -55,7 +55,7 @@ TEST(GptTest, AnUntrainedModelIsNearUniform) {
   const at::Tensor inputs = at::randint(0, 256, {4, 8}, at::kByte);
   const at::Tensor targets = at::randint(0, 256, {4, 8}, at::kByte);
   // ln(256) = 5.545 nats: small initial weights give nearly uniform next-byte predictions.
-  EXPECT_NEAR((*model)->Loss(inputs, targets).item<double>(), std::log(256.0), 0.1);
+  EXPECT_NEAR((*model)->Loss({inputs}, targets).item<double>(), std::log(256.0), 0.1);
 }
 
 TEST(GptTest, InvalidConfigsNameTheField) {

@@ -30,8 +30,8 @@ class Mlp final : public Model {
         fc2_(register_module("fc2", torch::nn::Linear(512, 512))),
         fc3_(register_module("fc3", torch::nn::Linear(512, 10))) {}
 
-  at::Tensor Forward(const at::Tensor& input) override {
-    at::Tensor x = input.flatten(1);
+  at::Tensor Forward(const ModelInputs& inputs) override {
+    at::Tensor x = inputs.at(0).flatten(1);
     x = F::relu(fc1_->forward(x));
     x = F::relu(fc2_->forward(x));
     return fc3_->forward(x);
@@ -54,8 +54,8 @@ class Cnn final : public Model {
         fc1_(register_module("fc1", torch::nn::Linear(9216, 128))),
         fc2_(register_module("fc2", torch::nn::Linear(128, 10))) {}
 
-  at::Tensor Forward(const at::Tensor& input) override {
-    at::Tensor x = F::relu(conv1_->forward(input));
+  at::Tensor Forward(const ModelInputs& inputs) override {
+    at::Tensor x = F::relu(conv1_->forward(inputs.at(0)));
     x = F::relu(conv2_->forward(x));
     x = F::max_pool2d(x, F::MaxPool2dFuncOptions(2));
     x = F::relu(fc1_->forward(x.flatten(1)));
@@ -71,11 +71,11 @@ class Cnn final : public Model {
 
 }  // namespace
 
-at::Tensor Model::Loss(const at::Tensor& inputs, const at::Tensor& targets) {
+at::Tensor Model::Loss(const ModelInputs& inputs, const at::Tensor& targets) {
   return F::cross_entropy(Forward(inputs), targets);
 }
 
-absl::StatusOr<Evaluation> Model::Evaluate(const LabeledImages& test, int64_t batch) {
+absl::StatusOr<Evaluation> Model::Evaluate(const TensorDataset& test, int64_t batch) {
   if (test.size() == 0) return absl::InvalidArgumentError("empty evaluation set");
   if (batch < 1) return absl::InvalidArgumentError(absl::StrCat("eval batch must be >= 1 (got ", batch, ")"));
   try {
@@ -85,8 +85,9 @@ absl::StatusOr<Evaluation> Model::Evaluate(const LabeledImages& test, int64_t ba
     int64_t correct = 0;
     for (int64_t begin = 0; begin < test.size(); begin += batch) {
       const int64_t n = std::min(batch, test.size() - begin);
-      const at::Tensor predicted = Forward(test.images.narrow(0, begin, n)).argmax(1);
-      correct += predicted.eq(test.labels.narrow(0, begin, n)).sum().item<int64_t>();
+      const TensorDataset rows = test.Slice(begin, n);
+      const at::Tensor predicted = Forward(rows.inputs).argmax(1);
+      correct += predicted.eq(rows.targets).sum().item<int64_t>();
     }
     train(was_training);
     Evaluation evaluation;

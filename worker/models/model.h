@@ -6,12 +6,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/nn/module.h>
 
 #include "absl/status/statusor.h"
 #include "fitrun/v1/job.pb.h"
-#include "worker/data/examples.h"
+#include "worker/data/tensor_dataset.h"
 
 namespace fitrun::worker {
 
@@ -26,6 +27,9 @@ struct Evaluation {
   std::string summary;
 };
 
+// A batch's inputs, in the order the model's forward takes them (TensorDataset::inputs' rows).
+using ModelInputs = std::vector<at::Tensor>;
+
 // What the trainer needs from a model: a module (parameters, buffers, train/eval mode), the loss of
 // a batch and an evaluation of a test split. The defaults are those of an image classifier
 // (cross-entropy on Forward's logits, top-1 accuracy); other workloads override Loss and Evaluate
@@ -34,15 +38,15 @@ class Model : public torch::nn::Module {
  public:
   explicit Model(const std::string& name) : torch::nn::Module(name) {}
 
-  // The model's output for a batch of inputs: logits [batch, classes] for the classifiers
-  // (images [batch, 1, 28, 28]); see each model for the others.
-  virtual at::Tensor Forward(const at::Tensor& input) = 0;
+  // The model's output for a batch: logits [batch, classes] for the classifiers (one input, images
+  // [batch, 1, 28, 28]); see each model for the others.
+  virtual at::Tensor Forward(const ModelInputs& inputs) = 0;
 
-  // The scalar training loss of a batch: rows of LabeledImages::images and ::labels.
-  virtual at::Tensor Loss(const at::Tensor& inputs, const at::Tensor& targets);
+  // The scalar training loss of a batch: rows of TensorDataset::inputs and ::targets.
+  virtual at::Tensor Loss(const ModelInputs& inputs, const at::Tensor& targets);
 
   // Evaluates on `test` in batches of `batch` rows, without gradients and in eval mode.
-  virtual absl::StatusOr<Evaluation> Evaluate(const LabeledImages& test, int64_t batch);
+  virtual absl::StatusOr<Evaluation> Evaluate(const TensorDataset& test, int64_t batch);
 };
 
 // Builds the model a spec names (mlp, cnn, gpt or a TorchScript file), with weights drawn after

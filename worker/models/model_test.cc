@@ -25,7 +25,7 @@ TEST(ModelTest, MlpHasTheExampleShape) {
   absl::StatusOr<std::shared_ptr<Model>> model = CreateModel(Builtin("mlp"), 1);
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(ParameterCount(**model), 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10);
-  EXPECT_EQ((*model)->Forward(torch::zeros({3, 1, 28, 28})).sizes(), (at::IntArrayRef{3, 10}));
+  EXPECT_EQ((*model)->Forward({torch::zeros({3, 1, 28, 28})}).sizes(), (at::IntArrayRef{3, 10}));
 }
 
 TEST(ModelTest, CnnHasTheExampleShape) {
@@ -33,7 +33,7 @@ TEST(ModelTest, CnnHasTheExampleShape) {
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(ParameterCount(**model),
             32 * 9 + 32 + 64 * 32 * 9 + 64 + 9216 * 128 + 128 + 128 * 10 + 10);
-  EXPECT_EQ((*model)->Forward(torch::zeros({2, 1, 28, 28})).sizes(), (at::IntArrayRef{2, 10}));
+  EXPECT_EQ((*model)->Forward({torch::zeros({2, 1, 28, 28})}).sizes(), (at::IntArrayRef{2, 10}));
 }
 
 TEST(ModelTest, SameSeedSameWeights) {

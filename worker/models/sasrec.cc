@@ -82,12 +82,13 @@ class SasRec final : public Model {
     item_embedding_->weight[0].zero_();
   }
 
-  at::Tensor Forward(const at::Tensor& input) override {
-    const at::Tensor last = Features(input).select(1, -1);  // [B, hidden]
+  at::Tensor Forward(const ModelInputs& inputs) override {
+    const at::Tensor last = Features(inputs.at(0)).select(1, -1);  // [B, hidden]
     return at::matmul(last, item_embedding_->weight.t());
   }
 
-  at::Tensor Loss(const at::Tensor& inputs, const at::Tensor& positives) override {
+  at::Tensor Loss(const ModelInputs& model_inputs, const at::Tensor& positives) override {
+    const at::Tensor& inputs = model_inputs.at(0);
     const at::Tensor features = Features(inputs);
     at::Tensor negatives;
     {
@@ -111,7 +112,7 @@ class SasRec final : public Model {
     return (per_position * real).sum() / real.sum().clamp_min(1);
   }
 
-  absl::StatusOr<Evaluation> Evaluate(const LabeledImages& test, int64_t batch) override {
+  absl::StatusOr<Evaluation> Evaluate(const TensorDataset& test, int64_t batch) override {
     if (test.size() == 0) return absl::InvalidArgumentError("empty evaluation set (no user has 100 unseen items)");
     try {
       at::NoGradGuard no_grad;
@@ -121,8 +122,9 @@ class SasRec final : public Model {
       double ndcg = 0;
       for (int64_t begin = 0; begin < test.size(); begin += batch) {
         const int64_t n = std::min(batch, test.size() - begin);
-        const at::Tensor last = Features(test.images.narrow(0, begin, n)).select(1, -1);   // [n, hidden]
-        const at::Tensor candidates = item_embedding_->forward(test.labels.narrow(0, begin, n));  // [n, 101, hidden]
+        const TensorDataset rows = test.Slice(begin, n);
+        const at::Tensor last = Features(rows.inputs.at(0)).select(1, -1);   // [n, hidden]
+        const at::Tensor candidates = item_embedding_->forward(rows.targets);  // [n, 101, hidden]
         const at::Tensor scores = (candidates * last.unsqueeze(1)).sum(-1);
         // 0-based rank of the held-out item (column 0) among its candidates.
         const at::Tensor rank = scores.narrow(1, 1, scores.size(1) - 1).gt(scores.narrow(1, 0, 1)).sum(1);
@@ -137,7 +139,7 @@ class SasRec final : public Model {
       evaluation.metrics["ndcg@10"] = ndcg / test.size();
       evaluation.summary = absl::StrCat("test HR@10 ", *evaluation.accuracy, ", NDCG@10 ", ndcg / test.size(),
                                         " over ", test.size(), " users (held-out last item against ",
-                                        test.labels.size(1) - 1, " sampled negatives)");
+                                        test.targets.size(1) - 1, " sampled negatives)");
       return evaluation;
     } catch (const std::exception& e) {
       return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));

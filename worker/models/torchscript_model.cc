@@ -36,8 +36,8 @@ class TorchScriptModel final : public Model {
     }
   }
 
-  at::Tensor Forward(const at::Tensor& input) override {
-    return module_.forward({input}).toTensor();
+  at::Tensor Forward(const ModelInputs& inputs) override {
+    return module_.forward(std::vector<c10::IValue>(inputs.begin(), inputs.end())).toTensor();
   }
 
   void train(bool on = true) override {
@@ -74,7 +74,7 @@ absl::StatusOr<std::shared_ptr<Model>> LoadTorchScriptModel(const std::string& p
   try {
     at::NoGradGuard no_grad;
     model->eval();
-    logits = model->Forward(at::zeros({2, 1, 28, 28}));
+    logits = model->Forward({at::zeros({2, 1, 28, 28})});
     model->train();
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -30,11 +30,11 @@ absl::StatusOr<Workload> LoadGpt(const fitrun::v1::JobSpec& spec, bool with_test
   if (absl::Status s = RequireDataKind(spec, fitrun::v1::DATA_KIND_TEXT, "gpt", "text"); !s.ok()) return s;
   if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
   Workload workload;
-  absl::StatusOr<LabeledImages> train = LoadTextWindows(spec.data().path(), config.context(), Split::kTrain);
+  absl::StatusOr<TensorDataset> train = LoadTextWindows(spec.data().path(), config.context(), Split::kTrain);
   if (!train.ok()) return DataError(train.status());
   workload.train = *std::move(train);
   if (with_test) {
-    absl::StatusOr<LabeledImages> test = LoadTextWindows(spec.data().path(), config.context(), Split::kTest);
+    absl::StatusOr<TensorDataset> test = LoadTextWindows(spec.data().path(), config.context(), Split::kTest);
     if (!test.ok()) return DataError(test.status());
     workload.test = *std::move(test);
   }
@@ -82,11 +82,11 @@ absl::StatusOr<Workload> LoadClassifier(const fitrun::v1::JobSpec& spec, bool wi
   }
   Workload workload;
   workload.model = *std::move(model);
-  absl::StatusOr<LabeledImages> train = LoadFashionMnist(spec.data().path(), Split::kTrain);
+  absl::StatusOr<TensorDataset> train = LoadFashionMnist(spec.data().path(), Split::kTrain);
   if (!train.ok()) return DataError(train.status());
   workload.train = *std::move(train);
   if (with_test) {
-    absl::StatusOr<LabeledImages> test = LoadFashionMnist(spec.data().path(), Split::kTest);
+    absl::StatusOr<TensorDataset> test = LoadFashionMnist(spec.data().path(), Split::kTest);
     if (!test.ok()) return DataError(test.status());
     workload.test = *std::move(test);
   }

@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "fitrun/v1/job.pb.h"
-#include "worker/data/examples.h"
+#include "worker/data/tensor_dataset.h"
 #include "worker/models/model.h"
 
 namespace fitrun::worker {
@@ -17,9 +17,9 @@ namespace fitrun::worker {
 // dataset layout.
 struct Workload {
   std::shared_ptr<Model> model;
-  LabeledImages train;
+  TensorDataset train;
   // Loaded only when asked for (rank 0 evaluates).
-  std::optional<LabeledImages> test;
+  std::optional<TensorDataset> test;
   // "gpt (2 layers, hidden 128, 4 heads, context 64)", for the job's log.
   std::string description;
 };

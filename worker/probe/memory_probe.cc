@@ -144,7 +144,7 @@ absl::StatusOr<ProbePeak> MemoryProbe::Measure(int64_t batch, int steps) {
   trainer_options.progress_interval = absl::InfiniteDuration();
   // Enough samples for every step; the trainer wraps into further epochs when the set is smaller.
   const int64_t slice = std::min<int64_t>(train_samples(), batch * steps);
-  LabeledImages train{workload_.train.images.narrow(0, 0, slice), workload_.train.labels.narrow(0, 0, slice)};
+  TensorDataset train = workload_.train.Slice(0, slice);
   try {
     // A fresh rank: no gradients and no optimizer state of an earlier measurement are alive.
     for (at::Tensor& p : workload_.model->parameters()) p.mutable_grad() = at::Tensor();

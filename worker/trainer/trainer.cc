@@ -113,6 +113,13 @@ at::Tensor RowsOn(const at::Tensor& host, const at::Tensor& indices, const c10::
   return host.index_select(0, indices).to(at::TensorOptions().device(device), /*non_blocking=*/true);
 }
 
+ModelInputs InputRowsOn(const TensorDataset& host, const at::Tensor& indices, const c10::Device& device) {
+  ModelInputs inputs;
+  inputs.reserve(host.inputs.size());
+  for (const at::Tensor& input : host.inputs) inputs.push_back(RowsOn(input, indices, device));
+  return inputs;
+}
+
 double Percent(absl::Duration part, double total_seconds) {
   return total_seconds > 0 ? 100.0 * absl::ToDoubleSeconds(part) / total_seconds : 0.0;
 }
@@ -199,8 +206,8 @@ bool ProgressThrottle::ShouldReport(int64_t step, int64_t total_steps, absl::Tim
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options,
                                                          std::shared_ptr<Model> model,
-                                                         LabeledImages train,
-                                                         std::optional<LabeledImages> test,
+                                                         TensorDataset train,
+                                                         std::optional<TensorDataset> test,
                                                          GradientSynchronizer* synchronizer,
                                                          ProgressSink* sink) {
   if (model == nullptr || synchronizer == nullptr || sink == nullptr) {
@@ -252,8 +259,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options,
   return trainer;
 }
 
-Trainer::Trainer(TrainerOptions options, std::shared_ptr<Model> model, LabeledImages train,
-                 std::optional<LabeledImages> test, DistributedSampler sampler,
+Trainer::Trainer(TrainerOptions options, std::shared_ptr<Model> model, TensorDataset train,
+                 std::optional<TensorDataset> test, DistributedSampler sampler,
                  std::unique_ptr<torch::optim::Optimizer> optimizer,
                  GradientSynchronizer* synchronizer, ProgressSink* sink)
     : options_(std::move(options)),
@@ -377,8 +384,8 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
     for (int m = 0; m < k; ++m) {
       const int64_t begin = (step_in_epoch * k + m) * b;
       const at::Tensor indices = at::from_blob(shard.data() + begin, {b}, at::kLong);
-      const at::Tensor inputs = RowsOn(train_.images, indices, o.device);
-      const at::Tensor targets = RowsOn(train_.labels, indices, o.device);
+      const ModelInputs inputs = InputRowsOn(train_, indices, o.device);
+      const at::Tensor targets = RowsOn(train_.targets, indices, o.device);
       charge(times.batch);
       at::Tensor micro_loss;
       {
@@ -461,7 +468,7 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   }
   if (test_.has_value()) {
     // On the training device, moved once (a no-op on the CPU); the models batch it from there.
-    const LabeledImages test{test_->images.to(o.device), test_->labels.to(o.device)};
+    const TensorDataset test = test_->To(o.device);
     absl::StatusOr<Evaluation> evaluation = model_->Evaluate(test, o.eval_batch);
     if (!evaluation.ok()) return evaluation.status();
     sink_->OnLog(evaluation->summary);
@@ -472,7 +479,7 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   return result;
 }
 
-absl::StatusOr<double> EvaluateAccuracy(Model& model, const LabeledImages& set, int64_t batch) {
+absl::StatusOr<double> EvaluateAccuracy(Model& model, const TensorDataset& set, int64_t batch) {
   absl::StatusOr<Evaluation> evaluation = model.Evaluate(set, batch);
   if (!evaluation.ok()) return evaluation.status();
   if (!evaluation->accuracy.has_value()) return absl::InvalidArgumentError("the model reports no accuracy");

@@ -115,8 +115,8 @@ class Trainer {
   // trainer. Fails with InvalidArgument naming the plan field when the numbers do not fit the data.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(TrainerOptions options,
                                                          std::shared_ptr<Model> model,
-                                                         LabeledImages train,
-                                                         std::optional<LabeledImages> test,
+                                                         TensorDataset train,
+                                                         std::optional<TensorDataset> test,
                                                          GradientSynchronizer* synchronizer,
                                                          ProgressSink* sink);
   ~Trainer();
@@ -142,8 +142,8 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
 
  private:
-  Trainer(TrainerOptions options, std::shared_ptr<Model> model, LabeledImages train,
-          std::optional<LabeledImages> test, DistributedSampler sampler,
+  Trainer(TrainerOptions options, std::shared_ptr<Model> model, TensorDataset train,
+          std::optional<TensorDataset> test, DistributedSampler sampler,
           std::unique_ptr<torch::optim::Optimizer> optimizer, GradientSynchronizer* synchronizer,
           ProgressSink* sink);
 
@@ -159,8 +159,8 @@ class Trainer {
   bool on_cuda_ = false;
   // Set when loss scaling is on (FP16 on CUDA, or TrainerOptions::loss_scaling).
   std::unique_ptr<GradScaler> scaler_;
-  LabeledImages train_;
-  std::optional<LabeledImages> test_;
+  TensorDataset train_;
+  std::optional<TensorDataset> test_;
   DistributedSampler sampler_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   GradientSynchronizer* synchronizer_;
@@ -175,7 +175,7 @@ class Trainer {
 absl::Status ValidateTrainerOptions(const TrainerOptions& options, int64_t train_size);
 
 // The accuracy Model::Evaluate reports (top-1 for classifiers); InvalidArgument for a model without one.
-absl::StatusOr<double> EvaluateAccuracy(Model& model, const LabeledImages& set, int64_t batch);
+absl::StatusOr<double> EvaluateAccuracy(Model& model, const TensorDataset& set, int64_t batch);
 
 }  // namespace fitrun::worker
 

@@ -14,12 +14,12 @@
 namespace fitrun::worker {
 namespace {
 
-LabeledImages SyntheticSet(int64_t n) {
+TensorDataset SyntheticSet(int64_t n) {
   at::manual_seed(11);
-  LabeledImages set;
-  set.labels = at::arange(n, at::kLong).remainder(10);
-  set.images = at::randn({n, 1, 28, 28}) * 0.5;
-  for (int64_t i = 0; i < n; ++i) set.images[i][0].narrow(0, 2 * (i % 10), 2).add_(2.0);
+  TensorDataset set;
+  set.targets = at::arange(n, at::kLong).remainder(10);
+  set.inputs = {at::randn({n, 1, 28, 28}) * 0.5};
+  for (int64_t i = 0; i < n; ++i) set.inputs[0][i][0].narrow(0, 2 * (i % 10), 2).add_(2.0);
   return set;
 }
 
@@ -74,7 +74,7 @@ class StopAfter final : public ProgressSink {
 };
 
 TEST(TrainerCheckpointTest, ResumeReproducesTheUninterruptedLossTrajectory) {
-  const LabeledImages train = SyntheticSet(256);
+  const TensorDataset train = SyntheticSet(256);
   LocalGradientSynchronizer local;
 
   auto full_store = CheckpointStore::Create({FreshDir("full"), 2});
@@ -120,7 +120,7 @@ TEST(TrainerCheckpointTest, ResumeReproducesTheUninterruptedLossTrajectory) {
 // The temporary file name of step 8 is taken by a directory, so that save fails (as on a read-only
 // directory or a full disk): a log line, training goes on, the step-4 checkpoint stays.
 TEST(TrainerCheckpointTest, FailedSaveIsLoggedAndTrainingContinues) {
-  const LabeledImages train = SyntheticSet(256);
+  const TensorDataset train = SyntheticSet(256);
   LocalGradientSynchronizer local;
   auto store = CheckpointStore::Create({FreshDir("failing"), 1});
   ASSERT_TRUE(store.ok());
@@ -143,7 +143,7 @@ TEST(TrainerCheckpointTest, FailedSaveIsLoggedAndTrainingContinues) {
 
 // bf16 autocast: training still converges, and the numbers differ from fp32 (autocast is really on).
 TEST(TrainerCheckpointTest, Bf16AutocastTrains) {
-  const LabeledImages train = SyntheticSet(256);
+  const TensorDataset train = SyntheticSet(256);
   LocalGradientSynchronizer local;
   std::vector<std::vector<double>> runs;
   for (auto precision : {fitrun::v1::PRECISION_FP32, fitrun::v1::PRECISION_BF16}) {

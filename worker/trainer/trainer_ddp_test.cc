@@ -23,12 +23,12 @@ namespace {
 
 constexpr int kWorld = 2;
 
-LabeledImages SyntheticSet(int64_t n) {
+TensorDataset SyntheticSet(int64_t n) {
   at::manual_seed(11);
-  LabeledImages set;
-  set.labels = at::arange(n, at::kLong).remainder(10);
-  set.images = at::randn({n, 1, 28, 28}) * 0.5;
-  for (int64_t i = 0; i < n; ++i) set.images[i][0].narrow(0, 2 * (i % 10), 2).add_(2.0);
+  TensorDataset set;
+  set.targets = at::arange(n, at::kLong).remainder(10);
+  set.inputs = {at::randn({n, 1, 28, 28}) * 0.5};
+  for (int64_t i = 0; i < n; ++i) set.inputs[0][i][0].narrow(0, 2 * (i % 10), 2).add_(2.0);
   return set;
 }
 
@@ -42,8 +42,8 @@ std::string FreshPath(const std::string& name) {
 
 TEST(TrainerDdpTest, RanksEndBitwiseEqualWithOneGlobalLoss) {
   const std::string store_path = FreshPath("trainer_ddp_store");
-  const LabeledImages train = SyntheticSet(512);
-  const LabeledImages test = SyntheticSet(100);
+  const TensorDataset train = SyntheticSet(512);
+  const TensorDataset test = SyntheticSet(100);
 
   fitrun::v1::ModelSpec spec;
   spec.set_builtin("mlp");
@@ -78,7 +78,7 @@ TEST(TrainerDdpTest, RanksEndBitwiseEqualWithOneGlobalLoss) {
       options.seed = 5;
       options.optimizer.set_momentum(0.9);
       options.progress_interval = absl::ZeroDuration();
-      std::optional<LabeledImages> test_set;
+      std::optional<TensorDataset> test_set;
       if (rank == 0) test_set = test;
       auto trainer = Trainer::Create(options, models[rank], train, test_set, synchronizer->get(),
                                      &sinks[rank]);
@@ -122,7 +122,7 @@ std::shared_ptr<Model> MlpFromSeed(uint64_t seed) {
 }
 
 // One process, no communication: the reference runs.
-std::shared_ptr<Model> TrainAlone(const LabeledImages& train, int64_t batch, int accumulation) {
+std::shared_ptr<Model> TrainAlone(const TensorDataset& train, int64_t batch, int accumulation) {
   std::shared_ptr<Model> model = MlpFromSeed(42);
   LocalGradientSynchronizer local;
   FakeProgressSink sink;
@@ -135,7 +135,7 @@ std::shared_ptr<Model> TrainAlone(const LabeledImages& train, int64_t batch, int
 }
 
 // Two ranks with the bucketed, overlapped reducer (small buckets, so several are in flight).
-std::vector<std::shared_ptr<Model>> TrainTwoRanks(const LabeledImages& train, int64_t per_device_batch,
+std::vector<std::shared_ptr<Model>> TrainTwoRanks(const TensorDataset& train, int64_t per_device_batch,
                                                   int accumulation, const std::string& store_name,
                                                   int64_t total_steps = 8) {
   const std::string store_path = FreshPath(store_name);
@@ -182,7 +182,7 @@ double MaxAbsDifference(const torch::nn::Module& a, const torch::nn::Module& b) 
 // accumulated micro-batches of B/2 see the same samples per step and end with the same parameters.
 TEST(TrainerDdpTest, TwoRanksMatchOneRankAndAccumulation) {
   constexpr int64_t kGlobalBatch = 32;
-  const LabeledImages train = SyntheticSet(512);
+  const TensorDataset train = SyntheticSet(512);
   const std::shared_ptr<Model> whole_batch = TrainAlone(train, kGlobalBatch, 1);
   const std::shared_ptr<Model> accumulated = TrainAlone(train, kGlobalBatch / 2, 2);
   const std::vector<std::shared_ptr<Model>> ranks = TrainTwoRanks(train, kGlobalBatch / 2, 1, "equiv_store");
@@ -196,7 +196,7 @@ TEST(TrainerDdpTest, TwoRanksMatchOneRankAndAccumulation) {
 
 // Accumulation across ranks (no_sync on the first micro-batch) matches one rank with the whole batch.
 TEST(TrainerDdpTest, TwoRanksWithAccumulationMatchOneRank) {
-  const LabeledImages train = SyntheticSet(512);
+  const TensorDataset train = SyntheticSet(512);
   const std::shared_ptr<Model> whole_batch = TrainAlone(train, 32, 1);
   const std::vector<std::shared_ptr<Model>> ranks = TrainTwoRanks(train, 8, 2, "equiv_accum_store");
   EXPECT_LE(MaxAbsDifference(*ranks[1], *whole_batch), 1e-5);
@@ -205,7 +205,7 @@ TEST(TrainerDdpTest, TwoRanksWithAccumulationMatchOneRank) {
 // 517 samples over 2 ranks: the odd one out is dropped for every rank alike, so both ranks run the
 // same number of steps per epoch and cross the epoch boundary together instead of one waiting forever.
 TEST(TrainerDdpTest, UnevenDatasetAcrossEpochsDoesNotHang) {
-  const LabeledImages train = SyntheticSet(517);
+  const TensorDataset train = SyntheticSet(517);
   const absl::Time start = absl::Now();
   const std::vector<std::shared_ptr<Model>> ranks = TrainTwoRanks(train, 16, 1, "uneven_store", 20);
   EXPECT_EQ(ParameterChecksum(*ranks[0]), ParameterChecksum(*ranks[1]));
@@ -221,8 +221,8 @@ TEST(TrainerDdpTest, ExplicitDeviceWithTheBucketedReducerSavesALoadableCheckpoin
   absl::StatusOr<std::unique_ptr<CheckpointStore>> checkpoints = CheckpointStore::Create({checkpoint_dir, 2});
   ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
   const c10::Device device(c10::kCPU);
-  const LabeledImages train = SyntheticSet(512);
-  const LabeledImages test = SyntheticSet(100);
+  const TensorDataset train = SyntheticSet(512);
+  const TensorDataset test = SyntheticSet(100);
 
   fitrun::v1::ModelSpec spec;
   spec.set_builtin("mlp");
@@ -248,7 +248,7 @@ TEST(TrainerDdpTest, ExplicitDeviceWithTheBucketedReducerSavesALoadableCheckpoin
       options.device = device;
       options.checkpoints = checkpoints->get();
       options.checkpoint_every_steps = 4;
-      std::optional<LabeledImages> test_set;
+      std::optional<TensorDataset> test_set;
       if (rank == 0) test_set = test;
       auto trainer = Trainer::Create(options, models[rank], train, test_set, reducer->get(), &sinks[rank]);
       ASSERT_TRUE(trainer.ok()) << trainer.status();

@@ -9,12 +9,12 @@
 namespace fitrun::worker {
 namespace {
 
-LabeledImages SyntheticSet(int64_t n) {
+TensorDataset SyntheticSet(int64_t n) {
   at::manual_seed(5);
-  LabeledImages set;
-  set.labels = at::arange(n, at::kLong).remainder(10);
-  set.images = at::randn({n, 1, 28, 28}) * 0.5;
-  for (int64_t i = 0; i < n; ++i) set.images[i][0].narrow(0, 2 * (i % 10), 2).add_(2.0);
+  TensorDataset set;
+  set.targets = at::arange(n, at::kLong).remainder(10);
+  set.inputs = {at::randn({n, 1, 28, 28}) * 0.5};
+  for (int64_t i = 0; i < n; ++i) set.inputs[0][i][0].narrow(0, 2 * (i % 10), 2).add_(2.0);
   return set;
 }
 

@@ -12,14 +12,14 @@ namespace fitrun::worker {
 namespace {
 
 // Learnable images: class c brightens rows [2c, 2c+2) on top of Gaussian noise.
-LabeledImages SyntheticSet(int64_t n, uint64_t seed) {
+TensorDataset SyntheticSet(int64_t n, uint64_t seed) {
   at::manual_seed(seed);
-  LabeledImages set;
-  set.labels = at::arange(n, at::kLong).remainder(10);
-  set.images = at::randn({n, 1, 28, 28}) * 0.5;
+  TensorDataset set;
+  set.targets = at::arange(n, at::kLong).remainder(10);
+  set.inputs = {at::randn({n, 1, 28, 28}) * 0.5};
   for (int64_t i = 0; i < n; ++i) {
     const int64_t c = i % 10;
-    set.images[i][0].narrow(0, 2 * c, 2).add_(2.0);
+    set.inputs[0][i][0].narrow(0, 2 * c, 2).add_(2.0);
   }
   return set;
 }
@@ -48,7 +48,7 @@ class TrainerTest : public ::testing::Test {
   absl::StatusOr<std::unique_ptr<Trainer>> Make(TrainerOptions options, bool with_test = true) {
     absl::StatusOr<std::shared_ptr<Model>> model = CreateModel(Mlp(), options.seed);
     if (!model.ok()) return model.status();
-    std::optional<LabeledImages> test;
+    std::optional<TensorDataset> test;
     if (with_test) test = SyntheticSet(200, 2);
     return Trainer::Create(std::move(options), *model, SyntheticSet(640, 1), std::move(test),
                            &synchronizer_, &sink_);
