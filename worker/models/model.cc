@@ -13,8 +13,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "worker/models/gpt.h"
-#include "worker/models/torchscript_model.h"
 
 namespace fitrun::worker {
 namespace {
@@ -101,21 +99,15 @@ absl::StatusOr<Evaluation> Model::Evaluate(const TensorDataset& test, int64_t ba
 }
 
 absl::StatusOr<std::shared_ptr<Model>> CreateModel(const fitrun::v1::ModelSpec& spec, uint64_t seed) {
-  if (spec.kind_case() == fitrun::v1::ModelSpec::kTorchscript) {
-    return LoadTorchScriptModel(spec.torchscript(), seed);
-  }
   if (spec.kind_case() != fitrun::v1::ModelSpec::kBuiltin) {
-    return absl::InvalidArgumentError("spec.model: set builtin (mlp, cnn, gpt, sasrec) or torchscript");
-  }
-  if (spec.builtin() == "gpt") return CreateGpt(spec.gpt(), seed);
-  if (spec.builtin() == "sasrec") {
-    return absl::InvalidArgumentError("spec.model.builtin: sasrec is sized by its ratings file; build it with LoadWorkload");
+    return absl::InvalidArgumentError("spec.model.builtin: required for an image classifier (mlp or cnn)");
   }
   torch::manual_seed(seed);
   if (spec.builtin() == "mlp") return std::make_shared<Mlp>();
   if (spec.builtin() == "cnn") return std::make_shared<Cnn>();
-  return absl::InvalidArgumentError(absl::StrCat("spec.model.builtin: unknown model \"", spec.builtin(),
-                                                 "\" (known: mlp, cnn, gpt, sasrec)"));
+  return absl::InvalidArgumentError(absl::StrCat("spec.model.builtin: \"", spec.builtin(),
+                                                 "\" is not an image classifier (mlp, cnn); the others are built "
+                                                 "with their data by LoadWorkload"));
 }
 
 std::string ParameterChecksum(const torch::nn::Module& module) {

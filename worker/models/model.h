@@ -49,9 +49,9 @@ class Model : public torch::nn::Module {
   virtual absl::StatusOr<Evaluation> Evaluate(const TensorDataset& test, int64_t batch);
 };
 
-// Builds the model a spec names (mlp, cnn, gpt or a TorchScript file), with weights drawn after
+// Builds the image classifier a spec names (mlp or cnn), with weights drawn after
 // torch::manual_seed(seed) so that every rank starts from the same weights even before rank 0's
-// broadcast. sasrec is sized by its data and built by LoadWorkload (worker/models/workload.h).
+// broadcast. Every other model comes with its data from LoadWorkload (worker/models/workload.h).
 absl::StatusOr<std::shared_ptr<Model>> CreateModel(const fitrun::v1::ModelSpec& spec, uint64_t seed);
 
 // FNV-1a 64-bit over every parameter's raw bytes in registration order, as 16 lowercase hex digits:

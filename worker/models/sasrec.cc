@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/models/attention.h"
+#include "worker/models/ranking.h"
 
 namespace fitrun::worker {
 namespace {
@@ -24,7 +25,6 @@ namespace F = torch::nn::functional;
 // Redraws of a negative that collides with the row's own items; what still collides after this many
 // rounds (rare unless a user has seen most items) stays, as a slightly noisy negative.
 constexpr int kNegativeRedraws = 4;
-constexpr int64_t kTopK = 10;
 
 class SasRecBlock final : public torch::nn::Module {
  public:
@@ -118,29 +118,15 @@ class SasRec final : public Model {
       at::NoGradGuard no_grad;
       const bool was_training = is_training();
       eval();
-      int64_t hits = 0;
-      double ndcg = 0;
+      RankingAt10 ranking;
       for (int64_t begin = 0; begin < test.size(); begin += batch) {
-        const int64_t n = std::min(batch, test.size() - begin);
-        const TensorDataset rows = test.Slice(begin, n);
+        const TensorDataset rows = test.Slice(begin, std::min(batch, test.size() - begin));
         const at::Tensor last = Features(rows.inputs.at(0)).select(1, -1);   // [n, hidden]
         const at::Tensor candidates = item_embedding_->forward(rows.targets);  // [n, 101, hidden]
-        const at::Tensor scores = (candidates * last.unsqueeze(1)).sum(-1);
-        // 0-based rank of the held-out item (column 0) among its candidates.
-        const at::Tensor rank = scores.narrow(1, 1, scores.size(1) - 1).gt(scores.narrow(1, 0, 1)).sum(1);
-        const at::Tensor hit = rank.lt(kTopK);
-        hits += hit.sum().item<int64_t>();
-        ndcg += (hit.to(at::kDouble) / at::log2(rank.to(at::kDouble) + 2)).sum().item<double>();
+        ranking.Add((candidates * last.unsqueeze(1)).sum(-1));
       }
       train(was_training);
-      Evaluation evaluation;
-      evaluation.accuracy = static_cast<double>(hits) / test.size();
-      evaluation.metrics["hr@10"] = *evaluation.accuracy;
-      evaluation.metrics["ndcg@10"] = ndcg / test.size();
-      evaluation.summary = absl::StrCat("test HR@10 ", *evaluation.accuracy, ", NDCG@10 ", ndcg / test.size(),
-                                        " over ", test.size(), " users (held-out last item against ",
-                                        test.targets.size(1) - 1, " sampled negatives)");
-      return evaluation;
+      return ranking.Result();
     } catch (const std::exception& e) {
       return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
     }

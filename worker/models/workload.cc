@@ -4,11 +4,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/movielens.h"
 #include "worker/data/text.h"
 #include "worker/models/gpt.h"
 #include "worker/models/sasrec.h"
+#include "worker/models/torchscript_model.h"
 
 namespace fitrun::worker {
 namespace {
@@ -17,96 +19,135 @@ absl::Status DataError(const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("spec.data.path: ", status.message()));
 }
 
-absl::Status RequireDataKind(const fitrun::v1::JobSpec& spec, fitrun::v1::DataKind kind,
-                             const std::string& model, const std::string& kind_name) {
-  if (spec.data().kind() == kind) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("spec.data.kind: ", model, " trains on ", kind_name,
-                                                 " data (got ", fitrun::v1::DataKind_Name(spec.data().kind()),
-                                                 ")"));
-}
-
-absl::StatusOr<Workload> LoadGpt(const fitrun::v1::JobSpec& spec, bool with_test) {
-  const fitrun::v1::GptConfig& config = spec.model().gpt();
-  if (absl::Status s = RequireDataKind(spec, fitrun::v1::DATA_KIND_TEXT, "gpt", "text"); !s.ok()) return s;
-  if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
-  Workload workload;
-  absl::StatusOr<TensorDataset> train = LoadTextWindows(spec.data().path(), config.context(), Split::kTrain);
-  if (!train.ok()) return DataError(train.status());
+// The training split and, when asked for, the test split of a loader taking a Split.
+template <typename LoadSplit>
+absl::Status LoadSplits(Workload& workload, bool with_test, LoadSplit load) {
+  absl::StatusOr<TensorDataset> train = load(Split::kTrain);
+  if (!train.ok()) return train.status();
   workload.train = *std::move(train);
   if (with_test) {
-    absl::StatusOr<TensorDataset> test = LoadTextWindows(spec.data().path(), config.context(), Split::kTest);
-    if (!test.ok()) return DataError(test.status());
+    absl::StatusOr<TensorDataset> test = load(Split::kTest);
+    if (!test.ok()) return test.status();
     workload.test = *std::move(test);
   }
+  return absl::OkStatus();
+}
+
+std::string GptDescription(const fitrun::v1::GptConfig& config) {
+  return absl::StrCat("gpt (", config.layers(), " layers, hidden ", config.hidden(), ", ", config.heads(),
+                      " heads, context ", config.context(), config.tied_head() ? ", tied head" : "", ")");
+}
+
+absl::StatusOr<Workload> LoadGptOnText(const fitrun::v1::JobSpec& spec, bool with_test) {
+  const fitrun::v1::GptConfig& config = spec.model().gpt();
+  if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
+  Workload workload;
+  absl::Status loaded = LoadSplits(workload, with_test, [&](Split split) -> absl::StatusOr<TensorDataset> {
+    absl::StatusOr<TensorDataset> set = LoadTextWindows(spec.data().path(), config.context(), split);
+    if (!set.ok()) return DataError(set.status());
+    return set;
+  });
+  if (!loaded.ok()) return loaded;
   absl::StatusOr<std::shared_ptr<Model>> model = CreateGpt(config, spec.seed());
   if (!model.ok()) return model.status();
   workload.model = *std::move(model);
-  workload.description = absl::StrCat("gpt (", config.layers(), " layers, hidden ", config.hidden(), ", ",
-                                      config.heads(), " heads, context ", config.context(),
-                                      config.tied_head() ? ", tied head" : "", ")");
+  workload.description = GptDescription(config);
   return workload;
 }
 
-absl::StatusOr<Workload> LoadSasRec(const fitrun::v1::JobSpec& spec, bool with_test) {
-  const fitrun::v1::SasRecConfig& config = spec.model().sasrec();
-  if (absl::Status s = RequireDataKind(spec, fitrun::v1::DATA_KIND_MOVIELENS, "sasrec", "movielens"); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = ValidateSasRecConfig(config); !s.ok()) return s;
-  absl::StatusOr<MovieLensSplits> splits = LoadMovieLens(spec.data().path(), config.max_len(), spec.seed());
+// sasrec and the gpt recommender: item sequences of a ratings file, sized by its item count.
+absl::StatusOr<Workload> LoadOnRatings(const fitrun::v1::JobSpec& spec, bool with_test, int64_t max_len,
+                                       absl::StatusOr<std::shared_ptr<Model>> (*create)(const fitrun::v1::JobSpec&,
+                                                                                        int64_t num_items),
+                                       const std::string& description) {
+  absl::StatusOr<MovieLensSplits> splits = LoadMovieLens(spec.data().path(), max_len, spec.seed());
   if (!splits.ok()) return DataError(splits.status());
-  absl::StatusOr<std::shared_ptr<Model>> model = CreateSasRec(config, splits->num_items, spec.seed());
+  absl::StatusOr<std::shared_ptr<Model>> model = create(spec, splits->num_items);
   if (!model.ok()) return model.status();
   Workload workload;
   workload.model = *std::move(model);
   workload.train = std::move(splits->train);
   if (with_test) workload.test = std::move(splits->test);
-  workload.description = absl::StrCat("sasrec (", config.blocks(), " blocks, hidden ", config.hidden(), ", ",
-                                      config.heads(), " heads, max_len ", config.max_len(), ", ",
-                                      splits->num_items, " items)");
+  workload.description = absl::StrCat(description, ", ", splits->num_items, " items");
   return workload;
 }
 
-// mlp, cnn and TorchScript modules: image classifiers on Fashion-MNIST.
-absl::StatusOr<Workload> LoadClassifier(const fitrun::v1::JobSpec& spec, bool with_test,
-                                        const std::string& name) {
-  // The model first: an unknown or broken model is the more useful error than the data kind.
+absl::StatusOr<Workload> LoadSasRec(const fitrun::v1::JobSpec& spec, bool with_test) {
+  const fitrun::v1::SasRecConfig& config = spec.model().sasrec();
+  if (absl::Status s = ValidateSasRecConfig(config); !s.ok()) return s;
+  return LoadOnRatings(
+      spec, with_test, config.max_len(),
+      [](const fitrun::v1::JobSpec& s, int64_t items) { return CreateSasRec(s.model().sasrec(), items, s.seed()); },
+      absl::StrCat("sasrec (", config.blocks(), " blocks, hidden ", config.hidden(), ", ", config.heads(),
+                   " heads, max_len ", config.max_len()));
+}
+
+absl::StatusOr<Workload> LoadBuiltinClassifier(const fitrun::v1::JobSpec& spec, bool with_test) {
   absl::StatusOr<std::shared_ptr<Model>> model = CreateModel(spec.model(), spec.seed());
   if (!model.ok()) return model.status();
-  // Specs from before other data kinds existed leave the kind unset.
-  if (spec.data().kind() != fitrun::v1::DATA_KIND_UNSPECIFIED) {
-    if (absl::Status s = RequireDataKind(spec, fitrun::v1::DATA_KIND_FASHION_MNIST, name, "fashion_mnist");
-        !s.ok()) {
-      return s;
-    }
-  }
   Workload workload;
   workload.model = *std::move(model);
-  absl::StatusOr<TensorDataset> train = LoadFashionMnist(spec.data().path(), Split::kTrain);
-  if (!train.ok()) return DataError(train.status());
-  workload.train = *std::move(train);
-  if (with_test) {
-    absl::StatusOr<TensorDataset> test = LoadFashionMnist(spec.data().path(), Split::kTest);
-    if (!test.ok()) return DataError(test.status());
-    workload.test = *std::move(test);
-  }
-  workload.description = name;
+  absl::Status loaded = LoadSplits(workload, with_test, [&](Split split) -> absl::StatusOr<TensorDataset> {
+    absl::StatusOr<TensorDataset> set = LoadFashionMnist(spec.data().path(), split);
+    if (!set.ok()) return DataError(set.status());
+    return set;
+  });
+  if (!loaded.ok()) return loaded;
+  workload.description = spec.model().builtin();
+  return workload;
+}
+
+// A TorchScript image classifier (worker/models/torchscript_model.h checks its contract).
+absl::StatusOr<Workload> LoadTorchScriptOnImages(const fitrun::v1::JobSpec& spec, bool with_test) {
+  absl::StatusOr<std::shared_ptr<Model>> model = LoadTorchScriptModel(spec.model().torchscript(), spec.seed());
+  if (!model.ok()) return model.status();
+  Workload workload;
+  workload.model = *std::move(model);
+  absl::Status loaded = LoadSplits(workload, with_test, [&](Split split) -> absl::StatusOr<TensorDataset> {
+    absl::StatusOr<TensorDataset> set = LoadFashionMnist(spec.data().path(), split);
+    if (!set.ok()) return DataError(set.status());
+    return set;
+  });
+  if (!loaded.ok()) return loaded;
+  workload.description = absl::StrCat("torchscript ", spec.model().torchscript());
   return workload;
 }
 
 }  // namespace
 
+const std::vector<WorkloadKind>& WorkloadKinds() {
+  static const auto* kinds = new std::vector<WorkloadKind>{
+      {"mlp", fitrun::v1::DATA_KIND_FASHION_MNIST, LoadBuiltinClassifier},
+      {"cnn", fitrun::v1::DATA_KIND_FASHION_MNIST, LoadBuiltinClassifier},
+      {"gpt", fitrun::v1::DATA_KIND_TEXT, LoadGptOnText},
+      {"sasrec", fitrun::v1::DATA_KIND_MOVIELENS, LoadSasRec},
+      {"torchscript", fitrun::v1::DATA_KIND_FASHION_MNIST, LoadTorchScriptOnImages},
+  };
+  return *kinds;
+}
+
+std::string ModelKindName(const fitrun::v1::ModelSpec& model) {
+  return model.kind_case() == fitrun::v1::ModelSpec::kTorchscript ? "torchscript" : model.builtin();
+}
+
 absl::StatusOr<Workload> LoadWorkload(const fitrun::v1::JobSpec& spec, bool with_test) {
-  const fitrun::v1::ModelSpec& model = spec.model();
-  if (model.kind_case() == fitrun::v1::ModelSpec::kTorchscript) {
-    return LoadClassifier(spec, with_test, absl::StrCat("torchscript ", model.torchscript()));
+  const std::string model = ModelKindName(spec.model());
+  // Specs from before data kinds existed leave Fashion-MNIST's unset.
+  const fitrun::v1::DataKind data =
+      spec.data().kind() == fitrun::v1::DATA_KIND_UNSPECIFIED ? fitrun::v1::DATA_KIND_FASHION_MNIST : spec.data().kind();
+  std::vector<std::string> kinds_for_model;
+  for (const WorkloadKind& kind : WorkloadKinds()) {
+    if (kind.model != model) continue;
+    if (kind.data == data) return kind.load(spec, with_test);
+    kinds_for_model.push_back(fitrun::v1::DataKind_Name(kind.data));
   }
-  if (model.kind_case() == fitrun::v1::ModelSpec::kBuiltin) {
-    if (model.builtin() == "gpt") return LoadGpt(spec, with_test);
-    if (model.builtin() == "sasrec") return LoadSasRec(spec, with_test);
+  if (kinds_for_model.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.model: unknown model '", model,
+                                                   "' (known: mlp, cnn, gpt, sasrec, or a torchscript file)"));
   }
-  // mlp and cnn, or a spec CreateModel rejects with the reason.
-  return LoadClassifier(spec, with_test, model.builtin());
+  return absl::InvalidArgumentError(absl::StrCat("spec.data.kind: ", model, " trains on ",
+                                                 absl::StrJoin(kinds_for_model, " or "), " data (got ",
+                                                 fitrun::v1::DataKind_Name(spec.data().kind()), ")"));
 }
 
 }  // namespace fitrun::worker

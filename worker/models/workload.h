@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "fitrun/v1/job.pb.h"
@@ -13,8 +14,8 @@
 namespace fitrun::worker {
 
 // A spec's model together with the data it trains and is tested on, which is how a worker gets
-// both: some models are sized by their data (sasrec's item count) and every model reads its own
-// dataset layout.
+// both: some models are sized by their data (sasrec's item count) and every
+// model reads its own dataset layout.
 struct Workload {
   std::shared_ptr<Model> model;
   TensorDataset train;
@@ -24,9 +25,23 @@ struct Workload {
   std::string description;
 };
 
-// Loads the data a spec names and builds its model with `seed`. Model and data kinds must match:
-// mlp, cnn and torchscript train on fashion_mnist, gpt on text, sasrec on movielens. Errors are
-// InvalidArgument naming the spec field (spec.data.path, spec.model.gpt.heads, ...).
+// The worker's side of each workload: a model kind ("mlp", "cnn", "gpt", "sasrec", or "torchscript")
+// on a data kind, and how to load the two. One entry per pair (fitrund keeps the same pairs, with
+// their checks and memory profiles, in server/core/workloads.h); a new model or data kind is one
+// entry here.
+struct WorkloadKind {
+  std::string model;
+  fitrun::v1::DataKind data;
+  absl::StatusOr<Workload> (*load)(const fitrun::v1::JobSpec& spec, bool with_test);
+};
+const std::vector<WorkloadKind>& WorkloadKinds();
+
+// The spec's model kind as WorkloadKind::model names it ("torchscript" for a TorchScript file).
+std::string ModelKindName(const fitrun::v1::ModelSpec& model);
+
+// Loads the data a spec names and builds its model with the spec's seed. Errors are
+// InvalidArgument naming the spec field (spec.data.kind for a pair no entry has, spec.data.path,
+// spec.model.gpt.heads, ...).
 absl::StatusOr<Workload> LoadWorkload(const fitrun::v1::JobSpec& spec, bool with_test);
 
 }  // namespace fitrun::worker
