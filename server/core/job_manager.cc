@@ -1,4 +1,5 @@
 #include "server/core/job_manager.h"
+#include "server/core/workloads.h"
 
 #include <google/protobuf/text_format.h>
 #include <sys/random.h>

@@ -261,7 +261,7 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string JobDir(const std::string& job_id) const;
   // The spec's model profile, calibrated when the memory probe has measured it. A member of the same
-  // name as model_profile.h's free function, so every plan the manager makes uses it.
+  // name as workloads.h's free function, so every plan the manager makes uses it.
   absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec) const;
   // What the job's workload still needs measured before it can be planned, with the probe queued on
   // the calibrator's threads (its end schedules again); empty when nothing.

@@ -19,16 +19,14 @@
 #include "absl/strings/str_split.h"
 #include "fitrun/v1/find_command.h"
 #include "fitrun/v1/launch_contract.h"
+#include "server/core/spec_errors.h"
+#include "server/core/workloads.h"
 
 namespace fitrun::server {
 namespace launch = fitrun::v1::launch;
 namespace {
 
 using fitrun::v1::JobSpec;
-
-absl::Status FieldError(absl::string_view path, absl::string_view message) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", message));
-}
 
 std::string Where(const YAML::Node& node) {
   const YAML::Mark mark = node.Mark();
@@ -219,144 +217,6 @@ const std::vector<std::pair<std::string, fitrun::v1::Precision>>& PrecisionNames
       {"fp16", fitrun::v1::PRECISION_FP16},
   };
   return *names;
-}
-
-const std::vector<std::string>& BuiltinModels() {
-  static const auto* names = new std::vector<std::string>{"mlp", "cnn", "gpt", "sasrec"};
-  return *names;
-}
-
-absl::Status RequirePositive(const std::string& path, int64_t value) {
-  if (value >= 1) return absl::OkStatus();
-  return FieldError(path, absl::StrCat("must be >= 1 (got ", value, ")"));
-}
-
-absl::Status RequireDataKind(const JobSpec& spec, fitrun::v1::DataKind kind, absl::string_view kind_name) {
-  if (spec.data().kind() == kind) return absl::OkStatus();
-  const std::string model = spec.model().kind_case() == fitrun::v1::ModelSpec::kTorchscript
-                                ? std::string("a torchscript model")
-                                : absl::StrCat("model ", spec.model().builtin());
-  return FieldError("spec.data.kind", absl::StrCat(model, " trains on ", kind_name, " data; set kind: ", kind_name));
-}
-
-absl::Status RequireFile(const std::string& path, const std::string& field, absl::string_view what) {
-  std::error_code error;
-  if (path.empty()) return FieldError(field, absl::StrCat("required; ", what));
-  if (!std::filesystem::is_regular_file(path, error)) {
-    return FieldError(field, absl::StrCat("no file '", path, "' on the coordinator's machine; ", what));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateGpt(const JobSpec& spec) {
-  if (!spec.model().has_gpt()) {
-    return FieldError("spec.model.gpt", "required for builtin gpt; e.g. {layers: 2, heads: 4, hidden: 128, context: 64}");
-  }
-  const fitrun::v1::GptConfig& gpt = spec.model().gpt();
-  for (const auto& [field, value] : {std::pair<const char*, int64_t>{"layers", gpt.layers()},
-                                     {"heads", gpt.heads()},
-                                     {"hidden", gpt.hidden()},
-                                     {"context", gpt.context()}}) {
-    if (absl::Status s = RequirePositive(absl::StrCat("spec.model.gpt.", field), value); !s.ok()) return s;
-  }
-  if (gpt.hidden() % gpt.heads() != 0) {
-    return FieldError("spec.model.gpt.heads", absl::StrCat("must divide hidden (", gpt.hidden(),
-                                                           " is not a multiple of ", gpt.heads(), ")"));
-  }
-  if (absl::Status s = RequireDataKind(spec, fitrun::v1::DATA_KIND_TEXT, "text"); !s.ok()) return s;
-  if (absl::Status s = RequireFile(spec.data().path(), "spec.data.path", "the text file to train on"); !s.ok()) {
-    return s;
-  }
-  // The worker's test split is the last 10% of the file and needs one window of context + 1 bytes.
-  std::error_code error;
-  const int64_t bytes = static_cast<int64_t>(std::filesystem::file_size(spec.data().path(), error));
-  const int64_t needed = 10 * (int64_t{gpt.context()} + 1) + 10;
-  if (error || bytes < needed) {
-    return FieldError("spec.data.path", absl::StrCat("'", spec.data().path(), "' has ", error ? 0 : bytes,
-                                                     " bytes; a context of ", gpt.context(), " needs at least ",
-                                                     needed, " (its last 10% is the test split)"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateSasRec(const JobSpec& spec) {
-  if (!spec.model().has_sasrec()) {
-    return FieldError("spec.model.sasrec", "required for builtin sasrec; e.g. {max_len: 50, hidden: 64, blocks: 2, heads: 1}");
-  }
-  const fitrun::v1::SasRecConfig& sasrec = spec.model().sasrec();
-  for (const auto& [field, value] : {std::pair<const char*, int64_t>{"max_len", sasrec.max_len()},
-                                     {"hidden", sasrec.hidden()},
-                                     {"blocks", sasrec.blocks()},
-                                     {"heads", sasrec.heads()}}) {
-    if (absl::Status s = RequirePositive(absl::StrCat("spec.model.sasrec.", field), value); !s.ok()) return s;
-  }
-  if (sasrec.hidden() % sasrec.heads() != 0) {
-    return FieldError("spec.model.sasrec.heads", absl::StrCat("must divide hidden (", sasrec.hidden(),
-                                                              " is not a multiple of ", sasrec.heads(), ")"));
-  }
-  if (absl::Status s = RequireDataKind(spec, fitrun::v1::DATA_KIND_MOVIELENS, "movielens"); !s.ok()) return s;
-  return RequireFile(spec.data().path(), "spec.data.path",
-                     "a ratings file in MovieLens-1M format (user::item::rating::timestamp per line), such as "
-                     "ml-1m/ratings.dat or one written by tools/make_movielens_sample.py");
-}
-
-absl::Status ValidateFashionMnistDir(const JobSpec& spec) {
-  if (spec.data().path().empty()) {
-    return FieldError("spec.data.path", "required; the directory holding the dataset's files, e.g. "
-                                        "/usr/share/datasets/fashion-mnist");
-  }
-  std::error_code error;
-  if (!std::filesystem::is_directory(spec.data().path(), error)) {
-    return FieldError("spec.data.path", absl::StrCat("no directory '", spec.data().path(),
-                                                     "' on the coordinator's machine; install "
-                                                     "dataset-fashion-mnist or point it at a copy"));
-  }
-  for (const char* file : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-                           "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
-    if (!std::filesystem::exists(std::filesystem::path(spec.data().path()) / file, error)) {
-      return FieldError("spec.data.path", absl::StrCat("'", spec.data().path(), "' has no ", file,
-                                                       "; it must hold Fashion-MNIST's four IDX .gz files"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// The model, its config and the data it needs, which depend on each other.
-absl::Status ValidateModelAndData(const JobSpec& spec) {
-  const fitrun::v1::ModelSpec& model = spec.model();
-  if (model.kind_case() == fitrun::v1::ModelSpec::KIND_NOT_SET) {
-    return FieldError("spec.model", "required; for example {builtin: mlp} or {torchscript: model.pt}");
-  }
-  const bool is_gpt = model.kind_case() == fitrun::v1::ModelSpec::kBuiltin && model.builtin() == "gpt";
-  const bool is_sasrec = model.kind_case() == fitrun::v1::ModelSpec::kBuiltin && model.builtin() == "sasrec";
-  if (model.has_gpt() && !is_gpt) return FieldError("spec.model.gpt", "only for builtin gpt");
-  if (model.has_sasrec() && !is_sasrec) return FieldError("spec.model.sasrec", "only for builtin sasrec");
-  if (spec.data().kind() == fitrun::v1::DATA_KIND_UNSPECIFIED) {
-    return FieldError("spec.data.kind", "required; use fashion_mnist, text or movielens");
-  }
-
-  if (model.kind_case() == fitrun::v1::ModelSpec::kTorchscript) {
-    if (absl::Status s = RequireFile(model.torchscript(), "spec.model.torchscript",
-                                     "a file saved by torch.jit.script(module).save(path)");
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = RequireDataKind(spec, fitrun::v1::DATA_KIND_FASHION_MNIST, "fashion_mnist"); !s.ok()) {
-      return s;
-    }
-    return ValidateFashionMnistDir(spec);
-  }
-  const auto& builtins = BuiltinModels();
-  if (std::find(builtins.begin(), builtins.end(), model.builtin()) == builtins.end()) {
-    return FieldError("spec.model.builtin", absl::StrCat("unknown model '", model.builtin(),
-                                                         "'; use one of: ", absl::StrJoin(builtins, ", ")));
-  }
-  if (is_gpt) return ValidateGpt(spec);
-  if (is_sasrec) return ValidateSasRec(spec);
-  if (absl::Status s = RequireDataKind(spec, fitrun::v1::DATA_KIND_FASHION_MNIST, "fashion_mnist"); !s.ok()) {
-    return s;
-  }
-  return ValidateFashionMnistDir(spec);
 }
 
 // A script job: its command must run on this machine as the ranks will run it.

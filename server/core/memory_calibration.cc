@@ -1,4 +1,5 @@
 #include "server/core/memory_calibration.h"
+#include "server/core/workloads.h"
 
 #include "server/core/job_spec.h"
 #include "server/core/units.h"
@@ -31,15 +32,6 @@ namespace {
 constexpr char kSweep[] = "sweep";
 constexpr char kPoint[] = "point";
 constexpr char kRun[] = "run";
-
-// "<path>@<mtime ns>:<size>", or "<path>@missing": a rewritten file is a new model.
-std::string FileVersion(const std::string& path) {
-  std::error_code error;
-  const auto mtime = std::filesystem::last_write_time(path, error);
-  if (error) return absl::StrCat(path, "@missing");
-  const auto size = std::filesystem::file_size(path, error);
-  return absl::StrCat(path, "@", mtime.time_since_epoch().count(), ":", error ? 0 : static_cast<int64_t>(size));
-}
 
 // Tabs and newlines are the file's separators.
 std::string OneField(std::string text) {
@@ -98,7 +90,6 @@ std::string BatchIgnoredBy(const MemoryCurve& curve) {
 }
 
 std::string CalibrationKey(const fitrun::v1::JobSpec& spec) {
-  const fitrun::v1::ModelSpec& model = spec.model();
   // "v4": sweeps that measure to within 4x of the largest batch a plan can take; the sweeps of
   // earlier versions, which could stop far below it, are not reused.
   std::string key = "v4 ";
@@ -111,16 +102,7 @@ std::string CalibrationKey(const fitrun::v1::JobSpec& spec) {
     }
     return OneField(key);
   }
-  if (model.kind_case() == fitrun::v1::ModelSpec::kTorchscript) {
-    absl::StrAppend(&key, "torchscript ", FileVersion(model.torchscript()));
-  } else if (model.builtin() == "gpt") {
-    absl::StrAppend(&key, "gpt ", model.gpt().ShortDebugString());
-  } else if (model.builtin() == "sasrec") {
-    // The item count, read from the ratings file, sizes the embedding.
-    absl::StrAppend(&key, "sasrec ", model.sasrec().ShortDebugString(), " data ", FileVersion(spec.data().path()));
-  } else {
-    absl::StrAppend(&key, model.builtin());
-  }
+  absl::StrAppend(&key, WorkloadMemoryKey(spec));
   const fitrun::v1::OptimizerSpec& optimizer = spec.optimizer();
   absl::StrAppend(&key, " | optimizer ", fitrun::v1::OptimizerKind_Name(optimizer.kind()),
                   optimizer.momentum() > 0 ? " momentum" : "", optimizer.weight_decay() > 0 ? " weight_decay" : "",

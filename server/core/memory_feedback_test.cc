@@ -1,4 +1,5 @@
 #include "server/core/memory_feedback.h"
+#include "server/core/workloads.h"
 
 #include <gtest/gtest.h>
 

@@ -20,9 +20,18 @@ constexpr int64_t kFashionMnistSampleBytes = 28 * 28 * kFloat + 8;  // image + i
 int64_t Linear(int64_t in, int64_t out) { return in * out + out; }
 int64_t Conv(int64_t in, int64_t out, int64_t k) { return in * out * k * k + out; }
 
+// Bytes one transformer layer keeps per sample for backward: s*h*(34 + 5*a*s/h) in 16-bit
+// (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", without
+// dropout masks counted separately), doubled for fp32.
+int64_t TransformerLayerActivationBytes(int64_t s, int64_t h, int64_t a) {
+  return 2 * (s * h * 34 + 5 * a * s * s);
+}
+
+}  // namespace
+
 // mlp: 784-512-512-10 with ReLU. Autograd saves each Linear's input and each ReLU's output; backward
 // holds one activation-gradient per layer at a time, counted as the widest layer twice.
-ModelProfile Mlp() {
+ModelProfile MlpProfile() {
   ModelProfile p;
   p.parameter_count = Linear(784, 512) + Linear(512, 512) + Linear(512, 10);
   const int64_t saved = 784 + 512 + 512 + 512 + 512 + 10 + 10;  // inputs, pre/post ReLU, logits, softmax
@@ -34,7 +43,7 @@ ModelProfile Mlp() {
 }
 
 // cnn: conv 1->32 3x3, conv 32->64 3x3, max-pool 2, fc 9216->128, fc 128->10.
-ModelProfile Cnn() {
+ModelProfile CnnProfile() {
   ModelProfile p;
   p.parameter_count = Conv(1, 32, 3) + Conv(32, 64, 3) + Linear(9216, 128) + Linear(128, 10);
   const int64_t conv1 = 32 * 26 * 26;
@@ -51,16 +60,10 @@ ModelProfile Cnn() {
   return p;
 }
 
-// Bytes one transformer layer keeps per sample for backward: s*h*(34 + 5*a*s/h) in 16-bit
-// (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", without
-// dropout masks counted separately), doubled for fp32.
-int64_t TransformerLayerActivationBytes(int64_t s, int64_t h, int64_t a) {
-  return 2 * (s * h * 34 + 5 * a * s * s);
-}
 
 // gpt: see worker/models/gpt.h. Parameters as GptParameterCount there; activations are the layers'
 // plus the embedding sum and the 256-way logits with their log-softmax and gradient.
-absl::StatusOr<ModelProfile> Gpt(const fitrun::v1::JobSpec& spec) {
+absl::StatusOr<ModelProfile> GptProfile(const fitrun::v1::JobSpec& spec) {
   const fitrun::v1::GptConfig& c = spec.model().gpt();
   const int64_t h = c.hidden();
   const int64_t s = c.context();
@@ -85,7 +88,7 @@ absl::StatusOr<ModelProfile> Gpt(const fitrun::v1::JobSpec& spec) {
 // sasrec: see worker/models/sasrec.h. The item count sizes the embedding and the users with at
 // least three ratings are the training samples (worker/data/movielens.h), so the ratings file is
 // scanned once: about 0.1 s for MovieLens-1M's million lines, and only when a job is planned.
-absl::StatusOr<ModelProfile> SasRec(const fitrun::v1::JobSpec& spec) {
+absl::StatusOr<ModelProfile> SasRecProfile(const fitrun::v1::JobSpec& spec) {
   std::ifstream file(spec.data().path());
   if (!file) {
     return absl::InvalidArgumentError(absl::StrCat("spec.data.path: cannot read '", spec.data().path(), "'"));
@@ -126,50 +129,17 @@ absl::StatusOr<ModelProfile> SasRec(const fitrun::v1::JobSpec& spec) {
 // A TorchScript file cannot be read here without LibTorch. Its parameters are stored uncompressed
 // in the file's zip archive beside small code and pickle entries, so size / 4 bounds the float32
 // parameter count from above; activations are unknown and taken as the builtin cnn's.
-absl::StatusOr<ModelProfile> TorchScript(const fitrun::v1::JobSpec& spec) {
+absl::StatusOr<ModelProfile> TorchScriptProfile(const fitrun::v1::JobSpec& spec) {
   std::error_code error;
   const int64_t bytes = static_cast<int64_t>(std::filesystem::file_size(spec.model().torchscript(), error));
   if (error) {
     return absl::InvalidArgumentError(absl::StrCat("spec.model.torchscript: cannot read the size of '",
                                                    spec.model().torchscript(), "': ", error.message()));
   }
-  ModelProfile p = Cnn();
+  ModelProfile p = CnnProfile();
   p.parameter_count = bytes / kFloat;
+  p.memory_source = "analytic: parameters bounded by the TorchScript file's size, activations taken as the cnn's";
   return p;
-}
-
-}  // namespace
-
-absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec) {
-  if (spec.has_script()) {
-    ModelProfile script;
-    script.memory_source =
-        "not measured yet: a script's memory is known only from its probe (fitrun-worker --probe runs it once "
-        "per micro-batch)";
-    return script;
-  }
-  absl::StatusOr<ModelProfile> profile;
-  const std::string& builtin = spec.model().builtin();
-  if (spec.model().kind_case() == fitrun::v1::ModelSpec::kTorchscript) {
-    profile = TorchScript(spec);
-  } else if (builtin == "mlp") {
-    profile = Mlp();
-  } else if (builtin == "cnn") {
-    profile = Cnn();
-  } else if (builtin == "gpt") {
-    profile = Gpt(spec);
-  } else if (builtin == "sasrec") {
-    profile = SasRec(spec);
-  } else {
-    return absl::NotFoundError(absl::StrCat("spec.model.builtin: no memory profile for '", builtin, "'"));
-  }
-  if (profile.ok()) {
-    profile->memory_source =
-        spec.model().kind_case() == fitrun::v1::ModelSpec::kTorchscript
-            ? "analytic: parameters bounded by the TorchScript file's size, activations taken as the cnn's"
-            : absl::StrCat("analytic: the ", builtin, " profile's arithmetic");
-  }
-  return profile;
 }
 
 }  // namespace fitrun::server

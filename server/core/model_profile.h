@@ -34,9 +34,13 @@ struct ModelProfile {
   std::string batch_not_plannable;
 };
 
-// The profile of a spec's model on its dataset; NOT_FOUND for a model the catalog does not know. A
-// script's profile is empty (no parameters, no dataset size) until its probe measures it.
-absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec);
+// Each model's analytic profile on its dataset, from the spec's config and files (errors name the
+// spec field). server/core/workloads.h picks the one a spec needs.
+ModelProfile MlpProfile();
+ModelProfile CnnProfile();
+absl::StatusOr<ModelProfile> GptProfile(const fitrun::v1::JobSpec& spec);
+absl::StatusOr<ModelProfile> SasRecProfile(const fitrun::v1::JobSpec& spec);
+absl::StatusOr<ModelProfile> TorchScriptProfile(const fitrun::v1::JobSpec& spec);
 
 }  // namespace fitrun::server
 

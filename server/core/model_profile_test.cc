@@ -1,4 +1,5 @@
 #include "server/core/model_profile.h"
+#include "server/core/workloads.h"
 
 #include <cstdlib>
 #include <fstream>

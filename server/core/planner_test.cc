@@ -1,4 +1,5 @@
 #include "server/core/planner.h"
+#include "server/core/workloads.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -39,6 +39,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "server/core/estimator.h"
+#include "server/core/workloads.h"
 #include "server/core/job_spec.h"
 #include "server/core/memory_calibration.h"
 #include "server/core/model_profile.h"
