@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "fitrun/v1/data_contract.h"
 #include "fitrun/v1/find_command.h"
 #include "fitrun/v1/launch_contract.h"
 #include "server/core/spec_errors.h"
@@ -201,6 +202,25 @@ FieldReader Mapping(std::vector<std::pair<std::string, FieldReader>> fields) {
   };
 }
 
+// A field written either as a scalar (`loss: mse`) or as a mapping (`loss: {kind: mse}`).
+FieldReader ScalarOrMapping(FieldReader scalar, std::vector<std::pair<std::string, FieldReader>> fields) {
+  return [scalar, fields](const YAML::Node& node, const std::string& path) {
+    return node.IsScalar() ? scalar(node, path) : ReadMapping(node, path, fields);
+  };
+}
+
+const std::vector<std::pair<std::string, fitrun::v1::LossKind>>& LossNames() {
+  static const auto* names = new std::vector<std::pair<std::string, fitrun::v1::LossKind>>{
+      {"cross_entropy", fitrun::v1::LOSS_KIND_CROSS_ENTROPY},
+      {"mse", fitrun::v1::LOSS_KIND_MSE},
+      {"l1", fitrun::v1::LOSS_KIND_L1},
+      {"bce_with_logits", fitrun::v1::LOSS_KIND_BCE_WITH_LOGITS},
+      {"smooth_l1", fitrun::v1::LOSS_KIND_SMOOTH_L1},
+      {"module", fitrun::v1::LOSS_KIND_MODULE},
+  };
+  return *names;
+}
+
 const std::vector<std::pair<std::string, fitrun::v1::OptimizerKind>>& OptimizerNames() {
   static const auto* names = new std::vector<std::pair<std::string, fitrun::v1::OptimizerKind>>{
       {"sgd", fitrun::v1::OPTIMIZER_KIND_SGD},
@@ -285,17 +305,29 @@ std::optional<int> ScriptFileIndex(const fitrun::v1::ScriptSpec& script) {
 }
 
 absl::Status ResolveClientPaths(JobSpec& spec, const std::string& client_dir) {
-  if (!spec.has_script()) return absl::OkStatus();
-  std::string* dir = spec.mutable_script()->mutable_working_dir();
-  if (!dir->empty() && (*dir)[0] == '/') return absl::OkStatus();
-  if (client_dir.empty() || client_dir[0] != '/') {
-    return FieldError("spec.script.working_dir",
-                      absl::StrCat("'", *dir, "' is relative and the request gave no client_dir to resolve it "
-                                              "against; give an absolute path"));
+  std::vector<std::pair<std::string, std::string*>> paths;
+  if (spec.has_script()) {
+    // An empty working_dir is the client's own directory.
+    paths.emplace_back("spec.script.working_dir", spec.mutable_script()->mutable_working_dir());
   }
-  *dir = std::filesystem::path(client_dir) / *dir;
-  *dir = std::filesystem::path(*dir).lexically_normal().string();
-  if (dir->size() > 1 && dir->back() == '/') dir->pop_back();
+  if (spec.has_model() && spec.model().kind_case() == fitrun::v1::ModelSpec::kTorchscript) {
+    paths.emplace_back("spec.model.torchscript", spec.mutable_model()->mutable_torchscript());
+  }
+  if (spec.has_data()) {
+    if (!spec.data().path().empty()) paths.emplace_back("spec.data.path", spec.mutable_data()->mutable_path());
+    if (!spec.data().test_path().empty()) {
+      paths.emplace_back("spec.data.test_path", spec.mutable_data()->mutable_test_path());
+    }
+  }
+  for (const auto& [field, path] : paths) {
+    if (!path->empty() && (*path)[0] == '/') continue;
+    if (client_dir.empty() || client_dir[0] != '/') {
+      return FieldError(field, absl::StrCat("'", *path, "' is relative and the request gave no client_dir to resolve "
+                                                        "it against; give an absolute path"));
+    }
+    *path = (std::filesystem::path(client_dir) / *path).lexically_normal().string();
+    if (path->size() > 1 && path->back() == '/') path->pop_back();
+  }
   return absl::OkStatus();
 }
 
@@ -350,10 +382,23 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
                          {"kind", EnumField<fitrun::v1::DataKind>(
                                       {{"fashion_mnist", fitrun::v1::DATA_KIND_FASHION_MNIST},
                                        {"text", fitrun::v1::DATA_KIND_TEXT},
-                                       {"movielens", fitrun::v1::DATA_KIND_MOVIELENS}},
+                                       {"movielens", fitrun::v1::DATA_KIND_MOVIELENS},
+                                       {"tensors", fitrun::v1::DATA_KIND_TENSORS}},
                                       [&](fitrun::v1::DataKind v) { data->set_kind(v); })},
                          {"path", String([&](const std::string& v) { data->set_path(v); })},
+                         {"target", String([&](const std::string& v) { data->set_target(v); })},
+                         {"inputs", StringList([&](const std::string& v) { data->add_inputs(v); })},
+                         {"test_fraction", Double([&](double v) { data->set_test_fraction(v); })},
+                         {"test_path", String([&](const std::string& v) { data->set_test_path(v); })},
                      })},
+            {"loss", ScalarOrMapping(EnumField<fitrun::v1::LossKind>(
+                                         LossNames(), [&](fitrun::v1::LossKind v) { spec.mutable_loss()->set_kind(v); }),
+                                     {
+                                         {"kind", EnumField<fitrun::v1::LossKind>(LossNames(), [&](fitrun::v1::LossKind v) {
+                                            spec.mutable_loss()->set_kind(v);
+                                          })},
+                                         {"ignore_index", Int([&](int64_t v) { spec.mutable_loss()->set_ignore_index(v); })},
+                                     })},
             {"script",
              Mapping({
                  {"command", StringList([&](const std::string& v) { spec.mutable_script()->add_command(v); })},
@@ -571,6 +616,17 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   if (!tolerance->has_max_oom_retries()) tolerance->set_max_oom_retries(3);
   if (tolerance->heartbeat_timeout_seconds() == 0) tolerance->set_heartbeat_timeout_seconds(60);
   if (tolerance->stop_grace_seconds() == 0) tolerance->set_stop_grace_seconds(2);
+  if (spec.data().kind() == fitrun::v1::DATA_KIND_TENSORS) {
+    auto* data = spec.mutable_data();
+    if (data->target().empty()) data->set_target(fitrun::v1::data::kDefaultTargetKey);
+    if (!data->has_test_fraction() && data->test_path().empty()) {
+      data->set_test_fraction(fitrun::v1::data::kDefaultTestFraction);
+    }
+  }
+  if (spec.model().kind_case() == fitrun::v1::ModelSpec::kTorchscript &&
+      spec.loss().kind() == fitrun::v1::LOSS_KIND_UNSPECIFIED) {
+    spec.mutable_loss()->set_kind(fitrun::v1::LOSS_KIND_CROSS_ENTROPY);
+  }
 }
 
 absl::StatusOr<JobSpec> NormalizeJobSpec(JobSpec spec) {

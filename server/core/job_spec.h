@@ -21,8 +21,9 @@ namespace fitrun::server {
 // INVALID_ARGUMENT errors naming the field. The result is not yet validated.
 absl::StatusOr<fitrun::v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml_text);
 
-// A spec's relative paths are relative to the client that sent it: script.working_dir is made
-// absolute against `client_dir` (the client's working directory, sent with the request).
+// A spec's relative paths are relative to the client that sent it: script.working_dir,
+// model.torchscript, data.path and data.test_path are made absolute against `client_dir` (the
+// client's working directory, sent with the request).
 absl::Status ResolveClientPaths(fitrun::v1::JobSpec& spec, const std::string& client_dir);
 
 // The index in script.command of the script file a Python interpreter runs (the first argument that

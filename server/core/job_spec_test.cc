@@ -208,8 +208,9 @@ TEST(JobSpecTest, GptDataMustBeAnExistingLargeEnoughTextFile) {
 
   const std::string text = WriteTempFile("gpt.txt", std::string(5000, 'a'));
   std::string wrong_kind = GptYaml(text);
-  wrong_kind.replace(wrong_kind.find("kind: text"), 10, "kind: movielens");
-  EXPECT_THAT(Normalize(wrong_kind).status().message(), HasSubstr("spec.data.kind: model gpt trains on text"));
+  wrong_kind.replace(wrong_kind.find("kind: text"), 10, "kind: fashion_mnist");
+  EXPECT_THAT(Normalize(wrong_kind).status().message(),
+              HasSubstr("spec.data.kind: model gpt trains on text or movielens data; set kind: text"));
 }
 
 TEST(JobSpecTest, SasRecSpecParsesAndChecksItsConfig) {

@@ -1,6 +1,8 @@
 #include "server/core/model_profile.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <string>
 #include <unordered_map>
@@ -8,6 +10,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "fitrun/v1/data_contract.h"
+#include "server/core/tensor_file.h"
 
 namespace fitrun::server {
 namespace {
@@ -25,6 +29,55 @@ int64_t Conv(int64_t in, int64_t out, int64_t k) { return in * out * k * k + out
 // dropout masks counted separately), doubled for fp32.
 int64_t TransformerLayerActivationBytes(int64_t s, int64_t h, int64_t a) {
   return 2 * (s * h * 34 + 5 * a * s * s);
+}
+
+// The gpt's parameters and activations over `vocabulary` tokens: the layers', plus the embedding
+// sum and the logits with their log-softmax and gradient.
+ModelProfile GptWithVocabulary(const fitrun::v1::GptConfig& c, int64_t vocabulary) {
+  const int64_t h = c.hidden();
+  const int64_t s = c.context();
+  ModelProfile p;
+  p.parameter_count = vocabulary * h + s * h + c.layers() * (12 * h * h + 13 * h) + 2 * h + (c.tied_head() ? 0 : vocabulary * h);
+  p.activation_bytes_per_sample = c.layers() * TransformerLayerActivationBytes(s, h, c.heads()) + 2 * s * h * kFloat +
+                                  3 * s * vocabulary * kFloat;
+  return p;
+}
+
+// What sizes a ratings workload: the items (the embedding) and the users with at least three
+// ratings (the training samples, worker/data/movielens.h). The file is scanned once: about 0.1 s
+// for MovieLens-1M's million lines, and only when a job is planned.
+struct RatingsCounts {
+  int64_t items = 0;
+  int64_t trainable_users = 0;
+};
+absl::StatusOr<RatingsCounts> CountRatings(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) return absl::InvalidArgumentError(absl::StrCat("spec.data.path: cannot read '", path, "'"));
+  std::unordered_set<int64_t> items;
+  std::unordered_map<int64_t, int64_t> ratings_per_user;
+  std::string line;
+  int64_t line_number = 0;
+  while (std::getline(file, line)) {
+    ++line_number;
+    if (line.empty() || line == "\r") continue;
+    const size_t first = line.find("::");
+    const size_t second = first == std::string::npos ? first : line.find("::", first + 2);
+    int64_t user = 0;
+    int64_t item = 0;
+    if (second == std::string::npos || !absl::SimpleAtoi(line.substr(0, first), &user) ||
+        !absl::SimpleAtoi(line.substr(first + 2, second - first - 2), &item)) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.data.path: '", path, "' line ",
+                                                     line_number, " is not user::item::rating::timestamp"));
+    }
+    items.insert(item);
+    ++ratings_per_user[user];
+  }
+  RatingsCounts counts;
+  counts.items = static_cast<int64_t>(items.size());
+  for (const auto& [user, count] : ratings_per_user) {
+    if (count >= 3) ++counts.trainable_users;
+  }
+  return counts;
 }
 
 }  // namespace
@@ -64,14 +117,8 @@ ModelProfile CnnProfile() {
 // gpt: see worker/models/gpt.h. Parameters as GptParameterCount there; activations are the layers'
 // plus the embedding sum and the 256-way logits with their log-softmax and gradient.
 absl::StatusOr<ModelProfile> GptProfile(const fitrun::v1::JobSpec& spec) {
-  const fitrun::v1::GptConfig& c = spec.model().gpt();
-  const int64_t h = c.hidden();
-  const int64_t s = c.context();
-  ModelProfile p;
-  p.parameter_count = kByteVocabulary * h + s * h + c.layers() * (12 * h * h + 13 * h) + 2 * h +
-                      (c.tied_head() ? 0 : kByteVocabulary * h);
-  p.activation_bytes_per_sample = c.layers() * TransformerLayerActivationBytes(s, h, c.heads()) +
-                                  2 * s * h * kFloat + 3 * s * kByteVocabulary * kFloat;
+  const int64_t s = spec.model().gpt().context();
+  ModelProfile p = GptWithVocabulary(spec.model().gpt(), kByteVocabulary);
   p.input_bytes_per_sample = 2 * s;  // uint8 window and its shifted targets
   // As worker/data/text.h: windows of context + 1 bytes every context bytes over the first 90%.
   std::error_code error;
@@ -85,44 +132,64 @@ absl::StatusOr<ModelProfile> GptProfile(const fitrun::v1::JobSpec& spec) {
   return p;
 }
 
-// sasrec: see worker/models/sasrec.h. The item count sizes the embedding and the users with at
-// least three ratings are the training samples (worker/data/movielens.h), so the ratings file is
-// scanned once: about 0.1 s for MovieLens-1M's million lines, and only when a job is planned.
+// sasrec: see worker/models/sasrec.h; sized by its ratings file (CountRatings).
 absl::StatusOr<ModelProfile> SasRecProfile(const fitrun::v1::JobSpec& spec) {
-  std::ifstream file(spec.data().path());
-  if (!file) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.data.path: cannot read '", spec.data().path(), "'"));
-  }
-  std::unordered_set<int64_t> items;
-  std::unordered_map<int64_t, int64_t> ratings_per_user;
-  std::string line;
-  int64_t line_number = 0;
-  while (std::getline(file, line)) {
-    ++line_number;
-    if (line.empty() || line == "\r") continue;
-    const size_t first = line.find("::");
-    const size_t second = first == std::string::npos ? first : line.find("::", first + 2);
-    int64_t user = 0;
-    int64_t item = 0;
-    if (second == std::string::npos || !absl::SimpleAtoi(line.substr(0, first), &user) ||
-        !absl::SimpleAtoi(line.substr(first + 2, second - first - 2), &item)) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.data.path: '", spec.data().path(), "' line ",
-                                                     line_number, " is not user::item::rating::timestamp"));
-    }
-    items.insert(item);
-    ++ratings_per_user[user];
-  }
+  absl::StatusOr<RatingsCounts> ratings = CountRatings(spec.data().path());
+  if (!ratings.ok()) return ratings.status();
   const fitrun::v1::SasRecConfig& c = spec.model().sasrec();
   const int64_t d = c.hidden();
   const int64_t s = c.max_len();
   ModelProfile p;
-  p.parameter_count = (static_cast<int64_t>(items.size()) + 1) * d + s * d + c.blocks() * (6 * d * d + 10 * d) + 2 * d;
+  p.parameter_count = (ratings->items + 1) * d + s * d + c.blocks() * (6 * d * d + 10 * d) + 2 * d;
   // The blocks, plus the sequence, positive and negative embeddings and their gradients.
   p.activation_bytes_per_sample = c.blocks() * TransformerLayerActivationBytes(s, d, c.heads()) + 6 * s * d * kFloat;
   p.input_bytes_per_sample = 2 * s * 8;  // int64 item sequence and next items
-  for (const auto& [user, count] : ratings_per_user) {
-    if (count >= 3) ++p.train_samples;
+  p.train_samples = ratings->trainable_users;
+  return p;
+}
+
+// The gpt recommender (worker/models/gpt.h, CreateGptRecommender): the gpt over a vocabulary of the
+// ratings file's items plus padding, one sample per user with 3 or more ratings.
+absl::StatusOr<ModelProfile> GptRecommenderProfile(const fitrun::v1::JobSpec& spec) {
+  absl::StatusOr<RatingsCounts> ratings = CountRatings(spec.data().path());
+  if (!ratings.ok()) return ratings.status();
+  ModelProfile p = GptWithVocabulary(spec.model().gpt(), ratings->items + 1);
+  p.input_bytes_per_sample = 2 * int64_t{spec.model().gpt().context()} * 8;  // int64 items and next items
+  p.train_samples = ratings->trainable_users;
+  return p;
+}
+
+// A TorchScript model on a tensors file: parameters bounded by the module file's size, samples and
+// their bytes from the tensors file's header. Its activations are unknown without running it, so
+// they are guessed generously (64x a sample's bytes, at least the cnn's): the probe measures the
+// workload before any of its plans launches.
+absl::StatusOr<ModelProfile> TorchScriptOnTensorsProfile(const fitrun::v1::JobSpec& spec) {
+  absl::StatusOr<ModelProfile> p = TorchScriptProfile(spec);
+  if (!p.ok()) return p.status();
+  absl::StatusOr<std::map<std::string, TensorInfo>> tensors = ReadTensorDict(spec.data().path());
+  if (!tensors.ok()) return absl::InvalidArgumentError(absl::StrCat("spec.data.path: ", tensors.status().message()));
+  int64_t n = 0;
+  int64_t sample_bytes = 0;
+  for (const auto& [key, info] : *tensors) {
+    if (info.shape.empty()) continue;
+    n = std::max(n, info.shape[0]);
+    int64_t elements = 1;
+    for (size_t d = 1; d < info.shape.size(); ++d) elements *= info.shape[d];
+    const int64_t element_bytes = info.dtype == "float64" || info.dtype == "int64"                                   ? 8
+                                  : info.dtype == "float32" || info.dtype == "int32"                                 ? 4
+                                  : info.dtype == "float16" || info.dtype == "bfloat16" || info.dtype == "int16" ? 2
+                                                                                                                  : 1;
+    sample_bytes += elements * element_bytes;
   }
+  p->input_bytes_per_sample = sample_bytes;
+  p->activation_bytes_per_sample = std::max(p->activation_bytes_per_sample, 64 * sample_bytes);
+  p->train_samples = spec.data().test_path().empty()
+                         ? n - fitrun::v1::data::TestSamples(n, spec.data().has_test_fraction()
+                                                                     ? spec.data().test_fraction()
+                                                                     : fitrun::v1::data::kDefaultTestFraction)
+                         : n;
+  p->memory_source = "analytic: parameters bounded by the TorchScript file's size, activations guessed as 64x a "
+                     "sample's bytes (the probe measures them)";
   return p;
 }
 

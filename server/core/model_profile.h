@@ -41,6 +41,8 @@ ModelProfile CnnProfile();
 absl::StatusOr<ModelProfile> GptProfile(const fitrun::v1::JobSpec& spec);
 absl::StatusOr<ModelProfile> SasRecProfile(const fitrun::v1::JobSpec& spec);
 absl::StatusOr<ModelProfile> TorchScriptProfile(const fitrun::v1::JobSpec& spec);
+absl::StatusOr<ModelProfile> GptRecommenderProfile(const fitrun::v1::JobSpec& spec);
+absl::StatusOr<ModelProfile> TorchScriptOnTensorsProfile(const fitrun::v1::JobSpec& spec);
 
 }  // namespace fitrun::server
 

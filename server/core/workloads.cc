@@ -1,11 +1,15 @@
 #include "server/core/workloads.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "fitrun/v1/data_contract.h"
 #include "server/core/spec_errors.h"
+#include "server/core/tensor_file.h"
 
 namespace fitrun::server {
 namespace {
@@ -22,6 +26,7 @@ std::string DataKindName(fitrun::v1::DataKind kind) {
     case fitrun::v1::DATA_KIND_FASHION_MNIST: return "fashion_mnist";
     case fitrun::v1::DATA_KIND_TEXT: return "text";
     case fitrun::v1::DATA_KIND_MOVIELENS: return "movielens";
+    case fitrun::v1::DATA_KIND_TENSORS: return "tensors";
     default: return fitrun::v1::DataKind_Name(kind);
   }
 }
@@ -128,6 +133,120 @@ absl::Status ValidateRatingsFile(const JobSpec& spec) {
                      "ml-1m/ratings.dat or one written by tools/make_movielens_sample.py");
 }
 
+// A tensors dataset at submit, read with server/core/tensor_file.h: the keys the spec names, one
+// sample count, a test split, and a target the spec's loss can compare.
+absl::Status ValidateTensorsData(const JobSpec& spec) {
+  const fitrun::v1::DataSpec& data = spec.data();
+  if (absl::Status s = RequireFile(data.path(), "spec.data.path",
+                                   "a file written by torch.save({\"inputs\": x, \"target\": y}, path)");
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::map<std::string, TensorInfo>> tensors = ReadTensorDict(data.path());
+  if (!tensors.ok()) return FieldError("spec.data.path", absl::StrCat("'", data.path(), "': ", tensors.status().message()));
+  std::vector<std::string> found;
+  for (const auto& [key, info] : *tensors) found.push_back(absl::StrCat(key, " ", info.Describe()));
+  const std::string has = absl::StrCat(" (it has ", absl::StrJoin(found, ", "), ")");
+  const std::string target = data.target().empty() ? fitrun::v1::data::kDefaultTargetKey : data.target();
+  if (tensors->count(target) == 0) {
+    return FieldError(data.target().empty() ? "spec.data.path" : "spec.data.target",
+                      absl::StrCat("'", data.path(), "' has no tensor '", target, "'", has,
+                                   "; name the target's key in spec.data.target"));
+  }
+  std::vector<std::string> inputs(data.inputs().begin(), data.inputs().end());
+  if (inputs.empty()) {
+    for (const auto& [key, info] : *tensors) {
+      if (key != target) inputs.push_back(key);
+    }
+  }
+  if (inputs.empty()) return FieldError("spec.data.inputs", absl::StrCat("'", data.path(), "' has no tensor besides the target"));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string field = absl::StrCat("spec.data.inputs[", i, "]");
+    if (inputs[i] == target) return FieldError(field, absl::StrCat("'", target, "' is the target"));
+    if (tensors->count(inputs[i]) == 0) {
+      return FieldError(field, absl::StrCat("'", data.path(), "' has no tensor '", inputs[i], "'", has));
+    }
+  }
+  const TensorInfo& target_info = tensors->at(target);
+  for (const auto& [key, info] : *tensors) {
+    if (info.shape.empty()) {
+      return FieldError("spec.data.path", absl::StrCat("'", data.path(), "': '", key, "' is a scalar; every tensor needs "
+                                                                                   "the samples along its first dimension"));
+    }
+  }
+  const int64_t n = target_info.shape[0];
+  for (const std::string& key : inputs) {
+    if (tensors->at(key).shape[0] != n) {
+      return FieldError("spec.data.path", absl::StrCat("'", data.path(), "': '", key, "' is ", tensors->at(key).Describe(),
+                                                       " but '", target, "' is ", target_info.Describe(),
+                                                       "; every tensor needs the same number of samples along "
+                                                       "dimension 0"));
+    }
+  }
+  if (!data.test_path().empty()) {
+    if (data.has_test_fraction()) {
+      return FieldError("spec.data.test_fraction", "give either test_fraction or test_path, not both");
+    }
+    absl::StatusOr<std::map<std::string, TensorInfo>> test = ReadTensorDict(data.test_path());
+    if (!test.ok()) {
+      return FieldError("spec.data.test_path", absl::StrCat("'", data.test_path(), "': ", test.status().message()));
+    }
+    std::vector<std::string> wanted = inputs;
+    wanted.push_back(target);
+    const int64_t test_n = test->count(target) > 0 && !test->at(target).shape.empty() ? test->at(target).shape[0] : -1;
+    for (const std::string& key : wanted) {
+      const TensorInfo& train = tensors->at(key);
+      auto it = test->find(key);
+      const bool same = it != test->end() && it->second.dtype == train.dtype && !it->second.shape.empty() &&
+                        it->second.shape.size() == train.shape.size() &&
+                        std::equal(train.shape.begin() + 1, train.shape.end(), it->second.shape.begin() + 1) &&
+                        it->second.shape[0] == test_n;
+      if (!same) {
+        return FieldError("spec.data.test_path",
+                          absl::StrCat("'", data.test_path(), "' must hold '", key, "' like the training file (",
+                                       train.Describe(), " there, all with one sample count); it has ",
+                                       it == test->end() ? std::string("no such tensor") : it->second.Describe()));
+      }
+    }
+  } else {
+    const double fraction = data.has_test_fraction() ? data.test_fraction() : fitrun::v1::data::kDefaultTestFraction;
+    if (!(fraction >= 0 && fraction < 1)) {
+      return FieldError("spec.data.test_fraction", absl::StrCat("must be in [0, 1) (got ", fraction, ")"));
+    }
+    const int64_t test_samples = fitrun::v1::data::TestSamples(n, fraction);
+    if (test_samples < 1) {
+      return FieldError("spec.data.test_fraction",
+                        absl::StrCat("holds out no test sample of ", n, "; raise it or give spec.data.test_path"));
+    }
+    if (n - test_samples < 1) return FieldError("spec.data.test_fraction", absl::StrCat("leaves no training sample of ", n));
+  }
+  // The target against the loss (the worker checks the output too, on two samples, before training).
+  const fitrun::v1::LossKind loss = spec.loss().kind();
+  if ((loss == fitrun::v1::LOSS_KIND_UNSPECIFIED || loss == fitrun::v1::LOSS_KIND_CROSS_ENTROPY) &&
+      !target_info.integral()) {
+    return FieldError("spec.loss", absl::StrCat("cross_entropy needs integer classes as its target; '", target, "' is ",
+                                                target_info.Describe(),
+                                                ". For a regression set loss: mse (or l1, smooth_l1)"));
+  }
+  if ((loss == fitrun::v1::LOSS_KIND_MSE || loss == fitrun::v1::LOSS_KIND_L1 || loss == fitrun::v1::LOSS_KIND_SMOOTH_L1 ||
+       loss == fitrun::v1::LOSS_KIND_BCE_WITH_LOGITS) &&
+      !target_info.floating()) {
+    return FieldError("spec.loss", absl::StrCat(spec.loss().ShortDebugString(), ": needs a floating-point target; '",
+                                                target, "' is ", target_info.Describe(),
+                                                " (for classes use loss: cross_entropy)"));
+  }
+  return absl::OkStatus();
+}
+
+// spec.loss for a TorchScript model: ignore_index only with cross_entropy.
+absl::Status ValidateLoss(const JobSpec& spec) {
+  if (spec.loss().has_ignore_index() && spec.loss().kind() != fitrun::v1::LOSS_KIND_CROSS_ENTROPY &&
+      spec.loss().kind() != fitrun::v1::LOSS_KIND_UNSPECIFIED) {
+    return FieldError("spec.loss.ignore_index", "only for cross_entropy");
+  }
+  return absl::OkStatus();
+}
+
 // ---- the pairs ----------------------------------------------------------------------------------
 
 absl::Status ValidateImageClassifier(const JobSpec& spec) { return ValidateFashionMnistDir(spec); }
@@ -144,7 +263,24 @@ absl::Status ValidateSasRecOnRatings(const JobSpec& spec) {
 
 absl::Status ValidateTorchScriptOnImages(const JobSpec& spec) {
   if (absl::Status s = ValidateTorchScriptFile(spec); !s.ok()) return s;
+  const fitrun::v1::LossKind loss = spec.loss().kind();
+  if (loss != fitrun::v1::LOSS_KIND_UNSPECIFIED && loss != fitrun::v1::LOSS_KIND_CROSS_ENTROPY &&
+      loss != fitrun::v1::LOSS_KIND_MODULE) {
+    return FieldError("spec.loss", "a Fashion-MNIST classifier trains with cross_entropy (or its own module loss)");
+  }
+  if (absl::Status s = ValidateLoss(spec); !s.ok()) return s;
   return ValidateFashionMnistDir(spec);
+}
+
+absl::Status ValidateTorchScriptOnTensors(const JobSpec& spec) {
+  if (absl::Status s = ValidateTorchScriptFile(spec); !s.ok()) return s;
+  if (absl::Status s = ValidateLoss(spec); !s.ok()) return s;
+  return ValidateTensorsData(spec);
+}
+
+absl::Status ValidateGptOnRatings(const JobSpec& spec) {
+  if (absl::Status s = ValidateGptConfig(spec); !s.ok()) return s;
+  return ValidateRatingsFile(spec);
 }
 
 std::string BuiltinKey(const JobSpec& spec) { return spec.model().builtin(); }
@@ -155,6 +291,15 @@ std::string SasRecKey(const JobSpec& spec) {
 }
 std::string TorchScriptKey(const JobSpec& spec) {
   return absl::StrCat("torchscript ", FileVersion(spec.model().torchscript()));
+}
+// The recommender's vocabulary is the ratings file's items.
+std::string GptRecommenderKey(const JobSpec& spec) {
+  return absl::StrCat(GptKey(spec), " recommender data ", FileVersion(spec.data().path()));
+}
+// The samples' shapes (and so the activations) come from the tensors file; the loss is part of the step.
+std::string TorchScriptOnTensorsKey(const JobSpec& spec) {
+  return absl::StrCat(TorchScriptKey(spec), " data ", FileVersion(spec.data().path()), " ",
+                      spec.data().ShortDebugString(), " loss ", spec.loss().ShortDebugString());
 }
 
 absl::StatusOr<ModelProfile> Mlp(const JobSpec&) { return MlpProfile(); }
@@ -167,9 +312,12 @@ const std::vector<WorkloadKind>& WorkloadKinds() {
       {"mlp", fitrun::v1::DATA_KIND_FASHION_MNIST, ValidateImageClassifier, Mlp, BuiltinKey},
       {"cnn", fitrun::v1::DATA_KIND_FASHION_MNIST, ValidateImageClassifier, Cnn, BuiltinKey},
       {"gpt", fitrun::v1::DATA_KIND_TEXT, ValidateGptOnText, GptProfile, GptKey},
+      {"gpt", fitrun::v1::DATA_KIND_MOVIELENS, ValidateGptOnRatings, GptRecommenderProfile, GptRecommenderKey},
       {"sasrec", fitrun::v1::DATA_KIND_MOVIELENS, ValidateSasRecOnRatings, SasRecProfile, SasRecKey},
       {"torchscript", fitrun::v1::DATA_KIND_FASHION_MNIST, ValidateTorchScriptOnImages, TorchScriptProfile,
        TorchScriptKey},
+      {"torchscript", fitrun::v1::DATA_KIND_TENSORS, ValidateTorchScriptOnTensors, TorchScriptOnTensorsProfile,
+       TorchScriptOnTensorsKey},
   };
   return *kinds;
 }
@@ -208,7 +356,11 @@ absl::Status ValidateModelAndData(const JobSpec& spec) {
     return FieldError("spec.model.sasrec", "only for builtin sasrec");
   }
   if (model.kind_case() != fitrun::v1::ModelSpec::KIND_NOT_SET && spec.data().kind() == fitrun::v1::DATA_KIND_UNSPECIFIED) {
-    return FieldError("spec.data.kind", "required; use fashion_mnist, text or movielens");
+    return FieldError("spec.data.kind", "required; use fashion_mnist, text, movielens or tensors");
+  }
+  if (spec.has_loss() && builtin) {
+    return FieldError("spec.loss", absl::StrCat("only for torchscript models; the builtin ", model.builtin(),
+                                                " trains with its own loss"));
   }
   absl::StatusOr<const WorkloadKind*> kind = FindWorkload(spec);
   if (!kind.ok()) return kind.status();

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/models/attention.h"
+#include "worker/models/ranking.h"
 
 namespace fitrun::worker {
 namespace {
@@ -60,13 +61,20 @@ class Block final : public torch::nn::Module {
   torch::nn::Linear fc_proj_;
 };
 
+// A language model over `vocabulary` tokens: bytes (the text workload), or the items of a ratings
+// file with 0 as padding (the recommender, whose loss skips padded positions and whose evaluation
+// ranks each user's held-out item).
 class Gpt final : public Model {
  public:
-  explicit Gpt(const fitrun::v1::GptConfig& config)
+  enum class Task { kBytes, kNextItem };
+
+  Gpt(const fitrun::v1::GptConfig& config, int64_t vocabulary, Task task)
       : Model("Gpt"),
         context_(config.context()),
+        vocabulary_(vocabulary),
+        task_(task),
         tied_head_(config.tied_head()),
-        token_embedding_(register_module("token_embedding", torch::nn::Embedding(kByteVocabulary, config.hidden()))),
+        token_embedding_(register_module("token_embedding", torch::nn::Embedding(vocabulary, config.hidden()))),
         position_embedding_(register_module("position_embedding", torch::nn::Embedding(config.context(), config.hidden()))),
         blocks_(register_module("blocks", torch::nn::ModuleList())),
         final_norm_(register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden()})))) {
@@ -75,7 +83,7 @@ class Gpt final : public Model {
     }
     if (!tied_head_) {
       head_ = register_module(
-          "head", torch::nn::Linear(torch::nn::LinearOptions(config.hidden(), kByteVocabulary).bias(false)));
+          "head", torch::nn::Linear(torch::nn::LinearOptions(config.hidden(), vocabulary).bias(false)));
       InitLinear(head_);
     }
     torch::NoGradGuard no_grad;
@@ -97,11 +105,14 @@ class Gpt final : public Model {
   }
 
   at::Tensor Loss(const ModelInputs& inputs, const at::Tensor& targets) override {
-    return F::cross_entropy(Forward(inputs).reshape({-1, kByteVocabulary}), targets.to(at::kLong).reshape({-1}));
+    // The recommender's padded positions (target item 0) predict nothing.
+    return F::cross_entropy(Forward(inputs).reshape({-1, vocabulary_}), targets.to(at::kLong).reshape({-1}),
+                            F::CrossEntropyFuncOptions().ignore_index(task_ == Task::kNextItem ? 0 : -100));
   }
 
   absl::StatusOr<Evaluation> Evaluate(const TensorDataset& test, int64_t batch) override {
     if (test.size() == 0) return absl::InvalidArgumentError("empty evaluation set");
+    if (task_ == Task::kNextItem) return EvaluateRanking(test, batch);
     try {
       at::NoGradGuard no_grad;
       const bool was_training = is_training();
@@ -126,7 +137,29 @@ class Gpt final : public Model {
   }
 
  private:
+  // Each user's held-out item (targets column 0) against its negatives, scored by the next-item
+  // logits at the last position of its history.
+  absl::StatusOr<Evaluation> EvaluateRanking(const TensorDataset& test, int64_t batch) {
+    try {
+      at::NoGradGuard no_grad;
+      const bool was_training = is_training();
+      eval();
+      RankingAt10 ranking;
+      for (int64_t begin = 0; begin < test.size(); begin += batch) {
+        const TensorDataset rows = test.Slice(begin, std::min(batch, test.size() - begin));
+        const at::Tensor last = Forward(rows.inputs).select(1, -1);  // [n, vocabulary]
+        ranking.Add(last.gather(1, rows.targets.to(at::kLong)));
+      }
+      train(was_training);
+      return ranking.Result();
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
+    }
+  }
+
   int64_t context_;
+  int64_t vocabulary_;
+  Task task_;
   bool tied_head_;
   torch::nn::Embedding token_embedding_;
   torch::nn::Embedding position_embedding_;
@@ -156,18 +189,26 @@ absl::Status ValidateGptConfig(const fitrun::v1::GptConfig& c) {
   return absl::OkStatus();
 }
 
-int64_t GptParameterCount(const fitrun::v1::GptConfig& c) {
+int64_t GptParameterCount(const fitrun::v1::GptConfig& c, int64_t vocabulary) {
   const int64_t h = c.hidden();
-  const int64_t embeddings = kByteVocabulary * h + int64_t{c.context()} * h;
+  const int64_t embeddings = vocabulary * h + int64_t{c.context()} * h;
   const int64_t per_block = 12 * h * h + 13 * h;
-  const int64_t head = c.tied_head() ? 0 : kByteVocabulary * h;
+  const int64_t head = c.tied_head() ? 0 : vocabulary * h;
   return embeddings + c.layers() * per_block + 2 * h + head;
 }
 
 absl::StatusOr<std::shared_ptr<Model>> CreateGpt(const fitrun::v1::GptConfig& config, uint64_t seed) {
   if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
   torch::manual_seed(seed);
-  return std::make_shared<Gpt>(config);
+  return std::make_shared<Gpt>(config, kByteVocabulary, Gpt::Task::kBytes);
+}
+
+absl::StatusOr<std::shared_ptr<Model>> CreateGptRecommender(const fitrun::v1::GptConfig& config, int64_t num_items,
+                                                            uint64_t seed) {
+  if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
+  if (num_items < 1) return absl::InvalidArgumentError("spec.data.path: the ratings file has no items");
+  torch::manual_seed(seed);
+  return std::make_shared<Gpt>(config, num_items + 1, Gpt::Task::kNextItem);
 }
 
 }  // namespace fitrun::worker

@@ -11,16 +11,19 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "worker/models/losses.h"
 
 namespace fitrun::worker {
 namespace {
-
-constexpr int64_t kClasses = 10;
 
 // nn::Module names cannot contain '.', which TorchScript uses to join submodule names.
 std::string LocalName(std::string name) {
   std::replace(name.begin(), name.end(), '.', '/');
   return name;
+}
+
+std::string Describe(const at::Tensor& t) {
+  return absl::StrCat(c10::toString(t.scalar_type()), " [", absl::StrJoin(t.sizes(), ", "), "]");
 }
 
 class TorchScriptModel final : public Model {
@@ -36,8 +39,34 @@ class TorchScriptModel final : public Model {
     }
   }
 
+  torch::jit::Module& module() { return module_; }
+  void set_loss(std::unique_ptr<LossFunction> loss) { loss_ = std::move(loss); }
+
   at::Tensor Forward(const ModelInputs& inputs) override {
     return module_.forward(std::vector<c10::IValue>(inputs.begin(), inputs.end())).toTensor();
+  }
+
+  at::Tensor Loss(const ModelInputs& inputs, const at::Tensor& targets) override {
+    return loss_->Compute(Forward(inputs), targets);
+  }
+
+  absl::StatusOr<Evaluation> Evaluate(const TensorDataset& test, int64_t batch) override {
+    if (test.size() == 0) return absl::InvalidArgumentError("empty evaluation set");
+    if (batch < 1) return absl::InvalidArgumentError(absl::StrCat("eval batch must be >= 1 (got ", batch, ")"));
+    try {
+      at::NoGradGuard no_grad;
+      const bool was_training = is_training();
+      eval();
+      LossFunction::Totals totals;
+      for (int64_t begin = 0; begin < test.size(); begin += batch) {
+        const TensorDataset rows = test.Slice(begin, std::min(batch, test.size() - begin));
+        loss_->Add(Forward(rows.inputs), rows.targets, totals);
+      }
+      train(was_training);
+      return loss_->Result(totals);
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
+    }
   }
 
   void train(bool on = true) override {
@@ -47,11 +76,13 @@ class TorchScriptModel final : public Model {
 
  private:
   torch::jit::Module module_;
+  std::unique_ptr<LossFunction> loss_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<Model>> LoadTorchScriptModel(const std::string& path, uint64_t seed) {
+absl::StatusOr<std::shared_ptr<Model>> LoadTorchScriptModel(const std::string& path, const fitrun::v1::LossSpec& loss,
+                                                            const TensorDataset& sample, uint64_t seed) {
   const std::string field = absl::StrCat("spec.model.torchscript: '", path, "'");
   torch::manual_seed(seed);
   std::shared_ptr<TorchScriptModel> model;
@@ -70,21 +101,41 @@ absl::StatusOr<std::shared_ptr<Model>> LoadTorchScriptModel(const std::string& p
   if (model->parameters().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(field, " has no parameters to train"));
   }
-  at::Tensor logits;
+  ModuleLossMethod module_loss;
+  if (loss.kind() == fitrun::v1::LOSS_KIND_MODULE) {
+    if (!model->module().find_method("compute_loss").has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.loss: module, but ", path, " has no compute_loss(output, target) method (export it with "
+          "@torch.jit.export, or name a loss such as cross_entropy)"));
+    }
+    module_loss = [m = &model->module()](const at::Tensor& output, const at::Tensor& target) {
+      return m->run_method("compute_loss", output, target).toTensor();
+    };
+  }
+  absl::StatusOr<std::unique_ptr<LossFunction>> loss_function = MakeLoss(loss, std::move(module_loss));
+  if (!loss_function.ok()) return loss_function.status();
+  model->set_loss(*std::move(loss_function));
+
+  std::vector<std::string> shapes;
+  for (const at::Tensor& input : sample.inputs) shapes.push_back(Describe(input));
+  const std::string inputs = absl::StrJoin(shapes, ", ");
+  at::Tensor output;
   try {
     at::NoGradGuard no_grad;
     model->eval();
-    logits = model->Forward({at::zeros({2, 1, 28, 28})});
+    output = model->Forward(sample.inputs);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": forward must accept the dataset's inputs (", inputs, " for two samples) but failed: ", e.what()));
+  }
+  try {
+    at::NoGradGuard no_grad;
+    (void)model->Loss(sample.inputs, sample.targets);
     model->train();
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": forward must accept images [B, 1, 28, 28] float32 but failed on [2, 1, 28, 28]: ", e.what()));
-  }
-  if (logits.dim() != 2 || logits.size(0) != 2 || logits.size(1) < kClasses ||
-      logits.scalar_type() != at::kFloat) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": forward must return float32 logits [B, classes >= 10]; for [2, 1, 28, 28] it returned ",
-        c10::toString(logits.scalar_type()), " [", absl::StrJoin(logits.sizes(), ", "), "]"));
+    return absl::InvalidArgumentError(absl::StrCat("spec.loss: ", LossName(loss.kind()), " cannot compare the model's output (",
+                                                   Describe(output), " for inputs ", inputs, ") with the target (",
+                                                   Describe(sample.targets), "): ", e.what()));
   }
   return std::shared_ptr<Model>(std::move(model));
 }

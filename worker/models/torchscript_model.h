@@ -5,20 +5,24 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "fitrun/v1/job.pb.h"
+#include "worker/data/tensor_dataset.h"
 #include "worker/models/model.h"
 
 namespace fitrun::worker {
 
-// A user's TorchScript module (torch.jit.script(module).save(path)) trained as an image classifier.
-// Contract: forward(x) takes images [B, 1, 28, 28] float32 (normalized Fashion-MNIST) and returns
-// logits [B, classes] float32 with classes >= 10; the loss is cross-entropy against the int64 labels.
-// Every parameter must be float32. The module's parameters and floating-point buffers are registered
-// as this Model's own (the same tensors, not copies), so the optimizer, the gradient synchronizer,
-// rank 0's broadcast and the checksum treat them like a builtin's. train()/eval() reach the module.
+// A user's TorchScript module (torch.jit.script(module).save(path)) trained by the worker: its
+// forward takes a batch's inputs in the dataset's order (TensorDataset::inputs) and returns what the
+// spec's loss (worker/models/losses.h) compares with the targets; loss: module calls the module's
+// own compute_loss(output, target). Every parameter must be float32. The module's parameters and
+// floating-point buffers are registered as this Model's own (the same tensors, not copies), so the
+// optimizer, the gradient synchronizer, rank 0's broadcast and the checksum treat them like a
+// builtin's. train()/eval() reach the module; Evaluate reports the loss's test figures.
 //
-// Loading runs forward once on two blank images to check the contract before any rendezvous;
-// errors name spec.model.torchscript.
-absl::StatusOr<std::shared_ptr<Model>> LoadTorchScriptModel(const std::string& path, uint64_t seed);
+// Loading runs forward and the loss once on `sample` (two training rows) to check the contract
+// before any rendezvous; errors name spec.model.torchscript or spec.loss and what was found.
+absl::StatusOr<std::shared_ptr<Model>> LoadTorchScriptModel(const std::string& path, const fitrun::v1::LossSpec& loss,
+                                                            const TensorDataset& sample, uint64_t seed);
 
 }  // namespace fitrun::worker
 

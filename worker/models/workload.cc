@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/movielens.h"
+#include "worker/data/tensors.h"
 #include "worker/data/text.h"
 #include "worker/models/gpt.h"
 #include "worker/models/sasrec.h"
@@ -82,6 +83,15 @@ absl::StatusOr<Workload> LoadSasRec(const fitrun::v1::JobSpec& spec, bool with_t
                    " heads, max_len ", config.max_len()));
 }
 
+absl::StatusOr<Workload> LoadGptOnRatings(const fitrun::v1::JobSpec& spec, bool with_test) {
+  const fitrun::v1::GptConfig& config = spec.model().gpt();
+  if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
+  return LoadOnRatings(
+      spec, with_test, config.context(),
+      [](const fitrun::v1::JobSpec& s, int64_t items) { return CreateGptRecommender(s.model().gpt(), items, s.seed()); },
+      absl::StrCat(GptDescription(config), " next-item recommender"));
+}
+
 absl::StatusOr<Workload> LoadBuiltinClassifier(const fitrun::v1::JobSpec& spec, bool with_test) {
   absl::StatusOr<std::shared_ptr<Model>> model = CreateModel(spec.model(), spec.seed());
   if (!model.ok()) return model.status();
@@ -97,20 +107,48 @@ absl::StatusOr<Workload> LoadBuiltinClassifier(const fitrun::v1::JobSpec& spec, 
   return workload;
 }
 
-// A TorchScript image classifier (worker/models/torchscript_model.h checks its contract).
-absl::StatusOr<Workload> LoadTorchScriptOnImages(const fitrun::v1::JobSpec& spec, bool with_test) {
-  absl::StatusOr<std::shared_ptr<Model>> model = LoadTorchScriptModel(spec.model().torchscript(), spec.seed());
-  if (!model.ok()) return model.status();
+// A TorchScript module on `load`'s data, checked on two training rows.
+template <typename LoadSplit>
+absl::StatusOr<Workload> LoadTorchScript(const fitrun::v1::JobSpec& spec, bool with_test, LoadSplit load) {
   Workload workload;
+  if (absl::Status loaded = LoadSplits(workload, with_test, load); !loaded.ok()) return loaded;
+  if (workload.train.size() < 1) return absl::InvalidArgumentError("spec.data.path: no training sample");
+  absl::StatusOr<std::shared_ptr<Model>> model = LoadTorchScriptModel(
+      spec.model().torchscript(), spec.loss(), workload.train.Slice(0, std::min<int64_t>(2, workload.train.size())),
+      spec.seed());
+  if (!model.ok()) return model.status();
   workload.model = *std::move(model);
-  absl::Status loaded = LoadSplits(workload, with_test, [&](Split split) -> absl::StatusOr<TensorDataset> {
+  workload.description = absl::StrCat("torchscript ", spec.model().torchscript());
+  return workload;
+}
+
+absl::StatusOr<Workload> LoadTorchScriptOnImages(const fitrun::v1::JobSpec& spec, bool with_test) {
+  absl::StatusOr<Workload> workload = LoadTorchScript(spec, with_test, [&](Split split) -> absl::StatusOr<TensorDataset> {
     absl::StatusOr<TensorDataset> set = LoadFashionMnist(spec.data().path(), split);
     if (!set.ok()) return DataError(set.status());
     return set;
   });
-  if (!loaded.ok()) return loaded;
-  workload.description = absl::StrCat("torchscript ", spec.model().torchscript());
+  if (!workload.ok()) return workload.status();
+  // The image classifiers' contract: float32 logits for at least Fashion-MNIST's ten classes.
+  const at::Tensor blank = at::zeros({2, 1, 28, 28});
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    workload->model->eval();
+    logits = workload->model->Forward({blank});
+    workload->model->train();
+  }
+  if (logits.dim() != 2 || logits.size(0) != 2 || logits.size(1) < 10 || logits.scalar_type() != at::kFloat) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.model.torchscript: '", spec.model().torchscript(),
+        "': forward must return float32 logits [B, classes >= 10]; for [2, 1, 28, 28] it returned ",
+        c10::toString(logits.scalar_type()), " [", absl::StrJoin(logits.sizes(), ", "), "]"));
+  }
   return workload;
+}
+
+absl::StatusOr<Workload> LoadTorchScriptOnTensors(const fitrun::v1::JobSpec& spec, bool with_test) {
+  return LoadTorchScript(spec, with_test, [&](Split split) { return LoadTensors(spec.data(), split); });
 }
 
 }  // namespace
@@ -120,8 +158,10 @@ const std::vector<WorkloadKind>& WorkloadKinds() {
       {"mlp", fitrun::v1::DATA_KIND_FASHION_MNIST, LoadBuiltinClassifier},
       {"cnn", fitrun::v1::DATA_KIND_FASHION_MNIST, LoadBuiltinClassifier},
       {"gpt", fitrun::v1::DATA_KIND_TEXT, LoadGptOnText},
+      {"gpt", fitrun::v1::DATA_KIND_MOVIELENS, LoadGptOnRatings},
       {"sasrec", fitrun::v1::DATA_KIND_MOVIELENS, LoadSasRec},
       {"torchscript", fitrun::v1::DATA_KIND_FASHION_MNIST, LoadTorchScriptOnImages},
+      {"torchscript", fitrun::v1::DATA_KIND_TENSORS, LoadTorchScriptOnTensors},
   };
   return *kinds;
 }

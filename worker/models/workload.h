@@ -14,7 +14,7 @@
 namespace fitrun::worker {
 
 // A spec's model together with the data it trains and is tested on, which is how a worker gets
-// both: some models are sized by their data (sasrec's item count) and every
+// both: some models are sized by their data (sasrec's and the recommender's item count) and every
 // model reads its own dataset layout.
 struct Workload {
   std::shared_ptr<Model> model;
