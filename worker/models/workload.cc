@@ -3,7 +3,9 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_join.h"
 #include "worker/data/fashion_mnist.h"
 #include "worker/data/movielens.h"
@@ -166,6 +168,13 @@ const std::vector<WorkloadKind>& WorkloadKinds() {
   return *kinds;
 }
 
+namespace {
+// "text", as specs name data kinds.
+std::string DataKindName(fitrun::v1::DataKind kind) {
+  return absl::AsciiStrToLower(absl::StripPrefix(fitrun::v1::DataKind_Name(kind), "DATA_KIND_"));
+}
+}  // namespace
+
 std::string ModelKindName(const fitrun::v1::ModelSpec& model) {
   return model.kind_case() == fitrun::v1::ModelSpec::kTorchscript ? "torchscript" : model.builtin();
 }
@@ -179,7 +188,7 @@ absl::StatusOr<Workload> LoadWorkload(const fitrun::v1::JobSpec& spec, bool with
   for (const WorkloadKind& kind : WorkloadKinds()) {
     if (kind.model != model) continue;
     if (kind.data == data) return kind.load(spec, with_test);
-    kinds_for_model.push_back(fitrun::v1::DataKind_Name(kind.data));
+    kinds_for_model.push_back(DataKindName(kind.data));
   }
   if (kinds_for_model.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("spec.model: unknown model '", model,
@@ -187,7 +196,7 @@ absl::StatusOr<Workload> LoadWorkload(const fitrun::v1::JobSpec& spec, bool with
   }
   return absl::InvalidArgumentError(absl::StrCat("spec.data.kind: ", model, " trains on ",
                                                  absl::StrJoin(kinds_for_model, " or "), " data (got ",
-                                                 fitrun::v1::DataKind_Name(spec.data().kind()), ")"));
+                                                 DataKindName(spec.data().kind()), ")"));
 }
 
 }  // namespace fitrun::worker

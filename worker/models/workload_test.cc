@@ -247,6 +247,27 @@ TEST(WorkloadTest, SasRecLossFallsAndItRanksHeldOutItems) {
   EXPECT_TRUE(absl::StrContains(run->logs.back(), "NDCG@10")) << run->logs.back();
 }
 
+TEST(WorkloadTest, TheGptRecommenderLearnsNextItemsAndRanksHeldOutItemsAsSasRecDoes) {
+  fitrun::v1::JobSpec spec = GptSpec(WriteFile("ratings_gpt.dat", SequentialRatings(400, 200, 1)));
+  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_MOVIELENS);
+  spec.mutable_model()->mutable_gpt()->set_context(10);
+  absl::StatusOr<TrainingRun> run = Train(spec, 80, 32, 5e-3);
+  ASSERT_TRUE(run.ok()) << run.status();
+  // Uniform over the 200 items (and padding) starts near ln 201 = 5.3 nats.
+  EXPECT_GT(run->first_loss, 4.5);
+  EXPECT_LT(run->last_loss, 0.6 * run->first_loss);
+  ASSERT_TRUE(run->result.has_test_accuracy);
+  EXPECT_GT(run->result.test_accuracy, 0.5);
+  EXPECT_DOUBLE_EQ(run->result.test_metrics.at("hr@10"), run->result.test_accuracy);
+  EXPECT_GT(run->result.test_metrics.at("ndcg@10"), 0.2);
+  EXPECT_LE(run->result.test_metrics.at("ndcg@10"), run->result.test_accuracy);
+
+  fitrun::v1::JobSpec on_images = spec;
+  on_images.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
+  EXPECT_TRUE(absl::StrContains(LoadWorkload(on_images, false).status().message(),
+                                "spec.data.kind: gpt trains on text or movielens data (got fashion_mnist)"));
+}
+
 TEST(WorkloadTest, SasRecChecksItsConfigAndData) {
   const std::string path = WriteFile("few.dat", SequentialRatings(20, 200, 2));
   fitrun::v1::JobSpec bad_heads = SasRecSpec(path);
