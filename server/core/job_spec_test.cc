@@ -297,5 +297,101 @@ TEST(JobSpecTest, AScriptSpecIsCheckedWhereItsRanksWillRunIt) {
   EXPECT_THAT(error("{command: [], working_dir: .}"), HasSubstr("spec.script.command"));
 }
 
+
+// Tensors datasets checked at submit from the files Python's torch.save writes (no LibTorch here).
+class TensorsSpecTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = std::filesystem::path(WriteTempFile("tensors_write.py", R"PY(
+import sys, torch
+d = sys.argv[1]
+x = torch.randn(40, 3)
+classes = torch.randint(0, 4, (40,))
+torch.save({"x": x, "mask": torch.ones(40, 5, dtype=torch.bool), "target": classes}, d + "/train.pt")
+torch.save({"x": x[:8], "mask": torch.ones(8, 5, dtype=torch.bool), "target": classes[:8]}, d + "/test.pt")
+torch.save({"x": x[:8], "mask": torch.ones(8, 4, dtype=torch.bool), "target": classes[:8]}, d + "/test_bad.pt")
+torch.save({"x": x, "target": torch.randn(40)}, d + "/regression.pt")
+torch.save({"x": x[:30], "target": classes}, d + "/uneven.pt")
+torch.save({"inputs": x}, d + "/no_target.pt")
+torch.save(x, d + "/bare_tensor.pt")
+open(d + "/model.pt", "wb").write(b"only its size is read at submit")
+)PY")).parent_path().string();
+    const std::string command = "/usr/bin/python3 " + dir + "/tensors_write.py " + dir;
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    dir_ = new std::string(dir);
+  }
+  static std::string Yaml(const std::string& data, const std::string& extra = "") {
+    return "name: t\nmodel: {torchscript: " + *dir_ + "/model.pt}\ndata: {kind: tensors, path: " + *dir_ + "/" + data +
+           "}\noptimizer: {kind: adam, lr: 0.001}\nglobal_batch_size: 8\nepochs: 1\n" + extra;
+  }
+  static std::string Error(const std::string& yaml) { return std::string(Normalize(yaml).status().message()); }
+  static std::string* dir_;
+};
+std::string* TensorsSpecTest::dir_ = nullptr;
+
+TEST_F(TensorsSpecTest, AGoodFileGetsItsDefaultsAndALoss) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(Yaml("train.pt"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().kind(), fitrun::v1::DATA_KIND_TENSORS);
+  EXPECT_EQ(spec->data().target(), "target");
+  EXPECT_DOUBLE_EQ(spec->data().test_fraction(), 0.1);
+  EXPECT_EQ(spec->loss().kind(), fitrun::v1::LOSS_KIND_CROSS_ENTROPY);
+  absl::StatusOr<fitrun::v1::JobSpec> mapped =
+      Normalize(Yaml("train.pt", "loss: {kind: cross_entropy, ignore_index: -100}\n"));
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ(mapped->loss().ignore_index(), -100);
+  EXPECT_TRUE(Normalize(Yaml("regression.pt", "loss: mse\n")).ok());
+  std::string with_test = Yaml("train.pt");
+  with_test.replace(with_test.find("}\noptimizer"), 1, ", test_path: " + *dir_ + "/test.pt, inputs: [mask, x]}");
+  absl::StatusOr<fitrun::v1::JobSpec> tested = Normalize(with_test);
+  ASSERT_TRUE(tested.ok()) << tested.status();
+  EXPECT_FALSE(tested->data().has_test_fraction());
+  EXPECT_EQ(tested->data().inputs_size(), 2);
+}
+
+TEST_F(TensorsSpecTest, EveryMalformedFileOrFieldIsRefusedNamingTheFieldAndWhatWasFound) {
+  EXPECT_THAT(Error(Yaml("no_target.pt")),
+              HasSubstr("spec.data.path: '" + *dir_ + "/no_target.pt' has no tensor 'target' (it has inputs float32 "
+                        "[40, 3]); name the target's key in spec.data.target"));
+  EXPECT_THAT(Error(Yaml("train.pt").replace(Yaml("train.pt").find("}\noptimizer"), 1, ", target: label}")),
+              HasSubstr("spec.data.target: '" + *dir_ + "/train.pt' has no tensor 'label'"));
+  EXPECT_THAT(Error(Yaml("train.pt").replace(Yaml("train.pt").find("}\noptimizer"), 1, ", inputs: [x, y]}")),
+              HasSubstr("spec.data.inputs[1]: '" + *dir_ + "/train.pt' has no tensor 'y'"));
+  EXPECT_THAT(Error(Yaml("uneven.pt")), HasSubstr("'x' is float32 [30, 3] but 'target' is int64 [40]"));
+  EXPECT_THAT(Error(Yaml("bare_tensor.pt")), HasSubstr("spec.data.path: '" + *dir_ + "/bare_tensor.pt': it holds an "
+                                                       "object made by torch._utils._rebuild_tensor_v2; save a dict"));
+  EXPECT_THAT(Error(Yaml("model.pt")), HasSubstr("spec.data.path: '" + *dir_ + "/model.pt': not a zip archive"));
+  EXPECT_THAT(Error(Yaml("nothing.pt")), HasSubstr("spec.data.path: no file '" + *dir_ + "/nothing.pt'"));
+  EXPECT_THAT(Error(Yaml("train.pt").replace(Yaml("train.pt").find("}\noptimizer"), 1,
+                                              ", test_path: " + *dir_ + "/test_bad.pt}")),
+              HasSubstr("spec.data.test_path: '" + *dir_ + "/test_bad.pt' must hold 'mask' like the training file "
+                        "(bool [40, 5] there, all with one sample count); it has bool [8, 4]"));
+  EXPECT_THAT(Error(Yaml("train.pt").replace(Yaml("train.pt").find("}\noptimizer"), 1, ", test_fraction: 0.01}")),
+              HasSubstr("spec.data.test_fraction: holds out no test sample of 40"));
+  EXPECT_THAT(Error(Yaml("regression.pt")),
+              HasSubstr("spec.loss: cross_entropy needs integer classes as its target; 'target' is float32 [40]. "
+                        "For a regression set loss: mse"));
+  EXPECT_THAT(Error(Yaml("train.pt", "loss: mse\n")), HasSubstr("needs a floating-point target; 'target' is int64 [40]"));
+  EXPECT_THAT(Error(Yaml("regression.pt", "loss: {kind: mse, ignore_index: 0}\n")),
+              HasSubstr("spec.loss.ignore_index: only for cross_entropy"));
+  EXPECT_THAT(Error(Yaml("train.pt", "loss: hinge\n")), HasSubstr("spec.loss"));
+  EXPECT_THAT(Error(std::string(kValidYaml) + "loss: mse\n"),
+              HasSubstr("spec.loss: only for torchscript models; the builtin mlp trains with its own loss"));
+}
+
+TEST(JobSpecTest, RelativeDataAndModelPathsAreTheClients) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = ParseJobSpecYaml(
+      "name: t\nmodel: {torchscript: models/m.pt}\ndata: {kind: tensors, path: data/train.pt, test_path: "
+      "./data/../data/test.pt}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(ResolveClientPaths(*spec, "/home/me/project").ok());
+  EXPECT_EQ(spec->model().torchscript(), "/home/me/project/models/m.pt");
+  EXPECT_EQ(spec->data().path(), "/home/me/project/data/train.pt");
+  EXPECT_EQ(spec->data().test_path(), "/home/me/project/data/test.pt");
+  fitrun::v1::JobSpec relative = *ParseJobSpecYaml("name: t\ndata: {kind: tensors, path: x.pt}\n");
+  EXPECT_THAT(ResolveClientPaths(relative, "").message(),
+              HasSubstr("spec.data.path: 'x.pt' is relative and the request gave no client_dir"));
+}
+
 }  // namespace
 }  // namespace fitrun::server
