@@ -20,6 +20,7 @@ import fitrun.v1.job_pb2
 from fitrun.client import Client, ClientError
 from fitrun.v1 import coordinator_pb2
 from fitrun.v1 import job_pb2
+from jobs import wait_for
 
 ADDRESS = None  # set from --address in main
 
@@ -37,14 +38,6 @@ def mlp_spec(name, max_steps):
         "resources": {"min_devices": 2, "max_devices": 2},
         "seed": 7,
     }
-
-
-def wait_for(condition, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 class PackageTest(unittest.TestCase):

@@ -11,12 +11,12 @@ import sys
 import time
 import unittest
 
-from fitrun.client import Client, ClientError
+from fitrun.client import Client, ClientError, FINAL_STATES
+from jobs import run_to_end, state_name, wait_for
 
 ADDRESS = None
 STATE_DIR = None
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
-FINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 def script_spec(name, args, **extra):
@@ -31,23 +31,6 @@ def script_spec(name, args, **extra):
     }
     spec.update(extra)
     return spec
-
-
-def state_name(job):
-    from fitrun.v1 import job_pb2
-
-    return job_pb2.JobState.Name(job.state).replace("JOB_STATE_", "")
-
-
-def wait_for(condition, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def processes_of(job_id):
@@ -71,12 +54,8 @@ class ScriptJobTest(unittest.TestCase):
     def setUpClass(cls):
         cls.client = Client(ADDRESS, timeout=30)
 
-    def run_to_end(self, spec, timeout=240):
-        job_id = self.client.submit(spec)
-        events = list(self.client.watch(job_id))
-        job = wait_for(lambda: (lambda j: j if state_name(j) in FINAL else None)(self.client.get(job_id)), timeout,
-                       f"{job_id} to end")
-        return job, events
+    def run_to_end(self, spec):
+        return run_to_end(self.client, spec)
 
     def test_two_ranks_report_progress_and_succeed(self):
         job, events = self.run_to_end(script_spec("two-ranks", ["--steps", "4"]))
@@ -157,7 +136,7 @@ class ScriptJobTest(unittest.TestCase):
         job_id = self.client.submit(script_spec("cancelled", ["--steps", "100000", "--step_seconds", "0.2"]))
         def running():
             job = self.client.get(job_id)
-            self.assertNotIn(state_name(job), FINAL, job.failure_reason)
+            self.assertNotIn(job.state, FINAL_STATES, job.failure_reason)
             return job.last_progress.step >= 2
 
         wait_for(running, 240, "progress")

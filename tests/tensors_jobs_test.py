@@ -12,35 +12,15 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 from fitrun.client import Client, ClientError
+from jobs import run_to_end, state_name, wait_for
 
 ADDRESS = None
 RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "fitrun"))
 EXAMPLES = None  # where the examples are written, once
 RATINGS = None
-FINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
-
-
-def state_name(job):
-    from fitrun.v1 import job_pb2
-
-    return job_pb2.JobState.Name(job.state).replace("JOB_STATE_", "")
-
-
-def wait_for(condition, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
-
-
 def protein_spec(name, **extra):
     spec = {
         "name": name,
@@ -81,12 +61,8 @@ class TensorsJobTest(unittest.TestCase):
     def setUpClass(cls):
         cls.client = Client(ADDRESS, timeout=30)
 
-    def run_to_end(self, spec, timeout=300):
-        job_id = self.client.submit(spec)
-        events = list(self.client.watch(job_id))
-        job = wait_for(lambda: (lambda j: j if state_name(j) in FINAL else None)(self.client.get(job_id)), timeout,
-                       f"{job_id} to end")
-        return job, events
+    def run_to_end(self, spec):
+        return run_to_end(self.client, spec)
 
     def test_the_protein_model_trains_on_its_tensors_and_reports_masked_residue_accuracy(self):
         job, events = self.run_to_end(protein_spec("protein"))
