@@ -111,50 +111,31 @@ class Gpt final : public Model {
   }
 
   absl::StatusOr<Evaluation> Evaluate(const TensorDataset& test, int64_t batch) override {
-    if (test.size() == 0) return absl::InvalidArgumentError("empty evaluation set");
     if (task_ == Task::kNextItem) return EvaluateRanking(test, batch);
-    try {
-      at::NoGradGuard no_grad;
-      const bool was_training = is_training();
-      eval();
-      double loss_sum = 0;  // summed over windows; every window has the same number of bytes
-      for (int64_t begin = 0; begin < test.size(); begin += batch) {
-        const int64_t n = std::min(batch, test.size() - begin);
-        const TensorDataset rows = test.Slice(begin, n);
-        loss_sum += Loss(rows.inputs, rows.targets).item<double>() * n;
-      }
-      train(was_training);
-      const double loss = loss_sum / test.size();
-      Evaluation evaluation;
-      evaluation.metrics["test_loss"] = loss;
-      evaluation.summary = absl::StrCat("test loss ", loss, " nats/byte (", loss / std::log(2.0),
-                                        " bits/byte) over ", test.size(), " windows of ",
-                                        test.inputs.at(0).size(1), " bytes");
-      return evaluation;
-    } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
-    }
+    double loss_sum = 0;  // summed over windows; every window has the same number of bytes
+    absl::Status evaluated = ForEachTestBatch(test, batch, [&](const TensorDataset& rows) {
+      loss_sum += Loss(rows.inputs, rows.targets).item<double>() * rows.size();
+    });
+    if (!evaluated.ok()) return evaluated;
+    const double loss = loss_sum / test.size();
+    Evaluation evaluation;
+    evaluation.metrics["test_loss"] = loss;
+    evaluation.summary = absl::StrCat("test loss ", loss, " nats/byte (", loss / std::log(2.0), " bits/byte) over ",
+                                      test.size(), " windows of ", test.inputs.at(0).size(1), " bytes");
+    return evaluation;
   }
 
  private:
   // Each user's held-out item (targets column 0) against its negatives, scored by the next-item
   // logits at the last position of its history.
   absl::StatusOr<Evaluation> EvaluateRanking(const TensorDataset& test, int64_t batch) {
-    try {
-      at::NoGradGuard no_grad;
-      const bool was_training = is_training();
-      eval();
-      RankingAt10 ranking;
-      for (int64_t begin = 0; begin < test.size(); begin += batch) {
-        const TensorDataset rows = test.Slice(begin, std::min(batch, test.size() - begin));
-        const at::Tensor last = Forward(rows.inputs).select(1, -1);  // [n, vocabulary]
-        ranking.Add(last.gather(1, rows.targets.to(at::kLong)));
-      }
-      train(was_training);
-      return ranking.Result();
-    } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
-    }
+    RankingAt10 ranking;
+    absl::Status evaluated = ForEachTestBatch(test, batch, [&](const TensorDataset& rows) {
+      const at::Tensor last = Forward(rows.inputs).select(1, -1);  // [n, vocabulary]
+      ranking.Add(last.gather(1, rows.targets.to(at::kLong)));
+    });
+    if (!evaluated.ok()) return evaluated;
+    return ranking.Result();
   }
 
   int64_t context_;

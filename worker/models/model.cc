@@ -73,29 +73,35 @@ at::Tensor Model::Loss(const ModelInputs& inputs, const at::Tensor& targets) {
   return F::cross_entropy(Forward(inputs), targets);
 }
 
-absl::StatusOr<Evaluation> Model::Evaluate(const TensorDataset& test, int64_t batch) {
+absl::Status Model::ForEachTestBatch(const TensorDataset& test, int64_t batch,
+                                     const std::function<void(const TensorDataset& rows)>& visit) {
   if (test.size() == 0) return absl::InvalidArgumentError("empty evaluation set");
   if (batch < 1) return absl::InvalidArgumentError(absl::StrCat("eval batch must be >= 1 (got ", batch, ")"));
+  const bool was_training = is_training();
   try {
     at::NoGradGuard no_grad;
-    const bool was_training = is_training();
     eval();
-    int64_t correct = 0;
     for (int64_t begin = 0; begin < test.size(); begin += batch) {
-      const int64_t n = std::min(batch, test.size() - begin);
-      const TensorDataset rows = test.Slice(begin, n);
-      const at::Tensor predicted = Forward(rows.inputs).argmax(1);
-      correct += predicted.eq(rows.targets).sum().item<int64_t>();
+      visit(test.Slice(begin, std::min(batch, test.size() - begin)));
     }
     train(was_training);
-    Evaluation evaluation;
-    evaluation.accuracy = static_cast<double>(correct) / test.size();
-    evaluation.summary = absl::StrCat("test accuracy ", *evaluation.accuracy, " (", correct, " of ",
-                                      test.size(), ")");
-    return evaluation;
+    return absl::OkStatus();
   } catch (const std::exception& e) {
+    train(was_training);
     return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
   }
+}
+
+absl::StatusOr<Evaluation> Model::Evaluate(const TensorDataset& test, int64_t batch) {
+  int64_t correct = 0;
+  absl::Status evaluated = ForEachTestBatch(test, batch, [&](const TensorDataset& rows) {
+    correct += Forward(rows.inputs).argmax(1).eq(rows.targets).sum().item<int64_t>();
+  });
+  if (!evaluated.ok()) return evaluated;
+  Evaluation evaluation;
+  evaluation.accuracy = static_cast<double>(correct) / test.size();
+  evaluation.summary = absl::StrCat("test accuracy ", *evaluation.accuracy, " (", correct, " of ", test.size(), ")");
+  return evaluation;
 }
 
 absl::StatusOr<std::shared_ptr<Model>> CreateModel(const fitrun::v1::ModelSpec& spec, uint64_t seed) {

@@ -2,6 +2,7 @@
 #define FITRUN_WORKER_MODELS_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -47,6 +48,13 @@ class Model : public torch::nn::Module {
 
   // Evaluates on `test` in batches of `batch` rows, without gradients and in eval mode.
   virtual absl::StatusOr<Evaluation> Evaluate(const TensorDataset& test, int64_t batch);
+
+ protected:
+  // What every Evaluate shares: `visit` sees `test` in batches of `batch` rows, without gradients and
+  // in eval mode (the mode before is restored); an empty set, a batch below 1 or a LibTorch error
+  // becomes a status.
+  absl::Status ForEachTestBatch(const TensorDataset& test, int64_t batch,
+                                const std::function<void(const TensorDataset& rows)>& visit);
 };
 
 // Builds the image classifier a spec names (mlp or cnn), with weights drawn after

@@ -114,22 +114,14 @@ class SasRec final : public Model {
 
   absl::StatusOr<Evaluation> Evaluate(const TensorDataset& test, int64_t batch) override {
     if (test.size() == 0) return absl::InvalidArgumentError("empty evaluation set (no user has 100 unseen items)");
-    try {
-      at::NoGradGuard no_grad;
-      const bool was_training = is_training();
-      eval();
-      RankingAt10 ranking;
-      for (int64_t begin = 0; begin < test.size(); begin += batch) {
-        const TensorDataset rows = test.Slice(begin, std::min(batch, test.size() - begin));
-        const at::Tensor last = Features(rows.inputs.at(0)).select(1, -1);   // [n, hidden]
-        const at::Tensor candidates = item_embedding_->forward(rows.targets);  // [n, 101, hidden]
-        ranking.Add((candidates * last.unsqueeze(1)).sum(-1));
-      }
-      train(was_training);
-      return ranking.Result();
-    } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
-    }
+    RankingAt10 ranking;
+    absl::Status evaluated = ForEachTestBatch(test, batch, [&](const TensorDataset& rows) {
+      const at::Tensor last = Features(rows.inputs.at(0)).select(1, -1);   // [n, hidden]
+      const at::Tensor candidates = item_embedding_->forward(rows.targets);  // [n, 101, hidden]
+      ranking.Add((candidates * last.unsqueeze(1)).sum(-1));
+    });
+    if (!evaluated.ok()) return evaluated;
+    return ranking.Result();
   }
 
  private:

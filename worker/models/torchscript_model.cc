@@ -51,22 +51,11 @@ class TorchScriptModel final : public Model {
   }
 
   absl::StatusOr<Evaluation> Evaluate(const TensorDataset& test, int64_t batch) override {
-    if (test.size() == 0) return absl::InvalidArgumentError("empty evaluation set");
-    if (batch < 1) return absl::InvalidArgumentError(absl::StrCat("eval batch must be >= 1 (got ", batch, ")"));
-    try {
-      at::NoGradGuard no_grad;
-      const bool was_training = is_training();
-      eval();
-      LossFunction::Totals totals;
-      for (int64_t begin = 0; begin < test.size(); begin += batch) {
-        const TensorDataset rows = test.Slice(begin, std::min(batch, test.size() - begin));
-        loss_->Add(Forward(rows.inputs), rows.targets, totals);
-      }
-      train(was_training);
-      return loss_->Result(totals);
-    } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
-    }
+    LossFunction::Totals totals;
+    absl::Status evaluated = ForEachTestBatch(
+        test, batch, [&](const TensorDataset& rows) { loss_->Add(Forward(rows.inputs), rows.targets, totals); });
+    if (!evaluated.ok()) return evaluated;
+    return loss_->Result(totals);
   }
 
   void train(bool on = true) override {
