@@ -1,38 +1,21 @@
 // fitrund: the fitrun coordinator daemon.
 //
-// Flags are read here and only here, into ServerOptions; BuildAndStart wires the store, the device
-// inventory, the launcher, the job manager, metrics and the gRPC services, and returns a running
-// server. SIGTERM or SIGINT shuts it down: workers are stopped, jobs stay stored.
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <prometheus/exposer.h>
-#include <prometheus/registry.h>
+// Flags are read here and only here, into ServerOptions; BuildAndStart (server/server.h) wires the
+// store, the device inventory, the launcher, the job manager, metrics and the gRPC services, and
+// returns a running server. SIGTERM or SIGINT shuts it down: workers are stopped, jobs stay stored.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "server/core/job_manager.h"
-#include "server/core/memory_calibration.h"
-#include "server/devices/nvml_devices.h"
-#include "server/devices/virtual_cpu_devices.h"
-#include "server/launcher/process_launcher.h"
-#include "server/probe/process_memory_probe.h"
-#include "server/metrics/prometheus_metrics.h"
-#include "server/service/coordinator_service.h"
-#include "server/service/worker_channel_service.h"
-#include "server/store/sqlite_job_store.h"
+#include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (HOST:PORT; port 0 picks a free one)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "Prometheus /metrics address (HOST:PORT; port 0 picks one)");
@@ -49,197 +32,6 @@ ABSL_FLAG(bool, memory_probe, true,
 ABSL_FLAG(std::string, worker_binary, "", "fitrun-worker to launch (default: the one built beside fitrund)");
 ABSL_FLAG(bool, stop_workers_on_exit, false,
           "Stop running ranks when fitrund exits (default: leave them training; a restarted fitrund re-adopts them)");
-
-namespace fitrun::server {
-namespace {
-
-struct ServerOptions {
-  std::string listen;
-  std::string metrics_listen;
-  std::string state_dir;
-  std::string devices;
-  std::string worker_binary;
-  bool worker_cuda = false;
-  bool memory_probe = true;
-  bool stop_workers_on_exit = false;
-};
-
-// Everything a running coordinator owns, torn down in dependency order.
-struct RunningServer {
-  std::unique_ptr<SqliteJobStore> store;
-  std::unique_ptr<DeviceInventory> devices;
-  std::unique_ptr<ProcessLauncher> launcher;
-  std::shared_ptr<prometheus::Registry> registry;
-  std::unique_ptr<PrometheusMetrics> metrics;
-  std::unique_ptr<prometheus::Exposer> exposer;
-  // After the metrics they report to, before the manager, so they outlive it.
-  std::unique_ptr<ProcessMemoryProbe> memory_probe;
-  std::unique_ptr<MemoryCalibrator> memory_calibrator;
-  std::unique_ptr<JobManager> manager;
-  std::unique_ptr<CoordinatorService> coordinator_service;
-  std::unique_ptr<WorkerChannelService> worker_service;
-  std::unique_ptr<grpc::Server> grpc_server;
-  std::string address;
-  std::string metrics_address;
-
-  // Stops serving. With stop_workers, ranks are stopped and waited for; without, they keep
-  // training and the process must end without destroying the launcher (whose threads wait on them).
-  void Shutdown(bool stop_workers) {
-    if (grpc_server) grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    if (manager) manager->Shutdown();
-    if (!stop_workers) return;
-    launcher.reset();  // kills stragglers and joins; their exit callbacks still reach the manager
-    manager.reset();
-  }
-};
-
-std::string DefaultWorkerBinary() {
-  std::error_code error;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (error) return "fitrun-worker";
-  // Installed side by side, or in Bazel's output tree (bazel-bin/server/fitrund, bazel-bin/worker/...).
-  for (const auto& candidate : {self.parent_path() / "fitrun-worker",
-                                self.parent_path().parent_path() / "worker" / "fitrun-worker"}) {
-    if (std::filesystem::exists(candidate, error)) return candidate.string();
-  }
-  return (self.parent_path() / "fitrun-worker").string();
-}
-
-// Written after the server is listening, atomically, so a watcher of the file never reads half.
-absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", tmp.string()));
-  }
-  std::error_code error;
-  std::filesystem::rename(tmp, path, error);
-  if (error) return absl::InternalError(absl::StrCat("cannot rename ", tmp.string(), ": ", error.message()));
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions& options) {
-  auto server = std::make_unique<RunningServer>();
-  std::error_code error;
-  std::filesystem::create_directories(options.state_dir, error);
-  if (error) return absl::FailedPreconditionError(absl::StrCat("--state_dir: cannot create ", options.state_dir, ": ", error.message()));
-
-  absl::StatusOr<std::unique_ptr<SqliteJobStore>> store =
-      SqliteJobStore::Open((std::filesystem::path(options.state_dir) / "fitrun.db").string());
-  if (!store.ok()) return store.status();
-  server->store = *std::move(store);
-
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const int64_t memory = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
-  if (options.devices == "auto") {
-    // GPUs only when they can be used: NVML sees them and the worker can train on them.
-    absl::StatusOr<std::unique_ptr<NvmlDevices>> gpus = NvmlDevices::Create({});
-    if (gpus.ok() && !(*gpus)->Snapshot().empty()) {
-      if (options.worker_cuda) {
-        server->devices = *std::move(gpus);
-      } else {
-        fprintf(stderr,
-                "fitrund: NVML sees %zu GPU(s), but fitrun-worker trains on CPU devices only (pass --worker_cuda "
-                "with a CUDA LibTorch build); using virtual CPU devices\n",
-                (*gpus)->Snapshot().size());
-      }
-    } else if (!gpus.ok() && !absl::IsNotFound(gpus.status())) {
-      fprintf(stderr, "fitrund: NVML: %s; using virtual CPU devices\n", std::string(gpus.status().message()).c_str());
-    }
-  }
-  if (server->devices == nullptr) {
-    absl::StatusOr<std::unique_ptr<VirtualCpuDevices>> devices =
-        VirtualCpuDevices::Create(options.devices, cores, memory);
-    if (!devices.ok()) return devices.status();
-    server->devices = *std::move(devices);
-  }
-
-  server->registry = std::make_shared<prometheus::Registry>();
-  server->metrics = std::make_unique<PrometheusMetrics>(*server->registry);
-  try {
-    server->exposer = std::make_unique<prometheus::Exposer>(options.metrics_listen);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("--metrics_listen: cannot listen on ", options.metrics_listen, ": ", e.what()));
-  }
-  server->exposer->RegisterCollectable(server->registry);
-  const std::string metrics_host = options.metrics_listen.substr(0, options.metrics_listen.rfind(':'));
-  server->metrics_address = absl::StrCat(metrics_host, ":", server->exposer->GetListeningPorts().front());
-
-  // Workers must be told the coordinator's address before the gRPC server (which needs the manager)
-  // is built, so a port 0 is resolved to a concrete free port first.
-  const size_t colon = options.listen.rfind(':');
-  if (colon == std::string::npos) return absl::InvalidArgumentError("--listen: expected HOST:PORT, e.g. 127.0.0.1:7070");
-  std::string host = options.listen.substr(0, colon);
-  std::string port = options.listen.substr(colon + 1);
-  if (port == "0") {
-    absl::StatusOr<int> free_port = PickFreeTcpPort();
-    if (!free_port.ok()) return free_port.status();
-    port = absl::StrCat(*free_port);
-  }
-  server->address = absl::StrCat(host, ":", port);
-  const std::string dial_host = (host == "0.0.0.0" || host == "[::]" || host.empty()) ? "127.0.0.1" : host;
-
-  server->launcher = std::make_unique<ProcessLauncher>();
-  JobManager::Options manager_options;
-  manager_options.state_dir = options.state_dir;
-  manager_options.worker_binary = options.worker_binary.empty() ? DefaultWorkerBinary() : options.worker_binary;
-  manager_options.worker_channel_address = absl::StrCat(dial_host, ":", port);
-  manager_options.pick_master_port = PickFreeTcpPort;
-  manager_options.stop_workers_on_shutdown = options.stop_workers_on_exit;
-  if (options.memory_probe) {
-    ProcessMemoryProbe::Options probe_options;
-    probe_options.worker_binary = manager_options.worker_binary;
-    probe_options.work_dir = (std::filesystem::path(options.state_dir) / "memory-probes").string();
-    // Measure with the threads a rank gets, since intra-op threads take scratch memory of their own.
-    const std::vector<fitrun::v1::Device> inventory = server->devices->Snapshot();
-    probe_options.cpu_threads = inventory.empty() ? 1 : std::max(1, inventory.front().cpu_threads());
-    absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> probe = ProcessMemoryProbe::Create(probe_options);
-    if (!probe.ok()) return probe.status();
-    server->memory_probe = *std::move(probe);
-    MemoryCalibrator::Options calibrator_options;
-    calibrator_options.cache_path = (std::filesystem::path(options.state_dir) / "memory_calibration.tsv").string();
-    calibrator_options.metrics = server->metrics.get();
-    absl::StatusOr<std::unique_ptr<MemoryCalibrator>> calibrator =
-        MemoryCalibrator::Create(calibrator_options, server->memory_probe.get());
-    if (!calibrator.ok()) return calibrator.status();
-    server->memory_calibrator = *std::move(calibrator);
-    manager_options.memory_calibrator = server->memory_calibrator.get();
-  }
-  absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
-      manager_options, server->store.get(), server->devices.get(), server->launcher.get(), server->metrics.get());
-  if (!manager.ok()) return manager.status();
-  server->manager = *std::move(manager);
-
-  server->coordinator_service = std::make_unique<CoordinatorService>(server->manager.get());
-  server->worker_service = std::make_unique<WorkerChannelService>(server->manager.get());
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int bound_port = 0;
-  builder.AddListeningPort(server->address, grpc::InsecureServerCredentials(), &bound_port);
-  builder.RegisterService(server->coordinator_service.get());
-  builder.RegisterService(server->worker_service.get());
-  server->grpc_server = builder.BuildAndStart();
-  if (server->grpc_server == nullptr || bound_port == 0) {
-    server->Shutdown(/*stop_workers=*/true);
-    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", server->address));
-  }
-
-  // Tools and tests started with port 0 learn the ports from these files.
-  const std::filesystem::path state(options.state_dir);
-  if (absl::Status status = WriteFileAtomically(state / "fitrund.address", server->address + "\n"); !status.ok()) {
-    return status;
-  }
-  if (absl::Status status = WriteFileAtomically(state / "fitrund.metrics_address", server->metrics_address + "\n");
-      !status.ok()) {
-    return status;
-  }
-  return server;
-}
-
-}  // namespace
-}  // namespace fitrun::server
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("fitrund: the fitrun coordinator daemon");

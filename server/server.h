@@ -1,0 +1,69 @@
+// fitrund as a library: Options (what main.cc's flags say) and BuildAndStart, which wires the store,
+// the device inventory, the launcher, the memory calibrator, the job manager, metrics and the gRPC
+// services into a running server. main.cc only reads flags and waits for a signal; tests can start the
+// same server in-process. The model is TensorFlow Serving's model_servers/server.cc.
+#ifndef FITRUN_SERVER_SERVER_H_
+#define FITRUN_SERVER_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/core/job_manager.h"
+#include "server/core/memory_calibration.h"
+#include "server/launcher/process_launcher.h"
+#include "server/metrics/prometheus_metrics.h"
+#include "server/probe/process_memory_probe.h"
+#include "server/service/coordinator_service.h"
+#include "server/service/worker_channel_service.h"
+#include "server/store/sqlite_job_store.h"
+
+namespace fitrun::server {
+
+// fitrund's flags, as main.cc binds them (see its flag definitions for each one's meaning).
+struct ServerOptions {
+  std::string listen = "127.0.0.1:7070";
+  std::string metrics_listen = "127.0.0.1:9464";
+  std::string state_dir = "fitrun-state";
+  std::string devices = "auto";
+  std::string worker_binary;  // empty: the one built beside fitrund
+  bool worker_cuda = false;
+  bool memory_probe = true;
+  bool stop_workers_on_exit = false;
+};
+
+// Everything a running coordinator owns, torn down in dependency order. Owned by the thread that
+// started it.
+struct RunningServer {
+  std::unique_ptr<SqliteJobStore> store;
+  std::unique_ptr<DeviceInventory> devices;
+  std::unique_ptr<ProcessLauncher> launcher;
+  std::shared_ptr<prometheus::Registry> registry;
+  std::unique_ptr<PrometheusMetrics> metrics;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  // After the metrics they report to, before the manager, so they outlive it.
+  std::unique_ptr<ProcessMemoryProbe> memory_probe;
+  std::unique_ptr<MemoryCalibrator> memory_calibrator;
+  std::unique_ptr<JobManager> manager;
+  std::unique_ptr<CoordinatorService> coordinator_service;
+  std::unique_ptr<WorkerChannelService> worker_service;
+  std::unique_ptr<grpc::Server> grpc_server;
+  std::string address;
+  std::string metrics_address;
+
+  // Stops serving. With stop_workers, ranks are stopped and waited for; without, they keep
+  // training and the process must end without destroying the launcher (whose threads wait on them).
+  void Shutdown(bool stop_workers);
+};
+
+// Builds every part from `options` and starts serving; the chosen addresses are also written to
+// <state_dir>/fitrund.address and fitrund.metrics_address. Errors name the flag.
+absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions& options);
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_SERVER_H_
