@@ -2,14 +2,19 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "server/devices/nvml_devices.h"
 #include "server/devices/virtual_cpu_devices.h"
 
@@ -42,6 +47,35 @@ absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::s
   return absl::OkStatus();
 }
 
+// Takes <state_dir>/fitrund.lock for this process and writes its pid there, or says who holds it.
+// The descriptor is close-on-exec: ranks, which outlive a fitrund, must not keep its lock.
+absl::StatusOr<int> LockStateDir(const std::string& state_dir) {
+  const std::string path = (std::filesystem::path(state_dir) / "fitrund.lock").string();
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("--state_dir: cannot open ", path, ": ", std::strerror(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    char pid[32] = {};
+    const ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+    close(fd);
+    if (error != EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrCat("--state_dir: cannot lock ", path, ": ", std::strerror(error)));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--state_dir: ", state_dir, " is in use by another fitrund (pid ",
+        n > 0 ? std::string(absl::StripAsciiWhitespace(pid)) : "unknown", ", holding ", path,
+        "); stop it, or give this one another --state_dir"));
+  }
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat("--state_dir: cannot write ", path));
+  }
+  return fd;
+}
+
 }  // namespace
 
 void RunningServer::Shutdown(bool stop_workers) {
@@ -57,6 +91,9 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   std::error_code error;
   std::filesystem::create_directories(options.state_dir, error);
   if (error) return absl::FailedPreconditionError(absl::StrCat("--state_dir: cannot create ", options.state_dir, ": ", error.message()));
+  absl::StatusOr<int> lock = LockStateDir(options.state_dir);
+  if (!lock.ok()) return lock.status();
+  server->state_lock_fd = *lock;
 
   absl::StatusOr<std::unique_ptr<SqliteJobStore>> store =
       SqliteJobStore::Open((std::filesystem::path(options.state_dir) / "fitrun.db").string());

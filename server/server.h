@@ -39,6 +39,9 @@ struct ServerOptions {
 // Everything a running coordinator owns, torn down in dependency order. Owned by the thread that
 // started it.
 struct RunningServer {
+  // The state directory's lock (flock on <state_dir>/fitrund.lock), held for the process's life: the
+  // kernel releases it when the process dies, however it dies.
+  int state_lock_fd = -1;
   std::unique_ptr<SqliteJobStore> store;
   std::unique_ptr<DeviceInventory> devices;
   std::unique_ptr<ProcessLauncher> launcher;
@@ -61,7 +64,9 @@ struct RunningServer {
 };
 
 // Builds every part from `options` and starts serving; the chosen addresses are also written to
-// <state_dir>/fitrund.address and fitrund.metrics_address. Errors name the flag.
+// <state_dir>/fitrund.address and fitrund.metrics_address. Errors name the flag; a state directory
+// another fitrund holds is FAILED_PRECONDITION naming that fitrund's pid (two coordinators over one
+// store would both recover, launch and re-adopt the same jobs).
 absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions& options);
 
 }  // namespace fitrun::server

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "tests/testing/coordinator.h"
 
 namespace fitrun::testing {
@@ -183,6 +184,32 @@ TEST(CoordinatorTest, StoreFromANewerSchemaIsRefusedAtStart) {
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.err, HasSubstr("schema version 99"));
   EXPECT_THAT(result.err, HasSubstr("run a newer fitrund"));
+}
+
+TEST(CoordinatorTest, ASecondCoordinatorOnAHeldStateDirectoryRefusesAndStartsOnceTheFirstIsKilled) {
+  RunningCoordinator first("held-state", "cpu:1x1GiB");
+  ASSERT_TRUE(first.ok()) << ReadFile(first.log_path());
+  const std::string holder(absl::StripAsciiWhitespace(ReadFile(first.state_dir() + "/fitrund.lock")));
+  ASSERT_FALSE(holder.empty());
+
+  CommandResult second = RunCommand({Runfile("server/fitrund"), "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                                     "--state_dir=" + first.state_dir(), "--devices=cpu:1x1GiB"},
+                                    absl::Seconds(30));
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_THAT(second.err, HasSubstr("is in use by another fitrund (pid " + holder + ","));
+  // The first one still serves.
+  {
+    grpc::ClientContext context;
+    fitrun::v1::ListJobsResponse jobs;
+    EXPECT_TRUE(first.stub().ListJobs(&context, fitrun::v1::ListJobsRequest(), &jobs).ok());
+  }
+
+  // The kernel drops a SIGKILLed holder's lock: its successor starts at once.
+  first.Kill();
+  const absl::Time restart = absl::Now();
+  ASSERT_TRUE(first.Restart()) << ReadFile(first.log_path());
+  std::printf("restarted on the released state directory in %.2f s\n", absl::ToDoubleSeconds(absl::Now() - restart));
+  EXPECT_NE(std::string(absl::StripAsciiWhitespace(ReadFile(first.state_dir() + "/fitrund.lock"))), holder);
 }
 
 }  // namespace
