@@ -9,6 +9,8 @@ packages=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev prometheus-cpp-dev libsqlite3-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # TLS and token hashes (libcrypto), and the tests' certificates (openssl)
+  libssl-dev openssl
   # worker: LibTorch (CPU) with Gloo, and a fast BLAS behind Debian's libblas.so.3 alternative
   libtorch-dev libgloo-dev libopenblas0-pthread
   # data

@@ -1,0 +1,71 @@
+// Who is calling fitrund, and what they may see. Plain C++: the gRPC service hands it what the
+// transport carried (a bearer token, the client certificate's verified common name) and gets a
+// Caller or UNAUTHENTICATED.
+//
+// Modes. Local (no token file, no client CA): every caller is the single user "local", an admin;
+// that is the default on loopback, where the demo runs. Secured (a token file, or mutual TLS): a
+// caller is who their bearer token or client certificate says, and nobody else gets in.
+//
+// The token file (--auth_tokens) has one line per token: `<user> <admin|user> <sha256 hex of the
+// token>` (# starts a comment). It never holds a token itself: make a line with
+//   printf '%s' "$TOKEN" | sha256sum
+// A user of the file without tokens can still be named, for a client certificate's common name to
+// get a role: `<user> admin -`. Reload() rereads it (fitrund does on SIGHUP); a file that fails to
+// parse leaves the previous one in force. Thread-safe.
+#ifndef FITRUN_SERVER_AUTH_AUTHENTICATOR_H_
+#define FITRUN_SERVER_AUTH_AUTHENTICATOR_H_
+
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace fitrun::server {
+
+struct Caller {
+  std::string user;
+  bool admin = false;
+
+  // Whether the caller may see and act on a job `owner` submitted. Jobs stored before owners
+  // existed have none and are the admins'.
+  bool MayAccess(const std::string& owner) const { return admin || (!owner.empty() && owner == user); }
+};
+
+class Authenticator {
+ public:
+  struct Options {
+    std::string tokens_file;       // empty: no tokens
+    bool client_certificates = false;  // mutual TLS: a verified client certificate identifies its holder
+  };
+  static absl::StatusOr<std::unique_ptr<Authenticator>> Create(Options options);
+
+  bool secured() const { return secured_; }
+  // `bearer_token`: the token after "Bearer " in the authorization header ("" if none);
+  // `certificate_name`: the verified client certificate's common name ("" if none).
+  absl::StatusOr<Caller> Identify(const std::string& bearer_token, const std::string& certificate_name) const;
+  absl::Status Reload();
+
+  // Lowercase hex SHA-256, as the token file holds it.
+  static std::string Sha256Hex(const std::string& text);
+
+ private:
+  struct Entry {
+    std::string user;
+    bool admin = false;
+  };
+  explicit Authenticator(Options options)
+      : options_(std::move(options)), secured_(!options_.tokens_file.empty() || options_.client_certificates) {}
+
+  const Options options_;
+  const bool secured_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> by_hash_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, bool> admins_by_user_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_AUTH_AUTHENTICATOR_H_

@@ -1,0 +1,85 @@
+#include "server/auth/authenticator.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace fitrun::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string WriteTokens(const std::string& name, const std::string& text) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(AuthenticatorTest, LocalModeMakesEveryCallerTheLocalAdmin) {
+  auto local = Authenticator::Create({});
+  ASSERT_TRUE(local.ok());
+  EXPECT_FALSE((*local)->secured());
+  absl::StatusOr<Caller> caller = (*local)->Identify("", "");
+  ASSERT_TRUE(caller.ok());
+  EXPECT_EQ(caller->user, "local");
+  EXPECT_TRUE(caller->admin);
+}
+
+TEST(AuthenticatorTest, TokensAreKnownByTheirHashAndGiveTheirUsersRole) {
+  // sha256("alice-secret") and sha256("root-secret"), as `printf '%s' ... | sha256sum` prints them.
+  const std::string alice = Authenticator::Sha256Hex("alice-secret");
+  const std::string root = Authenticator::Sha256Hex("root-secret");
+  EXPECT_EQ(Authenticator::Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string path = WriteTokens("tokens", "# who\nalice user " + alice + "\nroot  admin " + root + "  # ops\n");
+  auto auth = Authenticator::Create({path, false});
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  EXPECT_TRUE((*auth)->secured());
+  EXPECT_EQ((*auth)->Identify("alice-secret", "")->user, "alice");
+  EXPECT_FALSE((*auth)->Identify("alice-secret", "")->admin);
+  EXPECT_TRUE((*auth)->Identify("root-secret", "")->admin);
+  EXPECT_EQ((*auth)->Identify("guess", "").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT((*auth)->Identify("", "").status().message(), HasSubstr("requires a credential"));
+  // Without mutual TLS a certificate name means nothing.
+  EXPECT_EQ((*auth)->Identify("", "alice").status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST(AuthenticatorTest, ClientCertificatesNameTheirHolderWithTheRoleTheFileGives) {
+  const std::string path = WriteTokens("cert_roles", "ops admin -\n");
+  auto auth = Authenticator::Create({path, true});
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  EXPECT_EQ((*auth)->Identify("", "bob")->user, "bob");
+  EXPECT_FALSE((*auth)->Identify("", "bob")->admin);
+  EXPECT_TRUE((*auth)->Identify("", "ops")->admin);
+  auto certificates_only = Authenticator::Create({"", true});
+  ASSERT_TRUE(certificates_only.ok());
+  EXPECT_EQ((*certificates_only)->Identify("", "").status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST(AuthenticatorTest, ReloadTakesANewFileAndKeepsTheOldOneWhenTheNewOneIsBroken) {
+  const std::string path = WriteTokens("reload", "alice user " + Authenticator::Sha256Hex("one") + "\n");
+  auto auth = Authenticator::Create({path, false});
+  ASSERT_TRUE(auth.ok());
+  WriteTokens("reload", "alice user " + Authenticator::Sha256Hex("two") + "\n");
+  ASSERT_TRUE((*auth)->Reload().ok());
+  EXPECT_FALSE((*auth)->Identify("one", "").ok());
+  EXPECT_TRUE((*auth)->Identify("two", "").ok());
+  WriteTokens("reload", "alice user two\n");  // the token itself, not its hash
+  EXPECT_THAT((*auth)->Reload().message(), HasSubstr("never the token"));
+  EXPECT_TRUE((*auth)->Identify("two", "").ok());
+  WriteTokens("reload", "alice superuser " + Authenticator::Sha256Hex("x") + "\n");
+  EXPECT_THAT((*auth)->Reload().message(), HasSubstr("line 1: the role is admin or user"));
+}
+
+TEST(CallerTest, UsersSeeTheirOwnJobsAndAdminsEveryJob) {
+  EXPECT_TRUE((Caller{"alice", false}).MayAccess("alice"));
+  EXPECT_FALSE((Caller{"alice", false}).MayAccess("bob"));
+  EXPECT_FALSE((Caller{"alice", false}).MayAccess(""));
+  EXPECT_TRUE((Caller{"root", true}).MayAccess("bob"));
+}
+
+}  // namespace
+}  // namespace fitrun::server
