@@ -189,7 +189,7 @@ absl::Duration JobManager::StopGrace(const JobEntry& entry) const {
 // ---------------------------------------------------------------------------------------------------
 // Public API
 
-absl::StatusOr<Job> JobManager::Submit(JobSpec spec) {
+absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner) {
   absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(std::move(spec));
   if (!normalized.ok()) return normalized.status();
 
@@ -219,6 +219,7 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec) {
   Job& job = entry.record.job;
   const std::string id = absl::StrFormat("j-%06d", order);
   job.set_id(id);
+  job.set_owner(owner);
   *job.mutable_spec() = *std::move(normalized);
   *job.mutable_created_at() = ToProto(options_.clock());
   JobEntry& stored = jobs_[id] = std::move(entry);

@@ -98,7 +98,9 @@ class JobManager {
   void Shutdown();
 
   // ---- the public API (called by the gRPC service) ----
-  absl::StatusOr<fitrun::v1::Job> Submit(fitrun::v1::JobSpec spec);
+  // `owner`: the submitting user, recorded on the job (who may see and act on it is the service's
+  // decision).
+  absl::StatusOr<fitrun::v1::Job> Submit(fitrun::v1::JobSpec spec, const std::string& owner = "");
   // The normalized spec and the plan it would get now; nothing is stored.
   absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> DryRunPlan(fitrun::v1::JobSpec spec);
   absl::StatusOr<fitrun::v1::Job> Get(const std::string& job_id);

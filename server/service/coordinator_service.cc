@@ -13,6 +13,8 @@
 #include <google/protobuf/util/time_util.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "server/core/job_spec.h"
 #include "server/service/grpc_status.h"
@@ -61,6 +63,8 @@ class PolledWriteReactor : public grpc::ServerWriteReactor<Message> {
     AfterWrite();
   }
   void OnCancel() override { FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")); }
+  // Ends the stream before it started, with why.
+  void Refuse(const grpc::Status& status) { FinishOnce(status); }
   void OnDone() override {
     BeforeDelete();
     absl::MutexLock lock(&link_->mu);
@@ -204,7 +208,6 @@ class WatchReactorBase : public PolledWriteReactor<Message> {
     this->Pump();
   }
   // Ends the stream before it starts.
-  void Refuse(const grpc::Status& status) { this->FinishOnce(status); }
 
  protected:
   void BeforeDelete() override {
@@ -476,12 +479,49 @@ void LogFollowTicker::Remove(int64_t id) {
   ticks_.erase(id);
 }
 
+absl::StatusOr<Caller> CoordinatorService::Authenticate(grpc::CallbackServerContext* context) const {
+  if (authenticator_ == nullptr) return Caller{"local", true};
+  std::string token;
+  const auto& metadata = context->client_metadata();
+  if (auto it = metadata.find("authorization"); it != metadata.end()) {
+    const absl::string_view value(it->second.data(), it->second.size());
+    absl::string_view rest = value;
+    if (!absl::ConsumePrefix(&rest, "Bearer ")) {
+      return absl::UnauthenticatedError("the authorization header must be 'Bearer <token>'");
+    }
+    token = std::string(rest);
+  }
+  std::string certificate_name;
+  const std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& name : auth->FindPropertyValues("x509_common_name")) {
+      certificate_name.assign(name.data(), name.size());
+    }
+  }
+  return authenticator_->Identify(token, certificate_name);
+}
+
+absl::Status CoordinatorService::MayWatch(grpc::CallbackServerContext* context, const std::string& job_id) const {
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  if (!caller.ok()) return caller.status();
+  return VisibleJob(*caller, job_id).status();
+}
+
+absl::StatusOr<fitrun::v1::Job> CoordinatorService::VisibleJob(const Caller& caller, const std::string& job_id) const {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Get(job_id);
+  if (!job.ok()) return job.status();
+  if (!caller.MayAccess(job->owner())) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  return job;
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerContext* context,
                                                         const fitrun::v1::SubmitJobRequest* request,
                                                         fitrun::v1::SubmitJobResponse* response) {
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  if (!caller.ok()) return Done(context, caller.status());
   absl::StatusOr<fitrun::v1::JobSpec> spec = SpecFrom(*request);
   if (!spec.ok()) return Done(context, spec.status());
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(*std::move(spec));
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(*std::move(spec), caller->user);
   if (job.ok()) *response->mutable_job() = *std::move(job);
   return Done(context, job.status());
 }
@@ -489,6 +529,7 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::PlanJob(grpc::CallbackServerContext* context,
                                                       const fitrun::v1::PlanJobRequest* request,
                                                       fitrun::v1::PlanJobResponse* response) {
+  if (absl::StatusOr<Caller> caller = Authenticate(context); !caller.ok()) return Done(context, caller.status());
   absl::StatusOr<fitrun::v1::JobSpec> spec = SpecFrom(*request);
   if (!spec.ok()) return Done(context, spec.status());
   auto planned = manager_->DryRunPlan(*std::move(spec));
@@ -502,7 +543,9 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanJob(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* context,
                                                      const fitrun::v1::GetJobRequest* request,
                                                      fitrun::v1::Job* response) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Get(request->job_id());
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  if (!caller.ok()) return Done(context, caller.status());
+  absl::StatusOr<fitrun::v1::Job> job = VisibleJob(*caller, request->job_id());
   if (job.ok()) *response = *std::move(job);
   return Done(context, job.status());
 }
@@ -510,15 +553,24 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerContext* context,
                                                        const fitrun::v1::ListJobsRequest* request,
                                                        fitrun::v1::ListJobsResponse* response) {
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  if (!caller.ok()) return Done(context, caller.status());
   std::vector<fitrun::v1::JobState> states;
   for (int s : request->states()) states.push_back(static_cast<fitrun::v1::JobState>(s));
-  for (fitrun::v1::Job& job : manager_->List(states)) *response->add_jobs() = std::move(job);
+  for (fitrun::v1::Job& job : manager_->List(states)) {
+    if (caller->MayAccess(job.owner())) *response->add_jobs() = std::move(job);
+  }
   return Done(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* context,
                                                         const fitrun::v1::CancelJobRequest* request,
                                                         fitrun::v1::CancelJobResponse* response) {
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  if (!caller.ok()) return Done(context, caller.status());
+  if (absl::StatusOr<fitrun::v1::Job> visible = VisibleJob(*caller, request->job_id()); !visible.ok()) {
+    return Done(context, visible.status());
+  }
   absl::StatusOr<fitrun::v1::Job> job = manager_->Cancel(request->job_id(), request->reason());
   if (job.ok()) *response->mutable_job() = *std::move(job);
   return Done(context, job.status());
@@ -527,7 +579,11 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
 grpc::ServerWriteReactor<JobEvent>* CoordinatorService::WatchJob(grpc::CallbackServerContext* context,
                                                                  const fitrun::v1::WatchJobRequest* request) {
   auto* reactor = new WatchJobReactor(manager_, &fanout_, request->job_id(), request->from_sequence());
-  reactor->Start();
+  if (absl::Status allowed = MayWatch(context, request->job_id()); !allowed.ok()) {
+    reactor->Refuse(ToGrpcStatus(allowed));
+  } else {
+    reactor->Start();
+  }
   return reactor;
 }
 
@@ -544,6 +600,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::WatchJobEvents(g
   auto* reactor = new WatchJobEventsReactor(manager_, &fanout_, request.job_id(), request.from_sequence());
   if (!parsed) {
     reactor->Refuse(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request: not a WatchJobRequest"));
+  } else if (absl::Status allowed = MayWatch(context, request.job_id()); !allowed.ok()) {
+    reactor->Refuse(ToGrpcStatus(allowed));
   } else {
     reactor->Start();
   }
@@ -553,6 +611,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::WatchJobEvents(g
 grpc::ServerUnaryReactor* CoordinatorService::ListDevices(grpc::CallbackServerContext* context,
                                                           const fitrun::v1::ListDevicesRequest* request,
                                                           fitrun::v1::ListDevicesResponse* response) {
+  if (absl::StatusOr<Caller> caller = Authenticate(context); !caller.ok()) return Done(context, caller.status());
   for (fitrun::v1::Device& device : manager_->Devices()) *response->add_devices() = std::move(device);
   return Done(context, absl::OkStatus());
 }
@@ -560,7 +619,11 @@ grpc::ServerUnaryReactor* CoordinatorService::ListDevices(grpc::CallbackServerCo
 grpc::ServerWriteReactor<fitrun::v1::LogChunk>* CoordinatorService::StreamLogs(
     grpc::CallbackServerContext* context, const fitrun::v1::StreamLogsRequest* request) {
   auto* reactor = new LogStreamReactor(manager_, &ticker_, *request);
-  reactor->Start();
+  if (absl::Status allowed = MayWatch(context, request->job_id()); !allowed.ok()) {
+    reactor->Refuse(ToGrpcStatus(allowed));
+  } else {
+    reactor->Start();
+  }
   return reactor;
 }
 

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "fitrun/v1/coordinator.grpc.pb.h"
+#include "server/auth/authenticator.h"
 #include "server/core/job_manager.h"
 
 namespace fitrun::server {
@@ -90,9 +91,12 @@ class CoordinatorService final
  public:
   struct Options {
     WatchFanout::Options fanout;
+    // Who may call, and see which jobs; nullptr: everyone is the local admin.
+    const Authenticator* authenticator = nullptr;
   };
-  explicit CoordinatorService(JobManager* manager, Options options = {})
-      : manager_(manager), fanout_(options.fanout) {}
+  explicit CoordinatorService(JobManager* manager) : CoordinatorService(manager, Options()) {}
+  CoordinatorService(JobManager* manager, Options options)
+      : manager_(manager), authenticator_(options.authenticator), fanout_(options.fanout) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context, const fitrun::v1::SubmitJobRequest* request,
                                       fitrun::v1::SubmitJobResponse* response) override;
@@ -117,7 +121,16 @@ class CoordinatorService final
   WatchFanout::Stats fanout_stats() const { return fanout_.stats(); }
 
  private:
+  // The caller, from the call's bearer token or verified client certificate; UNAUTHENTICATED when a
+  // secured fitrund cannot tell.
+  absl::StatusOr<Caller> Authenticate(grpc::CallbackServerContext* context) const;
+  // OK when the call's caller may follow the job's events or logs.
+  absl::Status MayWatch(grpc::CallbackServerContext* context, const std::string& job_id) const;
+  // The job, if the caller may see it; NOT_FOUND otherwise, so another user's job is not revealed.
+  absl::StatusOr<fitrun::v1::Job> VisibleJob(const Caller& caller, const std::string& job_id) const;
+
   JobManager* const manager_;
+  const Authenticator* const authenticator_;
   // Wakes following log streams a few times a second to look for appended bytes.
   LogFollowTicker ticker_;
   WatchFanout fanout_;
