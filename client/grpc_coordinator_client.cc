@@ -3,9 +3,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 
 namespace fitrun::client {
@@ -24,15 +28,38 @@ absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> GrpcCoordinatorClient::Cr
   if (options.rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("rpc_timeout: must be positive");
   }
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(options.address, grpc::InsecureChannelCredentials());
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.ca_file.empty() || !options.cert_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    for (const auto& [flag, path, pem] : {std::tuple<const char*, const std::string&, std::string*>{
+                                              "--ca", options.ca_file, &ssl.pem_root_certs},
+                                          {"--cert", options.cert_file, &ssl.pem_cert_chain},
+                                          {"--key", options.key_file, &ssl.pem_private_key}}) {
+      if (path.empty()) continue;
+      std::ifstream in(path);
+      std::stringstream text;
+      text << in.rdbuf();
+      if (!in || text.str().empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));
+      *pem = text.str();
+    }
+    if (ssl.pem_cert_chain.empty() != ssl.pem_private_key.empty()) {
+      return absl::InvalidArgumentError("--cert and --key: give both, or neither");
+    }
+    credentials = grpc::SslCredentials(ssl);
+  }
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(options.address, credentials);
   return std::unique_ptr<GrpcCoordinatorClient>(
       new GrpcCoordinatorClient(options, v1::Coordinator::NewStub(channel)));
+}
+
+void GrpcCoordinatorClient::Authorize(grpc::ClientContext* context) const {
+  if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
 }
 
 void GrpcCoordinatorClient::PrepareUnary(grpc::ClientContext* context) const {
   context->set_deadline(std::chrono::system_clock::now() +
                         absl::ToChronoMilliseconds(options_.rpc_timeout));
+  Authorize(context);
 }
 
 namespace {
@@ -129,6 +156,7 @@ absl::StatusOr<v1::ListDevicesResponse> GrpcCoordinatorClient::ListDevices() {
 absl::Status GrpcCoordinatorClient::WatchJob(const std::string& job_id, int64_t from_sequence,
                                              const EventCallback& on_event) {
   grpc::ClientContext context;
+  Authorize(&context);
   v1::WatchJobRequest request;
   request.set_job_id(job_id);
   request.set_from_sequence(from_sequence);
@@ -144,6 +172,7 @@ absl::Status GrpcCoordinatorClient::WatchJob(const std::string& job_id, int64_t 
 absl::Status GrpcCoordinatorClient::StreamLogs(const std::string& job_id, int rank, bool follow,
                                                const LogCallback& on_chunk) {
   grpc::ClientContext context;
+  Authorize(&context);
   if (!follow) context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(options_.rpc_timeout));
   v1::StreamLogsRequest request;
   request.set_job_id(job_id);

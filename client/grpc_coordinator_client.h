@@ -22,6 +22,13 @@ class GrpcCoordinatorClient : public CoordinatorApi {
     // For unary calls only (fitrund answers them without waiting for training or memory probes). A
     // watch follows a job for as long as it runs, so it has no deadline.
     absl::Duration rpc_timeout = absl::Seconds(10);
+    // TLS: a PEM CA file to verify fitrund with (empty: plain text), and for mutual TLS a client
+    // certificate and key.
+    std::string ca_file;
+    std::string cert_file;
+    std::string key_file;
+    // Sent as "authorization: Bearer <token>" with every call; empty: none.
+    std::string token;
   };
 
   static absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> Create(const Options& options);
@@ -41,8 +48,10 @@ class GrpcCoordinatorClient : public CoordinatorApi {
   GrpcCoordinatorClient(const Options& options, std::unique_ptr<v1::Coordinator::Stub> stub)
       : options_(options), stub_(std::move(stub)) {}
 
-  // Sets the unary deadline on `context`.
+  // Sets the unary deadline and the credentials on `context`.
   void PrepareUnary(grpc::ClientContext* context) const;
+  // The bearer token, for every call.
+  void Authorize(grpc::ClientContext* context) const;
 
   const Options options_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;

@@ -20,6 +20,11 @@ namespace {
 // Every flag and argument of one invocation; filled by CLI11, read by Run.
 struct CliOptions {
   std::string coordinator = "127.0.0.1:7070";
+  // TLS (a CA to verify fitrund; a client certificate and key for mutual TLS) and a bearer token.
+  std::string ca;
+  std::string cert;
+  std::string key;
+  std::string token;
   std::string spec_path;
   std::string job_id;
   std::string cancel_reason = "cancelled with fitrun cancel";
@@ -35,6 +40,10 @@ enum class Command { kSubmit, kWatch, kGet, kList, kLogs, kCancel, kPlan, kDevic
 int Run(Command command, const CliOptions& options) {
   GrpcCoordinatorClient::Options client_options;
   client_options.address = options.coordinator;
+  client_options.ca_file = options.ca;
+  client_options.cert_file = options.cert;
+  client_options.key_file = options.key;
+  client_options.token = options.token;
   absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> client =
       GrpcCoordinatorClient::Create(client_options);
   if (!client.ok()) {
@@ -84,6 +93,12 @@ int Main(int argc, char** argv) {
   app.add_option("--coordinator", options.coordinator, "the coordinator's HOST:PORT")
       ->envname("FITRUN_COORDINATOR")
       ->capture_default_str();
+  app.add_option("--ca", options.ca, "PEM CA that fitrund's certificate chains to: connect with TLS")
+      ->envname("FITRUN_CA");
+  app.add_option("--cert", options.cert, "PEM client certificate, for a fitrund with mutual TLS")
+      ->envname("FITRUN_CERT");
+  app.add_option("--key", options.key, "PEM key of --cert")->envname("FITRUN_KEY");
+  app.add_option("--token", options.token, "bearer token, for a fitrund with users")->envname("FITRUN_TOKEN");
   app.footer(
       "Exit codes: 0 ok; 1 job FAILED; 2 job CANCELLED; 3 coordinator unreachable or stream "
       "lost; 4 request refused by the coordinator; 5 local error (unreadable spec file); "

@@ -30,6 +30,17 @@ ABSL_FLAG(bool, memory_probe, true,
           "Calibrate each model's memory estimate by running fitrun-worker --probe once per model (cached in "
           "the state directory); false: analytic estimates only");
 ABSL_FLAG(std::string, worker_binary, "", "fitrun-worker to launch (default: the one built beside fitrund)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve both services over TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA for mutual TLS: a client certificate it signed identifies its holder by its common name");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that --tls_cert chains to, for the ranks to verify fitrund (default: --tls_cert itself, for a "
+          "self-signed certificate)");
+ABSL_FLAG(bool, insecure, false, "Serve a non-loopback --listen address without TLS anyway");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "Users: lines of '<user> <admin|user> <sha256 hex of the token>'; reloaded on SIGHUP. Without it and "
+          "--tls_client_ca every caller is the local admin");
 ABSL_FLAG(bool, stop_workers_on_exit, false,
           "Stop running ranks when fitrund exits (default: leave them training; a restarted fitrund re-adopts them)");
 
@@ -45,6 +56,12 @@ int main(int argc, char** argv) {
   options.stop_workers_on_exit = absl::GetFlag(FLAGS_stop_workers_on_exit);
   options.worker_cuda = absl::GetFlag(FLAGS_worker_cuda);
   options.memory_probe = absl::GetFlag(FLAGS_memory_probe);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  options.insecure = absl::GetFlag(FLAGS_insecure);
+  options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t signals;
@@ -52,6 +69,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGPIPE);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<fitrun::server::RunningServer>> server = fitrun::server::BuildAndStart(options);
@@ -63,9 +81,18 @@ int main(int argc, char** argv) {
           (*server)->metrics_address.c_str(), options.state_dir.c_str());
 
   int sig = 0;
-  do {
+  while (true) {
     sigwait(&signals, &sig);
-  } while (sig == SIGPIPE);
+    if (sig == SIGPIPE) continue;
+    if (sig == SIGHUP) {
+      // A new token file takes effect at once; a broken one leaves the old one in force.
+      const absl::Status reloaded = (*server)->authenticator->Reload();
+      fprintf(stderr, "fitrund: SIGHUP: %s\n",
+              reloaded.ok() ? "reloaded --auth_tokens" : std::string(reloaded.message()).c_str());
+      continue;
+    }
+    break;
+  }
   fprintf(stderr, "fitrund: got %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
   (*server)->Shutdown(options.stop_workers_on_exit);
   if (!options.stop_workers_on_exit) {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -74,6 +75,51 @@ absl::StatusOr<int> LockStateDir(const std::string& state_dir) {
     return absl::FailedPreconditionError(absl::StrCat("--state_dir: cannot write ", path));
   }
   return fd;
+}
+
+bool IsLoopback(const std::string& host) {
+  return host == "127.0.0.1" || host == "localhost" || host == "[::1]" || host == "::1" ||
+         host.rfind("127.", 0) == 0 || host.rfind("unix:", 0) == 0;
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const std::string& flag) {
+  std::ifstream in(path);
+  std::stringstream pem;
+  pem << in.rdbuf();
+  if (!in || pem.str().empty()) return absl::FailedPreconditionError(absl::StrCat(flag, ": cannot read ", path));
+  return pem.str();
+}
+
+// The gRPC server's credentials from the TLS flags, or plain text (refused off loopback unless
+// --insecure).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const ServerOptions& options,
+                                                                          const std::string& host) {
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key: give both, or neither");
+  }
+  if (options.tls_cert.empty()) {
+    if (!options.tls_client_ca.empty()) return absl::InvalidArgumentError("--tls_client_ca: needs --tls_cert and --tls_key");
+    if (!IsLoopback(host) && !options.insecure) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--listen: ", host, " is not a loopback address, and without TLS anyone who can reach it would read every "
+          "job and its tokens in plain text: give --tls_cert and --tls_key, or pass --insecure to serve it anyway"));
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  absl::StatusOr<std::string> cert = ReadPem(options.tls_cert, "--tls_cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem(options.tls_key, "--tls_key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!options.tls_client_ca.empty()) {
+    absl::StatusOr<std::string> client_ca = ReadPem(options.tls_client_ca, "--tls_client_ca");
+    if (!client_ca.ok()) return client_ca.status();
+    ssl.pem_root_certs = *client_ca;
+    // Ranks and token holders connect without a certificate; one that is presented must verify.
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
 }
 
 }  // namespace
@@ -150,8 +196,18 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   server->address = absl::StrCat(host, ":", port);
   const std::string dial_host = (host == "0.0.0.0" || host == "[::]" || host.empty()) ? "127.0.0.1" : host;
 
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(options, host);
+  if (!credentials.ok()) return credentials.status();
+  absl::StatusOr<std::unique_ptr<Authenticator>> authenticator =
+      Authenticator::Create({options.auth_tokens, !options.tls_client_ca.empty()});
+  if (!authenticator.ok()) return authenticator.status();
+  server->authenticator = *std::move(authenticator);
+
   server->launcher = std::make_unique<ProcessLauncher>();
   JobManager::Options manager_options;
+  if (!options.tls_cert.empty()) {
+    manager_options.worker_tls_ca = std::filesystem::absolute(options.tls_ca.empty() ? options.tls_cert : options.tls_ca);
+  }
   manager_options.state_dir = options.state_dir;
   manager_options.worker_binary = options.worker_binary.empty() ? DefaultWorkerBinary() : options.worker_binary;
   manager_options.worker_channel_address = absl::StrCat(dial_host, ":", port);
@@ -181,13 +237,15 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   if (!manager.ok()) return manager.status();
   server->manager = *std::move(manager);
 
-  server->coordinator_service = std::make_unique<CoordinatorService>(server->manager.get());
+  CoordinatorService::Options service_options;
+  if (server->authenticator->secured()) service_options.authenticator = server->authenticator.get();
+  server->coordinator_service = std::make_unique<CoordinatorService>(server->manager.get(), service_options);
   server->worker_service = std::make_unique<WorkerChannelService>(server->manager.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(server->address, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(server->address, *credentials, &bound_port);
   builder.RegisterService(server->coordinator_service.get());
   builder.RegisterService(server->worker_service.get());
   server->grpc_server = builder.BuildAndStart();

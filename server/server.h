@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/auth/authenticator.h"
 #include "server/core/job_manager.h"
 #include "server/core/memory_calibration.h"
 #include "server/launcher/process_launcher.h"
@@ -34,6 +35,17 @@ struct ServerOptions {
   bool worker_cuda = false;
   bool memory_probe = true;
   bool stop_workers_on_exit = false;
+  // TLS for both services: the server's certificate chain and key (PEM files); tls_client_ca makes it
+  // mutual (a client certificate it signed identifies its holder); tls_ca is the CA tls_cert chains
+  // to, handed to the ranks to verify fitrund (empty: tls_cert itself, for a self-signed one).
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  std::string tls_ca;
+  // Serve a non-loopback address without TLS anyway.
+  bool insecure = false;
+  // Users' bearer tokens (server/auth/authenticator.h); with tls_client_ca, certificates too.
+  std::string auth_tokens;
 };
 
 // Everything a running coordinator owns, torn down in dependency order. Owned by the thread that
@@ -51,6 +63,7 @@ struct RunningServer {
   // After the metrics they report to, before the manager, so they outlive it.
   std::unique_ptr<ProcessMemoryProbe> memory_probe;
   std::unique_ptr<MemoryCalibrator> memory_calibrator;
+  std::unique_ptr<Authenticator> authenticator;
   std::unique_ptr<JobManager> manager;
   std::unique_ptr<CoordinatorService> coordinator_service;
   std::unique_ptr<WorkerChannelService> worker_service;

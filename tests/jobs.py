@@ -30,3 +30,68 @@ def run_to_end(client, spec, timeout=300):
     job = wait_for(lambda: (lambda j: j if j.state in FINAL_STATES else None)(client.get(job_id)), timeout,
                    f"{job_id} to end")
     return job, events
+
+
+class Fitrund:
+    """A real fitrund from the test's runfiles, on OS-chosen ports with a state directory of its own.
+
+    `flags` are added to the defaults; `address` is where it serves once started. stop() (or leaving
+    a `with` block) SIGTERMs it and SIGKILLs any rank it left, found by its state directory.
+    """
+
+    def __init__(self, state_dir, flags=(), listen="127.0.0.1:0"):
+        import os
+        import subprocess
+
+        runfiles = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "fitrun"))
+        self.state_dir = state_dir
+        os.makedirs(state_dir, exist_ok=True)
+        for name in ("fitrund.address", "fitrund.metrics_address"):
+            if os.path.exists(os.path.join(state_dir, name)):
+                os.remove(os.path.join(state_dir, name))
+        self.log_path = os.path.join(state_dir, "fitrund.log")
+        self._log = open(self.log_path, "a")
+        self.process = subprocess.Popen(
+            [os.path.join(runfiles, "server/fitrund"), f"--listen={listen}", "--metrics_listen=127.0.0.1:0",
+             f"--state_dir={state_dir}", f"--worker_binary={os.path.join(runfiles, 'worker/fitrun-worker')}",
+             "--stop_workers_on_exit", *flags],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        metrics = os.path.join(state_dir, "fitrund.metrics_address")
+        wait_for(lambda: (os.path.exists(metrics) and os.path.getsize(metrics) > 0) or self.process.poll() is not None,
+                 30, "fitrund to serve")
+        self.address = None
+        if self.process.poll() is None:
+            with open(os.path.join(state_dir, "fitrund.address")) as f:
+                self.address = f.read().strip()
+
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def stop(self):
+        import os
+        import signal
+        import subprocess
+
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        needle = f"FITRUN_ASSIGNMENT={self.state_dir}/".encode()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if any(v.startswith(needle) for v in f.read().split(b"\0")):
+                        os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.stop()

@@ -56,11 +56,11 @@ class PackageTest(unittest.TestCase):
         sent = []
 
         class RecordingStub:
-            def SubmitJob(self, request, timeout):
+            def SubmitJob(self, request, timeout, metadata=None):
                 sent.append(request)
                 return coordinator_pb2.SubmitJobResponse(job=job_pb2.Job(id="j-recorded"))
 
-            def PlanJob(self, request, timeout):
+            def PlanJob(self, request, timeout, metadata=None):
                 sent.append(request)
                 return coordinator_pb2.PlanJobResponse()
 
@@ -110,7 +110,7 @@ class PackageTest(unittest.TestCase):
         requested = []
 
         class FlakyStub:
-            def WatchJob(self, request):
+            def WatchJob(self, request, metadata=None):
                 requested.append(request.from_sequence)
                 if len(requested) == 1:
                     return Call([event(1, job_pb2.JOB_STATE_QUEUED), event(2)], then_lose=True)
@@ -124,7 +124,7 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(requested, [1, 3, 3])
 
         class DeadStub:
-            def WatchJob(self, request):
+            def WatchJob(self, request, metadata=None):
                 return Call([event(1)] if request.from_sequence == 1 else [], then_lose=True)
 
         client._stub = DeadStub()

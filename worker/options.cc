@@ -94,6 +94,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromEnvironment(const EnvLookup& look
   options.assignment_path = *assignment;
 
   options.coordinator = Optional(lookup, launch::kCoordinator);
+  options.tls_ca = Optional(lookup, launch::kTlsCa);
   options.job_id = Optional(lookup, launch::kJobId);
   options.job_token = Optional(lookup, launch::kJobToken);
   options.initial_state_dump_dir = Optional(lookup, launch::kDumpInitialState);

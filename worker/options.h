@@ -23,6 +23,8 @@ struct WorkerOptions {
   std::string assignment_path;  // FITRUN_ASSIGNMENT
   // FITRUN_COORDINATOR (host:port); empty means standalone: reports only go to the log.
   std::string coordinator;
+  // The CA file to verify a TLS coordinator with (FITRUN_TLS_CA); empty: plain text.
+  std::string tls_ca;
   std::string job_id;     // FITRUN_JOB_ID
   int attempt = 0;        // FITRUN_ATTEMPT
   std::string job_token;  // FITRUN_JOB_TOKEN

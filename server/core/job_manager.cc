@@ -826,6 +826,7 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
         {launch::kJobToken, entry.record.token},
         {launch::kAssignment, assignment_path.string()},
     };
+    if (!options_.worker_tls_ca.empty()) launch.env.emplace_back(launch::kTlsCa, options_.worker_tls_ca);
     active.ranks[rank].log_path = launch.log_path;
     const WorkerKey key{job.id(), attempt_number, rank};
     absl::StatusOr<int> handle =

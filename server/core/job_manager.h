@@ -63,6 +63,8 @@ class JobManager {
     std::string worker_binary;
     // The WorkerChannel address workers dial (FITRUN_COORDINATOR).
     std::string worker_channel_address;
+    // When fitrund serves TLS: the CA file ranks verify it with (FITRUN_TLS_CA); empty: plain text.
+    std::string worker_tls_ca;
     // Host the ranks rendezvous on (MASTER_ADDR) and how a free MASTER_PORT is found.
     std::string master_addr = "127.0.0.1";
     std::function<absl::StatusOr<int>()> pick_master_port;

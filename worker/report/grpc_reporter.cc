@@ -56,8 +56,10 @@ absl::StatusOr<std::unique_ptr<GrpcReporter>> GrpcReporter::Create(Options optio
               static_cast<int>(absl::ToInt64Milliseconds(options.max_backoff)));
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.coordinator, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      options.tls_ca_pem.empty() ? grpc::InsecureChannelCredentials()
+                                 : grpc::SslCredentials(grpc::SslCredentialsOptions{options.tls_ca_pem, "", ""});
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(options.coordinator, credentials, args);
   auto reporter = std::unique_ptr<GrpcReporter>(
       new GrpcReporter(std::move(options), std::move(on_stop), std::move(channel)));
   reporter->writer_ = std::thread([r = reporter.get()] { r->WriterLoop(); });

@@ -40,6 +40,8 @@ class GrpcReporter final : public ProgressSink {
  public:
   struct Options {
     std::string coordinator;  // host:port
+    // PEM of the CA to verify a TLS coordinator with; empty: plain text.
+    std::string tls_ca_pem;
     std::string job_id;
     int attempt = 0;
     int rank = 0;

@@ -4,9 +4,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "fitrun/v1/launch_contract.h"
 
 namespace fitrun::worker {
 
@@ -65,6 +68,15 @@ absl::Status RankRuntime::Start() {
   }
   GrpcReporter::Options reporter_options;
   reporter_options.coordinator = options_.coordinator;
+  if (!options_.tls_ca.empty()) {
+    std::ifstream in(options_.tls_ca);
+    std::stringstream pem;
+    pem << in.rdbuf();
+    if (!in || pem.str().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(fitrun::v1::launch::kTlsCa, "=", options_.tls_ca, ": cannot read the CA"));
+    }
+    reporter_options.tls_ca_pem = pem.str();
+  }
   reporter_options.job_id = options_.job_id;
   reporter_options.attempt = options_.attempt;
   reporter_options.rank = options_.rank;

@@ -71,12 +71,29 @@ class Client:
 
     `timeout` (seconds) bounds each unary call; streams (watch, logs) have no deadline, since a job
     may run for hours. Thread-safe (one gRPC channel); close it, or use it as a context manager.
+
+    A fitrund serving TLS needs `ca` (the PEM file its certificate chains to), and with mutual TLS
+    `cert` and `key` (a client certificate and its key); one with users needs `token`, sent as a
+    bearer token with every call. Each defaults to FITRUN_CA, FITRUN_CERT, FITRUN_KEY, FITRUN_TOKEN,
+    as for the CLI.
     """
 
-    def __init__(self, address, timeout=10.0):
+    def __init__(self, address, timeout=10.0, ca=None, cert=None, key=None, token=None):
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address)
+        ca = ca or os.environ.get("FITRUN_CA")
+        cert = cert or os.environ.get("FITRUN_CERT")
+        key = key or os.environ.get("FITRUN_KEY")
+        token = token or os.environ.get("FITRUN_TOKEN")
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        if ca or cert:
+            if bool(cert) != bool(key):
+                raise ValueError("cert and key: give both, or neither")
+            read = lambda path: open(path, "rb").read() if path else None  # noqa: E731
+            credentials = grpc.ssl_channel_credentials(read(ca), read(key), read(cert))
+            self._channel = grpc.secure_channel(address, credentials)
+        else:
+            self._channel = grpc.insecure_channel(address)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
 
     def close(self):
@@ -144,7 +161,8 @@ class Client:
         backoff = 0.2
         while True:
             call = self._stub.WatchJob(
-                coordinator_pb2.WatchJobRequest(job_id=job_id, from_sequence=next_sequence)
+                coordinator_pb2.WatchJobRequest(job_id=job_id, from_sequence=next_sequence),
+                metadata=self._metadata,
             )
             try:
                 for event in call:
@@ -176,7 +194,8 @@ class Client:
         call = self._stub.StreamLogs(
             coordinator_pb2.StreamLogsRequest(
                 job_id=job_id, rank=0 if rank is None else rank, follow=follow, attempt=attempt
-            )
+            ),
+            metadata=self._metadata,
         )
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         try:
@@ -196,7 +215,7 @@ class Client:
 
     def _unary(self, method, request):
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout)
+            return getattr(self._stub, method)(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise ClientError.from_rpc_error(e, method) from None
 

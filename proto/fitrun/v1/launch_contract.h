@@ -23,6 +23,9 @@ inline constexpr char kJobId[] = "FITRUN_JOB_ID";
 inline constexpr char kAttempt[] = "FITRUN_ATTEMPT";
 inline constexpr char kJobToken[] = "FITRUN_JOB_TOKEN";
 inline constexpr char kAssignment[] = "FITRUN_ASSIGNMENT";
+// When fitrund serves TLS: the PEM file of the CA its certificate chains to, for the rank to verify
+// fitrund when it dials back (the rank authenticates with its job token).
+inline constexpr char kTlsCa[] = "FITRUN_TLS_CA";
 // For the parity test: where rank 0 writes its initial parameters and sample order.
 inline constexpr char kDumpInitialState[] = "FITRUN_DUMP_INITIAL_STATE";
 

@@ -1,0 +1,155 @@
+"""A fitrund people can share, with real daemons, real ranks and real certificates: TLS on both
+services (the ranks dial back over it), plain text refused, the loopback rule, users with bearer
+tokens who see and stop only their own jobs, tokens reloaded on SIGHUP, and mutual TLS naming the
+job's owner. The CA and certificates are made by openssl for this run.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from fitrun.client import Client, ClientError
+from jobs import Fitrund, run_to_end, state_name, wait_for
+
+WORK = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+
+
+def openssl(*args):
+    subprocess.run(["openssl", *args], check=True, cwd=WORK, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def make_certificates():
+    """ca.pem, server.pem/key for 127.0.0.1 and localhost, and alice.pem/key (common name alice)."""
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=fitrun-test-ca")
+    for name, extension in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"), ("alice", "extendedKeyUsage=clientAuth")):
+        openssl("req", *curve, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={'localhost' if name == 'server' else name}")
+        with open(os.path.join(WORK, f"{name}.ext"), "w") as f:
+            f.write(extension + "\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext")
+
+
+def path(name):
+    return os.path.join(WORK, name)
+
+
+def token_line(user, role, token):
+    import hashlib
+
+    return f"{user} {role} {hashlib.sha256(token.encode()).hexdigest()}\n"
+
+
+def tiny_job(name, steps=3):
+    return {
+        "name": name,
+        "model": {"builtin": "mlp"},
+        "data": {"kind": "fashion_mnist", "path": "/usr/share/datasets/fashion-mnist"},
+        "optimizer": {"kind": "sgd", "lr": 0.05},
+        "global_batch_size": 64,
+        "max_steps": steps,
+        "resources": {"min_devices": 2, "max_devices": 2},
+    }
+
+
+DAEMON = ["--devices=cpu:2x1GiB", "--memory_probe=false"]
+TLS = [f"--tls_cert={path('server.pem')}", f"--tls_key={path('server.key')}", f"--tls_ca={path('ca.pem')}"]
+
+
+class TlsTest(unittest.TestCase):
+    def test_a_tls_fitrund_refuses_plain_text_and_its_ranks_report_over_tls(self):
+        with Fitrund(path("tls"), DAEMON + TLS) as daemon:
+            self.assertIsNotNone(daemon.address, daemon.log())
+            with self.assertRaises(ClientError) as plain:
+                Client(daemon.address, timeout=5).list()
+            self.assertEqual(plain.exception.code, "UNAVAILABLE")
+            client = Client(daemon.address, ca=path("ca.pem"))
+            job, events = run_to_end(client, tiny_job("over-tls"))
+            self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+            # Progress came from both ranks: they dialled back over TLS with the CA they were given.
+            self.assertEqual({e.progress.rank for e in events if e.WhichOneof("event") == "progress"}, {0, 1})
+
+    def test_a_non_loopback_address_needs_tls_or_insecure(self):
+        refused = Fitrund(path("open"), DAEMON, listen="0.0.0.0:0")
+        self.assertIsNone(refused.address)
+        self.assertNotEqual(refused.process.wait(timeout=10), 0)
+        self.assertIn("--listen: 0.0.0.0 is not a loopback address", refused.log())
+        self.assertIn("--insecure", refused.log())
+        refused.stop()
+        with Fitrund(path("open-insecure"), DAEMON + ["--insecure"], listen="0.0.0.0:0") as daemon:
+            self.assertIsNotNone(daemon.address, daemon.log())
+        with Fitrund(path("open-tls"), DAEMON + TLS, listen="0.0.0.0:0") as daemon:
+            self.assertIsNotNone(daemon.address, daemon.log())
+
+
+class UsersTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tokens = path("tokens")
+        with open(cls.tokens, "w") as f:
+            f.write("# user role sha256(token)\n" + token_line("alice", "user", "alice-token") +
+                    token_line("bob", "user", "bob-token") + token_line("root", "admin", "root-token"))
+        cls.daemon = Fitrund(path("users"), DAEMON + [f"--auth_tokens={cls.tokens}"])
+        assert cls.daemon.address, cls.daemon.log()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+
+    def client(self, token=None):
+        return Client(self.daemon.address, token=token)
+
+    def test_without_a_known_token_nothing_is_answered(self):
+        for token in (None, "guess"):
+            with self.assertRaises(ClientError) as raised:
+                self.client(token).list()
+            self.assertEqual(raised.exception.code, "UNAUTHENTICATED")
+
+    def test_users_see_and_stop_only_their_own_jobs_and_an_admin_every_job(self):
+        alice, bob, root = self.client("alice-token"), self.client("bob-token"), self.client("root-token")
+        done, _ = run_to_end(alice, tiny_job("alices"))
+        self.assertEqual(done.owner, "alice")
+        running = alice.submit(tiny_job("alices-long", steps=100000))
+        wait_for(lambda: state_name(alice.get(running)) == "RUNNING", 60, "the long job to run")
+        self.assertIn(running, [j.id for j in alice.list()])
+        self.assertNotIn(running, [j.id for j in bob.list()])
+        for call in (lambda: bob.get(running), lambda: bob.cancel(running), lambda: list(bob.watch(running)),
+                     lambda: list(bob.logs(running))):
+            with self.assertRaises(ClientError) as raised:
+                call()
+            self.assertEqual(raised.exception.code, "NOT_FOUND")  # not PERMISSION_DENIED: not even revealed
+        self.assertEqual(state_name(alice.get(running)), "RUNNING")
+        self.assertIn(running, [j.id for j in root.list()])
+        root.cancel(running, "an admin stops it")
+        wait_for(lambda: state_name(alice.get(running)) == "CANCELLED", 30, "the admin's cancel")
+
+    def test_a_new_token_works_after_sighup(self):
+        with self.assertRaises(ClientError):
+            self.client("carol-token").list()
+        with open(self.tokens, "a") as f:
+            f.write(token_line("carol", "user", "carol-token"))
+        self.daemon.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reloaded --auth_tokens" in self.daemon.log(), 10, "the reload")
+        self.assertEqual(self.client("carol-token").list(), [])
+
+
+class MutualTlsTest(unittest.TestCase):
+    def test_a_client_certificate_names_the_jobs_owner(self):
+        flags = DAEMON + TLS + [f"--tls_client_ca={path('ca.pem')}"]
+        with Fitrund(path("mtls"), flags) as daemon:
+            self.assertIsNotNone(daemon.address, daemon.log())
+            alice = Client(daemon.address, ca=path("ca.pem"), cert=path("alice.pem"), key=path("alice.key"))
+            job, _ = run_to_end(alice, tiny_job("by-certificate"))
+            self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+            self.assertEqual(job.owner, "alice")
+            with self.assertRaises(ClientError) as anonymous:
+                Client(daemon.address, ca=path("ca.pem")).list()
+            self.assertEqual(anonymous.exception.code, "UNAUTHENTICATED")
+
+
+if __name__ == "__main__":
+    make_certificates()
+    unittest.main(argv=[sys.argv[0]], verbosity=2)
