@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -41,6 +42,9 @@ ABSL_FLAG(bool, insecure, false, "Serve a non-loopback --listen address without 
 ABSL_FLAG(std::string, auth_tokens, "",
           "Users: lines of '<user> <admin|user> <sha256 hex of the token>'; reloaded on SIGHUP. Without it and "
           "--tls_client_ca every caller is the local admin");
+ABSL_FLAG(std::vector<std::string>, data_roots, {},
+          "Comma-separated folders that specs may name files in (data, TorchScript, scripts); default: "
+          "/usr/share/datasets, <state_dir>/uploads and the directory fitrund starts in");
 ABSL_FLAG(bool, stop_workers_on_exit, false,
           "Stop running ranks when fitrund exits (default: leave them training; a restarted fitrund re-adopts them)");
 
@@ -62,6 +66,7 @@ int main(int argc, char** argv) {
   options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   options.insecure = absl::GetFlag(FLAGS_insecure);
   options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
+  options.data_roots = absl::GetFlag(FLAGS_data_roots);
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t signals;

@@ -205,6 +205,13 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
 
   server->launcher = std::make_unique<ProcessLauncher>();
   JobManager::Options manager_options;
+  std::vector<std::string> data_roots = options.data_roots;
+  if (data_roots.empty()) {
+    const std::filesystem::path uploads = std::filesystem::path(options.state_dir) / "uploads";
+    std::filesystem::create_directories(uploads, error);
+    data_roots = {"/usr/share/datasets", uploads.string(), std::filesystem::current_path(error).string()};
+  }
+  manager_options.data_roots.emplace(data_roots);
   if (!options.tls_cert.empty()) {
     manager_options.worker_tls_ca = std::filesystem::absolute(options.tls_ca.empty() ? options.tls_cert : options.tls_ca);
   }

@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/auth/authenticator.h"
@@ -46,6 +47,9 @@ struct ServerOptions {
   bool insecure = false;
   // Users' bearer tokens (server/auth/authenticator.h); with tls_client_ca, certificates too.
   std::string auth_tokens;
+  // The folders specs may name files in (server/core/data_roots.h). Empty: Debian's datasets
+  // (/usr/share/datasets), <state_dir>/uploads and the directory fitrund starts in.
+  std::vector<std::string> data_roots;
 };
 
 // Everything a running coordinator owns, torn down in dependency order. Owned by the thread that

@@ -54,7 +54,8 @@ class Fitrund:
         self.process = subprocess.Popen(
             [os.path.join(runfiles, "server/fitrund"), f"--listen={listen}", "--metrics_listen=127.0.0.1:0",
              f"--state_dir={state_dir}", f"--worker_binary={os.path.join(runfiles, 'worker/fitrun-worker')}",
-             "--stop_workers_on_exit", *flags],
+             "--stop_workers_on_exit", f"--data_roots={os.environ.get('TEST_TMPDIR', '/tmp')},/usr/share/datasets",
+             *flags],
             stdout=self._log, stderr=subprocess.STDOUT)
         metrics = os.path.join(state_dir, "fitrund.metrics_address")
         wait_for(lambda: (os.path.exists(metrics) and os.path.getsize(metrics) > 0) or self.process.poll() is not None,

@@ -136,6 +136,39 @@ class UsersTest(unittest.TestCase):
         self.assertEqual(self.client("carol-token").list(), [])
 
 
+class DataRootsTest(unittest.TestCase):
+    def test_files_outside_the_data_roots_are_refused_naming_the_field_and_nothing_is_stored(self):
+        escape = path("escape.pt")
+        if not os.path.islink(escape):
+            os.symlink("/etc/passwd", escape)
+        outside = [
+            ("spec.data.path", {"kind": "fashion_mnist", "path": "/etc"}),
+            ("spec.data.path", {"kind": "tensors", "path": "/etc/shadow"}),
+            ("spec.data.path", {"kind": "tensors", "path": escape}),
+            ("spec.data.path", {"kind": "tensors", "path": os.path.join(WORK, "..", "..", "..", "etc", "shadow")}),
+        ]
+        with Fitrund(path("roots"), DAEMON) as daemon:
+            client = Client(daemon.address)
+            for field, data in outside:
+                spec = tiny_job("outside")
+                spec["data"] = data
+                if data["kind"] == "tensors":
+                    spec["model"] = {"torchscript": path("model.pt")}
+                for call in (client.submit, client.plan):
+                    with self.assertRaises(ClientError) as raised:
+                        call(spec)
+                    self.assertEqual(raised.exception.code, "INVALID_ARGUMENT")
+                    self.assertIn(f"{field}: ", raised.exception.message)
+                    self.assertIn("is outside the folders fitrund may read", raised.exception.message)
+            spec = tiny_job("model-outside")
+            spec["model"] = {"torchscript": "/etc/passwd"}
+            spec["data"] = {"kind": "tensors", "path": path("data.pt")}
+            with self.assertRaises(ClientError) as raised:
+                client.submit(spec)
+            self.assertIn("spec.model.torchscript: '/etc/passwd' is outside", raised.exception.message)
+            self.assertEqual(client.list(), [])
+
+
 class MutualTlsTest(unittest.TestCase):
     def test_a_client_certificate_names_the_jobs_owner(self):
         flags = DAEMON + TLS + [f"--tls_client_ca={path('ca.pem')}"]

@@ -47,8 +47,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The folders the tests' specs name files in: their temporary directory, Debian's datasets, the
+# runfiles and the sources they link to (a test's scripts).
+data_roots="${TEST_TMPDIR:-/tmp},/usr/share/datasets,$runfiles,$(dirname "$(readlink -f "$test_file")")"
 "$runfiles/server/fitrund" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --state_dir="$state" \
-  --worker_binary="$runfiles/worker/fitrun-worker" --stop_workers_on_exit "$@" >"$state/fitrund.log" 2>&1 &
+  --worker_binary="$runfiles/worker/fitrun-worker" --stop_workers_on_exit --data_roots="$data_roots" "$@" \
+  >"$state/fitrund.log" 2>&1 &
 daemon=$!
 
 # fitrund writes its gRPC address, then its metrics address, once it serves.

@@ -5,9 +5,10 @@ For a SASRec demo without downloading ML-1M: items belong to genres laid out in 
 each user mostly walks forward through one genre's items, sometimes jumping to another genre, so the
 next item is predictable from the recent ones and the held-out last item can be ranked well.
 
-    python3 tools/make_movielens_sample.py /tmp/ratings.dat [--users 2000] [--items 1000] [--seed 1]
+    python3 tools/make_movielens_sample.py deploy/examples/data/ratings.dat [--users 2000] [--items 1000] [--seed 1]
 """
 import argparse
+import os
 import random
 
 
@@ -42,6 +43,7 @@ def main():
             seen.add(item)
             timestamp += rng.randint(1, 3600)
             lines.append(f"{user}::{item}::{rng.randint(1, 5)}::{timestamp}\n")
+    os.makedirs(os.path.dirname(os.path.abspath(args.path)), exist_ok=True)
     with open(args.path, "w") as out:
         out.writelines(lines)
     print(f"wrote {len(lines)} ratings by {args.users} users of {args.items} items to {args.path}")

@@ -190,6 +190,10 @@ absl::Duration JobManager::StopGrace(const JobEntry& entry) const {
 // Public API
 
 absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner) {
+  // Before anything the spec names is opened (validation reads headers and sizes).
+  if (options_.data_roots.has_value()) {
+    if (absl::Status allowed = options_.data_roots->Check(spec); !allowed.ok()) return allowed;
+  }
   absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(std::move(spec));
   if (!normalized.ok()) return normalized.status();
 
@@ -236,6 +240,9 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner) {
 }
 
 absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec) {
+  if (options_.data_roots.has_value()) {
+    if (absl::Status allowed = options_.data_roots->Check(spec); !allowed.ok()) return allowed;
+  }
   absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(std::move(spec));
   if (!normalized.ok()) return normalized.status();
   absl::MutexLock lock(&mu_);

@@ -33,6 +33,7 @@
 #include "server/core/coordinator_metrics.h"
 #include "server/core/device_inventory.h"
 #include "server/core/estimator.h"
+#include "server/core/data_roots.h"
 #include "server/core/event_hub.h"
 #include "server/core/memory_calibration.h"
 #include "server/core/job_store.h"
@@ -65,6 +66,8 @@ class JobManager {
     std::string worker_channel_address;
     // When fitrund serves TLS: the CA file ranks verify it with (FITRUN_TLS_CA); empty: plain text.
     std::string worker_tls_ca;
+    // Where specs' files may lie (server/core/data_roots.h); unset: anywhere (the core's tests).
+    std::optional<DataRoots> data_roots;
     // Host the ranks rendezvous on (MASTER_ADDR) and how a free MASTER_PORT is found.
     std::string master_addr = "127.0.0.1";
     std::function<absl::StatusOr<int>()> pick_master_port;

@@ -29,7 +29,9 @@ bool RunningCoordinator::Start(const std::string& listen) {
   process_ = std::make_unique<Subprocess>(
       std::vector<std::string>{Runfile("server/fitrund"), "--listen=" + listen, "--metrics_listen=127.0.0.1:0",
                                "--state_dir=" + state_dir_, "--devices=" + devices_,
-                               "--worker_binary=" + Runfile("worker/fitrun-worker"), "--stop_workers_on_exit"},
+                               "--worker_binary=" + Runfile("worker/fitrun-worker"), "--stop_workers_on_exit",
+                               // Where the tests' specs name files: their temporary directory, Debian's datasets.
+                               "--data_roots=" + TestTmpDir() + ",/usr/share/datasets"},
       log_path_);
   if (!WaitFor([&] { return !ReadFile(metrics_file).empty() || !process_->Running(); }, absl::Seconds(30))) {
     return false;

@@ -28,9 +28,13 @@ std::string Runfile(const std::string& path) {
   return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "fitrun", "/", path);
 }
 
-std::string FreshTestDir(const std::string& name) {
+std::string TestTmpDir() {
   const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::filesystem::path dir = std::filesystem::path(tmp ? tmp : "/tmp") / name;
+  return tmp != nullptr ? tmp : "/tmp";
+}
+
+std::string FreshTestDir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(TestTmpDir()) / name;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();

@@ -18,6 +18,9 @@ namespace fitrun::testing {
 // Path of a binary built by this workspace, e.g. Runfile("server/fitrund").
 std::string Runfile(const std::string& path);
 
+// The test's own temporary directory (TEST_TMPDIR).
+std::string TestTmpDir();
+
 // A fresh, empty directory for this test under TEST_TMPDIR.
 std::string FreshTestDir(const std::string& name);
 

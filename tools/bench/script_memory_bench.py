@@ -1,7 +1,7 @@
 """How close fitrund's memory plan for a script job is to what the script really takes.
 
     bazel build //server:fitrund //worker:fitrun-worker //worker/memory:libfitrun_memory.so \
-        && /usr/bin/python3 tools/make_movielens_sample.py /tmp/ratings.dat \
+        && /usr/bin/python3 tools/make_movielens_sample.py deploy/examples/data/ratings.dat \
         && /usr/bin/python3 tools/bench/script_memory_bench.py
 
 For each example script in deploy/examples/scripts (protein, mnist-ddp, sasrec) it starts a real
@@ -122,8 +122,9 @@ def main():
     parser.add_argument("--devices", default="cpu:2x1GiB", help="fitrund's --devices: two capped devices")
     parser.add_argument("--examples", default=",".join(name for name, _, _ in EXAMPLES))
     args = parser.parse_args()
-    if not os.path.exists("/tmp/ratings.dat"):
-        sys.exit("the sasrec example reads /tmp/ratings.dat: run tools/make_movielens_sample.py /tmp/ratings.dat")
+    if not os.path.exists(os.path.join(ROOT, "deploy/examples/data/ratings.dat")):
+        sys.exit("the sasrec example reads deploy/examples/data/ratings.dat: "
+                 "run tools/make_movielens_sample.py deploy/examples/data/ratings.dat")
 
     daemon = Fitrund(args.fitrund, args.worker, args.devices)
     rows = []

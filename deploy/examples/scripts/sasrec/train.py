@@ -7,8 +7,8 @@ trains on the rest, at each position scoring the next item against one sampled u
 cross-entropy, as the paper). At the end each user's held-out item is ranked against 100 sampled items
 the user never rated: HR@10 and NDCG@10.
 
-    python3 tools/make_movielens_sample.py /tmp/ratings.dat     # or ML-1M's own ratings.dat
-    torchrun --nproc_per_node=2 train.py --ratings /tmp/ratings.dat --num_epochs 20 --batch_size 64
+    python3 tools/make_movielens_sample.py deploy/examples/data/ratings.dat     # or ML-1M's own ratings.dat
+    torchrun --nproc_per_node=2 train.py --ratings ../../data/ratings.dat --num_epochs 20 --batch_size 64
     fitrun submit deploy/examples/scripts/sasrec/sasrec.yaml --watch     # from the repository root
 
 The flags follow SASRec.pytorch's (--maxlen, --hidden_units, --num_blocks, --num_heads, --dropout_rate,
@@ -35,6 +35,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import fitrun
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 EXIT_BAD_CONFIGURATION = 2  # fitrun's contract: the data or flags are unusable, a restart cannot help
 EXIT_STOPPED = 143  # fitrun's contract: the coordinator asked the job to stop (128 + SIGTERM)
 NEGATIVE_REDRAWS = 5
@@ -43,7 +45,7 @@ TEST_NEGATIVES = 100
 
 def parse_args(run):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ratings", default="/tmp/ratings.dat", help="user::item::rating::timestamp lines")
+    p.add_argument("--ratings", default=os.path.join(HERE, "..", "..", "data", "ratings.dat"), help="user::item::rating::timestamp lines")
     p.add_argument("--num_epochs", "--epochs", dest="epochs", type=int, default=20)
     p.add_argument("--batch_size", type=int, default=run.per_device_batch or 64, help="users per process")
     p.add_argument("--grad_accum_steps", type=int, default=run.grad_accum_steps or 1)
