@@ -1,14 +1,18 @@
 #include "client/grpc_coordinator_client.h"
 
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <tuple>
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/time/clock.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 
@@ -70,20 +74,35 @@ std::string WorkingDirectory() {
   return getcwd(buffer, sizeof(buffer)) != nullptr ? std::string(buffer) : std::string();
 }
 
+// 128 random bits in hex: a submit's identity across its retries.
+std::string NewRequestId() {
+  unsigned char bytes[16] = {};
+  if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
+    const uint64_t fallback = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^ static_cast<uint64_t>(getpid());
+    std::memcpy(bytes, &fallback, sizeof(fallback));
+  }
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
 }  // namespace
 
 absl::StatusOr<v1::Job> GrpcCoordinatorClient::SubmitJob(const std::string& spec_yaml) {
-  grpc::ClientContext context;
-  PrepareUnary(&context);
   v1::SubmitJobRequest request;
   request.set_spec_yaml(spec_yaml);
   request.set_client_dir(WorkingDirectory());
-  v1::SubmitJobResponse response;
-  if (absl::Status status = ToAbslStatus(stub_->SubmitJob(&context, request, &response));
-      !status.ok()) {
-    return status;
+  // A submit whose answer is lost is retried with the same request id, so it never makes two jobs.
+  request.set_request_id(NewRequestId());
+  absl::Duration backoff = absl::Milliseconds(200);
+  for (int attempt = 1;; ++attempt) {
+    grpc::ClientContext context;
+    PrepareUnary(&context);
+    v1::SubmitJobResponse response;
+    const absl::Status status = ToAbslStatus(stub_->SubmitJob(&context, request, &response));
+    if (status.ok()) return std::move(*response.mutable_job());
+    if (!absl::IsUnavailable(status) || attempt == kSubmitAttempts) return status;
+    absl::SleepFor(backoff);
+    backoff *= 2;
   }
-  return std::move(*response.mutable_job());
 }
 
 absl::StatusOr<v1::PlanJobResponse> GrpcCoordinatorClient::PlanJob(const std::string& spec_yaml) {
@@ -114,16 +133,19 @@ absl::StatusOr<v1::Job> GrpcCoordinatorClient::GetJob(const std::string& job_id)
 }
 
 absl::StatusOr<v1::ListJobsResponse> GrpcCoordinatorClient::ListJobs(const std::vector<v1::JobState>& states) {
-  grpc::ClientContext context;
-  PrepareUnary(&context);
   v1::ListJobsRequest request;
   for (v1::JobState state : states) request.add_states(state);
-  v1::ListJobsResponse response;
-  if (absl::Status status = ToAbslStatus(stub_->ListJobs(&context, request, &response));
-      !status.ok()) {
-    return status;
-  }
-  return response;
+  // Every page, one after the other.
+  v1::ListJobsResponse all;
+  do {
+    grpc::ClientContext context;
+    PrepareUnary(&context);
+    v1::ListJobsResponse page;
+    if (absl::Status status = ToAbslStatus(stub_->ListJobs(&context, request, &page)); !status.ok()) return status;
+    for (v1::Job& job : *page.mutable_jobs()) *all.add_jobs() = std::move(job);
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
+  return all;
 }
 
 absl::StatusOr<v1::Job> GrpcCoordinatorClient::CancelJob(const std::string& job_id,

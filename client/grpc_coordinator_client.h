@@ -44,6 +44,9 @@ class GrpcCoordinatorClient : public CoordinatorApi {
   absl::Status StreamLogs(const std::string& job_id, int rank, bool follow,
                           const LogCallback& on_chunk) override;
 
+  // SubmitJob's tries when fitrund is unreachable (the same request id each time).
+  static constexpr int kSubmitAttempts = 4;
+
  private:
   GrpcCoordinatorClient(const Options& options, std::unique_ptr<v1::Coordinator::Stub> stub)
       : options_(options), stub_(std::move(stub)) {}

@@ -45,6 +45,8 @@ ABSL_FLAG(std::string, auth_tokens, "",
 ABSL_FLAG(std::vector<std::string>, data_roots, {},
           "Comma-separated folders that specs may name files in (data, TorchScript, scripts); default: "
           "/usr/share/datasets, <state_dir>/uploads and the directory fitrund starts in");
+ABSL_FLAG(int, max_jobs_per_user, 10000, "Jobs one user may have queued or running at once");
+ABSL_FLAG(int, max_streams_per_user, 1000, "Watch and log streams one user may have open at once");
 ABSL_FLAG(bool, stop_workers_on_exit, false,
           "Stop running ranks when fitrund exits (default: leave them training; a restarted fitrund re-adopts them)");
 
@@ -67,6 +69,8 @@ int main(int argc, char** argv) {
   options.insecure = absl::GetFlag(FLAGS_insecure);
   options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
   options.data_roots = absl::GetFlag(FLAGS_data_roots);
+  options.max_jobs_per_user = absl::GetFlag(FLAGS_max_jobs_per_user);
+  options.max_streams_per_user = absl::GetFlag(FLAGS_max_streams_per_user);
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t signals;

@@ -212,6 +212,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
     data_roots = {"/usr/share/datasets", uploads.string(), std::filesystem::current_path(error).string()};
   }
   manager_options.data_roots.emplace(data_roots);
+  manager_options.max_open_jobs_per_owner = options.max_jobs_per_user;
   if (!options.tls_cert.empty()) {
     manager_options.worker_tls_ca = std::filesystem::absolute(options.tls_ca.empty() ? options.tls_cert : options.tls_ca);
   }
@@ -245,12 +246,21 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   server->manager = *std::move(manager);
 
   CoordinatorService::Options service_options;
+  service_options.max_streams_per_user = options.max_streams_per_user;
   if (server->authenticator->secured()) service_options.authenticator = server->authenticator.get();
   server->coordinator_service = std::make_unique<CoordinatorService>(server->manager.get(), service_options);
   server->worker_service = std::make_unique<WorkerChannelService>(server->manager.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // Bounded requests: a message is at most 4 MiB (a spec is far less: see kMaxSpecBytes), and a
+  // client may not ping more often than every 10 s without calls in flight (twice and it is cut off);
+  // a connection is probed every 2 minutes so that a vanished client's streams end.
+  builder.SetMaxReceiveMessageSize(4 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 120000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
   int bound_port = 0;
   builder.AddListeningPort(server->address, *credentials, &bound_port);
   builder.RegisterService(server->coordinator_service.get());

@@ -50,6 +50,9 @@ struct ServerOptions {
   // The folders specs may name files in (server/core/data_roots.h). Empty: Debian's datasets
   // (/usr/share/datasets), <state_dir>/uploads and the directory fitrund starts in.
   std::vector<std::string> data_roots;
+  // Per user: jobs queued or running at once, and watch and log streams open at once.
+  int max_jobs_per_user = 10000;
+  int max_streams_per_user = 1000;
 };
 
 // Everything a running coordinator owns, torn down in dependency order. Owned by the thread that

@@ -1,5 +1,6 @@
 #include "server/core/job_manager.h"
 #include "server/core/workloads.h"
+#include "server/core/spec_errors.h"
 
 #include <google/protobuf/text_format.h>
 #include <sys/random.h>
@@ -11,7 +12,9 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -148,6 +151,11 @@ absl::Status JobManager::LoadStoredJobs() {
     hub_.RestoreSequence(id, record.job.last_sequence());
     JobEntry& entry = jobs_[id];
     entry.record = std::move(record);
+    ids_by_order_[entry.record.submit_order] = id;
+    if (!IsTerminal(entry.record.job.state())) ++open_jobs_by_owner_[entry.record.job.owner()];
+    if (!entry.record.job.request_id().empty()) {
+      ids_by_request_[{entry.record.job.owner(), entry.record.job.request_id()}] = id;
+    }
     metrics_->JobStateChanged(fitrun::v1::JOB_STATE_UNSPECIFIED, entry.record.job.state());
     switch (entry.record.job.state()) {
       case fitrun::v1::JOB_STATE_PLANNING:
@@ -189,7 +197,10 @@ absl::Duration JobManager::StopGrace(const JobEntry& entry) const {
 // ---------------------------------------------------------------------------------------------------
 // Public API
 
-absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner) {
+absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, const std::string& request_id) {
+  if (request_id.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id: at most 128 characters (got ", request_id.size(), ")"));
+  }
   // Before anything the spec names is opened (validation reads headers and sizes).
   if (options_.data_roots.has_value()) {
     if (absl::Status allowed = options_.data_roots->Check(spec); !allowed.ok()) return allowed;
@@ -198,6 +209,27 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner) {
   if (!normalized.ok()) return normalized.status();
 
   absl::MutexLock lock(&mu_);
+  if (!request_id.empty()) {
+    // A retry of a submit that got through (its answer may have been lost) gets that job back.
+    if (auto it = ids_by_request_.find({owner, request_id}); it != ids_by_request_.end()) {
+      const Job& earlier = jobs_.at(it->second).record.job;
+      if (!google::protobuf::util::MessageDifferencer::Equals(earlier.spec(), *normalized)) {
+        return absl::InvalidArgumentError(absl::StrCat("request_id: '", request_id, "' already created job ",
+                                                       earlier.id(), " with a different spec; use a new request_id"));
+      }
+      return earlier;
+    }
+  }
+  if (options_.max_open_jobs_per_owner > 0) {
+    auto open = open_jobs_by_owner_.find(owner);
+    if (open != open_jobs_by_owner_.end() && open->second >= options_.max_open_jobs_per_owner) {
+      return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                            "jobs: ", owner.empty() ? "this user" : owner, " has ", open->second,
+                            " jobs queued or running, the limit (--max_jobs_per_user); wait for some to end or "
+                            "cancel them")),
+                        "JOBS_PER_USER_LIMIT");
+    }
+  }
   // A job that could never run on this node is refused now rather than queued forever. Its memory
   // is judged here only when its workload is measured: the analytic estimate is an upper bound, so
   // "does not fit" from it waits for the measurement, which runs off this call's path.
@@ -224,15 +256,20 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner) {
   const std::string id = absl::StrFormat("j-%06d", order);
   job.set_id(id);
   job.set_owner(owner);
+  job.set_request_id(request_id);
   *job.mutable_spec() = *std::move(normalized);
   *job.mutable_created_at() = ToProto(options_.clock());
   JobEntry& stored = jobs_[id] = std::move(entry);
+  ids_by_order_[order] = id;
+  if (!request_id.empty()) ids_by_request_[{owner, request_id}] = id;
   const std::string reason =
       calibrated ? "submitted" : "submitted; its workload's memory is measured first (fitrun-worker --probe)";
   // Durable before it is acknowledged (a job accepted is never dropped): admitting a new job stores
   // it with its first event, and a job the store refused never existed.
   if (absl::Status status = Transition(stored, fitrun::v1::JOB_STATE_QUEUED, reason); !status.ok()) {
     jobs_.erase(id);
+    ids_by_order_.erase(order);
+    if (!request_id.empty()) ids_by_request_.erase({owner, request_id});
     return status;
   }
   RequestSchedule();
@@ -291,6 +328,25 @@ std::vector<Job> JobManager::List(const std::vector<JobState>& states) {
   jobs.reserve(records.size());
   for (const JobRecord* record : records) jobs.push_back(record->job);
   return jobs;
+}
+
+JobManager::Page JobManager::ListPage(const std::vector<JobState>& states, int64_t after_order, int limit,
+                                      const std::function<bool(const Job&)>& visible) {
+  limit = std::max(limit, 1);
+  const std::set<JobState> wanted(states.begin(), states.end());
+  Page page;
+  absl::MutexLock lock(&mu_);
+  for (auto it = ids_by_order_.upper_bound(after_order); it != ids_by_order_.end(); ++it) {
+    const Job& job = jobs_.at(it->second).record.job;
+    if ((!wanted.empty() && wanted.count(job.state()) == 0) || !visible(job)) continue;
+    if (static_cast<int>(page.jobs.size()) == limit) {
+      // The last job returned, not the one found beyond it: the next page starts after it.
+      page.next_order = jobs_.at(page.jobs.back().id()).record.submit_order;
+      return page;
+    }
+    page.jobs.push_back(job);
+  }
+  return page;
 }
 
 absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id, const std::string& reason) {
@@ -895,6 +951,11 @@ absl::Status JobManager::Transition(JobEntry& entry, JobState to, const std::str
     return absl::UnavailableError(absl::StrCat("could not store the job: ", stored.message()));
   }
   metrics_->JobStateChanged(from, to);
+  // A job counts against its owner's limit from its admission to its end.
+  if (admitting && !IsTerminal(to)) ++open_jobs_by_owner_[job.owner()];
+  if (!admitting && IsTerminal(to) && !IsTerminal(from)) {
+    if (--open_jobs_by_owner_[job.owner()] <= 0) open_jobs_by_owner_.erase(job.owner());
+  }
   return absl::OkStatus();
 }
 

@@ -68,6 +68,8 @@ class JobManager {
     std::string worker_tls_ca;
     // Where specs' files may lie (server/core/data_roots.h); unset: anywhere (the core's tests).
     std::optional<DataRoots> data_roots;
+    // Jobs one owner may have queued or running at once (RESOURCE_EXHAUSTED beyond); 0: no limit.
+    int max_open_jobs_per_owner = 0;
     // Host the ranks rendezvous on (MASTER_ADDR) and how a free MASTER_PORT is found.
     std::string master_addr = "127.0.0.1";
     std::function<absl::StatusOr<int>()> pick_master_port;
@@ -104,12 +106,23 @@ class JobManager {
 
   // ---- the public API (called by the gRPC service) ----
   // `owner`: the submitting user, recorded on the job (who may see and act on it is the service's
-  // decision).
-  absl::StatusOr<fitrun::v1::Job> Submit(fitrun::v1::JobSpec spec, const std::string& owner = "");
+  // decision). A non-empty `request_id` makes the submit idempotent per owner: the job an earlier
+  // submit with it created is returned (INVALID_ARGUMENT when its spec differs).
+  absl::StatusOr<fitrun::v1::Job> Submit(fitrun::v1::JobSpec spec, const std::string& owner = "",
+                                         const std::string& request_id = "");
   // The normalized spec and the plan it would get now; nothing is stored.
   absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> DryRunPlan(fitrun::v1::JobSpec spec);
   absl::StatusOr<fitrun::v1::Job> Get(const std::string& job_id);
   std::vector<fitrun::v1::Job> List(const std::vector<fitrun::v1::JobState>& states);
+  // One page of jobs in submission order: those after `after_order` (a page's last job's
+  // submit_order) whose state is in `states` (empty: any) and that `visible` accepts, `limit` at
+  // most. `next_order` is set to the last one's order when more may follow, else to 0.
+  struct Page {
+    std::vector<fitrun::v1::Job> jobs;
+    int64_t next_order = 0;
+  };
+  Page ListPage(const std::vector<fitrun::v1::JobState>& states, int64_t after_order, int limit,
+                const std::function<bool(const fitrun::v1::Job&)>& visible);
   absl::StatusOr<fitrun::v1::Job> Cancel(const std::string& job_id, const std::string& reason);
   std::vector<fitrun::v1::Device> Devices();
 
@@ -294,6 +307,11 @@ class JobManager {
 
   absl::Mutex mu_;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
+  // Job ids by submission order (for paging) and by (owner, request_id) (for idempotent submits).
+  std::map<int64_t, std::string> ids_by_order_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, std::string> ids_by_request_ ABSL_GUARDED_BY(mu_);
+  // Jobs not yet ended, by owner (what max_open_jobs_per_owner bounds).
+  std::map<std::string, int> open_jobs_by_owner_ ABSL_GUARDED_BY(mu_);
   // device id -> (job id, rank) of the rank holding it.
   std::map<std::string, std::pair<std::string, int>> device_owner_ ABSL_GUARDED_BY(mu_);
   int64_t next_submit_order_ ABSL_GUARDED_BY(mu_) = 1;

@@ -341,6 +341,62 @@ TEST_F(JobManagerRecoveryTest, QueuedJobsStayQueuedAcrossARestart) {
   EXPECT_EQ(manager_->Get(running->id())->state(), fitrun::v1::JOB_STATE_RUNNING);
 }
 
+TEST_F(JobManagerRecoveryTest, ARequestIdGivesTheSameJobBackEvenAfterARestart) {
+  absl::StatusOr<fitrun::v1::Job> first = manager_->Submit(Spec(2, 2), "alice", "req-1");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(manager_->Submit(Spec(2, 2), "alice", "req-1")->id(), first->id());
+  // The id is the user's: another user's identical id is another job.
+  EXPECT_NE(manager_->Submit(Spec(2, 2), "bob", "req-1")->id(), first->id());
+  launcher_.SetAdoptable({0, 1});
+  Restart();
+  EXPECT_EQ(manager_->Submit(Spec(2, 2), "alice", "req-1")->id(), first->id());
+  fitrun::v1::JobSpec different = Spec(2, 2);
+  different.set_max_steps(11);
+  EXPECT_THAT(manager_->Submit(different, "alice", "req-1").status().message(),
+              ::testing::HasSubstr("request_id: 'req-1' already created job " + first->id() + " with a different spec"));
+  EXPECT_EQ(manager_->List({}).size(), 2u);
+}
+
+TEST_F(JobManagerTest, PagesListEveryVisibleJobOnceInSubmissionOrder) {
+  std::vector<std::string> alices;
+  for (int i = 0; i < 25; ++i) {
+    alices.push_back(manager_->Submit(Spec(1, 1), "alice")->id());
+    (void)manager_->Submit(Spec(1, 1), "bob");
+  }
+  std::vector<std::string> seen;
+  int64_t after = 0;
+  int pages = 0;
+  do {
+    JobManager::Page page =
+        manager_->ListPage({}, after, 10, [](const fitrun::v1::Job& job) { return job.owner() == "alice"; });
+    for (const fitrun::v1::Job& job : page.jobs) seen.push_back(job.id());
+    after = page.next_order;
+    ++pages;
+  } while (after != 0);
+  EXPECT_EQ(seen, alices);
+  EXPECT_EQ(pages, 3);
+}
+
+TEST_F(JobManagerTest, AnOwnersOpenJobsAreBoundedAndEndedOnesMakeRoom) {
+  manager_.reset();
+  JobManager::Options options;
+  options.state_dir = state_dir_.string();
+  options.worker_binary = "/bin/fitrun-worker";
+  options.worker_channel_address = "127.0.0.1:1";
+  options.pick_master_port = [] { return 29500; };
+  options.max_open_jobs_per_owner = 2;
+  manager_ = *JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
+  const std::string first = manager_->Submit(Spec(2, 2), "alice")->id();
+  ASSERT_TRUE(manager_->Submit(Spec(2, 2), "alice").ok());
+  absl::Status over = manager_->Submit(Spec(2, 2), "alice").status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.message(), ::testing::HasSubstr("alice has 2 jobs queued or running, the limit"));
+  EXPECT_TRUE(manager_->Submit(Spec(2, 2), "bob").ok());  // per owner
+  ASSERT_TRUE(manager_->Cancel(first, "make room").ok());
+  WaitForState(first, fitrun::v1::JOB_STATE_CANCELLED);
+  EXPECT_TRUE(manager_->Submit(Spec(2, 2), "alice").ok());
+}
+
 TEST_F(JobManagerRecoveryTest, LiveWorkersAreReadoptedAndTheJobCompletes) {
   absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
   ASSERT_TRUE(job.ok());

@@ -13,6 +13,7 @@
 #include <google/protobuf/util/time_util.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -39,9 +40,23 @@ absl::StatusOr<fitrun::v1::JobSpec> SpecFrom(const Request& request) {
 }
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl::Status& status) {
+  AddErrorDetails(context, status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
+}
+
+// The largest spec fitrund parses: a spec is a screenful of YAML; a megabyte is a mistake or worse.
+constexpr size_t kMaxSpecBytes = 64 << 10;
+
+template <typename Request>
+absl::Status CheckSpecSize(const Request& request) {
+  const size_t bytes = request.source_case() == Request::kSpecYaml ? request.spec_yaml().size()
+                                                                   : request.spec().ByteSizeLong();
+  if (bytes <= kMaxSpecBytes) return absl::OkStatus();
+  return WithReason(absl::ResourceExhaustedError(absl::StrCat("spec: ", bytes, " bytes, over the limit of ",
+                                                              kMaxSpecBytes, " bytes a spec may have")),
+                    "SPEC_SIZE_LIMIT");
 }
 
 // A server stream fed by polling: Pump() asks the subclass for the next message and writes it,
@@ -65,7 +80,10 @@ class PolledWriteReactor : public grpc::ServerWriteReactor<Message> {
   void OnCancel() override { FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")); }
   // Ends the stream before it started, with why.
   void Refuse(const grpc::Status& status) { FinishOnce(status); }
+  // Runs when the stream is done (a quota to release).
+  void set_on_done(std::function<void()> on_done) { on_done_ = std::move(on_done); }
   void OnDone() override {
+    if (on_done_) on_done_();
     BeforeDelete();
     absl::MutexLock lock(&link_->mu);
     link_->reactor = nullptr;
@@ -123,6 +141,7 @@ class PolledWriteReactor : public grpc::ServerWriteReactor<Message> {
     PolledWriteReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
   };
   const std::shared_ptr<Link> link_;
+  std::function<void()> on_done_;
   Message current_;  // owned by the write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -501,10 +520,30 @@ absl::StatusOr<Caller> CoordinatorService::Authenticate(grpc::CallbackServerCont
   return authenticator_->Identify(token, certificate_name);
 }
 
-absl::Status CoordinatorService::MayWatch(grpc::CallbackServerContext* context, const std::string& job_id) const {
+absl::StatusOr<std::string> CoordinatorService::AdmitStream(grpc::CallbackServerContext* context,
+                                                             const std::string& job_id) {
   absl::StatusOr<Caller> caller = Authenticate(context);
-  if (!caller.ok()) return caller.status();
-  return VisibleJob(*caller, job_id).status();
+  absl::Status admitted = caller.ok() ? VisibleJob(*caller, job_id).status() : caller.status();
+  if (admitted.ok()) {
+    absl::MutexLock lock(&streams_mu_);
+    int& open = streams_by_user_[caller->user];
+    if (open >= max_streams_per_user_) {
+      admitted = WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                                "watchers: ", caller->user, " has ", open, " watch and log streams open, the limit ",
+                                "(--max_streams_per_user); close some first")),
+                            "STREAMS_PER_USER_LIMIT");
+    } else {
+      ++open;
+    }
+  }
+  AddErrorDetails(context, admitted);
+  if (!admitted.ok()) return admitted;
+  return caller->user;
+}
+
+void CoordinatorService::ReleaseStream(const std::string& user) {
+  absl::MutexLock lock(&streams_mu_);
+  if (--streams_by_user_[user] <= 0) streams_by_user_.erase(user);
 }
 
 absl::StatusOr<fitrun::v1::Job> CoordinatorService::VisibleJob(const Caller& caller, const std::string& job_id) const {
@@ -519,9 +558,10 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
                                                         fitrun::v1::SubmitJobResponse* response) {
   absl::StatusOr<Caller> caller = Authenticate(context);
   if (!caller.ok()) return Done(context, caller.status());
+  if (absl::Status size = CheckSpecSize(*request); !size.ok()) return Done(context, size);
   absl::StatusOr<fitrun::v1::JobSpec> spec = SpecFrom(*request);
   if (!spec.ok()) return Done(context, spec.status());
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(*std::move(spec), caller->user);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(*std::move(spec), caller->user, request->request_id());
   if (job.ok()) *response->mutable_job() = *std::move(job);
   return Done(context, job.status());
 }
@@ -530,6 +570,7 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanJob(grpc::CallbackServerContex
                                                       const fitrun::v1::PlanJobRequest* request,
                                                       fitrun::v1::PlanJobResponse* response) {
   if (absl::StatusOr<Caller> caller = Authenticate(context); !caller.ok()) return Done(context, caller.status());
+  if (absl::Status size = CheckSpecSize(*request); !size.ok()) return Done(context, size);
   absl::StatusOr<fitrun::v1::JobSpec> spec = SpecFrom(*request);
   if (!spec.ok()) return Done(context, spec.status());
   auto planned = manager_->DryRunPlan(*std::move(spec));
@@ -555,11 +596,21 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
                                                        fitrun::v1::ListJobsResponse* response) {
   absl::StatusOr<Caller> caller = Authenticate(context);
   if (!caller.ok()) return Done(context, caller.status());
+  constexpr int kMaxPageSize = 1000;
+  if (request->page_size() < 0) {
+    return Done(context, absl::InvalidArgumentError(absl::StrCat("page_size: must be >= 0 (got ", request->page_size(), ")")));
+  }
+  int64_t after = 0;
+  if (!request->page_token().empty() && (!absl::SimpleAtoi(request->page_token(), &after) || after < 1)) {
+    return Done(context, absl::InvalidArgumentError("page_token: not one that ListJobs gave"));
+  }
   std::vector<fitrun::v1::JobState> states;
   for (int s : request->states()) states.push_back(static_cast<fitrun::v1::JobState>(s));
-  for (fitrun::v1::Job& job : manager_->List(states)) {
-    if (caller->MayAccess(job.owner())) *response->add_jobs() = std::move(job);
-  }
+  const int limit = request->page_size() == 0 ? kMaxPageSize : std::min(request->page_size(), kMaxPageSize);
+  JobManager::Page page =
+      manager_->ListPage(states, after, limit, [&](const fitrun::v1::Job& job) { return caller->MayAccess(job.owner()); });
+  for (fitrun::v1::Job& job : page.jobs) *response->add_jobs() = std::move(job);
+  if (page.next_order > 0) response->set_next_page_token(absl::StrCat(page.next_order));
   return Done(context, absl::OkStatus());
 }
 
@@ -579,9 +630,10 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
 grpc::ServerWriteReactor<JobEvent>* CoordinatorService::WatchJob(grpc::CallbackServerContext* context,
                                                                  const fitrun::v1::WatchJobRequest* request) {
   auto* reactor = new WatchJobReactor(manager_, &fanout_, request->job_id(), request->from_sequence());
-  if (absl::Status allowed = MayWatch(context, request->job_id()); !allowed.ok()) {
-    reactor->Refuse(ToGrpcStatus(allowed));
+  if (absl::StatusOr<std::string> user = AdmitStream(context, request->job_id()); !user.ok()) {
+    reactor->Refuse(ToGrpcStatus(user.status()));
   } else {
+    reactor->set_on_done([this, user = *user] { ReleaseStream(user); });
     reactor->Start();
   }
   return reactor;
@@ -600,9 +652,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::WatchJobEvents(g
   auto* reactor = new WatchJobEventsReactor(manager_, &fanout_, request.job_id(), request.from_sequence());
   if (!parsed) {
     reactor->Refuse(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request: not a WatchJobRequest"));
-  } else if (absl::Status allowed = MayWatch(context, request.job_id()); !allowed.ok()) {
-    reactor->Refuse(ToGrpcStatus(allowed));
+  } else if (absl::StatusOr<std::string> user = AdmitStream(context, request.job_id()); !user.ok()) {
+    reactor->Refuse(ToGrpcStatus(user.status()));
   } else {
+    reactor->set_on_done([this, user = *user] { ReleaseStream(user); });
     reactor->Start();
   }
   return reactor;
@@ -619,9 +672,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ListDevices(grpc::CallbackServerCo
 grpc::ServerWriteReactor<fitrun::v1::LogChunk>* CoordinatorService::StreamLogs(
     grpc::CallbackServerContext* context, const fitrun::v1::StreamLogsRequest* request) {
   auto* reactor = new LogStreamReactor(manager_, &ticker_, *request);
-  if (absl::Status allowed = MayWatch(context, request->job_id()); !allowed.ok()) {
-    reactor->Refuse(ToGrpcStatus(allowed));
+  if (absl::StatusOr<std::string> user = AdmitStream(context, request->job_id()); !user.ok()) {
+    reactor->Refuse(ToGrpcStatus(user.status()));
   } else {
+    reactor->set_on_done([this, user = *user] { ReleaseStream(user); });
     reactor->Start();
   }
   return reactor;

@@ -93,10 +93,15 @@ class CoordinatorService final
     WatchFanout::Options fanout;
     // Who may call, and see which jobs; nullptr: everyone is the local admin.
     const Authenticator* authenticator = nullptr;
+    // Watch and log streams one user may hold open at once.
+    int max_streams_per_user = 1000;
   };
   explicit CoordinatorService(JobManager* manager) : CoordinatorService(manager, Options()) {}
   CoordinatorService(JobManager* manager, Options options)
-      : manager_(manager), authenticator_(options.authenticator), fanout_(options.fanout) {}
+      : manager_(manager),
+        authenticator_(options.authenticator),
+        max_streams_per_user_(options.max_streams_per_user),
+        fanout_(options.fanout) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context, const fitrun::v1::SubmitJobRequest* request,
                                       fitrun::v1::SubmitJobResponse* response) override;
@@ -124,13 +129,18 @@ class CoordinatorService final
   // The caller, from the call's bearer token or verified client certificate; UNAUTHENTICATED when a
   // secured fitrund cannot tell.
   absl::StatusOr<Caller> Authenticate(grpc::CallbackServerContext* context) const;
-  // OK when the call's caller may follow the job's events or logs.
-  absl::Status MayWatch(grpc::CallbackServerContext* context, const std::string& job_id) const;
+  // Admits a watch or log stream of the job: the caller may see it and has a stream to spare (under
+  // max_streams_per_user). Returns the caller's name for ReleaseStream when the stream is done.
+  absl::StatusOr<std::string> AdmitStream(grpc::CallbackServerContext* context, const std::string& job_id);
+  void ReleaseStream(const std::string& user);
   // The job, if the caller may see it; NOT_FOUND otherwise, so another user's job is not revealed.
   absl::StatusOr<fitrun::v1::Job> VisibleJob(const Caller& caller, const std::string& job_id) const;
 
   JobManager* const manager_;
   const Authenticator* const authenticator_;
+  const int max_streams_per_user_;
+  absl::Mutex streams_mu_;
+  std::map<std::string, int> streams_by_user_ ABSL_GUARDED_BY(streams_mu_);
   // Wakes following log streams a few times a second to look for appended bytes.
   LogFollowTicker ticker_;
   WatchFanout fanout_;

@@ -20,6 +20,7 @@ import codecs
 import json
 import os
 import time
+import uuid
 
 import grpc
 
@@ -43,6 +44,8 @@ FINAL_STATES = frozenset(
 
 # A restarted fitrund drops every stream while the job goes on; the CLI reconnects this long too.
 _RECONNECT_SECONDS = 120.0
+# Tries of one submit while fitrund is unreachable, as the CLI makes.
+_SUBMIT_ATTEMPTS = 4
 
 
 class ClientError(Exception):
@@ -53,17 +56,23 @@ class ClientError(Exception):
     names the offending spec field (e.g. "spec.max_steps: must be >= 0 (got -1)").
     """
 
-    def __init__(self, code, message, method=""):
+    def __init__(self, code, message, method="", reason="", field=""):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.method = method
+        # What a program branches on: the coordinator's reason (INVALID_SPEC_FIELD, JOB_NOT_FOUND,
+        # JOBS_PER_USER_LIMIT, ...) and the field at fault (spec.data.path), "" when not given.
+        self.reason = reason
+        self.field = field
 
     @classmethod
     def from_rpc_error(cls, error, method):
         code = error.code() if hasattr(error, "code") else None
         details = error.details() if hasattr(error, "details") else None
-        return cls(code.name if code is not None else "UNKNOWN", details or str(error), method)
+        trailers = dict(error.trailing_metadata() or ()) if hasattr(error, "trailing_metadata") else {}
+        return cls(code.name if code is not None else "UNKNOWN", details or str(error), method,
+                   trailers.get("fitrun-error-reason", ""), trailers.get("fitrun-error-field", ""))
 
 
 class Client:
@@ -118,8 +127,18 @@ class Client:
         goes with the request as the CLI sends its own; fitrund resolves them, for every client
         alike. Raises ClientError with INVALID_ARGUMENT, naming the field, for a spec it rejects.
         """
-        request = coordinator_pb2.SubmitJobRequest(client_dir=os.getcwd(), **_spec_source(spec))
-        return self._unary("SubmitJob", request).job.id
+        # A submit whose answer is lost is retried with the same request id, which never makes two jobs.
+        request = coordinator_pb2.SubmitJobRequest(client_dir=os.getcwd(), request_id=uuid.uuid4().hex,
+                                                   **_spec_source(spec))
+        backoff = 0.2
+        for attempt in range(1, _SUBMIT_ATTEMPTS + 1):
+            try:
+                return self._unary("SubmitJob", request).job.id
+            except ClientError as e:
+                if e.code != "UNAVAILABLE" or attempt == _SUBMIT_ATTEMPTS:
+                    raise
+            time.sleep(backoff)
+            backoff *= 2
 
     def plan(self, spec):
         """The plan `spec` would get now (a PlanJobResponse: the parsed spec and the Plan); nothing
@@ -135,7 +154,13 @@ class Client:
         """Every job (a list of Job), or only those in `states` (JobState values or names such as
         "running" or "JOB_STATE_RUNNING")."""
         request = coordinator_pb2.ListJobsRequest(states=[_job_state(s) for s in states])
-        return list(self._unary("ListJobs", request).jobs)
+        jobs = []
+        while True:  # every page
+            page = self._unary("ListJobs", request)
+            jobs.extend(page.jobs)
+            if not page.next_page_token:
+                return jobs
+            request.page_token = page.next_page_token
 
     def cancel(self, job_id, reason=""):
         """Stops every rank of the job, which ends CANCELLED; returns the Job as the coordinator
