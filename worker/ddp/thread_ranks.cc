@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/barrier.h"
 #include "gtest/gtest.h"
 #include "worker/ddp/process_group.h"
 
@@ -23,11 +24,15 @@ void RunRanksAsThreads(int world, const std::string& store_name,
                        const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& body,
                        absl::Duration timeout) {
   const std::string path = FreshTestPath(store_name);
+  // Every rank's group is complete before any body runs: a body that leaves at once (a dead peer)
+  // must not close its connections while another rank is still finishing the handshake.
+  absl::Barrier groups_ready(world);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       auto store = c10::make_intrusive<c10d::FileStore>(path, world);
       auto group = CreateGlooProcessGroup(store, rank, world, timeout);
+      groups_ready.Block();
       ASSERT_TRUE(group.ok()) << group.status();
       body(rank, *group);
     });
