@@ -85,12 +85,19 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path, int expected_dims)
     array.dims.push_back(dim);
   }
 
-  array.data.resize(payload);
-  got = ReadFully(file.get(), path, array.data.data(), payload);
-  if (!got.ok()) return got.status();
-  if (*got != payload) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": truncated: header promises ", payload, " bytes, file has ", *got));
+  // The buffer grows with what the file really holds (doubling from 1 MiB), so a 15-byte file whose
+  // header claims 4 GB fails as truncated without first allocating the 4 GB.
+  int64_t read = 0;
+  while (read < payload) {
+    const int64_t want = std::min(payload, std::max<int64_t>(int64_t{1} << 20, 2 * read));
+    array.data.resize(want);
+    got = ReadFully(file.get(), path, array.data.data() + read, want - read);
+    if (!got.ok()) return got.status();
+    read += *got;
+    if (read < want) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": truncated: header promises ", payload, " bytes, file has ", read));
+    }
   }
   uint8_t extra;
   got = ReadFully(file.get(), path, &extra, 1);
