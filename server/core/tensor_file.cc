@@ -169,28 +169,24 @@ absl::StatusOr<std::string> ReadEntry(const Source& source, const ZipEntry& entr
 // ---- the pickle --------------------------------------------------------------------------------
 
 // A value the pickle builds. Containers are shared, as Python's are: SETITEMS on a memoized dict
-// changes what a later BINGET returns.
+// changes what a later BINGET returns. So a pickle can make cycles (a list appended to itself), and
+// values are owned by the Unpickler's arena, not by each other; they live as long as it does.
 struct Value {
   enum class Kind { kNone, kBool, kInt, kFloat, kString, kGlobal, kTuple, kList, kDict, kPersistent, kCall };
   Kind kind = Kind::kNone;
   int64_t integer = 0;
   double real = 0;
-  std::string text;  // a string, or a global as "module.name"
-  std::vector<std::shared_ptr<Value>> items;  // tuple and list items; dict keys and values alternating;
-                                              // persistent: [id]; call: [callable, args]
+  std::string text;           // a string, or a global as "module.name"
+  std::vector<Value*> items;  // tuple and list items; dict keys and values alternating;
+                              // persistent: [id]; call: [callable, args]
 };
-using ValuePtr = std::shared_ptr<Value>;
-
-ValuePtr Make(Value::Kind kind) {
-  auto v = std::make_shared<Value>();
-  v->kind = kind;
-  return v;
-}
+using ValuePtr = Value*;
 
 class Unpickler {
  public:
   explicit Unpickler(absl::string_view bytes) : b_(bytes) {}
 
+  // The top value, valid while this Unpickler lives.
   absl::StatusOr<ValuePtr> Run() {
     while (true) {
       if (at_ >= b_.size()) return Invalid("the pickle ends before its STOP");
@@ -207,6 +203,11 @@ class Unpickler {
   }
 
  private:
+  ValuePtr Make(Value::Kind kind) {
+    arena_.push_back(std::make_unique<Value>());
+    arena_.back()->kind = kind;
+    return arena_.back().get();
+  }
   absl::Status Need(size_t n) {
     if (b_.size() - at_ < n) return Invalid("the pickle is truncated");
     return absl::OkStatus();
@@ -471,6 +472,7 @@ class Unpickler {
   std::vector<ValuePtr> stack_;
   std::vector<size_t> marks_;
   std::map<uint64_t, ValuePtr> memo_;
+  std::vector<std::unique_ptr<Value>> arena_;
 };
 
 // ---- from values to tensors -------------------------------------------------------------------
@@ -591,7 +593,8 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ParseArchive(const Source& sou
   if (pickle == nullptr) return Invalid("a zip archive without the data.pkl of torch.save");
   absl::StatusOr<std::string> bytes = ReadEntry(source, *pickle, kMaxPickleBytes);
   if (!bytes.ok()) return bytes.status();
-  absl::StatusOr<ValuePtr> top = Unpickler(*bytes).Run();
+  Unpickler unpickler(*bytes);
+  absl::StatusOr<ValuePtr> top = unpickler.Run();
   if (!top.ok()) return top.status();
   if ((*top)->kind != Value::Kind::kDict) {
     return Invalid(absl::StrCat("it holds ", KindName(**top), "; save a dict of tensors, e.g. "
