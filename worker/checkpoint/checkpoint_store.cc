@@ -6,13 +6,16 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <sstream>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -70,6 +73,60 @@ absl::Status SyncDirectory(const std::string& dir) {
   ::close(fd);
   if (rc != 0) return ErrnoError(absl::StrCat("fsync of ", dir));
   return absl::OkStatus();
+}
+
+// Every checkpoint file ends with a trailer after LibTorch's archive: a magic, the archive's length
+// and its CRC-32 (little-endian). Loading checks it before LibTorch parses a byte, because LibTorch
+// 1.13's reader checks no checksum and can crash, not throw, on a damaged file (its TorchScript type
+// parser dereferences garbage; found by checkpoint_fuzz). LibTorch's own readers ignore the trailer,
+// so the file still opens with torch::load or torch.jit.load.
+constexpr absl::string_view kTrailerMagic = "fitrunCK";
+constexpr size_t kTrailerBytes = 8 + 8 + 4;
+
+uint32_t Crc32(absl::string_view bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (size_t at = 0; at < bytes.size();) {  // crc32 takes an unsigned int length
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(bytes.size() - at, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + at), chunk);
+    at += chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+void AppendLittleEndian(uint64_t value, int bytes, std::string* out) {
+  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>(value >> (8 * i)));
+}
+
+uint64_t ReadLittleEndian(absl::string_view bytes) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) value |= uint64_t{static_cast<uint8_t>(bytes[i])} << (8 * i);
+  return value;
+}
+
+void AppendTrailer(std::string* archive) {
+  const uint64_t length = archive->size();
+  const uint32_t crc = Crc32(*archive);
+  archive->append(kTrailerMagic.data(), kTrailerMagic.size());
+  AppendLittleEndian(length, 8, archive);
+  AppendLittleEndian(crc, 4, archive);
+}
+
+// The archive of a checkpoint file whose trailer matches it; DataLoss naming what is wrong otherwise.
+absl::StatusOr<absl::string_view> VerifiedArchive(const std::string& path, absl::string_view file) {
+  if (file.size() < kTrailerBytes || file.substr(file.size() - kTrailerBytes, 8) != kTrailerMagic) {
+    return absl::DataLossError(absl::StrCat(path, ": no checkpoint trailer (a truncated or foreign file)"));
+  }
+  const absl::string_view trailer = file.substr(file.size() - kTrailerBytes);
+  const uint64_t length = ReadLittleEndian(trailer.substr(8, 8));
+  if (length != file.size() - kTrailerBytes) {
+    return absl::DataLossError(absl::StrCat(path, ": the trailer records ", length, " bytes of archive, the file has ",
+                                            file.size() - kTrailerBytes));
+  }
+  const absl::string_view archive = file.substr(0, length);
+  if (Crc32(archive) != ReadLittleEndian(trailer.substr(16, 4))) {
+    return absl::DataLossError(absl::StrCat(path, ": checksum mismatch (the file was damaged after it was written)"));
+  }
+  return archive;
 }
 
 at::Tensor Scalar(int64_t value) { return at::full({1}, value, at::kLong); }
@@ -215,6 +272,7 @@ absl::StatusOr<SavedCheckpoint> CheckpointStore::Save(const TrainingPosition& po
     std::ostringstream out;
     archive.save_to(out);
     data = out.str();
+    AppendTrailer(&data);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("serializing checkpoint of step ", position.step, ": ", e.what()));
   }
@@ -240,9 +298,14 @@ absl::StatusOr<SavedCheckpoint> CheckpointStore::Save(const TrainingPosition& po
 absl::StatusOr<TrainingPosition> CheckpointStore::Load(int64_t step, torch::nn::Module& model,
                                                        torch::optim::Optimizer& optimizer) const {
   const std::string path = PathFor(step);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  absl::StatusOr<absl::string_view> verified = VerifiedArchive(path, file);
+  if (!verified.ok()) return verified.status();
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from(path, DeviceOf(model));
+    archive.load_from(verified->data(), verified->size(), DeviceOf(model));
     const int64_t version = ReadScalar(archive, "format_version");
     if (version != kFormatVersion) {
       return absl::FailedPreconditionError(

@@ -38,7 +38,8 @@ struct SavedCheckpoint {
 // Saves are atomic: the archive goes to a temporary file in the same directory, is fsynced, renamed
 // over its final name and the directory is fsynced, so a crash or a full disk leaves either the new
 // checkpoint or none, never a torn one, and older checkpoints are only pruned after the new one is
-// durable. Loading skips files that do not parse, so the newest *valid* checkpoint wins.
+// durable. Each file ends with a CRC-32 of the archive, checked before LibTorch reads it. Loading skips
+// files that are damaged or do not parse, so the newest *valid* checkpoint wins.
 //
 // Not thread-safe; rank 0's training thread saves, every rank loads before training.
 class CheckpointStore {

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace fitrun::worker {
@@ -169,6 +170,34 @@ TEST(CheckpointStoreTest, FailedWriteLeavesThePreviousCheckpoint) {
 TEST(CheckpointStoreTest, RejectsBadOptions) {
   EXPECT_FALSE(CheckpointStore::Create({"", 2}).ok());
   EXPECT_EQ(CheckpointStore::Create({"/tmp/x", 0}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Found by tools/fuzz.sh: some damaged files crash LibTorch's reader (SIGSEGV in its TorchScript type
+// parser) instead of throwing, which would kill the worker at every resume. The trailer's checksum
+// refuses a damaged file before LibTorch sees it, and the older checkpoint is used.
+TEST(CheckpointStoreTest, ADamagedFileIsRefusedByItsChecksumBeforeLibTorchReadsIt) {
+  auto store = CheckpointStore::Create({FreshDir("damaged"), 3});
+  ASSERT_TRUE(store.ok());
+  Tiny model;
+  torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1));
+  ASSERT_TRUE((*store)->Save({4, 0, 4}, model, sgd).ok());
+  ASSERT_TRUE((*store)->Save({8, 0, 8}, model, sgd).ok());
+  std::fstream file((*store)->PathFor(8), std::ios::in | std::ios::out | std::ios::binary);
+  file.seekg(0, std::ios::end);
+  const std::streamoff middle = file.tellg() / 2;
+  file.seekg(middle);
+  const char byte = static_cast<char>(file.get());
+  file.seekp(middle);
+  file.put(static_cast<char>(byte ^ 0x5a));
+  file.close();
+
+  absl::StatusOr<TrainingPosition> damaged = (*store)->Load(8, model, sgd);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(damaged.status().message(), "checksum mismatch")) << damaged.status();
+  auto position = (*store)->LoadLatest(model, sgd);
+  ASSERT_TRUE(position.ok()) << position.status();
+  ASSERT_TRUE(position->has_value());
+  EXPECT_EQ((*position)->step, 4);
 }
 
 }  // namespace
