@@ -12,18 +12,13 @@
 //   bazel build -c opt //server:fitrund //worker:fitrun-worker //server/bench:submit_bench
 //   bazel-bin/server/bench/submit_bench --fitrund=bazel-bin/server/fitrund
 //       --worker_binary=bazel-bin/worker/fitrun-worker [--clients=32 --jobs=1000 --model=cnn]
-#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,10 +26,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "fitrun/v1/coordinator.grpc.pb.h"
+#include "server/bench/bench_daemon.h"
 
 ABSL_FLAG(std::string, fitrund, "bazel-bin/server/fitrund", "the fitrund binary");
 ABSL_FLAG(std::string, worker_binary, "bazel-bin/worker/fitrun-worker", "the fitrun-worker binary");
@@ -43,59 +38,11 @@ ABSL_FLAG(int, jobs, 1000, "jobs submitted per phase");
 ABSL_FLAG(std::string, model, "cnn", "mlp or cnn (with Adam)");
 ABSL_FLAG(std::string, devices, "cpu:2x1GiB", "fitrund --devices");
 
-extern char** environ;
-
 namespace fitrun::server {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// fitrund as a child process.
-class Daemon {
- public:
-  explicit Daemon(const std::string& state_dir) : state_dir_(state_dir) {
-    std::vector<std::string> args = {absl::GetFlag(FLAGS_fitrund),
-                                     "--listen=127.0.0.1:0",
-                                     "--metrics_listen=127.0.0.1:0",
-                                     "--state_dir=" + state_dir,
-                                     "--devices=" + absl::GetFlag(FLAGS_devices),
-                                     "--worker_binary=" + absl::GetFlag(FLAGS_worker_binary),
-                                     "--stop_workers_on_exit"};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    const std::string log = state_dir + "/fitrund.log";
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~Daemon() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-  }
-  // The address fitrund writes once it serves, or "" after 30 s.
-  std::string WaitForAddress() {
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < deadline && pid_ > 0) {
-      const std::string address(absl::StripAsciiWhitespace(ReadFile(state_dir_ + "/fitrund.address")));
-      if (!address.empty()) return address;
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return "";
-  }
-
- private:
-  const std::string state_dir_;
-  pid_t pid_ = -1;
-};
+using bench::Daemon;
+using bench::ReadFile;
 
 std::string Spec(const std::string& model) {
   return absl::StrCat("name: submit-bench\nmodel: {builtin: ", model,
@@ -184,7 +131,9 @@ int Run() {
   std::filesystem::create_directories(state_dir);
   int exit_code = 0;
   {
-    Daemon daemon(state_dir);
+    Daemon daemon(absl::GetFlag(FLAGS_fitrund), state_dir,
+                  {"--listen=127.0.0.1:0", "--devices=" + absl::GetFlag(FLAGS_devices),
+                   "--worker_binary=" + absl::GetFlag(FLAGS_worker_binary), "--stop_workers_on_exit"});
     const std::string address = daemon.WaitForAddress();
     if (address.empty()) {
       std::fprintf(stderr, "fitrund did not start: %s\n", ReadFile(state_dir + "/fitrund.log").c_str());
@@ -214,13 +163,12 @@ int Run() {
     const Phase calibrated = Submit(address, spec);
     Print("the same workload, measured", calibrated, "");
 
-    grpc::ClientContext context;
-    fitrun::v1::ListJobsResponse list;
-    (void)stub->ListJobs(&context, {}, &list);
+    std::vector<fitrun::v1::Job> stored;
+    if (!bench::ListAllJobs(*stub, &stored)) std::fprintf(stderr, "ListJobs failed\n");
     const size_t acknowledged = unseen.ids.size() + calibrated.ids.size();
-    std::printf("\nacknowledged %zu, stored %d (each acknowledged job once: %s)\n", acknowledged, list.jobs_size(),
-                static_cast<size_t>(list.jobs_size()) == acknowledged ? "yes" : "NO");
-    if (static_cast<size_t>(list.jobs_size()) != acknowledged) exit_code = 1;
+    std::printf("\nacknowledged %zu, stored %zu (each acknowledged job once: %s)\n", acknowledged, stored.size(),
+                stored.size() == acknowledged ? "yes" : "NO");
+    if (stored.size() != acknowledged) exit_code = 1;
   }
   std::filesystem::remove_all(state_dir);
   return exit_code;
