@@ -85,8 +85,12 @@ class PolledWriteReactor : public grpc::ServerWriteReactor<Message> {
   void OnDone() override {
     if (on_done_) on_done_();
     BeforeDelete();
-    absl::MutexLock lock(&link_->mu);
-    link_->reactor = nullptr;
+    {
+      // Unlocked before the delete: the lock's Mutex lives in link_, which the delete may free
+      // (when no waker holds the Link any more).
+      absl::MutexLock lock(&link_->mu);
+      link_->reactor = nullptr;
+    }
     delete this;
   }
 
