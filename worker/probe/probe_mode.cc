@@ -71,8 +71,10 @@ absl::Status Probe(const std::vector<int64_t>& batches) {
                       [&](int64_t batch) { return (*probe)->Measure(batch); }, batches);
   }
   // Never freed, as in the built-in training program: LibTorch keeps the installed allocator until
-  // exit. The assignment's memory cap, if any, is the probe's budget.
-  auto* counter = new CappedCpuAllocator(
+  // exit. A static holds it, so it stays reachable (no leak under ASan) when Create fails before
+  // installing it. The assignment's memory cap, if any, is the probe's budget.
+  static CappedCpuAllocator* counter = nullptr;
+  counter = new CappedCpuAllocator(
       assignment->memory_cap_bytes_size() > 0 ? std::max<int64_t>(0, assignment->memory_cap_bytes(0)) : 0);
   absl::StatusOr<std::unique_ptr<MemoryProbe>> probe = MemoryProbe::Create(*assignment, counter);
   if (!probe.ok()) return probe.status();
