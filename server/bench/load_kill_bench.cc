@@ -69,7 +69,6 @@ std::unique_ptr<Coordinator::Stub> NewStub(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetInt("grpc.use_local_subchannel_pool", 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   return Coordinator::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
 }
