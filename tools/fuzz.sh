@@ -14,11 +14,12 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 work=${FUZZ_DIR:-/tmp/fitrun-fuzz}
-output_base=${FUZZ_OUTPUT_BASE:-$HOME/.cache/fitrun-fuzz-bazel}
+output_base=${CLANG_OUTPUT_BASE:-$HOME/.cache/fitrun-clang-bazel}
 mkdir -p "$work"
 
 bazel_fuzz() {
-  bazel --output_base="$output_base" "$@" \
+  # --symlink_prefix=/: no bazel-* links, which would point the workspace's at this output base.
+  bazel --output_base="$output_base" "$@" --symlink_prefix=/ \
     --repo_env=CC=clang --repo_env=CXX=clang++ \
     --copt=-fsanitize=fuzzer-no-link,address --copt=-fno-omit-frame-pointer --copt=-O1 -c opt \
     --linkopt=-fsanitize=address
