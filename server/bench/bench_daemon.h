@@ -14,9 +14,6 @@ namespace fitrun::server::bench {
 
 std::string ReadFile(const std::string& path);
 
-// A loopback port that was free a moment ago (for a fitrund that must come back on the same one).
-int PickFreePort();
-
 // fitrund started with `flags` (besides --state_dir and a metrics port of its own), its output
 // appended to <state_dir>/fitrund.log. Stopped with SIGTERM when destroyed.
 class Daemon {

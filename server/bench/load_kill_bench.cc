@@ -40,6 +40,7 @@
 #include "absl/time/clock.h"
 #include "fitrun/v1/coordinator.grpc.pb.h"
 #include "server/bench/bench_daemon.h"
+#include "worker/testing/free_port.h"
 
 ABSL_FLAG(std::string, fitrund, "bazel-bin/server/fitrund", "the fitrund binary");
 ABSL_FLAG(std::string, instant_worker, "bazel-bin/worker/testing/fitrun-instant-worker",
@@ -163,7 +164,8 @@ int Run() {
   const std::string state_dir = absl::StrCat("/tmp/fitrun-load-kill-bench-", getpid());
   std::filesystem::remove_all(state_dir);
   std::filesystem::create_directories(state_dir);
-  const std::string address = absl::StrCat("127.0.0.1:", bench::PickFreePort());
+  // A fixed port: the restarted fitrund must come back where the clients dial.
+  const std::string address = absl::StrCat("127.0.0.1:", fitrun::worker::FreeLoopbackPort());
   const std::vector<std::string> flags = {"--listen=" + address, "--devices=" + absl::GetFlag(FLAGS_devices),
                                           "--worker_binary=" + std::filesystem::absolute(absl::GetFlag(FLAGS_instant_worker)).string(),
                                           "--memory_probe=false", "--stop_workers_on_exit"};
