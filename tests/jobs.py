@@ -33,17 +33,27 @@ def run_to_end(client, spec, timeout=300):
 
 
 class Fitrund:
-    """A real fitrund from the test's runfiles, on OS-chosen ports with a state directory of its own.
+    """A real fitrund on OS-chosen ports with a state directory of its own.
 
-    `flags` are added to the defaults; `address` is where it serves once started. stop() (or leaving
-    a `with` block) SIGTERMs it and SIGKILLs any rank it left, found by its state directory.
+    Its binaries come from the test's runfiles unless `fitrund` and `worker` name them (as the
+    benchmarks do). It reads files under the test's temporary directory and Debian's datasets, or, with
+    `data_roots=None`, fitrund's own default roots (starting in `cwd`). `flags` are added to the
+    defaults; `address` is where it serves once started. stop() (or leaving a `with` block) SIGTERMs it
+    and SIGKILLs any rank it left, found by its state directory.
     """
 
-    def __init__(self, state_dir, flags=(), listen="127.0.0.1:0"):
+    TEST_DATA_ROOTS = "for the tests"
+
+    def __init__(self, state_dir, flags=(), listen="127.0.0.1:0", fitrund=None, worker=None,
+                 data_roots=TEST_DATA_ROOTS, cwd=None):
         import os
         import subprocess
 
         runfiles = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "fitrun"))
+        fitrund = fitrund or os.path.join(runfiles, "server/fitrund")
+        worker = worker or os.path.join(runfiles, "worker/fitrun-worker")
+        if data_roots == Fitrund.TEST_DATA_ROOTS:
+            data_roots = f"{os.environ.get('TEST_TMPDIR', '/tmp')},/usr/share/datasets"
         self.state_dir = state_dir
         os.makedirs(state_dir, exist_ok=True)
         for name in ("fitrund.address", "fitrund.metrics_address"):
@@ -52,11 +62,10 @@ class Fitrund:
         self.log_path = os.path.join(state_dir, "fitrund.log")
         self._log = open(self.log_path, "a")
         self.process = subprocess.Popen(
-            [os.path.join(runfiles, "server/fitrund"), f"--listen={listen}", "--metrics_listen=127.0.0.1:0",
-             f"--state_dir={state_dir}", f"--worker_binary={os.path.join(runfiles, 'worker/fitrun-worker')}",
-             "--stop_workers_on_exit", f"--data_roots={os.environ.get('TEST_TMPDIR', '/tmp')},/usr/share/datasets",
-             *flags],
-            stdout=self._log, stderr=subprocess.STDOUT)
+            [fitrund, f"--listen={listen}", "--metrics_listen=127.0.0.1:0", f"--state_dir={state_dir}",
+             f"--worker_binary={worker}", "--stop_workers_on_exit",
+             *([f"--data_roots={data_roots}"] if data_roots is not None else []), *flags],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd)
         metrics = os.path.join(state_dir, "fitrund.metrics_address")
         wait_for(lambda: (os.path.exists(metrics) and os.path.getsize(metrics) > 0) or self.process.poll() is not None,
                  30, "fitrund to serve")

@@ -20,17 +20,17 @@ import argparse
 import copy
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from fitrun.client import Client, FINAL_STATES  # noqa: E402
 from fitrun.v1 import job_pb2  # noqa: E402
+from jobs import Fitrund  # noqa: E402
 
 EXAMPLES = [
     # (name, spec, per-device batches to run at: odd, so a doubling sweep never measured them)
@@ -42,45 +42,6 @@ EXAMPLES = [
 
 def mib(n):
     return f"{n / (1 << 20):.2f}"
-
-
-class Fitrund:
-    """A fitrund on OS-chosen ports with its own state directory; stopped with every rank it started."""
-
-    def __init__(self, binary, worker, devices):
-        self.state = tempfile.mkdtemp(prefix="fitrun-script-bench-")
-        self.log = open(os.path.join(self.state, "fitrund.log"), "w")
-        self.process = subprocess.Popen(
-            [binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", f"--state_dir={self.state}",
-             f"--worker_binary={worker}", f"--devices={devices}", "--stop_workers_on_exit"],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        deadline = time.monotonic() + 30
-        address_file = os.path.join(self.state, "fitrund.metrics_address")
-        while not (os.path.exists(address_file) and os.path.getsize(address_file) > 0):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"fitrund did not start; see {self.log.name}")
-            time.sleep(0.1)
-        with open(os.path.join(self.state, "fitrund.address")) as f:
-            self.address = f.read().strip()
-
-    def stop(self):
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        # Ranks run in process groups of their own; any the daemon left are found by their assignment.
-        needle = f"FITRUN_ASSIGNMENT={self.state}/".encode()
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if any(v.startswith(needle) for v in f.read().split(b"\0")):
-                        os.kill(int(pid), signal.SIGKILL)
-            except OSError:
-                pass
-        self.log.close()
-        shutil.rmtree(self.state, ignore_errors=True)
 
 
 def run_to_end(client, spec, timeout=900):
@@ -126,7 +87,12 @@ def main():
         sys.exit("the sasrec example reads deploy/examples/data/ratings.dat: "
                  "run tools/make_movielens_sample.py deploy/examples/data/ratings.dat")
 
-    daemon = Fitrund(args.fitrund, args.worker, args.devices)
+    # fitrund's default data roots include the directory it starts in: the repository's examples.
+    state_dir = tempfile.mkdtemp(prefix="fitrun-script-bench-")
+    daemon = Fitrund(state_dir, [f"--devices={args.devices}"], fitrund=args.fitrund, worker=args.worker,
+                     data_roots=None, cwd=ROOT)
+    if daemon.address is None:
+        sys.exit(f"fitrund did not start:\n{daemon.log()}")
     rows = []
     errors = []
     try:
@@ -168,6 +134,7 @@ def main():
                 print("| " + " | ".join(str(c) for c in rows[-1]) + " |", flush=True)
     finally:
         daemon.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)
 
     print(f"\nScript jobs on {args.devices}: the plan's predicted peak (from fitrund's one-rank script probe) "
           f"against a 2-rank DDP run's measured peak\n")
