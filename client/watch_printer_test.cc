@@ -108,6 +108,23 @@ TEST(WatchPrinterTerminalModeTest, EventLinesGoAboveTheProgressLine) {
                            Line(1) + "\n");
 }
 
+TEST(WatchPrinterTerminalModeTest, ACheckpointFailureIsALineOfItsOwnAboveTheProgress) {
+  std::ostringstream out;
+  WatchPrinter printer(&out, /*redraw_in_place=*/true);
+  printer.OnEvent(ProgressEvent(1, 1), kStart);
+  v1::JobEvent failed;
+  failed.set_sequence(2);
+  failed.mutable_checkpoint_failed()->set_rank(0);
+  failed.mutable_checkpoint_failed()->set_step(1);
+  failed.mutable_checkpoint_failed()->set_error("disk full");
+  printer.OnEvent(failed, kStart + absl::Milliseconds(10));
+  printer.Finish();
+  EXPECT_EQ(out.str(), "\r\033[K" + Line(1) +
+                           "\r\033[Kcheckpoint FAILED: rank 0 could not save step 1: disk full (training goes on; a "
+                           "restart would resume from the previous checkpoint)\n\r\033[K" +
+                           Line(1) + "\n");
+}
+
 TEST(WatchPrinterTerminalModeTest, EventsWithoutProgressPrintPlainLines) {
   std::ostringstream out;
   WatchPrinter printer(&out, /*redraw_in_place=*/true);

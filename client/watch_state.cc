@@ -49,6 +49,18 @@ std::vector<std::string> DescribeLog(const v1::LogLine& log) {
   return lines;
 }
 
+// Training goes on without the checkpoint, so the line says what a failure would now cost: a
+// restart resumes from the previous checkpoint, redoing the steps since.
+std::vector<std::string> DescribeCheckpointFailed(const v1::CheckpointFailed& failed) {
+  std::vector<std::string> error_lines = absl::StrSplit(failed.error(), '\n', absl::SkipEmpty());
+  std::string line = absl::StrFormat("checkpoint FAILED: rank %d could not save step %d", failed.rank(), failed.step());
+  if (!error_lines.empty()) absl::StrAppend(&line, ": ", error_lines.front());
+  absl::StrAppend(&line, " (training goes on; a restart would resume from the previous checkpoint)");
+  std::vector<std::string> lines = {line};
+  for (size_t i = 1; i < error_lines.size(); ++i) lines.push_back(absl::StrCat("  | ", error_lines[i]));
+  return lines;
+}
+
 std::vector<std::string> DescribeRankFinished(const v1::RankFinished& finished) {
   // A script that reports no progress leaves steps and loss unknown, not zero.
   std::string line = finished.steps() > 0 ? absl::StrFormat("rank %d finished: %d steps, loss %s", finished.rank(),
@@ -119,9 +131,13 @@ std::vector<std::string> WatchState::Apply(const v1::JobEvent& event, absl::Time
       return DescribeOom(event.oom());
     case v1::JobEvent::kCheckpointSaved: {
       const v1::CheckpointSaved& saved = event.checkpoint_saved();
-      return {absl::StrFormat("checkpoint: step %d saved to %s (%s)", saved.step(), saved.path(),
-                              FormatBytes(saved.bytes()))};
+      std::string line = absl::StrFormat("checkpoint: step %d saved to %s (%s", saved.step(), saved.path(),
+                                         FormatBytes(saved.bytes()));
+      if (saved.seconds() > 0) absl::StrAppend(&line, absl::StrFormat(" in %.2fs", saved.seconds()));
+      return {line + ")"};
     }
+    case v1::JobEvent::kCheckpointFailed:
+      return DescribeCheckpointFailed(event.checkpoint_failed());
     case v1::JobEvent::kLog:
       return DescribeLog(event.log());
     case v1::JobEvent::kRankFinished:

@@ -284,6 +284,39 @@ TEST(WatchStateTest, DescribesCheckpointsLogsAndFinishedRanks) {
               ElementsAre("fitrund: planning: measuring the peak at per-device batch 16 before launch"));
 }
 
+TEST(WatchStateTest, SaysHowLongACheckpointTookAndWhenOneFailed) {
+  WatchState state;
+  v1::JobEvent saved;
+  saved.set_sequence(1);
+  saved.mutable_checkpoint_saved()->set_step(1000);
+  saved.mutable_checkpoint_saved()->set_path("/var/lib/fitrun/j-1/ckpt-1000.pt");
+  saved.mutable_checkpoint_saved()->set_bytes(int64_t{3} << 19);
+  saved.mutable_checkpoint_saved()->set_seconds(0.134);
+  EXPECT_THAT(state.Apply(saved, kStart),
+              ElementsAre("checkpoint: step 1000 saved to /var/lib/fitrun/j-1/ckpt-1000.pt (1.5 MiB in 0.13s)"));
+
+  v1::JobEvent failed;
+  failed.set_sequence(2);
+  failed.mutable_checkpoint_failed()->set_rank(0);
+  failed.mutable_checkpoint_failed()->set_step(1500);
+  failed.mutable_checkpoint_failed()->set_error("cannot write /var/lib/fitrun/j-1/ckpt-1500.pt: No space left on device");
+  EXPECT_THAT(state.Apply(failed, kStart),
+              ElementsAre("checkpoint FAILED: rank 0 could not save step 1500: cannot write "
+                          "/var/lib/fitrun/j-1/ckpt-1500.pt: No space left on device (training goes on; a restart "
+                          "would resume from the previous checkpoint)"));
+
+  // A multi-line error keeps its first line on the event's line and the rest below it.
+  v1::JobEvent traced;
+  traced.set_sequence(3);
+  traced.mutable_checkpoint_failed()->set_rank(0);
+  traced.mutable_checkpoint_failed()->set_step(2000);
+  traced.mutable_checkpoint_failed()->set_error("torch::save failed\nfile exists\n");
+  EXPECT_THAT(state.Apply(traced, kStart),
+              ElementsAre("checkpoint FAILED: rank 0 could not save step 2000: torch::save failed (training goes "
+                          "on; a restart would resume from the previous checkpoint)",
+                          "  | file exists"));
+}
+
 TEST(WatchStateTest, DescribesRankExits) {
   WatchState state;
   v1::JobEvent clean;
