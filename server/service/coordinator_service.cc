@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "server/core/job_spec.h"
+#include "server/core/watch_cursor.h"
 #include "server/service/grpc_status.h"
 
 namespace fitrun::server {
@@ -149,61 +150,6 @@ class PolledWriteReactor : public grpc::ServerWriteReactor<Message> {
   Message current_;  // owned by the write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-};
-
-// Where one watcher is in a job's events. History older than the hub's in-memory tail is replayed
-// from the store, in full; once the watcher has caught up with the tail it follows it, and if it
-// then falls behind the tail (the bounded buffer every watcher of the job shares) it is told which
-// sequences it missed and goes on from the oldest event still kept, so a slow watcher never makes
-// the coordinator read the store on its behalf while ingest writes it. Not thread-safe: each
-// reactor calls it under its own lock.
-class WatchCursor {
- public:
-  WatchCursor(JobManager* manager, std::string job_id, int64_t from_sequence)
-      : manager_(manager), job_id_(std::move(job_id)), next_(std::max<int64_t>(1, from_sequence)) {}
-
-  // The job has ended with this event: the stream ends once it is sent.
-  void EndAt(int64_t last_sequence) { end_ = last_sequence; }
-  bool Done() const { return end_.has_value() && next_ > *end_; }
-
-  // Up to `limit` (>= 2) next events, in order; empty when there is nothing new yet.
-  absl::StatusOr<std::vector<EventHub::EventRef>> Next(size_t limit) {
-    std::vector<EventHub::EventRef> out;
-    EventHub::SharedReadResult read = manager_->events().ReadShared(job_id_, next_, limit);
-    if (read.events.empty() && next_ <= read.last_sequence) {
-      if (following_ && read.oldest_retained > next_) {
-        JobEvent missed;
-        missed.set_job_id(job_id_);  // sequence 0: not one of the job's events
-        *missed.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
-        missed.mutable_missed()->set_first_sequence(next_);
-        missed.mutable_missed()->set_last_sequence(read.oldest_retained - 1);
-        out.push_back(EventHub::MakeRef(std::move(missed)));
-        next_ = read.oldest_retained;
-        read = manager_->events().ReadShared(job_id_, next_, limit - 1);
-      } else {
-        absl::StatusOr<std::vector<JobEvent>> stored = manager_->ReadEvents(job_id_, next_, static_cast<int>(limit));
-        if (!stored.ok()) return stored.status();
-        for (JobEvent& event : *stored) out.push_back(EventHub::MakeRef(std::move(event)));
-      }
-    } else {
-      following_ = true;  // the tail serves this watcher (or it is level with the job)
-    }
-    out.insert(out.end(), read.events.begin(), read.events.end());
-    for (const EventHub::EventRef& ref : out) {
-      const JobEvent& event = ref->event;
-      if (event.sequence() == 0) continue;
-      next_ = event.sequence() + 1;
-      if (event.has_state_changed() && JobManager::IsTerminal(event.state_changed().to())) end_ = event.sequence();
-    }
-    return out;
-  }
-
- private:
-  JobManager* const manager_;
-  const std::string job_id_;
-  int64_t next_;
-  bool following_ = false;
-  std::optional<int64_t> end_;
 };
 
 // What both WatchJob flavours share: the cursor, the subscription that wakes the stream through
@@ -393,78 +339,6 @@ class LogStreamReactor : public PolledWriteReactor<fitrun::v1::LogChunk> {
 };
 
 }  // namespace
-
-WatchFanout::WatchFanout(Options options) : options_(options) {
-  for (int i = 0; i < std::max(1, options_.threads); ++i) {
-    threads_.emplace_back([this] {
-      pthread_setname_np(pthread_self(), "watch-fanout");  // as `top -H` and profilers show it
-      Run();
-    });
-  }
-}
-
-void WatchFanout::Run() {
-  const size_t threads = static_cast<size_t>(std::max(1, options_.threads));
-  absl::MutexLock lock(&mu_);
-  while (true) {
-    auto ready = [this] { return stopping_ || next_ < pass_.size() || !queue_.empty(); };
-    mu_.Await(absl::Condition(&ready));
-    if (stopping_) return;
-    if (next_ < pass_.size()) {
-      // A share of the current pass: moved out, since the next pass replaces pass_.
-      const size_t share = (pass_.size() + threads - 1) / threads;
-      const size_t end = std::min(pass_.size(), next_ + share);
-      std::vector<std::function<void()>> pumps(std::make_move_iterator(pass_.begin() + next_),
-                                               std::make_move_iterator(pass_.begin() + end));
-      next_ = end;
-      mu_.Unlock();
-      const absl::Time start = absl::Now();
-      for (std::function<void()>& pump : pumps) pump();
-      const absl::Duration took = absl::Now() - start;
-      mu_.Lock();
-      stats_.pumps += static_cast<int64_t>(pumps.size());
-      stats_.pumping += took;
-      continue;
-    }
-    // Let more events (and more watchers' wakes) gather until the window since the last pass ends.
-    const absl::Time now = absl::Now();
-    const absl::Time due = options_.always_wait ? now + options_.window : last_pass_ + options_.window;
-    if (due > now) {
-      mu_.Unlock();
-      absl::SleepFor(due - now);
-      mu_.Lock();
-      if (stopping_) return;
-      if (queue_.empty() || next_ < pass_.size()) continue;  // another thread started this pass
-    }
-    last_pass_ = absl::Now();
-    ++stats_.passes;
-    pass_.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
-    queue_.clear();
-    next_ = 0;
-  }
-}
-
-WatchFanout::~WatchFanout() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  for (std::thread& thread : threads_) thread.join();
-}
-
-WatchFanout::Stats WatchFanout::stats() const {
-  absl::MutexLock lock(&mu_);
-  return stats_;
-}
-
-void WatchFanout::Schedule(const std::shared_ptr<std::atomic<bool>>& pending, std::function<void()> pump) {
-  if (pending->exchange(true)) return;  // already queued; that run will see this event too
-  absl::MutexLock lock(&mu_);
-  queue_.push_back([pending, pump = std::move(pump)] {
-    pending->store(false);
-    pump();
-  });
-}
 
 LogFollowTicker::LogFollowTicker() {
   thread_ = std::thread([this] {

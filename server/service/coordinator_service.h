@@ -1,6 +1,7 @@
 // The Coordinator gRPC service: translates protos and calls the JobManager, nothing more.
 // Unary calls finish inline; WatchJob and WatchJobEvents are ServerWriteReactors that read the
-// job's events by cursor (see WatchCursor in the .cc). Thread-safe as the manager is.
+// job's events by cursor (server/core/watch_cursor.h) and are fed by the fan-out
+// (server/core/watch_fanout.h). Thread-safe as the manager is.
 #ifndef FITRUN_SERVER_SERVICE_COORDINATOR_SERVICE_H_
 #define FITRUN_SERVER_SERVICE_COORDINATOR_SERVICE_H_
 
@@ -18,6 +19,7 @@
 #include "fitrun/v1/coordinator.grpc.pb.h"
 #include "server/auth/authenticator.h"
 #include "server/core/job_manager.h"
+#include "server/core/watch_fanout.h"
 
 namespace fitrun::server {
 
@@ -36,53 +38,6 @@ class LogFollowTicker {
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
-};
-
-// The thread (by default one) that feeds WatchJob streams. Publishing an event only marks its
-// watchers as having news (O(1) each); this thread reads and writes for them, so however many
-// watchers there are and however slow they are, ingest never waits on them.
-//
-// Passes are at least `window` apart: a wake that comes when the last pass started longer ago than
-// that runs at once (an idle job's event goes straight out), and wakes during the window wait for
-// its end, so a busy job's events reach each watcher a batch per message (at most about one message
-// per watcher per `window`) rather than one message per event. Fan-out costs then grow with
-// watchers times passes, not watchers times events. `threads` > 1 splits each pass's watchers
-// between that many threads.
-class WatchFanout {
- public:
-  struct Options {
-    absl::Duration window = absl::Milliseconds(1);
-    // Wait the whole window after every wake, even after an idle spell (the older behaviour; for
-    // comparison in the benchmark).
-    bool always_wait = false;
-    int threads = 1;
-  };
-  // Timing counters, read by the benchmark.
-  struct Stats {
-    int64_t passes = 0;
-    int64_t pumps = 0;         // watcher wakes run (each reads the tail and may start one write)
-    absl::Duration pumping;    // time spent running them, summed over threads
-  };
-  explicit WatchFanout(Options options);
-  WatchFanout() : WatchFanout(Options{}) {}
-  ~WatchFanout();
-  // Runs `pump` on the fan-out thread soon; repeated calls before it runs collapse into one.
-  void Schedule(const std::shared_ptr<std::atomic<bool>>& pending, std::function<void()> pump);
-  Stats stats() const;
-
- private:
-  void Run();
-
-  const Options options_;
-  mutable absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  // The pass being run: wakes not yet claimed by a thread start at next_.
-  std::vector<std::function<void()>> pass_ ABSL_GUARDED_BY(mu_);
-  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time last_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  Stats stats_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> threads_;
 };
 
 // WatchJobEvents is a raw method: its messages are assembled from the events' stored encodings.
