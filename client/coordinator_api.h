@@ -40,6 +40,13 @@ class CoordinatorApi {
   virtual absl::Status WatchJob(const std::string& job_id, int64_t from_sequence,
                                 const EventCallback& on_event) = 0;
 
+  // Calls `on_event` for the job's events from `from_sequence` through `to_sequence` (events the
+  // coordinator already has, e.g. up to Job.last_sequence), on the calling thread, then closes the
+  // stream: a running job's stream would otherwise wait for events that have not happened yet. OK
+  // once `to_sequence` was reached or the coordinator ended the stream; otherwise why it broke.
+  virtual absl::Status ReadJobEvents(const std::string& job_id, int64_t from_sequence, int64_t to_sequence,
+                                     const EventCallback& on_event) = 0;
+
   // Calls `on_chunk` with the bytes of a rank's log (latest attempt), on the calling thread; with
   // `follow`, until the attempt ends.
   using LogCallback = std::function<void(const v1::LogChunk&)>;

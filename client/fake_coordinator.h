@@ -92,6 +92,24 @@ class FakeCoordinator : public CoordinatorApi {
   // With a failing watch_end, the first stream stops after this sequence.
   int64_t break_after_sequence = INT64_MAX;
 
+  // ReadJobEvents delivers the watch_events in [from, to], then ends with read_events_end.
+  absl::Status read_events_end = absl::OkStatus();
+  struct EventRead {
+    std::string job_id;
+    int64_t from_sequence;
+    int64_t to_sequence;
+  };
+  std::vector<EventRead> event_reads;
+
+  absl::Status ReadJobEvents(const std::string& job_id, int64_t from_sequence, int64_t to_sequence,
+                             const EventCallback& on_event) override {
+    event_reads.push_back({job_id, from_sequence, to_sequence});
+    for (const v1::JobEvent& event : watch_events) {
+      if (event.sequence() >= from_sequence && event.sequence() <= to_sequence) on_event(event);
+    }
+    return read_events_end;
+  }
+
   absl::Status StreamLogs(const std::string& job_id, int rank, bool,
                           const LogCallback& on_chunk) override {
     logs_requested.emplace_back(job_id, rank);

@@ -3,6 +3,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -31,6 +32,9 @@ absl::StatusOr<std::unique_ptr<GrpcCoordinatorClient>> GrpcCoordinatorClient::Cr
   }
   if (options.rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("rpc_timeout: must be positive");
+  }
+  if (options.history_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("history_timeout: must be positive");
   }
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!options.ca_file.empty() || !options.cert_file.empty()) {
@@ -187,6 +191,43 @@ absl::Status GrpcCoordinatorClient::WatchJob(const std::string& job_id, int64_t 
   v1::JobEventBatch batch;
   while (reader->Read(&batch)) {
     for (const v1::JobEvent& event : batch.events()) on_event(event);
+  }
+  return ToAbslStatus(reader->Finish());
+}
+
+absl::Status GrpcCoordinatorClient::ReadJobEvents(const std::string& job_id, int64_t from_sequence,
+                                                  int64_t to_sequence, const EventCallback& on_event) {
+  if (from_sequence > to_sequence) return absl::OkStatus();
+  grpc::ClientContext context;
+  Authorize(&context);
+  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.history_timeout));
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  request.set_from_sequence(from_sequence);
+  std::unique_ptr<grpc::ClientReader<v1::JobEventBatch>> reader = stub_->WatchJobEvents(&context, request);
+  v1::JobEventBatch batch;
+  bool reached = false;
+  while (!reached && reader->Read(&batch)) {
+    for (const v1::JobEvent& event : batch.events()) {
+      // Past the end (the store lost the last event, or the batch ran on): nothing more is wanted.
+      if (event.sequence() > to_sequence) {
+        reached = true;
+        break;
+      }
+      on_event(event);
+      const int64_t covered = event.has_missed() ? std::max(event.sequence(), event.missed().last_sequence())
+                                                 : event.sequence();
+      if (covered >= to_sequence) {
+        reached = true;
+        break;
+      }
+    }
+  }
+  if (reached) {
+    // Our own cancellation, not a failure: Finish reports it as CANCELLED.
+    context.TryCancel();
+    (void)reader->Finish();
+    return absl::OkStatus();
   }
   return ToAbslStatus(reader->Finish());
 }

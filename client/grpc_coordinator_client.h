@@ -22,6 +22,9 @@ class GrpcCoordinatorClient : public CoordinatorApi {
     // For unary calls only (fitrund answers them without waiting for training or memory probes). A
     // watch follows a job for as long as it runs, so it has no deadline.
     absl::Duration rpc_timeout = absl::Seconds(10);
+    // For ReadJobEvents: a long job's history is many events, but they come from the store at once,
+    // so a read this slow means something is wrong.
+    absl::Duration history_timeout = absl::Seconds(60);
     // TLS: a PEM CA file to verify fitrund with (empty: plain text), and for mutual TLS a client
     // certificate and key.
     std::string ca_file;
@@ -41,6 +44,8 @@ class GrpcCoordinatorClient : public CoordinatorApi {
   absl::StatusOr<v1::ListDevicesResponse> ListDevices() override;
   absl::Status WatchJob(const std::string& job_id, int64_t from_sequence,
                         const EventCallback& on_event) override;
+  absl::Status ReadJobEvents(const std::string& job_id, int64_t from_sequence, int64_t to_sequence,
+                             const EventCallback& on_event) override;
   absl::Status StreamLogs(const std::string& job_id, int rank, bool follow,
                           const LogCallback& on_chunk) override;
 

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -49,8 +51,10 @@ class ScriptedCoordinator final : public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  // Sends the events two to a message, so the client must unpack batches in order.
-  grpc::Status WatchJobEvents(grpc::ServerContext*, const v1::WatchJobRequest* request,
+  // Sends the events two to a message, so the client must unpack batches in order. Job "running"
+  // then waits for events that never come, as a running job's stream does, until the client
+  // cancels.
+  grpc::Status WatchJobEvents(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                               grpc::ServerWriter<v1::JobEventBatch>* writer) override {
     watch_from = request->from_sequence();
     v1::JobEventBatch batch;
@@ -65,6 +69,12 @@ class ScriptedCoordinator final : public v1::Coordinator::Service {
       }
     }
     if (batch.events_size() > 0) writer->Write(batch);
+    if (request->job_id() == "running") {
+      const absl::Time give_up = absl::Now() + absl::Seconds(20);
+      while (!context->IsCancelled() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+      if (context->IsCancelled()) watch_cancelled.Notify();
+      return grpc::Status::CANCELLED;
+    }
     if (request->job_id() == "broken") {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
     }
@@ -74,6 +84,7 @@ class ScriptedCoordinator final : public v1::Coordinator::Service {
   std::string submitted_yaml;
   std::string cancel_reason;
   int64_t watch_from = -1;
+  absl::Notification watch_cancelled;
 };
 
 class GrpcCoordinatorClientTest : public ::testing::Test {
@@ -138,6 +149,35 @@ TEST_F(GrpcCoordinatorClientTest, WatchReportsWhyTheStreamBroke) {
       "broken", 1, [&](const v1::JobEvent& event) { sequences.push_back(event.sequence()); });
   EXPECT_EQ(status, absl::UnavailableError("coordinator shutting down"));
   EXPECT_THAT(sequences, ElementsAre(1, 2, 3, 4, 5));
+}
+
+TEST_F(GrpcCoordinatorClientTest, ReadJobEventsStopsARunningJobsStreamAtTheLastSequenceWanted) {
+  std::vector<int64_t> sequences;
+  const absl::Time start = absl::Now();
+  absl::Status status = client_->ReadJobEvents(
+      "running", 2, 3, [&](const v1::JobEvent& event) { sequences.push_back(event.sequence()); });
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(service_.watch_from, 2);
+  // The server sent 4 and 5 in the same messages; they are past what was asked for.
+  EXPECT_THAT(sequences, ElementsAre(2, 3));
+  // The client closed the stream rather than waiting for the server's 20 s.
+  EXPECT_TRUE(service_.watch_cancelled.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+}
+
+TEST_F(GrpcCoordinatorClientTest, ReadJobEventsOfAnEndedStreamReportsHowItEnded) {
+  std::vector<int64_t> sequences;
+  // The stream ends before sequence 9: an ended job has no more events, so that is success.
+  EXPECT_TRUE(client_->ReadJobEvents("j-1", 4, 9, [&](const v1::JobEvent& event) {
+                       sequences.push_back(event.sequence());
+                     }).ok());
+  EXPECT_THAT(sequences, ElementsAre(4, 5));
+  EXPECT_EQ(client_->ReadJobEvents("broken", 1, 9, [](const v1::JobEvent&) {}),
+            absl::UnavailableError("coordinator shutting down"));
+  // Nothing to read: no call at all.
+  service_.watch_from = -1;
+  EXPECT_TRUE(client_->ReadJobEvents("j-1", 5, 4, [](const v1::JobEvent&) {}).ok());
+  EXPECT_EQ(service_.watch_from, -1);
 }
 
 TEST(GrpcCoordinatorClientCreateTest, RejectsAnEmptyAddress) {
