@@ -66,6 +66,67 @@ std::string MemoryBar(int64_t used_bytes, int64_t total_bytes, int width) {
                          static_cast<int>(std::lround(fraction * 100)));
 }
 
+std::string Sparkline(const std::vector<double>& values, int width) {
+  static constexpr const char* kBlocks[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
+  constexpr int kLevels = static_cast<int>(std::size(kBlocks));
+  std::vector<double> finite;
+  finite.reserve(values.size());
+  for (double value : values) {
+    if (std::isfinite(value)) finite.push_back(value);
+  }
+  if (finite.empty() || width < 1) return "";
+  const size_t n = finite.size();
+  const auto [min_it, max_it] = std::minmax_element(finite.begin(), finite.end());
+  const double low = *min_it;
+  const double high = *max_it;
+
+  std::vector<double> columns;
+  if (n <= static_cast<size_t>(width)) {
+    columns = finite;
+  } else {
+    const size_t count = static_cast<size_t>(width);
+    // Column c covers values [begin(c), begin(c + 1)): every column at least one, none left over.
+    auto begin = [&](size_t c) { return c * n / count; };
+    auto column_of = [&](size_t index) {
+      size_t c = index * count / n;
+      while (c + 1 < count && begin(c + 1) <= index) ++c;
+      while (c > 0 && begin(c) > index) --c;
+      return c;
+    };
+    columns.resize(count);
+    for (size_t c = 0; c < count; ++c) {
+      double sum = 0;
+      for (size_t i = begin(c); i < begin(c + 1); ++i) sum += finite[i];
+      columns[c] = sum / static_cast<double>(begin(c + 1) - begin(c));
+    }
+    const size_t min_index = static_cast<size_t>(min_it - finite.begin());
+    const size_t max_index = static_cast<size_t>(max_it - finite.begin());
+    size_t min_column = column_of(min_index);
+    size_t max_column = column_of(max_index);
+    // Both extremes in one column: the later one moves to the next column (or the earlier one to
+    // the previous), a one-column shift that keeps their order.
+    if (min_column == max_column && count > 1) {
+      size_t& later = min_index > max_index ? min_column : max_column;
+      size_t& earlier = min_index > max_index ? max_column : min_column;
+      if (later + 1 < count) {
+        ++later;
+      } else {
+        --earlier;
+      }
+    }
+    columns[min_column] = low;
+    columns[max_column] = high;
+  }
+
+  std::string line;
+  for (double value : columns) {
+    const int level = high > low ? static_cast<int>(std::lround((value - low) / (high - low) * (kLevels - 1)))
+                                 : kLevels / 2 - 1;
+    line += kBlocks[std::clamp(level, 0, kLevels - 1)];
+  }
+  return line;
+}
+
 std::string FormatLoss(double loss) { return absl::StrFormat("%.4f", loss); }
 
 std::vector<std::pair<std::string, std::string>> FormatMetrics(

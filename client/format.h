@@ -28,6 +28,13 @@ std::string FormatShortDuration(absl::Duration duration);
 // A device that reports no total memory draws an empty bar with "n/a".
 std::string MemoryBar(int64_t used_bytes, int64_t total_bytes, int width = 20);
 
+// `values` as a row of the eight block characters ▁▂▃▄▅▆▇█, from the lowest to the highest value;
+// NaN and infinities are skipped. More values than `width` columns are resampled: a column shows
+// the mean of the values it covers, except that the columns holding the lowest and the highest
+// value show those, so a spike or a dip never averages away. A flat series draws mid-height bars.
+// Empty when no value is finite or width < 1.
+std::string Sparkline(const std::vector<double>& values, int width);
+
 // Loss with four decimals, enough to see training move without the noise of a full double.
 std::string FormatLoss(double loss);
 

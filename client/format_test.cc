@@ -1,6 +1,10 @@
 #include "client/format.h"
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -117,6 +121,79 @@ TEST(FormatTableTest, CountsUtf8CharactersNotBytes) {
 
 TEST(FormatTableTest, MissingCellsAreBlank) {
   EXPECT_EQ(FormatTable({{"A"}, {"B"}}, {{"x"}}), "A  B\nx\n");
+}
+
+// Columns of a sparkline: every block character is one code point of three bytes.
+std::vector<std::string> Columns(const std::string& sparkline) {
+  std::vector<std::string> columns;
+  for (size_t i = 0; i + 3 <= sparkline.size(); i += 3) columns.push_back(sparkline.substr(i, 3));
+  EXPECT_EQ(sparkline.size() % 3, 0u) << sparkline;
+  return columns;
+}
+
+TEST(SparklineTest, OneColumnPerValueFromLowestToHighest) {
+  EXPECT_EQ(Sparkline({1, 2, 3, 4, 5, 6, 7, 8}, 60), "▁▂▃▄▅▆▇█");
+  EXPECT_EQ(Sparkline({8, 1, 4.5}, 60), "█▁▅");
+}
+
+TEST(SparklineTest, AFlatSeriesIsMidHeight) {
+  EXPECT_EQ(Sparkline({0.7, 0.7, 0.7, 0.7}, 60), "▄▄▄▄");
+}
+
+TEST(SparklineTest, OnePointIsOneColumn) {
+  EXPECT_EQ(Sparkline({2.3}, 60), "▄");
+}
+
+TEST(SparklineTest, SkipsNaNAndInfinities) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(Sparkline({1, nan, 2, inf, -inf}, 60), "▁█");
+  EXPECT_EQ(Sparkline({nan, nan}, 60), "");
+  EXPECT_EQ(Sparkline({}, 60), "");
+  EXPECT_EQ(Sparkline({1, 2}, 0), "");
+}
+
+TEST(SparklineTest, ResamplingToTheWidthKeepsTheMinimumAndMaximumVisible) {
+  // 1,200 points near 5 (20 to a column) with one spike and one dip, each a single point that a
+  // column's mean would flatten into its neighbours.
+  std::vector<double> values(1200);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 5 + 0.01 * static_cast<double>(i % 7);
+  values[333] = 50;
+  values[777] = -40;
+  const std::vector<std::string> columns = Columns(Sparkline(values, 60));
+  ASSERT_EQ(columns.size(), 60u);
+  EXPECT_EQ(columns[333 / 20], "█");
+  EXPECT_EQ(columns[777 / 20], "▁");
+  EXPECT_EQ(std::count(columns.begin(), columns.end(), "█"), 1);
+  EXPECT_EQ(std::count(columns.begin(), columns.end(), "▁"), 1);
+}
+
+TEST(SparklineTest, ExtremesFallingInOneColumnStillBothShow) {
+  // 120 points into 60 columns: the spike and the dip are neighbours in the same column.
+  std::vector<double> values(120, 1.0);
+  values[40] = 9;
+  values[41] = -7;
+  const std::vector<std::string> columns = Columns(Sparkline(values, 60));
+  ASSERT_EQ(columns.size(), 60u);
+  EXPECT_EQ(columns[20], "█");
+  EXPECT_EQ(columns[21], "▁");
+  // At the last column the earlier extreme moves back instead.
+  values.assign(120, 1.0);
+  values[118] = 9;
+  values[119] = -7;
+  const std::vector<std::string> last = Columns(Sparkline(values, 60));
+  EXPECT_EQ(last[58], "█");
+  EXPECT_EQ(last[59], "▁");
+}
+
+TEST(SparklineTest, ADecreasingLossResampledStaysDecreasing) {
+  std::vector<double> loss;
+  for (int step = 1; step <= 500; ++step) loss.push_back(2.3 / std::sqrt(static_cast<double>(step)));
+  const std::vector<std::string> columns = Columns(Sparkline(loss, 40));
+  ASSERT_EQ(columns.size(), 40u);
+  EXPECT_EQ(columns.front(), "█");
+  EXPECT_EQ(columns.back(), "▁");
+  EXPECT_TRUE(std::is_sorted(columns.rbegin(), columns.rend())) << Sparkline(loss, 40);
 }
 
 }  // namespace
