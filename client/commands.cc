@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/format.h"
+#include "client/loss_curve.h"
 #include "client/render.h"
 #include "client/watch_printer.h"
 
@@ -148,7 +149,19 @@ int RunGet(const CommandEnv& env, const std::string& job_id, bool json) {
   absl::StatusOr<v1::Job> job = env.coordinator->GetJob(job_id);
   if (!job.ok()) return ReportRpcError(env, job.status());
   if (json) return PrintJson(env, *job);
-  *env.out << RenderJob(*job, MakeRenderContext(env)) << std::flush;
+  // The loss curve comes from the job's events so far; a job that has reported no progress has none.
+  LossCurve curve;
+  if (job->last_progress().step() > 0 && job->last_sequence() > 0) {
+    const absl::Status read = env.coordinator->ReadJobEvents(
+        job_id, 1, job->last_sequence(), [&](const v1::JobEvent& event) { curve.Add(event); });
+    // The job itself was read; without its history it is still worth printing.
+    if (!read.ok()) {
+      *env.err << "note: loss curve left out: " << absl::StatusCodeToString(read.code()) << ": " << read.message()
+               << std::endl;
+      curve = LossCurve();
+    }
+  }
+  *env.out << RenderJob(*job, MakeRenderContext(env), curve.points()) << std::flush;
   return kExitOk;
 }
 

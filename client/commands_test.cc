@@ -15,6 +15,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::Pair;
 using ::testing::StartsWith;
 
@@ -228,6 +229,63 @@ TEST_F(CommandsTest, GetPrintsHumanOrJson) {
   EXPECT_THAT(out_.str(), StartsWith("{"));
   EXPECT_THAT(out_.str(), HasSubstr("\"state\": \"JOB_STATE_QUEUED\""));
   EXPECT_THAT(out_.str(), HasSubstr("\"attempts\": 0"));
+}
+
+v1::JobEvent LossEvent(int64_t sequence, int32_t rank, int64_t step, double loss) {
+  v1::JobEvent event = ProgressEvent(sequence, rank, step);
+  event.mutable_progress()->set_loss(loss);
+  return event;
+}
+
+v1::Job RunningJobAt(int64_t step, int64_t last_sequence) {
+  v1::Job job = JobInState("j-1", v1::JOB_STATE_RUNNING);
+  job.mutable_last_progress()->set_step(step);
+  job.mutable_last_progress()->set_total_steps(10);
+  job.mutable_last_progress()->set_loss(0.75);
+  job.set_last_sequence(last_sequence);
+  return job;
+}
+
+TEST_F(CommandsTest, GetDrawsRankZerosLossUpToTheJobsLastEvent) {
+  coordinator_.get_reply = RunningJobAt(8, 7);
+  coordinator_.watch_events = {
+      StateEvent(1, v1::JOB_STATE_UNSPECIFIED, v1::JOB_STATE_RUNNING),
+      LossEvent(2, 0, 2, 2.0),
+      LossEvent(3, 1, 2, 9.0),  // rank 1: not drawn
+      LossEvent(4, 0, 4, 1.0),
+      LossEvent(5, 0, 6, 0.5),
+      LossEvent(6, 1, 8, 9.0),
+      LossEvent(7, 0, 8, 0.75),
+      LossEvent(8, 0, 9, 99.0),  // after GetJob answered: not part of what get shows
+  };
+  EXPECT_EQ(RunGet(env_, "j-1", /*json=*/false), kExitOk);
+  ASSERT_EQ(coordinator_.event_reads.size(), 1u);
+  EXPECT_EQ(coordinator_.event_reads[0].job_id, "j-1");
+  EXPECT_EQ(coordinator_.event_reads[0].from_sequence, 1);
+  EXPECT_EQ(coordinator_.event_reads[0].to_sequence, 7);
+  EXPECT_THAT(out_.str(), HasSubstr("\nloss curve: 2.0000 █▃▁▂ 0.7500  (steps 2-8; min 0.5000 at step 6)\n"));
+  EXPECT_EQ(err_.str(), "");
+}
+
+TEST_F(CommandsTest, GetReadsNoEventsForAJobWithoutProgressOrForJson) {
+  coordinator_.get_reply = JobInState("j-1", v1::JOB_STATE_QUEUED);
+  coordinator_.get_reply->set_last_sequence(1);
+  EXPECT_EQ(RunGet(env_, "j-1", false), kExitOk);
+  EXPECT_THAT(out_.str(), Not(HasSubstr("loss curve")));
+
+  coordinator_.get_reply = RunningJobAt(8, 7);
+  EXPECT_EQ(RunGet(env_, "j-1", /*json=*/true), kExitOk);
+  EXPECT_THAT(coordinator_.event_reads, IsEmpty());
+}
+
+TEST_F(CommandsTest, GetStillPrintsTheJobWhenItsHistoryCannotBeRead) {
+  coordinator_.get_reply = RunningJobAt(8, 7);
+  coordinator_.watch_events = {LossEvent(2, 0, 2, 2.0), LossEvent(4, 0, 4, 1.0)};
+  coordinator_.read_events_end = absl::DeadlineExceededError("Deadline Exceeded");
+  EXPECT_EQ(RunGet(env_, "j-1", false), kExitOk);
+  EXPECT_THAT(out_.str(), HasSubstr("state:    RUNNING\n"));
+  EXPECT_THAT(out_.str(), Not(HasSubstr("loss curve")));
+  EXPECT_EQ(err_.str(), "note: loss curve left out: DEADLINE_EXCEEDED: Deadline Exceeded\n");
 }
 
 TEST_F(CommandsTest, ErrorsUseTheCodeName) {

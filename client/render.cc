@@ -67,7 +67,7 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
   return json;
 }
 
-std::string RenderJob(const v1::Job& job, const RenderContext& context) {
+std::string RenderJob(const v1::Job& job, const RenderContext& context, const std::vector<LossPoint>& loss_curve) {
   std::vector<std::pair<std::string, std::string>> rows;
   rows.emplace_back("id", job.id());
   if (!job.spec().name().empty()) rows.emplace_back("name", job.spec().name());
@@ -88,6 +88,7 @@ std::string RenderJob(const v1::Job& job, const RenderContext& context) {
                                                progress.epoch(), ", loss ",
                                                FormatLoss(progress.loss())));
   }
+  if (std::string curve = RenderLossCurve(loss_curve); !curve.empty()) rows.emplace_back("loss curve", curve);
   if (!job.failure_reason().empty()) rows.emplace_back("failure", job.failure_reason());
   if (job.state() == v1::JOB_STATE_SUCCEEDED && job.has_result()) {
     const v1::JobResult& result = job.result();

@@ -4,9 +4,11 @@
 #define FITRUN_CLIENT_RENDER_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/loss_curve.h"
 #include "fitrun/v1/coordinator.pb.h"
 #include "fitrun/v1/job.pb.h"
 #include "google/protobuf/message.h"
@@ -24,8 +26,10 @@ struct RenderContext {
 // dropped) so scripts can rely on keys existing. Ends with a newline.
 absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message);
 
-// `fitrun get`: one "key: value" line per fact the job has.
-std::string RenderJob(const v1::Job& job, const RenderContext& context);
+// `fitrun get`: one "key: value" line per fact the job has; with `loss_curve` (rank 0's loss over
+// the steps, see LossCurve), a sparkline of it below the progress.
+std::string RenderJob(const v1::Job& job, const RenderContext& context,
+                      const std::vector<LossPoint>& loss_curve = {});
 
 // `fitrun list`: id, name, state, devices, step/total, loss, age.
 std::string RenderJobTable(const v1::ListJobsResponse& response, const RenderContext& context);

@@ -71,6 +71,14 @@ TEST(RenderJobTest, ShowsStatePlanAndProgress) {
             "progress: step 120/1875, epoch 1, loss 0.5123\n");
 }
 
+TEST(RenderJobTest, DrawsTheLossCurveBelowTheProgress) {
+  const std::string text = RenderJob(RunningJob(), Context(), {{1, 2.3}, {60, 0.9}, {120, 0.51234}});
+  EXPECT_THAT(text, HasSubstr("progress:   step 120/1875, epoch 1, loss 0.5123\n"
+                              "loss curve: 2.3000 █▃▁ 0.5123  (steps 1-120; min 0.5123 at step 120)\n"));
+  // One point says nothing the progress line does not.
+  EXPECT_THAT(RenderJob(RunningJob(), Context(), {{120, 0.51234}}), Not(HasSubstr("loss curve")));
+}
+
 TEST(RenderJobTest, ShowsAttemptsFailureAndResult) {
   v1::Job failed = RunningJob();
   failed.set_state(v1::JOB_STATE_FAILED);
