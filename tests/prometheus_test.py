@@ -92,9 +92,15 @@ class Prometheus:
                     [PROMETHEUS, f"--config.file={self.config_path}", f"--storage.tsdb.path={storage}",
                      f"--web.listen-address={self.address}"],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            wait_for(lambda: self.process.poll() is not None or self._ready(), 60, "Prometheus to be ready")
+            try:
+                wait_for(lambda: self.process.poll() is not None or self._ready(), 60, "Prometheus to be ready")
+            except AssertionError:
+                self.stop()
+                raise AssertionError(f"Prometheus was not ready in 60 s:\n{self.log()}") from None
             if self.process.poll() is None:
                 return
+            if "address already in use" not in self.log():
+                break
         raise AssertionError(f"Prometheus exited ({self.process.returncode}):\n{self.log()}")
 
     def _ready(self):
