@@ -284,7 +284,10 @@ TEST(FaultInjectionTest, ReadOnlyCheckpointDirectoryIsReportedAndThePreviousChec
   ASSERT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << done.failure_reason() << ReadFile(coordinator.log_path());
   int failed_saves = 0, later_saves = 0;
   for (const auto& event : events) {
-    if (event.has_log() && absl::StrContains(event.log().text(), "failed, keeping the previous one")) ++failed_saves;
+    if (event.has_checkpoint_failed()) {
+      EXPECT_FALSE(event.checkpoint_failed().error().empty());
+      ++failed_saves;
+    }
     if (event.has_checkpoint_saved() && event.checkpoint_saved().step() > first->checkpoint_saved().step()) {
       ++later_saves;
     }

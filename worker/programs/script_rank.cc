@@ -234,7 +234,7 @@ class ScriptRank final : public TrainingProgram {
         notice.step = report.checkpoint_saved().step();
         notice.path = report.checkpoint_saved().path();
         notice.bytes = report.checkpoint_saved().bytes();
-        runtime_->sink().OnCheckpointSaved(notice);
+        runtime_->sink().OnCheckpoint(notice);
         break;
       }
       case fitrun::v1::WorkerReport::kOom: {

@@ -109,6 +109,8 @@ void GrpcReporter::OnProgress(const StepProgress& p) {
   progress->set_epoch(p.epoch);
   progress->set_loss(p.loss);
   progress->set_samples_per_second(p.samples_per_second);
+  progress->set_step_seconds(p.step_seconds);
+  progress->set_exposed_communication_share(p.exposed_communication_share);
   progress->set_live_bytes(p.live_bytes);
   progress->set_peak_bytes(p.peak_bytes);
   progress->mutable_metrics()->insert(p.metrics.begin(), p.metrics.end());
@@ -126,13 +128,22 @@ void GrpcReporter::OnLog(const std::string& text) {
   Enqueue(std::move(report), /*must_deliver=*/false);
 }
 
-void GrpcReporter::OnCheckpointSaved(const CheckpointNotice& c) {
+void GrpcReporter::OnCheckpoint(const CheckpointNotice& c) {
   fitrun::v1::WorkerReport report;
+  if (!c.error.empty()) {
+    fitrun::v1::CheckpointFailed* failed = report.mutable_checkpoint_failed();
+    failed->set_rank(c.rank);
+    failed->set_step(c.step);
+    failed->set_error(c.error);
+    Enqueue(std::move(report), /*must_deliver=*/false);
+    return;
+  }
   fitrun::v1::CheckpointSaved* saved = report.mutable_checkpoint_saved();
   saved->set_rank(c.rank);
   saved->set_step(c.step);
   saved->set_path(c.path);
   saved->set_bytes(c.bytes);
+  saved->set_seconds(c.seconds);
   // The coordinator resumes from what it was told about: never drop one for a progress line.
   Enqueue(std::move(report), /*must_deliver=*/true);
 }

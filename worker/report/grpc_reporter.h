@@ -65,7 +65,7 @@ class GrpcReporter final : public ProgressSink {
 
   void OnProgress(const StepProgress& progress) override;
   void OnLog(const std::string& text) override;
-  void OnCheckpointSaved(const CheckpointNotice& checkpoint) override;
+  void OnCheckpoint(const CheckpointNotice& checkpoint) override;
   // Waits until everything queued has been written to a live stream (or there is no stream).
   void Flush(absl::Duration timeout) override;
 

@@ -63,7 +63,7 @@ class MemoryStampingSink final : public ProgressSink {
 
   void OnProgress(const StepProgress& progress) override;
   void OnLog(const std::string& text) override { next_->OnLog(text); }
-  void OnCheckpointSaved(const CheckpointNotice& checkpoint) override { next_->OnCheckpointSaved(checkpoint); }
+  void OnCheckpoint(const CheckpointNotice& checkpoint) override { next_->OnCheckpoint(checkpoint); }
   void Flush(absl::Duration timeout) override { next_->Flush(timeout); }
 
  private:

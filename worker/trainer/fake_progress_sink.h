@@ -20,7 +20,7 @@ class FakeProgressSink final : public ProgressSink {
     absl::MutexLock lock(&mu_);
     logs_.push_back(text);
   }
-  void OnCheckpointSaved(const CheckpointNotice& checkpoint) override {
+  void OnCheckpoint(const CheckpointNotice& checkpoint) override {
     absl::MutexLock lock(&mu_);
     checkpoints_.push_back(checkpoint);
   }

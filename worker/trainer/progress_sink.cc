@@ -21,7 +21,13 @@ void ConsoleSink::OnLog(const std::string& text) {
   std::fflush(out_);
 }
 
-void ConsoleSink::OnCheckpointSaved(const CheckpointNotice& c) {
+void ConsoleSink::OnCheckpoint(const CheckpointNotice& c) {
+  if (!c.error.empty()) {
+    std::fprintf(out_, "[rank %d] checkpoint of step %lld failed, keeping the previous one: %s\n", rank_,
+                 static_cast<long long>(c.step), c.error.c_str());
+    std::fflush(out_);
+    return;
+  }
   std::fprintf(out_, "[rank %d] checkpoint of step %lld saved to %s (%lld bytes)\n", rank_,
                static_cast<long long>(c.step), c.path.c_str(), static_cast<long long>(c.bytes));
   std::fflush(out_);
@@ -37,8 +43,8 @@ void TeeSink::OnLog(const std::string& text) {
   for (ProgressSink* sink : sinks_) sink->OnLog(text);
 }
 
-void TeeSink::OnCheckpointSaved(const CheckpointNotice& checkpoint) {
-  for (ProgressSink* sink : sinks_) sink->OnCheckpointSaved(checkpoint);
+void TeeSink::OnCheckpoint(const CheckpointNotice& checkpoint) {
+  for (ProgressSink* sink : sinks_) sink->OnCheckpoint(checkpoint);
 }
 
 void TeeSink::Flush(absl::Duration timeout) {

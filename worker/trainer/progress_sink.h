@@ -20,18 +20,25 @@ struct StepProgress {
   int32_t epoch = 0;  // 1-based epoch the step belongs to
   double loss = 0;    // mean over all ranks of the step's loss
   double samples_per_second = 0;  // this rank's samples since its previous report
+  // Since its previous report: the mean wall time of a step, and the share of that time spent in
+  // the gradient synchronization (communication backward did not hide). Built-in trainer only.
+  double step_seconds = 0;
+  double exposed_communication_share = 0;
   int64_t live_bytes = 0;
   int64_t peak_bytes = 0;
   // A script's own figures (run.report(metrics=...)); the built-in trainer sends none.
   std::map<std::string, double> metrics;
 };
 
-// A checkpoint rank 0 wrote (CheckpointSaved in the API).
+// A checkpoint rank 0 wrote (CheckpointSaved in the API), or could not write (`error` set:
+// CheckpointFailed).
 struct CheckpointNotice {
   int rank = 0;
   int64_t step = 0;
   std::string path;
   int64_t bytes = 0;
+  double seconds = 0;  // how long writing it took
+  std::string error;
 };
 
 // Where the trainer sends what it has to say. It knows nothing about how that travels (gRPC stream,
@@ -44,7 +51,7 @@ class ProgressSink {
   virtual void OnProgress(const StepProgress& progress) = 0;
   virtual void OnLog(const std::string& text) = 0;
   // Sinks that have nowhere to put checkpoint events need not override it.
-  virtual void OnCheckpointSaved(const CheckpointNotice& checkpoint) {}
+  virtual void OnCheckpoint(const CheckpointNotice& checkpoint) {}
   // Best effort: lets what was reported so far leave the process, waiting at most `timeout`. Only
   // called before a deliberate exit that skips normal shutdown.
   virtual void Flush(absl::Duration timeout) = 0;
@@ -58,7 +65,7 @@ class ConsoleSink final : public ProgressSink {
 
   void OnProgress(const StepProgress& progress) override;
   void OnLog(const std::string& text) override;
-  void OnCheckpointSaved(const CheckpointNotice& checkpoint) override;
+  void OnCheckpoint(const CheckpointNotice& checkpoint) override;
   void Flush(absl::Duration timeout) override;
 
  private:
@@ -73,7 +80,7 @@ class TeeSink final : public ProgressSink {
 
   void OnProgress(const StepProgress& progress) override;
   void OnLog(const std::string& text) override;
-  void OnCheckpointSaved(const CheckpointNotice& checkpoint) override;
+  void OnCheckpoint(const CheckpointNotice& checkpoint) override;
   void Flush(absl::Duration timeout) override;
 
  private:

@@ -329,13 +329,17 @@ void Trainer::MaybeCheckpoint(int64_t step) {
   const bool due = step == o.total_steps || (o.checkpoint_every_steps > 0 && step % o.checkpoint_every_steps == 0);
   if (!due) return;
   const TrainingPosition position{step, step / o.steps_per_epoch, step % o.steps_per_epoch};
+  const absl::Time start = absl::Now();
   absl::StatusOr<SavedCheckpoint> saved = o.checkpoints->Save(position, *model_, *optimizer_);
-  if (!saved.ok()) {
-    sink_->OnLog(absl::StrCat("checkpoint of step ", step, " failed, keeping the previous one: ",
-                              saved.status().message()));
-    return;
+  CheckpointNotice notice{.rank = o.rank, .step = step};
+  if (saved.ok()) {
+    notice.path = saved->path;
+    notice.bytes = saved->bytes;
+    notice.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  } else {
+    notice.error = std::string(saved.status().message());
   }
-  sink_->OnCheckpointSaved({o.rank, saved->step, saved->path, saved->bytes});
+  sink_->OnCheckpoint(notice);
 }
 
 absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
@@ -348,6 +352,8 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   const absl::Time start = absl::Now();
   absl::Time last_report = start;
   int64_t samples_since_report = 0;
+  int64_t step_at_report = start_step_;
+  absl::Duration synchronizing_at_report;
   int64_t cached_epoch = -1;
   std::vector<int64_t> shard;
   double loss = 0;
@@ -438,9 +444,14 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
       progress.epoch = static_cast<int32_t>(epoch + 1);
       progress.loss = loss;
       progress.samples_per_second = seconds > 0 ? samples_since_report / seconds : 0;
+      progress.step_seconds = seconds / static_cast<double>(std::max<int64_t>(1, step - step_at_report));
+      progress.exposed_communication_share =
+          seconds > 0 ? absl::ToDoubleSeconds(times.synchronize - synchronizing_at_report) / seconds : 0;
       sink_->OnProgress(progress);
       last_report = now;
       samples_since_report = 0;
+      step_at_report = step;
+      synchronizing_at_report = times.synchronize;
     }
   }
 

@@ -118,7 +118,8 @@ TEST(TrainerCheckpointTest, ResumeReproducesTheUninterruptedLossTrajectory) {
 }
 
 // The temporary file name of step 8 is taken by a directory, so that save fails (as on a read-only
-// directory or a full disk): a log line, training goes on, the step-4 checkpoint stays.
+// directory or a full disk): a failed-checkpoint notice naming the step, training goes on, the step-4
+// checkpoint stays.
 TEST(TrainerCheckpointTest, FailedSaveIsLoggedAndTrainingContinues) {
   const TensorDataset train = SyntheticSet(256);
   LocalGradientSynchronizer local;
@@ -133,11 +134,18 @@ TEST(TrainerCheckpointTest, FailedSaveIsLoggedAndTrainingContinues) {
   absl::StatusOr<TrainResult> result = (*trainer)->Run();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->steps, 10);
-  bool logged = false;
-  for (const std::string& line : sink.logs()) {
-    logged |= line.find("checkpoint of step 8 failed, keeping the previous one") != std::string::npos;
+  int failed = 0;
+  for (const CheckpointNotice& notice : sink.checkpoints()) {
+    if (notice.error.empty()) {
+      EXPECT_GE(notice.seconds, 0);
+      EXPECT_GT(notice.bytes, 0);
+      continue;
+    }
+    EXPECT_EQ(notice.step, 8);
+    EXPECT_TRUE(notice.path.empty());
+    ++failed;
   }
-  EXPECT_TRUE(logged);
+  EXPECT_EQ(failed, 1);
   EXPECT_EQ((*store)->Steps(), (std::vector<int64_t>{10}));
 }
 
