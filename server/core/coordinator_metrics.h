@@ -19,10 +19,9 @@ class CoordinatorMetrics {
   virtual void JobStateChanged(fitrun::v1::JobState from, fitrun::v1::JobState to) = 0;
   // One event was recorded; `kind` is the event's oneof name ("progress", "oom", ...).
   virtual void EventRecorded(const std::string& kind) = 0;
-  // Rank 0 of a running job reached `step` with `loss`.
-  virtual void TrainingProgress(const std::string& job_id, int64_t steps_advanced, double loss) = 0;
-  // The job no longer runs: its per-job series are dropped so label cardinality stays bounded.
-  virtual void JobStopped(const std::string& job_id) = 0;
+  // Rank 0 of a running job advanced by `steps_advanced` optimizer steps. (Per-job and per-device
+  // figures are read from the manager when scraped: see JobManager::Running and Devices.)
+  virtual void TrainingProgress(int64_t steps_advanced) = 0;
   // A rank ran out of device memory.
   virtual void OutOfMemory() = 0;
   // A job's ranks were all stopped to be started again; `reason` is one of "out_of_memory", "crash",
@@ -35,6 +34,12 @@ class CoordinatorMetrics {
   virtual void MemoryPredictionObserved(double ratio) = 0;
   // A memory probe (a calibration sweep or a single measurement) ran for `took`.
   virtual void MemoryProbeRan(absl::Duration took) = 0;
+  // A job reached its final state `state` after waiting `queue_wait` for its first launch (its whole
+  // life if it never launched) and `duration` from submission.
+  virtual void JobEnded(fitrun::v1::JobState state, absl::Duration queue_wait, absl::Duration duration) = 0;
+  // Rank 0 wrote a checkpoint in `took`, or could not write one.
+  virtual void CheckpointSaved(absl::Duration took) = 0;
+  virtual void CheckpointFailed() = 0;
 };
 
 // Records nothing; for tools and tests that do not look at metrics.
@@ -42,13 +47,15 @@ class NoopCoordinatorMetrics : public CoordinatorMetrics {
  public:
   void JobStateChanged(fitrun::v1::JobState, fitrun::v1::JobState) override {}
   void EventRecorded(const std::string&) override {}
-  void TrainingProgress(const std::string&, int64_t, double) override {}
-  void JobStopped(const std::string&) override {}
+  void TrainingProgress(int64_t) override {}
   void OutOfMemory() override {}
   void JobRestarted(const std::string&) override {}
   void Recovered(absl::Duration) override {}
   void MemoryPredictionObserved(double) override {}
   void MemoryProbeRan(absl::Duration) override {}
+  void JobEnded(fitrun::v1::JobState, absl::Duration, absl::Duration) override {}
+  void CheckpointSaved(absl::Duration) override {}
+  void CheckpointFailed() override {}
 };
 
 }  // namespace fitrun::server

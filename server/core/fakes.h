@@ -206,14 +206,21 @@ class RecordingMetrics : public CoordinatorMetrics {
     absl::MutexLock lock(&mu_);
     ++events_[kind];
   }
-  void TrainingProgress(const std::string& job_id, int64_t steps_advanced, double loss) override {
+  void TrainingProgress(int64_t steps_advanced) override {
     absl::MutexLock lock(&mu_);
     steps_ += steps_advanced;
-    loss_[job_id] = loss;
   }
-  void JobStopped(const std::string& job_id) override {
+  void JobEnded(fitrun::v1::JobState state, absl::Duration queue_wait, absl::Duration duration) override {
     absl::MutexLock lock(&mu_);
-    loss_.erase(job_id);
+    ended_.push_back({state, queue_wait, duration});
+  }
+  void CheckpointSaved(absl::Duration took) override {
+    absl::MutexLock lock(&mu_);
+    checkpoint_times_.push_back(took);
+  }
+  void CheckpointFailed() override {
+    absl::MutexLock lock(&mu_);
+    ++checkpoint_failures_;
   }
   void OutOfMemory() override {
     absl::MutexLock lock(&mu_);
@@ -259,9 +266,22 @@ class RecordingMetrics : public CoordinatorMetrics {
     absl::MutexLock lock(&mu_);
     return steps_;
   }
-  size_t running_loss_series() {
+  struct Ended {
+    fitrun::v1::JobState state;
+    absl::Duration queue_wait;
+    absl::Duration duration;
+  };
+  std::vector<Ended> ended() {
     absl::MutexLock lock(&mu_);
-    return loss_.size();
+    return ended_;
+  }
+  std::vector<absl::Duration> checkpoint_times() {
+    absl::MutexLock lock(&mu_);
+    return checkpoint_times_;
+  }
+  int checkpoint_failures() {
+    absl::MutexLock lock(&mu_);
+    return checkpoint_failures_;
   }
 
  private:
@@ -269,7 +289,9 @@ class RecordingMetrics : public CoordinatorMetrics {
   std::map<fitrun::v1::JobState, int> jobs_by_state_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> events_ ABSL_GUARDED_BY(mu_);
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, double> loss_ ABSL_GUARDED_BY(mu_);
+  std::vector<Ended> ended_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Duration> checkpoint_times_ ABSL_GUARDED_BY(mu_);
+  int checkpoint_failures_ ABSL_GUARDED_BY(mu_) = 0;
   int out_of_memory_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, int> restarts_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Duration> recoveries_ ABSL_GUARDED_BY(mu_);

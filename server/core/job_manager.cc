@@ -39,6 +39,10 @@ google::protobuf::Timestamp ToProto(absl::Time t) {
   return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
 }
 
+absl::Time FromProto(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixNanos(google::protobuf::util::TimeUtil::TimestampToNanoseconds(t));
+}
+
 // 128 bits from the kernel's random source (getrandom: no file to open per token).
 std::string NewToken() {
   uint32_t words[4];
@@ -464,10 +468,11 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
         event.mutable_progress()->set_rank(key.rank);
         rank.peak_bytes = std::max(rank.peak_bytes, report->progress().peak_bytes());
         rank.last_step = std::max(rank.last_step, report->progress().step());
+        rank.last_progress = event.progress();
         if (key.rank == 0) {
           const int64_t advanced = report->progress().step() - job.last_progress().step();
           *job.mutable_last_progress() = event.progress();
-          metrics_->TrainingProgress(job.id(), std::max<int64_t>(0, advanced), report->progress().loss());
+          metrics_->TrainingProgress(std::max<int64_t>(0, advanced));
           if (entry.recovering_since && job.state() == fitrun::v1::JOB_STATE_RUNNING) {
             const absl::Duration took = options_.clock() - *entry.recovering_since;
             entry.recovering_since.reset();
@@ -496,6 +501,12 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
       case fitrun::v1::WorkerReport::kCheckpointSaved:
         *event.mutable_checkpoint_saved() = report->checkpoint_saved();
         event.mutable_checkpoint_saved()->set_rank(key.rank);
+        metrics_->CheckpointSaved(absl::Seconds(report->checkpoint_saved().seconds()));
+        break;
+      case fitrun::v1::WorkerReport::kCheckpointFailed:
+        *event.mutable_checkpoint_failed() = report->checkpoint_failed();
+        event.mutable_checkpoint_failed()->set_rank(key.rank);
+        metrics_->CheckpointFailed();
         break;
       case fitrun::v1::WorkerReport::kLog:
         *event.mutable_log() = report->log();
@@ -658,7 +669,6 @@ void JobManager::MaybeReleaseAttempt(JobEntry& entry) {
   }
   entry.active.reset();
   Persist(entry);
-  metrics_->JobStopped(entry.record.job.id());
   RequestSchedule();
 }
 
@@ -951,6 +961,12 @@ absl::Status JobManager::Transition(JobEntry& entry, JobState to, const std::str
     return absl::UnavailableError(absl::StrCat("could not store the job: ", stored.message()));
   }
   metrics_->JobStateChanged(from, to);
+  if (IsTerminal(to) && !IsTerminal(from)) {
+    const absl::Time created = FromProto(job.created_at());
+    const absl::Time finished = FromProto(job.finished_at());
+    const absl::Time launched = job.has_started_at() ? FromProto(job.started_at()) : finished;
+    metrics_->JobEnded(to, launched - created, finished - created);
+  }
   // A job counts against its owner's limit from its admission to its end.
   if (admitting && !IsTerminal(to)) ++open_jobs_by_owner_[job.owner()];
   if (!admitting && IsTerminal(to) && !IsTerminal(from)) {
@@ -1012,10 +1028,62 @@ std::vector<fitrun::v1::Device> JobManager::DevicesLocked() {
   for (fitrun::v1::Device& device : devices) {
     auto owner = device_owner_.find(device.id());
     if (owner == device_owner_.end()) continue;
-    device.set_job_id(owner->second.first);
-    device.set_rank(owner->second.second);
+    const auto& [job_id, rank] = owner->second;
+    device.set_job_id(job_id);
+    device.set_rank(rank);
+    auto job = jobs_.find(job_id);
+    if (job == jobs_.end() || !job->second.active || rank >= static_cast<int>(job->second.active->ranks.size())) {
+      continue;
+    }
+    if (!job->second.record.job.attempt_history().empty()) {
+      device.set_planned_bytes(job->second.record.job.attempt_history().rbegin()->predicted_peak_bytes());
+    }
+    device.set_peak_bytes(job->second.active->ranks[rank].peak_bytes);
   }
   return devices;
+}
+
+std::vector<JobManager::RankView> JobManager::RanksLocked(const JobEntry& entry) const {
+  const Job& job = entry.record.job;
+  if (job.attempt_history().empty()) return {};
+  const fitrun::v1::AttemptRecord& record = *job.attempt_history().rbegin();
+  const bool live = entry.active.has_value() && entry.active->attempt == record.attempt();
+  std::vector<RankView> ranks;
+  for (int r = 0; r < record.device_ids_size(); ++r) {
+    RankView view;
+    view.rank = r;
+    view.device_id = record.device_ids(r);
+    view.planned_bytes = record.predicted_peak_bytes();
+    if (live && r < static_cast<int>(entry.active->ranks.size())) {
+      view.peak_bytes = entry.active->ranks[r].peak_bytes;
+      view.last_progress = entry.active->ranks[r].last_progress;
+    } else {
+      view.peak_bytes = record.measured_peak_bytes();  // the attempt's highest, recorded per attempt
+    }
+    ranks.push_back(std::move(view));
+  }
+  return ranks;
+}
+
+std::vector<JobManager::RunningJob> JobManager::Running() {
+  absl::MutexLock lock(&mu_);
+  // A running attempt holds its devices until released, so the devices name every such job: a
+  // scrape costs the devices, not every job ever stored.
+  std::map<int64_t, const JobEntry*> by_order;
+  for (const auto& [device, owner] : device_owner_) {
+    const JobEntry& entry = jobs_.at(owner.first);
+    if (entry.active) by_order[entry.record.submit_order] = &entry;
+  }
+  std::vector<RunningJob> running;
+  for (const auto& [order, entry] : by_order) running.push_back({entry->record.job, RanksLocked(*entry)});
+  return running;
+}
+
+absl::StatusOr<std::vector<JobManager::RankView>> JobManager::Ranks(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  return RanksLocked(it->second);
 }
 
 absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, bool only_free_devices) {

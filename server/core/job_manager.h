@@ -124,7 +124,28 @@ class JobManager {
   Page ListPage(const std::vector<fitrun::v1::JobState>& states, int64_t after_order, int limit,
                 const std::function<bool(const fitrun::v1::Job&)>& visible);
   absl::StatusOr<fitrun::v1::Job> Cancel(const std::string& job_id, const std::string& reason);
+  // Every device, with the job and rank holding it and that rank's planned and peak bytes.
   std::vector<fitrun::v1::Device> Devices();
+
+  // ---- monitoring (metrics scrapes, the web page) ----
+  // One rank of an attempt: where it runs, the plan's predicted peak for it, the highest peak it
+  // reported, and its latest progress report (empty before the first).
+  struct RankView {
+    int rank = 0;
+    std::string device_id;
+    int64_t planned_bytes = 0;
+    int64_t peak_bytes = 0;
+    fitrun::v1::Progress last_progress;
+  };
+  struct RunningJob {
+    fitrun::v1::Job job;
+    std::vector<RankView> ranks;
+  };
+  // Jobs with an attempt whose ranks are (or may still be) alive, in submission order.
+  std::vector<RunningJob> Running();
+  // The ranks of the job's running attempt, or of its last one once it has none (peaks from the
+  // attempt's record); empty for a job never launched. NOT_FOUND for an unknown job.
+  absl::StatusOr<std::vector<RankView>> Ranks(const std::string& job_id);
 
   // Events with sequence >= from_sequence (up to limit), from memory or, for old ones, the store.
   absl::StatusOr<std::vector<fitrun::v1::JobEvent>> ReadEvents(const std::string& job_id, int64_t from_sequence,
@@ -169,6 +190,7 @@ class JobManager {
     // RankFinished when it reported none: a script that reports no progress).
     int64_t peak_bytes = 0;
     int64_t last_step = 0;
+    fitrun::v1::Progress last_progress;
     WorkerExit exit;
     std::optional<fitrun::v1::RankFinished> finished;
     std::string failure_report;  // from RankFailed
@@ -271,8 +293,10 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Persist(const JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Devices with no rank on them, with the memory a plan may use.
+  // Every device, with the memory a plan may use and, while a rank holds it, its job, rank, planned
+  // and peak bytes.
   std::vector<fitrun::v1::Device> DevicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<RankView> RanksLocked(const JobEntry& entry) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<fitrun::v1::Plan> PlanOn(const fitrun::v1::JobSpec& spec, bool only_free_devices)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The plan for a queued or restarting job on `devices`, with what its earlier attempts' out-of-memory

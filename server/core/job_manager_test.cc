@@ -159,7 +159,31 @@ TEST_F(JobManagerTest, JobSucceedsWhenEveryRankFinishesAndFreesItsDevices) {
   fitrun::v1::WorkerReport progress;
   progress.mutable_progress()->set_step(5);
   progress.mutable_progress()->set_loss(1.25);
+  progress.mutable_progress()->set_peak_bytes(7 << 20);
   Report(job->id(), 1, 0, progress);
+  fitrun::v1::WorkerReport saved;
+  saved.mutable_checkpoint_saved()->set_step(5);
+  saved.mutable_checkpoint_saved()->set_seconds(0.25);
+  Report(job->id(), 1, 0, saved);
+  fitrun::v1::WorkerReport failed;
+  failed.mutable_checkpoint_failed()->set_step(6);
+  failed.mutable_checkpoint_failed()->set_error("read-only file system");
+  Report(job->id(), 1, 0, failed);
+  // While it runs, the monitoring views show rank 0's latest report and the devices' plan and peak.
+  std::vector<JobManager::RunningJob> running = manager_->Running();
+  ASSERT_EQ(running.size(), 1u);
+  EXPECT_EQ(running[0].job.id(), job->id());
+  ASSERT_EQ(running[0].ranks.size(), 2u);
+  EXPECT_DOUBLE_EQ(running[0].ranks[0].last_progress.loss(), 1.25);
+  EXPECT_EQ(running[0].ranks[0].peak_bytes, 7 << 20);
+  EXPECT_EQ(running[0].ranks[1].last_progress.step(), 0);  // rank 1 has not reported
+  EXPECT_GT(running[0].ranks[0].planned_bytes, 0);
+  for (const fitrun::v1::Device& device : manager_->Devices()) {
+    EXPECT_EQ(device.planned_bytes(), running[0].ranks[0].planned_bytes);
+    EXPECT_EQ(device.peak_bytes(), device.id() == running[0].ranks[0].device_id ? (7 << 20) : 0);
+  }
+  EXPECT_EQ(metrics_.checkpoint_times(), std::vector<absl::Duration>{absl::Milliseconds(250)});
+  EXPECT_EQ(metrics_.checkpoint_failures(), 1);
   ReportFinished(job->id(), 0, 0.83);
   ReportFinished(job->id(), 1, 0);
   launcher_.Exit(0, 0);
@@ -174,7 +198,13 @@ TEST_F(JobManagerTest, JobSucceedsWhenEveryRankFinishesAndFreesItsDevices) {
   for (const fitrun::v1::Device& device : manager_->Devices()) EXPECT_EQ(device.job_id(), "");
   EXPECT_EQ(metrics_.jobs_in(fitrun::v1::JOB_STATE_SUCCEEDED), 1);
   EXPECT_EQ(metrics_.steps(), 5);
-  EXPECT_EQ(metrics_.running_loss_series(), 0u);
+  EXPECT_TRUE(manager_->Running().empty());
+  // Its end is in the queue-wait and duration histograms once, under its final state.
+  ASSERT_EQ(metrics_.ended().size(), 1u);
+  EXPECT_EQ(metrics_.ended()[0].state, fitrun::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_GE(metrics_.ended()[0].duration, metrics_.ended()[0].queue_wait);
+  ASSERT_TRUE(manager_->Ranks(job->id()).ok());
+  EXPECT_EQ(manager_->Ranks(job->id())->size(), 2u);
 }
 
 TEST_F(JobManagerTest, ExitWithoutFinalReportStillSucceedsAfterTheWait) {

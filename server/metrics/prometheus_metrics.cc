@@ -5,7 +5,18 @@
 
 namespace fitrun::server {
 
-PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry)
+namespace {
+
+// Seconds from a moment's wait to a day's run: queue waits and job durations share them.
+prometheus::Histogram::BucketBoundaries WaitBuckets() {
+  return {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600};
+}
+
+const char* const kFinalStates[] = {"succeeded", "failed", "cancelled"};
+
+}  // namespace
+
+PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry, const std::string& version, absl::Time started)
     : jobs_(prometheus::BuildGauge().Name("fitrun_jobs").Help("Jobs in each state.").Register(registry)),
       events_(prometheus::BuildCounter()
                   .Name("fitrun_events_received_total")
@@ -16,10 +27,6 @@ PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry)
                  .Help("Optimizer steps completed across all jobs.")
                  .Register(registry)
                  .Add({})),
-      loss_(prometheus::BuildGauge()
-                .Name("fitrun_running_job_loss")
-                .Help("Latest training loss of each running job.")
-                .Register(registry)),
       out_of_memory_(prometheus::BuildCounter()
                          .Name("fitrun_out_of_memory_total")
                          .Help("Ranks that ran out of device memory.")
@@ -45,7 +52,49 @@ PrometheusMetrics::PrometheusMetrics(prometheus::Registry& registry)
                          .Name("fitrun_memory_probe_seconds")
                          .Help("How long each memory probe (a calibration sweep or one measurement) ran.")
                          .Register(registry)
-                         .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 5, 10, 20, 30, 60, 120, 300})) {
+                         .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 5, 10, 20, 30, 60, 120, 300})),
+      queue_wait_(prometheus::BuildHistogram()
+                      .Name("fitrun_job_queue_wait_seconds")
+                      .Help("From a job's submission to its first launch (its whole life if it never launched), "
+                            "observed when it ends, by final state.")
+                      .Register(registry)),
+      duration_(prometheus::BuildHistogram()
+                    .Name("fitrun_job_duration_seconds")
+                    .Help("From a job's submission to its end, by final state.")
+                    .Register(registry)),
+      checkpoint_saves_(prometheus::BuildCounter()
+                            .Name("fitrun_checkpoint_saves_total")
+                            .Help("Checkpoints written by jobs' rank 0.")
+                            .Register(registry)
+                            .Add({})),
+      checkpoint_failures_(prometheus::BuildCounter()
+                               .Name("fitrun_checkpoint_failures_total")
+                               .Help("Checkpoints that could not be written (training went on from the previous one).")
+                               .Register(registry)
+                               .Add({})),
+      checkpoint_seconds_(prometheus::BuildHistogram()
+                              .Name("fitrun_checkpoint_save_seconds")
+                              .Help("How long writing each checkpoint took.")
+                              .Register(registry)
+                              .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                                                                               10, 30, 60})) {
+  prometheus::BuildGauge()
+      .Name("fitrun_build_info")
+      .Help("Always 1; its labels say which fitrund this is.")
+      .Register(registry)
+      .Add({{"version", version}})
+      .Set(1);
+  prometheus::BuildGauge()
+      .Name("fitrun_start_time_seconds")
+      .Help("When fitrund started, in seconds since the Unix epoch.")
+      .Register(registry)
+      .Add({})
+      .Set(absl::ToDoubleSeconds(started - absl::UnixEpoch()));
+  // Every final state is present from the start, so rate() has a series before the first job ends.
+  for (const char* state : kFinalStates) {
+    queue_wait_.Add({{"state", state}}, WaitBuckets());
+    duration_.Add({{"state", state}}, WaitBuckets());
+  }
   // Every state is present from the start, so dashboards see zeros rather than gaps.
   for (int s = fitrun::v1::JOB_STATE_QUEUED; s <= fitrun::v1::JOB_STATE_CANCELLED; ++s) {
     jobs_.Add({{"state", absl::AsciiStrToLower(JobStateName(static_cast<fitrun::v1::JobState>(s)))}});
@@ -76,20 +125,21 @@ void PrometheusMetrics::JobStateChanged(fitrun::v1::JobState from, fitrun::v1::J
 
 void PrometheusMetrics::EventRecorded(const std::string& kind) { events_.Add({{"kind", kind}}).Increment(); }
 
-void PrometheusMetrics::TrainingProgress(const std::string& job_id, int64_t steps_advanced, double loss) {
+void PrometheusMetrics::TrainingProgress(int64_t steps_advanced) {
   steps_.Increment(static_cast<double>(steps_advanced));
-  absl::MutexLock lock(&mu_);
-  auto it = loss_by_job_.find(job_id);
-  if (it == loss_by_job_.end()) it = loss_by_job_.emplace(job_id, &loss_.Add({{"job_id", job_id}})).first;
-  it->second->Set(loss);
 }
 
-void PrometheusMetrics::JobStopped(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
-  auto it = loss_by_job_.find(job_id);
-  if (it == loss_by_job_.end()) return;
-  loss_.Remove(it->second);
-  loss_by_job_.erase(it);
+void PrometheusMetrics::JobEnded(fitrun::v1::JobState state, absl::Duration queue_wait, absl::Duration duration) {
+  const std::string label = absl::AsciiStrToLower(JobStateName(state));
+  queue_wait_.Add({{"state", label}}, WaitBuckets()).Observe(absl::ToDoubleSeconds(queue_wait));
+  duration_.Add({{"state", label}}, WaitBuckets()).Observe(absl::ToDoubleSeconds(duration));
 }
+
+void PrometheusMetrics::CheckpointSaved(absl::Duration took) {
+  checkpoint_saves_.Increment();
+  checkpoint_seconds_.Observe(absl::ToDoubleSeconds(took));
+}
+
+void PrometheusMetrics::CheckpointFailed() { checkpoint_failures_.Increment(); }
 
 }  // namespace fitrun::server

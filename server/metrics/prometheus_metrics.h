@@ -1,19 +1,8 @@
-// CoordinatorMetrics as Prometheus series in a registry that main owns and exposes on /metrics.
-//
-// Series (names fitrun_<noun>_<unit>):
-//   fitrun_jobs{state}                    gauge: jobs in each state
-//   fitrun_events_received_total{kind}    counter: job events recorded, by kind
-//   fitrun_training_steps_total           counter: optimizer steps completed by all jobs (rank 0)
-//   fitrun_running_job_loss{job_id}       gauge: latest loss of each running job; the series is
-//                                         removed when the job stops, so it is bounded by devices
-//   fitrun_out_of_memory_total            counter: ranks that ran out of device memory
-//   fitrun_job_restarts_total{reason}     counter: group restarts by reason (out_of_memory, crash,
-//                                         hang, coordinator_restart)
-//   fitrun_recovery_seconds               histogram: from a failure to the next attempt's first step
-//   fitrun_memory_prediction_ratio         histogram: each rank's measured peak over its plan's
-//                                         predicted peak, per finished attempt (the estimator's error)
-//   fitrun_memory_probe_seconds           histogram: how long each memory probe ran
-// Thread-safe (prometheus-cpp's metrics are; the per-job map has its own mutex).
+// CoordinatorMetrics as Prometheus series in a registry that the server owns and serves on /metrics:
+// what happens (jobs changing state, events, restarts, probes, checkpoints, finished attempts' memory
+// against their plans). What is true now of devices and running jobs is read from the job manager
+// when scraped (live_metrics.h). README.md's "Metrics" section is the catalog of both.
+// Thread-safe (prometheus-cpp's metrics are).
 #ifndef FITRUN_SERVER_METRICS_PROMETHEUS_METRICS_H_
 #define FITRUN_SERVER_METRICS_PROMETHEUS_METRICS_H_
 
@@ -23,41 +12,44 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
-#include <map>
 #include <string>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/core/coordinator_metrics.h"
 
 namespace fitrun::server {
 
 class PrometheusMetrics : public CoordinatorMetrics {
  public:
-  explicit PrometheusMetrics(prometheus::Registry& registry);
+  // `version` is fitrund's (fitrun_build_info); `started` its start (fitrun_start_time_seconds).
+  PrometheusMetrics(prometheus::Registry& registry, const std::string& version, absl::Time started);
 
   void JobStateChanged(fitrun::v1::JobState from, fitrun::v1::JobState to) override;
   void EventRecorded(const std::string& kind) override;
-  void TrainingProgress(const std::string& job_id, int64_t steps_advanced, double loss) override;
-  void JobStopped(const std::string& job_id) override;
+  void TrainingProgress(int64_t steps_advanced) override;
   void OutOfMemory() override;
   void JobRestarted(const std::string& reason) override;
   void Recovered(absl::Duration time_to_recover) override;
   void MemoryPredictionObserved(double ratio) override;
   void MemoryProbeRan(absl::Duration took) override;
+  void JobEnded(fitrun::v1::JobState state, absl::Duration queue_wait, absl::Duration duration) override;
+  void CheckpointSaved(absl::Duration took) override;
+  void CheckpointFailed() override;
 
  private:
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Counter>& events_;
   prometheus::Counter& steps_;
-  prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Counter& out_of_memory_;
   prometheus::Family<prometheus::Counter>& restarts_;
   prometheus::Histogram& recovery_seconds_;
   prometheus::Histogram& prediction_ratio_;
   prometheus::Histogram& probe_seconds_;
-  absl::Mutex mu_;
-  std::map<std::string, prometheus::Gauge*> loss_by_job_ ABSL_GUARDED_BY(mu_);
+  prometheus::Family<prometheus::Histogram>& queue_wait_;
+  prometheus::Family<prometheus::Histogram>& duration_;
+  prometheus::Counter& checkpoint_saves_;
+  prometheus::Counter& checkpoint_failures_;
+  prometheus::Histogram& checkpoint_seconds_;
 };
 
 }  // namespace fitrun::server

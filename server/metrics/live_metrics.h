@@ -1,0 +1,44 @@
+// What is true now of the devices and the running jobs, read from the job manager each time
+// /metrics is scraped, so a series exists exactly while its device or job does (label sets are
+// bounded by the devices) and nothing has to be removed when a job ends.
+//
+// Series (README.md's "Metrics" section is the catalog):
+//   fitrun_device_memory_{total,free,planned,peak}_bytes{device}   planned and peak: 0 while idle
+//   fitrun_device_job_info{device,job_id,rank}                      1 while a rank holds the device
+//   fitrun_job_info{job_id,name,owner}                              1 per running job
+//   fitrun_job_{samples_per_second,step_seconds,exposed_communication_ratio,loss,step,total_steps,
+//               per_device_batch,grad_accum_steps}{job_id}
+#ifndef FITRUN_SERVER_METRICS_LIVE_METRICS_H_
+#define FITRUN_SERVER_METRICS_LIVE_METRICS_H_
+
+#include <prometheus/collectable.h>
+#include <prometheus/metric_family.h>
+
+#include <functional>
+#include <vector>
+
+#include "fitrun/v1/job.pb.h"
+#include "server/core/job_manager.h"
+
+namespace fitrun::server {
+
+class LiveMetrics : public prometheus::Collectable {
+ public:
+  using DevicesSource = std::function<std::vector<fitrun::v1::Device>()>;
+  using RunningSource = std::function<std::vector<JobManager::RunningJob>()>;
+  LiveMetrics(DevicesSource devices, RunningSource running)
+      : devices_(std::move(devices)), running_(std::move(running)) {}
+  // Reads the manager's Devices() and Running(); it must outlive this.
+  explicit LiveMetrics(JobManager* manager)
+      : LiveMetrics([manager] { return manager->Devices(); }, [manager] { return manager->Running(); }) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const DevicesSource devices_;
+  const RunningSource running_;
+};
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_METRICS_LIVE_METRICS_H_
