@@ -19,7 +19,7 @@
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (HOST:PORT; port 0 picks a free one)");
-ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "Prometheus /metrics address (HOST:PORT; port 0 picks one)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "HTTP address of /metrics, the web page (/) and its JSON API (HOST:PORT; port 0 picks one; unauthenticated: keep it on loopback)");
 ABSL_FLAG(std::string, state_dir, "fitrun-state", "Directory for the job store, job logs and checkpoints");
 ABSL_FLAG(std::string, devices, "auto",
           "auto (NVML GPUs when the driver's library loads and --worker_cuda, else virtual CPU devices), or "
@@ -86,8 +86,9 @@ int main(int argc, char** argv) {
     fprintf(stderr, "fitrund: %s\n", std::string(server.status().message()).c_str());
     return 1;
   }
-  fprintf(stderr, "fitrund: serving on %s, metrics on http://%s/metrics, state in %s\n", (*server)->address.c_str(),
-          (*server)->metrics_address.c_str(), options.state_dir.c_str());
+  fprintf(stderr, "fitrund: serving on %s, metrics on http://%s/metrics, web page on http://%s/, state in %s\n",
+          (*server)->address.c_str(), (*server)->metrics_address.c_str(), (*server)->metrics_address.c_str(),
+          options.state_dir.c_str());
 
   int sig = 0;
   while (true) {

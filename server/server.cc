@@ -126,6 +126,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
 
 void RunningServer::Shutdown(bool stop_workers) {
   if (grpc_server) grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  web.reset();
   if (manager) manager->Shutdown();
   if (!stop_workers) return;
   launcher.reset();  // kills stragglers and joins; their exit callbacks still reach the manager
@@ -172,15 +173,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   }
 
   server->registry = std::make_shared<prometheus::Registry>();
-  server->metrics = std::make_unique<PrometheusMetrics>(*server->registry);
-  try {
-    server->exposer = std::make_unique<prometheus::Exposer>(options.metrics_listen);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("--metrics_listen: cannot listen on ", options.metrics_listen, ": ", e.what()));
-  }
-  server->exposer->RegisterCollectable(server->registry);
-  const std::string metrics_host = options.metrics_listen.substr(0, options.metrics_listen.rfind(':'));
-  server->metrics_address = absl::StrCat(metrics_host, ":", server->exposer->GetListeningPorts().front());
+  server->metrics = std::make_unique<PrometheusMetrics>(*server->registry, kFitrundVersion, absl::Now());
 
   // Workers must be told the coordinator's address before the gRPC server (which needs the manager)
   // is built, so a port 0 is resolved to a concrete free port first.
@@ -244,6 +237,14 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
       manager_options, server->store.get(), server->devices.get(), server->launcher.get(), server->metrics.get());
   if (!manager.ok()) return manager.status();
   server->manager = *std::move(manager);
+
+  WebServer::Options web_options;
+  web_options.listen = options.metrics_listen;
+  absl::StatusOr<std::unique_ptr<WebServer>> web = WebServer::Start(
+      web_options, server->manager.get(), {server->registry, std::make_shared<LiveMetrics>(server->manager.get())});
+  if (!web.ok()) return web.status();
+  server->web = *std::move(web);
+  server->metrics_address = server->web->address();
 
   CoordinatorService::Options service_options;
   service_options.max_streams_per_user = options.max_streams_per_user;

@@ -6,7 +6,6 @@
 #define FITRUN_SERVER_SERVER_H_
 
 #include <grpcpp/grpcpp.h>
-#include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 
 #include <memory>
@@ -18,13 +17,18 @@
 #include "server/core/job_manager.h"
 #include "server/core/memory_calibration.h"
 #include "server/launcher/process_launcher.h"
+#include "server/metrics/live_metrics.h"
 #include "server/metrics/prometheus_metrics.h"
 #include "server/probe/process_memory_probe.h"
 #include "server/service/coordinator_service.h"
 #include "server/service/worker_channel_service.h"
 #include "server/store/sqlite_job_store.h"
+#include "server/web/web_server.h"
 
 namespace fitrun::server {
+
+// fitrun_build_info's version label: the API fitrund serves.
+inline constexpr char kFitrundVersion[] = "v1";
 
 // fitrund's flags, as main.cc binds them (see its flag definitions for each one's meaning).
 struct ServerOptions {
@@ -66,12 +70,13 @@ struct RunningServer {
   std::unique_ptr<ProcessLauncher> launcher;
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<PrometheusMetrics> metrics;
-  std::unique_ptr<prometheus::Exposer> exposer;
   // After the metrics they report to, before the manager, so they outlive it.
   std::unique_ptr<ProcessMemoryProbe> memory_probe;
   std::unique_ptr<MemoryCalibrator> memory_calibrator;
   std::unique_ptr<Authenticator> authenticator;
   std::unique_ptr<JobManager> manager;
+  // /metrics, the web page and its API; reads the manager, so it goes first.
+  std::unique_ptr<WebServer> web;
   std::unique_ptr<CoordinatorService> coordinator_service;
   std::unique_ptr<WorkerChannelService> worker_service;
   std::unique_ptr<grpc::Server> grpc_server;
