@@ -1,0 +1,161 @@
+"""fitrund's web page in a real browser: Debian's headless Chromium, driven over the DevTools protocol
+(tests/cdp.py), against a real fitrund training a real job on two virtual CPU devices.
+
+The job list shows the running job and the devices it holds; the job's page, opened from the list
+while the job runs, draws its plan and its ranks' memory bars and receives events live; once the job
+has ended, its loss curve has one point per progress event rank 0 reported (counted over gRPC with
+the Python client's watch) and every event arrived exactly once. Screenshots of both views go to
+$TEST_UNDECLARED_OUTPUTS_DIR (Bazel keeps them as the test's outputs).
+"""
+
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+from cdp import Browser
+from fitrun.client import Client, FINAL_STATES
+from jobs import Fitrund, state_name, wait_for
+
+WORK = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+OUTPUTS = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR") or os.environ.get("TEST_TMPDIR") or WORK
+DAEMON = ["--devices=cpu:2x1GiB", "--memory_probe=false"]
+STEPS = 300  # with 2 ranks about 20 s of training here: long enough to watch it live
+
+SPEC = {
+    "name": "web-page-mlp",
+    "model": {"builtin": "mlp"},
+    "data": {"kind": "fashion_mnist", "path": "/usr/share/datasets/fashion-mnist"},
+    "optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.9},
+    "global_batch_size": 256,
+    "max_steps": STEPS,
+    "resources": {"min_devices": 2, "max_devices": 2},
+    "seed": 3,
+}
+
+
+def js(value):
+    """A Python value as a JavaScript literal."""
+    return json.dumps(value)
+
+
+class WebPageTest(unittest.TestCase):
+    def setUp(self):
+        self.daemon = Fitrund(os.path.join(WORK, "fitrund"), DAEMON)
+        self.addCleanup(self.daemon.stop)
+        self.assertTrue(self.daemon.address, self.daemon.log())
+        with open(os.path.join(self.daemon.state_dir, "fitrund.metrics_address")) as f:
+            self.base = "http://" + f.read().strip()
+        self.client = Client(self.daemon.address)
+        self.addCleanup(self.client.close)
+        self.browser = Browser()
+        self.addCleanup(self.browser.close)
+        self.page = self.browser.page()
+
+    def screenshot(self, name, full_page=False):
+        path = os.path.join(OUTPUTS, name)
+        size = self.page.screenshot(path, full_page=full_page)
+        self.assertGreater(size, 10_000, f"{name} is suspiciously small")
+        print(f"saved {path} ({size} bytes)")
+
+    def test_job_list_and_a_running_jobs_page(self):
+        page = self.page
+        job_id = self.client.submit(SPEC)
+        wait_for(lambda: self.client.get(job_id).last_progress.step > 0, 120, f"{job_id} to report progress")
+        plan = self.client.get(job_id).plan
+
+        # The job list: the job with its name, state and owner, linking to its page; the devices it holds.
+        page.navigate(self.base + "/#/")
+        row = f"document.querySelector('#jobs tr[data-job={js(job_id)}]')"
+        page.wait_for(f"window.fitrunPage.view === 'list' && {row} !== null", 20, "the job list to show the job")
+        cells = page.evaluate(f"Array.from({row}.cells, (c) => c.textContent.trim())")
+        self.assertEqual(cells[0], job_id)
+        self.assertEqual(cells[1], "web-page-mlp")
+        self.assertIn(cells[2], ("RUNNING", "SUCCEEDED"))
+        self.assertEqual(cells[5], "local")
+        self.assertEqual(cells[6], "1")
+        self.assertRegex(cells[3], rf"^\d+/{STEPS}$")
+        held = page.wait_for(
+            "(() => { const rows = document.querySelectorAll('#devices tr[data-device]');"
+            " return rows.length === 2 && Array.from(rows, (r) => [r.cells[0].textContent, r.cells[3].textContent,"
+            " r.querySelectorAll('.mem').length]); })()", 20, "the devices table")
+        print(f"job list: {job_id} {cells[1]} {cells[2]} {cells[3]}; devices {held}")
+        self.assertEqual(sorted(d for d, _, _ in held), ["cpu:0", "cpu:1"])
+        for device, holder, bars in held:
+            if state_name(self.client.get(job_id)) == "RUNNING":
+                self.assertIn(job_id, holder, f"{device} should be held by the running job")
+            self.assertEqual(bars, 1)
+        self.screenshot("web-page-list.png")
+
+        # Its page, opened from the list's link while the job runs.
+        page.evaluate(f"document.querySelector('#jobs a[href=\"#/jobs/{job_id}\"]').click()")
+        page.wait_for(f"window.fitrunPage.view === 'job' && window.fitrunPage.jobId === {js(job_id)}"
+                      " && document.querySelector('#plan .chip') !== null", 20, "the job's page and its plan")
+        shown = page.evaluate(
+            "({devices: Array.from(document.querySelectorAll('#plan .chip'), (c) => c.textContent),"
+            " batch: document.getElementById('plan-batch').textContent,"
+            " parts: document.querySelectorAll('#plan-breakdown > div').length,"
+            " reasons: document.querySelectorAll('#plan ul.reasons li').length,"
+            " title: document.querySelector('#job-header h1').textContent})")
+        self.assertEqual(shown["devices"], list(plan.device_ids))
+        self.assertEqual(shown["batch"], str(plan.per_device_batch))
+        self.assertGreaterEqual(shown["parts"], 5)  # weights, gradients, optimizer state, activations, ...
+        self.assertEqual(shown["reasons"], len(plan.reasons))
+        self.assertEqual(shown["title"], "web-page-mlp")
+        ranks = page.wait_for(
+            "(() => { const rows = document.querySelectorAll('#memory tr.rank');"
+            " return rows.length === 2 && Array.from(rows, (r) => ({rank: r.dataset.rank,"
+            " planned: r.querySelectorAll('.mem .planned').length, text: r.querySelector('.memtext').textContent})); })()",
+            20, "a memory bar per rank")
+        for rank in ranks:
+            self.assertEqual(rank["planned"], 1, rank)
+            self.assertIn("cap 1.0 GiB", rank["text"])
+        live = page.wait_for("window.fitrunPage.liveEventsReceived", 60, "an event to arrive live")
+        running = state_name(self.client.get(job_id))
+        print(f"job page: plan {shown}; ranks {ranks}; {live} live event(s) so far, job {running}")
+        page.wait_for("window.fitrunPage.lossPoints > 5", 60, "the loss curve to grow")
+        self.screenshot("web-page-job-running.png")
+
+        # The end: the stream closes, the curve has a point per rank-0 progress event, nothing twice.
+        page.wait_for("window.fitrunPage.ended", 300, "the page to see the job end")
+        job = wait_for(lambda: (lambda j: j if j.state in FINAL_STATES else None)(self.client.get(job_id)), 30,
+                       f"{job_id} to end")
+        self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+        events = list(self.client.watch(job_id))
+        progress = [e for e in events if e.WhichOneof("event") == "progress" and e.progress.rank == 0]
+        state = page.evaluate("window.fitrunPage")
+        points = page.evaluate("Number(document.getElementById('loss-curve').dataset.points)")
+        print(f"after the end: page {state}; rank-0 progress events over gRPC {len(progress)}; "
+              f"events {len(events)} (last sequence {job.last_sequence}); curve data-points {points}")
+        self.assertGreater(len(progress), 5)
+        self.assertEqual(state["lossPoints"], len(progress))
+        self.assertEqual(points, len(progress))
+        self.assertEqual(state["eventsReceived"], job.last_sequence)
+        self.assertGreater(state["liveEventsReceived"], 0)
+        self.assertLessEqual(state["liveEventsReceived"], state["eventsReceived"])
+
+        # What the page shows of the ended job once it has read it again.
+        ended = page.wait_for(
+            "(() => { const badge = document.querySelector('#job-header .badge');"
+            " return badge && badge.textContent === 'SUCCEEDED' && {"
+            " attempts: Array.from(document.querySelectorAll('#attempts > table:first-of-type tbody tr'), (r) => r.cells[6].textContent),"
+            " markers: document.querySelectorAll('#loss-curve .metric').length,"
+            " lines: document.querySelectorAll('#events .ev').length}; })()", 20, "the page to show the job SUCCEEDED")
+        self.assertEqual(ended["attempts"], [job.attempt_history[0].outcome])
+        self.assertEqual(ended["markers"], 1)  # the test accuracy at the last step
+        self.assertEqual(ended["lines"], job.last_sequence)
+        print(f"ended: {ended}; test accuracy {job.result.test_accuracy:.4f}")
+        self.screenshot("web-page-job.png")
+        self.screenshot("web-page-job-full.png", full_page=True)
+
+        # An unknown job's page says so instead of waiting forever.
+        page.evaluate("location.hash = '#/jobs/j-999999'")
+        page.wait_for("window.fitrunPage.view === 'job' && document.querySelector('#app .banner') !== null"
+                      " && document.querySelector('#app .banner').textContent.startsWith('No job j-999999')",
+                      20, "the unknown job's page to say so")
+        print("unknown job: " + page.evaluate("document.querySelector('#app .banner').textContent"))
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]], verbosity=2)
