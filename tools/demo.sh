@@ -2,7 +2,7 @@
 # The README's demo command: installs what is missing, builds, starts fitrund with its defaults
 # (state in ./fitrun-state, virtual CPU devices when there is no GPU), shows the devices and the
 # plan, submits deploy/examples/fashion-mnist-mlp.yaml, follows it live to the end, prints the
-# result, and stops the daemon.
+# result and what /metrics shows of it, and stops the daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,3 +36,10 @@ fitrun() { bazel-bin/client/fitrun --coordinator="$address" "$@"; }
 echo; echo "\$ fitrun devices"; fitrun devices
 echo; echo "\$ fitrun plan $spec"; fitrun plan "$spec"
 echo; echo "\$ fitrun submit $spec --watch"; fitrun submit "$spec" --watch
+
+# What Prometheus sees of it: the estimator's error (one observation per rank of the finished
+# attempt) and the devices' memory.
+metrics_address=$(cat "$state_dir/fitrund.metrics_address")
+echo; echo "\$ curl -s http://$metrics_address/metrics | grep -E 'memory_prediction_ratio_(count|sum)|device_memory'"
+curl -s "http://$metrics_address/metrics" | grep -E '^fitrun_(memory_prediction_ratio_(count|sum)|device_memory_)'
+echo; echo "(while fitrund runs, its web page is at http://$metrics_address/)"
