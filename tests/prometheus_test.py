@@ -246,6 +246,16 @@ class PrometheusTest(unittest.TestCase):
             self.assertEqual(empty, [], f"{len(empty)} of {len(targets)} dashboard expressions returned nothing")
         print(f"{len(targets)} dashboard expressions returned data while {self.job_id} ran", flush=True)
 
+    def test_metrics_follow_prometheus_conventions(self):
+        """`promtool check metrics` on a scrape taken while the job runs (so the per-job series are in it)."""
+        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10) as reply:
+            text = reply.read()
+        self.assertIn(f'fitrun_job_step{{job_id="{self.job_id}"}}'.encode(), text)
+        check = subprocess.run(["/usr/bin/promtool", "check", "metrics"], input=text, capture_output=True)
+        self.assertEqual(check.returncode, 0, (check.stdout + check.stderr).decode())
+        families = sum(1 for line in text.splitlines() if line.startswith(b"# TYPE fitrun_"))
+        print(f"\npromtool check metrics: clean, {families} fitrun_ families", flush=True)
+
     def test_every_alert_rule_evaluates(self):
         with open(os.path.join(DEPLOY, "prometheus/alerts.yml")) as f:
             names = alert_names(f.read())
