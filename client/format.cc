@@ -9,9 +9,7 @@
 #include "absl/strings/strip.h"
 
 namespace fitrun::client {
-namespace {
 
-// Display width of UTF-8 text: counts code points, so job names with accents still line up.
 size_t DisplayWidth(const std::string& text) {
   size_t width = 0;
   for (unsigned char c : text) {
@@ -20,7 +18,19 @@ size_t DisplayWidth(const std::string& text) {
   return width;
 }
 
-}  // namespace
+std::string TruncateToWidth(const std::string& text, int width) {
+  if (width < 1 || DisplayWidth(text) <= static_cast<size_t>(width)) return text;
+  // Keep width - 1 code points, then the ellipsis.
+  size_t kept = 0;
+  size_t end = 0;
+  for (; end < text.size(); ++end) {
+    if ((static_cast<unsigned char>(text[end]) & 0xC0) != 0x80) {
+      if (kept == static_cast<size_t>(width - 1)) break;
+      ++kept;
+    }
+  }
+  return text.substr(0, end) + "…";
+}
 
 std::string FormatBytes(int64_t bytes) {
   static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};

@@ -53,6 +53,14 @@ std::string DeviceKindName(v1::DeviceKind kind);
 absl::Time ToAbslTime(const google::protobuf::Timestamp& timestamp);
 bool HasTime(const google::protobuf::Timestamp& timestamp);
 
+// Columns `text` takes on a terminal: its code points, so accented names and block characters
+// count once.
+size_t DisplayWidth(const std::string& text);
+
+// `text` cut to at most `width` columns (code points), the last one "…" when something was cut.
+// A width below 1 means no limit.
+std::string TruncateToWidth(const std::string& text, int width);
+
 // A column-aligned table: a header row and data rows, columns separated by two spaces. Columns
 // listed in `right_aligned` (by index) are padded on the left, for numbers. Trailing spaces are
 // trimmed so piped output diffs cleanly.

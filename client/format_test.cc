@@ -123,6 +123,16 @@ TEST(FormatTableTest, MissingCellsAreBlank) {
   EXPECT_EQ(FormatTable({{"A"}, {"B"}}, {{"x"}}), "A  B\nx\n");
 }
 
+TEST(TruncateToWidthTest, CutsByCodePointsAndMarksTheCut) {
+  EXPECT_EQ(TruncateToWidth("fashion-mnist", 20), "fashion-mnist");
+  EXPECT_EQ(TruncateToWidth("fashion-mnist", 13), "fashion-mnist");
+  EXPECT_EQ(TruncateToWidth("fashion-mnist", 8), "fashion…");
+  EXPECT_EQ(TruncateToWidth("évaluée-ü", 4), "éva…");
+  EXPECT_EQ(TruncateToWidth("abc", 1), "…");
+  EXPECT_EQ(TruncateToWidth("abc", 0), "abc");
+  EXPECT_EQ(DisplayWidth("▁▂▃ é"), 5u);
+}
+
 // Columns of a sparkline: every block character is one code point of three bytes.
 std::vector<std::string> Columns(const std::string& sparkline) {
   std::vector<std::string> columns;
