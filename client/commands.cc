@@ -1,5 +1,6 @@
 #include "client/commands.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -7,9 +8,12 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "client/format.h"
 #include "client/loss_curve.h"
 #include "client/render.h"
+#include "client/top.h"
 #include "client/watch_printer.h"
 
 namespace fitrun::client {
@@ -55,6 +59,28 @@ absl::Status FollowEvents(const CommandEnv& env, const std::string& job_id, Watc
   return env.coordinator->WatchJob(
       job_id, printer->state().last_sequence() + 1,
       [&](const v1::JobEvent& event) { printer->OnEvent(event, env.now()); });
+}
+
+// ANSI (VT100) control sequences for top's in-place redraw.
+constexpr char kHideCursor[] = "\033[?25l";
+constexpr char kShowCursor[] = "\033[?25h";
+constexpr char kClearScreen[] = "\033[2J";
+constexpr char kHome[] = "\033[H";
+constexpr char kEraseToEndOfLine[] = "\033[K";
+constexpr char kEraseBelow[] = "\033[J";
+
+// How soon top notices Ctrl-C while it waits for the next refresh.
+constexpr absl::Duration kInterruptCheck = absl::Milliseconds(100);
+
+absl::StatusOr<TopSnapshot> FetchTop(const CommandEnv& env) {
+  TopSnapshot snapshot;
+  absl::StatusOr<v1::ListDevicesResponse> devices = env.coordinator->ListDevices();
+  if (!devices.ok()) return devices.status();
+  snapshot.devices = *std::move(devices);
+  absl::StatusOr<v1::ListJobsResponse> jobs = env.coordinator->ListJobs(TopJobStates());
+  if (!jobs.ok()) return jobs.status();
+  snapshot.jobs = *std::move(jobs);
+  return snapshot;
 }
 
 }  // namespace
@@ -220,6 +246,55 @@ int RunDevices(const CommandEnv& env, bool json) {
   if (!devices.ok()) return ReportRpcError(env, devices.status());
   if (json) return PrintJson(env, *devices);
   *env.out << RenderDeviceTable(*devices) << std::flush;
+  return kExitOk;
+}
+
+int RunTop(const CommandEnv& env, const TopOptions& options) {
+  if (options.interval <= absl::ZeroDuration()) {
+    *env.err << "error: --interval: must be positive (got " << absl::FormatDuration(options.interval) << ")"
+             << std::endl;
+    return kExitUsage;
+  }
+  if (!env.out_is_terminal || options.once) {
+    absl::StatusOr<TopSnapshot> snapshot = FetchTop(env);
+    if (!snapshot.ok()) return ReportRpcError(env, snapshot.status());
+    // A terminal still gets lines cut to its width; a pipe gets them whole.
+    const TopLayout layout{env.out_is_terminal ? env.terminal_size().columns : 0, 0};
+    *env.out << RenderTop(*snapshot, MakeRenderContext(env), layout) << std::flush;
+    return kExitOk;
+  }
+
+  *env.out << kHideCursor << kClearScreen;
+  while (!env.interrupted()) {
+    const TerminalSize size = env.terminal_size();
+    // One row fewer than the screen: a newline on the last row would scroll the frame's top away.
+    const TopLayout layout{size.columns, size.rows > 1 ? size.rows - 1 : 0};
+    absl::StatusOr<TopSnapshot> snapshot = FetchTop(env);
+    std::string frame;
+    if (snapshot.ok()) {
+      frame = RenderTop(*snapshot, MakeRenderContext(env), layout);
+    } else if (IsTransportError(snapshot.status())) {
+      // A restarting coordinator is back within seconds; keep refreshing.
+      frame = RenderTopUnavailable(
+          absl::StrCat(absl::StatusCodeToString(snapshot.status().code()), ": ", snapshot.status().message()),
+          MakeRenderContext(env), layout);
+    } else {
+      *env.out << kShowCursor << std::flush;
+      return ReportRpcError(env, snapshot.status());
+    }
+    // Over the previous frame line by line, erasing what each line leaves of it, then everything
+    // below: no blank flash between frames.
+    std::string screen = kHome;
+    for (absl::string_view line : absl::StrSplit(absl::StripSuffix(frame, "\n"), '\n')) {
+      absl::StrAppend(&screen, line, kEraseToEndOfLine, "\n");
+    }
+    absl::StrAppend(&screen, kEraseBelow);
+    *env.out << screen << std::flush;
+
+    const absl::Time next = env.now() + options.interval;
+    while (!env.interrupted() && env.now() < next) env.sleep(std::min(kInterruptCheck, next - env.now()));
+  }
+  *env.out << kShowCursor << std::flush;
   return kExitOk;
 }
 

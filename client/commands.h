@@ -33,6 +33,12 @@ enum ExitCode : int {
   kExitUsage = 64,
 };
 
+// A terminal's size in character cells; 0 when unknown (not a terminal).
+struct TerminalSize {
+  int columns = 0;
+  int rows = 0;
+};
+
 // Everything a command touches outside itself, so tests run commands against FakeCoordinator and
 // read back what they printed.
 struct CommandEnv {
@@ -48,6 +54,17 @@ struct CommandEnv {
   // coordinator went away (a restarting coordinator is back within seconds).
   std::function<void(absl::Duration)> sleep = [](absl::Duration d) { absl::SleepFor(d); };
   absl::Duration reconnect_for = absl::Minutes(2);
+  // stdout's terminal size now: it may change between two refreshes of top.
+  std::function<TerminalSize()> terminal_size = [] { return TerminalSize{}; };
+  // The user asked to stop (Ctrl-C): a command that runs until then (top) checks it between waits.
+  std::function<bool()> interrupted = [] { return false; };
+};
+
+struct TopOptions {
+  // Between two refreshes of the live table.
+  absl::Duration interval = absl::Seconds(2);
+  // One plain print even on a terminal (a pipe always gets exactly one).
+  bool once = false;
 };
 
 int RunSubmit(const CommandEnv& env, const std::string& spec_path, bool watch);
@@ -60,6 +77,9 @@ int RunLogs(const CommandEnv& env, const std::string& job_id, int rank, bool fol
 int RunCancel(const CommandEnv& env, const std::string& job_id, const std::string& reason);
 int RunPlan(const CommandEnv& env, const std::string& spec_path, bool json);
 int RunDevices(const CommandEnv& env, bool json);
+// The devices and unfinished jobs as a table redrawn in place every interval until interrupted;
+// printed once, plainly, when stdout is not a terminal or with `once`.
+int RunTop(const CommandEnv& env, const TopOptions& options);
 
 // The whole file; errors name the path and the system's reason.
 absl::StatusOr<std::string> ReadSpecFile(const std::string& path);

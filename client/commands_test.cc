@@ -4,8 +4,11 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_split.h"
 #include "client/fake_coordinator.h"
+#include "client/format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -337,6 +340,136 @@ TEST_F(CommandsTest, CancelSaysWhetherTheJobHasStoppedYet) {
   coordinator_.cancel_reply = JobInState("j-5", v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(RunCancel(env_, "j-5", ""), kExitOk);
   EXPECT_EQ(out_.str(), "cancelled job j-5\n");
+}
+
+class TopCommandTest : public CommandsTest {
+ protected:
+  TopCommandTest() {
+    v1::ListDevicesResponse devices;
+    v1::Device* device = devices.add_devices();
+    device->set_id("cpu:0");
+    device->set_name("virtual CPU device");
+    device->set_total_bytes(int64_t{1} << 30);
+    device->set_free_bytes(int64_t{1} << 29);
+    device->set_job_id("j-1");
+    device->set_planned_bytes(int64_t{1} << 29);
+    coordinator_.devices_reply = devices;
+    v1::ListJobsResponse jobs;
+    *jobs.add_jobs() = RunningJobAt(8, 7);
+    coordinator_.list_reply = jobs;
+    env_.sleep = [this](absl::Duration d) {
+      sleeps_.push_back(d);
+      now_ += d;
+    };
+    env_.terminal_size = [] { return TerminalSize{100, 30}; };
+  }
+
+  // Ctrl-C arrives once the clock has moved this far.
+  void InterruptAfter(absl::Duration after) {
+    env_.interrupted = [this, after] { return now_ - kNow >= after; };
+  }
+
+  static int Count(const std::string& text, const std::string& what) {
+    int count = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++count;
+    return count;
+  }
+
+  std::vector<absl::Duration> sleeps_;
+};
+
+TEST_F(TopCommandTest, IntoAPipeItPrintsOneFramePlainAndExits) {
+  env_.out_is_terminal = false;
+  EXPECT_EQ(RunTop(env_, {}), kExitOk);
+  EXPECT_EQ(coordinator_.list_devices_calls, 1);
+  EXPECT_EQ(coordinator_.list_jobs_calls, 1);
+  EXPECT_THAT(coordinator_.listed_states, ElementsAre(v1::JOB_STATE_RUNNING, v1::JOB_STATE_RESTARTING,
+                                                      v1::JOB_STATE_PLANNING, v1::JOB_STATE_QUEUED));
+  EXPECT_THAT(out_.str(), StartsWith("fitrun top  2023-11-14 22:13:20 UTC  devices: 1 (1 held)  jobs: 1 running\n"));
+  EXPECT_THAT(out_.str(), HasSubstr("\ncpu:0   virtual CPU device  1.0 GiB  512.0 MiB  512.0 MiB     -  [.....|......]  j-1 rank 0\n"));
+  EXPECT_THAT(out_.str(), HasSubstr("\nj-1        -      RUNNING  8/10  0.7500"));
+  EXPECT_EQ(out_.str().find('\033'), std::string::npos);
+  EXPECT_THAT(sleeps_, IsEmpty());
+  EXPECT_EQ(err_.str(), "");
+}
+
+TEST_F(TopCommandTest, OnceOnATerminalPrintsOneFrameCutToItsWidth) {
+  env_.out_is_terminal = true;
+  env_.terminal_size = [] { return TerminalSize{40, 10}; };
+  EXPECT_EQ(RunTop(env_, {absl::Seconds(2), /*once=*/true}), kExitOk);
+  EXPECT_EQ(coordinator_.list_devices_calls, 1);
+  EXPECT_EQ(out_.str().find('\033'), std::string::npos);
+  std::vector<std::string> lines = absl::StrSplit(out_.str(), '\n');
+  EXPECT_GT(lines.size(), 10u);  // cut to the width only: a single print may scroll
+  for (const std::string& line : lines) EXPECT_LE(DisplayWidth(line), 40u) << line;
+}
+
+TEST_F(TopCommandTest, OnATerminalItRedrawsInPlaceEveryIntervalUntilCtrlC) {
+  env_.out_is_terminal = true;
+  InterruptAfter(absl::Seconds(5));
+  EXPECT_EQ(RunTop(env_, {}), kExitOk);
+  // Frames at 0 s, 2 s and 4 s; Ctrl-C at 5 s is seen within 100 ms, not at the next refresh.
+  EXPECT_EQ(coordinator_.list_devices_calls, 3);
+  EXPECT_EQ(coordinator_.list_jobs_calls, 3);
+  EXPECT_EQ(now_ - kNow, absl::Seconds(5));
+  for (absl::Duration sleep : sleeps_) EXPECT_LE(sleep, absl::Milliseconds(100));
+  const std::string out = out_.str();
+  // Cursor hidden and screen cleared once; each frame from the top-left corner, each line erasing
+  // what the last frame left of it, and the rest of the screen erased after it; cursor back at the end.
+  EXPECT_THAT(out, StartsWith("\033[?25l\033[2J\033[Hfitrun top  2023-11-14 22:13:20 UTC  devices: 1"));
+  EXPECT_EQ(Count(out, "\033[H"), 3);
+  EXPECT_EQ(Count(out, "\033[J"), 3);
+  EXPECT_EQ(Count(out, "\033[2J"), 1);
+  EXPECT_THAT(out, HasSubstr("\033[Hfitrun top  2023-11-14 22:13:24 UTC"));
+  EXPECT_THAT(out, HasSubstr("JOB\033[K\ncpu:0 "));
+  EXPECT_EQ(Count(out, "\n"), Count(out, "\033[K\n"));
+  EXPECT_THAT(out, ::testing::EndsWith("\033[J\033[?25h"));
+  EXPECT_EQ(err_.str(), "");
+}
+
+TEST_F(TopCommandTest, TheFrameFitsTheTerminalLeavingItsLastRowFree) {
+  env_.out_is_terminal = true;
+  env_.terminal_size = [] { return TerminalSize{30, 6}; };
+  InterruptAfter(absl::Seconds(1));
+  EXPECT_EQ(RunTop(env_, {}), kExitOk);
+  const std::string out = out_.str();
+  EXPECT_EQ(Count(out, "\n"), 5);
+  EXPECT_THAT(out, HasSubstr("\033[K\n... 7 more lines (a taller te…\033[K\n\033[J"));
+}
+
+TEST_F(TopCommandTest, KeepsRefreshingThroughAnUnreachableCoordinator) {
+  env_.out_is_terminal = true;
+  coordinator_.devices_reply = absl::UnavailableError("failed to connect to all addresses");
+  InterruptAfter(absl::Seconds(3));
+  EXPECT_EQ(RunTop(env_, {absl::Seconds(1), false}), kExitOk);
+  EXPECT_EQ(coordinator_.list_devices_calls, 3);
+  EXPECT_THAT(out_.str(), HasSubstr("coordinator unreachable: UNAVAILABLE: failed to connect to all addresses"));
+  EXPECT_THAT(out_.str(), ::testing::EndsWith("\033[?25h"));
+  EXPECT_EQ(err_.str(), "");
+}
+
+TEST_F(TopCommandTest, ARefusalEndsItWithTheCursorRestored) {
+  env_.out_is_terminal = true;
+  coordinator_.list_reply = absl::PermissionDeniedError("token: not an admin");
+  InterruptAfter(absl::Seconds(60));
+  EXPECT_EQ(RunTop(env_, {}), kExitRejected);
+  EXPECT_EQ(coordinator_.list_jobs_calls, 1);
+  EXPECT_THAT(out_.str(), ::testing::EndsWith("\033[?25h"));
+  EXPECT_EQ(err_.str(), "error: PERMISSION_DENIED: token: not an admin\n");
+}
+
+TEST_F(TopCommandTest, OncePrintsTheErrorAndItsExitCode) {
+  env_.out_is_terminal = false;
+  coordinator_.devices_reply = absl::UnavailableError("failed to connect to all addresses");
+  EXPECT_EQ(RunTop(env_, {}), kExitTransport);
+  EXPECT_EQ(out_.str(), "");
+  EXPECT_EQ(err_.str(), "error: UNAVAILABLE: failed to connect to all addresses\n");
+}
+
+TEST_F(TopCommandTest, RejectsAnIntervalThatIsNotPositive) {
+  EXPECT_EQ(RunTop(env_, {absl::ZeroDuration(), false}), kExitUsage);
+  EXPECT_EQ(err_.str(), "error: --interval: must be positive (got 0)\n");
+  EXPECT_EQ(coordinator_.list_devices_calls, 0);
 }
 
 TEST(ExitCodeForRpcErrorTest, TransportVersusRefused) {

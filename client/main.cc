@@ -1,6 +1,9 @@
 // fitrun: the command-line client of the fitrun coordinator (fitrund).
+#include <signal.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -16,6 +19,26 @@
 
 namespace fitrun::client {
 namespace {
+
+// Set by SIGINT and SIGTERM while top runs, so it can restore the cursor and exit 0.
+volatile std::sig_atomic_t g_interrupted = 0;
+
+void OnInterrupt(int) { g_interrupted = 1; }
+
+// Only top installs it: every other command keeps the default, where Ctrl-C ends the process.
+void CatchInterrupts() {
+  struct sigaction action = {};
+  action.sa_handler = OnInterrupt;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+TerminalSize StdoutTerminalSize() {
+  struct winsize size = {};
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) != 0) return {};
+  return {size.ws_col, size.ws_row};
+}
 
 // Every flag and argument of one invocation; filled by CLI11, read by Run.
 struct CliOptions {
@@ -33,9 +56,11 @@ struct CliOptions {
   std::vector<std::string> states;
   int rank = 0;
   bool follow = false;
+  double interval_seconds = 2;
+  bool once = false;
 };
 
-enum class Command { kSubmit, kWatch, kGet, kList, kLogs, kCancel, kPlan, kDevices };
+enum class Command { kSubmit, kWatch, kGet, kList, kLogs, kCancel, kPlan, kDevices, kTop };
 
 int Run(Command command, const CliOptions& options) {
   GrpcCoordinatorClient::Options client_options;
@@ -61,6 +86,8 @@ int Run(Command command, const CliOptions& options) {
       isatty(STDOUT_FILENO) == 1 && !(term != nullptr && std::string(term) == "dumb");
   env.now = absl::Now;
   env.zone = absl::LocalTimeZone();
+  env.terminal_size = StdoutTerminalSize;
+  env.interrupted = [] { return g_interrupted != 0; };
 
   switch (command) {
     case Command::kSubmit:
@@ -79,6 +106,13 @@ int Run(Command command, const CliOptions& options) {
       return RunPlan(env, options.spec_path, options.json);
     case Command::kDevices:
       return RunDevices(env, options.json);
+    case Command::kTop: {
+      CatchInterrupts();
+      TopOptions top;
+      top.interval = absl::Seconds(options.interval_seconds);
+      top.once = options.once;
+      return RunTop(env, top);
+    }
   }
   return kExitUsage;
 }
@@ -142,6 +176,13 @@ int Main(int argc, char** argv) {
   CLI::App* devices = app.add_subcommand("devices", "list the coordinator's devices");
   add_json(devices);
 
+  CLI::App* top = app.add_subcommand(
+      "top", "devices and unfinished jobs, refreshed in place until Ctrl-C (printed once into a pipe)");
+  top->add_option("--interval", options.interval_seconds, "seconds between refreshes")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  top->add_flag("--once", options.once, "print the table once, plain, and exit");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -157,6 +198,7 @@ int Main(int argc, char** argv) {
   else if (*logs) command = Command::kLogs;
   else if (*cancel) command = Command::kCancel;
   else if (*plan) command = Command::kPlan;
+  else if (*top) command = Command::kTop;
   return Run(command, options);
 }
 
