@@ -19,6 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "fitrun/v1/launch_contract.h"
+#include "server/core/attempt_launch.h"
+#include "server/core/job_queue.h"
 #include "server/core/job_spec.h"
 #include "server/core/memory_feedback.h"
 #include "server/core/model_profile.h"
@@ -715,24 +717,11 @@ JobManager::SchedulingPassTimes JobManager::RunSchedulingPass() {
 std::vector<JobManager::Placement> JobManager::PlaceQueuedJobs(int* queued_count) {
   std::vector<JobEntry*> queued;
   for (auto& [id, entry] : jobs_) {
-    const JobState state = entry.record.job.state();
-    // PLANNING without an attempt: waiting for its memory to be measured.
-    if (state == fitrun::v1::JOB_STATE_QUEUED ||
-        ((state == fitrun::v1::JOB_STATE_RESTARTING || state == fitrun::v1::JOB_STATE_PLANNING) && !entry.active)) {
-      queued.push_back(&entry);
-    }
+    if (WaitsForPlacement(entry.record.job, entry.active.has_value())) queued.push_back(&entry);
   }
   *queued_count = static_cast<int>(queued.size());
-  // Jobs that already ran first (restarting ones held devices), then priority, then submission order.
-  std::sort(queued.begin(), queued.end(), [](const JobEntry* a, const JobEntry* b) {
-    const bool a_ran = a->record.job.attempts() > 0;
-    const bool b_ran = b->record.job.attempts() > 0;
-    if (a_ran != b_ran) return a_ran;
-    if (a->record.job.spec().priority() != b->record.job.spec().priority()) {
-      return a->record.job.spec().priority() > b->record.job.spec().priority();
-    }
-    return a->record.submit_order < b->record.submit_order;
-  });
+  std::sort(queued.begin(), queued.end(),
+            [](const JobEntry* a, const JobEntry* b) { return RunsBefore(a->record, b->record); });
 
   std::vector<DeviceCapacity> free_devices;
   for (const fitrun::v1::Device& device : DevicesLocked()) {
@@ -835,40 +824,17 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
   chosen.mutable_plan_chosen()->set_attempt(attempt_number);
   PublishLocked(entry, chosen);
 
-  namespace fs = std::filesystem;
-  const fs::path job_dir = JobDir(job.id());
-  const fs::path attempt_dir = job_dir / absl::StrCat("attempt-", attempt_number);
-  std::error_code error;
-  fs::create_directories(attempt_dir, error);
-  if (error) return absl::InternalError(absl::StrCat("cannot create ", attempt_dir.string(), ": ", error.message()));
-  fs::create_directories(job_dir / "checkpoints", error);
-
-  // Devices by id, for each rank's memory cap and thread share.
-  std::map<std::string, fitrun::v1::Device> by_id;
-  for (fitrun::v1::Device& device : devices_->Snapshot()) by_id[device.id()] = device;
-
-  fitrun::v1::WorkerAssignment assignment;
-  assignment.set_job_id(job.id());
-  assignment.set_attempt(attempt_number);
-  *assignment.mutable_spec() = job.spec();
-  *assignment.mutable_plan() = plan;
-  assignment.set_checkpoint_dir((job_dir / "checkpoints").string());
-  for (const std::string& id : plan.device_ids()) {
-    const fitrun::v1::Device& device = by_id[id];
-    assignment.add_memory_cap_bytes(device.kind() == fitrun::v1::DEVICE_KIND_CPU ? device.total_bytes() : 0);
-    assignment.add_cpu_threads(std::max(1, device.cpu_threads()));
-  }
-  std::string assignment_text;
-  google::protobuf::TextFormat::PrintToString(assignment, &assignment_text);
-  const fs::path assignment_path = attempt_dir / "assignment.textproto";
-  {
-    std::ofstream out(assignment_path);
-    out << assignment_text;
-    if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", assignment_path.string()));
-  }
-
   absl::StatusOr<int> master_port = options_.pick_master_port();
   if (!master_port.ok()) return master_port.status();
+  AttemptLaunchSettings settings;
+  settings.worker_binary = options_.worker_binary;
+  settings.worker_channel_address = options_.worker_channel_address;
+  settings.worker_tls_ca = options_.worker_tls_ca;
+  settings.master_addr = options_.master_addr;
+  settings.master_port = *master_port;
+  absl::StatusOr<std::vector<WorkerLaunch>> launches =
+      AssembleAttempt(job, entry.record.token, attempt_number, plan, devices_->Snapshot(), JobDir(job.id()), settings);
+  if (!launches.ok()) return launches.status();
 
   const int world_size = plan.device_ids_size();
   entry.active.emplace();
@@ -879,27 +845,7 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
   for (int rank = 0; rank < world_size; ++rank) device_owner_[active.device_ids[rank]] = {job.id(), rank};
 
   for (int rank = 0; rank < world_size; ++rank) {
-    WorkerLaunch launch;
-    launch.job_id = job.id();
-    launch.attempt = attempt_number;
-    launch.rank = rank;
-    launch.argv = {options_.worker_binary};
-    launch.working_dir = attempt_dir.string();
-    launch.log_path = (attempt_dir / absl::StrCat("rank-", rank, ".log")).string();
-    launch.env = {
-        {launch::kRank, absl::StrCat(rank)},
-        {launch::kLocalRank, absl::StrCat(rank)},
-        {launch::kWorldSize, absl::StrCat(world_size)},
-        {launch::kLocalWorldSize, absl::StrCat(world_size)},
-        {launch::kMasterAddr, options_.master_addr},
-        {launch::kMasterPort, absl::StrCat(*master_port)},
-        {launch::kCoordinator, options_.worker_channel_address},
-        {launch::kJobId, job.id()},
-        {launch::kAttempt, absl::StrCat(attempt_number)},
-        {launch::kJobToken, entry.record.token},
-        {launch::kAssignment, assignment_path.string()},
-    };
-    if (!options_.worker_tls_ca.empty()) launch.env.emplace_back(launch::kTlsCa, options_.worker_tls_ca);
+    const WorkerLaunch& launch = (*launches)[rank];
     active.ranks[rank].log_path = launch.log_path;
     const WorkerKey key{job.id(), attempt_number, rank};
     absl::StatusOr<int> handle =
