@@ -196,7 +196,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   if (!authenticator.ok()) return authenticator.status();
   server->authenticator = *std::move(authenticator);
 
-  server->launcher = std::make_unique<ProcessLauncher>();
+  server->launcher = std::make_unique<LocalLauncher>();
   JobManager::Options manager_options;
   std::vector<std::string> data_roots = options.data_roots;
   if (data_roots.empty()) {
@@ -212,7 +212,6 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   manager_options.state_dir = options.state_dir;
   manager_options.worker_binary = options.worker_binary.empty() ? DefaultWorkerBinary() : options.worker_binary;
   manager_options.worker_channel_address = absl::StrCat(dial_host, ":", port);
-  manager_options.pick_master_port = PickFreeTcpPort;
   manager_options.stop_workers_on_shutdown = options.stop_workers_on_exit;
   if (options.memory_probe) {
     ProcessMemoryProbe::Options probe_options;

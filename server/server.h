@@ -16,7 +16,7 @@
 #include "server/auth/authenticator.h"
 #include "server/core/job_manager.h"
 #include "server/core/memory_calibration.h"
-#include "server/launcher/process_launcher.h"
+#include "server/launcher/local_launcher.h"
 #include "server/metrics/live_metrics.h"
 #include "server/metrics/prometheus_metrics.h"
 #include "server/probe/process_memory_probe.h"
@@ -67,7 +67,7 @@ struct RunningServer {
   int state_lock_fd = -1;
   std::unique_ptr<SqliteJobStore> store;
   std::unique_ptr<DeviceInventory> devices;
-  std::unique_ptr<ProcessLauncher> launcher;
+  std::unique_ptr<LocalLauncher> launcher;
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<PrometheusMetrics> metrics;
   // After the metrics they report to, before the manager, so they outlive it.

@@ -73,7 +73,6 @@ void BenchmarkSchedulingPass() {
   JobManager::Options options;
   options.state_dir = TempDir("scheduling");
   options.worker_binary = "/bin/true";
-  options.pick_master_port = [] { return 29500; };
   options.run_scheduler_thread = false;
   auto manager = JobManager::Create(options, &store, &devices, &launcher, &metrics);
   if (!manager.ok()) {
@@ -354,7 +353,6 @@ void BenchmarkIngestAndLatency(const BenchOptions& bench) {
   JobManager::Options options;
   options.state_dir = dir;
   options.worker_binary = "/bin/true";
-  options.pick_master_port = [] { return 29500; };
   FakeJobStore in_memory_store;  // --in_memory_store: what the coordinator costs without SQLite
   JobStore* job_store = bench.in_memory_store ? static_cast<JobStore*>(&in_memory_store) : store->get();
   auto manager = JobManager::Create(options, job_store, &devices, &launcher, &metrics);

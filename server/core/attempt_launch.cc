@@ -66,8 +66,6 @@ absl::StatusOr<std::vector<WorkerLaunch>> AssembleAttempt(const fitrun::v1::Job&
         {launch::kLocalRank, absl::StrCat(rank)},
         {launch::kWorldSize, absl::StrCat(world_size)},
         {launch::kLocalWorldSize, absl::StrCat(world_size)},
-        {launch::kMasterAddr, settings.master_addr},
-        {launch::kMasterPort, absl::StrCat(settings.master_port)},
         {launch::kCoordinator, settings.worker_channel_address},
         {launch::kJobId, job.id()},
         {launch::kAttempt, absl::StrCat(attempt)},

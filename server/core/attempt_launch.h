@@ -1,6 +1,7 @@
 // What an attempt's ranks are started with: the assignment file every rank reads (spec, plan,
 // checkpoint directory, each rank's memory cap and threads) and each rank's argv, environment (the
-// torchrun contract plus fitrun's own variables), working directory and log file. The job manager
+// torchrun contract but the rendezvous, which the launcher chooses, plus fitrun's own variables),
+// working directory and log file. The job manager
 // decides when an attempt starts; this decides what it starts.
 #ifndef FITRUN_SERVER_CORE_ATTEMPT_LAUNCH_H_
 #define FITRUN_SERVER_CORE_ATTEMPT_LAUNCH_H_
@@ -19,9 +20,6 @@ struct AttemptLaunchSettings {
   // The WorkerChannel address ranks dial, and the CA they verify it with (empty: plain text).
   std::string worker_channel_address;
   std::string worker_tls_ca;
-  // Where the ranks rendezvous (MASTER_ADDR, MASTER_PORT).
-  std::string master_addr;
-  int master_port = 0;
 };
 
 // Writes <job_dir>/attempt-<attempt>/assignment.textproto (creating the attempt's and the

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/core/coordinator_metrics.h"
 #include "server/core/device_inventory.h"
@@ -101,33 +102,61 @@ class FakeJobStore : public JobStore {
 // real launcher's waiter thread would.
 class FakeWorkerLauncher : public WorkerLauncher {
  public:
-  absl::StatusOr<int> Launch(const WorkerLaunch& launch, ExitCallback on_exit) override {
+  // Each rank becomes one entry of launches() (its index is the rank's pid and its number for Exit,
+  // Stop and the other records); the rendezvous is 127.0.0.1:29500.
+  absl::StatusOr<LaunchedAttempt> Launch(const AttemptLaunch& attempt, RankExitCallback on_exit) override {
     absl::MutexLock lock(&mu_);
-    const int handle = static_cast<int>(launches_.size());
-    launches_.push_back(launch);
-    callbacks_.push_back(std::move(on_exit));
-    return handle;
+    if (!launch_error_.ok()) return launch_error_;
+    LaunchedAttempt launched;
+    launched.handle = absl::StrCat("fake:", launches_.size());
+    launched.master_addr = "127.0.0.1";
+    launched.master_port = 29500;
+    std::vector<int>& indices = indices_[launched.handle];
+    indices.clear();
+    for (size_t rank = 0; rank < attempt.ranks.size(); ++rank) {
+      WorkerLaunch launch = attempt.ranks[rank];
+      launch.env.emplace_back("MASTER_ADDR", launched.master_addr);
+      launch.env.emplace_back("MASTER_PORT", absl::StrCat(launched.master_port));
+      const int index = static_cast<int>(launches_.size());
+      launches_.push_back(std::move(launch));
+      callbacks_.push_back([on_exit, rank](const WorkerExit& exit) { on_exit(static_cast<int>(rank), exit); });
+      indices.push_back(index);
+      launched.pids.push_back(index);
+    }
+    return launched;
   }
-  void Stop(int handle, absl::Duration) override {
+  void Stop(const std::string& handle, int rank, absl::Duration) override {
     absl::MutexLock lock(&mu_);
-    stopped_.push_back(handle);
+    stopped_.push_back(indices_.at(handle).at(rank));
   }
-  void KillIfStillRunningAfter(int handle, absl::Duration) override {
+  void KillIfStillRunningAfter(const std::string& handle, int rank, absl::Duration) override {
     absl::MutexLock lock(&mu_);
-    left_to_exit_.push_back(handle);
+    left_to_exit_.push_back(indices_.at(handle).at(rank));
   }
-  // Adopts the pids in adoptable() (set by the test); others are gone.
-  absl::StatusOr<int> Adopt(int pid, const std::vector<std::pair<std::string, std::string>>&,
-                            ExitCallback on_exit) override {
+  // Adopts the ranks whose recorded pids are in adoptable() (set by the test); others are gone. An
+  // adopted rank gets a new entry in launches().
+  std::vector<bool> Adopt(const RecordedAttempt& attempt, RankExitCallback on_exit) override {
     absl::MutexLock lock(&mu_);
-    if (!adoptable_.count(pid)) return absl::NotFoundError("gone");
-    const int handle = static_cast<int>(launches_.size());
-    WorkerLaunch adopted;
-    adopted.argv = {"adopted:" + std::to_string(pid)};
-    launches_.push_back(adopted);
-    callbacks_.push_back(std::move(on_exit));
-    adopted_.push_back(pid);
-    return handle;
+    std::vector<bool> adopted(attempt.pids.size(), false);
+    std::vector<int>& indices = indices_[attempt.handle];
+    indices.assign(attempt.pids.size(), -1);
+    for (size_t rank = 0; rank < attempt.pids.size(); ++rank) {
+      const int pid = attempt.pids[rank];
+      if (!attempt.maybe_running[rank] || !adoptable_.count(pid)) continue;
+      WorkerLaunch launch;
+      launch.argv = {"adopted:" + std::to_string(pid)};
+      indices[rank] = static_cast<int>(launches_.size());
+      launches_.push_back(launch);
+      callbacks_.push_back([on_exit, rank](const WorkerExit& exit) { on_exit(static_cast<int>(rank), exit); });
+      adopted_.push_back(pid);
+      adopted[rank] = true;
+    }
+    return adopted;
+  }
+  // Launches fail with `error` from now on (OK again: they succeed).
+  void FailLaunches(absl::Status error) {
+    absl::MutexLock lock(&mu_);
+    launch_error_ = std::move(error);
   }
   void SetAdoptable(std::set<int> pids) {
     absl::MutexLock lock(&mu_);
@@ -139,7 +168,7 @@ class FakeWorkerLauncher : public WorkerLauncher {
   }
   // Ends the worker with this handle (callback runs on the caller's thread, outside the fake's lock).
   void Exit(int handle, int exit_code, int signal = 0, bool status_known = true) {
-    ExitCallback callback;
+    std::function<void(const WorkerExit&)> callback;
     {
       absl::MutexLock lock(&mu_);
       callback = callbacks_.at(handle);
@@ -168,7 +197,9 @@ class FakeWorkerLauncher : public WorkerLauncher {
  private:
   absl::Mutex mu_;
   std::vector<WorkerLaunch> launches_ ABSL_GUARDED_BY(mu_);
-  std::vector<ExitCallback> callbacks_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void(const WorkerExit&)>> callbacks_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<int>> indices_ ABSL_GUARDED_BY(mu_);
+  absl::Status launch_error_ ABSL_GUARDED_BY(mu_);
   std::vector<int> stopped_ ABSL_GUARDED_BY(mu_);
   std::vector<int> left_to_exit_ ABSL_GUARDED_BY(mu_);
   std::set<int> adoptable_ ABSL_GUARDED_BY(mu_);

@@ -108,7 +108,6 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(Options options, 
                                                                DeviceInventory* devices, WorkerLauncher* launcher,
                                                                CoordinatorMetrics* metrics) {
   if (options.state_dir.empty()) return absl::InvalidArgumentError("JobManager: state_dir is required");
-  if (!options.pick_master_port) return absl::InvalidArgumentError("JobManager: pick_master_port is required");
   // Workers run in their attempt's directory, so every path handed to them must be absolute.
   std::error_code error;
   options.state_dir = std::filesystem::absolute(options.state_dir, error).string();
@@ -645,14 +644,15 @@ void JobManager::MaybeSucceed(JobEntry& entry, bool deadline_passed) {
 
 void JobManager::StopRanks(JobEntry& entry, const std::string& reason) {
   if (!entry.active) return;
-  for (RankState& rank : entry.active->ranks) {
-    if (rank.exited || rank.handle < 0) continue;
+  for (size_t r = 0; r < entry.active->ranks.size(); ++r) {
+    RankState& rank = entry.active->ranks[r];
+    if (rank.exited) continue;
     if (rank.exiting_on_its_own) {
-      launcher_->KillIfStillRunningAfter(rank.handle, StopGrace(entry));
+      launcher_->KillIfStillRunningAfter(entry.active->launch_handle, static_cast<int>(r), StopGrace(entry));
       continue;
     }
     if (auto connection = rank.connection.lock()) connection->SendStop(reason);
-    launcher_->Stop(rank.handle, StopGrace(entry));
+    launcher_->Stop(entry.active->launch_handle, static_cast<int>(r), StopGrace(entry));
   }
 }
 
@@ -824,39 +824,33 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
   chosen.mutable_plan_chosen()->set_attempt(attempt_number);
   PublishLocked(entry, chosen);
 
-  absl::StatusOr<int> master_port = options_.pick_master_port();
-  if (!master_port.ok()) return master_port.status();
   AttemptLaunchSettings settings;
   settings.worker_binary = options_.worker_binary;
   settings.worker_channel_address = options_.worker_channel_address;
   settings.worker_tls_ca = options_.worker_tls_ca;
-  settings.master_addr = options_.master_addr;
-  settings.master_port = *master_port;
+  AttemptLaunch attempt{job.id(), attempt_number, {}};
   absl::StatusOr<std::vector<WorkerLaunch>> launches =
       AssembleAttempt(job, entry.record.token, attempt_number, plan, devices_->Snapshot(), JobDir(job.id()), settings);
   if (!launches.ok()) return launches.status();
+  attempt.ranks = *std::move(launches);
+  const std::string job_id = job.id();
+  absl::StatusOr<LaunchedAttempt> launched =
+      launcher_->Launch(attempt, [this, job_id, attempt_number](int rank, const WorkerExit& exit) {
+        OnWorkerExit(WorkerKey{job_id, attempt_number, rank}, exit);
+      });
+  if (!launched.ok()) return absl::InternalError(absl::StrCat("launching the ranks: ", launched.status().message()));
 
   const int world_size = plan.device_ids_size();
   entry.active.emplace();
   ActiveAttempt& active = *entry.active;
   active.attempt = attempt_number;
+  active.launch_handle = launched->handle;
   active.device_ids.assign(plan.device_ids().begin(), plan.device_ids().end());
   active.ranks.resize(world_size);
-  for (int rank = 0; rank < world_size; ++rank) device_owner_[active.device_ids[rank]] = {job.id(), rank};
-
   for (int rank = 0; rank < world_size; ++rank) {
-    const WorkerLaunch& launch = (*launches)[rank];
-    active.ranks[rank].log_path = launch.log_path;
-    const WorkerKey key{job.id(), attempt_number, rank};
-    absl::StatusOr<int> handle =
-        launcher_->Launch(launch, [this, key](const WorkerExit& exit) { OnWorkerExit(key, exit); });
-    if (!handle.ok()) {
-      // Mark the unlaunched ranks as gone so the attempt can be released once the others exit.
-      for (int r = rank; r < world_size; ++r) active.ranks[r].exited = true;
-      StopRanks(entry, "a peer could not be launched");
-      return absl::InternalError(absl::StrCat("rank ", rank, ": ", handle.status().message()));
-    }
-    active.ranks[rank].handle = *handle;
+    device_owner_[active.device_ids[rank]] = {job.id(), rank};
+    active.ranks[rank].log_path = attempt.ranks[rank].log_path;
+    active.ranks[rank].pid = rank < static_cast<int>(launched->pids.size()) ? launched->pids[rank] : 0;
     active.ranks[rank].last_heard = options_.clock();
   }
   if (!job.has_started_at()) *job.mutable_started_at() = ToProto(options_.clock());
@@ -866,11 +860,12 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
   record->set_per_device_batch(plan.per_device_batch());
   record->set_grad_accum_steps(plan.grad_accum_steps());
   record->set_predicted_peak_bytes(plan.predicted().total_bytes());
+  record->set_launch_handle(launched->handle);
   *record->mutable_started_at() = ToProto(options_.clock());
   for (int rank = 0; rank < world_size; ++rank) {
     fitrun::v1::RankOutcome* outcome = record->add_ranks();
     outcome->set_rank(rank);
-    outcome->set_pid(active.ranks[rank].handle);
+    outcome->set_pid(active.ranks[rank].pid);
     // A rank that already exited (before this record existed) is on record too.
     if (active.ranks[rank].exited) {
       outcome->set_exited(true);

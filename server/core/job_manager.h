@@ -70,9 +70,6 @@ class JobManager {
     std::optional<DataRoots> data_roots;
     // Jobs one owner may have queued or running at once (RESOURCE_EXHAUSTED beyond); 0: no limit.
     int max_open_jobs_per_owner = 0;
-    // Host the ranks rendezvous on (MASTER_ADDR) and how a free MASTER_PORT is found.
-    std::string master_addr = "127.0.0.1";
-    std::function<absl::StatusOr<int>()> pick_master_port;
     // How long a stopped rank has between SIGTERM and SIGKILL.
     absl::Duration stop_grace = absl::Seconds(2);
     // After every rank exited 0, how long to wait for reports still in flight before finishing.
@@ -184,7 +181,7 @@ class JobManager {
 
  private:
   struct RankState {
-    int handle = -1;  // the launcher's handle: the worker's pid
+    int pid = 0;  // as the launcher reported it (0: not known)
     bool exited = false;
     // The highest peak bytes and latest step the rank's progress reports carried (the peak from its
     // RankFinished when it reported none: a script that reports no progress).
@@ -205,6 +202,7 @@ class JobManager {
   };
   struct ActiveAttempt {
     int attempt = 0;
+    std::string launch_handle;
     std::vector<std::string> device_ids;
     std::vector<RankState> ranks;
     // Set when every rank exited 0 but a final report is still missing.

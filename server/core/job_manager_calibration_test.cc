@@ -53,7 +53,6 @@ class JobManagerCalibrationTest : public ::testing::Test {
     options.state_dir = state_dir_.string();
     options.worker_binary = "/bin/fitrun-worker";
     options.worker_channel_address = "127.0.0.1:1";
-    options.pick_master_port = [] { return 29500; };
     options.final_report_wait = absl::Milliseconds(100);
     options.memory_calibrator = calibrator_.get();
     manager_ = *JobManager::Create(options, &store_, devices_.get(), &launcher_, &metrics_);

@@ -42,30 +42,33 @@ int JobManager::AdoptLastAttempt(JobEntry& entry) {
   entry.active.emplace();
   ActiveAttempt& active = *entry.active;
   active.attempt = record.attempt();
+  std::vector<int> pids;
+  for (const fitrun::v1::RankOutcome& outcome : record.ranks()) pids.push_back(outcome.pid());
+  active.launch_handle = record.launch_handle().empty() ? LocalLaunchHandle(pids) : record.launch_handle();
   active.device_ids.assign(record.device_ids().begin(), record.device_ids().end());
   active.ranks.resize(record.ranks_size());
   const std::string attempt_dir = (std::filesystem::path(JobDir(job.id())) / absl::StrCat("attempt-", record.attempt())).string();
+  RecordedAttempt recorded{job.id(), record.attempt(), active.launch_handle, pids, {}};
+  for (const fitrun::v1::RankOutcome& outcome : record.ranks()) recorded.maybe_running.push_back(!outcome.exited());
+  const std::string job_id = job.id();
+  const int attempt = record.attempt();
+  const std::vector<bool> alive = launcher_->Adopt(recorded, [this, job_id, attempt](int rank, const WorkerExit& exit) {
+    OnWorkerExit(WorkerKey{job_id, attempt, rank}, exit);
+  });
   const absl::Time now = options_.clock();
   int adopted = 0;
   for (fitrun::v1::RankOutcome& outcome : *record.mutable_ranks()) {
     RankState& rank = active.ranks[outcome.rank()];
     rank.log_path = attempt_dir + absl::StrCat("/rank-", outcome.rank(), ".log");
+    rank.pid = outcome.pid();
     rank.exited = true;  // until adopted
     if (outcome.exited()) continue;
-    // Gone while no coordinator watched: it exited, with a status nobody saw.
-    outcome.set_exited(true);
-    outcome.set_exit_code(-1);
-    const WorkerKey key{job.id(), record.attempt(), outcome.rank()};
-    absl::StatusOr<int> handle = launcher_->Adopt(
-        outcome.pid(),
-        {{fitrun::v1::launch::kJobId, job.id()},
-         {fitrun::v1::launch::kAttempt, absl::StrCat(record.attempt())},
-         {fitrun::v1::launch::kRank, absl::StrCat(outcome.rank())}},
-        [this, key](const WorkerExit& exit) { OnWorkerExit(key, exit); });
-    if (!handle.ok()) continue;
-    outcome.set_exited(false);
-    outcome.set_exit_code(0);
-    rank.handle = *handle;
+    if (outcome.rank() >= static_cast<int>(alive.size()) || !alive[outcome.rank()]) {
+      // Gone while no coordinator watched: it exited, with a status nobody saw.
+      outcome.set_exited(true);
+      outcome.set_exit_code(-1);
+      continue;
+    }
     rank.exited = false;
     rank.last_heard = now;
     ++adopted;

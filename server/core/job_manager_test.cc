@@ -47,7 +47,6 @@ class JobManagerTest : public ::testing::Test {
     options.state_dir = state_dir_.string();
     options.worker_binary = "/bin/fitrun-worker";
     options.worker_channel_address = "127.0.0.1:1";
-    options.pick_master_port = [] { return 29500; };
     options.final_report_wait = absl::Milliseconds(200);
     auto manager = JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
     ASSERT_TRUE(manager.ok()) << manager.status();
@@ -352,7 +351,6 @@ class JobManagerRecoveryTest : public JobManagerTest {
     options.state_dir = state_dir_.string();
     options.worker_binary = "/bin/fitrun-worker";
     options.worker_channel_address = "127.0.0.1:1";
-    options.pick_master_port = [] { return 29501; };
     options.final_report_wait = absl::Milliseconds(200);
     auto manager = JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
     ASSERT_TRUE(manager.ok()) << manager.status();
@@ -413,7 +411,6 @@ TEST_F(JobManagerTest, AnOwnersOpenJobsAreBoundedAndEndedOnesMakeRoom) {
   options.state_dir = state_dir_.string();
   options.worker_binary = "/bin/fitrun-worker";
   options.worker_channel_address = "127.0.0.1:1";
-  options.pick_master_port = [] { return 29500; };
   options.max_open_jobs_per_owner = 2;
   manager_ = *JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
   const std::string first = manager_->Submit(Spec(2, 2), "alice")->id();
@@ -514,7 +511,6 @@ TEST_F(JobManagerTest, RelativeStateDirBecomesAbsoluteForWorkers) {
   JobManager::Options options;
   options.state_dir = "relative-state";
   options.worker_binary = "/bin/fitrun-worker";
-  options.pick_master_port = [] { return 29502; };
   FakeWorkerLauncher launcher;
   manager_.reset();
   auto manager = JobManager::Create(options, &store_, &devices_, &launcher, &metrics_);

@@ -1,4 +1,5 @@
-// WorkerLauncher over real processes: posix_spawn (no shell), each worker in its own process group
+// Worker processes on this machine, one at a time (LocalLauncher starts an attempt's ranks with it):
+// posix_spawn (no shell), each worker in its own process group
 // with stdout and stderr appended to its log file, one waiter thread per worker that notices its
 // exit the moment it happens, and a reaper that SIGKILLs workers still alive after their grace.
 //
@@ -20,18 +21,24 @@
 
 namespace fitrun::server {
 
-class ProcessLauncher : public WorkerLauncher {
+class ProcessLauncher {
  public:
+  // Runs once per started or adopted worker, on a waiter thread; must not block for long.
+  using ExitCallback = std::function<void(const WorkerExit&)>;
   ProcessLauncher();
-  ~ProcessLauncher() override;
+  ~ProcessLauncher();
 
-  // The handle is the worker's pid (and process group id).
-  absl::StatusOr<int> Launch(const WorkerLaunch& launch, ExitCallback on_exit) override;
-  void Stop(int handle, absl::Duration grace) override;
-  void KillIfStillRunningAfter(int handle, absl::Duration grace) override;
-  // Watches the adopted process through a pidfd, which works for processes that are not our children.
+  // Starts the worker; returns its pid (and process group id).
+  absl::StatusOr<int> Launch(const WorkerLaunch& launch, ExitCallback on_exit);
+  // SIGTERM to the worker's process group, SIGKILL if still alive after `grace`.
+  void Stop(int pid, absl::Duration grace);
+  // No SIGTERM (the worker is sending its last words), but SIGKILL if still alive after `grace`.
+  void KillIfStillRunningAfter(int pid, absl::Duration grace);
+  // Takes over a worker started by an earlier coordinator: `pid` must be alive and carry every
+  // variable of `expected_env` (so a recycled pid is never adopted); NOT_FOUND when it is gone.
+  // Watches it through a pidfd, which works for processes that are not our children.
   absl::StatusOr<int> Adopt(int pid, const std::vector<std::pair<std::string, std::string>>& expected_env,
-                            ExitCallback on_exit) override;
+                            ExitCallback on_exit);
 
  private:
   void Wait(pid_t pid, int64_t waiter, ExitCallback on_exit);

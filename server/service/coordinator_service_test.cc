@@ -38,7 +38,6 @@ class CoordinatorServiceTest : public ::testing::Test {
     JobManager::Options options;
     options.state_dir = dir_;
     options.worker_binary = "/bin/true";
-    options.pick_master_port = [] { return 29500; };
     auto manager = JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
     ASSERT_TRUE(manager.ok()) << manager.status();
     manager_ = *std::move(manager);
