@@ -174,14 +174,15 @@ class Page:
         self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
 
     def navigate(self, url, timeout=30.0):
-        """Loads `url` and waits for its load event. A change of the fragment alone fires none, so
-        going from one hash route to another is evaluate("location.hash = ...")."""
+        """Loads `url` and waits for its load event; a change of the fragment alone (one hash route to
+        another) loads nothing, so it returns at once."""
         self.call("Page.enable")
         self.events = [e for e in self.events if e[0] != "Page.loadEventFired"]
         result = self.call("Page.navigate", url=url)
         if result.get("errorText"):
             raise CdpError(f"navigating to {url}: {result['errorText']}")
-        self.wait_event("Page.loadEventFired", timeout)
+        if result.get("loaderId"):  # omitted for a same-document navigation
+            self.wait_event("Page.loadEventFired", timeout)
 
     def evaluate(self, expression, timeout=30.0):
         """The value of a JavaScript expression in the page (JSON-serialisable; promises awaited)."""
@@ -205,13 +206,22 @@ class Page:
                 raise CdpError(f"timed out after {timeout} s waiting for {what} ({expression} was {value!r})")
             time.sleep(0.1)
 
-    def screenshot(self, path, full_page=False):
-        """Saves a PNG of the viewport (or of the whole page) to `path`; returns its size in bytes."""
+    def screenshot(self, path, full_page=False, selector=None, margin=0):
+        """Saves a PNG of the viewport, of the whole page (full_page), or of the first element matching
+        the CSS `selector` and `margin` pixels around it to `path`; returns its size in bytes."""
         params = {"format": "png"}
-        if full_page:
+        clip = None
+        if selector:
+            clip = self.evaluate(
+                f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect(), m = {margin};"
+                " return {x: Math.max(0, r.left + scrollX - m), y: Math.max(0, r.top + scrollY - m),"
+                " width: r.width + 2 * m, height: r.height + 2 * m}; })()")
+        elif full_page:
             size = self.call("Page.getLayoutMetrics")["cssContentSize"]
+            clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"]}
+        if clip:
             params["captureBeyondViewport"] = True
-            params["clip"] = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+            params["clip"] = dict(clip, scale=1)
         data = base64.b64decode(self.call("Page.captureScreenshot", timeout=60, **params)["data"])
         with open(path, "wb") as f:
             f.write(data)
