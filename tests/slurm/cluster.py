@@ -136,6 +136,10 @@ class SlurmCluster:
         """The address slurmctld reaches node `name` at (n1 -> 127.0.0.2)."""
         return f"127.0.0.{self.node_names.index(name) + 2}"
 
+    def daemon_pids(self):
+        """The running daemons' pids: name ("munged", "slurmctld", "slurmd-n1") -> pid."""
+        return {name: p.pid for name, p in self._processes.items() if p.poll() is None}
+
     def binary(self, name):
         """The absolute path of a Slurm or munge program."""
         if name not in self._binaries:

@@ -190,7 +190,8 @@ class StopTest(unittest.TestCase):
         workdir = short_workdir()
         try:
             with SlurmCluster(workdir, nodes=2, gpus_per_node=2) as cluster:
-                daemons = [p.pid for p in cluster._processes.values()]
+                daemons = list(cluster.daemon_pids().values())
+                self.assertEqual(len(daemons), 4, cluster.daemon_pids())
                 gpus = cluster.run(["srun", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-task=1", "sh", "-c",
                                     "echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES"]).stdout.split("\n")
                 self.assertEqual(sorted(filter(None, gpus)), ["n1 0", "n1 1", "n2 0", "n2 1"])
