@@ -980,6 +980,11 @@ std::vector<fitrun::v1::Device> JobManager::DevicesLocked() {
       device.set_planned_bytes(job->second.record.job.attempt_history().rbegin()->predicted_peak_bytes());
     }
     device.set_peak_bytes(job->second.active->ranks[rank].peak_bytes);
+    // A virtual device's inventory does not see its rank's allocations (a GPU's NVML does): what is
+    // free is what the rank has not reached.
+    if (device.kind() == fitrun::v1::DEVICE_KIND_CPU) {
+      device.set_free_bytes(std::max<int64_t>(0, device.total_bytes() - device.peak_bytes()));
+    }
   }
   return devices;
 }

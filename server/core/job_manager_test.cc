@@ -180,6 +180,7 @@ TEST_F(JobManagerTest, JobSucceedsWhenEveryRankFinishesAndFreesItsDevices) {
   for (const fitrun::v1::Device& device : manager_->Devices()) {
     EXPECT_EQ(device.planned_bytes(), running[0].ranks[0].planned_bytes);
     EXPECT_EQ(device.peak_bytes(), device.id() == running[0].ranks[0].device_id ? (7 << 20) : 0);
+    EXPECT_EQ(device.free_bytes(), device.total_bytes() - device.peak_bytes());
   }
   EXPECT_EQ(metrics_.checkpoint_times(), std::vector<absl::Duration>{absl::Milliseconds(250)});
   EXPECT_EQ(metrics_.checkpoint_failures(), 1);

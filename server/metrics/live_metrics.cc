@@ -28,7 +28,7 @@ void Add(prometheus::MetricFamily& family, std::vector<prometheus::ClientMetric:
 std::vector<prometheus::MetricFamily> LiveMetrics::Collect() const {
   prometheus::MetricFamily total = Gauge("fitrun_device_memory_total_bytes", "Each device's memory.");
   prometheus::MetricFamily free =
-      Gauge("fitrun_device_memory_free_bytes", "Each device's memory that a new rank could use now.");
+      Gauge("fitrun_device_memory_free_bytes", "Each device's memory not in use.");
   prometheus::MetricFamily planned = Gauge(
       "fitrun_device_memory_planned_bytes", "The plan's predicted peak for the rank holding the device (0: idle).");
   prometheus::MetricFamily peak = Gauge("fitrun_device_memory_peak_bytes",
