@@ -2,6 +2,7 @@
 // environment plus FITRUN_*; see worker/options.h for the contract and ExitCode for what the exit
 // status means. A script job's rank supervises the user's script (worker/programs/script_rank.h). With --probe it instead measures one rank's peak memory at the micro-batch sizes the
 // coordinator's calibration asks for (worker/probe/memory_probe.h).
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -91,8 +92,12 @@ int main(int argc, char** argv) {
   // A script job's rank supervises the user's script; any other trains a built-in workload. An
   // assignment that cannot be read is the built-in program's to report.
   absl::StatusOr<fitrun::v1::WorkerAssignment> assignment = fitrun::worker::LoadAssignment(options->assignment_path);
+  const bool script = assignment.ok() && assignment->spec().has_script();
+  // A peer that dies while Gloo writes to it must fail this rank's collective with EPIPE (reported as
+  // RankFailed, exit 1), not kill it with SIGPIPE. A script's supervisor keeps the default, which the
+  // script it spawns inherits.
+  if (!script) std::signal(SIGPIPE, SIG_IGN);
   std::unique_ptr<fitrun::worker::TrainingProgram> program =
-      assignment.ok() && assignment->spec().has_script() ? fitrun::worker::MakeScriptRank(*options)
-                                                          : fitrun::worker::MakeBuiltinTraining(*options);
+      script ? fitrun::worker::MakeScriptRank(*options) : fitrun::worker::MakeBuiltinTraining(*options);
   return fitrun::worker::RunRank(*options, *program);
 }
