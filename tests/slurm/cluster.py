@@ -85,6 +85,18 @@ def wait_for(condition, timeout, what, interval=0.1):
         time.sleep(interval)
 
 
+def _command_and_environment(pid):
+    """A process's command line (raw) and environment (a list of b"NAME=value"), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except OSError:
+        return None
+    return cmdline, environ
+
+
 def _die_with_parent():
     """In a daemon between fork and exec: SIGKILL it if the test process dies without stopping it."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -178,13 +190,10 @@ class SlurmCluster:
         marker, job = f"SLURM_CONF={self.conf_path}".encode(), f"SLURM_JOB_ID={job_id}".encode()
         pids = []
         for pid in _pids():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmdline = f.read()
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    environ = f.read().split(b"\0")
-            except OSError:
+            seen = _command_and_environment(pid)
+            if seen is None:
                 continue
+            cmdline, environ = seen
             stepd = cmdline.startswith(f"slurmstepd: [{job_id}.".encode())
             if (stepd and marker in environ or marker in environ and job in environ) and not _zombie(pid):
                 pids.append(pid)
@@ -470,13 +479,10 @@ class SlurmCluster:
             for pid in _pids():
                 if pid in spared:
                     continue
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        cmdline = f.read()
-                    with open(f"/proc/{pid}/environ", "rb") as f:
-                        environ = f.read().split(b"\0")
-                except OSError:
+                seen = _command_and_environment(pid)
+                if seen is None:
                     continue
+                cmdline, environ = seen
                 if marker in environ or any(name in cmdline for name in names):
                     found.append(pid)
             if not found:
