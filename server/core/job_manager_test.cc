@@ -22,18 +22,8 @@ using ::testing::HasSubstr;
 using ::testing::Pair;
 
 fitrun::v1::JobSpec Spec(int min_devices, int max_devices, int priority = 0) {
-  fitrun::v1::JobSpec spec;
-  spec.set_name("unit");
-  spec.mutable_model()->set_builtin("mlp");
-  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
-  spec.mutable_data()->set_path("/usr/share/datasets/fashion-mnist");
-  spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_SGD);
-  spec.mutable_optimizer()->set_lr(0.05);
-  spec.set_global_batch_size(256);
-  spec.set_max_steps(10);
+  fitrun::v1::JobSpec spec = MlpSpec("unit", 256, 10, min_devices, max_devices);
   spec.set_priority(priority);
-  spec.mutable_resources()->set_min_devices(min_devices);
-  spec.mutable_resources()->set_max_devices(max_devices);
   return spec;
 }
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
 #include "absl/time/clock.h"
@@ -12,6 +13,24 @@
 #include "server/core/job_spec.h"
 
 namespace fitrun::server {
+
+// An mlp on Fashion-MNIST with SGD, on `min_devices` to `max_devices` devices: what the core's tests
+// submit when the workload does not matter.
+inline fitrun::v1::JobSpec MlpSpec(const std::string& name, int64_t global_batch_size, int64_t max_steps,
+                                   int min_devices, int max_devices) {
+  fitrun::v1::JobSpec spec;
+  spec.set_name(name);
+  spec.mutable_model()->set_builtin("mlp");
+  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
+  spec.mutable_data()->set_path("/usr/share/datasets/fashion-mnist");
+  spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_SGD);
+  spec.mutable_optimizer()->set_lr(0.05);
+  spec.set_global_batch_size(global_batch_size);
+  spec.set_max_steps(max_steps);
+  spec.mutable_resources()->set_min_devices(min_devices);
+  spec.mutable_resources()->set_max_devices(max_devices);
+  return spec;
+}
 
 // Waits (on the manager's own state, never a bare sleep) for the job to reach `state`; a test
 // failure, and the job as it is, if it does not within 5 s.

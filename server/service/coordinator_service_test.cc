@@ -20,6 +20,7 @@
 #include "fitrun/v1/worker.grpc.pb.h"
 #include "server/core/fakes.h"
 #include "server/core/job_manager.h"
+#include "server/core/job_manager_testing.h"
 #include "server/service/worker_channel_service.h"
 
 namespace fitrun::server {
@@ -52,18 +53,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     ASSERT_NE(port, 0);
     address_ = absl::StrCat("127.0.0.1:", port);
 
-    fitrun::v1::JobSpec spec;
-    spec.set_name("svc");
-    spec.mutable_model()->set_builtin("mlp");
-    spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
-    spec.mutable_data()->set_path("/usr/share/datasets/fashion-mnist");
-    spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_SGD);
-    spec.mutable_optimizer()->set_lr(0.05);
-    spec.set_global_batch_size(64);
-    spec.set_max_steps(1000000000);
-    spec.mutable_resources()->set_min_devices(1);
-    spec.mutable_resources()->set_max_devices(1);
-    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("svc", 64, 1000000000, 1, 1));
     ASSERT_TRUE(job.ok()) << job.status();
     job_id_ = job->id();
     ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(10)));

@@ -100,18 +100,7 @@ class WebServerTest : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
 
-    fitrun::v1::JobSpec spec;
-    spec.set_name("web-test");
-    spec.mutable_model()->set_builtin("mlp");
-    spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
-    spec.mutable_data()->set_path("/usr/share/datasets/fashion-mnist");
-    spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_SGD);
-    spec.mutable_optimizer()->set_lr(0.05);
-    spec.set_global_batch_size(64);
-    spec.set_max_steps(1000);
-    spec.mutable_resources()->set_min_devices(1);
-    spec.mutable_resources()->set_max_devices(1);
-    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("web-test", 64, 1000, 1, 1));
     ASSERT_TRUE(job.ok()) << job.status();
     job_id_ = job->id();
     ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(10)));
