@@ -435,6 +435,10 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
                  {"max_devices", Int([&](int64_t v) { resources->set_max_devices(static_cast<int32_t>(v)); })},
                  {"per_device_batch", Int([&](int64_t v) { resources->set_per_device_batch(v); })},
                  {"memory_headroom", Double([&](double v) { resources->set_memory_headroom(v); })},
+                 {"min_nodes", Int([&](int64_t v) { resources->set_min_nodes(static_cast<int32_t>(v)); })},
+                 {"max_nodes", Int([&](int64_t v) { resources->set_max_nodes(static_cast<int32_t>(v)); })},
+                 {"time_limit_minutes",
+                  Int([&](int64_t v) { resources->set_time_limit_minutes(static_cast<int32_t>(v)); })},
              })},
             {"checkpoint",
              Mapping({
@@ -555,6 +559,26 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (resources.memory_headroom() < 0 || resources.memory_headroom() > 0.9) {
     return FieldError("spec.resources.memory_headroom",
                       absl::StrCat("must be in [0, 0.9] (got ", resources.memory_headroom(), ")"));
+  }
+  if (resources.min_nodes() < 0) {
+    return FieldError("spec.resources.min_nodes", absl::StrCat("must be >= 1 (got ", resources.min_nodes(), ")"));
+  }
+  if (resources.max_nodes() < 0) {
+    return FieldError("spec.resources.max_nodes", absl::StrCat("must be >= 1 (got ", resources.max_nodes(), ")"));
+  }
+  if (resources.max_nodes() != 0 && resources.max_nodes() < std::max(1, resources.min_nodes())) {
+    return FieldError("spec.resources.max_nodes", absl::StrCat("must be >= min_nodes (got ", resources.max_nodes(),
+                                                               " < ", std::max(1, resources.min_nodes()), ")"));
+  }
+  if (resources.max_devices() != 0 && resources.min_nodes() > resources.max_devices()) {
+    return FieldError("spec.resources.min_nodes",
+                      absl::StrCat("needs at least one device per node, so at most max_devices (got ",
+                                   resources.min_nodes(), " > ", resources.max_devices(), ")"));
+  }
+  if (resources.time_limit_minutes() < 0) {
+    return FieldError("spec.resources.time_limit_minutes",
+                      absl::StrCat("must be >= 1, or leave it out for no limit (got ", resources.time_limit_minutes(),
+                                   ")"));
   }
 
   if (spec.checkpoint().every_steps() < 0) {

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "server/core/units.h"
 
 namespace fitrun::server {
@@ -91,6 +94,65 @@ std::string WhatWouldFit(const JobSpec& spec, const ModelProfile& model, const s
   return out;
 }
 
+// n devices on `nodes` nodes, `per_node` each, in rank order (node by node).
+struct Layout {
+  int nodes = 1;
+  int per_node = 0;
+  std::vector<DeviceCapacity> devices;
+  std::vector<std::string> node_names;
+};
+
+// Every way to place ranks within the bounds, in order of preference: most devices first, then fewest
+// nodes. Each node takes the same number of ranks (as torchrun's --nproc-per-node and Slurm's
+// --ntasks-per-node do), its roomiest devices; of the nodes that can, those whose roomiest devices
+// are roomiest. `devices` is sorted roomiest first.
+std::vector<Layout> LayoutsByPreference(const std::vector<DeviceCapacity>& devices, int min_devices, int max_devices,
+                                        int min_nodes, int max_nodes) {
+  std::vector<std::string> node_order;
+  std::map<std::string, std::vector<DeviceCapacity>> by_node;  // each roomiest first (devices is)
+  for (const DeviceCapacity& device : devices) {
+    auto [it, inserted] = by_node.try_emplace(device.node);
+    if (inserted) node_order.push_back(device.node);
+    it->second.push_back(device);
+  }
+  const int node_count = static_cast<int>(node_order.size());
+  std::vector<Layout> layouts;
+  for (int n = std::min(max_devices, static_cast<int>(devices.size())); n >= min_devices; --n) {
+    for (int k = min_nodes; k <= std::min({max_nodes, node_count, n}); ++k) {
+      if (n % k != 0) continue;
+      const int d = n / k;
+      std::vector<std::string> eligible;
+      for (const std::string& node : node_order) {
+        if (static_cast<int>(by_node[node].size()) >= d) eligible.push_back(node);
+      }
+      if (static_cast<int>(eligible.size()) < k) continue;
+      // The k nodes whose d-th roomiest device is roomiest, kept in the order the inventory lists them.
+      std::vector<std::string> ranked = eligible;
+      std::stable_sort(ranked.begin(), ranked.end(), [&](const std::string& a, const std::string& b) {
+        return by_node[a][d - 1].free_bytes > by_node[b][d - 1].free_bytes;
+      });
+      ranked.resize(k);
+      Layout layout;
+      layout.nodes = k;
+      layout.per_node = d;
+      for (const std::string& node : eligible) {
+        if (std::find(ranked.begin(), ranked.end(), node) == ranked.end()) continue;
+        layout.node_names.push_back(node);
+        layout.devices.insert(layout.devices.end(), by_node[node].begin(), by_node[node].begin() + d);
+      }
+      layouts.push_back(std::move(layout));
+    }
+  }
+  return layouts;
+}
+
+// "4 devices" on one machine, "4 devices (2 nodes x 2)" on a cluster.
+std::string DescribeLayout(const Layout& layout, bool cluster) {
+  std::string out = absl::StrCat(layout.devices.size(), " devices");
+  if (cluster) absl::StrAppend(&out, " (", layout.nodes, " node", layout.nodes == 1 ? "" : "s", " x ", layout.per_node, ")");
+  return out;
+}
+
 }  // namespace
 
 double ScaledLearningRate(const fitrun::v1::OptimizerSpec& optimizer, int64_t global_batch_size) {
@@ -113,6 +175,17 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
   const int max_devices = resources.max_devices() > 0 ? resources.max_devices() : static_cast<int>(devices.size());
   const double headroom = resources.memory_headroom();
 
+  const bool cluster = std::any_of(devices.begin(), devices.end(), [](const DeviceCapacity& d) { return !d.node.empty(); });
+  const int min_nodes = std::max(1, resources.min_nodes());
+  int max_nodes = resources.max_nodes() > 0 ? resources.max_nodes() : std::numeric_limits<int>::max();
+  if (limits.max_nodes > 0) {
+    if (min_nodes > limits.max_nodes) {
+      return absl::FailedPreconditionError(absl::StrCat("spec.resources.min_nodes: ", min_nodes, " nodes, but ",
+                                                        limits.max_nodes_reason));
+    }
+    max_nodes = std::min(max_nodes, limits.max_nodes);
+  }
+
   if (static_cast<int>(devices.size()) < min_devices) {
     return absl::UnavailableError(absl::StrCat("needs ", min_devices, " free device(s) (spec.resources.min_devices), ",
                                                devices.size(), " free now"));
@@ -128,16 +201,27 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
   std::vector<DeviceCapacity> sorted = devices;
   std::stable_sort(sorted.begin(), sorted.end(),
                    [](const DeviceCapacity& a, const DeviceCapacity& b) { return a.free_bytes > b.free_bytes; });
+  const std::vector<Layout> layouts = LayoutsByPreference(sorted, min_devices, max_devices, min_nodes, max_nodes);
+  if (layouts.empty()) {
+    return absl::UnavailableError(absl::StrCat("needs ", min_devices, " free device(s) on ", min_nodes,
+                                               " node(s) or more with the same number free on each "
+                                               "(spec.resources.min_devices, min_nodes), ",
+                                               devices.size(), " free now"));
+  }
 
   std::vector<std::string> rejected;  // why larger device counts were not chosen
-  const int largest_n = std::min(max_devices, static_cast<int>(sorted.size()));
-  for (int n = largest_n; n >= min_devices; --n) {
+  for (const Layout& layout : layouts) {
+    const int n = static_cast<int>(layout.devices.size());
+    const std::string described = DescribeLayout(layout, cluster);
     if (global_batch % n != 0) {
-      rejected.push_back(absl::StrCat(n, " devices: global batch ", global_batch, " does not split evenly"));
+      rejected.push_back(absl::StrCat(described, ": global batch ", global_batch, " does not split evenly"));
       continue;
     }
     const int64_t per_rank = global_batch / n;
-    const int64_t free_bytes = sorted[n - 1].free_bytes;  // the tightest of the n
+    const DeviceCapacity& tightest = *std::min_element(
+        layout.devices.begin(), layout.devices.end(),
+        [](const DeviceCapacity& a, const DeviceCapacity& b) { return a.free_bytes < b.free_bytes; });
+    const int64_t free_bytes = tightest.free_bytes;
     const int64_t budget = static_cast<int64_t>(static_cast<double>(free_bytes) * (1.0 - headroom));
 
     int64_t chosen = 0;
@@ -148,7 +232,7 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     if (resources.per_device_batch() > 0) {
       const int64_t fixed = resources.per_device_batch();
       if (per_rank % fixed != 0) {
-        rejected.push_back(absl::StrCat(n, " devices: ", per_rank, " samples per device per step is not a multiple of ",
+        rejected.push_back(absl::StrCat(described, ": ", per_rank, " samples per device per step is not a multiple of ",
                                         "spec.resources.per_device_batch ", fixed));
         continue;
       }
@@ -167,21 +251,25 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       }
       if (chosen == 0 && limits.max_per_device_batch > 0 && limits.max_per_device_batch < per_rank &&
           EstimateRankMemory(model, spec, 1, estimator).total_bytes() <= budget) {
-        rejected.push_back(absl::StrCat(n, " devices: no divisor of the ", per_rank,
+        rejected.push_back(absl::StrCat(described, ": no divisor of the ", per_rank,
                                         " samples per device per step is at most ", limits.max_per_device_batch,
                                         ", the largest batch below the one that ran out of memory"));
         continue;
       }
       if (chosen == 0) {
         const auto smallest = EstimateRankMemory(model, spec, 1, estimator);
-        rejected.push_back(absl::StrCat(n, " devices: even per-device batch 1 needs ", FormatBytes(smallest.total_bytes()),
-                                        ", more than the ", FormatBytes(budget), " usable on ", sorted[n - 1].id));
+        rejected.push_back(absl::StrCat(described, ": even per-device batch 1 needs ", FormatBytes(smallest.total_bytes()),
+                                        ", more than the ", FormatBytes(budget), " usable on ", tightest.id));
         continue;
       }
     }
 
     Plan plan;
-    for (int i = 0; i < n; ++i) plan.add_device_ids(sorted[i].id);
+    for (const DeviceCapacity& device : layout.devices) plan.add_device_ids(device.id);
+    if (cluster) {
+      for (const std::string& node : layout.node_names) plan.add_nodes(node);
+      plan.set_devices_per_node(layout.per_node);
+    }
     plan.set_per_device_batch(chosen);
     plan.set_grad_accum_steps(static_cast<int32_t>(per_rank / chosen));
     plan.set_learning_rate(ScaledLearningRate(spec.optimizer(), global_batch));
@@ -194,6 +282,14 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     std::string why_devices = absl::StrCat("devices: ", n, " (", sorted.size(), " free, spec allows ", min_devices, "..",
                                            resources.max_devices() > 0 ? absl::StrCat(resources.max_devices()) : "any",
                                            "); more devices means more samples per second");
+    if (cluster) {
+      absl::StrAppend(&why_devices, "; nodes: ", layout.nodes, " x ", layout.per_node, " devices (",
+                      absl::StrJoin(layout.node_names, ", "), "), the fewest nodes that hold them: ranks on one node "
+                      "talk faster than across nodes");
+      if (limits.max_nodes > 0 && !limits.max_nodes_reason.empty()) {
+        absl::StrAppend(&why_devices, "; at most ", limits.max_nodes, " node(s): ", limits.max_nodes_reason);
+      }
+    }
     for (const std::string& r : rejected) absl::StrAppend(&why_devices, "; not ", r);
     plan.add_reasons(why_devices);
 
@@ -208,7 +304,7 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       std::string why_batch = absl::StrCat("per_device_batch: ", chosen, ", the largest divisor of the ", per_rank,
                                            " samples each device takes per step whose predicted peak (",
                                            FormatBytes(predicted.total_bytes()), ") fits the ", FormatBytes(budget),
-                                           " usable on ", sorted[n - 1].id, " (", FormatBytes(free_bytes), " free less ",
+                                           " usable on ", tightest.id, " (", FormatBytes(free_bytes), " free less ",
                                            absl::StrFormat("%.0f%%", headroom * 100), " headroom)");
       if (model.measured.has_value()) {
         absl::StrAppend(&why_batch, "; its peak is ", model.measured->HowEstimated(chosen));

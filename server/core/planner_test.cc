@@ -242,5 +242,114 @@ TEST(PlannerTest, NoBatchUnderTheLimitFallsBackToFewerDevicesThenFails) {
   EXPECT_EQ(plan->per_device_batch(), 1);
 }
 
+// Devices of a cluster: `per_node` on each of `nodes` nodes n1.., named "n1/cpu:0".
+std::vector<DeviceCapacity> NodeDevices(int nodes, int per_node, int64_t bytes) {
+  std::vector<DeviceCapacity> out;
+  for (int node = 1; node <= nodes; ++node) {
+    for (int i = 0; i < per_node; ++i) {
+      out.push_back({"n" + std::to_string(node) + "/cpu:" + std::to_string(i), bytes, "n" + std::to_string(node)});
+    }
+  }
+  return out;
+}
+
+TEST(PlannerNodesTest, OneMachinePlansNameNoNodes) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->nodes_size(), 0);
+  EXPECT_EQ(plan->devices_per_node(), 0);
+}
+
+TEST(PlannerNodesTest, FillsWholeNodesFirst) {
+  // 4 devices fit on one node of four: one node, not two halves.
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 4);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), NodeDevices(3, 4, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->nodes(), ::testing::ElementsAre("n1"));
+  EXPECT_EQ(plan->devices_per_node(), 4);
+  EXPECT_THAT(plan->device_ids(), ::testing::ElementsAre("n1/cpu:0", "n1/cpu:1", "n1/cpu:2", "n1/cpu:3"));
+  EXPECT_THAT(plan->reasons(0), HasSubstr("nodes: 1 x 4 devices (n1)"));
+}
+
+TEST(PlannerNodesTest, SpansNodesForMoreDevicesWithTheSameCountOnEach) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 0);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), NodeDevices(2, 2, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->nodes(), ::testing::ElementsAre("n1", "n2"));
+  EXPECT_EQ(plan->devices_per_node(), 2);
+  // Ranks node by node: 0 and 1 on n1, 2 and 3 on n2.
+  EXPECT_THAT(plan->device_ids(), ::testing::ElementsAre("n1/cpu:0", "n1/cpu:1", "n2/cpu:0", "n2/cpu:1"));
+  EXPECT_EQ(plan->per_device_batch() * plan->grad_accum_steps() * 4, 256);
+}
+
+TEST(PlannerNodesTest, UnevenNodesGetEqualShares) {
+  // n1 has 3 free, n2 has 1: 4 devices cannot be split evenly over two nodes, and 3 does not divide
+  // 256, so 2 devices on n1 (fewest nodes) beats 1 + 1.
+  std::vector<DeviceCapacity> devices = NodeDevices(1, 3, 4096 * kMiB);
+  devices.push_back({"n2/cpu:0", 4096 * kMiB, "n2"});
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 0);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), devices);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 2);
+  EXPECT_THAT(plan->nodes(), ::testing::ElementsAre("n1"));
+}
+
+TEST(PlannerNodesTest, MinAndMaxNodesBoundTheNodeCount) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 4);
+  spec.mutable_resources()->set_min_nodes(2);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), NodeDevices(3, 4, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->nodes(), ::testing::ElementsAre("n1", "n2"));
+  EXPECT_EQ(plan->devices_per_node(), 2);
+
+  spec.mutable_resources()->set_min_nodes(0);
+  spec.mutable_resources()->set_max_devices(0);
+  spec.mutable_resources()->set_max_nodes(2);
+  plan = PlanJob(spec, Profile(spec), NodeDevices(3, 4, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->nodes_size(), 2);
+  EXPECT_EQ(plan->device_ids_size(), 8);
+}
+
+TEST(PlannerNodesTest, TooFewNodesWithFreeDevicesWaits) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 0);
+  spec.mutable_resources()->set_min_nodes(3);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), NodeDevices(2, 2, 4096 * kMiB));
+  EXPECT_TRUE(absl::IsUnavailable(plan.status())) << plan.status();
+  EXPECT_THAT(plan.status().message(), HasSubstr("min_nodes"));
+}
+
+TEST(PlannerNodesTest, LimitsRefuseMoreNodesNamingWhy) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 0);
+  PlanLimits limits;
+  limits.max_nodes = 1;
+  limits.max_nodes_reason = "start fitrund with --shared_dir for more";
+  spec.mutable_resources()->set_min_nodes(2);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), NodeDevices(2, 2, 4096 * kMiB), {}, limits);
+  EXPECT_TRUE(absl::IsFailedPrecondition(plan.status())) << plan.status();
+  EXPECT_THAT(plan.status().message(), HasSubstr("--shared_dir"));
+
+  spec.mutable_resources()->set_min_nodes(0);
+  plan = PlanJob(spec, Profile(spec), NodeDevices(2, 2, 4096 * kMiB), {}, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->nodes_size(), 1);
+  EXPECT_THAT(plan->reasons(0), HasSubstr("--shared_dir"));
+}
+
+TEST(PlannerNodesTest, TheTightestNodeSetsTheBatch) {
+  // n2's devices are small: two nodes means n2's budget, which is named.
+  std::vector<DeviceCapacity> devices = NodeDevices(1, 2, 4096 * kMiB);
+  devices.push_back({"n2/cpu:0", 8 * kMiB, "n2"});
+  devices.push_back({"n2/cpu:1", 8 * kMiB, "n2"});
+  fitrun::v1::JobSpec spec = MlpSpec(256, 4, 4);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), devices);
+  if (plan.ok()) {
+    EXPECT_THAT(plan->reasons(1), HasSubstr("n2/cpu:"));
+  } else {
+    EXPECT_THAT(plan.status().message(), HasSubstr("n2/cpu:"));
+  }
+}
+
 }  // namespace
 }  // namespace fitrun::server
