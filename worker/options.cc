@@ -129,6 +129,14 @@ absl::StatusOr<fitrun::v1::WorkerAssignment> LoadAssignment(const std::string& p
 absl::StatusOr<PlanDevice> ParsePlanDevice(const std::string& device_id, const std::string& field) {
   absl::string_view rest = device_id;
   PlanDevice device;
+  // On a cluster a device is named with its node ("n1/cuda:1"). The scheduler there gives each rank
+  // its own GPU and hides the others (Slurm's --gpus-per-task sets CUDA_VISIBLE_DEVICES), so the
+  // rank's GPU is the first it sees; a virtual CPU device's index only names its share.
+  bool on_a_node = false;
+  if (const size_t slash = rest.find('/'); slash != absl::string_view::npos) {
+    rest.remove_prefix(slash + 1);
+    on_a_node = true;
+  }
   if (absl::ConsumePrefix(&rest, "cpu:")) {
     device.kind = PlanDevice::Kind::kCpu;
   } else if (absl::ConsumePrefix(&rest, "cuda:") || absl::ConsumePrefix(&rest, "gpu:")) {
@@ -138,8 +146,9 @@ absl::StatusOr<PlanDevice> ParsePlanDevice(const std::string& device_id, const s
   }
   if (rest.empty() || !absl::SimpleAtoi(rest, &device.index) || device.index < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": \"", device_id, "\" is not a device; expected cpu:N or cuda:N"));
+        absl::StrCat(field, ": \"", device_id, "\" is not a device; expected cpu:N or cuda:N (NODE/cpu:N on a cluster)"));
   }
+  if (on_a_node && device.kind == PlanDevice::Kind::kCuda) device.index = 0;
   return device;
 }
 

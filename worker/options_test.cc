@@ -168,5 +168,17 @@ TEST(ParsePlanDeviceTest, CpuAndCudaWithTheirIndex) {
   }
 }
 
+TEST(ParsePlanDeviceTest, ANodesGpuIsTheOnlyOneItsRankSees) {
+  absl::StatusOr<PlanDevice> cuda = ParsePlanDevice("n2/cuda:3", "plan.device_ids[0]");
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  EXPECT_EQ(cuda->kind, PlanDevice::Kind::kCuda);
+  EXPECT_EQ(cuda->index, 0);
+  absl::StatusOr<PlanDevice> cpu = ParsePlanDevice("n2/cpu:1", "plan.device_ids[0]");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->kind, PlanDevice::Kind::kCpu);
+  EXPECT_EQ(cpu->index, 1);
+  EXPECT_FALSE(ParsePlanDevice("n2/", "f").ok());
+}
+
 }  // namespace
 }  // namespace fitrun::worker
