@@ -82,6 +82,7 @@ std::string RenderJob(const v1::Job& job, const RenderContext& context, const st
   if (job.has_plan() && job.plan().device_ids_size() > 0) {
     rows.emplace_back("plan", DescribePlan(job.plan()));
   }
+  if (!job.allocation_status().empty()) rows.emplace_back("allocation", job.allocation_status());
   if (HasProgress(job)) {
     const v1::Progress& progress = job.last_progress();
     rows.emplace_back("progress", absl::StrCat("step ", FormatStep(progress), ", epoch ",
@@ -183,16 +184,22 @@ std::string RenderPlan(const v1::PlanJobResponse& response) {
   std::string steps = absl::StrCat(plan.total_steps());
   if (plan.steps_per_epoch() > 0) absl::StrAppend(&steps, " (", plan.steps_per_epoch(), " per epoch)");
 
-  std::string out = KeyValueBlock({
-      {"devices", absl::StrCat(plan.device_ids_size(), " (", absl::StrJoin(plan.device_ids(), ", "),
-                               ")")},
-      {"per-device batch", absl::StrCat(plan.per_device_batch())},
-      {"grad accumulation", absl::StrCat(plan.grad_accum_steps())},
-      {"global batch", absl::StrCat(global_batch)},
-      {"learning rate", absl::StrFormat("%g", plan.learning_rate())},
-      {"steps", steps},
-      {"predicted peak", absl::StrCat(FormatMiB(plan.predicted().total_bytes()), " per device")},
-  });
+  std::vector<std::pair<std::string, std::string>> rows = {
+      {"devices", absl::StrCat(plan.device_ids_size(), " (", absl::StrJoin(plan.device_ids(), ", "), ")")},
+  };
+  if (plan.nodes_size() > 0) {
+    rows.emplace_back("nodes", absl::StrCat(plan.nodes_size(), " x ", plan.devices_per_node(), " devices (",
+                                            absl::StrJoin(plan.nodes(), ", "), ")"));
+  }
+  rows.insert(rows.end(), {
+                              {"per-device batch", absl::StrCat(plan.per_device_batch())},
+                              {"grad accumulation", absl::StrCat(plan.grad_accum_steps())},
+                              {"global batch", absl::StrCat(global_batch)},
+                              {"learning rate", absl::StrFormat("%g", plan.learning_rate())},
+                              {"steps", steps},
+                              {"predicted peak", absl::StrCat(FormatMiB(plan.predicted().total_bytes()), " per device")},
+                          });
+  std::string out = KeyValueBlock(rows);
 
   const v1::MemoryBreakdown& predicted = plan.predicted();
   const std::vector<std::pair<std::string, int64_t>> breakdown = {

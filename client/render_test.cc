@@ -196,6 +196,25 @@ TEST(RenderPlanTest, ComputesTheGlobalBatchWhenTheSpecOmitsIt) {
   EXPECT_THAT(RenderPlan(response), HasSubstr("global batch:      128\n"));
 }
 
+TEST(RenderPlanTest, ShowsTheNodesOfAClusterPlan) {
+  v1::PlanJobResponse response;
+  for (const char* id : {"n1/cpu:0", "n1/cpu:1", "n2/cpu:0", "n2/cpu:1"}) response.mutable_plan()->add_device_ids(id);
+  response.mutable_plan()->add_nodes("n1");
+  response.mutable_plan()->add_nodes("n2");
+  response.mutable_plan()->set_devices_per_node(2);
+  response.mutable_plan()->set_per_device_batch(64);
+  response.mutable_plan()->set_grad_accum_steps(1);
+  EXPECT_THAT(RenderPlan(response), HasSubstr("nodes:             2 x 2 devices (n1, n2)\n"));
+}
+
+TEST(RenderJobTest, ShowsTheClusterSchedulersWordOnAWaitingAllocation) {
+  v1::Job job;
+  job.set_id("j1");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_allocation_status("PENDING (Resources)");
+  EXPECT_THAT(RenderJob(job, Context()), HasSubstr("allocation: PENDING (Resources)"));
+}
+
 TEST(RenderDeviceTableTest, ShowsMemoryAndTheHoldingJob) {
   v1::ListDevicesResponse response;
   v1::Device* busy = response.add_devices();

@@ -99,6 +99,10 @@ std::string DescribePlan(const v1::Plan& plan) {
       "%d device%s (%s), per-device batch %d, grad accum %d, lr %g", plan.device_ids_size(),
       plan.device_ids_size() == 1 ? "" : "s", absl::StrJoin(plan.device_ids(), ", "),
       plan.per_device_batch(), plan.grad_accum_steps(), plan.learning_rate());
+  if (plan.nodes_size() > 0) {
+    absl::StrAppend(&line, ", on ", plan.nodes_size(), " node", plan.nodes_size() == 1 ? "" : "s", " x ",
+                    plan.devices_per_node(), " (", absl::StrJoin(plan.nodes(), ", "), ")");
+  }
   if (plan.has_predicted() && plan.predicted().total_bytes() > 0) {
     absl::StrAppend(&line, ", predicted peak ", FormatMiB(plan.predicted().total_bytes()));
   }

@@ -111,13 +111,22 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(Options options, 
   // Workers run in their attempt's directory, so every path handed to them must be absolute.
   std::error_code error;
   options.state_dir = std::filesystem::absolute(options.state_dir, error).string();
-  std::filesystem::create_directories(std::filesystem::path(options.state_dir) / "jobs", error);
-  if (error) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create ", options.state_dir, "/jobs: ", error.message()));
-  }
+  if (options.jobs_dir.empty()) options.jobs_dir = (std::filesystem::path(options.state_dir) / "jobs").string();
+  options.jobs_dir = std::filesystem::absolute(options.jobs_dir, error).string();
+  std::filesystem::create_directories(options.jobs_dir, error);
+  if (error) return absl::FailedPreconditionError(absl::StrCat("cannot create ", options.jobs_dir, ": ", error.message()));
   std::unique_ptr<JobManager> manager(new JobManager(std::move(options), store, devices, launcher, metrics));
   if (absl::Status status = manager->LoadStoredJobs(); !status.ok()) return status;
+  std::vector<std::string> owned_handles;
+  {
+    absl::MutexLock lock(&manager->mu_);
+    for (const auto& [id, entry] : manager->jobs_) {
+      for (const fitrun::v1::AttemptRecord& attempt : entry.record.job.attempt_history()) {
+        if (!attempt.launch_handle().empty()) owned_handles.push_back(attempt.launch_handle());
+      }
+    }
+  }
+  manager->launcher_->ReleaseUnowned(owned_handles);
   if (manager->options_.run_scheduler_thread) {
     manager->scheduler_ = std::thread([m = manager.get()] { m->SchedulerLoop(); });
   }
@@ -212,6 +221,10 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, c
   }
   absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(std::move(spec));
   if (!normalized.ok()) return normalized.status();
+  if (options_.max_nodes > 0 && normalized->resources().min_nodes() > options_.max_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.resources.min_nodes: ", normalized->resources().min_nodes(),
+                                                   " nodes, but ", options_.max_nodes_reason));
+  }
 
   absl::MutexLock lock(&mu_);
   if (!request_id.empty()) {
@@ -287,6 +300,10 @@ absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec) {
   }
   absl::StatusOr<JobSpec> normalized = NormalizeJobSpec(std::move(spec));
   if (!normalized.ok()) return normalized.status();
+  if (options_.max_nodes > 0 && normalized->resources().min_nodes() > options_.max_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.resources.min_nodes: ", normalized->resources().min_nodes(),
+                                                   " nodes, but ", options_.max_nodes_reason));
+  }
   absl::MutexLock lock(&mu_);
   // Never waits for a probe: an unmeasured workload is planned with the analytic estimate while
   // its measurement starts, and the plan says so.
@@ -538,6 +555,34 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
   (void)PublishAllLocked(entry, std::move(events));
 }
 
+AllocationCallback JobManager::AllocationCallbackFor(const std::string& job_id, int attempt) {
+  return [this, job_id, attempt](const AllocationStatus& status) { OnAllocation(job_id, attempt, status); };
+}
+
+void JobManager::OnAllocation(const std::string& job_id, int attempt, const AllocationStatus& status) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  JobEntry& entry = it->second;
+  if (!entry.active || entry.active->attempt != attempt) return;
+  const bool was_pending = entry.active->allocation_pending;
+  entry.active->allocation_pending = !status.granted;
+  if (was_pending && status.granted) {
+    // The ranks' silence is measured from when they got their nodes.
+    for (RankState& rank : entry.active->ranks) rank.last_heard = options_.clock();
+  }
+  Job& job = entry.record.job;
+  const std::string text = status.granted ? "" : status.text;
+  if (job.allocation_status() == text) return;
+  job.set_allocation_status(text);
+  JobEvent note;
+  note.mutable_log()->set_rank(-1);
+  note.mutable_log()->set_text(status.granted ? absl::StrCat("allocation: ", status.text)
+                                              : absl::StrCat("waiting for the cluster's scheduler: ", status.text));
+  PublishLocked(entry, note);
+  Persist(entry);
+}
+
 void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(key.job_id);
@@ -670,6 +715,7 @@ void JobManager::MaybeReleaseAttempt(JobEntry& entry) {
     *job.mutable_attempt_history(job.attempt_history_size() - 1)->mutable_ended_at() = ToProto(options_.clock());
   }
   entry.active.reset();
+  job.clear_allocation_status();
   Persist(entry);
   RequestSchedule();
 }
@@ -725,7 +771,7 @@ std::vector<JobManager::Placement> JobManager::PlaceQueuedJobs(int* queued_count
 
   std::vector<DeviceCapacity> free_devices;
   for (const fitrun::v1::Device& device : DevicesLocked()) {
-    if (device.job_id().empty()) free_devices.push_back({device.id(), device.free_bytes()});
+    if (device.job_id().empty()) free_devices.push_back({device.id(), device.free_bytes(), device.node()});
   }
   // What each workload still waits for, asked once per pass however many jobs share it, and the
   // workloads one job already waits in PLANNING for.
@@ -829,10 +875,22 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
   settings.worker_channel_address = options_.worker_channel_address;
   settings.worker_tls_ca = options_.worker_tls_ca;
   AttemptLaunch attempt{job.id(), attempt_number, {}};
+  const std::vector<fitrun::v1::Device> inventory = devices_->Snapshot();
   absl::StatusOr<std::vector<WorkerLaunch>> launches =
-      AssembleAttempt(job, entry.record.token, attempt_number, plan, devices_->Snapshot(), JobDir(job.id()), settings);
+      AssembleAttempt(job, entry.record.token, attempt_number, plan, inventory, JobDir(job.id()), settings);
   if (!launches.ok()) return launches.status();
   attempt.ranks = *std::move(launches);
+  attempt.nodes.assign(plan.nodes().begin(), plan.nodes().end());
+  attempt.ranks_per_node = plan.devices_per_node();
+  for (const fitrun::v1::Device& device : inventory) {
+    if (plan.device_ids_size() == 0 || device.id() != plan.device_ids(0)) continue;
+    attempt.cpus_per_rank = std::max(1, device.cpu_threads());
+    attempt.gpu_per_rank = device.kind() == fitrun::v1::DEVICE_KIND_CUDA;
+    // A virtual CPU device's memory is host memory.
+    if (device.kind() == fitrun::v1::DEVICE_KIND_CPU) attempt.memory_per_rank_bytes = device.total_bytes();
+  }
+  attempt.time_limit_minutes = job.spec().resources().time_limit_minutes();
+  attempt.on_allocation = AllocationCallbackFor(job.id(), attempt_number);
   const std::string job_id = job.id();
   absl::StatusOr<LaunchedAttempt> launched =
       launcher_->Launch(attempt, [this, job_id, attempt_number](int rank, const WorkerExit& exit) {
@@ -1040,16 +1098,27 @@ absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, bool only_free_devi
     if (only_free_devices && !device.job_id().empty()) continue;
     // A free device's whole memory is the rank's; a busy one is planned as if idle.
     const int64_t bytes = only_free_devices ? device.free_bytes() : device.total_bytes();
-    capacities.push_back({device.id(), bytes});
+    capacities.push_back({device.id(), bytes, device.node()});
   }
-  return PlanJob(spec, *profile, capacities, options_.estimator);
+  return PlanJob(spec, *profile, capacities, options_.estimator, NodeLimits());
 }
 
 absl::StatusOr<Plan> JobManager::PlanForJob(const Job& job, const std::vector<DeviceCapacity>& devices) {
   absl::StatusOr<ModelProfile> profile = ProfileFor(job.spec());
   if (!profile.ok()) return profile.status();
   const ModelProfile corrected = ProfileAfterOutOfMemory(*profile, job.spec(), job.oom_history(), options_.estimator);
-  return PlanJob(job.spec(), corrected, devices, options_.estimator, LimitsAfterOutOfMemory(job.oom_history()));
+  PlanLimits limits = LimitsAfterOutOfMemory(job.oom_history());
+  const PlanLimits nodes = NodeLimits();
+  limits.max_nodes = nodes.max_nodes;
+  limits.max_nodes_reason = nodes.max_nodes_reason;
+  return PlanJob(job.spec(), corrected, devices, options_.estimator, limits);
+}
+
+PlanLimits JobManager::NodeLimits() const {
+  PlanLimits limits;
+  limits.max_nodes = options_.max_nodes;
+  limits.max_nodes_reason = options_.max_nodes_reason;
+  return limits;
 }
 
 absl::StatusOr<ModelProfile> JobManager::ProfileFor(const JobSpec& spec) const {
@@ -1132,7 +1201,7 @@ void JobManager::RecordAttemptMemory(JobEntry& entry) {
 }
 
 std::string JobManager::JobDir(const std::string& job_id) const {
-  return (std::filesystem::path(options_.state_dir) / "jobs" / job_id).string();
+  return (std::filesystem::path(options_.jobs_dir) / job_id).string();
 }
 
 }  // namespace fitrun::server

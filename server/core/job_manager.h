@@ -59,8 +59,13 @@ struct WorkerKey {
 class JobManager {
  public:
   struct Options {
-    // Jobs' directories (attempt logs, assignments, checkpoints) go under <state_dir>/jobs.
     std::string state_dir;
+    // Jobs' directories (attempt logs, assignments, checkpoints); empty: <state_dir>/jobs. Ranks on
+    // other machines need it on storage they see at the same path.
+    std::string jobs_dir;
+    // The most nodes a plan may span (0: any), and why, for a spec that asks for more.
+    int max_nodes = 1;
+    std::string max_nodes_reason = "fitrund runs ranks on this machine only (fitrund --cluster=slurm spans nodes)";
     std::string worker_binary;
     // The WorkerChannel address workers dial (FITRUN_COORDINATOR).
     std::string worker_channel_address;
@@ -209,6 +214,8 @@ class JobManager {
     std::optional<absl::Time> awaiting_reports_until;
     // A rank ran out of memory: the attempt's peaks say nothing about what fits.
     bool out_of_memory = false;
+    // A cluster's scheduler has not granted the ranks their nodes yet: silence is not a hang.
+    bool allocation_pending = false;
   };
   struct JobEntry {
     JobRecord record;
@@ -255,6 +262,11 @@ class JobManager {
   // Launches every rank of the job on the plan's devices; on failure stops those started.
   absl::Status LaunchAttempt(JobEntry& entry, const fitrun::v1::Plan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnWorkerExit(const WorkerKey& key, const WorkerExit& exit);
+  // The launcher's word on an attempt's allocation (a cluster scheduler's PENDING and its reason).
+  void OnAllocation(const std::string& job_id, int attempt, const AllocationStatus& status);
+  AllocationCallback AllocationCallbackFor(const std::string& job_id, int attempt);
+  // The node bound of options_ on top of the spec's own.
+  PlanLimits NodeLimits() const;
   void StopRanks(JobEntry& entry, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the attempt's devices once none of its processes is alive.
   void MaybeReleaseAttempt(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -48,7 +48,8 @@ int JobManager::AdoptLastAttempt(JobEntry& entry) {
   active.device_ids.assign(record.device_ids().begin(), record.device_ids().end());
   active.ranks.resize(record.ranks_size());
   const std::string attempt_dir = (std::filesystem::path(JobDir(job.id())) / absl::StrCat("attempt-", record.attempt())).string();
-  RecordedAttempt recorded{job.id(), record.attempt(), active.launch_handle, pids, {}};
+  RecordedAttempt recorded{job.id(), record.attempt(), active.launch_handle, pids, {},
+                           AllocationCallbackFor(job.id(), record.attempt())};
   for (const fitrun::v1::RankOutcome& outcome : record.ranks()) recorded.maybe_running.push_back(!outcome.exited());
   const std::string job_id = job.id();
   const int attempt = record.attempt();
@@ -179,6 +180,7 @@ absl::Time JobManager::CheckHeartbeats(absl::Time now) {
   absl::Time next = absl::InfiniteFuture();
   for (auto& [id, entry] : jobs_) {
     if (!entry.active || entry.record.job.state() != fitrun::v1::JOB_STATE_RUNNING) continue;
+    if (entry.active->allocation_pending) continue;
     const int timeout_seconds = entry.record.job.spec().fault_tolerance().heartbeat_timeout_seconds();
     if (timeout_seconds <= 0) continue;
     const absl::Duration timeout = absl::Seconds(timeout_seconds);

@@ -3,6 +3,7 @@
 #ifndef FITRUN_SERVER_CORE_WORKER_LAUNCHER_H_
 #define FITRUN_SERVER_CORE_WORKER_LAUNCHER_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -31,6 +32,16 @@ struct WorkerExit {
   bool status_known = true;
 };
 
+// What a cluster's batch scheduler says about an attempt's allocation, as the launcher last saw it.
+// A launcher that starts ranks itself (the local one) never reports one.
+struct AllocationStatus {
+  // The ranks have their nodes (they may still be starting), or had them and the allocation ended.
+  bool granted = false;
+  // In the scheduler's words: "PENDING (Resources)", "RUNNING", "NODE_FAIL", ...
+  std::string text;
+};
+using AllocationCallback = std::function<void(const AllocationStatus&)>;
+
 // Every rank of one attempt, started together. The ranks' environments carry everything but the
 // rendezvous (MASTER_ADDR, MASTER_PORT), which is the launcher's to choose: it knows where the ranks
 // will run.
@@ -38,6 +49,17 @@ struct AttemptLaunch {
   std::string job_id;
   int attempt = 0;
   std::vector<WorkerLaunch> ranks;  // rank r at index r
+  // What a launcher that asks a scheduler for the ranks' nodes asks for: the plan's nodes (empty on
+  // one machine) with ranks_per_node each; per rank its CPU threads, a GPU or not, and its host memory
+  // (0: unknown); the spec's time limit (0: none).
+  std::vector<std::string> nodes;
+  int ranks_per_node = 0;
+  int cpus_per_rank = 1;
+  bool gpu_per_rank = false;
+  int64_t memory_per_rank_bytes = 0;
+  int time_limit_minutes = 0;
+  // Called with every change of the allocation's status, on a launcher thread; may be empty.
+  AllocationCallback on_allocation;
 };
 
 // What the launcher started. `handle` is opaque to the job manager, which stores it with the attempt
@@ -59,6 +81,7 @@ struct RecordedAttempt {
   // seen exiting).
   std::vector<int> pids;
   std::vector<bool> maybe_running;
+  AllocationCallback on_allocation;  // as AttemptLaunch's
 };
 
 // The handle of ranks started as local processes: "pids:<rank 0's pid>,<rank 1's>,...". Attempts
@@ -84,6 +107,11 @@ class WorkerLauncher {
   // Takes over the ranks of an attempt an earlier coordinator launched (never a process that merely
   // reuses a recorded pid); returns, per rank, whether it was adopted.
   virtual std::vector<bool> Adopt(const RecordedAttempt& attempt, RankExitCallback on_exit) = 0;
+  // Called once a restarted coordinator has re-adopted its attempts, with every handle its stored
+  // attempts hold: whatever this launcher started for this coordinator that none of them owns (an
+  // allocation whose submit the previous coordinator's death interrupted before it was stored) is
+  // cancelled. Never touches what another coordinator or user started.
+  virtual void ReleaseUnowned(const std::vector<std::string>& owned_handles) { (void)owned_handles; }
 };
 
 }  // namespace fitrun::server
