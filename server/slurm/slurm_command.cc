@@ -1,0 +1,184 @@
+#include "server/slurm/slurm_command.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "fitrun/v1/find_command.h"
+#include "server/launcher/child_spawn.h"
+
+extern char** environ;
+
+namespace fitrun::server::slurm {
+namespace {
+
+// Past this, only the end of a command's stderr is kept: its last lines say what went wrong.
+constexpr size_t kStderrLimit = 64 << 10;
+// The most of a command's output an error message quotes.
+constexpr size_t kMessageLimit = 2000;
+
+// `scontrol show node --oneliner`, quoting arguments with spaces, for messages.
+std::string CommandLine(const std::vector<std::string>& argv) {
+  return absl::StrJoin(argv, " ", [](std::string* out, const std::string& arg) {
+    const bool quote = arg.empty() || arg.find_first_of(" \t'\"") != std::string::npos;
+    absl::StrAppend(out, quote ? absl::StrCat("'", arg, "'") : arg);
+  });
+}
+
+std::string Trimmed(absl::string_view text) {
+  text = absl::StripAsciiWhitespace(text);
+  if (text.size() <= kMessageLimit) return std::string(text);
+  return absl::StrCat("...", text.substr(text.size() - kMessageLimit));
+}
+
+// Debian puts the clients in /usr/bin, which a service's PATH may leave out.
+absl::StatusOr<std::string> FindSlurmProgram(const std::string& name) {
+  absl::StatusOr<std::string> path = fitrun::v1::launch::FindCommand(name, "");
+  if (path.ok() || name.find('/') != std::string::npos) return path;
+  absl::StatusOr<std::string> in_usr_bin = fitrun::v1::launch::FindCommand("/usr/bin/" + name, "");
+  if (in_usr_bin.ok()) return in_usr_bin;
+  const char* path_env = std::getenv("PATH");
+  return absl::NotFoundError(absl::StrCat(
+      name, ": not found on PATH (", path_env != nullptr ? path_env : "", ") nor in /usr/bin; fitrund's Slurm mode "
+      "needs slurm-wlm's client tools (scontrol, sbatch, squeue, scancel; Debian: apt-get install slurm-client)"));
+}
+
+void CloseIfOpen(int* fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> RunSlurmCommand(const std::vector<std::string>& argv, absl::Duration timeout) {
+  if (argv.empty()) return absl::InvalidArgumentError("RunSlurmCommand: argv is empty");
+  const std::string command = CommandLine(argv);
+  absl::StatusOr<std::string> program = FindSlurmProgram(argv[0]);
+  if (!program.ok()) return program.status();
+
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+    const int error = errno;
+    close(out_pipe[0]);
+    close(out_pipe[1]);
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(error)));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
+  // A group of its own, so a timeout's kill reaches anything it started, and no terminal signal
+  // meant for fitrund reaches it.
+  const ChildSpawnAttributes attributes(/*own_process_group=*/true);
+  std::vector<std::string> args = argv;
+  std::vector<char*> arg_pointers;
+  for (std::string& arg : args) arg_pointers.push_back(arg.data());
+  arg_pointers.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawn_error = posix_spawn(&pid, program->c_str(), &actions, attributes.get(), arg_pointers.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  if (spawn_error != 0) {
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    return absl::InternalError(
+        absl::StrCat("cannot start `", command, "` (", *program, "): ", std::strerror(spawn_error)));
+  }
+
+  // Read both pipes until they close and the child has exited, or until the deadline. A pidfd says
+  // when it exits; without one (kernels before 5.3) the loop looks every 20 ms.
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  int fds[2] = {out_pipe[0], err_pipe[0]};
+  std::string output[2];
+  bool exited = false;
+  bool timed_out = false;
+  int poll_error = 0;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (fds[0] >= 0 || fds[1] >= 0 || !exited) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      timed_out = true;
+      break;
+    }
+    pollfd polled[3];
+    int count = 0;
+    for (int fd : fds) {
+      if (fd >= 0) polled[count++] = {fd, POLLIN, 0};
+    }
+    const bool poll_pidfd = !exited && pidfd >= 0;
+    if (poll_pidfd) polled[count++] = {pidfd, POLLIN, 0};
+    int wait_ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
+                                                     60 * 60 * 1000));
+    if (!exited && pidfd < 0) wait_ms = std::min(wait_ms, 20);
+    if (poll(polled, static_cast<nfds_t>(count), wait_ms) < 0) {
+      if (errno == EINTR) continue;
+      poll_error = errno;  // Cannot wait for it any more: end it.
+      break;
+    }
+    for (int i = 0; i < count; ++i) {
+      if (polled[i].fd == pidfd || polled[i].revents == 0) continue;
+      const int which = polled[i].fd == fds[0] ? 0 : 1;
+      char buffer[16384];
+      const ssize_t n = read(fds[which], buffer, sizeof(buffer));
+      if (n > 0) {
+        output[which].append(buffer, static_cast<size_t>(n));
+        if (which == 1 && output[1].size() > kStderrLimit) output[1].erase(0, output[1].size() - kStderrLimit / 2);
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        CloseIfOpen(&fds[which]);
+      }
+    }
+    if (poll_pidfd) {
+      exited = (polled[count - 1].revents & POLLIN) != 0;
+    } else if (!exited) {
+      siginfo_t info{};
+      exited = waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
+    }
+  }
+  // The child is not reaped yet, so neither its pid nor its group id can have been reused.
+  if (timed_out || poll_error != 0) kill(-pid, SIGKILL);
+  CloseIfOpen(&fds[0]);
+  CloseIfOpen(&fds[1]);
+  CloseIfOpen(&pidfd);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+
+  const std::string& said = absl::StripAsciiWhitespace(output[1]).empty() ? output[0] : output[1];
+  const std::string detail = Trimmed(said).empty() ? "" : absl::StrCat(": ", Trimmed(said));
+  if (poll_error != 0) {
+    return absl::InternalError(absl::StrCat("waiting for `", command, "`: poll: ", std::strerror(poll_error)));
+  }
+  if (timed_out) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("`", command, "` did not finish within ", absl::FormatDuration(timeout), "; killed it", detail));
+  }
+  if (WIFSIGNALED(status)) {
+    return absl::UnavailableError(absl::StrCat("`", command, "` was killed by signal ", WTERMSIG(status), detail));
+  }
+  if (WEXITSTATUS(status) != 0) {
+    return absl::UnavailableError(absl::StrCat("`", command, "` exited with status ", WEXITSTATUS(status),
+                                               detail.empty() ? " and said nothing" : detail));
+  }
+  return std::move(output[0]);
+}
+
+SlurmRunner RealSlurmRunner(absl::Duration timeout) {
+  return [timeout](const std::vector<std::string>& argv) { return RunSlurmCommand(argv, timeout); };
+}
+
+}  // namespace fitrun::server::slurm
