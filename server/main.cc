@@ -47,6 +47,23 @@ ABSL_FLAG(std::vector<std::string>, data_roots, {},
           "/usr/share/datasets, <state_dir>/uploads and the directory fitrund starts in");
 ABSL_FLAG(int, max_jobs_per_user, 10000, "Jobs one user may have queued or running at once");
 ABSL_FLAG(int, max_streams_per_user, 1000, "Watch and log streams one user may have open at once");
+ABSL_FLAG(std::string, cluster, "local",
+          "Where ranks run: local (child processes of fitrund on this machine) or slurm (batch jobs on the Slurm "
+          "cluster SLURM_CONF names, planned across its nodes)");
+ABSL_FLAG(std::string, slurm_partition, "", "--cluster=slurm: the partition to plan on and submit to (default: every node, the cluster's default partition)");
+ABSL_FLAG(std::string, slurm_account, "", "--cluster=slurm: sbatch --account");
+ABSL_FLAG(std::string, slurm_sbatch_args, "",
+          "--cluster=slurm: more sbatch options, separated by spaces (e.g. '--qos=high --constraint=a100')");
+ABSL_FLAG(std::string, slurm_gpu_memory, "",
+          "--cluster=slurm: memory of one GPU per Gres type, TYPE=SIZE,... (e.g. a100=80GiB,t4=16GiB; 'gpu' for "
+          "untyped Gres)");
+ABSL_FLAG(std::string, slurm_virtual_devices, "",
+          "--cluster=slurm: virtual CPU devices per node, COUNTxSIZE (e.g. 2x4GiB), for clusters without GPUs");
+ABSL_FLAG(std::string, shared_dir, "",
+          "--cluster=slurm: a directory every node mounts at the same path, for batch scripts, rank logs and "
+          "checkpoints (and bin/fitrun-worker, when there); without it plans stay on one node");
+ABSL_FLAG(std::string, advertise_address, "",
+          "Where ranks dial fitrund (HOST or HOST:PORT), when the --listen address is not one they can reach");
 ABSL_FLAG(bool, stop_workers_on_exit, false,
           "Stop running ranks when fitrund exits (default: leave them training; a restarted fitrund re-adopts them)");
 
@@ -71,6 +88,14 @@ int main(int argc, char** argv) {
   options.data_roots = absl::GetFlag(FLAGS_data_roots);
   options.max_jobs_per_user = absl::GetFlag(FLAGS_max_jobs_per_user);
   options.max_streams_per_user = absl::GetFlag(FLAGS_max_streams_per_user);
+  options.cluster = absl::GetFlag(FLAGS_cluster);
+  options.slurm_partition = absl::GetFlag(FLAGS_slurm_partition);
+  options.slurm_account = absl::GetFlag(FLAGS_slurm_account);
+  options.slurm_sbatch_args = absl::GetFlag(FLAGS_slurm_sbatch_args);
+  options.slurm_gpu_memory = absl::GetFlag(FLAGS_slurm_gpu_memory);
+  options.slurm_virtual_devices = absl::GetFlag(FLAGS_slurm_virtual_devices);
+  options.shared_dir = absl::GetFlag(FLAGS_shared_dir);
+  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t signals;

@@ -15,9 +15,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "server/devices/nvml_devices.h"
 #include "server/devices/virtual_cpu_devices.h"
+#include "server/slurm/slurm_devices.h"
+#include "server/slurm/slurm_text.h"
 
 namespace fitrun::server {
 namespace {
@@ -122,6 +125,69 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
   return grpc::SslServerCredentials(ssl);
 }
 
+// --cluster=slurm: the cluster's devices, the Slurm launcher, and where jobs' files go. Every flag
+// is checked, and slurmctld reached, before fitrund serves anything.
+absl::Status StartSlurm(const ServerOptions& options, RunningServer* server, JobManager::Options* manager_options) {
+  absl::StatusOr<std::map<std::string, int64_t>> gpu_memory = slurm::ParseGpuMemoryFlag(options.slurm_gpu_memory);
+  if (!gpu_memory.ok()) return gpu_memory.status();
+  slurm::SlurmDevices::Options device_options;
+  device_options.partition = options.slurm_partition;
+  device_options.gpu_memory = *std::move(gpu_memory);
+  if (!options.slurm_virtual_devices.empty()) {
+    absl::StatusOr<std::pair<int, int64_t>> virtual_devices =
+        slurm::ParseVirtualDevicesFlag(options.slurm_virtual_devices);
+    if (!virtual_devices.ok()) return virtual_devices.status();
+    device_options.virtual_devices = *virtual_devices;
+  }
+  if (options.devices != "auto") {
+    return absl::InvalidArgumentError(
+        "--devices: not with --cluster=slurm, whose devices come from Slurm (--slurm_gpu_memory, "
+        "--slurm_virtual_devices)");
+  }
+
+  std::error_code error;
+  if (!options.shared_dir.empty()) {
+    if (!std::filesystem::is_directory(options.shared_dir, error)) {
+      return absl::InvalidArgumentError(absl::StrCat("--shared_dir: ", options.shared_dir,
+                                                     " is not a directory; give one every node mounts at that path"));
+    }
+    const std::filesystem::path shared = std::filesystem::absolute(options.shared_dir, error);
+    manager_options->jobs_dir = (shared / "jobs").string();
+    manager_options->max_nodes = 0;
+    const std::filesystem::path shared_worker = shared / "bin" / "fitrun-worker";
+    if (options.worker_binary.empty() && std::filesystem::exists(shared_worker, error)) {
+      manager_options->worker_binary = shared_worker.string();
+    }
+  } else {
+    manager_options->max_nodes = 1;
+    manager_options->max_nodes_reason =
+        "plans across nodes need storage every node sees (batch scripts, rank logs, checkpoints): start fitrund "
+        "with --shared_dir";
+  }
+
+  absl::StatusOr<std::unique_ptr<slurm::SlurmDevices>> devices = slurm::SlurmDevices::Create(device_options);
+  if (!devices.ok()) return devices.status();
+  server->devices = *std::move(devices);
+
+  SlurmLauncher::Options launcher_options;
+  launcher_options.partition = options.slurm_partition;
+  launcher_options.account = options.slurm_account;
+  launcher_options.extra_sbatch_args = absl::StrSplit(options.slurm_sbatch_args, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+  for (const std::string& arg : launcher_options.extra_sbatch_args) {
+    if (arg.rfind("-", 0) != 0 && arg.find('=') == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--slurm_sbatch_args: '", arg, "' is not an sbatch option; give options as --name=value, e.g. "
+          "--slurm_sbatch_args='--qos=high --constraint=a100'"));
+    }
+  }
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  launcher_options.coordinator_tag =
+      SlurmLauncher::CoordinatorTag(host, std::filesystem::absolute(options.state_dir, error).string());
+  server->launcher = std::make_unique<SlurmLauncher>(std::move(launcher_options));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void RunningServer::Shutdown(bool stop_workers) {
@@ -149,7 +215,22 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
 
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int64_t memory = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
-  if (options.devices == "auto") {
+  JobManager::Options manager_options;
+  if (options.cluster == "slurm") {
+    if (absl::Status status = StartSlurm(options, server.get(), &manager_options); !status.ok()) return status;
+  } else if (options.cluster != "local") {
+    return absl::InvalidArgumentError(absl::StrCat("--cluster: expected local or slurm (got '", options.cluster, "')"));
+  } else {
+    for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--slurm_partition", options.slurm_partition},
+                                      {"--slurm_account", options.slurm_account},
+                                      {"--slurm_sbatch_args", options.slurm_sbatch_args},
+                                      {"--slurm_gpu_memory", options.slurm_gpu_memory},
+                                      {"--slurm_virtual_devices", options.slurm_virtual_devices},
+                                      {"--shared_dir", options.shared_dir}}) {
+      if (!value.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": only with --cluster=slurm"));
+    }
+  }
+  if (server->devices == nullptr && options.devices == "auto") {
     // GPUs only when they can be used: NVML sees them and the worker can train on them.
     absl::StatusOr<std::unique_ptr<NvmlDevices>> gpus = NvmlDevices::Create({});
     if (gpus.ok() && !(*gpus)->Snapshot().empty()) {
@@ -196,8 +277,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   if (!authenticator.ok()) return authenticator.status();
   server->authenticator = *std::move(authenticator);
 
-  server->launcher = std::make_unique<LocalLauncher>();
-  JobManager::Options manager_options;
+  if (server->launcher == nullptr) server->launcher = std::make_unique<LocalLauncher>();
   std::vector<std::string> data_roots = options.data_roots;
   if (data_roots.empty()) {
     const std::filesystem::path uploads = std::filesystem::path(options.state_dir) / "uploads";
@@ -210,8 +290,21 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
     manager_options.worker_tls_ca = std::filesystem::absolute(options.tls_ca.empty() ? options.tls_cert : options.tls_ca);
   }
   manager_options.state_dir = options.state_dir;
-  manager_options.worker_binary = options.worker_binary.empty() ? DefaultWorkerBinary() : options.worker_binary;
+  if (manager_options.worker_binary.empty()) {
+    manager_options.worker_binary = options.worker_binary.empty() ? DefaultWorkerBinary() : options.worker_binary;
+  }
   manager_options.worker_channel_address = absl::StrCat(dial_host, ":", port);
+  if (!options.advertise_address.empty()) {
+    const bool has_port = options.advertise_address.find(':') != std::string::npos &&
+                          options.advertise_address.back() != ']';
+    manager_options.worker_channel_address =
+        has_port ? options.advertise_address : absl::StrCat(options.advertise_address, ":", port);
+  } else if (options.cluster == "slurm" && IsLoopback(dial_host)) {
+    fprintf(stderr,
+            "fitrund: ranks on Slurm nodes will dial %s, a loopback address: only ranks on this machine reach it "
+            "(give --advertise_address and a --listen address the nodes can reach)\n",
+            manager_options.worker_channel_address.c_str());
+  }
   manager_options.stop_workers_on_shutdown = options.stop_workers_on_exit;
   if (options.memory_probe) {
     ProcessMemoryProbe::Options probe_options;

@@ -17,6 +17,7 @@
 #include "server/core/job_manager.h"
 #include "server/core/memory_calibration.h"
 #include "server/launcher/local_launcher.h"
+#include "server/launcher/slurm_launcher.h"
 #include "server/metrics/live_metrics.h"
 #include "server/metrics/prometheus_metrics.h"
 #include "server/probe/process_memory_probe.h"
@@ -57,6 +58,22 @@ struct ServerOptions {
   // Per user: jobs queued or running at once, and watch and log streams open at once.
   int max_jobs_per_user = 10000;
   int max_streams_per_user = 1000;
+  // Where ranks run: "local" (this machine) or "slurm" (a Slurm cluster, the one SLURM_CONF names).
+  std::string cluster = "local";
+  // On Slurm: sbatch's --partition and --account, more sbatch arguments (split at whitespace), GPU
+  // memory per Gres type ("a100=80GiB,..."), virtual CPU devices per node ("2x4GiB") for clusters
+  // without GPUs.
+  std::string slurm_partition;
+  std::string slurm_account;
+  std::string slurm_sbatch_args;
+  std::string slurm_gpu_memory;
+  std::string slurm_virtual_devices;
+  // A directory every node sees at the same path: jobs' batch scripts, rank logs and checkpoints go
+  // under it (<shared_dir>/jobs), and a fitrun-worker in <shared_dir>/bin is the one ranks run.
+  // Without it, plans stay on one node.
+  std::string shared_dir;
+  // Where ranks dial fitrund's WorkerChannel (HOST or HOST:PORT; empty: the --listen address).
+  std::string advertise_address;
 };
 
 // Everything a running coordinator owns, torn down in dependency order. Owned by the thread that
@@ -67,7 +84,7 @@ struct RunningServer {
   int state_lock_fd = -1;
   std::unique_ptr<SqliteJobStore> store;
   std::unique_ptr<DeviceInventory> devices;
-  std::unique_ptr<LocalLauncher> launcher;
+  std::unique_ptr<WorkerLauncher> launcher;
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<PrometheusMetrics> metrics;
   // After the metrics they report to, before the manager, so they outlive it.

@@ -1,0 +1,356 @@
+// SlurmLauncher against a scripted Slurm: what it asks sbatch for, the batch script it writes, how it
+// turns squeue's and scontrol's answers and the shim's exit files into allocation and rank reports,
+// and which scancel it sends when. The real cluster is tests/slurm/fitrund_slurm_test.py's.
+#include "server/launcher/slurm_launcher.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+
+namespace fitrun::server {
+namespace {
+
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Slurm as scripted by the test: sbatch hands out job 42, squeue and scontrol say what `state` says,
+// and every command is recorded.
+class ScriptedSlurm {
+ public:
+  slurm::SlurmRunner Runner() {
+    return [this](const std::vector<std::string>& argv) -> absl::StatusOr<std::string> {
+      absl::MutexLock lock(&mu_);
+      commands_.push_back(absl::StrJoin(argv, " "));
+      const std::string& program = argv[0];
+      if (program == "sbatch") return std::string("42\n");
+      if (program == "squeue" && absl::StrContains(commands_.back(), "--format=%i|%k")) return listing_;
+      if (program == "squeue") {
+        if (!squeue_error_.empty()) return absl::UnavailableError(squeue_error_);
+        if (state_.empty()) return std::string("");
+        return absl::StrCat("42|", state_, "|", reason_, "|n[1-2]\n");
+      }
+      if (program == "scontrol") {
+        if (state_.empty()) return absl::UnavailableError("slurm_load_jobs error: Invalid job id specified");
+        return absl::StrCat("JobId=42 JobName=fitrun-j1 JobState=", state_, " Reason=", reason_,
+                            " ExitCode=0:0 WorkDir=", work_dir_, " NodeList=n[1-2]\n");
+      }
+      if (program == "scancel") return std::string("");
+      return absl::NotFoundError(program);
+    };
+  }
+  void Set(const std::string& state, const std::string& reason = "None") {
+    absl::MutexLock lock(&mu_);
+    state_ = state;
+    reason_ = reason;
+  }
+  void SetSqueueError(const std::string& error) {
+    absl::MutexLock lock(&mu_);
+    squeue_error_ = error;
+  }
+  void SetListing(const std::string& listing) {
+    absl::MutexLock lock(&mu_);
+    listing_ = listing;
+  }
+  void SetWorkDir(const std::string& dir) {
+    absl::MutexLock lock(&mu_);
+    work_dir_ = dir;
+  }
+  std::vector<std::string> Commands() {
+    absl::MutexLock lock(&mu_);
+    return commands_;
+  }
+  int Count(const std::string& command) {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(std::count(commands_.begin(), commands_.end(), command));
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> commands_;
+  std::string state_ = "PENDING";
+  std::string reason_ = "None";
+  std::string squeue_error_;
+  std::string listing_;
+  std::string work_dir_;
+};
+
+// Reports from the launcher, for the test to wait on.
+class Reports {
+ public:
+  AllocationCallback OnAllocation() {
+    return [this](const AllocationStatus& status) {
+      absl::MutexLock lock(&mu_);
+      allocations_.push_back(absl::StrCat(status.granted ? "granted " : "waiting ", status.text));
+    };
+  }
+  WorkerLauncher::RankExitCallback OnExit() {
+    return [this](int rank, const WorkerExit& exit) {
+      absl::MutexLock lock(&mu_);
+      exits_.push_back(absl::StrCat("rank ", rank, " code ", exit.exit_code, " signal ", exit.signal));
+    };
+  }
+  // Waits until `what` holds of the reports so far (10 s at most); returns whether it did.
+  bool WaitFor(const std::function<bool(const std::vector<std::string>&, const std::vector<std::string>&)>& what) {
+    absl::MutexLock lock(&mu_);
+    auto holds = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return what(allocations_, exits_); };
+    return mu_.AwaitWithTimeout(absl::Condition(&holds), absl::Seconds(10));
+  }
+  std::vector<std::string> Exits() {
+    absl::MutexLock lock(&mu_);
+    return exits_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> allocations_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> exits_ ABSL_GUARDED_BY(mu_);
+};
+
+// Polls `condition` (state the launcher changes through the scripted Slurm) for 10 s at most.
+bool Eventually(const std::function<bool()>& condition) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!condition()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+bool Has(const std::vector<std::string>& list, const std::string& item) {
+  return std::find(list.begin(), list.end(), item) != list.end();
+}
+
+class SlurmLauncherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    attempt_dir_ = std::filesystem::path(::testing::TempDir()) /
+                   ::testing::UnitTest::GetInstance()->current_test_info()->name() / "attempt-1";
+    std::filesystem::remove_all(attempt_dir_);
+    std::filesystem::create_directories(attempt_dir_);
+    slurm_.SetWorkDir(attempt_dir_.string());
+  }
+
+  SlurmLauncher::Options Options() {
+    SlurmLauncher::Options options;
+    options.coordinator_tag = "fitrund-tag";
+    options.min_poll_interval = absl::Milliseconds(10);
+    options.max_poll_interval = absl::Milliseconds(20);
+    options.runner = slurm_.Runner();
+    return options;
+  }
+
+  // Two nodes x two ranks of job j1, attempt 1.
+  AttemptLaunch Attempt() {
+    AttemptLaunch attempt;
+    attempt.job_id = "j1";
+    attempt.attempt = 1;
+    for (int rank = 0; rank < 4; ++rank) {
+      WorkerLaunch launch;
+      launch.job_id = "j1";
+      launch.attempt = 1;
+      launch.rank = rank;
+      launch.argv = {"/opt/fitrun/fitrun-worker"};
+      launch.working_dir = attempt_dir_.string();
+      launch.log_path = (attempt_dir_ / absl::StrCat("rank-", rank, ".log")).string();
+      launch.env = {{"RANK", absl::StrCat(rank)},       {"LOCAL_RANK", absl::StrCat(rank)},
+                    {"WORLD_SIZE", "4"},                 {"LOCAL_WORLD_SIZE", "4"},
+                    {"FITRUN_JOB_ID", "j1"},             {"FITRUN_JOB_TOKEN", "it's secret"},
+                    {"FITRUN_COORDINATOR", "10.0.0.1:7070"}};
+      attempt.ranks.push_back(launch);
+    }
+    attempt.nodes = {"n1", "n2"};
+    attempt.ranks_per_node = 2;
+    attempt.cpus_per_rank = 1;
+    attempt.memory_per_rank_bytes = int64_t{1} << 30;
+    attempt.on_allocation = reports_.OnAllocation();
+    return attempt;
+  }
+
+  void WriteExitFile(int rank, int code) {
+    std::ofstream(attempt_dir_ / absl::StrCat("rank-", rank, ".exit")) << code << "\n";
+  }
+
+  std::filesystem::path attempt_dir_;
+  ScriptedSlurm slurm_;
+  Reports reports_;
+};
+
+TEST_F(SlurmLauncherTest, SbatchAsksForThePlansNodesRanksAndLimits) {
+  SlurmLauncher::Options options = Options();
+  options.partition = "gpu";
+  options.account = "ml";
+  options.extra_sbatch_args = {"--qos=high"};
+  SlurmLauncher launcher(options);
+  AttemptLaunch attempt = Attempt();
+  attempt.time_limit_minutes = 90;
+  const std::vector<std::string> argv = launcher.SbatchArgv(attempt, "/shared/jobs/j1/attempt-1/slurm-batch.sh");
+  EXPECT_EQ(argv.front(), "sbatch");
+  EXPECT_EQ(argv.back(), "/shared/jobs/j1/attempt-1/slurm-batch.sh");
+  for (const char* expected :
+       {"--parsable", "--job-name=fitrun-j1", "--comment=fitrund-tag", "--nodes=2", "--ntasks-per-node=2",
+        "--nodelist=n1,n2", "--cpus-per-task=1", "--mem=2048M", "--time=90", "--no-requeue", "--signal=B:USR2@60",
+        "--output=/shared/jobs/j1/attempt-1/slurm-batch.log", "--chdir=/shared/jobs/j1/attempt-1",
+        "--partition=gpu", "--account=ml", "--qos=high"}) {
+    EXPECT_THAT(argv, Contains(expected));
+  }
+  EXPECT_THAT(argv, Not(Contains("--gpus-per-task=1")));
+  attempt.gpu_per_rank = true;
+  EXPECT_THAT(launcher.SbatchArgv(attempt, "/s.sh"), Contains("--gpus-per-task=1"));
+}
+
+TEST_F(SlurmLauncherTest, BatchScriptSharesTheEnvironmentAndLeavesTheRanksToTheShim) {
+  absl::StatusOr<std::string> script = SlurmLauncher::BatchScript(Attempt(), "/shared/rank_shim.sh");
+  ASSERT_TRUE(script.ok()) << script.status();
+  EXPECT_THAT(*script, HasSubstr("export FITRUN_JOB_TOKEN='it'\\''s secret'\n"));
+  EXPECT_THAT(*script, HasSubstr("export FITRUN_COORDINATOR='10.0.0.1:7070'\n"));
+  EXPECT_THAT(*script, HasSubstr(absl::StrCat("export FITRUN_EXIT_DIR='", attempt_dir_.string(), "'\n")));
+  // The shim sets each rank's own; the script sets none of them.
+  EXPECT_THAT(*script, Not(HasSubstr("export RANK=")));
+  EXPECT_THAT(*script, Not(HasSubstr("export WORLD_SIZE=")));
+  EXPECT_THAT(*script, HasSubstr("NodeAddr="));
+  EXPECT_THAT(*script, HasSubstr("export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))"));
+  EXPECT_THAT(*script, HasSubstr("srun --kill-on-bad-exit=1 --output='" + attempt_dir_.string() +
+                                 "/rank-%t.log' '/shared/rank_shim.sh' '/opt/fitrun/fitrun-worker' &"));
+
+  AttemptLaunch uneven = Attempt();
+  uneven.ranks[3].env.emplace_back("EXTRA", "1");
+  absl::StatusOr<std::string> refused = SlurmLauncher::BatchScript(uneven, "/shared/rank_shim.sh");
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("rank 3"));
+}
+
+TEST_F(SlurmLauncherTest, LaunchWritesTheScriptAndTheShimAndReturnsTheSlurmJob) {
+  SlurmLauncher launcher(Options());
+  absl::StatusOr<LaunchedAttempt> launched = launcher.Launch(Attempt(), reports_.OnExit());
+  ASSERT_TRUE(launched.ok()) << launched.status();
+  EXPECT_EQ(launched->handle, "slurm:42");
+  EXPECT_EQ(launched->pids, std::vector<int>(4, 0));
+  const std::filesystem::path script = attempt_dir_ / "slurm-batch.sh";
+  const std::filesystem::path shim = attempt_dir_ / "rank_shim.sh";
+  ASSERT_TRUE(std::filesystem::exists(script));
+  ASSERT_TRUE(std::filesystem::exists(shim));
+  // The script holds the job's token: its owner's alone.
+  EXPECT_EQ(std::filesystem::status(script).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_all);
+  std::ifstream shim_in(shim);
+  std::string first_line;
+  std::getline(shim_in, first_line);
+  EXPECT_EQ(first_line, "#!/bin/sh");
+  EXPECT_THAT(slurm_.Commands().front(), HasSubstr("sbatch --parsable"));
+}
+
+TEST_F(SlurmLauncherTest, ReportsTheWaitThenTheAllocationThenEachRanksOwnExit) {
+  slurm_.Set("PENDING", "Resources");
+  SlurmLauncher launcher(Options());
+  absl::StatusOr<LaunchedAttempt> launched = launcher.Launch(Attempt(), reports_.OnExit());
+  ASSERT_TRUE(launched.ok()) << launched.status();
+  EXPECT_TRUE(reports_.WaitFor([](const auto& allocations, const auto&) {
+    return Has(allocations, "waiting PENDING (Resources)");
+  }));
+  slurm_.Set("RUNNING");
+  EXPECT_TRUE(reports_.WaitFor([](const auto& allocations, const auto&) { return Has(allocations, "granted RUNNING"); }));
+  WriteExitFile(0, 0);
+  WriteExitFile(1, 3);
+  EXPECT_TRUE(reports_.WaitFor([](const auto&, const auto& exits) { return exits.size() == 2; }));
+  EXPECT_THAT(reports_.Exits(), Contains("rank 0 code 0 signal 0"));
+  EXPECT_THAT(reports_.Exits(), Contains("rank 1 code 3 signal 0"));
+  // The allocation ends with ranks 2 and 3 never having written theirs: they were killed.
+  slurm_.Set("CANCELLED");
+  EXPECT_TRUE(reports_.WaitFor([](const auto&, const auto& exits) { return exits.size() == 4; }));
+  EXPECT_THAT(reports_.Exits(), Contains("rank 2 code -1 signal 9"));
+  EXPECT_THAT(reports_.Exits(), Contains("rank 3 code -1 signal 9"));
+}
+
+TEST_F(SlurmLauncherTest, AJobSlurmForgotIsOverAndItsRanksReported) {
+  slurm_.Set("RUNNING");
+  SlurmLauncher launcher(Options());
+  ASSERT_TRUE(launcher.Launch(Attempt(), reports_.OnExit()).ok());
+  for (int rank = 0; rank < 4; ++rank) WriteExitFile(rank, 0);
+  slurm_.Set("");  // purged: squeue lists nothing, scontrol says invalid job id
+  EXPECT_TRUE(reports_.WaitFor([](const auto&, const auto& exits) { return exits.size() == 4; }));
+  EXPECT_THAT(reports_.Exits(), Contains("rank 3 code 0 signal 0"));
+}
+
+TEST_F(SlurmLauncherTest, AnUnreadableOrFailingSqueueIsRetriedNotFatal) {
+  slurm_.SetSqueueError("Socket timed out on send/recv operation");
+  SlurmLauncher launcher(Options());
+  ASSERT_TRUE(launcher.Launch(Attempt(), reports_.OnExit()).ok());
+  // Several polls fail; nothing is reported from them.
+  EXPECT_TRUE(Eventually([this] { return slurm_.Commands().size() >= 4; }));
+  EXPECT_TRUE(reports_.Exits().empty());
+  slurm_.SetSqueueError("");
+  slurm_.Set("RUNNING");
+  EXPECT_TRUE(reports_.WaitFor([](const auto& allocations, const auto&) { return Has(allocations, "granted RUNNING"); }));
+}
+
+TEST_F(SlurmLauncherTest, StopSignalsTheAllocationOnceAndCancelsItAfterTheGrace) {
+  slurm_.Set("RUNNING");
+  SlurmLauncher launcher(Options());
+  ASSERT_TRUE(launcher.Launch(Attempt(), reports_.OnExit()).ok());
+  for (int rank = 0; rank < 4; ++rank) launcher.Stop("slurm:42", rank, absl::Milliseconds(200));
+  EXPECT_TRUE(Eventually([this] { return slurm_.Count("scancel 42") == 1; }));
+  EXPECT_EQ(slurm_.Count("scancel --signal=TERM --full 42"), 1);
+  // Still running after the grace, so cancelled; the TERM came first.
+  const std::vector<std::string> commands = slurm_.Commands();
+  const auto term = std::find(commands.begin(), commands.end(), "scancel --signal=TERM --full 42");
+  const auto cancel = std::find(commands.begin(), commands.end(), "scancel 42");
+  EXPECT_LT(term - commands.begin(), cancel - commands.begin());
+}
+
+TEST_F(SlurmLauncherTest, StoppingAWaitingAllocationCancelsItAtOnce) {
+  slurm_.Set("PENDING", "Priority");
+  SlurmLauncher launcher(Options());
+  ASSERT_TRUE(launcher.Launch(Attempt(), reports_.OnExit()).ok());
+  launcher.Stop("slurm:42", 0, absl::Seconds(60));
+  EXPECT_TRUE(Eventually([this] { return slurm_.Count("scancel 42") == 1; }));
+  EXPECT_EQ(slurm_.Count("scancel --signal=TERM --full 42"), 0);
+}
+
+TEST_F(SlurmLauncherTest, AdoptsAJobSlurmStillRunsAndNotOneThatEnded) {
+  slurm_.Set("RUNNING");
+  SlurmLauncher launcher(Options());
+  RecordedAttempt recorded{"j1", 1, "slurm:42", {0, 0, 0, 0}, {true, true, false, true}, reports_.OnAllocation()};
+  EXPECT_EQ(launcher.Adopt(recorded, reports_.OnExit()), (std::vector<bool>{true, true, false, true}));
+  // Its exit files are found in Slurm's WorkDir for the job.
+  for (int rank : {0, 1, 3}) WriteExitFile(rank, 0);
+  EXPECT_TRUE(reports_.WaitFor([](const auto&, const auto& exits) { return exits.size() == 3; }));
+
+  slurm_.Set("COMPLETED");
+  SlurmLauncher again(Options());
+  EXPECT_EQ(again.Adopt(recorded, reports_.OnExit()), std::vector<bool>(4, false));
+  EXPECT_EQ(again.Adopt({"j1", 1, "pids:1,2", {1, 2}, {true, true}, {}}, reports_.OnExit()),
+            std::vector<bool>(2, false));
+}
+
+TEST_F(SlurmLauncherTest, ReleasesOnlyThisCoordinatorsUnownedAllocations) {
+  slurm_.SetListing("7|fitrund-tag\n8|fitrund-tag\n9|fitrund-other\n10|(null)\n");
+  SlurmLauncher launcher(Options());
+  launcher.ReleaseUnowned({"slurm:7", "pids:3"});
+  EXPECT_EQ(slurm_.Count("scancel 8"), 1);
+  for (const char* spared : {"scancel 7", "scancel 9", "scancel 10"}) EXPECT_EQ(slurm_.Count(spared), 0) << spared;
+}
+
+TEST(SlurmLauncherNamesTest, HandlesAndCoordinatorTags) {
+  EXPECT_EQ(SlurmLauncher::HandleOf("42"), "slurm:42");
+  EXPECT_EQ(*SlurmLauncher::SlurmJobIdOf("slurm:42"), "42");
+  for (const char* bad : {"pids:1,2", "slurm:", "slurm:4x2", "42"}) {
+    EXPECT_FALSE(SlurmLauncher::SlurmJobIdOf(bad).ok()) << bad;
+  }
+  const std::string tag = SlurmLauncher::CoordinatorTag("host", "/var/lib/fitrun");
+  EXPECT_EQ(tag, SlurmLauncher::CoordinatorTag("host", "/var/lib/fitrun"));
+  EXPECT_NE(tag, SlurmLauncher::CoordinatorTag("host", "/var/lib/fitrun2"));
+  EXPECT_NE(tag, SlurmLauncher::CoordinatorTag("other", "/var/lib/fitrun"));
+  EXPECT_THAT(tag, ::testing::MatchesRegex("fitrund-[0-9a-f]{16}"));
+}
+
+}  // namespace
+}  // namespace fitrun::server
