@@ -7,9 +7,14 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -24,6 +29,32 @@ std::chrono::milliseconds ToChrono(absl::Duration d) {
 
 bool IsLoopback(const std::string& host) {
   return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// Whether something accepts TCP connections at host:port now.
+bool Accepting(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return false;
+  bool accepted = false;
+  for (addrinfo* a = found; a != nullptr && !accepted; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    accepted = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return accepted;
+}
+
+// LibTorch 1.13's store client sleeps a whole second before retrying a refused connection, and the
+// ranks start together, so rank 0's store is rarely up at a peer's first try: a peer waits for it
+// here, every 5 ms, and its client then connects at once. Gives up silently at `deadline` and lets
+// the client report.
+void WaitUntilAccepting(const std::string& host, int port, absl::Time deadline) {
+  while (!Accepting(host, port) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
 }
 
 }  // namespace
@@ -93,6 +124,9 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> ConnectProcessGroup(
     // LibTorch 1.13's client gives up without retrying when its timeout is under two seconds (it
     // retries once a second and truncates to whole seconds), so the store never gets less.
     store_options.timeout = ToChrono(std::max(options.rendezvous_timeout, absl::Seconds(2)));
+    if (options.rank != 0) {
+      WaitUntilAccepting(options.master_addr, options.master_port, absl::Now() + options.rendezvous_timeout);
+    }
     store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
   } catch (const std::exception& e) {
     return StatusFromC10dException(e, absl::StrCat("rendezvous at ", where));
