@@ -222,7 +222,15 @@ absl::StatusOr<LaunchedAttempt> SlurmLauncher::Launch(const AttemptLaunch& attem
   }
 
   absl::StatusOr<std::string> submitted = options_.runner(SbatchArgv(attempt, script_path.string()));
-  if (!submitted.ok()) return absl::Status(submitted.status().code(), absl::StrCat("sbatch: ", submitted.status().message()));
+  if (!submitted.ok()) {
+    if (absl::IsDeadlineExceeded(submitted.status())) {
+      // slurmctld may have queued it before sbatch was cut off; nobody would own that allocation.
+      absl::MutexLock lock(&mu_);
+      sweep_orphans_ = true;
+      wake_ = true;
+    }
+    return absl::Status(submitted.status().code(), absl::StrCat("sbatch: ", submitted.status().message()));
+  }
   absl::StatusOr<std::string> job_id = slurm::ParseSbatchParsable(*submitted);
   if (!job_id.ok()) return job_id.status();
 
@@ -368,8 +376,14 @@ void SlurmLauncher::PollLoop() {
 bool SlurmLauncher::PollOnce() {
   // What to do, decided under the lock; done (commands, callbacks) without it.
   std::vector<std::string> ids, to_signal, to_cancel;
+  bool sweep = false;
+  std::vector<std::string> owned;
   {
     absl::MutexLock lock(&mu_);
+    sweep = std::exchange(sweep_orphans_, false);
+    if (sweep) {
+      for (const auto& [id, tracked] : tracked_) owned.push_back(HandleOf(id));
+    }
     const absl::Time now = absl::Now();
     for (auto& [id, tracked] : tracked_) {
       ids.push_back(id);
@@ -383,7 +397,8 @@ bool SlurmLauncher::PollOnce() {
       }
     }
   }
-  if (ids.empty()) return false;
+  if (sweep) ReleaseUnowned(owned);
+  if (ids.empty()) return sweep;
 
   std::map<std::string, slurm::SlurmJobStatus> statuses;
   absl::StatusOr<std::string> listed = options_.runner(

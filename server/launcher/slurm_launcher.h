@@ -106,6 +106,8 @@ class SlurmLauncher : public WorkerLauncher {
   absl::Mutex mu_;
   std::map<std::string, Tracked> tracked_ ABSL_GUARDED_BY(mu_);  // by Slurm job id
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  // An sbatch failed after it may have submitted (a timeout): the next poll cancels what it left.
+  bool sweep_orphans_ ABSL_GUARDED_BY(mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::thread poller_;
 };

@@ -339,6 +339,28 @@ TEST_F(SlurmLauncherTest, ReleasesOnlyThisCoordinatorsUnownedAllocations) {
   for (const char* spared : {"scancel 7", "scancel 9", "scancel 10"}) EXPECT_EQ(slurm_.Count(spared), 0) << spared;
 }
 
+TEST_F(SlurmLauncherTest, AnSbatchCutOffByItsTimeoutLeavesNoAllocationBehind) {
+  // sbatch timed out, but slurmctld had queued job 8 (this coordinator's tag) by then; 7 is running
+  // and tracked.
+  SlurmLauncher::Options options = Options();
+  slurm::SlurmRunner scripted = options.runner;
+  int sbatches = 0;
+  options.runner = [&sbatches, scripted](const std::vector<std::string>& argv) -> absl::StatusOr<std::string> {
+    if (argv[0] == "sbatch" && ++sbatches == 2) return absl::DeadlineExceededError("sbatch: timed out");
+    absl::StatusOr<std::string> out = scripted(argv);
+    if (argv[0] == "sbatch" && out.ok()) return std::string("7\n");
+    return out;
+  };
+  slurm_.Set("RUNNING");
+  slurm_.SetListing("7|fitrund-tag\n8|fitrund-tag\n");
+  SlurmLauncher launcher(options);
+  ASSERT_TRUE(launcher.Launch(Attempt(), reports_.OnExit()).ok());
+  absl::StatusOr<LaunchedAttempt> failed = launcher.Launch(Attempt(), reports_.OnExit());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(failed.status())) << failed.status();
+  EXPECT_TRUE(Eventually([this] { return slurm_.Count("scancel 8") == 1; }));
+  EXPECT_EQ(slurm_.Count("scancel 7"), 0);
+}
+
 TEST(SlurmLauncherNamesTest, HandlesAndCoordinatorTags) {
   EXPECT_EQ(SlurmLauncher::HandleOf("42"), "slurm:42");
   EXPECT_EQ(*SlurmLauncher::SlurmJobIdOf("slurm:42"), "42");
