@@ -38,14 +38,16 @@ class Fitrund:
     Its binaries come from the test's runfiles unless `fitrund` and `worker` name them (as the
     benchmarks do). It reads files under the test's temporary directory and Debian's datasets, or, with
     `data_roots=None`, fitrund's own default roots (starting in `cwd`). `flags` are added to the
-    defaults; `address` is where it serves once started. stop() (or leaving a `with` block) SIGTERMs it
-    and SIGKILLs any rank it left, found by its state directory.
+    defaults; `address` is where it serves once started. `env` replaces the environment it inherits
+    (a Slurm cluster's SLURM_CONF, say). stop() (or leaving a `with` block) SIGTERMs it and SIGKILLs any
+    rank it left, found by its state directory or by `jobs_dir` (where its jobs' files go when that is
+    elsewhere: fitrund --shared_dir's jobs/).
     """
 
     TEST_DATA_ROOTS = "for the tests"
 
     def __init__(self, state_dir, flags=(), listen="127.0.0.1:0", fitrund=None, worker=None,
-                 data_roots=TEST_DATA_ROOTS, cwd=None):
+                 data_roots=TEST_DATA_ROOTS, cwd=None, env=None, jobs_dir=None):
         import os
         import subprocess
 
@@ -55,6 +57,7 @@ class Fitrund:
         if data_roots == Fitrund.TEST_DATA_ROOTS:
             data_roots = f"{os.environ.get('TEST_TMPDIR', '/tmp')},/usr/share/datasets"
         self.state_dir = state_dir
+        self.jobs_dir = jobs_dir
         os.makedirs(state_dir, exist_ok=True)
         for name in ("fitrund.address", "fitrund.metrics_address"):
             if os.path.exists(os.path.join(state_dir, name)):
@@ -65,7 +68,7 @@ class Fitrund:
             [fitrund, f"--listen={listen}", "--metrics_listen=127.0.0.1:0", f"--state_dir={state_dir}",
              f"--worker_binary={worker}", "--stop_workers_on_exit",
              *([f"--data_roots={data_roots}"] if data_roots is not None else []), *flags],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd)
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
         metrics = os.path.join(state_dir, "fitrund.metrics_address")
         wait_for(lambda: (os.path.exists(metrics) and os.path.getsize(metrics) > 0) or self.process.poll() is not None,
                  30, "fitrund to serve")
@@ -77,6 +80,14 @@ class Fitrund:
     def log(self):
         with open(self.log_path) as f:
             return f.read()
+
+    def kill(self):
+        """SIGKILLs fitrund alone, as a crash would: its ranks keep running, for a restarted fitrund on the
+        same state directory to re-adopt."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self._log.close()
 
     def stop(self):
         import os
@@ -90,11 +101,11 @@ class Fitrund:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        needle = f"FITRUN_ASSIGNMENT={self.state_dir}/".encode()
+        needles = tuple(f"FITRUN_ASSIGNMENT={d}/".encode() for d in (self.state_dir, self.jobs_dir) if d)
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 with open(f"/proc/{pid}/environ", "rb") as f:
-                    if any(v.startswith(needle) for v in f.read().split(b"\0")):
+                    if any(v.startswith(needles) for v in f.read().split(b"\0")):
                         os.kill(int(pid), signal.SIGKILL)
             except OSError:
                 pass
