@@ -1,5 +1,5 @@
 """One rank of a Gloo all_reduce over torch.distributed's env:// rendezvous (RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT, as rank_shim.py sets them). Rank r contributes r + 1; it prints one JSON line
+MASTER_ADDR, MASTER_PORT, as worker/slurm/rank_shim.sh and the batch script set them). Rank r contributes r + 1; it prints one JSON line
 with what it was told and the reduced value, which every rank must see as WORLD_SIZE*(WORLD_SIZE+1)/2.
 """
 

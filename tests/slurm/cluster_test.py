@@ -1,7 +1,8 @@
 """tests/slurm/cluster.py's SlurmCluster against Debian's real slurmctld, slurmd and munged: three nodes
 come up idle at their own addresses; a 4-rank Gloo all_reduce runs across two of them through sbatch,
-srun and rank_shim.py; scancel of a running job leaves none of its processes; a job asking for more
-nodes than exist stays PENDING with a reason; stopping a cluster with a job running leaves no process.
+srun and fitrund's rank shim (worker/slurm/rank_shim.sh); scancel of a running job leaves none of its
+processes; a job asking for more nodes than exist stays PENDING with a reason; stopping a cluster with a
+job running leaves no process.
 
 Skipped only when the daemons are not installed. The daemons' logs go to the test's undeclared outputs.
 """
@@ -20,6 +21,7 @@ sys.path.insert(0, HERE)
 from cluster import SlurmCluster, missing_daemons, wait_for  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
+RANK_SHIM = os.path.join(HERE, "..", "..", "worker", "slurm", "rank_shim.sh")
 FINAL_JOB_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                     "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
@@ -114,10 +116,16 @@ class SlurmClusterTest(unittest.TestCase):
         os.makedirs(out_dir)
         script = os.path.join(out_dir, "job.sh")
         with open(script, "w") as f:
+            # The rendezvous as fitrund's batch scripts set it: the first node's NodeAddr, a port from
+            # the job id.
             f.write("#!/bin/sh\n"
                     "export OMP_NUM_THREADS=1\n"
-                    f"exec srun --kill-on-bad-exit=1 --output={out_dir}/rank-%t.out {PYTHON} "
-                    f"{HERE}/rank_shim.py -- {PYTHON} {HERE}/allreduce.py\n")
+                    'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+                    "export MASTER_ADDR=$(scontrol show node --oneliner \"$first\" | tr ' ' '\\n' | "
+                    "sed -n 's/^NodeAddr=//p')\n"
+                    "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))\n"
+                    f"exec srun --kill-on-bad-exit=1 --output={out_dir}/rank-%t.out sh {RANK_SHIM} "
+                    f"{PYTHON} {HERE}/allreduce.py\n")
         job_id = self.sbatch("--nodes=2", "--ntasks-per-node=2", f"--output={out_dir}/batch-%j.out",
                              "--job-name=allreduce", script)
         job = self.wait_job(job_id, {"COMPLETED"}, 90)
