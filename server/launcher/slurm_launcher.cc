@@ -258,24 +258,21 @@ void SlurmLauncher::Track(const std::string& job_id, Tracked tracked) {
 
 void SlurmLauncher::Stop(const std::string& handle, int rank, absl::Duration grace) {
   (void)rank;
-  absl::StatusOr<std::string> job_id = SlurmJobIdOf(handle);
-  if (!job_id.ok()) return;
-  absl::MutexLock lock(&mu_);
-  auto it = tracked_.find(*job_id);
-  if (it == tracked_.end()) return;
-  it->second.stop_requested = true;
-  const absl::Time cancel_at = absl::Now() + grace;
-  if (!it->second.cancel_at || cancel_at < *it->second.cancel_at) it->second.cancel_at = cancel_at;
-  wake_ = true;
+  ScheduleStop(handle, grace, /*signal_first=*/true);
 }
 
 void SlurmLauncher::KillIfStillRunningAfter(const std::string& handle, int rank, absl::Duration grace) {
   (void)rank;
+  ScheduleStop(handle, grace, /*signal_first=*/false);
+}
+
+void SlurmLauncher::ScheduleStop(const std::string& handle, absl::Duration grace, bool signal_first) {
   absl::StatusOr<std::string> job_id = SlurmJobIdOf(handle);
   if (!job_id.ok()) return;
   absl::MutexLock lock(&mu_);
   auto it = tracked_.find(*job_id);
   if (it == tracked_.end()) return;
+  if (signal_first) it->second.stop_requested = true;
   const absl::Time cancel_at = absl::Now() + grace;
   if (!it->second.cancel_at || cancel_at < *it->second.cancel_at) it->second.cancel_at = cancel_at;
   wake_ = true;

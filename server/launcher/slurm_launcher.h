@@ -97,6 +97,9 @@ class SlurmLauncher : public WorkerLauncher {
   };
 
   void Track(const std::string& job_id, Tracked tracked) ABSL_LOCKS_EXCLUDED(mu_);
+  // The allocation is cancelled once `grace` has passed; with signal_first, its processes get SIGTERM
+  // on the next poll.
+  void ScheduleStop(const std::string& handle, absl::Duration grace, bool signal_first) ABSL_LOCKS_EXCLUDED(mu_);
   void PollLoop();
   // One round: sends requested signals and cancels, asks Slurm about every tracked job, reports what
   // changed. Returns whether anything did.

@@ -58,6 +58,32 @@ def missing_daemons():
     return [name for name in DAEMONS if shutil.which(name, path=SEARCH_PATH) is None]
 
 
+def skip_unless_installed():
+    """Skips the calling test (unittest) when the daemons are not installed, saying how to get them."""
+    import unittest
+
+    missing = missing_daemons()
+    if missing:
+        raise unittest.SkipTest(f"Slurm is not installed (no {', '.join(missing)} on PATH or in /usr/sbin): "
+                                "apt-get install slurm-wlm munge, as tools/install-deps.sh does")
+
+
+def short_directory(prefix="slurm-"):
+    """A new directory under /tmp: TEST_TMPDIR is too long for the Unix sockets Slurm makes in it."""
+    import tempfile
+
+    return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+
+
+def pid_alive(pid):
+    """Whether `pid` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def free_port():
     """A TCP port the OS has just handed out on every address (and taken back): slurmd binds 0.0.0.0."""
     with socket.socket() as s:

@@ -11,31 +11,18 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from cluster import SlurmCluster, missing_daemons, wait_for  # noqa: E402
+from cluster import SlurmCluster, pid_alive, short_directory, skip_unless_installed, wait_for  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
 RANK_SHIM = os.path.join(HERE, "..", "..", "worker", "slurm", "rank_shim.sh")
 FINAL_JOB_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                     "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
-
-
-def skip_unless_installed():
-    missing = missing_daemons()
-    if missing:
-        raise unittest.SkipTest(f"Slurm is not installed (no {', '.join(missing)} on PATH or in /usr/sbin): "
-                                "apt-get install slurm-wlm munge, as tools/install-deps.sh does")
-
-
-def short_workdir():
-    """A directory under /tmp: TEST_TMPDIR is too long for the Unix sockets the cluster makes in it."""
-    return tempfile.mkdtemp(prefix="slurm-", dir="/tmp")
 
 
 def keep_logs(cluster, name):
@@ -49,21 +36,13 @@ def read(path):
         return f.read()
 
 
-def pid_alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 class SlurmClusterTest(unittest.TestCase):
     """One 3-node cluster for the whole class; each test leaves it with no job and every node idle."""
 
     @classmethod
     def setUpClass(cls):
         skip_unless_installed()
-        cls.workdir = short_workdir()
+        cls.workdir = short_directory()
         started = time.monotonic()
         cls.cluster = SlurmCluster(cls.workdir, nodes=3, cpus_per_node=2, real_memory_mib=4096)
         try:
@@ -195,7 +174,7 @@ class StopTest(unittest.TestCase):
         skip_unless_installed()
 
     def test_stop_with_a_running_job_leaves_no_process(self):
-        workdir = short_workdir()
+        workdir = short_directory()
         try:
             with SlurmCluster(workdir, nodes=2, gpus_per_node=2) as cluster:
                 daemons = list(cluster.daemon_pids().values())

@@ -25,7 +25,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -33,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from cluster import SlurmCluster, free_port, missing_daemons  # noqa: E402
+from cluster import SlurmCluster, free_port, pid_alive, short_directory, skip_unless_installed  # noqa: E402
 from fitrun.client import Client, ClientError, FINAL_STATES  # noqa: E402
 from jobs import Fitrund, state_name, wait_for  # noqa: E402
 
@@ -45,18 +44,6 @@ FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 STOP_GRACE_SECONDS = 3
 # Every fitrund here: Slurm's nodes, four virtual devices on each, no memory probe.
 SLURM_FLAGS = ["--cluster=slurm", "--slurm_virtual_devices=4x512MiB", "--memory_probe=false"]
-
-
-def skip_unless_installed():
-    missing = missing_daemons()
-    if missing:
-        raise unittest.SkipTest(f"Slurm is not installed (no {', '.join(missing)} on PATH or in /usr/sbin): "
-                                "apt-get install slurm-wlm munge, as tools/install-deps.sh does")
-
-
-def short_directory(prefix):
-    """A directory under /tmp: TEST_TMPDIR is too long for the Unix sockets Slurm makes in it."""
-    return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
 
 
 def keep(path, name):
@@ -98,14 +85,6 @@ def slurm_id(attempt):
     if not re.fullmatch(r"slurm:\d+", handle):
         raise AssertionError(f"attempt {attempt.attempt}: launch handle {handle!r} is not slurm:<id>")
     return handle.split(":", 1)[1]
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class FitrundOnSlurmTest(unittest.TestCase):
@@ -189,7 +168,7 @@ class FitrundOnSlurmTest(unittest.TestCase):
                     environ = f.read().split(b"\0")
             except OSError:
                 continue
-            if job in environ and any(v.startswith(assignment) for v in environ) and alive(pid):
+            if job in environ and any(v.startswith(assignment) for v in environ) and pid_alive(pid):
                 found.append(pid)
         return found
 
