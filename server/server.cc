@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "server/core/atomic_file.h"
 #include "server/devices/nvml_devices.h"
 #include "server/devices/virtual_cpu_devices.h"
 #include "server/slurm/slurm_devices.h"
@@ -35,20 +36,6 @@ std::string DefaultWorkerBinary() {
     if (std::filesystem::exists(candidate, error)) return candidate.string();
   }
   return (self.parent_path() / "fitrun-worker").string();
-}
-
-// Written after the server is listening, atomically, so a watcher of the file never reads half.
-absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", tmp.string()));
-  }
-  std::error_code error;
-  std::filesystem::rename(tmp, path, error);
-  if (error) return absl::InternalError(absl::StrCat("cannot rename ", tmp.string(), ": ", error.message()));
-  return absl::OkStatus();
 }
 
 // Takes <state_dir>/fitrund.lock for this process and writes its pid there, or says who holds it.
@@ -364,12 +351,13 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", server->address));
   }
 
-  // Tools and tests started with port 0 learn the ports from these files.
+  // Tools and tests started with port 0 learn the ports from these files, written whole after the
+  // server listens, so a watcher of a file never reads half.
   const std::filesystem::path state(options.state_dir);
-  if (absl::Status status = WriteFileAtomically(state / "fitrund.address", server->address + "\n"); !status.ok()) {
+  if (absl::Status status = WriteFileAtomically((state / "fitrund.address").string(), server->address + "\n"); !status.ok()) {
     return status;
   }
-  if (absl::Status status = WriteFileAtomically(state / "fitrund.metrics_address", server->metrics_address + "\n");
+  if (absl::Status status = WriteFileAtomically((state / "fitrund.metrics_address").string(), server->metrics_address + "\n");
       !status.ok()) {
     return status;
   }

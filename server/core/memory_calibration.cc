@@ -1,6 +1,7 @@
 #include "server/core/memory_calibration.h"
 #include "server/core/workloads.h"
 
+#include "server/core/atomic_file.h"
 #include "server/core/job_spec.h"
 #include "server/core/units.h"
 
@@ -219,16 +220,8 @@ void MemoryCalibrator::RewriteCache() {
       ++lines;
     }
   }
-  // Written beside the file and renamed over it: a crash leaves the old file or the new one whole.
-  const std::string temp = options_.cache_path + ".tmp";
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return;
-  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
-  ::close(fd);
-  if (!written || std::rename(temp.c_str(), options_.cache_path.c_str()) != 0) {
-    std::remove(temp.c_str());
-    return;
-  }
+  // A crash leaves the old file or the new one whole.
+  if (!WriteFileAtomically(options_.cache_path, text).ok()) return;
   cache_lines_ = lines;
 }
 

@@ -1,6 +1,5 @@
 #include "server/launcher/slurm_launcher.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "fitrun/v1/launch_contract.h"
+#include "server/core/atomic_file.h"
 #include "server/slurm/slurm_text.h"
 
 namespace fitrun::server {
@@ -53,19 +53,6 @@ std::string ShellQuote(const std::string& value) {
     }
   }
   return out + "'";
-}
-
-absl::Status WriteFile(const fs::path& path, const std::string& content, mode_t mode) {
-  const fs::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << content;
-    if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", temporary.string()));
-  }
-  if (chmod(temporary.c_str(), mode) != 0 || rename(temporary.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot install ", path.string()));
-  }
-  return absl::OkStatus();
 }
 
 // A rank's exit status as the shim recorded it, if it has.
@@ -213,9 +200,9 @@ absl::StatusOr<LaunchedAttempt> SlurmLauncher::Launch(const AttemptLaunch& attem
   absl::StatusOr<std::string> script = BatchScript(attempt, shim.string());
   if (!script.ok()) return script.status();
   // The script holds the job's token: only its owner reads it.
-  if (absl::Status status = WriteFile(shim, kRankShim, 0755); !status.ok()) return status;
+  if (absl::Status status = WriteFileAtomically(shim.string(), kRankShim, 0755); !status.ok()) return status;
   const fs::path script_path = attempt_dir / "slurm-batch.sh";
-  if (absl::Status status = WriteFile(script_path, *script, 0700); !status.ok()) return status;
+  if (absl::Status status = WriteFileAtomically(script_path.string(), *script, 0700); !status.ok()) return status;
   for (int rank = 0; rank < static_cast<int>(attempt.ranks.size()); ++rank) {
     std::error_code ignored;
     fs::remove(attempt_dir / absl::StrCat("rank-", rank, ".exit"), ignored);

@@ -1,8 +1,6 @@
 #include "server/slurm/slurm_devices.h"
+#include "server/slurm/recorded_output.h"
 
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -18,17 +16,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr int64_t kGiB = int64_t{1} << 30;
-
-// A file of testdata/: output recorded from Slurm 22.05.8 (testdata/README.md).
-std::string Sample(const std::string& name) {
-  const std::string path =
-      absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/server/slurm/testdata/", name);
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // What Slurm 22.05's scontrol says when slurmctld is not running, as RunSlurmCommand reports it.
 const absl::Status kControllerDown = absl::UnavailableError(

@@ -1,8 +1,6 @@
 #include "server/slurm/slurm_text.h"
+#include "server/slurm/recorded_output.h"
 
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -15,17 +13,6 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-
-// A file of testdata/: output recorded from Slurm 22.05.8 (testdata/README.md).
-std::string Sample(const std::string& name) {
-  const std::string path =
-      absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/server/slurm/testdata/", name);
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 std::string Line(const std::string& text, size_t index) {
   std::vector<std::string> lines = absl::StrSplit(text, '\n');
