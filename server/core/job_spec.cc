@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -230,6 +231,56 @@ const std::vector<std::pair<std::string, fitrun::v1::OptimizerKind>>& OptimizerN
   return *names;
 }
 
+const std::vector<std::pair<std::string, fitrun::v1::CommHook>>& CommHookNames() {
+  static const auto* names = new std::vector<std::pair<std::string, fitrun::v1::CommHook>>{
+      {"none", fitrun::v1::COMM_HOOK_NONE},
+      {"fp16", fitrun::v1::COMM_HOOK_FP16},
+      {"bf16", fitrun::v1::COMM_HOOK_BF16},
+      {"powersgd", fitrun::v1::COMM_HOOK_POWERSGD},
+  };
+  return *names;
+}
+
+std::string CommHookNameOf(fitrun::v1::CommHook hook) {
+  for (const auto& [name, value] : CommHookNames()) {
+    if (value == hook) return name;
+  }
+  return "none";
+}
+
+// spec.ddp's communication hook and PowerSGD's knobs (PyTorch's PowerSGDState).
+absl::Status ValidateCommHook(const JobSpec& spec) {
+  const fitrun::v1::DdpSpec& ddp = spec.ddp();
+  if (!fitrun::v1::CommHook_IsValid(ddp.comm_hook())) {
+    return FieldError("spec.ddp.comm_hook", absl::StrCat("unknown value ", static_cast<int>(ddp.comm_hook()),
+                                                         "; use one of: none, fp16, bf16, powersgd"));
+  }
+  const bool hooked = ddp.comm_hook() != fitrun::v1::COMM_HOOK_UNSPECIFIED &&
+                      ddp.comm_hook() != fitrun::v1::COMM_HOOK_NONE;
+  if (hooked && spec.has_script()) {
+    return FieldError("spec.ddp.comm_hook",
+                      absl::StrCat("applies to fitrun's built-in training (got ", CommHookNameOf(ddp.comm_hook()),
+                                   " on a script job); a script registers its own with ddp.register_comm_hook"));
+  }
+  const bool powersgd = ddp.comm_hook() == fitrun::v1::COMM_HOOK_POWERSGD;
+  if (!powersgd && (ddp.has_powersgd_rank() || ddp.has_powersgd_start_iter())) {
+    return FieldError(ddp.has_powersgd_rank() ? "spec.ddp.powersgd_rank" : "spec.ddp.powersgd_start_iter",
+                      absl::StrCat("only used with comm_hook: powersgd (got comm_hook: ",
+                                   CommHookNameOf(ddp.comm_hook()), "); set comm_hook: powersgd or remove it"));
+  }
+  if (ddp.has_powersgd_rank() && ddp.powersgd_rank() < 1) {
+    return FieldError("spec.ddp.powersgd_rank",
+                      absl::StrCat("must be >= 1 (got ", ddp.powersgd_rank(), "); 1 to 4 is typical"));
+  }
+  if (ddp.has_powersgd_start_iter() && ddp.powersgd_start_iter() < 2) {
+    return FieldError("spec.ddp.powersgd_start_iter",
+                      absl::StrCat("must be >= 2 (got ", ddp.powersgd_start_iter(),
+                                   "): error feedback and warm start begin after plain all-reduce steps, as "
+                                   "PyTorch's PowerSGDState requires start_powerSGD_iter > 1"));
+  }
+  return absl::OkStatus();
+}
+
 const std::vector<std::pair<std::string, fitrun::v1::Precision>>& PrecisionNames() {
   static const auto* names = new std::vector<std::pair<std::string, fitrun::v1::Precision>>{
       {"fp32", fitrun::v1::PRECISION_FP32},
@@ -449,6 +500,13 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
                         {"bucket_cap_mb", Double([&](double v) { ddp->set_bucket_cap_mb(v); })},
                         {"collective_timeout_seconds",
                          Int([&](int64_t v) { ddp->set_collective_timeout_seconds(static_cast<int32_t>(v)); })},
+                        {"comm_hook", EnumField<fitrun::v1::CommHook>(
+                                          CommHookNames(), [&](fitrun::v1::CommHook v) { ddp->set_comm_hook(v); })},
+                        {"powersgd_rank",
+                         Int([&](int64_t v) {
+                           ddp->set_powersgd_rank(static_cast<int32_t>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX)));
+                         })},
+                        {"powersgd_start_iter", Int([&](int64_t v) { ddp->set_powersgd_start_iter(v); })},
                     })},
             {"seed", Int([&](int64_t v) { spec.set_seed(static_cast<uint64_t>(v)); })},
             {"priority", Int([&](int64_t v) { spec.set_priority(static_cast<int32_t>(v)); })},
@@ -594,6 +652,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return FieldError("spec.ddp.collective_timeout_seconds",
                       absl::StrCat("must be > 0 (got ", spec.ddp().collective_timeout_seconds(), ")"));
   }
+  if (absl::Status s = ValidateCommHook(spec); !s.ok()) return s;
 
   const auto& tolerance = spec.fault_tolerance();
   if (tolerance.max_restarts() < 0) {
@@ -635,6 +694,12 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   auto* ddp = spec.mutable_ddp();
   if (ddp->bucket_cap_mb() == 0) ddp->set_bucket_cap_mb(25);
   if (ddp->collective_timeout_seconds() == 0) ddp->set_collective_timeout_seconds(60);
+  if (ddp->comm_hook() == fitrun::v1::COMM_HOOK_UNSPECIFIED) ddp->set_comm_hook(fitrun::v1::COMM_HOOK_NONE);
+  if (ddp->comm_hook() == fitrun::v1::COMM_HOOK_POWERSGD) {
+    // PyTorch's PowerSGDState defaults.
+    if (!ddp->has_powersgd_rank()) ddp->set_powersgd_rank(1);
+    if (!ddp->has_powersgd_start_iter()) ddp->set_powersgd_start_iter(1000);
+  }
   auto* tolerance = spec.mutable_fault_tolerance();
   if (!tolerance->has_max_restarts()) tolerance->set_max_restarts(3);
   if (!tolerance->has_max_oom_retries()) tolerance->set_max_oom_retries(3);

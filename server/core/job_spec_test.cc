@@ -143,6 +143,67 @@ TEST(JobSpecTest, Bf16IsAcceptedAndFp16NeedsCuda) {
   EXPECT_THAT(spec.status().message(), HasSubstr("spec.precision: fp16 needs CUDA devices"));
 }
 
+// spec.ddp.comm_hook: PyTorch's DDP communication hooks by name, PowerSGD's knobs with
+// PowerSGDState's defaults, and every refusal naming the field and what would be accepted.
+TEST(JobSpecTest, CommHookDefaultsToNoneAndTakesPyTorchsHooks) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(kValidYaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->ddp().comm_hook(), fitrun::v1::COMM_HOOK_NONE);
+  EXPECT_FALSE(spec->ddp().has_powersgd_rank());
+  EXPECT_FALSE(spec->ddp().has_powersgd_start_iter());
+
+  for (const auto& [name, hook] : std::vector<std::pair<std::string, fitrun::v1::CommHook>>{
+           {"none", fitrun::v1::COMM_HOOK_NONE},
+           {"fp16", fitrun::v1::COMM_HOOK_FP16},
+           {"bf16", fitrun::v1::COMM_HOOK_BF16},
+           {"powersgd", fitrun::v1::COMM_HOOK_POWERSGD}}) {
+    spec = Normalize(std::string(kValidYaml) + "ddp: {bucket_cap_mb: 4, comm_hook: " + name + "}\n");
+    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
+    EXPECT_EQ(spec->ddp().comm_hook(), hook) << name;
+    EXPECT_DOUBLE_EQ(spec->ddp().bucket_cap_mb(), 4);
+  }
+  // PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=1_000).
+  EXPECT_EQ(spec->ddp().powersgd_rank(), 1);
+  EXPECT_EQ(spec->ddp().powersgd_start_iter(), 1000);
+
+  spec = Normalize(std::string(kValidYaml) +
+                   "ddp: {comm_hook: powersgd, powersgd_rank: 4, powersgd_start_iter: 2}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->ddp().powersgd_rank(), 4);
+  EXPECT_EQ(spec->ddp().powersgd_start_iter(), 2);
+}
+
+TEST(JobSpecTest, CommHookErrorsNameTheFieldAndTheAllowedValues) {
+  const auto error = [](const std::string& ddp) {
+    return std::string(Normalize(std::string(kValidYaml) + "ddp: " + ddp + "\n").status().message());
+  };
+  EXPECT_THAT(error("{comm_hook: int8}"),
+              HasSubstr("spec.ddp.comm_hook: unknown value 'int8' (line 10); use one of: none, fp16, bf16, powersgd"));
+  EXPECT_THAT(error("{comm_hook: powersgd, powersgd_start_iter: 1}"),
+              HasSubstr("spec.ddp.powersgd_start_iter: must be >= 2 (got 1)"));
+  EXPECT_THAT(error("{comm_hook: powersgd, powersgd_start_iter: 1}"),
+              HasSubstr("PyTorch's PowerSGDState requires start_powerSGD_iter > 1"));
+  EXPECT_THAT(error("{comm_hook: powersgd, powersgd_start_iter: 0}"),
+              HasSubstr("spec.ddp.powersgd_start_iter: must be >= 2 (got 0)"));
+  EXPECT_THAT(error("{comm_hook: powersgd, powersgd_rank: 0}"),
+              HasSubstr("spec.ddp.powersgd_rank: must be >= 1 (got 0)"));
+  EXPECT_THAT(error("{comm_hook: powersgd, powersgd_rank: -3}"),
+              HasSubstr("spec.ddp.powersgd_rank: must be >= 1 (got -3)"));
+  EXPECT_THAT(error("{comm_hook: powersgd, powersgd_rank: two}"),
+              HasSubstr("spec.ddp.powersgd_rank: expected an integer, got 'two'"));
+  EXPECT_THAT(error("{comm_hook: fp16, powersgd_rank: 2}"),
+              HasSubstr("spec.ddp.powersgd_rank: only used with comm_hook: powersgd (got comm_hook: fp16)"));
+  EXPECT_THAT(error("{powersgd_start_iter: 100}"),
+              HasSubstr("spec.ddp.powersgd_start_iter: only used with comm_hook: powersgd (got comm_hook: none)"));
+
+  // Through the API, where no YAML names the enum.
+  absl::StatusOr<fitrun::v1::JobSpec> parsed = ParseJobSpecYaml(kValidYaml);
+  ASSERT_TRUE(parsed.ok());
+  parsed->mutable_ddp()->set_comm_hook(static_cast<fitrun::v1::CommHook>(9));
+  EXPECT_THAT(std::string(NormalizeJobSpec(*parsed).status().message()),
+              HasSubstr("spec.ddp.comm_hook: unknown value 9; use one of: none, fp16, bf16, powersgd"));
+}
+
 TEST(JobSpecTest, InvalidYamlSaysWhere) {
   absl::StatusOr<fitrun::v1::JobSpec> spec = ParseJobSpecYaml("name: [unclosed\n");
   ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
@@ -295,6 +356,13 @@ TEST(JobSpecTest, AScriptSpecIsCheckedWhereItsRanksWillRunIt) {
   EXPECT_THAT(error("{command: [/usr/bin/python3, train.py], working_dir: ., env: {FITRUN_LR: '3'}}"),
               HasSubstr("spec.script.env.FITRUN_LR: set by fitrun for every rank"));
   EXPECT_THAT(error("{command: [], working_dir: .}"), HasSubstr("spec.script.command"));
+
+  // A script's DDP is its own: fitrun's communication hooks are the built-in trainer's.
+  spec = ParseJobSpecYaml("name: s\nscript: {command: [/usr/bin/python3, train.py], working_dir: " + dir +
+                          "}\nglobal_batch_size: 16\noptimizer: {lr: 0.001}\nddp: {comm_hook: fp16}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_THAT(std::string(NormalizeJobSpec(*spec).status().message()),
+              HasSubstr("spec.ddp.comm_hook: applies to fitrun's built-in training (got fp16 on a script job)"));
 }
 
 
