@@ -311,10 +311,12 @@ TEST(MemoryTest, AWrongStoredCalibrationIsCorrectedByOneJob) {
   EXPECT_THAT(metrics, HasSubstr("fitrun_memory_prediction_ratio_bucket{le=\"1.1\"} 0"));
 }
 
-// The first submit of a workload never seen before answers at once: its memory probe runs on
-// fitrund's own thread while the job waits, and a user who submits once has exactly one job.
-TEST(MemoryTest, TheFirstSubmitOfANewWorkloadDoesNotWaitForItsProbe) {
-  RunningCoordinator coordinator("first-submit", "cpu:2x512MiB");
+// The first submit of a workload never seen before answers at once: when its plan is tight, its
+// memory probe runs on fitrund's own thread while the job waits, and a user who submits once has
+// exactly one job; when the analytic estimate fits with room to spare, no probe runs at all.
+TEST(MemoryTest, TheFirstSubmitOfANewWorkloadDoesNotWaitForItsProbeWhichRunsOnlyWhenMemoryIsTight) {
+  // cnn + Adam at 32 per rank: 91.7 MiB by the analytic estimate, over half of the 144 MiB usable.
+  RunningCoordinator coordinator("first-submit", "cpu:2x160MiB");
   ASSERT_TRUE(coordinator.ok()) << ReadFile(coordinator.log_path());
   const std::string spec_path = coordinator.state_dir() + "/cnn-adam.yaml";
   std::ofstream(spec_path) << "name: cnn-adam\n"
@@ -345,6 +347,16 @@ TEST(MemoryTest, TheFirstSubmitOfANewWorkloadDoesNotWaitForItsProbe) {
   EXPECT_THAT(reasons, HasSubstr("measuring memory: fitrun-worker --probe"));
   EXPECT_EQ(coordinator.Get(list.jobs(0).id()).state(), fitrun::v1::JOB_STATE_SUCCEEDED)
       << ReadFile(coordinator.log_path());
+  EXPECT_THAT(coordinator.Metrics(), HasSubstr("fitrun_memory_probe_seconds_count 1"));
+
+  // The mlp, never seen either, is far from tight: it launches at once, and its plan says why.
+  absl::StatusOr<fitrun::v1::Job> roomy = coordinator.Submit(MlpSpecYaml("roomy", 2));
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  coordinator.Watch(roomy->id());
+  const fitrun::v1::Job done = coordinator.Get(roomy->id());
+  EXPECT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << ReadFile(coordinator.log_path());
+  EXPECT_THAT(absl::StrJoin(done.plan().reasons(), "\n"), HasSubstr("no memory probe: the analytic estimate"));
+  EXPECT_THAT(coordinator.Metrics(), HasSubstr("fitrun_memory_probe_seconds_count 1"));
 }
 
 }  // namespace

@@ -37,6 +37,9 @@ using fitrun::v1::JobState;
 using fitrun::v1::Plan;
 namespace launch = fitrun::v1::launch;
 
+// A plan whose predicted peak is over half its usable memory: one an estimate off by 2x could break.
+bool IsTight(const Plan& plan) { return plan.predicted().total_bytes() > plan.usable_bytes() / 2; }
+
 google::protobuf::Timestamp ToProto(absl::Time t) {
   return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
 }
@@ -253,9 +256,11 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, c
   // "does not fit" from it waits for the measurement, which runs off this call's path.
   // (A workload being measured is not measured yet; one whose probe failed has its analytic verdict.)
   bool calibrated = true;
+  bool probe_first = false;
   if (options_.memory_calibrator != nullptr) {
     const MemoryCalibrator::State state = options_.memory_calibrator->Find(*normalized).state;
     calibrated = state == MemoryCalibrator::State::kReady || state == MemoryCalibrator::State::kFailed;
+    probe_first = !calibrated && LaunchesWithoutProbe(*normalized).empty();
   }
   absl::StatusOr<Plan> feasible = PlanOn(*normalized, /*only_free_devices=*/false);
   if (!feasible.ok()) {
@@ -281,7 +286,7 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, c
   ids_by_order_[order] = id;
   if (!request_id.empty()) ids_by_request_[{owner, request_id}] = id;
   const std::string reason =
-      calibrated ? "submitted" : "submitted; its workload's memory is measured first (fitrun-worker --probe)";
+      probe_first ? "submitted; its workload's memory is measured first (fitrun-worker --probe)" : "submitted";
   // Durable before it is acknowledged (a job accepted is never dropped): admitting a new job stores
   // it with its first event, and a job the store refused never existed.
   if (absl::Status status = Transition(stored, fitrun::v1::JOB_STATE_QUEUED, reason); !status.ok()) {
@@ -307,7 +312,12 @@ absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec) {
   absl::MutexLock lock(&mu_);
   // Never waits for a probe: an unmeasured workload is planned with the analytic estimate while
   // its measurement starts, and the plan says so.
-  const std::string calibrating = options_.memory_calibrator != nullptr ? AwaitCalibration(*normalized) : "";
+  std::string without_probe;
+  if (options_.memory_calibrator != nullptr) {
+    without_probe = LaunchesWithoutProbe(*normalized);
+  }
+  const std::string calibrating =
+      options_.memory_calibrator != nullptr && without_probe.empty() ? AwaitCalibration(*normalized) : "";
   absl::StatusOr<Plan> plan = PlanOn(*normalized, /*only_free_devices=*/true);
   if (absl::IsUnavailable(plan.status())) {
     // Busy devices: show the plan it gets once they free up.
@@ -320,7 +330,9 @@ absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec) {
     if (!calibrating.empty()) return absl::Status(plan.status().code(), absl::StrCat(plan.status().message(), " (", pending, ")"));
     return plan.status();
   }
-  if (!calibrating.empty()) {
+  if (!without_probe.empty()) {
+    plan->add_reasons(without_probe);
+  } else if (!calibrating.empty()) {
     plan->add_reasons(pending);
   } else if (options_.memory_calibrator != nullptr) {
     if (const std::string measuring = AwaitPlanMeasurement(*normalized, *plan); !measuring.empty()) {
@@ -777,11 +789,27 @@ std::vector<JobManager::Placement> JobManager::PlaceQueuedJobs(int* queued_count
   // workloads one job already waits in PLANNING for.
   std::map<std::string, std::string> awaiting;
   std::set<std::string> calibrating;
+  std::map<std::string, std::string> launches_without_probe;
   std::vector<Placement> placements;
   for (JobEntry* entry : queued) {
     const JobSpec& spec = entry->record.job.spec();
+    std::string without_probe;
     if (options_.memory_calibrator != nullptr) {
       if (entry->calibration_key.empty()) entry->calibration_key = CalibrationKey(spec);
+      // Asked once per pass for jobs of one shape (a queue of thousands plans each shape once).
+      const std::string shape = entry->record.job.oom_history().empty()
+                                    ? absl::StrCat(entry->calibration_key, "|", spec.global_batch_size(), "|",
+                                                   spec.resources().SerializeAsString())
+                                    : "";
+      auto known = shape.empty() ? launches_without_probe.end() : launches_without_probe.find(shape);
+      if (known != launches_without_probe.end()) {
+        without_probe = known->second;
+      } else {
+        without_probe = LaunchesWithoutProbe(entry->record.job);
+        if (!shape.empty()) launches_without_probe.emplace(shape, without_probe);
+      }
+    }
+    if (options_.memory_calibrator != nullptr && without_probe.empty()) {
       auto [it, first_asked] = awaiting.try_emplace(entry->calibration_key);
       if (first_asked) it->second = AwaitCalibration(spec);
       if (!it->second.empty()) {
@@ -812,6 +840,7 @@ std::vector<JobManager::Placement> JobManager::PlaceQueuedJobs(int* queued_count
       // Its devices stay out of this pass's free list while its batch is measured, and it keeps its
       // place in the queue on the next passes, so they are still there when the measurement is in.
       if (options_.memory_calibrator != nullptr) waiting = AwaitPlanMeasurement(spec, *plan);
+      if (!without_probe.empty()) plan->add_reasons(without_probe);
     }
     placements.push_back({entry, std::move(plan), std::move(waiting)});
   }
@@ -1144,6 +1173,28 @@ std::string JobManager::AwaitCalibration(const JobSpec& spec) {
                       per_rank, " or ", FormatBytes(roomiest));
 }
 
+std::string JobManager::LaunchesWithoutProbe(const JobSpec& spec) {
+  Job unplanned;
+  *unplanned.mutable_spec() = spec;
+  return LaunchesWithoutProbe(unplanned);
+}
+
+std::string JobManager::LaunchesWithoutProbe(const Job& job) {
+  const MemoryCalibrator::State state = options_.memory_calibrator->Find(job.spec()).state;
+  if (state != MemoryCalibrator::State::kMissing && state != MemoryCalibrator::State::kMeasuring) return "";
+  if (!AnalyticEstimateIsUpperBound(job.spec())) return "";
+  std::vector<DeviceCapacity> every_device;
+  for (const fitrun::v1::Device& device : DevicesLocked()) {
+    every_device.push_back({device.id(), device.total_bytes(), device.node()});
+  }
+  absl::StatusOr<Plan> plan = PlanForJob(job, every_device);
+  if (!plan.ok() || IsTight(*plan)) return "";
+  return absl::StrCat("no memory probe: the analytic estimate, an upper bound, predicts ",
+                      FormatBytes(plan->predicted().total_bytes()), " of ", FormatBytes(plan->usable_bytes()),
+                      " usable, under half, so measuring cannot change the plan; the ranks' peaks are recorded "
+                      "for the workload's calibration (a probe runs first only when memory is tight)");
+}
+
 std::string JobManager::AwaitPlanMeasurement(const JobSpec& spec, const Plan& plan) {
   if (spec.resources().per_device_batch() > 0) return "";  // a fixed batch is the user's call
   absl::StatusOr<ModelProfile> profile = ProfileFor(spec);
@@ -1152,7 +1203,7 @@ std::string JobManager::AwaitPlanMeasurement(const JobSpec& spec, const Plan& pl
   const MemoryCurve& curve = *profile->measured;
   if (curve.Measured(batch)) return "";
   const bool beyond = batch > curve.largest_batch();
-  const bool tight = plan.predicted().total_bytes() > plan.usable_bytes() / 2;
+  const bool tight = IsTight(plan);
   if (!beyond && !tight) return "";
   const bool queued = options_.memory_calibrator->StartMeasurement(
       spec, batch, plan.usable_bytes(), calibration_callbacks_.Wrap([this] {

@@ -320,6 +320,13 @@ class JobManager {
   // What the job's workload still needs measured before it can be planned, with the probe queued on
   // the calibrator's threads (its end schedules again); empty when nothing.
   std::string AwaitCalibration(const fitrun::v1::JobSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why the job launches on its analytic estimate without waiting for its workload's probe, or empty
+  // when it waits: it does when the workload is measured already, when its analytic estimate is not
+  // a checked upper bound, or when the plan it gets (with what its OOMs taught, on every device as
+  // if idle) is tight. Otherwise the probe could not change the plan: the estimate would fit even if
+  // it were half the truth.
+  std::string LaunchesWithoutProbe(const fitrun::v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string LaunchesWithoutProbe(const fitrun::v1::JobSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the plan still needs measured before it launches: its batch, when its predicted peak is
   // tight (over half the usable memory) or beyond the largest measured batch and not measured yet;
   // the measurement is queued. Empty when nothing (or when that measurement failed: the plan goes).

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/core/fakes.h"
 #include "server/core/job_manager.h"
 #include "server/core/job_manager_testing.h"
@@ -167,10 +168,35 @@ TEST_F(JobManagerCalibrationTest, DryRunNeverWaitsAndSaysItIsCalibrating) {
   EXPECT_EQ(probe_->calls(), 1);
 }
 
+TEST_F(JobManagerCalibrationTest, ARoomyAnalyticPlanLaunchesAtOnceAndItsRunJoinsTheLaterSweep) {
+  Start(1LL << 30);  // the mlp at 512 per rank: well under half of 1 GiB even by the analytic estimate
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec(1024));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), fitrun::v1::JOB_STATE_QUEUED);
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  const fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(probe_->calls(), 0);
+  EXPECT_THAT(Events(job->id()), ::testing::Not(HasSubstr("measuring")));
+  EXPECT_THAT(absl::StrJoin(running.plan().reasons(), "\n"),
+              HasSubstr("no memory probe: the analytic estimate, an upper bound, predicts"));
+
+  RunRanksToTheEnd(job->id(), MlpPeakBytes(512));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(probe_->calls(), 0);
+  // The run's peak waits for the workload's first sweep, and corrects it like any later run.
+  const absl::StatusOr<Calibration> swept = calibrator_->CalibrateNow(MlpSpec(1024), {.max_batch = 512});
+  ASSERT_TRUE(swept.ok()) << swept.status();
+  ASSERT_EQ(swept->runs.size(), 1u);
+  EXPECT_EQ(swept->runs[0].batch, 512);
+  EXPECT_EQ(swept->runs[0].peak_bytes, MlpPeakBytes(512));
+}
+
 TEST_F(JobManagerCalibrationTest, ABatchBeyondTheMeasuredOnesIsMeasuredBeforeLaunch) {
   // A linear curve: the sweep stops once its slope is steady (about micro-batch 512), far below the
   // 8192 a rank of this job takes on 1 GiB devices.
   Start(1LL << 30, [](int64_t b) { return 5'000'000 + 10'000 * b; });
+  // Measured already (a roomy plan of an unmeasured workload would launch on its analytic estimate).
+  ASSERT_TRUE(calibrator_->CalibrateNow(MlpSpec(16384), {.max_batch = 8192, .max_bytes = 1LL << 30}).ok());
   absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec(16384));
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
@@ -254,6 +280,7 @@ TEST_F(JobManagerCalibrationTest, ARankThatReportsNoProgressIsMeasuredByItsFinis
   // A plain script reports no progress; its supervisor reads the whole run's peak from the
   // preloaded allocator and sends it with RankFinished.
   Start(4LL << 30);
+  ASSERT_TRUE(calibrator_->CalibrateNow(MlpSpec(512), {.max_batch = 256, .max_bytes = 4LL << 30}).ok());
   const std::string id = manager_->Submit(MlpSpec(512))->id();
   ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
   const int64_t batch = WaitForState(id, fitrun::v1::JOB_STATE_RUNNING).plan().per_device_batch();
@@ -277,6 +304,7 @@ TEST_F(JobManagerCalibrationTest, ARankThatReportsNoProgressIsMeasuredByItsFinis
 
 TEST_F(JobManagerCalibrationTest, AnAttemptThatRanOutOfMemoryTeachesNothingAboutWhatFits) {
   Start(4LL << 30);
+  ASSERT_TRUE(calibrator_->CalibrateNow(MlpSpec(512), {.max_batch = 256, .max_bytes = 4LL << 30}).ok());
   const std::string id = manager_->Submit(MlpSpec(512))->id();
   ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
   WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);

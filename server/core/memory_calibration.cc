@@ -180,6 +180,9 @@ absl::Status MemoryCalibrator::LoadCache() {
       c.measured = MemoryCurve(std::move(points));
       c.sweep_note = fields[4];
       if (auto it = done_.find(fields[1]); it != done_.end() && it->second.ok()) c.runs = it->second->runs;
+      if (auto before = runs_before_sweep_.extract(fields[1])) {
+        for (const MeasuredPeak& run : before.mapped()) KeepRun(c.runs, run);
+      }
       done_.insert_or_assign(fields[1], std::move(c));
       continue;
     }
@@ -188,15 +191,11 @@ absl::Status MemoryCalibrator::LoadCache() {
       continue;  // a torn line, or a record of an older version
     }
     auto it = done_.find(fields[1]);
-    if (it == done_.end() || !it->second.ok()) continue;
-    if (fields[0] == kPoint) it->second->measured = it->second->measured.WithPoint(p);
-    if (fields[0] == kRun) {
-      std::vector<MeasuredPeak>& runs = it->second->runs;
-      runs.push_back(p);
-      if (static_cast<int>(runs.size()) > options_.runs_kept) runs.erase(runs.begin());
-    }
+    const bool swept = it != done_.end() && it->second.ok();
+    if (fields[0] == kPoint && swept) it->second->measured = it->second->measured.WithPoint(p);
+    if (fields[0] == kRun) KeepRun(swept ? it->second->runs : runs_before_sweep_[fields[1]], p);
   }
-  if (cache_lines_ > 2 * static_cast<int64_t>(done_.size()) * (options_.runs_kept + 2) + 64) RewriteCache();
+  if (CacheOverGrown()) RewriteCache();
   return absl::OkStatus();
 }
 
@@ -205,7 +204,17 @@ void MemoryCalibrator::AppendToCache(const std::string& lines) {
   std::ofstream out(options_.cache_path, std::ios::app);
   out << lines;
   cache_lines_ += std::count(lines.begin(), lines.end(), '\n');
-  if (cache_lines_ > 2 * static_cast<int64_t>(done_.size()) * (options_.runs_kept + 2) + 64) RewriteCache();
+  if (CacheOverGrown()) RewriteCache();
+}
+
+bool MemoryCalibrator::CacheOverGrown() const {
+  const int64_t workloads = static_cast<int64_t>(done_.size() + runs_before_sweep_.size());
+  return cache_lines_ > 2 * workloads * (options_.runs_kept + 2) + 64;
+}
+
+void MemoryCalibrator::KeepRun(std::vector<MeasuredPeak>& runs, const MeasuredPeak& run) const {
+  runs.push_back(run);
+  if (static_cast<int>(runs.size()) > options_.runs_kept) runs.erase(runs.begin());
 }
 
 void MemoryCalibrator::RewriteCache() {
@@ -216,6 +225,12 @@ void MemoryCalibrator::RewriteCache() {
     absl::StrAppend(&text, SweepLine(key, *result));
     ++lines;
     for (const MeasuredPeak& run : result->runs) {
+      absl::StrAppend(&text, PairLine(kRun, key, run));
+      ++lines;
+    }
+  }
+  for (const auto& [key, runs] : runs_before_sweep_) {
+    for (const MeasuredPeak& run : runs) {
       absl::StrAppend(&text, PairLine(kRun, key, run));
       ++lines;
     }
@@ -284,10 +299,8 @@ void MemoryCalibrator::RecordRun(const fitrun::v1::JobSpec& spec, int64_t batch,
   const std::string key = CalibrationKey(spec);
   absl::MutexLock lock(&mu_);
   auto it = done_.find(key);
-  if (it == done_.end() || !it->second.ok()) return;  // nothing to correct yet
-  std::vector<MeasuredPeak>& runs = it->second->runs;
-  runs.push_back({batch, peak_bytes});
-  if (static_cast<int>(runs.size()) > options_.runs_kept) runs.erase(runs.begin());
+  const bool swept = it != done_.end() && it->second.ok();
+  KeepRun(swept ? it->second->runs : runs_before_sweep_[key], {batch, peak_bytes});
   AppendToCache(PairLine(kRun, key, {batch, peak_bytes}));
 }
 
@@ -380,12 +393,19 @@ absl::StatusOr<MeasuredPeak> MemoryCalibrator::MeasureOne(const fitrun::v1::JobS
   return MeasuredPeak{batch, *peak};
 }
 
-void MemoryCalibrator::StoreSweep(const std::string& key, const absl::StatusOr<Calibration>& result) {
+absl::StatusOr<Calibration> MemoryCalibrator::StoreSweep(const std::string& key,
+                                                         const absl::StatusOr<Calibration>& result) {
   absl::MutexLock lock(&mu_);
   // Failures stay in memory only: a restarted coordinator tries again (the binary may be fixed).
-  done_.insert_or_assign(key, result);
+  absl::StatusOr<Calibration>& stored = done_.insert_or_assign(key, result).first->second;
   sweeping_.erase(key);
-  if (result.ok()) AppendToCache(SweepLine(key, *result));
+  if (!stored.ok()) return stored;
+  if (auto before = runs_before_sweep_.extract(key)) {
+    for (const MeasuredPeak& run : before.mapped()) KeepRun(stored->runs, run);
+  }
+  // The runs' lines are in the file already, before this sweep's: loading puts them back the same way.
+  AppendToCache(SweepLine(key, *stored));
+  return stored;
 }
 
 absl::StatusOr<Calibration> MemoryCalibrator::CalibrateNow(const fitrun::v1::JobSpec& spec, const SweepLimits& limits) {
@@ -395,9 +415,7 @@ absl::StatusOr<Calibration> MemoryCalibrator::CalibrateNow(const fitrun::v1::Job
     if (auto it = done_.find(key); it != done_.end()) return it->second;
     ++probes_run_;
   }
-  absl::StatusOr<Calibration> result = Sweep(spec, limits);
-  StoreSweep(key, result);
-  return result;
+  return StoreSweep(key, Sweep(spec, limits));
 }
 
 absl::StatusOr<ModelProfile> MemoryCalibrator::ProfileFor(const fitrun::v1::JobSpec& spec) {

@@ -136,7 +136,9 @@ class MemoryCalibrator {
                         std::function<void()> on_done);
   // Whether a measurement of `batch` for the spec's workload is queued or running.
   bool Measuring(const fitrun::v1::JobSpec& spec, int64_t batch);
-  // What a real run measured: the largest peak of an attempt's ranks at its per-device batch.
+  // What a real run measured: the largest peak of an attempt's ranks at its per-device batch. Runs
+  // of a workload not swept yet (one that launched on its analytic estimate) are kept for its sweep,
+  // whose curve they then correct like any later run.
   void RecordRun(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t peak_bytes);
 
   // Sweeps now on the caller's thread (or returns the cached calibration): for benchmarks and tools.
@@ -161,16 +163,22 @@ class MemoryCalibrator {
   void Loop();
   absl::StatusOr<Calibration> Sweep(const fitrun::v1::JobSpec& spec, const SweepLimits& limits);
   absl::StatusOr<MeasuredPeak> MeasureOne(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t max_bytes);
-  void StoreSweep(const std::string& key, const absl::StatusOr<Calibration>& result);
+  // Stores a sweep's result (with the runs that came before it) and returns what was stored.
+  absl::StatusOr<Calibration> StoreSweep(const std::string& key, const absl::StatusOr<Calibration>& result);
   // Appends lines to the cache file; rewrites it whole (atomically) when it has grown well past
   // what it describes.
   void AppendToCache(const std::string& lines) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RewriteCache() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends a run's peak to `runs`, keeping the newest options_.runs_kept.
+  void KeepRun(std::vector<MeasuredPeak>& runs, const MeasuredPeak& run) const;
+  bool CacheOverGrown() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   MemoryProbe* const probe_;
   absl::Mutex mu_;
   std::map<std::string, absl::StatusOr<Calibration>> done_ ABSL_GUARDED_BY(mu_);
+  // Real runs of workloads with no sweep yet, by key: they join the calibration when one is made.
+  std::map<std::string, std::vector<MeasuredPeak>> runs_before_sweep_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> sweeping_ ABSL_GUARDED_BY(mu_);                       // queued or running
   std::set<std::pair<std::string, int64_t>> measuring_ ABSL_GUARDED_BY(mu_);  // queued or running
   std::set<std::pair<std::string, int64_t>> failed_measurements_ ABSL_GUARDED_BY(mu_);

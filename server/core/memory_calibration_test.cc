@@ -238,6 +238,29 @@ TEST(MemoryCalibratorTest, TheCacheFileSurvivesARestartWithPointsAndRuns) {
   EXPECT_EQ(probe.calls(), 0);
 }
 
+TEST(MemoryCalibratorTest, RunsBeforeTheFirstSweepSurviveARestartAndCorrectThatSweep) {
+  // A job launched on its analytic estimate: its run is all fitrund knows of the workload.
+  const std::string path = TempPath("calibration-runs-first.tsv");
+  std::filesystem::remove(path);
+  const fitrun::v1::JobSpec spec = MlpSpec();
+  {
+    FakeMemoryProbe probe(MlpPeakBytes);
+    auto calibrator = *MemoryCalibrator::Create({.cache_path = path}, &probe);
+    calibrator->RecordRun(spec, 512, MlpPeakBytes(512) * 2);
+    EXPECT_EQ(calibrator->Find(spec).state, MemoryCalibrator::State::kMissing);
+  }
+  FakeMemoryProbe probe(MlpPeakBytes);
+  auto restarted = *MemoryCalibrator::Create({.cache_path = path}, &probe);
+  EXPECT_EQ(restarted->Find(spec).state, MemoryCalibrator::State::kMissing);
+  const absl::StatusOr<Calibration> swept = restarted->CalibrateNow(spec, SweepLimits{.max_batch = 1024});
+  ASSERT_TRUE(swept.ok()) << swept.status();
+  ASSERT_EQ(swept->runs.size(), 1u);
+  EXPECT_NEAR(swept->RunCorrection(0.03), 2.0, 1e-3);
+  // And once more after a restart, now from the sweep's line and the run's.
+  auto again = *MemoryCalibrator::Create({.cache_path = path}, &probe);
+  ASSERT_EQ(again->Find(spec).calibration.runs.size(), 1u);
+}
+
 TEST(MemoryCalibratorTest, ATornOrOldLineIsSkippedAndTheFileIsCompacted) {
   const std::string path = TempPath("calibration-torn.tsv");
   const fitrun::v1::JobSpec spec = MlpSpec();

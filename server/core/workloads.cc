@@ -309,11 +309,12 @@ absl::StatusOr<ModelProfile> Cnn(const JobSpec&) { return CnnProfile(); }
 
 const std::vector<WorkloadKind>& WorkloadKinds() {
   static const auto* kinds = new std::vector<WorkloadKind>{
-      {"mlp", fitrun::v1::DATA_KIND_FASHION_MNIST, ValidateImageClassifier, Mlp, BuiltinKey},
-      {"cnn", fitrun::v1::DATA_KIND_FASHION_MNIST, ValidateImageClassifier, Cnn, BuiltinKey},
-      {"gpt", fitrun::v1::DATA_KIND_TEXT, ValidateGptOnText, GptProfile, GptKey},
+      // The accuracy bench's 40 workloads (392 batches): analytic 40% to 2431% above the measured peak.
+      {"mlp", fitrun::v1::DATA_KIND_FASHION_MNIST, ValidateImageClassifier, Mlp, BuiltinKey, true},
+      {"cnn", fitrun::v1::DATA_KIND_FASHION_MNIST, ValidateImageClassifier, Cnn, BuiltinKey, true},
+      {"gpt", fitrun::v1::DATA_KIND_TEXT, ValidateGptOnText, GptProfile, GptKey, true},
       {"gpt", fitrun::v1::DATA_KIND_MOVIELENS, ValidateGptOnRatings, GptRecommenderProfile, GptRecommenderKey},
-      {"sasrec", fitrun::v1::DATA_KIND_MOVIELENS, ValidateSasRecOnRatings, SasRecProfile, SasRecKey},
+      {"sasrec", fitrun::v1::DATA_KIND_MOVIELENS, ValidateSasRecOnRatings, SasRecProfile, SasRecKey, true},
       {"torchscript", fitrun::v1::DATA_KIND_FASHION_MNIST, ValidateTorchScriptOnImages, TorchScriptProfile,
        TorchScriptKey},
       {"torchscript", fitrun::v1::DATA_KIND_TENSORS, ValidateTorchScriptOnTensors, TorchScriptOnTensorsProfile,
@@ -390,6 +391,12 @@ std::string FileVersion(const std::string& path) {
   if (error) return absl::StrCat(path, "@missing");
   const auto size = std::filesystem::file_size(path, error);
   return absl::StrCat(path, "@", mtime.time_since_epoch().count(), ":", error ? 0 : static_cast<int64_t>(size));
+}
+
+bool AnalyticEstimateIsUpperBound(const JobSpec& spec) {
+  if (spec.has_script()) return false;
+  absl::StatusOr<const WorkloadKind*> kind = FindWorkload(spec);
+  return kind.ok() && (*kind)->analytic_is_upper_bound;
 }
 
 std::string WorkloadMemoryKey(const JobSpec& spec) {

@@ -25,6 +25,10 @@ struct WorkloadKind {
   absl::StatusOr<ModelProfile> (*profile)(const fitrun::v1::JobSpec& spec);
   // The model's config and whatever else sizes its memory (a file's version), for calibration keys.
   std::string (*memory_key)(const fitrun::v1::JobSpec& spec);
+  // Whether `profile` is known to be an upper bound of the measured peak: checked, for every
+  // optimizer and precision, by the estimator accuracy bench (server/bench/memory_accuracy). Only
+  // such a workload may launch on its analytic estimate without a probe (when memory is roomy).
+  bool analytic_is_upper_bound = false;
 };
 const std::vector<WorkloadKind>& WorkloadKinds();
 
@@ -37,6 +41,9 @@ absl::Status ValidateModelAndData(const fitrun::v1::JobSpec& spec);
 // The analytic profile of a spec's model on its dataset (a script's is empty until its probe
 // measures it); errors name the spec field.
 absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec);
+
+// Whether the spec's analytic profile is a checked upper bound (never for a script).
+bool AnalyticEstimateIsUpperBound(const fitrun::v1::JobSpec& spec);
 
 // The entry's memory key for the spec (its model's config and what else sizes its memory).
 std::string WorkloadMemoryKey(const fitrun::v1::JobSpec& spec);
