@@ -1,0 +1,189 @@
+#!/usr/bin/python3
+"""Time to train: `fitrun submit --watch` against PyTorch DDP launched directly, in one run.
+
+For deploy/examples/fashion-mnist-mlp.yaml and fashion-mnist-cnn.yaml (one epoch, global batch 256, two
+ranks on this machine's two virtual CPU devices, Gloo), it measures
+  - fitrun, first submit: a fresh fitrund (empty state directory: no calibration, no dataset cache)
+    already serving; from starting `fitrun submit SPEC --watch` to its exit at SUCCEEDED;
+  - fitrun, second submit of the same spec to the same fitrund (a model seen before);
+  - PyTorch: tools/bench/torch_ddp_direct.py, the same job as a user's script, two processes started
+    directly; from their start to both exiting.
+Time to first step: from the start until the first step is reported (fitrun: the watch's `step 1/`
+line; PyTorch: rank 0's `first step done`). samples/s: rank 0's own figure over its training loop.
+For each fitrun submit it also prints where the time before the first step and after the last went,
+from the arrival times of the watch's lines.
+
+A program that prints figures, not a test: nothing is asserted. Usage (from the repository root):
+  bazel build -c opt //server:fitrund //worker:fitrun-worker //client:fitrun
+  /usr/bin/python3 tools/bench/time_to_train.py [--runs 3] [--models mlp,cnn]
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The -c opt outputs themselves: bazel-bin follows whichever configuration the tree's last build used.
+BIN = os.path.join(ROOT, "bazel-out", "k8-opt", "bin")
+SPECS = {m: os.path.join(ROOT, "deploy", "examples", f"fashion-mnist-{m}.yaml") for m in ("mlp", "cnn")}
+DIRECT = os.path.join(ROOT, "tools", "bench", "torch_ddp_direct.py")
+
+
+class Fitrund:
+    def __init__(self, work):
+        self.state = os.path.join(work, "state")
+        os.makedirs(self.state)
+        self.log = open(os.path.join(work, "fitrund.log"), "w")
+        self.proc = subprocess.Popen(
+            [os.path.join(BIN, "server", "fitrund"), "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+             f"--state_dir={self.state}", "--devices=auto",
+             f"--worker_binary={os.path.join(BIN, 'worker', 'fitrun-worker')}"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        address_file = os.path.join(self.state, "fitrund.address")
+        deadline = time.monotonic() + 60
+        while not (os.path.exists(address_file) and os.path.getsize(address_file) > 0):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"fitrund did not start; see {self.log.name}")
+            time.sleep(0.05)
+        with open(address_file) as f:
+            self.address = f.read().strip()
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+# Milestones of a fitrun job in the watch's output, in the order they happen.
+MILESTONES = [
+    ("launched", re.compile(r"-> RUNNING|state: RUNNING")),
+    ("data loaded", re.compile(r"training samples loaded in")),
+    ("joined", re.compile(r"joined the process group")),
+    ("first step", re.compile(r"^step 1/")),
+    ("last rank finished", re.compile(r"^rank \d+ finished")),
+]
+
+
+def submit_and_watch(fitrund, spec):
+    """Seconds from starting `fitrun submit --watch` to each milestone, to its exit, and samples/s."""
+    start = time.monotonic()
+    proc = subprocess.Popen([os.path.join(BIN, "client", "fitrun"), f"--coordinator={fitrund.address}", "submit",
+                             spec, "--watch"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen, lines = {}, []
+    for line in proc.stdout:
+        now = time.monotonic() - start
+        lines.append(line)
+        for name, pattern in MILESTONES:
+            if pattern.search(line):
+                # The last rank to load, join or finish is the one the job waits for.
+                if name in ("data loaded", "joined", "last rank finished") or name not in seen:
+                    seen[name] = now
+    proc.wait()
+    seen["exit"] = time.monotonic() - start
+    if proc.returncode != 0:
+        sys.exit(f"fitrun submit failed ({proc.returncode}):\n{''.join(lines[-40:])}")
+    rank0 = [l for l in lines if l.startswith("rank 0: communication:")]
+    speed = re.search(r"([0-9.]+) samples/s", rank0[-1]) if rank0 else None
+    seen["samples_per_second"] = float(speed.group(1)) if speed else float("nan")
+    accuracy = re.search(r"test accuracy:\s+([0-9.]+)", "".join(lines))
+    seen["accuracy"] = float(accuracy.group(1)) if accuracy else float("nan")
+    return seen
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torch_direct(model, work):
+    port = free_port()
+    start = time.monotonic()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(
+            ["/usr/bin/python3", DIRECT, "--model", model, "--checkpoint", os.path.join(work, f"{model}.pt")],
+            env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            text=True))
+    first_step, result = None, None
+    for line in procs[0].stdout:
+        if line.startswith("first step done"):
+            first_step = time.monotonic() - start
+        if line.startswith("{"):
+            result = json.loads(line)
+    for p in procs:
+        p.wait()
+    wall = time.monotonic() - start
+    if any(p.returncode != 0 for p in procs) or result is None:
+        sys.exit(f"the PyTorch ranks failed: {[p.returncode for p in procs]}")
+    return {"first step": first_step, "exit": wall, "samples_per_second": result["samples_per_second"],
+            "accuracy": result["test_accuracy"]}
+
+
+def spread(values, unit=" s", digits=2):
+    values = sorted(values)
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}{unit}"
+    return f"{statistics.median(values):.{digits}f}{unit} ({values[0]:.{digits}f}-{values[-1]:.{digits}f})"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--models", default="mlp,cnn")
+    args = parser.parse_args()
+    for binary in ("server/fitrund", "worker/fitrun-worker", "client/fitrun"):
+        if not os.path.exists(os.path.join(BIN, binary)):
+            sys.exit("build first: bazel build -c opt //server:fitrund //worker:fitrun-worker //client:fitrun")
+    results = {}  # (model, side) -> list of runs
+    for run in range(args.runs):
+        for model in args.models.split(","):
+            with tempfile.TemporaryDirectory(prefix="fitrun-ttt-") as work:
+                fitrund = Fitrund(work)
+                try:
+                    results.setdefault((model, "fitrun first"), []).append(submit_and_watch(fitrund, SPECS[model]))
+                    results.setdefault((model, "fitrun second"), []).append(submit_and_watch(fitrund, SPECS[model]))
+                finally:
+                    fitrund.stop()
+                results.setdefault((model, "pytorch"), []).append(torch_direct(model, work))
+            print(f"run {run + 1}: {model} done", file=sys.stderr, flush=True)
+
+    print(f"one epoch of Fashion-MNIST, global batch 256, 2 ranks x 1 thread, Gloo; {os.cpu_count()} cores; "
+          f"median (min-max) of {args.runs} run(s)")
+    print("| model | side | submit to end | to first step | samples/s | test accuracy | end vs PyTorch |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for model in args.models.split(","):
+        torch_wall = statistics.median(r["exit"] for r in results[(model, "pytorch")])
+        for side in ("fitrun first", "fitrun second", "pytorch"):
+            rows = results[(model, side)]
+            ratio = statistics.median(r["exit"] for r in rows) / torch_wall
+            print(f"| {model} | {side} | {spread([r['exit'] for r in rows])} | "
+                  f"{spread([r['first step'] for r in rows])} | {spread([r['samples_per_second'] for r in rows], '', 0)} | "
+                  f"{statistics.median(r['accuracy'] for r in rows):.4f} | {ratio:.2f}x |")
+    print()
+    print("where fitrun's time went (median seconds from the start of `fitrun submit --watch`):")
+    names = [name for name, _ in MILESTONES] + ["exit"]
+    print("| model | side | " + " | ".join(names) + " |")
+    print("| --- | --- | " + " | ".join("---:" for _ in names) + " |")
+    for model in args.models.split(","):
+        for side in ("fitrun first", "fitrun second"):
+            rows = results[(model, side)]
+            cells = [f"{statistics.median(r[n] for r in rows if n in r):.2f}" if any(n in r for r in rows) else "-"
+                     for n in names]
+            print(f"| {model} | {side} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

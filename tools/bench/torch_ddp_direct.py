@@ -1,0 +1,86 @@
+"""The job of deploy/examples/fashion-mnist-{mlp,cnn}.yaml written as a PyTorch user writes it without
+fitrun: one DDP process per rank over Gloo, started directly (the torchrun contract set by hand:
+RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; Debian's torchrun does not start under Python 3.11), one
+compute thread per rank (what torchrun sets with more than one process per node). It reads the
+Fashion-MNIST gz files, trains one epoch (global batch 256, SGD with momentum 0.9, lr 0.05), saves a
+checkpoint and evaluates on the test split on rank 0, as a fitrun job does.
+
+Rank 0 prints `first step done` right after its first optimizer step, then one JSON line with its
+training seconds, samples/s and test accuracy. tools/bench/time_to_train.py starts it.
+"""
+import argparse
+import gzip
+import json
+import os
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "parity"))
+from torch_ddp_reference import MEAN, STD, Cnn, Mlp  # noqa: E402  the same two models fitrun builds in
+
+
+def load(data_dir, split):
+    with gzip.open(os.path.join(data_dir, f"{split}-images-idx3-ubyte.gz")) as f:
+        _, n, rows, cols = struct.unpack(">IIII", f.read(16))
+        images = np.frombuffer(f.read(), dtype=np.uint8).reshape(n, 1, rows, cols)
+    with gzip.open(os.path.join(data_dir, f"{split}-labels-idx1-ubyte.gz")) as f:
+        f.read(8)
+        labels = np.frombuffer(f.read(), dtype=np.uint8)
+    x = torch.from_numpy(images.copy()).float().div_(255.0).sub_(MEAN).div_(STD)
+    return x, torch.from_numpy(labels.astype(np.int64))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    parser.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    parser.add_argument("--global-batch", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--checkpoint", required=True)
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    torch.manual_seed(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    images, labels = load(args.data, "train")
+    model = torch.nn.parallel.DistributedDataParallel(Mlp() if args.model == "mlp" else Cnn())
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    sampler = torch.utils.data.DistributedSampler(torch.utils.data.TensorDataset(images, labels), seed=1)
+    batch = args.global_batch // world
+    order = torch.tensor(list(iter(sampler)))
+    steps = len(order) // batch
+
+    start = time.perf_counter()
+    for step in range(steps):
+        idx = order[step * batch:(step + 1) * batch]
+        optimizer.zero_grad()
+        F.cross_entropy(model(images.index_select(0, idx)), labels.index_select(0, idx)).backward()
+        optimizer.step()
+        if step == 0 and rank == 0:
+            print("first step done", flush=True)
+    seconds = time.perf_counter() - start
+
+    result = {"train_seconds": seconds, "samples_per_second": steps * batch * world / seconds}
+    if rank == 0:
+        tmp = args.checkpoint + ".tmp"
+        torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
+        os.replace(tmp, args.checkpoint)
+        test_x, test_y = load(args.data, "t10k")
+        model.eval()
+        with torch.no_grad():
+            correct = sum(int((model.module(test_x[i:i + batch]).argmax(1) == test_y[i:i + batch]).sum())
+                          for i in range(0, len(test_y), batch))
+        result["test_accuracy"] = correct / len(test_y)
+        print(json.dumps(result), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
