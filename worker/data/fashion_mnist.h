@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "worker/data/dataset_cache.h"
 #include "worker/data/tensor_dataset.h"
 
 namespace fitrun::worker {
@@ -16,8 +17,10 @@ inline constexpr float kFashionMnistStd = 0.3530f;
 
 // Loads one split of Fashion-MNIST from `dir`, which holds the four IDX .gz files
 // (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz,
-// t10k-labels-idx1-ubyte.gz). Image and label counts must agree and images must be 28x28.
-absl::StatusOr<TensorDataset> LoadFashionMnist(const std::string& dir, Split split);
+// t10k-labels-idx1-ubyte.gz). Image and label counts must agree and images must be 28x28. With a
+// `cache`, each file is decompressed only when the cache holds no valid copy of it (and the copy is
+// written for the next rank); the tensors are bit-identical either way.
+absl::StatusOr<TensorDataset> LoadFashionMnist(const std::string& dir, Split split, DatasetCache* cache = nullptr);
 
 }  // namespace fitrun::worker
 
