@@ -41,7 +41,7 @@ std::string GptDescription(const fitrun::v1::GptConfig& config) {
                       " heads, context ", config.context(), config.tied_head() ? ", tied head" : "", ")");
 }
 
-absl::StatusOr<Workload> LoadGptOnText(const fitrun::v1::JobSpec& spec, bool with_test) {
+absl::StatusOr<Workload> LoadGptOnText(const fitrun::v1::JobSpec& spec, bool with_test, DatasetCache*) {
   const fitrun::v1::GptConfig& config = spec.model().gpt();
   if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
   Workload workload;
@@ -75,7 +75,7 @@ absl::StatusOr<Workload> LoadOnRatings(const fitrun::v1::JobSpec& spec, bool wit
   return workload;
 }
 
-absl::StatusOr<Workload> LoadSasRec(const fitrun::v1::JobSpec& spec, bool with_test) {
+absl::StatusOr<Workload> LoadSasRec(const fitrun::v1::JobSpec& spec, bool with_test, DatasetCache*) {
   const fitrun::v1::SasRecConfig& config = spec.model().sasrec();
   if (absl::Status s = ValidateSasRecConfig(config); !s.ok()) return s;
   return LoadOnRatings(
@@ -85,7 +85,7 @@ absl::StatusOr<Workload> LoadSasRec(const fitrun::v1::JobSpec& spec, bool with_t
                    " heads, max_len ", config.max_len()));
 }
 
-absl::StatusOr<Workload> LoadGptOnRatings(const fitrun::v1::JobSpec& spec, bool with_test) {
+absl::StatusOr<Workload> LoadGptOnRatings(const fitrun::v1::JobSpec& spec, bool with_test, DatasetCache*) {
   const fitrun::v1::GptConfig& config = spec.model().gpt();
   if (absl::Status s = ValidateGptConfig(config); !s.ok()) return s;
   return LoadOnRatings(
@@ -94,13 +94,14 @@ absl::StatusOr<Workload> LoadGptOnRatings(const fitrun::v1::JobSpec& spec, bool 
       absl::StrCat(GptDescription(config), " next-item recommender"));
 }
 
-absl::StatusOr<Workload> LoadBuiltinClassifier(const fitrun::v1::JobSpec& spec, bool with_test) {
+absl::StatusOr<Workload> LoadBuiltinClassifier(const fitrun::v1::JobSpec& spec, bool with_test,
+                                               DatasetCache* cache) {
   absl::StatusOr<std::shared_ptr<Model>> model = CreateModel(spec.model(), spec.seed());
   if (!model.ok()) return model.status();
   Workload workload;
   workload.model = *std::move(model);
   absl::Status loaded = LoadSplits(workload, with_test, [&](Split split) -> absl::StatusOr<TensorDataset> {
-    absl::StatusOr<TensorDataset> set = LoadFashionMnist(spec.data().path(), split);
+    absl::StatusOr<TensorDataset> set = LoadFashionMnist(spec.data().path(), split, cache);
     if (!set.ok()) return DataError(set.status());
     return set;
   });
@@ -124,9 +125,10 @@ absl::StatusOr<Workload> LoadTorchScript(const fitrun::v1::JobSpec& spec, bool w
   return workload;
 }
 
-absl::StatusOr<Workload> LoadTorchScriptOnImages(const fitrun::v1::JobSpec& spec, bool with_test) {
+absl::StatusOr<Workload> LoadTorchScriptOnImages(const fitrun::v1::JobSpec& spec, bool with_test,
+                                                 DatasetCache* cache) {
   absl::StatusOr<Workload> workload = LoadTorchScript(spec, with_test, [&](Split split) -> absl::StatusOr<TensorDataset> {
-    absl::StatusOr<TensorDataset> set = LoadFashionMnist(spec.data().path(), split);
+    absl::StatusOr<TensorDataset> set = LoadFashionMnist(spec.data().path(), split, cache);
     if (!set.ok()) return DataError(set.status());
     return set;
   });
@@ -149,7 +151,7 @@ absl::StatusOr<Workload> LoadTorchScriptOnImages(const fitrun::v1::JobSpec& spec
   return workload;
 }
 
-absl::StatusOr<Workload> LoadTorchScriptOnTensors(const fitrun::v1::JobSpec& spec, bool with_test) {
+absl::StatusOr<Workload> LoadTorchScriptOnTensors(const fitrun::v1::JobSpec& spec, bool with_test, DatasetCache*) {
   return LoadTorchScript(spec, with_test, [&](Split split) { return LoadTensors(spec.data(), split); });
 }
 
@@ -179,7 +181,7 @@ std::string ModelKindName(const fitrun::v1::ModelSpec& model) {
   return model.kind_case() == fitrun::v1::ModelSpec::kTorchscript ? "torchscript" : model.builtin();
 }
 
-absl::StatusOr<Workload> LoadWorkload(const fitrun::v1::JobSpec& spec, bool with_test) {
+absl::StatusOr<Workload> LoadWorkload(const fitrun::v1::JobSpec& spec, bool with_test, DatasetCache* cache) {
   const std::string model = ModelKindName(spec.model());
   // Specs from before data kinds existed leave Fashion-MNIST's unset.
   const fitrun::v1::DataKind data =
@@ -187,7 +189,7 @@ absl::StatusOr<Workload> LoadWorkload(const fitrun::v1::JobSpec& spec, bool with
   std::vector<std::string> kinds_for_model;
   for (const WorkloadKind& kind : WorkloadKinds()) {
     if (kind.model != model) continue;
-    if (kind.data == data) return kind.load(spec, with_test);
+    if (kind.data == data) return kind.load(spec, with_test, cache);
     kinds_for_model.push_back(DataKindName(kind.data));
   }
   if (kinds_for_model.empty()) {

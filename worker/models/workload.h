@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "fitrun/v1/job.pb.h"
+#include "worker/data/dataset_cache.h"
 #include "worker/data/tensor_dataset.h"
 #include "worker/models/model.h"
 
@@ -28,11 +29,12 @@ struct Workload {
 // The worker's side of each workload: a model kind ("mlp", "cnn", "gpt", "sasrec", or "torchscript")
 // on a data kind, and how to load the two. One entry per pair (fitrund keeps the same pairs, with
 // their checks and memory profiles, in server/core/workloads.h); a new model or data kind is one
-// entry here.
+// entry here. `cache`, when not null, is the rank's decoded-dataset cache (the loaders of IDX files
+// read through it).
 struct WorkloadKind {
   std::string model;
   fitrun::v1::DataKind data;
-  absl::StatusOr<Workload> (*load)(const fitrun::v1::JobSpec& spec, bool with_test);
+  absl::StatusOr<Workload> (*load)(const fitrun::v1::JobSpec& spec, bool with_test, DatasetCache* cache);
 };
 const std::vector<WorkloadKind>& WorkloadKinds();
 
@@ -41,8 +43,10 @@ std::string ModelKindName(const fitrun::v1::ModelSpec& model);
 
 // Loads the data a spec names and builds its model with the spec's seed. Errors are
 // InvalidArgument naming the spec field (spec.data.kind for a pair no entry has, spec.data.path,
-// spec.model.gpt.heads, ...).
-absl::StatusOr<Workload> LoadWorkload(const fitrun::v1::JobSpec& spec, bool with_test);
+// spec.model.gpt.heads, ...). With a `cache` (WorkerAssignment.dataset_cache_dir), datasets another
+// rank or attempt already decoded are mapped from it rather than decoded again.
+absl::StatusOr<Workload> LoadWorkload(const fitrun::v1::JobSpec& spec, bool with_test,
+                                      DatasetCache* cache = nullptr);
 
 }  // namespace fitrun::worker
 

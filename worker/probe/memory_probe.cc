@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/data/dataset_cache.h"
 #include "worker/ddp/gradient_synchronizer.h"
 #include "worker/models/workload.h"
 #include "worker/trainer/progress_sink.h"
@@ -110,7 +111,10 @@ absl::StatusOr<std::unique_ptr<MemoryProbe>> MemoryProbe::Create(const fitrun::v
   at::set_num_threads(assignment.cpu_threads_size() > 0 && assignment.cpu_threads(0) > 0 ? assignment.cpu_threads(0)
                                                                                           : 1);
   // Loaded before the allocator is installed, the data stays uncounted as it does in a training run.
-  absl::StatusOr<Workload> workload = LoadWorkload(spec, /*with_test=*/false);
+  // Through the ranks' dataset cache: the probe is often the first to decode a dataset, and the
+  // ranks that follow map what it wrote. Its stdout is the protocol; what the cache says goes to stderr.
+  DatasetCache dataset_cache({assignment.dataset_cache_dir()});
+  absl::StatusOr<Workload> workload = LoadWorkload(spec, /*with_test=*/false, &dataset_cache);
   if (!workload.ok()) return workload.status();
   std::unique_ptr<MemoryProbe> probe(new MemoryProbe(assignment, *std::move(workload), counter));
   counter->Install();

@@ -16,10 +16,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "fitrun/v1/launch_contract.h"
 #include "worker/checkpoint/checkpoint_store.h"
+#include "worker/data/dataset_cache.h"
 #include "worker/data/sampler.h"
 #include "worker/ddp/bucketed_reducer.h"
 #include "worker/ddp/process_group.h"
@@ -98,6 +100,37 @@ TrainerOptions TrainerOptionsFor(const fitrun::v1::WorkerAssignment& a, const Wo
   return options;
 }
 
+// spec.ddp's communication hook; PowerSGD's knobs default as PyTorch's PowerSGDState when an
+// assignment leaves them out (the coordinator fills them in).
+CommHookOptions CommHookOptionsFor(const fitrun::v1::DdpSpec& ddp) {
+  CommHookOptions options;
+  switch (ddp.comm_hook()) {
+    case fitrun::v1::COMM_HOOK_FP16: options.kind = CommHookOptions::Kind::kFp16; break;
+    case fitrun::v1::COMM_HOOK_BF16: options.kind = CommHookOptions::Kind::kBf16; break;
+    case fitrun::v1::COMM_HOOK_POWERSGD: options.kind = CommHookOptions::Kind::kPowerSgd; break;
+    default: options.kind = CommHookOptions::Kind::kNone; break;
+  }
+  if (ddp.has_powersgd_rank()) options.powersgd_rank = ddp.powersgd_rank();
+  if (ddp.has_powersgd_start_iter()) options.powersgd_start_iter = ddp.powersgd_start_iter();
+  return options;
+}
+
+// "[fc3.bias fc3.weight fc2.bias fc2.weight] [fc1.bias fc1.weight]": the reducer's buckets in launch
+// order, by parameter name, as PyTorch's DDP would show them.
+std::string DescribeBuckets(const BucketedReducer& reducer, const torch::nn::Module& model) {
+  std::vector<std::string> trained;
+  for (const auto& item : model.named_parameters()) {
+    if (item.value().requires_grad()) trained.push_back(item.key());
+  }
+  std::vector<std::string> buckets;
+  for (const std::vector<int>& bucket : reducer.BucketLayout()) {
+    std::vector<std::string> names;
+    for (int index : bucket) names.push_back(index < static_cast<int>(trained.size()) ? trained[index] : "?");
+    buckets.push_back(absl::StrCat("[", absl::StrJoin(names, " "), "]"));
+  }
+  return absl::StrJoin(buckets, " ");
+}
+
 // Writes what another implementation needs to reproduce this run from its first step: every
 // parameter as raw little-endian float32 in registration order (parameters.f32), one line per
 // parameter "name dim0 dim1 ..." (parameters.txt), and the sample order of the epochs the run
@@ -159,7 +192,10 @@ class BuiltinTraining final : public TrainingProgram {
     at::set_num_threads(threads);
 
     const absl::Time load_start = absl::Now();
-    absl::StatusOr<Workload> workload = LoadWorkload(spec, /*with_test=*/options_.rank == 0);
+    DatasetCache dataset_cache({assignment->dataset_cache_dir(), [this](const std::string& line) {
+                                  sink_->OnLog(absl::StrCat("rank ", options_.rank, ": ", line));
+                                }});
+    absl::StatusOr<Workload> workload = LoadWorkload(spec, /*with_test=*/options_.rank == 0, &dataset_cache);
     if (!workload.ok()) return Fail(kBadConfiguration, workload.status());
 
     TrainerOptions trainer_options = TrainerOptionsFor(*assignment, options_);
@@ -259,9 +295,17 @@ class BuiltinTraining final : public TrainingProgram {
     if (spec.ddp().bucket_cap_mb() > 0) {
       bucket_options.bucket_cap_bytes = static_cast<int64_t>(spec.ddp().bucket_cap_mb() * (1 << 20));
     }
+    bucket_options.comm_hook = CommHookOptionsFor(spec.ddp());
     absl::StatusOr<std::unique_ptr<BucketedReducer>> synchronizer =
         BucketedReducer::Create(*group, workload->model->parameters(), bucket_options);
-    if (!synchronizer.ok()) return Fail(kTrainingFailed, synchronizer.status());
+    if (!synchronizer.ok()) {
+      return Fail(synchronizer.status().code() == absl::StatusCode::kInvalidArgument ? kBadConfiguration
+                                                                                      : kTrainingFailed,
+                  synchronizer.status());
+    }
+    sink_->OnLog(absl::StrCat("ddp: ", (*synchronizer)->BucketLayout().size(), " buckets ",
+                              DescribeBuckets(**synchronizer, *workload->model), ", comm hook ",
+                              (*synchronizer)->CommHookDescription()));
     const int64_t train_size = workload->train.size();
     absl::StatusOr<std::unique_ptr<Trainer>> trainer =
         Trainer::Create(trainer_options, workload->model, std::move(workload->train), std::move(workload->test),
@@ -344,10 +388,10 @@ class BuiltinTraining final : public TrainingProgram {
                            o.grad_accum_steps * o.world_size;
     sink_->OnLog(absl::StrFormat(
         "communication: %d buckets, exposed all-reduce wait %.3f s over %d steps = %.1f%% of %.3f s "
-        "training; %.1f samples/s (all ranks)",
+        "training; %.1f samples/s (all ranks); comm hook %s",
         static_cast<int>(reducer.BucketLayout().size()), wait, stats.synchronized_steps,
         result.train_seconds > 0 ? 100.0 * wait / result.train_seconds : 0.0, result.train_seconds,
-        result.train_seconds > 0 ? samples / result.train_seconds : 0.0));
+        result.train_seconds > 0 ? samples / result.train_seconds : 0.0, reducer.CommHookDescription()));
   }
   int Finish(const TrainResult& result) {
     std::string summary = absl::StrCat("finished ", result.steps, " steps in ",
