@@ -20,7 +20,8 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (HOST:PORT; port 0 picks a free one)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "HTTP address of /metrics, the web page (/) and its JSON API (HOST:PORT; port 0 picks one; unauthenticated: keep it on loopback)");
-ABSL_FLAG(std::string, state_dir, "fitrun-state", "Directory for the job store, job logs and checkpoints");
+ABSL_FLAG(std::string, state_dir, "fitrun-state",
+          "Directory for the job store, job logs, checkpoints and decoded datasets (datasets/)");
 ABSL_FLAG(std::string, devices, "auto",
           "auto (NVML GPUs when the driver's library loads and --worker_cuda, else virtual CPU devices), or "
           "virtual CPU devices as cpu:NxSIZE (e.g. cpu:2x4GiB)");
@@ -60,8 +61,8 @@ ABSL_FLAG(std::string, slurm_gpu_memory, "",
 ABSL_FLAG(std::string, slurm_virtual_devices, "",
           "--cluster=slurm: virtual CPU devices per node, COUNTxSIZE (e.g. 2x4GiB), for clusters without GPUs");
 ABSL_FLAG(std::string, shared_dir, "",
-          "--cluster=slurm: a directory every node mounts at the same path, for batch scripts, rank logs and "
-          "checkpoints (and bin/fitrun-worker, when there); without it plans stay on one node");
+          "--cluster=slurm: a directory every node mounts at the same path, for batch scripts, rank logs, "
+          "checkpoints and decoded datasets (and bin/fitrun-worker, when there); without it plans stay on one node");
 ABSL_FLAG(std::string, advertise_address, "",
           "Where ranks dial fitrund (HOST or HOST:PORT), when the --listen address is not one they can reach");
 ABSL_FLAG(bool, stop_workers_on_exit, false,

@@ -140,6 +140,8 @@ absl::Status StartSlurm(const ServerOptions& options, RunningServer* server, Job
     }
     const std::filesystem::path shared = std::filesystem::absolute(options.shared_dir, error);
     manager_options->jobs_dir = (shared / "jobs").string();
+    // Decoded once for the whole cluster: every node's ranks map the same entries.
+    manager_options->dataset_cache_dir = (shared / "datasets").string();
     manager_options->max_nodes = 0;
     const std::filesystem::path shared_worker = shared / "bin" / "fitrun-worker";
     if (options.worker_binary.empty() && std::filesystem::exists(shared_worker, error)) {
@@ -277,6 +279,9 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
     manager_options.worker_tls_ca = std::filesystem::absolute(options.tls_ca.empty() ? options.tls_cert : options.tls_ca);
   }
   manager_options.state_dir = options.state_dir;
+  if (manager_options.dataset_cache_dir.empty()) {
+    manager_options.dataset_cache_dir = (std::filesystem::absolute(options.state_dir, error) / "datasets").string();
+  }
   if (manager_options.worker_binary.empty()) {
     manager_options.worker_binary = options.worker_binary.empty() ? DefaultWorkerBinary() : options.worker_binary;
   }
@@ -297,6 +302,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
     ProcessMemoryProbe::Options probe_options;
     probe_options.worker_binary = manager_options.worker_binary;
     probe_options.work_dir = (std::filesystem::path(options.state_dir) / "memory-probes").string();
+    probe_options.dataset_cache_dir = manager_options.dataset_cache_dir;
     // Measure with the threads a rank gets, since intra-op threads take scratch memory of their own.
     const std::vector<fitrun::v1::Device> inventory = server->devices->Snapshot();
     probe_options.cpu_threads = inventory.empty() ? 1 : std::max(1, inventory.front().cpu_threads());

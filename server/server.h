@@ -69,7 +69,8 @@ struct ServerOptions {
   std::string slurm_gpu_memory;
   std::string slurm_virtual_devices;
   // A directory every node sees at the same path: jobs' batch scripts, rank logs and checkpoints go
-  // under it (<shared_dir>/jobs), and a fitrun-worker in <shared_dir>/bin is the one ranks run.
+  // under it (<shared_dir>/jobs), as does the ranks' decoded-dataset cache (<shared_dir>/datasets,
+  // otherwise <state_dir>/datasets), and a fitrun-worker in <shared_dir>/bin is the one ranks run.
   // Without it, plans stay on one node.
   std::string shared_dir;
   // Where ranks dial fitrund's WorkerChannel (HOST or HOST:PORT; empty: the --listen address).

@@ -37,6 +37,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> AssembleAttempt(const fitrun::v1::Job&
   *assignment.mutable_spec() = job.spec();
   *assignment.mutable_plan() = plan;
   assignment.set_checkpoint_dir((fs::path(job_dir) / "checkpoints").string());
+  assignment.set_dataset_cache_dir(settings.dataset_cache_dir);
   for (const std::string& id : plan.device_ids()) {
     const fitrun::v1::Device& device = by_id[id];
     assignment.add_memory_cap_bytes(device.kind() == fitrun::v1::DEVICE_KIND_CPU ? device.total_bytes() : 0);

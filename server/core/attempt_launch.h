@@ -1,5 +1,5 @@
 // What an attempt's ranks are started with: the assignment file every rank reads (spec, plan,
-// checkpoint directory, each rank's memory cap and threads) and each rank's argv, environment (the
+// checkpoint and dataset cache directories, each rank's memory cap and threads) and each rank's argv, environment (the
 // torchrun contract but the rendezvous, which the launcher chooses, plus fitrun's own variables),
 // working directory and log file. The job manager
 // decides when an attempt starts; this decides what it starts.
@@ -20,6 +20,9 @@ struct AttemptLaunchSettings {
   // The WorkerChannel address ranks dial, and the CA they verify it with (empty: plain text).
   std::string worker_channel_address;
   std::string worker_tls_ca;
+  // Where ranks keep decoded datasets (WorkerAssignment.dataset_cache_dir; fitrund's
+  // <state_dir>/datasets, or under --shared_dir); empty: every rank decodes its dataset.
+  std::string dataset_cache_dir;
 };
 
 // Writes <job_dir>/attempt-<attempt>/assignment.textproto (creating the attempt's and the

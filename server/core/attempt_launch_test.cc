@@ -32,7 +32,7 @@ TEST(AttemptLaunchTest, EveryRankGetsTheContractAndTheAssignmentSaysWhatEachMayU
     devices[i].set_total_bytes(static_cast<int64_t>(i + 1) << 30);
     devices[i].set_cpu_threads(i + 1);
   }
-  AttemptLaunchSettings settings{"/opt/fitrun-worker", "10.0.0.1:7070", "/etc/ca.pem"};
+  AttemptLaunchSettings settings{"/opt/fitrun-worker", "10.0.0.1:7070", "/etc/ca.pem", "/srv/fitrun/datasets"};
   absl::StatusOr<std::vector<WorkerLaunch>> launches = AssembleAttempt(job, "secret", 3, plan, devices, job_dir, settings);
   ASSERT_TRUE(launches.ok()) << launches.status();
   ASSERT_EQ(launches->size(), 2u);
@@ -70,6 +70,29 @@ TEST(AttemptLaunchTest, EveryRankGetsTheContractAndTheAssignmentSaysWhatEachMayU
   EXPECT_EQ(assignment.memory_cap_bytes(1), 1LL << 30);
   EXPECT_EQ(assignment.cpu_threads(0), 2);
   EXPECT_EQ(assignment.cpu_threads(1), 1);
+  EXPECT_EQ(assignment.dataset_cache_dir(), "/srv/fitrun/datasets");
+  std::filesystem::remove_all(job_dir);
+}
+
+TEST(AttemptLaunchTest, WithoutADatasetCacheDirectoryTheAssignmentNamesNone) {
+  const std::string job_dir = absl::StrCat(::testing::TempDir(), "/attempt-launch-no-cache-", getpid());
+  fitrun::v1::Job job;
+  job.set_id("j-000008");
+  fitrun::v1::Plan plan;
+  plan.add_device_ids("cpu:0");
+  fitrun::v1::Device device;
+  device.set_id("cpu:0");
+  device.set_kind(fitrun::v1::DEVICE_KIND_CPU);
+  AttemptLaunchSettings settings;
+  settings.worker_binary = "/opt/fitrun-worker";
+  ASSERT_TRUE(AssembleAttempt(job, "secret", 1, plan, {device}, job_dir, settings).ok());
+  std::ifstream in(job_dir + "/attempt-1/assignment.textproto");
+  std::stringstream text;
+  text << in.rdbuf();
+  fitrun::v1::WorkerAssignment assignment;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text.str(), &assignment));
+  EXPECT_EQ(assignment.job_id(), "j-000008");
+  EXPECT_EQ(assignment.dataset_cache_dir(), "");
   std::filesystem::remove_all(job_dir);
 }
 

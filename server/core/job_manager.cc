@@ -903,6 +903,7 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
   settings.worker_binary = options_.worker_binary;
   settings.worker_channel_address = options_.worker_channel_address;
   settings.worker_tls_ca = options_.worker_tls_ca;
+  settings.dataset_cache_dir = options_.dataset_cache_dir;
   AttemptLaunch attempt{job.id(), attempt_number, {}};
   const std::vector<fitrun::v1::Device> inventory = devices_->Snapshot();
   absl::StatusOr<std::vector<WorkerLaunch>> launches =

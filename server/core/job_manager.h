@@ -71,6 +71,8 @@ class JobManager {
     std::string worker_channel_address;
     // When fitrund serves TLS: the CA file ranks verify it with (FITRUN_TLS_CA); empty: plain text.
     std::string worker_tls_ca;
+    // Where ranks keep decoded datasets (WorkerAssignment.dataset_cache_dir, absolute); empty: none.
+    std::string dataset_cache_dir;
     // Where specs' files may lie (server/core/data_roots.h); unset: anywhere (the core's tests).
     std::optional<DataRoots> data_roots;
     // Jobs one owner may have queued or running at once (RESOURCE_EXHAUSTED beyond); 0: no limit.

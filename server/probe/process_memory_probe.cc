@@ -250,6 +250,7 @@ absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(co
   *assignment.mutable_spec() = spec;
   assignment.add_cpu_threads(options_.cpu_threads);
   assignment.add_memory_cap_bytes(std::max<int64_t>(0, max_bytes));
+  assignment.set_dataset_cache_dir(options_.dataset_cache_dir);
   std::string text;
   google::protobuf::TextFormat::PrintToString(assignment, &text);
   const std::string path =

@@ -28,6 +28,9 @@ class ProcessMemoryProbe : public MemoryProbe {
     std::string worker_binary;
     // Where the probes' assignment files go (created if missing).
     std::string work_dir;
+    // The ranks' decoded-dataset cache (WorkerAssignment.dataset_cache_dir): the probe usually loads a
+    // workload's dataset first, and the ranks after it map what it decoded. Empty: none.
+    std::string dataset_cache_dir;
     // Threads the probe trains with, as a rank of a virtual CPU device would on this machine.
     int cpu_threads = 1;
     // The probe measures memory, not time: it runs at this niceness (through /usr/bin/nice, so that

@@ -63,8 +63,8 @@ TEST(ParseProbeLineTest, ReadsTheHeaderMeasurementsAndErrors) {
 }
 
 TEST(ProcessMemoryProbeTest, OneProcessMeasuresEveryBatchItIsSent) {
-  // Checks its argv, that it runs niced, and that the assignment carries the spec, the threads and
-  // the budget as the memory cap; then answers each batch b read from stdin like a model whose peak is 1000 + 100 b,
+  // Checks its argv, that it runs niced, and that the assignment carries the spec, the threads, the
+  // budget as the memory cap and the ranks' dataset cache; then answers each batch b read from stdin like a model whose peak is 1000 + 100 b,
   // refusing what passes the budget, and logs one line per batch to a file so the test can see
   // that a single process served them all.
   const std::string log = (std::filesystem::path(TestDir()) / "probe_ok.log").string();
@@ -74,6 +74,7 @@ TEST(ProcessMemoryProbeTest, OneProcessMeasuresEveryBatchItIsSent) {
 grep -q 'name: "probe-me"' "$FITRUN_ASSIGNMENT" || { echo "no spec in $FITRUN_ASSIGNMENT" >&2; exit 2; }
 grep -q 'cpu_threads: 1' "$FITRUN_ASSIGNMENT" || { echo "no threads" >&2; exit 2; }
 grep -q 'memory_cap_bytes: 50000' "$FITRUN_ASSIGNMENT" || { echo "no budget" >&2; exit 2; }
+grep -q 'dataset_cache_dir: "/srv/fitrun/datasets"' "$FITRUN_ASSIGNMENT" || { echo "no dataset cache" >&2; exit 2; }
 [ "$(cut -d' ' -f19 /proc/$$/stat)" = 10 ] || { echo "not niced" >&2; exit 2; }
 echo "loading..." >&2
 echo '{"model_state_bytes": 100, "train_samples": 1000}'
@@ -86,7 +87,9 @@ while read b; do
     echo "{\"batch\": $b, \"peak_bytes\": $peak, \"backward_peak_bytes\": $peak, \"other_peak_bytes\": 0}"
   fi
 done)sh");
-  auto probe = *ProcessMemoryProbe::Create(OptionsFor(worker));
+  ProcessMemoryProbe::Options options = OptionsFor(worker);
+  options.dataset_cache_dir = "/srv/fitrun/datasets";
+  auto probe = *ProcessMemoryProbe::Create(options);
   absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 50000);
   ASSERT_TRUE(session.ok()) << session.status();
   EXPECT_EQ((*session)->model_state_bytes(), 100);
