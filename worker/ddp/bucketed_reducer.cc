@@ -58,22 +58,25 @@ absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
   auto reducer = std::unique_ptr<BucketedReducer>(new BucketedReducer(std::move(group), trained));
 
   absl::MutexLock lock(&reducer->mu_);
-  // Reverse registration order: the output layer's gradients are ready first.
+  // Reverse registration order: the output layer's gradients are ready first. A bucket takes
+  // parameters until it reaches its cap (PyTorch's compute_bucket_assignment_by_size).
   std::vector<Bucket>& buckets = reducer->buckets_;
   reducer->slots_.resize(trained.size());
   int64_t bucket_bytes = 0;
+  bool bucket_full = true;
   for (int i = static_cast<int>(trained.size()) - 1; i >= 0; --i) {
-    const int64_t bytes = trained[i].numel() * static_cast<int64_t>(sizeof(float));
-    const int64_t cap = buckets.size() <= 1 ? options.first_bucket_cap_bytes : options.bucket_cap_bytes;
-    if (buckets.empty() || (bucket_bytes > 0 && bucket_bytes + bytes > cap)) {
+    if (bucket_full) {
       buckets.emplace_back();
       bucket_bytes = 0;
+      bucket_full = false;
     }
     Bucket& bucket = buckets.back();
     reducer->slots_[i] = {static_cast<int>(buckets.size()) - 1, bucket_bytes / 4, at::Tensor(), false};
     bucket.parameters.push_back(i);
     bucket.offsets.push_back(bucket_bytes / 4);
-    bucket_bytes += bytes;
+    bucket_bytes += trained[i].numel() * static_cast<int64_t>(sizeof(float));
+    const int64_t cap = buckets.size() == 1 ? options.first_bucket_cap_bytes : options.bucket_cap_bytes;
+    bucket_full = bucket_bytes >= cap;
   }
   // A model without trained parameters still needs a bucket for the loss.
   if (buckets.empty()) buckets.emplace_back();

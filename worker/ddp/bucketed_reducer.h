@@ -22,7 +22,12 @@ namespace fitrun::worker {
 //
 //  - Parameters are assigned to buckets in reverse registration order (roughly the order backward
 //    produces their gradients), the first bucket capped at first_bucket_cap_bytes so that
-//    communication starts early, the others at bucket_cap_bytes. Each bucket owns one flat buffer.
+//    communication starts early, the others at bucket_cap_bytes. As PyTorch's
+//    compute_bucket_assignment_by_size, a bucket closes once it reaches its cap, with the parameter
+//    that took it there. Each bucket owns one flat buffer. PyTorch rebuilds its buckets after the
+//    first step in the order the gradients were ready; for the built-in mlp and cnn that gives the
+//    same buckets (the order within a bucket can differ, which no hook's numbers depend on: they
+//    work per element or per parameter). The parity test compares the layouts.
 //    (Splitting small models into more buckets, so that more of their all-reduce overlaps backward,
 //    made the 2-rank mlp benchmark slower on this 2-core machine: the communication is CPU work on
 //    cores that backward already fills, and mid-backward collectives wait on the scheduler.)

@@ -66,6 +66,21 @@ TEST(BucketedReducerTest, BucketsFollowReverseRegistrationOrderAndCaps) {
   });
 }
 
+// PyTorch's compute_bucket_assignment_by_size: a bucket takes parameters until it reaches its cap,
+// including the one that takes it past (w3 64 B + w2 256 B >= 100 B), then the next cap applies.
+// The built-in mlp's first bucket is fc3 and fc2 (1.07 MB past 1 MiB), as PyTorch's.
+TEST(BucketedReducerTest, BucketsCloseOnceTheyReachTheirCapAsPyTorchDoes) {
+  RunRanks("cap_store", [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    Chain chain;
+    BucketedReducer::Options options;
+    options.first_bucket_cap_bytes = 100;
+    options.bucket_cap_bytes = 100;
+    auto reducer = BucketedReducer::Create(group, chain.parameters(), options);
+    ASSERT_TRUE(reducer.ok()) << reducer.status();
+    EXPECT_EQ((*reducer)->BucketLayout(), (std::vector<std::vector<int>>{{2, 1}, {0}}));
+  });
+}
+
 // Each rank's gradients differ (different inputs); after Synchronize both hold the mean, equal to
 // the gradient of the mean loss computed on one process with both ranks' inputs.
 TEST(BucketedReducerTest, AveragesGradientsLikeOneProcessWithTheWholeBatch) {

@@ -148,7 +148,7 @@ std::vector<std::shared_ptr<Model>> TrainTwoRanks(const TensorDataset& train, in
       ASSERT_TRUE(group.ok()) << group.status();
       ASSERT_TRUE(BroadcastModuleState(**group, *models[rank]).ok());
       BucketedReducer::Options buckets;
-      buckets.first_bucket_cap_bytes = 64 << 10;
+      buckets.first_bucket_cap_bytes = 16 << 10;  // fc3 alone; a bucket closes once it reaches its cap
       buckets.bucket_cap_bytes = 512 << 10;
       auto reducer = BucketedReducer::Create(*group, models[rank]->parameters(), buckets);
       ASSERT_TRUE(reducer.ok()) << reducer.status();
