@@ -51,11 +51,14 @@ absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
     }
     trained.push_back(p);
   }
+  absl::StatusOr<std::unique_ptr<CommHook>> hook = CreateCommHook(options.comm_hook, group);
+  if (!hook.ok()) return hook.status();
   // The buckets live where the gradients are produced, so autograd accumulates into them on the
   // device and the collective (Gloo for CPU, NCCL for CUDA) reduces them in place.
   const at::TensorOptions bucket_options =
       at::TensorOptions().dtype(at::kFloat).device(trained.empty() ? at::Device(at::kCPU) : trained.front().device());
-  auto reducer = std::unique_ptr<BucketedReducer>(new BucketedReducer(std::move(group), trained));
+  auto reducer =
+      std::unique_ptr<BucketedReducer>(new BucketedReducer(std::move(group), trained, *std::move(hook)));
 
   absl::MutexLock lock(&reducer->mu_);
   // Reverse registration order: the output layer's gradients are ready first. A bucket takes
@@ -86,12 +89,20 @@ absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
     if (b + 1 == buckets.size()) elements += 1;  // the loss
     buckets[b].flat = at::zeros({elements}, bucket_options);
     buckets[b].pending = static_cast<int>(buckets[b].parameters.size());
+    const at::Tensor& flat = buckets[b].flat;
+    const int64_t gradient_elements = b + 1 == buckets.size() ? elements - 1 : elements;
+    GradBucket& view = buckets[b].view;
+    view.index = static_cast<int>(b);
+    view.is_last = b + 1 == buckets.size();
+    view.flat = flat;
+    view.buffer = flat.narrow(0, 0, gradient_elements);
+    view.exact = flat.narrow(0, gradient_elements, elements - gradient_elements);
     for (size_t j = 0; j < buckets[b].parameters.size(); ++j) {
       const at::Tensor& p = trained[buckets[b].parameters[j]];
-      const at::Tensor& flat = buckets[b].flat;
       reducer->slots_[buckets[b].parameters[j]].grad_view =
           at::empty({0}, flat.options())
               .set_(flat.storage(), flat.storage_offset() + buckets[b].offsets[j], p.sizes());
+      view.gradients.push_back(view.buffer.narrow(0, buckets[b].offsets[j], p.numel()).view(p.sizes()));
     }
   }
   // Every gradient is its slot from the start (see the class comment).
@@ -112,8 +123,8 @@ absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
 }
 
 BucketedReducer::BucketedReducer(c10::intrusive_ptr<c10d::ProcessGroup> group,
-                                 std::vector<at::Tensor> parameters)
-    : group_(std::move(group)), parameters_(std::move(parameters)) {}
+                                 std::vector<at::Tensor> parameters, std::unique_ptr<CommHook> hook)
+    : group_(std::move(group)), parameters_(std::move(parameters)), hook_(std::move(hook)) {}
 
 BucketedReducer::~BucketedReducer() {
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
@@ -131,7 +142,7 @@ void BucketedReducer::MarkReady(int index) {
   Bucket& bucket = buckets_[slot.bucket];
   // A bucket already on the wire would be corrupted by a second write; that only happens when one
   // backward reaches a parameter twice through separate graphs, which the reducer does not support.
-  if (bucket.work) return;
+  if (bucket.reduction.started()) return;
   try {
     MoveGradientIntoBucket(index);
     if (!slot.ready) {
@@ -148,8 +159,9 @@ void BucketedReducer::LaunchReadyBuckets(bool include_last) {
   const int last = static_cast<int>(buckets_.size()) - 1;
   while (next_bucket_ <= last && buckets_[next_bucket_].pending == 0 &&
          (include_last || next_bucket_ < last)) {
-    std::vector<at::Tensor> tensors = {buckets_[next_bucket_].flat};
-    buckets_[next_bucket_].work = group_->allreduce(tensors);
+    Bucket& bucket = buckets_[next_bucket_];
+    at::NoGradGuard no_grad;
+    bucket.reduction = hook_->Start(bucket.view);
     ++next_bucket_;
   }
 }
@@ -173,15 +185,14 @@ absl::StatusOr<double> BucketedReducer::Synchronize(double local_loss) {
     last.flat[last.flat.numel() - 1].fill_(local_loss);
     LaunchReadyBuckets(/*include_last=*/true);
 
+    // Every gradient is its bucket slot (MoveGradientIntoBucket ran for each this step), so the
+    // hooks leave the means in the gradients. In index order: finishing a bucket may issue
+    // collectives (PowerSGD's), which must line up across ranks.
     const absl::Time wait_start = absl::Now();
-    for (Bucket& bucket : buckets_) bucket.work->wait();
+    for (Bucket& bucket : buckets_) bucket.reduction.Wait();
     stats_.wait_time += absl::Now() - wait_start;
     ++stats_.synchronized_steps;
 
-    // Every gradient is its bucket slot (MoveGradientIntoBucket ran for each this step), so the
-    // division leaves the means in the gradients.
-    const double world = group_->getSize();
-    for (Bucket& bucket : buckets_) bucket.flat.div_(world);
     const double loss = last.flat[last.flat.numel() - 1].item<double>();
     ResetForNextStep();
     return loss;
@@ -208,7 +219,7 @@ void BucketedReducer::ResetForNextStep() {
   for (Slot& slot : slots_) slot.ready = false;
   for (Bucket& bucket : buckets_) {
     bucket.pending = static_cast<int>(bucket.parameters.size());
-    bucket.work.reset();
+    bucket.reduction = PendingReduction();
   }
   next_bucket_ = 0;
   sync_this_backward_ = true;
@@ -219,6 +230,11 @@ std::vector<std::vector<int>> BucketedReducer::BucketLayout() const {
   std::vector<std::vector<int>> layout;
   for (const Bucket& bucket : buckets_) layout.push_back(bucket.parameters);
   return layout;
+}
+
+std::string BucketedReducer::CommHookDescription() const {
+  absl::MutexLock lock(&mu_);
+  return hook_->Describe();
 }
 
 BucketedReducer::CommStats BucketedReducer::comm_stats() const {

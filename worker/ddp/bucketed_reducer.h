@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -13,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "worker/ddp/comm_hook.h"
 #include "worker/ddp/gradient_synchronizer.h"
 
 namespace fitrun::worker {
@@ -43,9 +45,13 @@ namespace fitrun::worker {
 //    threads while backward continues.
 //  - Buckets are launched strictly in index order, so every rank issues the same collectives in the
 //    same order even when hooks fire in a different order on different ranks.
-//  - Synchronize() launches what is left (parameters whose gradient backward did not produce count
-//    as zeros), waits for every bucket and divides it by the world size, which leaves the means in
-//    the gradients. The step's loss rides in the last bucket's final element: no extra collective.
+//  - What goes on the wire is the communication hook's (comm_hook.h: plain all-reduce, fp16 or bf16
+//    compression, PowerSGD): the reducer hands it each bucket, in index order, when the bucket is
+//    complete. Synchronize() launches what is left (parameters whose gradient backward did not
+//    produce count as zeros) and waits for every bucket in index order, after which the hook has
+//    left the means in the gradients. The step's loss rides in the last bucket's final element,
+//    after the gradients, as an element hooks never compress: no extra collective for the plain
+//    all-reduce and PowerSGD; the fp16 and bf16 hooks all-reduce it beside their half buffer.
 //  - Backward passes of earlier micro-batches (BeforeBackward(false)) only accumulate locally, like
 //    DDP's no_sync().
 //
@@ -58,6 +64,8 @@ class BucketedReducer final : public GradientSynchronizer {
     int64_t bucket_cap_bytes = 25 << 20;
     // PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
     int64_t first_bucket_cap_bytes = 1 << 20;
+    // spec.ddp.comm_hook and its knobs.
+    CommHookOptions comm_hook;
   };
 
   // Time the training thread spent blocked on communication, for the exposed-communication share.
@@ -69,7 +77,7 @@ class BucketedReducer final : public GradientSynchronizer {
   // `parameters` in registration order, the same on every rank; those that do not require gradients
   // are skipped. All must be float32 leaves on one device, where the buckets are then allocated: move
   // the model to its device before creating the reducer (moving it later would leave the buckets
-  // and the hooks behind).
+  // and the hooks behind). INVALID_ARGUMENT for bad options, naming the spec field.
   static absl::StatusOr<std::unique_ptr<BucketedReducer>> Create(
       c10::intrusive_ptr<c10d::ProcessGroup> group, const std::vector<at::Tensor>& parameters,
       const Options& options);
@@ -82,6 +90,8 @@ class BucketedReducer final : public GradientSynchronizer {
   // Parameter indices (into the Create() list of trained parameters) of each bucket, in launch order.
   std::vector<std::vector<int>> BucketLayout() const;
   CommStats comm_stats() const;
+  // The communication hook, for logs ("none", "fp16", "powersgd (rank 1, ...)").
+  std::string CommHookDescription() const;
 
  private:
   struct Bucket {
@@ -89,7 +99,8 @@ class BucketedReducer final : public GradientSynchronizer {
     std::vector<int> parameters;
     std::vector<int64_t> offsets;
     int pending = 0;
-    c10::intrusive_ptr<c10d::Work> work;
+    GradBucket view;  // what the hook sees of `flat`
+    PendingReduction reduction;  // started once every slot is ready
   };
   struct Slot {
     int bucket = 0;
@@ -101,7 +112,8 @@ class BucketedReducer final : public GradientSynchronizer {
   };
   class ReadyHook;
 
-  BucketedReducer(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<at::Tensor> parameters);
+  BucketedReducer(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<at::Tensor> parameters,
+                  std::unique_ptr<CommHook> hook);
 
   // The AccumulateGrad post-hook of parameter `index`.
   void MarkReady(int index);
@@ -115,6 +127,7 @@ class BucketedReducer final : public GradientSynchronizer {
 
   const c10::intrusive_ptr<c10d::ProcessGroup> group_;
   const std::vector<at::Tensor> parameters_;
+  const std::unique_ptr<CommHook> hook_ ABSL_PT_GUARDED_BY(mu_);
   // Kept alive: a parameter only holds a weak reference to its accumulator, and the hooks live on it.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;

@@ -208,6 +208,53 @@ TEST(BucketedReducerTest, AccumulatesEarlierMicroBatchesWithoutCommunicating) {
   });
 }
 
+// Every hook through the reducer: the gradients are the hook's mean (fp16 and bf16 near the true
+// one; PowerSGD exact through its plain steps, then compressed), identical on both ranks, and the
+// loss riding in the last bucket stays the exact float32 mean under every hook.
+TEST(BucketedReducerTest, CommHooksReduceEveryBucketAndKeepTheLossExact) {
+  at::manual_seed(3);
+  const at::Tensor inputs = at::randn({4, 6, 4});
+  std::vector<at::Tensor> expected;
+  {
+    Chain chain;
+    for (int step = 0; step < 4; ++step) {
+      chain.w2.mutable_grad() = at::Tensor();
+      chain.Forward(inputs[step]).pow(2).mean().backward();
+      expected.push_back(chain.w2.grad().clone());
+    }
+  }
+  for (CommHookOptions::Kind kind : {CommHookOptions::Kind::kFp16, CommHookOptions::Kind::kBf16,
+                                     CommHookOptions::Kind::kPowerSgd}) {
+    const int kind_number = static_cast<int>(kind);
+    std::vector<std::vector<at::Tensor>> grads(kWorld);
+    RunRanks("hooks_store_" + std::to_string(kind_number), [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+      Chain chain;
+      BucketedReducer::Options options = SmallBuckets();
+      options.comm_hook.kind = kind;
+      options.comm_hook.powersgd_start_iter = 2;
+      auto reducer = BucketedReducer::Create(group, chain.parameters(), options);
+      ASSERT_TRUE(reducer.ok()) << reducer.status();
+      for (int step = 0; step < 4; ++step) {
+        chain.zero_grad();
+        (*reducer)->BeforeBackward(true);
+        chain.Forward(inputs[step].narrow(0, 3 * rank, 3)).pow(2).mean().backward();
+        absl::StatusOr<double> loss = (*reducer)->Synchronize(rank == 0 ? 1.0001 : 3.0007);
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        EXPECT_EQ(*loss, static_cast<double>((1.0001f + 3.0007f) / 2)) << "hook " << kind_number << " step " << step;
+        if (kind != CommHookOptions::Kind::kPowerSgd) {
+          EXPECT_TRUE(at::allclose(chain.w2.grad(), expected[step], 2e-2, 1e-2)) << "hook " << kind_number;
+        } else if (step < 2) {
+          EXPECT_TRUE(at::allclose(chain.w2.grad(), expected[step], 1e-5, 1e-6)) << "step " << step;
+        }
+        grads[rank].push_back(chain.w2.grad().clone());
+      }
+    });
+    for (int step = 0; step < 4; ++step) {
+      EXPECT_TRUE(at::equal(grads[0][step], grads[1][step])) << "hook " << kind_number << " step " << step;
+    }
+  }
+}
+
 // A parameter one rank's backward never reaches still takes part (as zeros): no rank hangs.
 TEST(BucketedReducerTest, UnreachedParameterCountsAsZero) {
   RunRanks("unused_store", [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
