@@ -196,6 +196,11 @@ absl::Status ValidateAssignment(const fitrun::v1::WorkerAssignment& a, const Wor
     return absl::InvalidArgumentError(absl::StrCat("spec.ddp.collective_timeout_seconds: must be >= 0 (got ",
                                                    spec.ddp().collective_timeout_seconds(), ")"));
   }
+  if (!fitrun::v1::CommHook_IsValid(spec.ddp().comm_hook())) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.ddp.comm_hook: unsupported (",
+                                                   static_cast<int>(spec.ddp().comm_hook()),
+                                                   "); this worker knows none, fp16, bf16 and powersgd"));
+  }
   const fitrun::v1::FaultInjection& fault = spec.fault_injection();
   if (fault.kind() != fitrun::v1::FaultInjection::KIND_UNSPECIFIED) {
     if (fault.at_step() < 1) {

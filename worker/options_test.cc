@@ -141,6 +141,8 @@ TEST_F(OptionsTest, ValidationErrorsNameTheField) {
   expect_field([](auto& a) { a.add_memory_cap_bytes(1); }, "memory_cap_bytes");
   expect_field([](auto& a) { a.mutable_spec()->mutable_ddp()->set_collective_timeout_seconds(-1); },
                "spec.ddp.collective_timeout_seconds");
+  expect_field([](auto& a) { a.mutable_spec()->mutable_ddp()->set_comm_hook(static_cast<fitrun::v1::CommHook>(7)); },
+               "spec.ddp.comm_hook");
   expect_field(
       [](auto& a) {
         auto* fault = a.mutable_spec()->mutable_fault_injection();
