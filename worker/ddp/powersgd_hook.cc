@@ -4,12 +4,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 
 namespace fitrun::worker {
 namespace {
@@ -212,8 +212,9 @@ std::string PowerSgdHook::Describe() const {
   std::string text = absl::StrCat("powersgd (rank ", options_.matrix_approximation_rank, ", compressing from step ",
                                   options_.start_powersgd_iter + 1);
   if (numel_after_ > 0) {
-    absl::StrAppend(&text, absl::StrFormat("; %d elements compressed to %d, %.1fx", numel_before_, numel_after_,
-                                           static_cast<double>(numel_before_) / static_cast<double>(numel_after_)));
+    const double rate = static_cast<double>(numel_before_) / static_cast<double>(numel_after_);
+    absl::StrAppend(&text, "; ", numel_before_, " elements compressed to ", numel_after_, ", ",
+                    std::round(rate * 10) / 10, "x");
   }
   return text + ")";
 }
