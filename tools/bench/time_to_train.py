@@ -132,6 +132,16 @@ def torch_direct(model, work):
             "accuracy": result["test_accuracy"]}
 
 
+def startup_seconds(command, runs=5):
+    """Wall seconds of a command that only starts and exits, median of `runs`."""
+    times = []
+    for _ in range(runs):
+        start = time.monotonic()
+        subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        times.append(time.monotonic() - start)
+    return statistics.median(times)
+
+
 def spread(values, unit=" s", digits=2):
     values = sorted(values)
     if len(values) == 1:
@@ -172,6 +182,14 @@ def main():
             print(f"| {model} | {side} | {spread([r['exit'] for r in rows])} | "
                   f"{spread([r['first step'] for r in rows])} | {spread([r['samples_per_second'] for r in rows], '', 0)} | "
                   f"{statistics.median(r['accuracy'] for r in rows):.4f} | {ratio:.2f}x |")
+    # What a pool of idle workers with LibTorch loaded could save at most per launch: the worker's own
+    # start (it prints its usage for an unknown argument and exits), beside Python's `import torch`.
+    worker = os.path.join(BIN, "worker", "fitrun-worker")
+    libraries = subprocess.run(["ldd", worker], capture_output=True, text=True).stdout.count("=>")
+    print()
+    print(f"start-up alone (median of 5): fitrun-worker {startup_seconds([worker, '--usage']):.2f} s "
+          f"({libraries} shared libraries); /usr/bin/python3 -c 'import torch' "
+          f"{startup_seconds(['/usr/bin/python3', '-c', 'import torch']):.2f} s")
     print()
     print("where fitrun's time went (median seconds from the start of `fitrun submit --watch`):")
     names = [name for name, _ in MILESTONES] + ["exit"]
