@@ -26,6 +26,8 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
+from torch_ddp_reference import bf16_compress_hook_on_gloo
+
 WORLD = 2
 STEPS = 6
 # Registration order. A bucket holds (10, 40), (8, 16), (10, 40): PowerSGD takes its matrices
@@ -37,24 +39,6 @@ CONFIGS = {
     "powersgd_rank1": ("powersgd", 1, 2),
     "powersgd_rank4": ("powersgd", 4, 3),
 }
-
-
-def bf16_compress_hook_on_gloo(process_group, bucket):
-    """default_hooks.bf16_compress_hook, its bfloat16 all-reduce replaced by what NCCL computes."""
-    group_to_use = process_group if process_group is not None else dist.group.WORLD
-    world_size = group_to_use.size()
-    compressed_tensor = bucket.buffer().to(torch.bfloat16).div_(world_size)
-    # Gloo: "Invalid scalar type" for bfloat16; the exact float32 sum of the bfloat16 values,
-    # rounded once, is NCCL's result at 2 ranks.
-    widened = compressed_tensor.float()
-    fut = dist.all_reduce(widened, group=group_to_use, async_op=True).get_future()
-
-    def decompress(fut):
-        decompressed_tensor = bucket.buffer()
-        decompressed_tensor.copy_(fut.value()[0].to(torch.bfloat16))
-        return decompressed_tensor
-
-    return fut.then(decompress)
 
 
 class Params(nn.Module):

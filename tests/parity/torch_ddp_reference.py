@@ -4,9 +4,12 @@ Launched with the torchrun environment contract set by hand (RANK, WORLD_SIZE, M
 MASTER_PORT), since Debian's torchrun does not start under Python 3.11. It reads the state a
 fitrun-worker wrote with FITRUN_DUMP_INITIAL_STATE (initial parameters and sample order), so both
 implementations start from the same weights and see the same samples in the same steps. Rank 0
-prints one JSON line with the per-step global losses and its timing.
+prints one JSON line per communication hook (--comm-hooks none,fp16,...: one run each, from the same
+initial state) with the per-step global losses, its timing and DDP's buckets (after DDP rebuilt them
+in the order the first step's gradients were ready), by parameter name.
 """
 import argparse
+import gc
 import gzip
 import json
 import os
@@ -18,6 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
 MEAN, STD = 0.2860, 0.3530  # worker/data/fashion_mnist.h
 
@@ -46,6 +51,67 @@ class Cnn(nn.Module):
         x = F.relu(self.conv1(x))
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def bf16_compress_hook_on_gloo(process_group, bucket):
+    """default_hooks.bf16_compress_hook, its bfloat16 all-reduce replaced by the same arithmetic.
+
+    Gloo in PyTorch 1.13 cannot reduce bfloat16 ("Invalid scalar type"), so PyTorch's own hook fails
+    on CPU devices. NCCL's bfloat16 sum adds in float32 and rounds to bfloat16; for bfloat16 values
+    the float32 all-reduce below followed by one rounding is the same number at 2 ranks. fitrun's bf16
+    hook computes it so on Gloo (worker/ddp/compress_hooks.h).
+    """
+    group_to_use = process_group if process_group is not None else dist.group.WORLD
+    world_size = group_to_use.size()
+    compressed_tensor = bucket.buffer().to(torch.bfloat16).div_(world_size)
+    widened = compressed_tensor.float()
+    fut = dist.all_reduce(widened, group=group_to_use, async_op=True).get_future()
+
+    def decompress(fut):
+        decompressed_tensor = bucket.buffer()
+        decompressed_tensor.copy_(fut.value()[0].to(torch.bfloat16))
+        return decompressed_tensor
+
+    return fut.then(decompress)
+
+
+def one_bucket_at_a_time(hook):
+    """`hook`, each bucket's call waiting until the previous bucket's reduction is done.
+
+    powerSGD_hook issues its second and third all-reduce from Gloo's completion callbacks, so with
+    two buckets in flight the ranks can issue collectives in different orders, and Gloo aborts
+    (`op.preamble.length <= op.nbytes`, seen on the mlp). Serializing the buckets changes no number.
+    """
+    previous = []
+
+    def serialized(state, bucket):
+        if previous:
+            previous.pop().wait()
+        fut = hook(state, bucket)
+        previous.append(fut)
+        return fut
+
+    return serialized
+
+
+def register_comm_hook(ddp, name, powersgd_rank, powersgd_start_iter):
+    """fitrun's spec.ddp.comm_hook values as PyTorch hooks ("none": DDP's own all-reduce)."""
+    if name == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif name == "bf16":
+        ddp.register_comm_hook(None, bf16_compress_hook_on_gloo)
+    elif name == "powersgd":
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd_rank,
+                                       start_powerSGD_iter=powersgd_start_iter)
+        ddp.register_comm_hook(state, one_bucket_at_a_time(powersgd.powerSGD_hook))
+    elif name != "none":
+        raise ValueError(f"unknown comm hook {name}")
+
+
+def bucket_layout(ddp, model):
+    """DDP's current buckets, by parameter name, in bucket order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [[names[id(p)] for p in bucket.parameters()] for bucket in ddp.reducer._get_zeros_like_grad_buckets()]
 
 
 def load_train(data_dir):
@@ -86,7 +152,14 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--local-loss", action="store_true",
                         help="record this rank's loss without an extra all-reduce (for timing)")
+    parser.add_argument("--comm-hooks", default="none",
+                        help="comma-separated none, fp16, bf16, powersgd: one run each")
+    parser.add_argument("--powersgd-rank", type=int, default=1)
+    parser.add_argument("--powersgd-start-iter", type=int, default=1000)
     args = parser.parse_args()
+    # Hooks' callbacks run Python on Gloo's threads; a collection there may tear down an earlier
+    # run's DDP, which aborts the process. Every run's objects stay alive until the end instead.
+    gc.disable()
 
     torch.set_num_threads(args.threads)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -98,9 +171,17 @@ def main():
     shares = [order[e * n:(e + 1) * n][rank::world][: n // world] for e in range(epochs)]
     steps_per_epoch = n // (args.batch * world)
 
+    kept = []
+    for hook in args.comm_hooks.split(","):
+        kept.append(train(args, hook, rank, world, images, labels, shares, steps_per_epoch))
+    dist.destroy_process_group()
+
+
+def train(args, hook, rank, world, images, labels, shares, steps_per_epoch):
     model = Mlp() if args.model == "mlp" else Cnn()
     load_initial_parameters(model, args.dump)
     ddp = nn.parallel.DistributedDataParallel(model)
+    register_comm_hook(ddp, hook, args.powersgd_rank, args.powersgd_start_iter)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
 
     losses = []
@@ -120,9 +201,10 @@ def main():
         losses.append(mean.item() / world)
     seconds = time.perf_counter() - start
     if rank == 0:
-        print(json.dumps({"losses": losses, "seconds": seconds,
-                          "samples_per_second": args.steps * args.batch * world / seconds}), flush=True)
-    dist.destroy_process_group()
+        print(json.dumps({"comm_hook": hook, "losses": losses, "seconds": seconds,
+                          "samples_per_second": args.steps * args.batch * world / seconds,
+                          "buckets": bucket_layout(ddp, model)}), flush=True)
+    return ddp
 
 
 if __name__ == "__main__":
