@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <regex>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -256,6 +257,57 @@ TEST_F(WorkerProcessTest, StandaloneRanksLogTheirResult) {
   EXPECT_EQ(WaitRank(1), 0) << Log(1);
   EXPECT_TRUE(absl::StrContains(Log(0), "test accuracy")) << Log(0);
   EXPECT_TRUE(absl::StrContains(Log(1), "finished 12 steps")) << Log(1);
+}
+
+// "parameter checksum 1093c6d3ec54526c" of a standalone rank's final line.
+std::string ParameterChecksum(const std::string& log) {
+  const std::string key = "parameter checksum ";
+  const size_t at = log.find(key);
+  return at == std::string::npos ? "" : log.substr(at + key.size(), 16);
+}
+
+TEST_F(WorkerProcessTest, ADatasetCacheIsWrittenOnceThenMappedAndTrainsTheSame) {
+  // Without a cache, with a cold one (written), with a warm one (mapped): the same training.
+  std::vector<std::string> checksums;
+  const std::string cache_dir = dir_ + "/datasets";
+  for (const std::string& dataset_cache_dir : {std::string(), cache_dir, cache_dir}) {
+    assignment_.set_dataset_cache_dir(dataset_cache_dir);
+    pids_.clear();
+    StartRanks(/*coordinator_port=*/0);
+    ASSERT_EQ(WaitRank(0), 0) << Log(0);
+    ASSERT_EQ(WaitRank(1), 0) << Log(1);
+    EXPECT_FALSE(absl::StrContains(Log(0), "dataset cache")) << Log(0);
+    checksums.push_back(ParameterChecksum(Log(0)));
+    if (dataset_cache_dir.empty()) {
+      EXPECT_FALSE(std::filesystem::exists(cache_dir));
+      continue;
+    }
+    // The training split's images and labels, and the test split's that rank 0 evaluates on.
+    int entries = 0;
+    for (const auto& file : std::filesystem::directory_iterator(cache_dir)) {
+      EXPECT_TRUE(absl::EndsWith(file.path().string(), ".idxcache")) << file.path();
+      ++entries;
+    }
+    EXPECT_EQ(entries, 4);
+  }
+  ASSERT_EQ(checksums[0].size(), 16u) << Log(0);
+  EXPECT_EQ(checksums[1], checksums[0]);
+  EXPECT_EQ(checksums[2], checksums[0]);
+}
+
+TEST_F(WorkerProcessTest, ADatasetCacheThatCannotBeCreatedCostsOneLogLine) {
+  std::ofstream(dir_ + "/not-a-directory") << "a file";
+  assignment_.set_dataset_cache_dir(dir_ + "/not-a-directory/datasets");
+  StartRanks(/*coordinator_port=*/0);
+  EXPECT_EQ(WaitRank(0), 0) << Log(0);
+  EXPECT_EQ(WaitRank(1), 0) << Log(1);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const std::string log = Log(rank);
+    const size_t first = log.find("dataset cache " + dir_ + "/not-a-directory/datasets not used");
+    EXPECT_NE(first, std::string::npos) << log;
+    EXPECT_EQ(log.find("dataset cache", first + 1), std::string::npos) << "one line only:\n" << log;
+    EXPECT_TRUE(absl::StrContains(log, "training samples loaded")) << log;
+  }
 }
 
 TEST_F(WorkerProcessTest, FaultInjectionExitsWithItsCodeAndThePeerFails) {

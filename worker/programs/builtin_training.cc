@@ -192,9 +192,8 @@ class BuiltinTraining final : public TrainingProgram {
     at::set_num_threads(threads);
 
     const absl::Time load_start = absl::Now();
-    DatasetCache dataset_cache({assignment->dataset_cache_dir(), [this](const std::string& line) {
-                                  sink_->OnLog(absl::StrCat("rank ", options_.rank, ": ", line));
-                                }});
+    DatasetCache dataset_cache(
+        {assignment->dataset_cache_dir(), [this](const std::string& line) { sink_->OnLog(line); }});
     absl::StatusOr<Workload> workload = LoadWorkload(spec, /*with_test=*/options_.rank == 0, &dataset_cache);
     if (!workload.ok()) return Fail(kBadConfiguration, workload.status());
 
