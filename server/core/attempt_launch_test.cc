@@ -32,7 +32,8 @@ TEST(AttemptLaunchTest, EveryRankGetsTheContractAndTheAssignmentSaysWhatEachMayU
     devices[i].set_total_bytes(static_cast<int64_t>(i + 1) << 30);
     devices[i].set_cpu_threads(i + 1);
   }
-  AttemptLaunchSettings settings{"/opt/fitrun-worker", "10.0.0.1:7070", "/etc/ca.pem", "/srv/fitrun/datasets"};
+  AttemptLaunchSettings settings{"/opt/fitrun-worker", "10.0.0.1:7070", "/etc/ca.pem",
+                                 "/srv/fitrun/datasets"};
   absl::StatusOr<std::vector<WorkerLaunch>> launches = AssembleAttempt(job, "secret", 3, plan, devices, job_dir, settings);
   ASSERT_TRUE(launches.ok()) << launches.status();
   ASSERT_EQ(launches->size(), 2u);

@@ -44,7 +44,9 @@ absl::Status WriteFileAtomically(const std::string& path, absl::Span<const absl:
   }
   if (status.ok() && ::fsync(fd) != 0) status = absl::UnavailableError(std::strerror(errno));
   if (::close(fd) != 0 && status.ok()) status = absl::UnavailableError(std::strerror(errno));
-  if (status.ok() && std::rename(name.c_str(), path.c_str()) != 0) status = absl::UnavailableError(std::strerror(errno));
+  if (status.ok() && std::rename(name.c_str(), path.c_str()) != 0) {
+    status = absl::UnavailableError(std::strerror(errno));
+  }
   if (!status.ok()) {
     std::remove(name.c_str());
     return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", status.message()));

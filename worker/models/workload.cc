@@ -181,7 +181,8 @@ std::string ModelKindName(const fitrun::v1::ModelSpec& model) {
   return model.kind_case() == fitrun::v1::ModelSpec::kTorchscript ? "torchscript" : model.builtin();
 }
 
-absl::StatusOr<Workload> LoadWorkload(const fitrun::v1::JobSpec& spec, bool with_test, DatasetCache* cache) {
+absl::StatusOr<Workload> LoadWorkload(const fitrun::v1::JobSpec& spec, bool with_test,
+                                      DatasetCache* cache) {
   const std::string model = ModelKindName(spec.model());
   // Specs from before data kinds existed leave Fashion-MNIST's unset.
   const fitrun::v1::DataKind data =
