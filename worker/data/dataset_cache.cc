@@ -100,11 +100,10 @@ absl::Status CheckHeader(const EntryHeader& header, int64_t file_bytes, int expe
   }
   int64_t payload = 1;
   for (int i = 0; i < expected_dims; ++i) {
-    if (header.dims[i] <= 0 || header.dims[i] > kMaxPayloadBytes) {
-      return absl::DataLossError(absl::StrCat("dimension ", i, " is ", header.dims[i]));
-    }
+    if (header.dims[i] <= 0) return absl::DataLossError(absl::StrCat("dimension ", i, " is ", header.dims[i]));
+    // Checked before multiplying, so no product can overflow.
+    if (header.dims[i] > kMaxPayloadBytes / payload) return absl::DataLossError("dimensions beyond any IDX file");
     payload *= header.dims[i];
-    if (payload > kMaxPayloadBytes) return absl::DataLossError("dimensions beyond any IDX file");
   }
   if (header.payload_bytes != payload) {
     return absl::DataLossError(absl::StrCat("payload of ", header.payload_bytes, " bytes for ", payload, " elements"));

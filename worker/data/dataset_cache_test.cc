@@ -164,7 +164,15 @@ INSTANTIATE_TEST_SUITE_P(
                  e[32] = 3;
                  e[24] = 9;
                }},
-        Damage{"NegativeDimension", [](std::string& e) { e[39] = static_cast<char>(0x80); }}),
+        Damage{"NegativeDimension", [](std::string& e) { e[39] = static_cast<char>(0x80); }},
+        // 2^32 x 2^32: a product past int64 if it were multiplied before it is checked.
+        Damage{"DimensionsOverflow",
+               [](std::string& e) {
+                 e[32] = 0;
+                 e[36] = 1;
+                 e[40] = 0;
+                 e[44] = 1;
+               }}),
     [](const ::testing::TestParamInfo<Damage>& info) { return info.param.name; });
 
 TEST_F(DatasetCacheTest, AnEntryReadWithOtherDimensionsIsNotTrusted) {
