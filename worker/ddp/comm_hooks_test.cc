@@ -102,8 +102,31 @@ TEST(CommHookTest, Fp16HookCompressesDividesFirstAndKeepsTheLossExact) {
     EXPECT_TRUE(at::equal(bucket.buffer, expected));
     EXPECT_EQ(bucket.buffer[0].item<float>(), 40000.0f);
     EXPECT_FALSE(at::equal(bucket.buffer, (values(0) + values(1)) / 2)) << "not compressed";
+    EXPECT_EQ((*hook)->Describe(), "fp16 (all-gathered, summed in float32)");
     EXPECT_EQ(bucket.exact.item<float>(), (1.0001f + 2.0003f) / 2);
   });
+}
+
+// At 3 ranks Gloo reduces the float16 values itself (rounding after each addition): the hook's
+// division is ATen's float16 division, bit for bit, and the ranks agree.
+TEST(CommHookTest, Fp16HookAtThreeRanksLetsGlooReduce) {
+  std::vector<at::Tensor> results(3);
+  RunRanksAsThreads(3, "fp16_three_store", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    CommHookOptions options;
+    options.kind = CommHookOptions::Kind::kFp16;
+    auto hook = CreateCommHook(options, group);
+    ASSERT_TRUE(hook.ok()) << hook.status();
+    EXPECT_EQ((*hook)->Describe(), "fp16");
+    GradBucket bucket = MakeBucket({RankValues({500}, rank)}, 1.0f + rank);
+    (*hook)->Start(bucket).Wait();
+    EXPECT_EQ(bucket.exact.item<float>(), 2.0f);
+    results[rank] = bucket.buffer.clone();
+  });
+  at::Tensor sum = RankValues({500}, 0).to(at::kHalf).div_(3);
+  for (int r = 1; r < 3; ++r) sum = sum + RankValues({500}, r).to(at::kHalf).div_(3);
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(at::equal(results[r], results[0])) << "rank " << r;
+  // Gloo's ring adds in its own order: within one float16 rounding of each addition.
+  EXPECT_TRUE(at::allclose(results[0], sum.to(at::kFloat), 2e-3, 1e-3));
 }
 
 // bf16 on Gloo: the bfloat16 values of x / world summed in float32 and rounded once to bfloat16,
@@ -117,8 +140,8 @@ void CheckBf16Hook(int world) {
                       auto hook = CreateCommHook(options, group);
                       ASSERT_TRUE(hook.ok()) << hook.status();
                       EXPECT_NE((*hook)->Describe().find(world <= HalfCompressHook::kMaxAllGatherWorld
-                                                             ? "all-gathered"
-                                                             : "all-reduced as float32"),
+                                                             ? "bf16 (all-gathered, summed in float32)"
+                                                             : "bf16 (all-reduced as float32)"),
                                 std::string::npos);
                       GradBucket bucket = MakeBucket({RankValues({1000}, rank)}, 1.0f + rank);
                       (*hook)->Start(bucket).Wait();
