@@ -31,8 +31,24 @@ fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const 
 
   // The all-reduce's flat bucket buffers hold one copy of every gradient whatever the bucket cap,
   // and the gradients are views into them (worker/ddp/bucketed_reducer.h, as PyTorch's
-  // gradient_as_bucket_view): counted once, as gradients, plus the loss slot.
-  m.set_ddp_buckets_bytes(kFloat);
+  // gradient_as_bucket_view): counted once, as gradients, plus the loss slot. A communication hook
+  // keeps more beside them (worker/ddp/comm_hook.h), per gradient element at its peak: fp16 and
+  // bf16 a 2-byte copy of every bucket and, on Gloo, the all-gathered copies of up to 3 ranks (6),
+  // then one bucket's float32 sum (at most 4); PowerSGD its error feedback and the copy of its input
+  // (4 + 4), and the uncompressed gradients' all-reduce buffer (at most 4).
+  int64_t hook_bytes_per_element = 0;
+  switch (spec.ddp().comm_hook()) {
+    case fitrun::v1::COMM_HOOK_FP16:
+    case fitrun::v1::COMM_HOOK_BF16:
+      hook_bytes_per_element = 2 + 6 + 4;
+      break;
+    case fitrun::v1::COMM_HOOK_POWERSGD:
+      hook_bytes_per_element = 4 + 4 + 4;
+      break;
+    default:
+      break;
+  }
+  m.set_ddp_buckets_bytes(kFloat + hook_bytes_per_element * model.parameter_count);
 
   double margin = options.safety_margin;
   if (model.measured.has_value()) {

@@ -43,6 +43,23 @@ TEST(EstimatorTest, BreakdownAddsUpAndCountsOptimizerState) {
   EXPECT_EQ(EstimateRankMemory(model, spec, 64).optimizer_state_bytes(), 2 * m.weights_bytes());
 }
 
+// A communication hook's working memory (compressed copies, PowerSGD's error feedback) is counted
+// with the DDP buckets; the plain all-reduce needs only the loss slot beside the gradients.
+TEST(EstimatorTest, CommunicationHooksAddTheirWorkingMemoryToTheBuckets) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  const ModelProfile model = Profile(spec);
+  EXPECT_EQ(EstimateRankMemory(model, spec, 64).ddp_buckets_bytes(), 4);
+  for (fitrun::v1::CommHook hook :
+       {fitrun::v1::COMM_HOOK_FP16, fitrun::v1::COMM_HOOK_BF16, fitrun::v1::COMM_HOOK_POWERSGD}) {
+    spec.mutable_ddp()->set_comm_hook(hook);
+    const fitrun::v1::MemoryBreakdown m = EstimateRankMemory(model, spec, 64);
+    EXPECT_EQ(m.ddp_buckets_bytes(), 4 + 12 * 669706) << fitrun::v1::CommHook_Name(hook);
+    EXPECT_EQ(m.total_bytes(), m.weights_bytes() + m.gradients_bytes() + m.optimizer_state_bytes() +
+                                   m.ddp_buckets_bytes() + m.activations_bytes() + m.workspace_bytes() +
+                                   m.framework_overhead_bytes() + m.safety_margin_bytes());
+  }
+}
+
 TEST(EstimatorTest, ActivationsGrowLinearlyWithBatch) {
   fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
   const ModelProfile model = Profile(spec);
