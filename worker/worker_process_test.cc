@@ -303,7 +303,7 @@ TEST_F(WorkerProcessTest, ADatasetCacheThatCannotBeCreatedCostsOneLogLine) {
   EXPECT_EQ(WaitRank(1), 0) << Log(1);
   for (int rank = 0; rank < kWorld; ++rank) {
     const std::string log = Log(rank);
-    const size_t first = log.find("dataset cache " + dir_ + "/not-a-directory/datasets not used");
+    const size_t first = log.find("dataset cache " + dir_ + "/not-a-directory/datasets not written");
     EXPECT_NE(first, std::string::npos) << log;
     EXPECT_EQ(log.find("dataset cache", first + 1), std::string::npos) << "one line only:\n" << log;
     EXPECT_TRUE(absl::StrContains(log, "training samples loaded")) << log;

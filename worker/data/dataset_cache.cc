@@ -239,7 +239,9 @@ void DatasetCache::WriteEntry(const std::string& path, const std::string& entry,
 void DatasetCache::StopWriting(const std::string& why) {
   if (!writable_) return;
   writable_ = false;
-  Log(absl::StrCat("dataset cache ", options_.dir, " not used: ", why, "; datasets are decoded as without it"));
+  // Entries already there are still mapped; only what it lacks is decoded every time.
+  Log(absl::StrCat("dataset cache ", options_.dir, " not written: ", why,
+                   "; datasets it does not hold are decoded as without it"));
 }
 
 void DatasetCache::Log(const std::string& line) const {

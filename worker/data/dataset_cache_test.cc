@@ -244,6 +244,26 @@ TEST_F(DatasetCacheTest, AnUnwritableDirectoryFallsBackToDecodingWithOneLogLine)
   EXPECT_TRUE(absl::StrContains(log_[0], "decoded as without it")) << log_[0];
 }
 
+TEST_F(DatasetCacheTest, AfterAFailedWriteTheEntriesThereAreStillMapped) {
+  ASSERT_TRUE(Cache().ReadIdx(source_, 2).ok());
+  // Another source whose entry's name is taken by a directory: its write fails at the rename.
+  const std::string other = dir_ + "/other-idx1-ubyte.gz";
+  WriteGz(other, IdxBytes({2}, {7, 8}));
+  std::filesystem::create_directories(*Cache().EntryPath(other) + "/in-the-way");
+
+  DatasetCache cache = Cache();
+  absl::StatusOr<IdxData> decoded = cache.ReadIdx(other, 1);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(Bytes(*decoded), (std::vector<uint8_t>{7, 8}));
+  EXPECT_EQ(cache.stats().written, 0);
+  ASSERT_FALSE(log_.empty());
+  EXPECT_TRUE(absl::StrContains(log_.back(), "not written")) << log_.back();
+  absl::StatusOr<IdxData> mapped = cache.ReadIdx(source_, 2);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_TRUE(mapped->mapped());
+  EXPECT_EQ(Bytes(*mapped), pixels_);
+}
+
 TEST_F(DatasetCacheTest, RanksMissingAtOnceEachWriteAndAWholeEntryWins) {
   constexpr int kRanks = 4;
   std::vector<std::vector<uint8_t>> got(kRanks);
