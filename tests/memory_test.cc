@@ -251,7 +251,8 @@ int64_t Unmargined(const fitrun::v1::Plan& plan) {
 // does (as a stale or doctored cache would) plans too little; the first job's measured peaks correct
 // it, and the next plan of the same workload covers what that job really took.
 TEST(MemoryTest, AWrongStoredCalibrationIsCorrectedByOneJob) {
-  RunningCoordinator coordinator("learns", "cpu:2x256MiB");
+  // Devices small enough that the analytic estimate is tight, so the first job's workload is swept.
+  RunningCoordinator coordinator("learns", "cpu:2x96MiB");
   ASSERT_TRUE(coordinator.ok()) << ReadFile(coordinator.log_path());
   const std::string spec = MlpSpecYaml("learns", 3);
   absl::StatusOr<fitrun::v1::Job> first = coordinator.Submit(spec);
