@@ -1,4 +1,4 @@
-#include "worker/data/atomic_file.h"
+#include "fitrun/v1/atomic_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace fitrun::worker {
+namespace fitrun::v1 {
 namespace {
 
 absl::Status WriteAll(int fd, absl::string_view bytes) {
@@ -54,4 +54,4 @@ absl::Status WriteFileAtomically(const std::string& path, absl::Span<const absl:
   return absl::OkStatus();
 }
 
-}  // namespace fitrun::worker
+}  // namespace fitrun::v1

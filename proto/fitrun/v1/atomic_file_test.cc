@@ -1,4 +1,4 @@
-#include "worker/data/atomic_file.h"
+#include "fitrun/v1/atomic_file.h"
 
 #include <sys/stat.h>
 
@@ -8,12 +8,17 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "worker/data/test_files.h"
 
-namespace fitrun::worker {
+namespace fitrun::v1 {
 namespace {
 
-using ::fitrun::worker::testing::MakeTempDir;
+// A fresh directory under the test's temporary directory.
+std::string MakeTempDir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -53,4 +58,4 @@ TEST(AtomicFileTest, AFailedWriteLeavesNothing) {
 }
 
 }  // namespace
-}  // namespace fitrun::worker
+}  // namespace fitrun::v1
