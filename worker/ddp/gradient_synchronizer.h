@@ -22,8 +22,9 @@ class GradientSynchronizer {
   // completes the step's gradients.
   virtual void BeforeBackward(bool last_micro_batch) = 0;
 
-  // Called after the step's last backward. Replaces every gradient with its mean over ranks and
-  // returns the mean over ranks of `local_loss` (this rank's mean loss for the step). An error means
+  // Called after the step's last backward. Replaces every gradient with its mean over ranks (as the
+  // communication hook computes it: a compressing hook's is approximate, the same on every rank) and
+  // returns the exact mean over ranks of `local_loss` (this rank's mean loss for the step). An error means
   // a collective failed (a peer died or timed out); the process group is not usable afterwards.
   virtual absl::StatusOr<double> Synchronize(double local_loss) = 0;
 };
