@@ -139,7 +139,7 @@ TEST(FaultInjectionTest, OutOfMemoryOnRankOneStopsEveryRankAndResumesWithASmalle
   const double stopped_s = absl::ToDoubleSeconds(*all_stopped_at - *oom_at);
   const double resumed_s = absl::ToDoubleSeconds(*resumed_at - *oom_at);
   std::printf("fault-injection timing: OOM -> every rank stopped %.2f s (target 2 s); "
-              "OOM -> training resumed %.2f s (target 15 s); of which re-planned and launched after %.2f s, "
+              "OOM -> training resumed %.2f s (target 2 s); of which re-planned and launched after %.2f s, "
               "first step of the new attempt %.2f s after launch\n",
               stopped_s, resumed_s, absl::ToDoubleSeconds(*relaunched_at - *oom_at),
               absl::ToDoubleSeconds(*resumed_at - *relaunched_at));
