@@ -15,6 +15,17 @@ Usage (from the repository root):
       PowerSGD compresses from step --powersgd-start-iter + 1, 10 by default, so most steps compress)
       [--epoch-accuracy] (instead: one epoch of deploy/examples/fashion-mnist-mlp.yaml, global batch 256
       on 2 ranks, per hook, and the test accuracy rank 0 reports; fitrun-worker only)
+      [--link-rate RATE] (e.g. 1gbit: every rank of both sides runs in a fresh network namespace whose
+      loopback is rate-limited by a tc token bucket, a stand-in on one machine for a link between nodes
+      where bytes cost time; also prints the bytes each rank put on that loopback per step. The
+      namespace is deleted at the end, also on Ctrl-C. Needs root, ip and tc)
+      [--link-mtu N] (lo's MTU in that namespace, 9000 by default: jumbo frames, below tbf's 64 KB burst)
+
+Prints, per hook, the bytes of gradient payload each rank sends per step, computed from the model's
+parameter count and what the worker logs (float32 4 bytes per element for none, 2 for fp16 and bf16,
+PowerSGD's elements after compression from its `elements compressed to` figure): at 2 ranks a Gloo
+all-reduce (ring: half in the reduce-scatter, half in the all-gather) and the 2-rank all-gather of
+fp16 and bf16 each send that payload once per rank.
 
 Also prints where fitrun-worker's step time went (rank 0's `step time:` line): batch assembly,
 forward, backward (with the reducer's hooks), synchronize (the exposed all-reduce wait) and optimizer.
@@ -23,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -47,13 +59,66 @@ def free_port():
         return s.getsockname()[1]
 
 
+class RateLimitedLink:
+    """A network namespace of this run's own whose loopback goes through a token bucket of `rate`.
+
+    The ranks of both sides run in it (`ip netns exec`), so their Gloo traffic, both directions, passes
+    the one tbf qdisc on its lo: a rate-limited loopback on one machine standing in for a link between
+    nodes. Nothing else runs in the namespace, so any port is free there and lo's byte counter counts
+    only the ranks' traffic. lo's MTU comes down from 65536 to `mtu`: tbf drops every packet larger
+    than its 64 KB burst, and TCP's full-size segments at lo's own MTU are larger (the connection stalls).
+    """
+
+    def __init__(self, rate, mtu):
+        self.rate = rate
+        self.mtu = mtu
+        self.name = f"fitrun-bench-{os.getpid()}"
+        self.next_port = 29500
+
+    def __enter__(self):
+        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        try:
+            for cmd in (["ip", "link", "set", "lo", "mtu", str(self.mtu), "up"],
+                        ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", self.rate, "burst", "64kb",
+                         "latency", "100ms"]):
+                subprocess.run(["ip", "netns", "exec", self.name] + cmd, check=True)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        subprocess.run(["ip", "netns", "delete", self.name], check=False)
+
+    def wrap(self, cmd):
+        return ["ip", "netns", "exec", self.name] + list(cmd)
+
+    def port(self):
+        # A new port per run: the previous run's connections may still be in TIME_WAIT.
+        self.next_port += 1
+        return self.next_port
+
+    def tx_bytes(self):
+        out = subprocess.run(["ip", "-n", self.name, "-s", "-j", "link", "show", "dev", "lo"], check=True,
+                             capture_output=True, text=True).stdout
+        return json.loads(out)[0]["stats64"]["tx"]["bytes"]
+
+
+LINK = None  # the RateLimitedLink of --link-rate, for the whole run
+
+
 def run_ranks(commands, env_extra, timeout):
-    port = free_port()
+    """Runs one command per rank; returns their outputs and, with --link-rate, the bytes they sent."""
+    port = LINK.port() if LINK else free_port()
+    sent_before = LINK.tx_bytes() if LINK else 0
     procs = []
     try:
         for rank, cmd in enumerate(commands):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port), **env_extra)
+            if LINK:
+                env["GLOO_SOCKET_IFNAME"] = "lo"  # the namespace has no other interface
+                cmd = LINK.wrap(cmd)
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True))
         outputs = [p.communicate(timeout=timeout)[0] for p in procs]
@@ -64,7 +129,7 @@ def run_ranks(commands, env_extra, timeout):
     for p, out in zip(procs, outputs):
         if p.returncode != 0:
             sys.exit(f"a rank failed:\n{out}")
-    return outputs
+    return outputs, (LINK.tx_bytes() - sent_before if LINK else None)
 
 
 def ddp_spec(hook, args):
@@ -86,13 +151,46 @@ plan {{ device_ids: "cpu:0" device_ids: "cpu:1" per_device_batch: {PER_RANK_BATC
   learning_rate: {lr} total_steps: {steps} steps_per_epoch: {steps_per_epoch} }}
 cpu_threads: 1 cpu_threads: 1
 """)
-    return run_ranks([[worker]] * 2, {"FITRUN_ASSIGNMENT": assignment, "FITRUN_DUMP_INITIAL_STATE": dump},
-                     timeout=600)[0]
+    outputs, sent = run_ranks([[worker]] * 2,
+                              {"FITRUN_ASSIGNMENT": assignment, "FITRUN_DUMP_INITIAL_STATE": dump}, timeout=600)
+    return outputs[0], sent
+
+
+def gradient_elements(dump):
+    """The model's parameter count, from the manifest the worker dumps (name and shape per line)."""
+    total = 0
+    with open(os.path.join(dump, "parameters.txt")) as manifest:
+        for line in manifest:
+            count = 1
+            for d in line.split()[1:]:
+                count *= int(d)
+            total += count
+    return total
+
+
+def payload_bytes(hook, elements, log):
+    """Bytes of gradient payload one rank sends per step (on compressed steps for PowerSGD).
+
+    none: the buckets in float32 with the loss as one more element; fp16, bf16: the buckets in 2 bytes
+    and the loss in a 1-element float32 all-reduce; powersgd: P, Q and the uncompressed gradients in
+    float32, from the worker's `N elements compressed to M` (N counts every gradient element of every
+    compressed step), and the loss. At 2 ranks each of these collectives sends its payload once per rank.
+    """
+    if hook == "none":
+        return 4 * (elements + 1)
+    if hook in ("fp16", "bf16"):
+        return 2 * elements + 4
+    if hook == "powersgd":
+        m = re.search(r"(\d+) elements compressed to (\d+)", log)
+        if m is None:
+            return None  # no compressed step in this run
+        return 4 * (int(m.group(2)) * elements // int(m.group(1)) + 1)
+    return None
 
 
 def bench(worker, model, steps, work, hook, args):
     dump = os.path.join(work, f"{model}-{hook}")
-    out = run_worker(worker, model, hook, args, dump, LR, 1, steps)
+    out, sent = run_worker(worker, model, hook, args, dump, LR, 1, steps)
     comm = re.search(r"communication: (\d+) buckets, exposed all-reduce wait ([0-9.]+) s over (\d+) steps = "
                      r"([0-9.]+)% of ([0-9.]+) s training; ([0-9.]+) samples/s", out)
     if comm is None:
@@ -101,13 +199,16 @@ def bench(worker, model, steps, work, hook, args):
               "seconds": float(comm.group(5)), "samples_per_second": float(comm.group(6))}
     breakdown = re.search(r"step time: (.*) of [0-9.]+ s training", out)
     fitrun["step_time"] = breakdown.group(1) if breakdown else "(not logged by this worker)"
+    fitrun["payload"] = payload_bytes(hook, gradient_elements(dump), out)
+    fitrun["sent"] = sent
 
     ref_cmd = ["/usr/bin/python3", REFERENCE, "--data", DATA, "--dump", dump, "--model", model, "--steps",
                str(steps), "--batch", str(PER_RANK_BATCH), "--lr", str(LR), "--momentum", "0.9",
                "--local-loss", "--comm-hooks", hook, "--powersgd-rank", str(args.powersgd_rank),
                "--powersgd-start-iter", str(args.powersgd_start_iter)]
-    ref_out = run_ranks([ref_cmd] * 2, {}, timeout=600)[0]
-    torch_run = json.loads([l for l in ref_out.splitlines() if l.startswith("{")][-1])
+    ref_outs, ref_sent = run_ranks([ref_cmd] * 2, {}, timeout=600)
+    torch_run = json.loads([l for l in ref_outs[0].splitlines() if l.startswith("{")][-1])
+    torch_run["sent"] = ref_sent
     return fitrun, torch_run
 
 
@@ -117,8 +218,8 @@ def epoch_accuracy(args):
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for hook in args.comm_hooks.split(","):
-            out = run_worker(args.worker, "mlp", hook, args, os.path.join(work, hook), EXAMPLE_LR, EXAMPLE_SEED,
-                             steps, steps)
+            out, _ = run_worker(args.worker, "mlp", hook, args, os.path.join(work, hook), EXAMPLE_LR,
+                                EXAMPLE_SEED, steps, steps)
             accuracy = re.search(r"test accuracy ([0-9.]+) \((\d+) of (\d+)\)", out)
             final = re.search(r"final loss ([0-9.eE+-]+)", out)
             exposed = re.search(r"= ([0-9.]+)% of [0-9.]+ s training", out)
@@ -128,7 +229,7 @@ def epoch_accuracy(args):
                          float(exposed.group(1)) if exposed else float("nan")))
             print(f"{hook}: done", file=sys.stderr, flush=True)
     print(f"fashion-mnist-mlp, 1 epoch ({steps} steps), global batch {2 * PER_RANK_BATCH} on 2 ranks, "
-          f"SGD lr {EXAMPLE_LR} momentum 0.9, seed {EXAMPLE_SEED}"
+          f"SGD lr {EXAMPLE_LR} momentum 0.9, seed {EXAMPLE_SEED}, {link_description()}"
           + (f"; powersgd rank {args.powersgd_rank} from step {args.powersgd_start_iter + 1}"
              if "powersgd" in args.comm_hooks else ""))
     print("| comm hook | test accuracy | vs none | final loss | exposed comm |")
@@ -139,20 +240,20 @@ def epoch_accuracy(args):
         print(f"| {hook} | {accuracy:.4f} ({correct}/{total}) | {delta} | {final:.4f} | {exposed:.1f}% |")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--models", default="mlp,cnn")
-    parser.add_argument("--mlp-steps", type=int, default=200)
-    parser.add_argument("--cnn-steps", type=int, default=30)
-    parser.add_argument("--worker", default=WORKER)
-    parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--comm-hooks", default="none", help="comma-separated none, fp16, bf16, powersgd")
-    parser.add_argument("--powersgd-rank", type=int, default=1)
-    parser.add_argument("--powersgd-start-iter", type=int, default=10)
-    parser.add_argument("--epoch-accuracy", action="store_true")
-    args = parser.parse_args()
-    if not os.path.exists(args.worker):
-        sys.exit("build first: bazel build -c opt //worker:fitrun-worker")
+def link_description():
+    if LINK is None:
+        return "Gloo on loopback"
+    return (f"Gloo on a loopback rate-limited to {LINK.rate} (tc tbf in network namespace {LINK.name}, MTU "
+            f"{LINK.mtu}; both directions share it), standing in for a link between nodes")
+
+
+def byte_count(n):
+    if n is None:
+        return "-"
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
+def run(args):
     if args.epoch_accuracy:
         epoch_accuracy(args)
         return
@@ -170,20 +271,58 @@ def main():
                         torch_run = t
                 rows.append((model, hook, steps, fitrun, torch_run))
                 print(f"{model} {hook}: done", file=sys.stderr, flush=True)
-    print(f"2 ranks x 1 thread, Gloo on loopback, global batch {2 * PER_RANK_BATCH}, SGD momentum, "
+    print(f"2 ranks x 1 thread, {link_description()}, global batch {2 * PER_RANK_BATCH}, SGD momentum, "
           f"{os.cpu_count()} cores, fastest of {args.repeat} run(s) per side"
           + (f"; powersgd rank {args.powersgd_rank} from step {args.powersgd_start_iter + 1}"
              if "powersgd" in args.comm_hooks else ""))
-    print("| model | comm hook | steps | fitrun-worker samples/s | PyTorch DDP samples/s | ratio | fitrun buckets | "
-          "fitrun exposed comm |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    header = ("| model | comm hook | steps | fitrun-worker samples/s | PyTorch DDP samples/s | ratio | "
+              "fitrun buckets | fitrun exposed comm | fitrun payload sent per rank per step |")
+    rule = "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    if LINK:
+        # lo's transmit counter over the whole run (both ranks, start-up and the uncompressed first
+        # steps included) / 2 ranks / steps.
+        header += " fitrun sent on lo per rank per step | PyTorch sent on lo per rank per step |"
+        rule += " ---: | ---: |"
+    print(header)
+    print(rule)
     for model, hook, steps, fitrun, torch_run in rows:
         ratio = fitrun["samples_per_second"] / torch_run["samples_per_second"]
-        print(f"| {model} | {hook} | {steps} | {fitrun['samples_per_second']:.0f} | "
-              f"{torch_run['samples_per_second']:.0f} | {ratio:.2f}x | {fitrun['buckets']} | "
-              f"{fitrun['exposed']:.1f}% |")
+        line = (f"| {model} | {hook} | {steps} | {fitrun['samples_per_second']:.0f} | "
+                f"{torch_run['samples_per_second']:.0f} | {ratio:.2f}x | {fitrun['buckets']} | "
+                f"{fitrun['exposed']:.1f}% | {byte_count(fitrun['payload'])} |")
+        if LINK:
+            line += f" {byte_count(fitrun['sent'] / 2 / steps)} | {byte_count(torch_run['sent'] / 2 / steps)} |"
+        print(line)
+    if "powersgd" in args.comm_hooks:
+        print(f"powersgd payload: on compressed steps; the first {args.powersgd_start_iter} steps send what none sends")
     for model, hook, _, fitrun, _ in rows:
         print(f"{model} {hook}: fitrun-worker rank 0 step time: {fitrun['step_time']}")
+
+
+def main():
+    global LINK
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--mlp-steps", type=int, default=200)
+    parser.add_argument("--cnn-steps", type=int, default=30)
+    parser.add_argument("--worker", default=WORKER)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--comm-hooks", default="none", help="comma-separated none, fp16, bf16, powersgd")
+    parser.add_argument("--powersgd-rank", type=int, default=1)
+    parser.add_argument("--powersgd-start-iter", type=int, default=10)
+    parser.add_argument("--epoch-accuracy", action="store_true")
+    parser.add_argument("--link-rate", help="run the ranks on a loopback rate-limited to this tc rate, e.g. 1gbit")
+    parser.add_argument("--link-mtu", type=int, default=9000, help="lo's MTU with --link-rate (jumbo frames)")
+    args = parser.parse_args()
+    if not os.path.exists(args.worker):
+        sys.exit("build first: bazel build -c opt //worker:fitrun-worker")
+    if not args.link_rate:
+        run(args)
+        return
+    # SIGTERM as well as Ctrl-C unwinds through the with below, which deletes the namespace.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with RateLimitedLink(args.link_rate, args.link_mtu) as LINK:
+        run(args)
 
 
 if __name__ == "__main__":
