@@ -114,11 +114,12 @@ def bucket_layout(ddp, model):
     return [[names[id(p)] for p in bucket.parameters()] for bucket in ddp.reducer._get_zeros_like_grad_buckets()]
 
 
-def load_train(data_dir):
-    with gzip.open(os.path.join(data_dir, "train-images-idx3-ubyte.gz")) as f:
+def load(data_dir, split="train"):
+    """One split of Fashion-MNIST (`train` or `t10k`), normalized as the worker does."""
+    with gzip.open(os.path.join(data_dir, f"{split}-images-idx3-ubyte.gz")) as f:
         _, n, rows, cols = struct.unpack(">IIII", f.read(16))
         images = np.frombuffer(f.read(), dtype=np.uint8).reshape(n, 1, rows, cols)
-    with gzip.open(os.path.join(data_dir, "train-labels-idx1-ubyte.gz")) as f:
+    with gzip.open(os.path.join(data_dir, f"{split}-labels-idx1-ubyte.gz")) as f:
         f.read(8)
         labels = np.frombuffer(f.read(), dtype=np.uint8)
     x = torch.from_numpy(images.copy()).float().div_(255.0).sub_(MEAN).div_(STD)
@@ -164,7 +165,7 @@ def main():
     torch.set_num_threads(args.threads)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    images, labels = load_train(args.data)
+    images, labels = load(args.data)
     n = labels.numel()
     order = torch.from_numpy(np.fromfile(os.path.join(args.dump, "sample_order.i64"), dtype="<i8").copy())
     epochs = order.numel() // n

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BIN = os.path.join(ROOT, "bazel-out", "k8-opt", "bin")
 SPECS = {m: os.path.join(ROOT, "deploy", "examples", f"fashion-mnist-{m}.yaml") for m in ("mlp", "cnn")}
 DIRECT = os.path.join(ROOT, "tools", "bench", "torch_ddp_direct.py")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddp_bench import free_port  # noqa: E402
 
 
 class Fitrund:
@@ -99,12 +101,6 @@ def submit_and_watch(fitrund, spec):
     accuracy = re.search(r"test accuracy:\s+([0-9.]+)", "".join(lines))
     seen["accuracy"] = float(accuracy.group(1)) if accuracy else float("nan")
     return seen
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torch_direct(model, work):

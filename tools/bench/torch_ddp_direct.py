@@ -9,31 +9,17 @@ Rank 0 prints `first step done` right after its first optimizer step, then one J
 training seconds, samples/s and test accuracy. tools/bench/time_to_train.py starts it.
 """
 import argparse
-import gzip
 import json
 import os
-import struct
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "parity"))
-from torch_ddp_reference import MEAN, STD, Cnn, Mlp  # noqa: E402  the same two models fitrun builds in
-
-
-def load(data_dir, split):
-    with gzip.open(os.path.join(data_dir, f"{split}-images-idx3-ubyte.gz")) as f:
-        _, n, rows, cols = struct.unpack(">IIII", f.read(16))
-        images = np.frombuffer(f.read(), dtype=np.uint8).reshape(n, 1, rows, cols)
-    with gzip.open(os.path.join(data_dir, f"{split}-labels-idx1-ubyte.gz")) as f:
-        f.read(8)
-        labels = np.frombuffer(f.read(), dtype=np.uint8)
-    x = torch.from_numpy(images.copy()).float().div_(255.0).sub_(MEAN).div_(STD)
-    return x, torch.from_numpy(labels.astype(np.int64))
+from torch_ddp_reference import Cnn, Mlp, load  # noqa: E402  fitrun's two models, its normalization
 
 
 def main():
