@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "fitrun/v1/atomic_file.h"
+#include "proto/contract/atomic_file.h"
 #include "server/devices/nvml_devices.h"
 #include "server/devices/virtual_cpu_devices.h"
 #include "server/slurm/slurm_devices.h"
@@ -360,10 +360,10 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   // Tools and tests started with port 0 learn the ports from these files, written whole after the
   // server listens, so a watcher of a file never reads half.
   const std::filesystem::path state(options.state_dir);
-  if (absl::Status status = v1::WriteFileAtomically((state / "fitrund.address").string(), server->address + "\n"); !status.ok()) {
+  if (absl::Status status = contract::WriteFileAtomically((state / "fitrund.address").string(), server->address + "\n"); !status.ok()) {
     return status;
   }
-  if (absl::Status status = v1::WriteFileAtomically((state / "fitrund.metrics_address").string(), server->metrics_address + "\n");
+  if (absl::Status status = contract::WriteFileAtomically((state / "fitrund.metrics_address").string(), server->metrics_address + "\n");
       !status.ok()) {
     return status;
   }

@@ -15,7 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 #include "worker/options.h"
 #include "worker/probe/probe_mode.h"
 #include "worker/programs/builtin_training.h"
@@ -68,7 +68,7 @@ absl::StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
 }  // namespace fitrun::worker
 
 int main(int argc, char** argv) {
-  constexpr int kBadConfiguration = fitrun::v1::launch::kExitBadConfiguration;
+  constexpr int kBadConfiguration = fitrun::contract::launch::kExitBadConfiguration;
   absl::StatusOr<fitrun::worker::CommandLine> command_line = fitrun::worker::ParseCommandLine(argc, argv);
   if (!command_line.ok()) {
     std::fprintf(stderr,

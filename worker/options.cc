@@ -9,12 +9,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 
 namespace fitrun::worker {
 namespace {
 
-namespace launch = fitrun::v1::launch;
+namespace launch = fitrun::contract::launch;
 
 absl::StatusOr<std::string> Required(const EnvLookup& lookup, const std::string& name) {
   std::optional<std::string> value = lookup(name);

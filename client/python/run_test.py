@@ -12,7 +12,7 @@ from fitrun import contract
 from fitrun.run import Run
 
 HEADER = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "fitrun"),
-                      "proto/fitrun/v1/launch_contract.h")
+                      "proto/contract/launch_contract.h")
 
 
 def camel_to_constant(name):

@@ -8,12 +8,12 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 #include "fitrun/v1/worker.pb.h"
 
 namespace fitrun::server {
 
-namespace launch = fitrun::v1::launch;
+namespace launch = fitrun::contract::launch;
 
 absl::StatusOr<std::vector<WorkerLaunch>> AssembleAttempt(const fitrun::v1::Job& job, const std::string& token,
                                                           int attempt, const fitrun::v1::Plan& plan,

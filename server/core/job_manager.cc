@@ -18,7 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 #include "server/core/attempt_launch.h"
 #include "server/core/job_queue.h"
 #include "server/core/job_spec.h"
@@ -35,7 +35,7 @@ using fitrun::v1::JobEvent;
 using fitrun::v1::JobSpec;
 using fitrun::v1::JobState;
 using fitrun::v1::Plan;
-namespace launch = fitrun::v1::launch;
+namespace launch = fitrun::contract::launch;
 
 // A plan whose predicted peak is over half its usable memory: one an estimate off by 2x could break.
 bool IsTight(const Plan& plan) { return plan.predicted().total_bytes() > plan.usable_bytes() / 2; }
@@ -641,7 +641,7 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
       const std::string details =
           exited->log_tail().empty() ? "" : absl::StrCat("\nlast lines of its log:\n", exited->log_tail());
       FailureKind kind = FailureKind::kCrash;
-      if (exit.status_known && exit.signal == 0 && exit.exit_code == fitrun::v1::launch::kExitOutOfMemory) {
+      if (exit.status_known && exit.signal == 0 && exit.exit_code == fitrun::contract::launch::kExitOutOfMemory) {
         kind = FailureKind::kOutOfMemory;
         entry.active->out_of_memory = true;
         // The rank's OutOfMemory report did not arrive: the batch it ran is still known not to fit.
@@ -649,7 +649,7 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
         oom.set_rank(key.rank);
         oom.set_per_device_batch(entry.record.job.plan().per_device_batch());
         entry.record.job.mutable_oom_history()->Add(std::move(oom));
-      } else if (exit.status_known && exit.signal == 0 && exit.exit_code == fitrun::v1::launch::kExitBadConfiguration) {
+      } else if (exit.status_known && exit.signal == 0 && exit.exit_code == fitrun::contract::launch::kExitBadConfiguration) {
         kind = FailureKind::kBadConfig;
       }
       HandleAttemptFailure(entry, kind, headline, details);

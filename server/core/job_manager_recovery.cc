@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 #include "server/core/job_manager.h"
 #include "server/core/job_spec.h"
 #include "server/core/memory_feedback.h"

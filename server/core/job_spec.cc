@@ -18,14 +18,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "fitrun/v1/data_contract.h"
-#include "fitrun/v1/find_command.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/data_contract.h"
+#include "proto/contract/find_command.h"
+#include "proto/contract/launch_contract.h"
 #include "server/core/spec_errors.h"
 #include "server/core/workloads.h"
 
 namespace fitrun::server {
-namespace launch = fitrun::v1::launch;
+namespace launch = fitrun::contract::launch;
 namespace {
 
 using fitrun::v1::JobSpec;
@@ -707,9 +707,9 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   if (tolerance->stop_grace_seconds() == 0) tolerance->set_stop_grace_seconds(2);
   if (spec.data().kind() == fitrun::v1::DATA_KIND_TENSORS) {
     auto* data = spec.mutable_data();
-    if (data->target().empty()) data->set_target(fitrun::v1::data::kDefaultTargetKey);
+    if (data->target().empty()) data->set_target(fitrun::contract::data::kDefaultTargetKey);
     if (!data->has_test_fraction() && data->test_path().empty()) {
-      data->set_test_fraction(fitrun::v1::data::kDefaultTestFraction);
+      data->set_test_fraction(fitrun::contract::data::kDefaultTestFraction);
     }
   }
   if (spec.model().kind_case() == fitrun::v1::ModelSpec::kTorchscript &&

@@ -1,7 +1,7 @@
 #include "server/core/memory_calibration.h"
 #include "server/core/workloads.h"
 
-#include "fitrun/v1/atomic_file.h"
+#include "proto/contract/atomic_file.h"
 #include "server/core/job_spec.h"
 #include "server/core/units.h"
 
@@ -236,7 +236,7 @@ void MemoryCalibrator::RewriteCache() {
     }
   }
   // A crash leaves the old file or the new one whole.
-  if (!v1::WriteFileAtomically(options_.cache_path, text).ok()) return;
+  if (!contract::WriteFileAtomically(options_.cache_path, text).ok()) return;
   cache_lines_ = lines;
 }
 

@@ -10,7 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "fitrun/v1/data_contract.h"
+#include "proto/contract/data_contract.h"
 #include "server/core/tensor_file.h"
 
 namespace fitrun::server {
@@ -184,9 +184,9 @@ absl::StatusOr<ModelProfile> TorchScriptOnTensorsProfile(const fitrun::v1::JobSp
   p->input_bytes_per_sample = sample_bytes;
   p->activation_bytes_per_sample = std::max(p->activation_bytes_per_sample, 64 * sample_bytes);
   p->train_samples = spec.data().test_path().empty()
-                         ? n - fitrun::v1::data::TestSamples(n, spec.data().has_test_fraction()
+                         ? n - fitrun::contract::data::TestSamples(n, spec.data().has_test_fraction()
                                                                      ? spec.data().test_fraction()
-                                                                     : fitrun::v1::data::kDefaultTestFraction)
+                                                                     : fitrun::contract::data::kDefaultTestFraction)
                          : n;
   p->memory_source = "analytic: parameters bounded by the TorchScript file's size, activations guessed as 64x a "
                      "sample's bytes (the probe measures them)";

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "fitrun/v1/data_contract.h"
+#include "proto/contract/data_contract.h"
 #include "server/core/spec_errors.h"
 #include "server/core/tensor_file.h"
 
@@ -147,7 +147,7 @@ absl::Status ValidateTensorsData(const JobSpec& spec) {
   std::vector<std::string> found;
   for (const auto& [key, info] : *tensors) found.push_back(absl::StrCat(key, " ", info.Describe()));
   const std::string has = absl::StrCat(" (it has ", absl::StrJoin(found, ", "), ")");
-  const std::string target = data.target().empty() ? fitrun::v1::data::kDefaultTargetKey : data.target();
+  const std::string target = data.target().empty() ? fitrun::contract::data::kDefaultTargetKey : data.target();
   if (tensors->count(target) == 0) {
     return FieldError(data.target().empty() ? "spec.data.path" : "spec.data.target",
                       absl::StrCat("'", data.path(), "' has no tensor '", target, "'", has,
@@ -209,11 +209,11 @@ absl::Status ValidateTensorsData(const JobSpec& spec) {
       }
     }
   } else {
-    const double fraction = data.has_test_fraction() ? data.test_fraction() : fitrun::v1::data::kDefaultTestFraction;
+    const double fraction = data.has_test_fraction() ? data.test_fraction() : fitrun::contract::data::kDefaultTestFraction;
     if (!(fraction >= 0 && fraction < 1)) {
       return FieldError("spec.data.test_fraction", absl::StrCat("must be in [0, 1) (got ", fraction, ")"));
     }
-    const int64_t test_samples = fitrun::v1::data::TestSamples(n, fraction);
+    const int64_t test_samples = fitrun::contract::data::TestSamples(n, fraction);
     if (test_samples < 1) {
       return FieldError("spec.data.test_fraction",
                         absl::StrCat("holds out no test sample of ", n, "; raise it or give spec.data.test_path"));

@@ -5,11 +5,11 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 
 namespace fitrun::server {
 
-namespace launch = fitrun::v1::launch;
+namespace launch = fitrun::contract::launch;
 
 absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attempt, RankExitCallback on_exit) {
   absl::StatusOr<int> port = pick_master_port_();

@@ -17,14 +17,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "fitrun/v1/launch_contract.h"
-#include "fitrun/v1/atomic_file.h"
+#include "proto/contract/launch_contract.h"
+#include "proto/contract/atomic_file.h"
 #include "server/slurm/slurm_text.h"
 
 namespace fitrun::server {
 namespace {
 
-namespace launch = fitrun::v1::launch;
+namespace launch = fitrun::contract::launch;
 namespace fs = std::filesystem;
 
 // worker/slurm/rank_shim.sh, written beside each attempt's batch script.
@@ -200,9 +200,9 @@ absl::StatusOr<LaunchedAttempt> SlurmLauncher::Launch(const AttemptLaunch& attem
   absl::StatusOr<std::string> script = BatchScript(attempt, shim.string());
   if (!script.ok()) return script.status();
   // The script holds the job's token: only its owner reads it.
-  if (absl::Status status = v1::WriteFileAtomically(shim.string(), kRankShim, 0755); !status.ok()) return status;
+  if (absl::Status status = contract::WriteFileAtomically(shim.string(), kRankShim, 0755); !status.ok()) return status;
   const fs::path script_path = attempt_dir / "slurm-batch.sh";
-  if (absl::Status status = v1::WriteFileAtomically(script_path.string(), *script, 0700); !status.ok()) return status;
+  if (absl::Status status = contract::WriteFileAtomically(script_path.string(), *script, 0700); !status.ok()) return status;
   for (int rank = 0; rank < static_cast<int>(attempt.ranks.size()); ++rank) {
     std::error_code ignored;
     fs::remove(attempt_dir / absl::StrCat("rank-", rank, ".exit"), ignored);

@@ -18,7 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 #include "fitrun/v1/worker.pb.h"
 #include "google/protobuf/text_format.h"
 #include "server/launcher/child_spawn.h"
@@ -268,7 +268,7 @@ absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(co
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::vector<std::string> env;
-  const std::string assignment_prefix = absl::StrCat(fitrun::v1::launch::kAssignment, "=");
+  const std::string assignment_prefix = absl::StrCat(fitrun::contract::launch::kAssignment, "=");
   for (char** e = environ; *e != nullptr; ++e) {
     if (std::strncmp(*e, assignment_prefix.data(), assignment_prefix.size()) != 0) env.emplace_back(*e);
   }

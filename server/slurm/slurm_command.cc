@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "fitrun/v1/find_command.h"
+#include "proto/contract/find_command.h"
 #include "server/launcher/child_spawn.h"
 
 extern char** environ;
@@ -45,9 +45,9 @@ std::string Trimmed(absl::string_view text) {
 
 // Debian puts the clients in /usr/bin, which a service's PATH may leave out.
 absl::StatusOr<std::string> FindSlurmProgram(const std::string& name) {
-  absl::StatusOr<std::string> path = fitrun::v1::launch::FindCommand(name, "");
+  absl::StatusOr<std::string> path = fitrun::contract::launch::FindCommand(name, "");
   if (path.ok() || name.find('/') != std::string::npos) return path;
-  absl::StatusOr<std::string> in_usr_bin = fitrun::v1::launch::FindCommand("/usr/bin/" + name, "");
+  absl::StatusOr<std::string> in_usr_bin = fitrun::contract::launch::FindCommand("/usr/bin/" + name, "");
   if (in_usr_bin.ok()) return in_usr_bin;
   const char* path_env = std::getenv("PATH");
   return absl::NotFoundError(absl::StrCat(

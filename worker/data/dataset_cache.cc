@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
-#include "fitrun/v1/atomic_file.h"
+#include "proto/contract/atomic_file.h"
 
 namespace fitrun::worker {
 namespace {
@@ -230,7 +230,7 @@ void DatasetCache::WriteEntry(const std::string& path, const std::string& entry,
   const absl::string_view pieces[] = {
       absl::string_view(reinterpret_cast<const char*>(&header), sizeof(header)),
       absl::string_view(reinterpret_cast<const char*>(data.bytes().data()), data.bytes().size())};
-  if (absl::Status written = v1::WriteFileAtomically(entry, pieces); !written.ok()) {
+  if (absl::Status written = contract::WriteFileAtomically(entry, pieces); !written.ok()) {
     return StopWriting(std::string(written.message()));
   }
   ++stats_.written;

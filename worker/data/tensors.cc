@@ -11,12 +11,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "fitrun/v1/data_contract.h"
+#include "proto/contract/data_contract.h"
 
 namespace fitrun::worker {
 namespace {
 
-namespace data_contract = ::fitrun::v1::data;
+namespace data_contract = ::fitrun::contract::data;
 
 absl::Status Refuse(absl::string_view field, absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));

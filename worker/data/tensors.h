@@ -17,7 +17,7 @@ namespace fitrun::worker {
 // The inputs are data.inputs in that order (the model's forward takes them so), or every key but
 // the target, sorted; the target is data.target (default "target"). The test split is data.test_path
 // (a file with the same keys, dtypes and trailing shapes) or the last floor(N * data.test_fraction)
-// samples (default 0.1; fitrun/v1/data_contract.h), the training split the rest.
+// samples (default 0.1; proto/contract/data_contract.h), the training split the rest.
 //
 // Errors are INVALID_ARGUMENT naming the spec field and what was found: a file that is not a dict of
 // tensors, a missing key, a tensor without a sample dimension, different N, a test file that does

@@ -20,12 +20,12 @@
 #include <cstring>
 #include <string>
 
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 #include "worker/memory/capped_allocator.h"
 
 namespace {
 
-namespace launch = ::fitrun::v1::launch;
+namespace launch = ::fitrun::contract::launch;
 using ::fitrun::worker::CappedCpuAllocator;
 
 // Never freed: LibTorch keeps pointing at it until the process is gone, and threads or other libraries'

@@ -12,7 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 #include "worker/memory/capped_allocator.h"
 #include "worker/options.h"
 #include "worker/probe/memory_probe.h"
@@ -57,9 +57,9 @@ absl::Status MeasureAll(const std::string& header, const std::function<absl::Sta
 }
 
 absl::Status Probe(const std::vector<int64_t>& batches) {
-  const char* path = std::getenv(fitrun::v1::launch::kAssignment);
+  const char* path = std::getenv(fitrun::contract::launch::kAssignment);
   if (path == nullptr || *path == '\0') {
-    return absl::InvalidArgumentError(absl::StrCat(fitrun::v1::launch::kAssignment, ": not set"));
+    return absl::InvalidArgumentError(absl::StrCat(fitrun::contract::launch::kAssignment, ": not set"));
   }
   absl::StatusOr<fitrun::v1::WorkerAssignment> assignment = LoadAssignment(path);
   if (!assignment.ok()) return assignment.status();
@@ -89,9 +89,9 @@ absl::Status Probe(const std::vector<int64_t>& batches) {
 // next from what it has seen. Exits 0, or 2 when the spec cannot be probed or a measurement fails.
 int RunProbeMode(const std::vector<int64_t>& batches) {
   const absl::Status status = Probe(batches);
-  if (status.ok()) return fitrun::v1::launch::kExitSuccess;
+  if (status.ok()) return fitrun::contract::launch::kExitSuccess;
   std::fprintf(stderr, "fitrun-worker --probe: %s\n", std::string(status.message()).c_str());
-  return fitrun::v1::launch::kExitBadConfiguration;
+  return fitrun::contract::launch::kExitBadConfiguration;
 }
 
 }  // namespace fitrun::worker

@@ -13,10 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 
 namespace fitrun::worker {
-namespace launch = fitrun::v1::launch;
+namespace launch = fitrun::contract::launch;
 namespace {
 
 // A port nobody listens on now, for the one-rank group's store.

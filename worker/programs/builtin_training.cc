@@ -19,7 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 #include "worker/checkpoint/checkpoint_store.h"
 #include "worker/data/dataset_cache.h"
 #include "worker/data/sampler.h"
@@ -33,8 +33,8 @@
 namespace fitrun::worker {
 namespace {
 
-constexpr ExitCode kTrainingFailed = fitrun::v1::launch::kExitTrainingFailed;
-constexpr ExitCode kBadConfiguration = fitrun::v1::launch::kExitBadConfiguration;
+constexpr ExitCode kTrainingFailed = fitrun::contract::launch::kExitTrainingFailed;
+constexpr ExitCode kBadConfiguration = fitrun::contract::launch::kExitBadConfiguration;
 
 constexpr int kDefaultCollectiveTimeoutSeconds = 60;
 constexpr absl::Duration kMinRendezvousTimeout = absl::Seconds(60);

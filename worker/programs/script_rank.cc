@@ -16,15 +16,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 #include "google/protobuf/util/json_util.h"
 #include "worker/script/script_process.h"
 
 namespace fitrun::worker {
 namespace {
 
-constexpr ExitCode kTrainingFailed = fitrun::v1::launch::kExitTrainingFailed;
-constexpr ExitCode kBadConfiguration = fitrun::v1::launch::kExitBadConfiguration;
+constexpr ExitCode kTrainingFailed = fitrun::contract::launch::kExitTrainingFailed;
+constexpr ExitCode kBadConfiguration = fitrun::contract::launch::kExitBadConfiguration;
 // After a StopCommand the script has this long to notice run.should_stop() before SIGTERM; the
 // runtime ends the rank for good at its own stop grace.
 constexpr absl::Duration kScriptStopNotice = absl::Seconds(1);
@@ -109,7 +109,7 @@ class ScriptRank final : public TrainingProgram {
     if (device->kind == PlanDevice::Kind::kCuda) {
       settings.extra_env["CUDA_VISIBLE_DEVICES"] = absl::StrCat(device->index);
     }
-    settings.extra_env[fitrun::v1::launch::kLocalRank] = absl::StrCat(options_.local_rank);
+    settings.extra_env[fitrun::contract::launch::kLocalRank] = absl::StrCat(options_.local_rank);
     absl::StatusOr<ScriptCommand> command = ScriptCommandFor(assignment->spec(), settings, FindSupportFiles());
     if (!command.ok()) return runtime.Fail(kBadConfiguration, command.status());
 
@@ -161,7 +161,7 @@ class ScriptRank final : public TrainingProgram {
     RankRuntime& runtime = *runtime_;
     if (runtime.stop().stopped()) return runtime.Stopped();
     absl::MutexLock lock(&mu_);
-    if (!exit.signaled && exit.code == fitrun::v1::launch::kExitSuccess) {
+    if (!exit.signaled && exit.code == fitrun::contract::launch::kExitSuccess) {
       fitrun::v1::RankFinished finished;
       finished.set_steps(last_step_);
       finished.set_final_loss(last_loss_);
@@ -176,7 +176,7 @@ class ScriptRank final : public TrainingProgram {
     const std::string how = exit.signaled ? absl::StrCat("was killed by signal ", exit.code)
                                           : absl::StrCat("exited with status ", exit.code);
     const std::string reason = absl::StrCat("the script ", how, "; its stderr ended with:\n", stderr_tail);
-    if (oom_reported_ || oom_on_stderr_ || (!exit.signaled && exit.code == fitrun::v1::launch::kExitOutOfMemory)) {
+    if (oom_reported_ || oom_on_stderr_ || (!exit.signaled && exit.code == fitrun::contract::launch::kExitOutOfMemory)) {
       fitrun::v1::OutOfMemory oom = oom_;
       if (!oom_reported_) {
         oom.set_step(last_step_);
@@ -187,7 +187,7 @@ class ScriptRank final : public TrainingProgram {
       }
       return runtime.OutOfMemory(oom, absl::ResourceExhaustedError(reason));
     }
-    if (!exit.signaled && exit.code == fitrun::v1::launch::kExitBadConfiguration) {
+    if (!exit.signaled && exit.code == fitrun::contract::launch::kExitBadConfiguration) {
       return runtime.Fail(kBadConfiguration, absl::InvalidArgumentError(absl::StrCat(
                                                  reason, "(exit status 2: a usage or configuration error; "
                                                          "restarting cannot help)")));

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 
 namespace fitrun::worker {
 
@@ -23,7 +23,7 @@ void StopSwitch::Stop(const std::string& reason) {
     absl::SleepFor(grace);
     std::fprintf(stderr, "fitrun-worker: still running %s after the stop command; exiting\n",
                  absl::FormatDuration(grace).c_str());
-    std::_Exit(fitrun::v1::launch::kExitStopped);
+    std::_Exit(fitrun::contract::launch::kExitStopped);
   }).detach();
 }
 
@@ -73,7 +73,7 @@ absl::Status RankRuntime::Start() {
     std::stringstream pem;
     pem << in.rdbuf();
     if (!in || pem.str().empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(fitrun::v1::launch::kTlsCa, "=", options_.tls_ca, ": cannot read the CA"));
+      return absl::FailedPreconditionError(absl::StrCat(fitrun::contract::launch::kTlsCa, "=", options_.tls_ca, ": cannot read the CA"));
     }
     reporter_options.tls_ca_pem = pem.str();
   }
@@ -104,7 +104,7 @@ int RankRuntime::Finish(const fitrun::v1::RankFinished& finished, const std::str
     reporter_->ReportFinished(report);
     reporter_->Shutdown(timing_.finish_timeout);
   }
-  return fitrun::v1::launch::kExitSuccess;
+  return fitrun::contract::launch::kExitSuccess;
 }
 
 int RankRuntime::Fail(ExitCode code, const absl::Status& status) {
@@ -124,11 +124,11 @@ int RankRuntime::OutOfMemory(fitrun::v1::OutOfMemory oom, const absl::Status& st
                               " bytes with ", oom.live_bytes(), " live (peak ", oom.peak_bytes(), ") of a ",
                               oom.cap_bytes(), "-byte cap at per-device batch ", oom.per_device_batch()));
   if (reporter_ != nullptr) reporter_->ReportOutOfMemory(oom);
-  return Fail(fitrun::v1::launch::kExitOutOfMemory, status);
+  return Fail(fitrun::contract::launch::kExitOutOfMemory, status);
 }
 
 int RankRuntime::Stopped() {
-  return Fail(fitrun::v1::launch::kExitStopped,
+  return Fail(fitrun::contract::launch::kExitStopped,
               absl::CancelledError(absl::StrCat("stopped by the coordinator: ", stop_.reason())));
 }
 
@@ -137,7 +137,7 @@ bool RankRuntime::StoppedMeanwhile() { return reporter_ != nullptr && stop_.Wait
 int RunRank(const WorkerOptions& options, TrainingProgram& program) {
   RankRuntime runtime(options);
   if (absl::Status s = runtime.Start(); !s.ok()) {
-    return runtime.Fail(fitrun::v1::launch::kExitBadConfiguration, s);
+    return runtime.Fail(fitrun::contract::launch::kExitBadConfiguration, s);
   }
   return program.Run(runtime);
 }

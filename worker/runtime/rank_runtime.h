@@ -1,6 +1,6 @@
 // What every kind of rank shares, whatever it trains: the connection to the coordinator (progress,
 // logs, the final RankFinished / RankFailed / OutOfMemory), the StopCommand, and the mapping from how
-// the rank ended to its exit code (fitrun/v1/launch_contract.h). A training program (the built-in
+// the rank ended to its exit code (proto/contract/launch_contract.h). A training program (the built-in
 // trainer, a user's script under supervision) does the work between; the runtime makes sure the
 // coordinator hears how it ended before the process exits.
 #ifndef FITRUN_WORKER_RUNTIME_RANK_RUNTIME_H_
@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/launch_contract.h"
 #include "fitrun/v1/worker.pb.h"
 #include "worker/options.h"
 #include "worker/report/grpc_reporter.h"
@@ -22,7 +22,7 @@
 
 namespace fitrun::worker {
 
-using ExitCode = fitrun::v1::launch::ExitCode;
+using ExitCode = fitrun::contract::launch::ExitCode;
 
 // Carries a StopCommand (the reporter's reader thread) to the training program (its own thread). A
 // program that cannot end at once is ended `grace` after the command: a rank stuck in a collective

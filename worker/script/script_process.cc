@@ -20,13 +20,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "fitrun/v1/find_command.h"
-#include "fitrun/v1/launch_contract.h"
+#include "proto/contract/find_command.h"
+#include "proto/contract/launch_contract.h"
 
 extern char** environ;
 
 namespace fitrun::worker {
-namespace launch = fitrun::v1::launch;
+namespace launch = fitrun::contract::launch;
 namespace {
 
 constexpr size_t kStderrTailBytes = 4096;
@@ -80,7 +80,7 @@ absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, 
   }
   ScriptCommand command;
   command.working_dir = script.working_dir();
-  absl::StatusOr<std::string> executable = fitrun::v1::launch::FindCommand(script.command(0), command.working_dir);
+  absl::StatusOr<std::string> executable = fitrun::contract::launch::FindCommand(script.command(0), command.working_dir);
   if (!executable.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec.script.command[0]: ", executable.status().message()));
   }

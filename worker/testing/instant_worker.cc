@@ -43,7 +43,7 @@ int main() {
       });
   if (!options.ok()) {
     std::fprintf(stderr, "fitrun-instant-worker: %s\n", std::string(options.status().message()).c_str());
-    return fitrun::v1::launch::kExitBadConfiguration;
+    return fitrun::contract::launch::kExitBadConfiguration;
   }
   fitrun::worker::InstantProgram program;
   return fitrun::worker::RunRank(*options, program);

@@ -1,6 +1,6 @@
 """The launch contract, as Python names it: the environment a rank starts with and its exit codes.
 
-Mirrors proto/fitrun/v1/launch_contract.h (fitrund and fitrun-worker name the same strings there);
+Mirrors proto/contract/launch_contract.h (fitrund and fitrun-worker name the same strings there);
 change both together.
 """
 

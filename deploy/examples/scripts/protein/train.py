@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 import fitrun
+from fitrun.contract import EXIT_BAD_CONFIGURATION, EXIT_STOPPED  # the exit codes fitrun reads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
@@ -40,8 +41,6 @@ PAD, MASK, UNKNOWN = 0, 1, 2  # UNKNOWN: X, B, Z, U, O and anything else that is
 FIRST_RESIDUE = 3
 VOCAB = FIRST_RESIDUE + len(AMINO_ACIDS)
 IGNORE = -100  # cross_entropy's ignore_index: positions that were not chosen for masking
-EXIT_BAD_CONFIGURATION = 2  # fitrun's contract: the data or flags are unusable, a restart cannot help
-EXIT_STOPPED = 143  # fitrun's contract: the coordinator asked the job to stop (128 + SIGTERM)
 
 
 def parse_args(run):

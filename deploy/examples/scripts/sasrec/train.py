@@ -34,11 +34,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 import fitrun
+from fitrun.contract import EXIT_BAD_CONFIGURATION, EXIT_STOPPED  # the exit codes fitrun reads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-EXIT_BAD_CONFIGURATION = 2  # fitrun's contract: the data or flags are unusable, a restart cannot help
-EXIT_STOPPED = 143  # fitrun's contract: the coordinator asked the job to stop (128 + SIGTERM)
 NEGATIVE_REDRAWS = 5
 TEST_NEGATIVES = 100
 

@@ -3,8 +3,8 @@
 // memory calibration and Slurm batch scripts so; ranks their decoded-dataset cache entries. Each
 // writer has a temporary file of its own: ranks of one attempt write the same cache entry at the same
 // time, and one shared temporary name would let one rank's bytes land in another's file.
-#ifndef FITRUN_PROTO_FITRUN_V1_ATOMIC_FILE_H_
-#define FITRUN_PROTO_FITRUN_V1_ATOMIC_FILE_H_
+#ifndef FITRUN_PROTO_CONTRACT_ATOMIC_FILE_H_
+#define FITRUN_PROTO_CONTRACT_ATOMIC_FILE_H_
 
 #include <sys/types.h>
 
@@ -14,7 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
-namespace fitrun::v1 {
+namespace fitrun::contract {
 
 // Writes the concatenation of `pieces` to `path` with permissions `mode`, through a temporary
 // "<path>.tmp-XXXXXX" in the same directory. On an error nothing is left but what `path` held before.
@@ -24,6 +24,6 @@ inline absl::Status WriteFileAtomically(const std::string& path, absl::string_vi
   return WriteFileAtomically(path, absl::Span<const absl::string_view>(&content, 1), mode);
 }
 
-}  // namespace fitrun::v1
+}  // namespace fitrun::contract
 
-#endif  // FITRUN_PROTO_FITRUN_V1_ATOMIC_FILE_H_
+#endif  // FITRUN_PROTO_CONTRACT_ATOMIC_FILE_H_

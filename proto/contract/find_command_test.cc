@@ -1,4 +1,4 @@
-#include "fitrun/v1/find_command.h"
+#include "proto/contract/find_command.h"
 
 #include <sys/stat.h>
 
@@ -9,7 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-namespace fitrun::v1::launch {
+namespace fitrun::contract::launch {
 namespace {
 
 using ::testing::HasSubstr;
@@ -67,4 +67,4 @@ TEST(FindCommandTest, AMissingNameSaysWhereItLookedAndWhatToDo) {
 }
 
 }  // namespace
-}  // namespace fitrun::v1::launch
+}  // namespace fitrun::contract::launch

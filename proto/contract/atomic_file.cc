@@ -1,4 +1,4 @@
-#include "fitrun/v1/atomic_file.h"
+#include "proto/contract/atomic_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace fitrun::v1 {
+namespace fitrun::contract {
 namespace {
 
 absl::Status WriteAll(int fd, absl::string_view bytes) {
@@ -54,4 +54,4 @@ absl::Status WriteFileAtomically(const std::string& path, absl::Span<const absl:
   return absl::OkStatus();
 }
 
-}  // namespace fitrun::v1
+}  // namespace fitrun::contract

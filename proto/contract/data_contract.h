@@ -1,11 +1,11 @@
 // How a tensors dataset (spec.data.kind: tensors) is read and split: fitrund plans epochs and checks
 // the file at submit with these rules, and the worker loads it with the same ones.
-#ifndef FITRUN_PROTO_FITRUN_V1_DATA_CONTRACT_H_
-#define FITRUN_PROTO_FITRUN_V1_DATA_CONTRACT_H_
+#ifndef FITRUN_PROTO_CONTRACT_DATA_CONTRACT_H_
+#define FITRUN_PROTO_CONTRACT_DATA_CONTRACT_H_
 
 #include <cstdint>
 
-namespace fitrun::v1::data {
+namespace fitrun::contract::data {
 
 // spec.data.target when the spec leaves it empty.
 inline constexpr char kDefaultTargetKey[] = "target";
@@ -17,6 +17,6 @@ inline int64_t TestSamples(int64_t n, double test_fraction) {
   return static_cast<int64_t>(static_cast<double>(n) * test_fraction);
 }
 
-}  // namespace fitrun::v1::data
+}  // namespace fitrun::contract::data
 
-#endif  // FITRUN_PROTO_FITRUN_V1_DATA_CONTRACT_H_
+#endif  // FITRUN_PROTO_CONTRACT_DATA_CONTRACT_H_

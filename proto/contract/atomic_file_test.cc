@@ -1,4 +1,4 @@
-#include "fitrun/v1/atomic_file.h"
+#include "proto/contract/atomic_file.h"
 
 #include <sys/stat.h>
 
@@ -9,7 +9,7 @@
 
 #include "gtest/gtest.h"
 
-namespace fitrun::v1 {
+namespace fitrun::contract {
 namespace {
 
 // A fresh directory under the test's temporary directory.
@@ -58,4 +58,4 @@ TEST(AtomicFileTest, AFailedWriteLeavesNothing) {
 }
 
 }  // namespace
-}  // namespace fitrun::v1
+}  // namespace fitrun::contract

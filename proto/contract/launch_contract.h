@@ -3,10 +3,10 @@
 // is as much the API between the coordinator and its ranks as they are: fitrund, fitrun-worker and its
 // memory probe name these constants instead of spelling the strings; the Python module mirrors them in
 // client/python/fitrun/contract.py.
-#ifndef FITRUN_PROTO_FITRUN_V1_LAUNCH_CONTRACT_H_
-#define FITRUN_PROTO_FITRUN_V1_LAUNCH_CONTRACT_H_
+#ifndef FITRUN_PROTO_CONTRACT_LAUNCH_CONTRACT_H_
+#define FITRUN_PROTO_CONTRACT_LAUNCH_CONTRACT_H_
 
-namespace fitrun::v1::launch {
+namespace fitrun::contract::launch {
 
 // The torchrun contract: an unchanged torchrun script reads these (dist.init_process_group with env://).
 inline constexpr char kRank[] = "RANK";
@@ -59,6 +59,6 @@ enum ExitCode : int {
   kExitStopped = 143,         // the coordinator said stop (128 + SIGTERM, as if terminated)
 };
 
-}  // namespace fitrun::v1::launch
+}  // namespace fitrun::contract::launch
 
-#endif  // FITRUN_PROTO_FITRUN_V1_LAUNCH_CONTRACT_H_
+#endif  // FITRUN_PROTO_CONTRACT_LAUNCH_CONTRACT_H_

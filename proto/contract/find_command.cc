@@ -1,4 +1,4 @@
-#include "fitrun/v1/find_command.h"
+#include "proto/contract/find_command.h"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
-namespace fitrun::v1::launch {
+namespace fitrun::contract::launch {
 namespace {
 
 bool IsExecutableFile(const std::string& path) {
@@ -34,4 +34,4 @@ absl::StatusOr<std::string> FindCommand(const std::string& name, const std::stri
                                           "); give its absolute path"));
 }
 
-}  // namespace fitrun::v1::launch
+}  // namespace fitrun::contract::launch
