@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -20,9 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "server/launcher/child_spawn.h"
-
-extern char** environ;
+#include "server/spawn/spawn.h"
 
 namespace fitrun::server {
 
@@ -44,46 +41,20 @@ ProcessLauncher::~ProcessLauncher() {
 
 absl::StatusOr<int> ProcessLauncher::Launch(const WorkerLaunch& launch, ExitCallback on_exit) {
   if (launch.argv.empty()) return absl::InvalidArgumentError("launch.argv is empty");
+  SpawnOptions spawn;
+  spawn.argv = launch.argv;
+  spawn.env.assign(launch.env.begin(), launch.env.end());
+  spawn.working_dir = launch.working_dir;
+  spawn.output_path = launch.log_path;
+  spawn.own_process_group = true;
 
-  // The worker inherits the coordinator's environment (PATH, library and BLAS settings) with the
-  // launch's variables on top.
-  std::map<std::string, std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const char* eq = std::strchr(*e, '=');
-    if (eq != nullptr) env[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
-  }
-  for (const auto& [key, value] : launch.env) env[key] = value;
-  std::vector<std::string> env_strings;
-  for (const auto& [key, value] : env) env_strings.push_back(key + "=" + value);
-  std::vector<char*> envp;
-  for (std::string& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = launch.argv;
-  std::vector<char*> argv;
-  for (std::string& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (!launch.working_dir.empty()) posix_spawn_file_actions_addchdir_np(&actions, launch.working_dir.c_str());
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  if (!launch.log_path.empty()) {
-    posix_spawn_file_actions_addopen(&actions, 1, launch.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  }
-  const ChildSpawnAttributes attributes(/*own_process_group=*/true);
-
-  pid_t pid = 0;
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the launcher is shutting down");
-  const int rc = posix_spawn(&pid, argv[0], &actions, attributes.get(), argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
-    return absl::InternalError(absl::StrCat("cannot start ", launch.argv[0], ": ", std::strerror(rc)));
-  }
-  alive_[pid] = true;
-  StartWaiter([this, pid, on_exit = std::move(on_exit)](int64_t waiter) { Wait(pid, waiter, on_exit); });
-  return static_cast<int>(pid);
+  absl::StatusOr<pid_t> pid = Spawn(spawn);
+  if (!pid.ok()) return pid.status();
+  alive_[*pid] = true;
+  StartWaiter([this, pid = *pid, on_exit = std::move(on_exit)](int64_t waiter) { Wait(pid, waiter, on_exit); });
+  return static_cast<int>(*pid);
 }
 
 void ProcessLauncher::StartWaiter(std::function<void(int64_t)> body) {
@@ -150,16 +121,10 @@ void ProcessLauncher::Wait(pid_t pid, int64_t waiter, ExitCallback on_exit) {
     absl::MutexLock lock(&mu_);
     alive_.erase(pid);
   }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  const ChildExit ended = Reap(pid);
   WorkerExit exit;
-  if (WIFSIGNALED(status)) {
-    exit.exit_code = -1;
-    exit.signal = WTERMSIG(status);
-  } else {
-    exit.exit_code = WEXITSTATUS(status);
-  }
+  exit.exit_code = ended.exit_code;
+  exit.signal = ended.signal;
   on_exit(exit);
   absl::MutexLock lock(&mu_);
   finished_waiters_.push_back(waiter);

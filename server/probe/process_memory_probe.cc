@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,9 +20,7 @@
 #include "proto/contract/launch_contract.h"
 #include "fitrun/v1/worker.pb.h"
 #include "google/protobuf/text_format.h"
-#include "server/launcher/child_spawn.h"
-
-extern char** environ;
+#include "server/spawn/spawn.h"
 
 namespace fitrun::server {
 namespace {
@@ -188,11 +185,7 @@ class ProcessSession final : public MemoryProbeSession {
       }
     }
     if (pid_ > 0) {
-      int status = 0;
-      while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-      }
-      how_it_ended_ = WIFEXITED(status) ? absl::StrCat("exited with ", WEXITSTATUS(status))
-                                        : absl::StrCat("was killed by signal ", WTERMSIG(status));
+      how_it_ended_ = Reap(pid_).Describe();
       pid_ = -1;  // reaped: never waited for or killed again
     }
     // Exit 2 is a spec it cannot run: the worker names the field.
@@ -264,41 +257,36 @@ absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(co
 
   std::vector<std::string> args = {options_.worker_binary, "--probe"};
   if (options_.nice > 0) args.insert(args.begin(), {"/usr/bin/nice", "-n", absl::StrCat(options_.nice)});
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env;
-  const std::string assignment_prefix = absl::StrCat(fitrun::contract::launch::kAssignment, "=");
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, assignment_prefix.data(), assignment_prefix.size()) != 0) env.emplace_back(*e);
+  absl::StatusOr<Pipe> in_pipe = MakePipe();
+  if (!in_pipe.ok()) return in_pipe.status();
+  absl::StatusOr<Pipe> out_pipe = MakePipe();
+  absl::StatusOr<Pipe> err_pipe = out_pipe.ok() ? MakePipe() : out_pipe;
+  if (!err_pipe.ok()) {
+    for (absl::StatusOr<Pipe>* pipe : {&in_pipe, &out_pipe}) {
+      if (pipe->ok()) {
+        CloseFd(&(*pipe)->read_end);
+        CloseFd(&(*pipe)->write_end);
+      }
+    }
+    return err_pipe.status();
   }
-  env.push_back(absl::StrCat(assignment_prefix, path));
-  std::vector<char*> envp;
-  for (std::string& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-
-  int in_pipe[2], out_pipe[2], err_pipe[2];
-  if (pipe2(in_pipe, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
-    for (int fd : {in_pipe[0], in_pipe[1]}) close(fd);
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, in_pipe[0], 0);
-  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
-  const ChildSpawnAttributes attributes(/*own_process_group=*/false);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], &actions, attributes.get(), argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  for (int fd : {in_pipe[0], out_pipe[1], err_pipe[1]}) close(fd);
-  if (rc != 0) {
-    for (int fd : {in_pipe[1], out_pipe[0], err_pipe[0]}) close(fd);
+  SpawnOptions spawn;
+  spawn.argv = args;
+  spawn.env = {{fitrun::contract::launch::kAssignment, path}};
+  spawn.stdin_fd = in_pipe->read_end;
+  spawn.stdout_fd = out_pipe->write_end;
+  spawn.stderr_fd = err_pipe->write_end;
+  // In fitrund's process group: a probe is fitrund's own work, not a job's; it ends when its input
+  // (fitrund's end of the pipe) closes.
+  spawn.own_process_group = false;
+  absl::StatusOr<pid_t> pid = Spawn(spawn);
+  for (int* fd : {&in_pipe->read_end, &out_pipe->write_end, &err_pipe->write_end}) CloseFd(fd);
+  if (!pid.ok()) {
+    for (int* fd : {&in_pipe->write_end, &out_pipe->read_end, &err_pipe->read_end}) CloseFd(fd);
     std::remove(path.c_str());
-    return absl::FailedPreconditionError(absl::StrCat("memory probe: cannot start ", argv[0], ": ", std::strerror(rc)));
+    return absl::FailedPreconditionError(absl::StrCat("memory probe: ", pid.status().message()));
   }
-  auto session = std::make_unique<ProcessSession>(pid, in_pipe[1], out_pipe[0], err_pipe[0], path,
+  auto session = std::make_unique<ProcessSession>(*pid, in_pipe->write_end, out_pipe->read_end, err_pipe->read_end, path,
                                                   options_.measure_timeout);
   if (absl::Status status = session->Begin(options_.start_timeout); !status.ok()) return status;
   return session;

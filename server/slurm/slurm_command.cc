@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,9 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "proto/contract/find_command.h"
-#include "server/launcher/child_spawn.h"
-
-extern char** environ;
+#include "server/spawn/spawn.h"
 
 namespace fitrun::server::slurm {
 namespace {
@@ -55,11 +52,6 @@ absl::StatusOr<std::string> FindSlurmProgram(const std::string& name) {
       "needs slurm-wlm's client tools (scontrol, sbatch, squeue, scancel; Debian: apt-get install slurm-client)"));
 }
 
-void CloseIfOpen(int* fd) {
-  if (*fd >= 0) close(*fd);
-  *fd = -1;
-}
-
 }  // namespace
 
 absl::StatusOr<std::string> RunSlurmCommand(const std::vector<std::string>& argv, absl::Duration timeout) {
@@ -68,42 +60,36 @@ absl::StatusOr<std::string> RunSlurmCommand(const std::vector<std::string>& argv
   absl::StatusOr<std::string> program = FindSlurmProgram(argv[0]);
   if (!program.ok()) return program.status();
 
-  int out_pipe[2], err_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
-    const int error = errno;
-    close(out_pipe[0]);
-    close(out_pipe[1]);
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(error)));
+  absl::StatusOr<Pipe> out_pipe = MakePipe();
+  if (!out_pipe.ok()) return out_pipe.status();
+  absl::StatusOr<Pipe> err_pipe = MakePipe();
+  if (!err_pipe.ok()) {
+    CloseFd(&out_pipe->read_end);
+    CloseFd(&out_pipe->write_end);
+    return err_pipe.status();
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
+  SpawnOptions spawn;
+  spawn.argv = argv;
+  spawn.argv[0] = *program;
+  spawn.stdout_fd = out_pipe->write_end;
+  spawn.stderr_fd = err_pipe->write_end;
   // A group of its own, so a timeout's kill reaches anything it started, and no terminal signal
   // meant for fitrund reaches it.
-  const ChildSpawnAttributes attributes(/*own_process_group=*/true);
-  std::vector<std::string> args = argv;
-  std::vector<char*> arg_pointers;
-  for (std::string& arg : args) arg_pointers.push_back(arg.data());
-  arg_pointers.push_back(nullptr);
-  pid_t pid = 0;
-  const int spawn_error = posix_spawn(&pid, program->c_str(), &actions, attributes.get(), arg_pointers.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  if (spawn_error != 0) {
-    close(out_pipe[0]);
-    close(err_pipe[0]);
-    return absl::InternalError(
-        absl::StrCat("cannot start `", command, "` (", *program, "): ", std::strerror(spawn_error)));
+  spawn.own_process_group = true;
+  absl::StatusOr<pid_t> spawned = Spawn(spawn);
+  CloseFd(&out_pipe->write_end);
+  CloseFd(&err_pipe->write_end);
+  if (!spawned.ok()) {
+    CloseFd(&out_pipe->read_end);
+    CloseFd(&err_pipe->read_end);
+    return absl::InternalError(absl::StrCat("`", command, "`: ", spawned.status().message()));
   }
+  const pid_t pid = *spawned;
 
   // Read both pipes until they close and the child has exited, or until the deadline. A pidfd says
   // when it exits; without one (kernels before 5.3) the loop looks every 20 ms.
   int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-  int fds[2] = {out_pipe[0], err_pipe[0]};
+  int fds[2] = {out_pipe->read_end, err_pipe->read_end};
   std::string output[2];
   bool exited = false;
   bool timed_out = false;
@@ -139,7 +125,7 @@ absl::StatusOr<std::string> RunSlurmCommand(const std::vector<std::string>& argv
         output[which].append(buffer, static_cast<size_t>(n));
         if (which == 1 && output[1].size() > kStderrLimit) output[1].erase(0, output[1].size() - kStderrLimit / 2);
       } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        CloseIfOpen(&fds[which]);
+        CloseFd(&fds[which]);
       }
     }
     if (poll_pidfd) {
@@ -151,12 +137,10 @@ absl::StatusOr<std::string> RunSlurmCommand(const std::vector<std::string>& argv
   }
   // The child is not reaped yet, so neither its pid nor its group id can have been reused.
   if (timed_out || poll_error != 0) kill(-pid, SIGKILL);
-  CloseIfOpen(&fds[0]);
-  CloseIfOpen(&fds[1]);
-  CloseIfOpen(&pidfd);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  CloseFd(&fds[0]);
+  CloseFd(&fds[1]);
+  CloseFd(&pidfd);
+  const ChildExit exit = Reap(pid);
 
   const std::string& said = absl::StripAsciiWhitespace(output[1]).empty() ? output[0] : output[1];
   const std::string detail = Trimmed(said).empty() ? "" : absl::StrCat(": ", Trimmed(said));
@@ -167,11 +151,11 @@ absl::StatusOr<std::string> RunSlurmCommand(const std::vector<std::string>& argv
     return absl::DeadlineExceededError(
         absl::StrCat("`", command, "` did not finish within ", absl::FormatDuration(timeout), "; killed it", detail));
   }
-  if (WIFSIGNALED(status)) {
-    return absl::UnavailableError(absl::StrCat("`", command, "` was killed by signal ", WTERMSIG(status), detail));
+  if (exit.signal != 0) {
+    return absl::UnavailableError(absl::StrCat("`", command, "` was killed by signal ", exit.signal, detail));
   }
-  if (WEXITSTATUS(status) != 0) {
-    return absl::UnavailableError(absl::StrCat("`", command, "` exited with status ", WEXITSTATUS(status),
+  if (exit.exit_code != 0) {
+    return absl::UnavailableError(absl::StrCat("`", command, "` exited with status ", exit.exit_code,
                                                detail.empty() ? " and said nothing" : detail));
   }
   return std::move(output[0]);

@@ -1,0 +1,66 @@
+// How fitrund starts a process. Ranks (server/launcher), memory probes (server/probe) and Slurm's
+// client commands (server/slurm) all start here, so what a child inherits from the coordinator (its
+// signal mask and dispositions, its environment, its file descriptors, its process group) is decided
+// in one place.
+//
+// Thread-safety: every function may be called from any thread.
+#ifndef FITRUN_SERVER_SPAWN_SPAWN_H_
+#define FITRUN_SERVER_SPAWN_SPAWN_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace fitrun::server {
+
+struct SpawnOptions {
+  // argv[0] is the program's path (no PATH lookup, no shell).
+  std::vector<std::string> argv;
+  // The child gets fitrund's environment (PATH, library and BLAS settings) with these set on top.
+  std::vector<std::pair<std::string, std::string>> env;
+  // Where it starts; empty: fitrund's working directory.
+  std::string working_dir;
+  // Its standard input: this descriptor, or /dev/null when -1 (a child never reads fitrund's).
+  int stdin_fd = -1;
+  // Its standard output and error: a file both are appended to (created 0644), or these
+  // descriptors, or fitrund's own when neither is set.
+  std::string output_path;
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+  // A process group of its own: stopping the group then stops whatever the child started, and a
+  // terminal's signals meant for fitrund do not reach it.
+  bool own_process_group = true;
+};
+
+// Starts the child. Descriptors fitrund opened close-on-exec (all of its own) stay out of it;
+// the signals fitrund takes synchronously (it blocks them on every thread) are unblocked and back to
+// their defaults in it. INTERNAL naming argv[0] and the reason when it cannot start.
+absl::StatusOr<pid_t> Spawn(const SpawnOptions& options);
+
+// A pipe whose ends are both close-on-exec: Spawn dup2s the child's end into place.
+struct Pipe {
+  int read_end = -1;
+  int write_end = -1;
+};
+absl::StatusOr<Pipe> MakePipe();
+// Closes *fd if open and marks it closed.
+void CloseFd(int* fd);
+
+// How a child ended: its exit code, or the signal that killed it (exit_code -1 then).
+struct ChildExit {
+  int exit_code = 0;
+  int signal = 0;
+  // "exited with 3" or "was killed by signal 9".
+  std::string Describe() const;
+};
+ChildExit ChildExitFromWaitStatus(int status);
+// Waits for the child to end and reaps it (retrying on EINTR).
+ChildExit Reap(pid_t pid);
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_SPAWN_SPAWN_H_
