@@ -22,7 +22,7 @@ inline constexpr absl::Duration kDefaultSlurmCommandTimeout = absl::Seconds(20);
 
 // Runs argv (argv[0] looked up on PATH, then in /usr/bin; a name with a slash is taken as given)
 // with this process's environment, stdin /dev/null and the signal handling of a fresh process
-// (ChildSpawnAttributes), in a process group of its own. Returns its stdout when it exits 0.
+// (server/spawn), in a process group of its own. Returns its stdout when it exits 0.
 // Errors: NOT_FOUND when the program is not installed (naming slurm-wlm's client tools);
 // UNAVAILABLE when it exits non-zero or is killed, with the command line and its stderr (its
 // stdout when stderr is empty: "Node n9 not found"); DEADLINE_EXCEEDED when it runs past `timeout`,
