@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "server/auth/authenticator.h"
-#include "server/core/job_manager.h"
-#include "server/core/memory_calibration.h"
+#include "server/core/jobs/job_manager.h"
+#include "server/core/calibration/memory_calibration.h"
 #include "server/launcher/local_launcher.h"
 #include "server/launcher/slurm_launcher.h"
 #include "server/metrics/live_metrics.h"
@@ -52,7 +52,7 @@ struct ServerOptions {
   bool insecure = false;
   // Users' bearer tokens (server/auth/authenticator.h); with tls_client_ca, certificates too.
   std::string auth_tokens;
-  // The folders specs may name files in (server/core/data_roots.h). Empty: Debian's datasets
+  // The folders specs may name files in (server/core/spec/data_roots.h). Empty: Debian's datasets
   // (/usr/share/datasets), <state_dir>/uploads and the directory fitrund starts in.
   std::vector<std::string> data_roots;
   // Per user: jobs queued or running at once, and watch and log streams open at once.

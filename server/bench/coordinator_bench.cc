@@ -32,7 +32,7 @@
 #include "fitrun/v1/coordinator.grpc.pb.h"
 #include "fitrun/v1/worker.grpc.pb.h"
 #include "server/core/fakes.h"
-#include "server/core/job_manager.h"
+#include "server/core/jobs/job_manager.h"
 #include "server/service/coordinator_service.h"
 #include "server/service/worker_channel_service.h"
 #include "server/store/sqlite_job_store.h"

@@ -16,7 +16,7 @@
 #include "server/core/coordinator_metrics.h"
 #include "server/core/device_inventory.h"
 #include "server/core/job_store.h"
-#include "server/core/memory_calibration.h"
+#include "server/core/calibration/memory_calibration.h"
 #include "server/core/worker_launcher.h"
 
 namespace fitrun::server {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "fitrun/v1/job.pb.h"
-#include "server/core/job_manager.h"
+#include "server/core/jobs/job_manager.h"
 
 namespace fitrun::server {
 

@@ -1,7 +1,7 @@
 // MemoryProbe over a child process: `fitrun-worker --probe` (worker/probe/memory_probe.h) loads the
 // spec's workload once, then measures the peak of real training steps at each micro-batch size it
 // reads on stdin, answering one JSON line per batch. fitrund does not link LibTorch, so measuring is
-// the worker's job; deciding what to measure is the calibration's (server/core/memory_curve.h).
+// the worker's job; deciding what to measure is the calibration's (server/core/memory/memory_curve.h).
 //
 // No shell: posix_spawn with the coordinator's environment plus FITRUN_ASSIGNMENT (a one-rank
 // assignment written to a file under work_dir, whose memory cap is the session's byte budget, which
@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "server/core/memory_calibration.h"
+#include "server/core/calibration/memory_calibration.h"
 
 namespace fitrun::server {
 

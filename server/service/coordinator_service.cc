@@ -17,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "server/core/job_spec.h"
-#include "server/core/watch_cursor.h"
+#include "server/core/spec/job_spec.h"
+#include "server/watch/watch_cursor.h"
 #include "server/service/grpc_status.h"
 
 namespace fitrun::server {

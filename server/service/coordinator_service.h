@@ -1,7 +1,7 @@
 // The Coordinator gRPC service: translates protos and calls the JobManager, nothing more.
 // Unary calls finish inline; WatchJob and WatchJobEvents are ServerWriteReactors that read the
-// job's events by cursor (server/core/watch_cursor.h) and are fed by the fan-out
-// (server/core/watch_fanout.h). Thread-safe as the manager is.
+// job's events by cursor (server/watch/watch_cursor.h) and are fed by the fan-out
+// (server/watch/watch_fanout.h). Thread-safe as the manager is.
 #ifndef FITRUN_SERVER_SERVICE_COORDINATOR_SERVICE_H_
 #define FITRUN_SERVER_SERVICE_COORDINATOR_SERVICE_H_
 
@@ -18,8 +18,8 @@
 #include "absl/time/time.h"
 #include "fitrun/v1/coordinator.grpc.pb.h"
 #include "server/auth/authenticator.h"
-#include "server/core/job_manager.h"
-#include "server/core/watch_fanout.h"
+#include "server/core/jobs/job_manager.h"
+#include "server/watch/watch_fanout.h"
 
 namespace fitrun::server {
 

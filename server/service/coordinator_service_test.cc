@@ -19,8 +19,8 @@
 #include "fitrun/v1/coordinator.grpc.pb.h"
 #include "fitrun/v1/worker.grpc.pb.h"
 #include "server/core/fakes.h"
-#include "server/core/job_manager.h"
-#include "server/core/job_manager_testing.h"
+#include "server/core/jobs/job_manager.h"
+#include "server/core/jobs/job_manager_testing.h"
 #include "server/service/worker_channel_service.h"
 
 namespace fitrun::server {

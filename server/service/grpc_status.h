@@ -12,7 +12,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
-#include "server/core/spec_errors.h"
+#include "server/core/errors.h"
 
 namespace fitrun::server {
 

@@ -5,7 +5,7 @@
 #define FITRUN_SERVER_SERVICE_WORKER_CHANNEL_SERVICE_H_
 
 #include "fitrun/v1/worker.grpc.pb.h"
-#include "server/core/job_manager.h"
+#include "server/core/jobs/job_manager.h"
 
 namespace fitrun::server {
 

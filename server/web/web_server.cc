@@ -17,7 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "server/core/watch_cursor.h"
+#include "server/watch/watch_cursor.h"
 
 namespace fitrun::server {
 namespace {

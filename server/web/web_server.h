@@ -23,8 +23,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/core/job_manager.h"
-#include "server/core/watch_fanout.h"
+#include "server/core/jobs/job_manager.h"
+#include "server/watch/watch_fanout.h"
 
 class CivetServer;
 

@@ -19,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/core/fakes.h"
-#include "server/core/job_manager.h"
-#include "server/core/job_manager_testing.h"
+#include "server/core/jobs/job_manager.h"
+#include "server/core/jobs/job_manager_testing.h"
 #include "server/metrics/live_metrics.h"
 #include "server/metrics/prometheus_metrics.h"
 

@@ -1,6 +1,6 @@
 // fitrun-worker --probe: one rank's peak device memory at any micro-batch size, measured by running
 // real training steps of a job's spec under the counting allocator. The coordinator drives it (which
-// batches to measure is its calibration's business: server/core/memory_curve.h); the worker only
+// batches to measure is its calibration's business: server/core/memory/memory_curve.h); the worker only
 // measures, one batch after another in one process, so the dataset and LibTorch load once.
 #ifndef FITRUN_WORKER_PROBE_MEMORY_PROBE_H_
 #define FITRUN_WORKER_PROBE_MEMORY_PROBE_H_

@@ -3,7 +3,7 @@
 // can choose on a device (from 1 to the largest that fits it).
 //
 // For each workload (model x optimizer x precision) it calibrates as fitrund does (the sweep of
-// server/core/memory_curve.h through fitrun-worker --probe, up to the device's memory), then, in a
+// server/core/memory/memory_curve.h through fitrun-worker --probe, up to the device's memory), then, in a
 // separate probe process, measures the real peak at batches the sweep did not choose: odd sizes
 // spread from 1 to the largest batch the estimate fits on the device. Each is the peak of real
 // training steps (forward, backward into gradients that are views of one flat bucket buffer, the
@@ -38,12 +38,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "server/core/estimator.h"
-#include "server/core/workloads.h"
-#include "server/core/job_spec.h"
-#include "server/core/memory_calibration.h"
-#include "server/core/model_profile.h"
-#include "server/core/planner.h"
+#include "server/core/memory/estimator.h"
+#include "server/core/spec/workloads.h"
+#include "server/core/spec/job_spec.h"
+#include "server/core/calibration/memory_calibration.h"
+#include "server/core/memory/model_profile.h"
+#include "server/core/memory/planner.h"
 #include "server/probe/process_memory_probe.h"
 
 ABSL_FLAG(std::string, worker_binary, "bazel-bin/worker/fitrun-worker", "the fitrun-worker to measure with");

@@ -1,0 +1,447 @@
+#include "server/core/calibration/memory_calibration.h"
+#include "server/core/spec/workloads.h"
+
+#include "proto/contract/atomic_file.h"
+#include "server/core/spec/job_spec.h"
+#include "server/core/units.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "server/core/units.h"
+
+namespace fitrun::server {
+namespace {
+
+// The cache file holds one record per line, tab-separated, replayed in order at start:
+//   sweep <key> <model state bytes> <batch:peak,batch:peak,...> <why the sweep stopped where it did>
+//   point <key> <batch> <peak>          a single measurement added to the key's curve
+//   run   <key> <batch> <peak>          a real run's largest rank peak
+// A later sweep of a key replaces its points. A torn last line (a crash while appending) is skipped.
+constexpr char kSweep[] = "sweep";
+constexpr char kPoint[] = "point";
+constexpr char kRun[] = "run";
+
+// Tabs and newlines are the file's separators.
+std::string OneField(std::string text) {
+  for (char& c : text) {
+    if (c == '\t' || c == '\n' || c == '\r') c = ' ';
+  }
+  return text;
+}
+
+std::string PointsField(const MemoryCurve& curve) {
+  std::vector<std::string> points;
+  for (const MeasuredPeak& p : curve.points()) points.push_back(absl::StrCat(p.batch, ":", p.peak_bytes));
+  return absl::StrJoin(points, ",");
+}
+
+bool ParsePoints(absl::string_view field, std::vector<MeasuredPeak>* points) {
+  for (absl::string_view pair : absl::StrSplit(field, ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> parts = absl::StrSplit(pair, ':');
+    MeasuredPeak p;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &p.batch) || !absl::SimpleAtoi(parts[1], &p.peak_bytes)) {
+      return false;
+    }
+    points->push_back(p);
+  }
+  return !points->empty();
+}
+
+std::string SweepLine(const std::string& key, const Calibration& c) {
+  return absl::StrCat(kSweep, "\t", key, "\t", c.model_state_bytes, "\t", PointsField(c.measured), "\t",
+                      OneField(c.sweep_note), "\n");
+}
+
+std::string PairLine(const char* kind, const std::string& key, const MeasuredPeak& p) {
+  return absl::StrCat(kind, "\t", key, "\t", p.batch, "\t", p.peak_bytes, "\n");
+}
+
+}  // namespace
+
+std::string BatchIgnoredBy(const MemoryCurve& curve) {
+  if (curve.points().size() < 3 || curve.largest_batch() < 8 * curve.smallest_batch()) return "";
+  int64_t lowest = curve.points().front().peak_bytes;
+  int64_t highest = lowest;
+  for (const MeasuredPeak& p : curve.points()) {
+    lowest = std::min(lowest, p.peak_bytes);
+    highest = std::max(highest, p.peak_bytes);
+  }
+  // Anything that follows the batch moves the peak by at least its inputs, if only by a few hundred
+  // bytes for a tiny model; a script that ignores it allocates exactly the same tensors every run.
+  const int64_t noise = lowest / 10000;
+  if (highest - lowest > noise) return "";
+  return absl::StrCat("spec.script: the probe measured the same peak (", FormatBytes(highest), ") at micro-batches ",
+                      curve.smallest_batch(), " to ", curve.largest_batch(),
+                      ": the script's memory does not follow the batch, so it reads neither spec.script.batch_flag "
+                      "nor FITRUN_PER_DEVICE_BATCH. Make it take its batch from one of them (and set batch_flag), "
+                      "or fix spec.resources.per_device_batch to the batch it uses");
+}
+
+std::string CalibrationKey(const fitrun::v1::JobSpec& spec) {
+  // "v4": sweeps that measure to within 4x of the largest batch a plan can take; the sweeps of
+  // earlier versions, which could stop far below it, are not reused.
+  std::string key = "v4 ";
+  if (spec.has_script()) {
+    // The script's text and everything it is told, but not the plan: a changed script is measured again.
+    const fitrun::v1::ScriptSpec& script = spec.script();
+    absl::StrAppend(&key, "script ", script.ShortDebugString());
+    if (std::optional<int> file = ScriptFileIndex(script); file.has_value()) {
+      absl::StrAppend(&key, " file ", FileVersion(absl::StrCat(script.working_dir(), "/", script.command(*file))));
+    }
+    return OneField(key);
+  }
+  absl::StrAppend(&key, WorkloadMemoryKey(spec));
+  const fitrun::v1::OptimizerSpec& optimizer = spec.optimizer();
+  absl::StrAppend(&key, " | optimizer ", fitrun::v1::OptimizerKind_Name(optimizer.kind()),
+                  optimizer.momentum() > 0 ? " momentum" : "", optimizer.weight_decay() > 0 ? " weight_decay" : "",
+                  " | ",
+                  fitrun::v1::Precision_Name(spec.precision() == fitrun::v1::PRECISION_UNSPECIFIED
+                                                 ? fitrun::v1::PRECISION_FP32
+                                                 : spec.precision()));
+  return OneField(key);
+}
+
+double Calibration::RunCorrection(double tolerance) const {
+  if (measured.empty() || runs.empty()) return 1.0;
+  double largest = 0;
+  for (const MeasuredPeak& run : runs) {
+    const int64_t expected = measured.PeakAt(run.batch);
+    if (expected > 0) largest = std::max(largest, static_cast<double>(run.peak_bytes) / static_cast<double>(expected));
+  }
+  if (largest <= 0 || std::abs(largest - 1.0) <= tolerance) return 1.0;
+  return largest;
+}
+
+ModelProfile CalibratedProfile(ModelProfile analytic, const Calibration& calibration, double run_tolerance) {
+  ModelProfile p = std::move(analytic);
+  if (calibration.model_state_bytes > 0) p.parameter_count = calibration.model_state_bytes / 4;
+  const double correction = calibration.RunCorrection(run_tolerance);
+  p.measured = correction == 1.0 ? calibration.measured : calibration.measured.Scaled(correction);
+  p.memory_source = absl::StrCat("calibrated: fitrun-worker --probe measured the peak at ",
+                                 calibration.measured.Describe());
+  if (!calibration.sweep_note.empty()) absl::StrAppend(&p.memory_source, "; ", calibration.sweep_note);
+  if (correction != 1.0) {
+    absl::StrAppend(&p.memory_source,
+                    absl::StrFormat("; real runs peaked at up to %.2fx the measurements (%d run(s)), so the "
+                                    "curve is scaled by %.2f",
+                                    correction, static_cast<int>(calibration.runs.size()), correction));
+  } else if (!calibration.runs.empty()) {
+    absl::StrAppend(&p.memory_source, "; ", calibration.runs.size(), " real run(s) agree within ",
+                    absl::StrFormat("%.0f%%", run_tolerance * 100));
+  }
+  return p;
+}
+
+absl::StatusOr<std::unique_ptr<MemoryCalibrator>> MemoryCalibrator::Create(Options options, MemoryProbe* probe) {
+  if (probe == nullptr) return absl::InvalidArgumentError("memory calibrator: no probe");
+  if (options.threads < 1) return absl::InvalidArgumentError("memory calibrator: threads must be >= 1");
+  std::unique_ptr<MemoryCalibrator> calibrator(new MemoryCalibrator(std::move(options), probe));
+  if (absl::Status status = calibrator->LoadCache(); !status.ok()) return status;
+  for (int i = 0; i < calibrator->options_.threads; ++i) {
+    calibrator->threads_.emplace_back([c = calibrator.get()] { c->Loop(); });
+  }
+  return calibrator;
+}
+
+MemoryCalibrator::~MemoryCalibrator() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+absl::Status MemoryCalibrator::LoadCache() {
+  if (options_.cache_path.empty()) return absl::OkStatus();
+  std::ifstream in(options_.cache_path);
+  if (!in) return absl::OkStatus();  // nothing measured yet
+  absl::MutexLock lock(&mu_);
+  std::string line;
+  while (std::getline(in, line)) {
+    ++cache_lines_;
+    std::vector<std::string> fields = absl::StrSplit(line, '\t');
+    if (fields.size() == 5 && fields[0] == kSweep) {
+      Calibration c;
+      std::vector<MeasuredPeak> points;
+      if (!absl::SimpleAtoi(fields[2], &c.model_state_bytes) || !ParsePoints(fields[3], &points)) continue;
+      c.measured = MemoryCurve(std::move(points));
+      c.sweep_note = fields[4];
+      if (auto it = done_.find(fields[1]); it != done_.end() && it->second.ok()) c.runs = it->second->runs;
+      if (auto before = runs_before_sweep_.extract(fields[1])) {
+        for (const MeasuredPeak& run : before.mapped()) KeepRun(c.runs, run);
+      }
+      done_.insert_or_assign(fields[1], std::move(c));
+      continue;
+    }
+    MeasuredPeak p;
+    if (fields.size() != 4 || !absl::SimpleAtoi(fields[2], &p.batch) || !absl::SimpleAtoi(fields[3], &p.peak_bytes)) {
+      continue;  // a torn line, or a record of an older version
+    }
+    auto it = done_.find(fields[1]);
+    const bool swept = it != done_.end() && it->second.ok();
+    if (fields[0] == kPoint && swept) it->second->measured = it->second->measured.WithPoint(p);
+    if (fields[0] == kRun) KeepRun(swept ? it->second->runs : runs_before_sweep_[fields[1]], p);
+  }
+  if (CacheOverGrown()) RewriteCache();
+  return absl::OkStatus();
+}
+
+void MemoryCalibrator::AppendToCache(const std::string& lines) {
+  if (options_.cache_path.empty()) return;
+  std::ofstream out(options_.cache_path, std::ios::app);
+  out << lines;
+  cache_lines_ += std::count(lines.begin(), lines.end(), '\n');
+  if (CacheOverGrown()) RewriteCache();
+}
+
+bool MemoryCalibrator::CacheOverGrown() const {
+  const int64_t workloads = static_cast<int64_t>(done_.size() + runs_before_sweep_.size());
+  return cache_lines_ > 2 * workloads * (options_.runs_kept + 2) + 64;
+}
+
+void MemoryCalibrator::KeepRun(std::vector<MeasuredPeak>& runs, const MeasuredPeak& run) const {
+  runs.push_back(run);
+  if (static_cast<int>(runs.size()) > options_.runs_kept) runs.erase(runs.begin());
+}
+
+void MemoryCalibrator::RewriteCache() {
+  std::string text;
+  int64_t lines = 0;
+  for (const auto& [key, result] : done_) {
+    if (!result.ok()) continue;
+    absl::StrAppend(&text, SweepLine(key, *result));
+    ++lines;
+    for (const MeasuredPeak& run : result->runs) {
+      absl::StrAppend(&text, PairLine(kRun, key, run));
+      ++lines;
+    }
+  }
+  for (const auto& [key, runs] : runs_before_sweep_) {
+    for (const MeasuredPeak& run : runs) {
+      absl::StrAppend(&text, PairLine(kRun, key, run));
+      ++lines;
+    }
+  }
+  // A crash leaves the old file or the new one whole.
+  if (!contract::WriteFileAtomically(options_.cache_path, text).ok()) return;
+  cache_lines_ = lines;
+}
+
+MemoryCalibrator::Lookup MemoryCalibrator::Find(const fitrun::v1::JobSpec& spec) {
+  const std::string key = CalibrationKey(spec);
+  absl::MutexLock lock(&mu_);
+  Lookup lookup;
+  if (auto it = done_.find(key); it != done_.end()) {
+    if (it->second.ok()) {
+      lookup.state = State::kReady;
+      lookup.calibration = *it->second;
+    } else {
+      lookup.state = State::kFailed;
+      lookup.error = it->second.status();
+    }
+  } else if (sweeping_.count(key) > 0) {
+    lookup.state = State::kMeasuring;
+  }
+  return lookup;
+}
+
+bool MemoryCalibrator::StartCalibration(const fitrun::v1::JobSpec& spec, int64_t max_batch, int64_t max_bytes,
+                                        std::function<void()> on_done) {
+  const std::string key = CalibrationKey(spec);
+  absl::MutexLock lock(&mu_);
+  if (stopping_ || done_.count(key) > 0 || sweeping_.count(key) > 0) return false;
+  sweeping_.insert(key);
+  Task task{key, spec, 0, SweepLimits{}, std::move(on_done)};
+  task.limits.max_batch = std::max<int64_t>(1, max_batch);
+  task.limits.max_bytes = std::min(max_bytes > 0 ? max_bytes : options_.max_probe_bytes, options_.max_probe_bytes);
+  task.limits.tolerance = options_.tolerance;
+  queue_.push_back(std::move(task));
+  return true;
+}
+
+bool MemoryCalibrator::StartMeasurement(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t max_bytes,
+                                        std::function<void()> on_done) {
+  const std::string key = CalibrationKey(spec);
+  absl::MutexLock lock(&mu_);
+  auto it = done_.find(key);
+  if (stopping_ || batch < 1 || it == done_.end() || !it->second.ok() || it->second->measured.Measured(batch) ||
+      measuring_.count({key, batch}) > 0 || failed_measurements_.count({key, batch}) > 0) {
+    return false;
+  }
+  measuring_.insert({key, batch});
+  Task task{key, spec, batch, SweepLimits{}, std::move(on_done)};
+  task.limits.max_bytes = std::min(max_bytes > 0 ? max_bytes : options_.max_probe_bytes, options_.max_probe_bytes);
+  queue_.push_back(std::move(task));
+  return true;
+}
+
+bool MemoryCalibrator::Measuring(const fitrun::v1::JobSpec& spec, int64_t batch) {
+  const std::string key = CalibrationKey(spec);
+  absl::MutexLock lock(&mu_);
+  return measuring_.count({key, batch}) > 0;
+}
+
+void MemoryCalibrator::RecordRun(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t peak_bytes) {
+  if (batch < 1 || peak_bytes <= 0) return;
+  const std::string key = CalibrationKey(spec);
+  absl::MutexLock lock(&mu_);
+  auto it = done_.find(key);
+  const bool swept = it != done_.end() && it->second.ok();
+  KeepRun(swept ? it->second->runs : runs_before_sweep_[key], {batch, peak_bytes});
+  AppendToCache(PairLine(kRun, key, {batch, peak_bytes}));
+}
+
+void MemoryCalibrator::Loop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    // The oldest task whose workload no other thread is probing.
+    auto runnable = [this] {
+      if (stopping_) return true;
+      for (const Task& task : queue_) {
+        if (busy_.count(task.key) == 0) return true;
+      }
+      return false;
+    };
+    mu_.Await(absl::Condition(&runnable));
+    if (stopping_) return;
+    auto it = std::find_if(queue_.begin(), queue_.end(), [this](const Task& t) { return busy_.count(t.key) == 0; });
+    Task task = std::move(*it);
+    queue_.erase(it);
+    busy_.insert(task.key);
+    ++probes_run_;
+    mu_.Unlock();
+    const absl::Time started = absl::Now();
+    if (task.batch == 0) {
+      StoreSweep(task.key, Sweep(task.spec, task.limits));
+    } else {
+      absl::StatusOr<MeasuredPeak> point = MeasureOne(task.spec, task.batch, task.limits.max_bytes);
+      absl::MutexLock done(&mu_);
+      measuring_.erase({task.key, task.batch});
+      if (point.ok()) {
+        auto calibrated = done_.find(task.key);
+        if (calibrated != done_.end() && calibrated->second.ok()) {
+          calibrated->second->measured = calibrated->second->measured.WithPoint(*point);
+          AppendToCache(PairLine(kPoint, task.key, *point));
+        }
+      } else {
+        // Remembered so the plan goes ahead without it instead of asking again and again.
+        failed_measurements_.insert({task.key, task.batch});
+        std::fprintf(stderr, "fitrund: measuring micro-batch %lld of %s failed: %s\n",
+                     static_cast<long long>(task.batch), task.key.c_str(), std::string(point.status().message()).c_str());
+      }
+    }
+    if (options_.metrics != nullptr) options_.metrics->MemoryProbeRan(absl::Now() - started);
+    if (task.on_done) task.on_done();
+    mu_.Lock();
+    busy_.erase(task.key);
+  }
+}
+
+absl::StatusOr<Calibration> MemoryCalibrator::Sweep(const fitrun::v1::JobSpec& spec, const SweepLimits& limits) {
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe_->Start(spec, limits.max_bytes);
+  if (!session.ok()) return session.status();
+  Calibration c;
+  c.model_state_bytes = (*session)->model_state_bytes();
+  SweepLimits bounded = limits;
+  // 0 training samples: a script, whose dataset the probe cannot see.
+  if ((*session)->train_samples() > 0) bounded.max_batch = std::min(bounded.max_batch, (*session)->train_samples());
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return absl::CancelledError("the coordinator is shutting down");
+    }
+    const SweepStep step = NextSweepBatch(c.measured, bounded);
+    if (step.next_batch == 0) {
+      c.sweep_note = step.done_reason;
+      break;
+    }
+    absl::StatusOr<int64_t> peak = (*session)->MeasurePeak(step.next_batch);
+    if (absl::IsResourceExhausted(peak.status())) {
+      bounded.over_budget_batch = step.next_batch;
+      continue;
+    }
+    if (!peak.ok()) return peak.status();
+    c.measured = c.measured.WithPoint({step.next_batch, *peak});
+  }
+  if (c.measured.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat("memory probe: ", c.sweep_note));
+  }
+  return c;
+}
+
+absl::StatusOr<MeasuredPeak> MemoryCalibrator::MeasureOne(const fitrun::v1::JobSpec& spec, int64_t batch,
+                                                           int64_t max_bytes) {
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe_->Start(spec, max_bytes);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<int64_t> peak = (*session)->MeasurePeak(batch);
+  // More than the budget (the device) is all a plan needs to know: it does not fit.
+  if (absl::IsResourceExhausted(peak.status())) return MeasuredPeak{batch, max_bytes + 1};
+  if (!peak.ok()) return peak.status();
+  return MeasuredPeak{batch, *peak};
+}
+
+absl::StatusOr<Calibration> MemoryCalibrator::StoreSweep(const std::string& key,
+                                                         const absl::StatusOr<Calibration>& result) {
+  absl::MutexLock lock(&mu_);
+  // Failures stay in memory only: a restarted coordinator tries again (the binary may be fixed).
+  absl::StatusOr<Calibration>& stored = done_.insert_or_assign(key, result).first->second;
+  sweeping_.erase(key);
+  if (!stored.ok()) return stored;
+  if (auto before = runs_before_sweep_.extract(key)) {
+    for (const MeasuredPeak& run : before.mapped()) KeepRun(stored->runs, run);
+  }
+  // The runs' lines are in the file already, before this sweep's: loading puts them back the same way.
+  AppendToCache(SweepLine(key, *stored));
+  return stored;
+}
+
+absl::StatusOr<Calibration> MemoryCalibrator::CalibrateNow(const fitrun::v1::JobSpec& spec, const SweepLimits& limits) {
+  const std::string key = CalibrationKey(spec);
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = done_.find(key); it != done_.end()) return it->second;
+    ++probes_run_;
+  }
+  return StoreSweep(key, Sweep(spec, limits));
+}
+
+absl::StatusOr<ModelProfile> MemoryCalibrator::ProfileFor(const fitrun::v1::JobSpec& spec) {
+  absl::StatusOr<ModelProfile> analytic = fitrun::server::ProfileFor(spec);
+  if (!analytic.ok()) return analytic.status();
+  const Lookup lookup = Find(spec);
+  if (lookup.state == State::kReady) {
+    ModelProfile calibrated = CalibratedProfile(*std::move(analytic), lookup.calibration, options_.run_tolerance);
+    if (spec.has_script()) calibrated.batch_not_plannable = BatchIgnoredBy(lookup.calibration.measured);
+    return calibrated;
+  }
+  if (lookup.state == State::kFailed) {
+    analytic->memory_source = absl::StrCat(analytic->memory_source, " (the memory probe failed: ",
+                                           lookup.error.message(), ")");
+    if (spec.has_script()) {
+      analytic->batch_not_plannable = absl::StrCat(
+          "spec.script: the memory probe could not run the script (", lookup.error.message(),
+          "), so fitrun cannot choose its per-device batch; fix the script, or fix spec.resources.per_device_batch");
+    }
+  }
+  return analytic;
+}
+
+int64_t MemoryCalibrator::probes_run() {
+  absl::MutexLock lock(&mu_);
+  return probes_run_;
+}
+
+}  // namespace fitrun::server

@@ -1,0 +1,82 @@
+#include "server/core/jobs/attempt_launch.h"
+
+#include <google/protobuf/text_format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "proto/contract/launch_contract.h"
+#include "fitrun/v1/worker.pb.h"
+
+namespace fitrun::server {
+
+namespace launch = fitrun::contract::launch;
+
+absl::StatusOr<std::vector<WorkerLaunch>> AssembleAttempt(const fitrun::v1::Job& job, const std::string& token,
+                                                          int attempt, const fitrun::v1::Plan& plan,
+                                                          const std::vector<fitrun::v1::Device>& devices,
+                                                          const std::string& job_dir,
+                                                          const AttemptLaunchSettings& settings) {
+  namespace fs = std::filesystem;
+  const fs::path attempt_dir = fs::path(job_dir) / absl::StrCat("attempt-", attempt);
+  std::error_code error;
+  fs::create_directories(attempt_dir, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot create ", attempt_dir.string(), ": ", error.message()));
+  fs::create_directories(fs::path(job_dir) / "checkpoints", error);
+
+  // Devices by id, for each rank's memory cap and thread share.
+  std::map<std::string, fitrun::v1::Device> by_id;
+  for (const fitrun::v1::Device& device : devices) by_id[device.id()] = device;
+
+  fitrun::v1::WorkerAssignment assignment;
+  assignment.set_job_id(job.id());
+  assignment.set_attempt(attempt);
+  *assignment.mutable_spec() = job.spec();
+  *assignment.mutable_plan() = plan;
+  assignment.set_checkpoint_dir((fs::path(job_dir) / "checkpoints").string());
+  assignment.set_dataset_cache_dir(settings.dataset_cache_dir);
+  for (const std::string& id : plan.device_ids()) {
+    const fitrun::v1::Device& device = by_id[id];
+    assignment.add_memory_cap_bytes(device.kind() == fitrun::v1::DEVICE_KIND_CPU ? device.total_bytes() : 0);
+    assignment.add_cpu_threads(std::max(1, device.cpu_threads()));
+  }
+  std::string assignment_text;
+  google::protobuf::TextFormat::PrintToString(assignment, &assignment_text);
+  const fs::path assignment_path = attempt_dir / "assignment.textproto";
+  {
+    std::ofstream out(assignment_path);
+    out << assignment_text;
+    if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", assignment_path.string()));
+  }
+
+  const int world_size = plan.device_ids_size();
+  std::vector<WorkerLaunch> launches;
+  for (int rank = 0; rank < world_size; ++rank) {
+    WorkerLaunch launch;
+    launch.job_id = job.id();
+    launch.attempt = attempt;
+    launch.rank = rank;
+    launch.argv = {settings.worker_binary};
+    launch.working_dir = attempt_dir.string();
+    launch.log_path = (attempt_dir / absl::StrCat("rank-", rank, ".log")).string();
+    launch.env = {
+        {launch::kRank, absl::StrCat(rank)},
+        {launch::kLocalRank, absl::StrCat(rank)},
+        {launch::kWorldSize, absl::StrCat(world_size)},
+        {launch::kLocalWorldSize, absl::StrCat(world_size)},
+        {launch::kCoordinator, settings.worker_channel_address},
+        {launch::kJobId, job.id()},
+        {launch::kAttempt, absl::StrCat(attempt)},
+        {launch::kJobToken, token},
+        {launch::kAssignment, assignment_path.string()},
+    };
+    if (!settings.worker_tls_ca.empty()) launch.env.emplace_back(launch::kTlsCa, settings.worker_tls_ca);
+    launches.push_back(std::move(launch));
+  }
+  return launches;
+}
+
+}  // namespace fitrun::server

@@ -1,0 +1,39 @@
+// What an attempt's ranks are started with: the assignment file every rank reads (spec, plan,
+// checkpoint and dataset cache directories, each rank's memory cap and threads) and each rank's argv, environment (the
+// torchrun contract but the rendezvous, which the launcher chooses, plus fitrun's own variables),
+// working directory and log file. The job manager
+// decides when an attempt starts; this decides what it starts.
+#ifndef FITRUN_SERVER_CORE_JOBS_ATTEMPT_LAUNCH_H_
+#define FITRUN_SERVER_CORE_JOBS_ATTEMPT_LAUNCH_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fitrun/v1/job.pb.h"
+#include "server/core/worker_launcher.h"
+
+namespace fitrun::server {
+
+struct AttemptLaunchSettings {
+  std::string worker_binary;
+  // The WorkerChannel address ranks dial, and the CA they verify it with (empty: plain text).
+  std::string worker_channel_address;
+  std::string worker_tls_ca;
+  // Where ranks keep decoded datasets (WorkerAssignment.dataset_cache_dir; fitrund's
+  // <state_dir>/datasets, or under --shared_dir); empty: every rank decodes its dataset.
+  std::string dataset_cache_dir;
+};
+
+// Writes <job_dir>/attempt-<attempt>/assignment.textproto (creating the attempt's and the
+// checkpoints' directories) and returns one launch per rank of `plan`. `devices` is the inventory
+// (for each rank's cap and threads); `token` the job's secret its ranks present.
+absl::StatusOr<std::vector<WorkerLaunch>> AssembleAttempt(const fitrun::v1::Job& job, const std::string& token,
+                                                          int attempt, const fitrun::v1::Plan& plan,
+                                                          const std::vector<fitrun::v1::Device>& devices,
+                                                          const std::string& job_dir,
+                                                          const AttemptLaunchSettings& settings);
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_CORE_JOBS_ATTEMPT_LAUNCH_H_

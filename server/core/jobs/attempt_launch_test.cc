@@ -1,0 +1,101 @@
+#include "server/core/jobs/attempt_launch.h"
+
+#include <google/protobuf/text_format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "fitrun/v1/worker.pb.h"
+
+namespace fitrun::server {
+namespace {
+
+TEST(AttemptLaunchTest, EveryRankGetsTheContractAndTheAssignmentSaysWhatEachMayUse) {
+  const std::string job_dir = absl::StrCat(::testing::TempDir(), "/attempt-launch-", getpid());
+  std::filesystem::remove_all(job_dir);
+  fitrun::v1::Job job;
+  job.set_id("j-000007");
+  job.mutable_spec()->set_name("two-ranks");
+  fitrun::v1::Plan plan;
+  plan.add_device_ids("cpu:1");
+  plan.add_device_ids("cpu:0");
+  plan.set_per_device_batch(32);
+  std::vector<fitrun::v1::Device> devices(2);
+  for (int i = 0; i < 2; ++i) {
+    devices[i].set_id(absl::StrCat("cpu:", i));
+    devices[i].set_kind(fitrun::v1::DEVICE_KIND_CPU);
+    devices[i].set_total_bytes(static_cast<int64_t>(i + 1) << 30);
+    devices[i].set_cpu_threads(i + 1);
+  }
+  AttemptLaunchSettings settings{"/opt/fitrun-worker", "10.0.0.1:7070", "/etc/ca.pem",
+                                 "/srv/fitrun/datasets"};
+  absl::StatusOr<std::vector<WorkerLaunch>> launches = AssembleAttempt(job, "secret", 3, plan, devices, job_dir, settings);
+  ASSERT_TRUE(launches.ok()) << launches.status();
+  ASSERT_EQ(launches->size(), 2u);
+  const std::string assignment_path = job_dir + "/attempt-3/assignment.textproto";
+  for (int rank = 0; rank < 2; ++rank) {
+    const WorkerLaunch& launch = (*launches)[rank];
+    EXPECT_EQ(launch.rank, rank);
+    EXPECT_EQ(launch.argv, std::vector<std::string>{"/opt/fitrun-worker"});
+    EXPECT_EQ(launch.working_dir, job_dir + "/attempt-3");
+    EXPECT_EQ(launch.log_path, absl::StrCat(job_dir, "/attempt-3/rank-", rank, ".log"));
+    const std::map<std::string, std::string> env(launch.env.begin(), launch.env.end());
+    EXPECT_EQ(env.at("RANK"), absl::StrCat(rank));
+    EXPECT_EQ(env.at("WORLD_SIZE"), "2");
+    EXPECT_EQ(env.count("MASTER_ADDR"), 0u) << "the rendezvous is the launcher's to choose";
+    EXPECT_EQ(env.at("FITRUN_COORDINATOR"), "10.0.0.1:7070");
+    EXPECT_EQ(env.at("FITRUN_JOB_ID"), "j-000007");
+    EXPECT_EQ(env.at("FITRUN_ATTEMPT"), "3");
+    EXPECT_EQ(env.at("FITRUN_JOB_TOKEN"), "secret");
+    EXPECT_EQ(env.at("FITRUN_ASSIGNMENT"), assignment_path);
+    EXPECT_EQ(env.at("FITRUN_TLS_CA"), "/etc/ca.pem");
+  }
+  std::ifstream in(assignment_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  fitrun::v1::WorkerAssignment assignment;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text.str(), &assignment));
+  EXPECT_EQ(assignment.job_id(), "j-000007");
+  EXPECT_EQ(assignment.attempt(), 3);
+  EXPECT_EQ(assignment.plan().per_device_batch(), 32);
+  EXPECT_EQ(assignment.checkpoint_dir(), job_dir + "/checkpoints");
+  EXPECT_TRUE(std::filesystem::is_directory(job_dir + "/checkpoints"));
+  // Rank r's cap and threads are those of plan.device_ids[r].
+  ASSERT_EQ(assignment.memory_cap_bytes_size(), 2);
+  EXPECT_EQ(assignment.memory_cap_bytes(0), 2LL << 30);
+  EXPECT_EQ(assignment.memory_cap_bytes(1), 1LL << 30);
+  EXPECT_EQ(assignment.cpu_threads(0), 2);
+  EXPECT_EQ(assignment.cpu_threads(1), 1);
+  EXPECT_EQ(assignment.dataset_cache_dir(), "/srv/fitrun/datasets");
+  std::filesystem::remove_all(job_dir);
+}
+
+TEST(AttemptLaunchTest, WithoutADatasetCacheDirectoryTheAssignmentNamesNone) {
+  const std::string job_dir = absl::StrCat(::testing::TempDir(), "/attempt-launch-no-cache-", getpid());
+  fitrun::v1::Job job;
+  job.set_id("j-000008");
+  fitrun::v1::Plan plan;
+  plan.add_device_ids("cpu:0");
+  fitrun::v1::Device device;
+  device.set_id("cpu:0");
+  device.set_kind(fitrun::v1::DEVICE_KIND_CPU);
+  AttemptLaunchSettings settings;
+  settings.worker_binary = "/opt/fitrun-worker";
+  ASSERT_TRUE(AssembleAttempt(job, "secret", 1, plan, {device}, job_dir, settings).ok());
+  std::ifstream in(job_dir + "/attempt-1/assignment.textproto");
+  std::stringstream text;
+  text << in.rdbuf();
+  fitrun::v1::WorkerAssignment assignment;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text.str(), &assignment));
+  EXPECT_EQ(assignment.job_id(), "j-000008");
+  EXPECT_EQ(assignment.dataset_cache_dir(), "");
+  std::filesystem::remove_all(job_dir);
+}
+
+}  // namespace
+}  // namespace fitrun::server

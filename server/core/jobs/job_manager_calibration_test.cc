@@ -1,0 +1,328 @@
+// The job manager with a memory calibrator: Submit never waits for a probe, a job whose workload is
+// not measured yet waits in PLANNING while the sweep runs on the calibrator's thread, a plan whose
+// batch is tight or beyond what was measured is measured before launch (and steps down when it does
+// not fit), and every finished attempt's measured peak corrects the next plan.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/core/fakes.h"
+#include "server/core/jobs/job_manager.h"
+#include "server/core/jobs/job_manager_testing.h"
+#include "server/core/spec/job_spec.h"
+#include "server/core/calibration/memory_calibration.h"
+#include "server/core/spec/test_specs.h"
+
+namespace fitrun::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+fitrun::v1::JobSpec MlpSpec(int64_t global_batch = 1024) {
+  fitrun::v1::JobSpec spec = MlpTestSpec(global_batch, 1, 2);
+  spec.set_name("calibrated");
+  spec.mutable_optimizer()->set_lr(0.05);
+  spec.set_max_steps(10);
+  return spec;
+}
+
+class JobManagerCalibrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_dir_ = std::filesystem::path(::testing::TempDir()) /
+                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(state_dir_);
+    std::filesystem::create_directories(state_dir_);
+  }
+  void TearDown() override {
+    manager_.reset();
+    calibrator_.reset();
+  }
+
+  // Two devices of `bytes` each; the probe plays `peak`.
+  void Start(int64_t bytes, FakeMemoryProbe::PeakFunction peak = MlpPeakBytes) {
+    devices_ = std::make_unique<FakeDeviceInventory>(2, bytes);
+    probe_ = std::make_unique<FakeMemoryProbe>(std::move(peak));
+    calibrator_ = *MemoryCalibrator::Create({.cache_path = (state_dir_ / "memory_calibration.tsv").string()},
+                                            probe_.get());
+    JobManager::Options options;
+    options.state_dir = state_dir_.string();
+    options.worker_binary = "/bin/fitrun-worker";
+    options.worker_channel_address = "127.0.0.1:1";
+    options.final_report_wait = absl::Milliseconds(100);
+    options.memory_calibrator = calibrator_.get();
+    manager_ = *JobManager::Create(options, &store_, devices_.get(), &launcher_, &metrics_);
+  }
+
+  fitrun::v1::Job WaitForState(const std::string& id, fitrun::v1::JobState state) {
+    return server::WaitForState(*manager_, id, state);
+  }
+
+  // Every log line and state-change reason the job's watchers saw.
+  std::string Events(const std::string& id) {
+    std::string text;
+    const absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = manager_->ReadEvents(id, 0, 10000);
+    EXPECT_TRUE(events.ok()) << events.status();
+    if (!events.ok()) return text;
+    for (const fitrun::v1::JobEvent& e : *events) {
+      if (e.has_log()) absl::StrAppend(&text, e.log().text(), "\n");
+      if (e.has_state_changed()) absl::StrAppend(&text, e.state_changed().reason(), "\n");
+    }
+    return text;
+  }
+
+  // Plays the job's two ranks of attempt 1: progress at `step` with `peak` bytes, then finished and exited.
+  void RunRanksToTheEnd(const std::string& id, int64_t peak) {
+    for (int rank = 0; rank < 2; ++rank) {
+      fitrun::v1::WorkerReport progress;
+      progress.mutable_progress()->set_step(10);
+      progress.mutable_progress()->set_total_steps(10);
+      progress.mutable_progress()->set_peak_bytes(peak - rank);  // rank 0 peaks highest
+      manager_->OnWorkerReport(WorkerKey{id, 1, rank}, progress);
+      fitrun::v1::WorkerReport finished;
+      finished.mutable_finished()->set_steps(10);
+      manager_->OnWorkerReport(WorkerKey{id, 1, rank}, finished);
+    }
+    launcher_.Exit(0, 0);
+    launcher_.Exit(1, 0);
+  }
+
+  std::filesystem::path state_dir_;
+  FakeJobStore store_;
+  FakeWorkerLauncher launcher_;
+  RecordingMetrics metrics_;
+  std::unique_ptr<FakeDeviceInventory> devices_;
+  std::unique_ptr<FakeMemoryProbe> probe_;
+  std::unique_ptr<MemoryCalibrator> calibrator_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(JobManagerCalibrationTest, SubmitAnswersAtOnceAndTheJobWaitsInPlanningForTheProbe) {
+  // 16 MiB devices: the analytic estimate (40 MiB of fixed overheads) fits nothing on them, so only
+  // the measurement can tell that the job fits.
+  Start(16LL << 20);
+  probe_->Hold();
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), fitrun::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(store_.job_count(), 1u);
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_PLANNING);
+  EXPECT_THAT(Events(job->id()), HasSubstr("measuring memory: fitrun-worker --probe"));
+  EXPECT_FALSE(launcher_.WaitForLaunches(1, absl::Milliseconds(200)));
+
+  probe_->Release();
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  const fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  // 0.9 * 16 MiB / 1.03 = 14.66 MB of measured peak: 512 samples (13.84 MB) fit, and each rank takes
+  // 512 per step. The sweep measured up to 512, the most a rank of this job can take.
+  EXPECT_EQ(running.plan().per_device_batch(), 512);
+  EXPECT_EQ(running.plan().grad_accum_steps(), 1);
+  EXPECT_EQ(running.plan().predicted().total_bytes() - running.plan().predicted().safety_margin_bytes(),
+            MlpPeakBytes(512));
+  EXPECT_EQ(probe_->calls(), 1);
+
+  // The next job of the workload is planned at once, without a probe.
+  ASSERT_TRUE(manager_->Submit(MlpSpec()).ok());
+  EXPECT_EQ(probe_->calls(), 1);
+}
+
+TEST_F(JobManagerCalibrationTest, OneJobWaitsInPlanningPerWorkloadTheOthersStayQueued) {
+  Start(16LL << 20);
+  probe_->Hold();
+  const std::string first = manager_->Submit(MlpSpec())->id();
+  WaitForState(first, fitrun::v1::JOB_STATE_PLANNING);
+  // Submitted while the probe runs: accepted on the analytic estimate's upper bound, which fits
+  // nothing here, because its workload is not measured yet.
+  const std::string second = manager_->Submit(MlpSpec())->id();
+  EXPECT_EQ(manager_->Get(second)->state(), fitrun::v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(Events(second), HasSubstr("its workload's memory is measured first"));
+  probe_->Release();
+  WaitForState(first, fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(probe_->calls(), 1);
+}
+
+TEST_F(JobManagerCalibrationTest, DryRunNeverWaitsAndSaysItIsCalibrating) {
+  Start(64LL << 20);
+  probe_->Hold();
+  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> plan = manager_->DryRunPlan(MlpSpec());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::string reasons;
+  for (const std::string& r : plan->second.reasons()) absl::StrAppend(&reasons, r, "\n");
+  EXPECT_THAT(reasons, HasSubstr("measuring memory"));
+  EXPECT_THAT(reasons, HasSubstr("analytic estimate, an upper bound"));
+  probe_->Release();
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (calibrator_->Find(MlpSpec()).state != MemoryCalibrator::State::kReady && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  plan = manager_->DryRunPlan(MlpSpec());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  reasons.clear();
+  for (const std::string& r : plan->second.reasons()) absl::StrAppend(&reasons, r, "\n");
+  EXPECT_THAT(reasons, HasSubstr("memory estimate: calibrated"));
+  EXPECT_EQ(probe_->calls(), 1);
+}
+
+TEST_F(JobManagerCalibrationTest, ARoomyAnalyticPlanLaunchesAtOnceAndItsRunJoinsTheLaterSweep) {
+  Start(1LL << 30);  // the mlp at 512 per rank: well under half of 1 GiB even by the analytic estimate
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec(1024));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), fitrun::v1::JOB_STATE_QUEUED);
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  const fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(probe_->calls(), 0);
+  EXPECT_THAT(Events(job->id()), ::testing::Not(HasSubstr("measuring")));
+  EXPECT_THAT(absl::StrJoin(running.plan().reasons(), "\n"),
+              HasSubstr("no memory probe: the analytic estimate, an upper bound, predicts"));
+
+  RunRanksToTheEnd(job->id(), MlpPeakBytes(512));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(probe_->calls(), 0);
+  // The run's peak waits for the workload's first sweep, and corrects it like any later run.
+  const absl::StatusOr<Calibration> swept = calibrator_->CalibrateNow(MlpSpec(1024), {.max_batch = 512});
+  ASSERT_TRUE(swept.ok()) << swept.status();
+  ASSERT_EQ(swept->runs.size(), 1u);
+  EXPECT_EQ(swept->runs[0].batch, 512);
+  EXPECT_EQ(swept->runs[0].peak_bytes, MlpPeakBytes(512));
+}
+
+TEST_F(JobManagerCalibrationTest, ABatchBeyondTheMeasuredOnesIsMeasuredBeforeLaunch) {
+  // A linear curve: the sweep stops once its slope is steady (about micro-batch 512), far below the
+  // 8192 a rank of this job takes on 1 GiB devices.
+  Start(1LL << 30, [](int64_t b) { return 5'000'000 + 10'000 * b; });
+  // Measured already (a roomy plan of an unmeasured workload would launch on its analytic estimate).
+  ASSERT_TRUE(calibrator_->CalibrateNow(MlpSpec(16384), {.max_batch = 8192, .max_bytes = 1LL << 30}).ok());
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec(16384));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  const fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(running.plan().per_device_batch(), 8192);
+  EXPECT_THAT(Events(job->id()), HasSubstr("measuring the peak at per-device batch 8192 before launch"));
+  EXPECT_THAT(Events(job->id()), HasSubstr("extrapolated beyond the largest measured micro-batch"));
+  EXPECT_EQ(probe_->measured_batches().back(), 8192);
+  EXPECT_EQ(probe_->calls(), 2);  // the sweep, then the one measurement
+  bool measured = false;
+  for (const std::string& r : running.plan().reasons()) measured |= absl::StrContains(r, "measured at micro-batch 8192");
+  EXPECT_TRUE(measured);
+}
+
+TEST_F(JobManagerCalibrationTest, WhenTheMeasurementSaysItDoesNotFitThePlanStepsDown) {
+  // Steady at 10 KB per sample up to 4096, then much steeper: the extrapolation from the sweep says
+  // 8192 fits 200 MiB devices, the measurement says it does not.
+  auto peak = [](int64_t b) -> int64_t {
+    return b <= 4096 ? 5'000'000 + 10'000 * b : 5'000'000 + 10'000 * 4096 + 100'000 * (b - 4096);
+  };
+  Start(200LL << 20, peak);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec(16384));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(10)));
+  const fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const int64_t chosen = running.plan().per_device_batch();
+  EXPECT_LT(chosen, 8192);
+  EXPECT_EQ(running.plan().per_device_batch() * running.plan().grad_accum_steps() * 2, 16384);
+  // Whatever it chose really fits: its true peak, with the margin, is within the usable memory.
+  EXPECT_LE(peak(chosen) * 1.03, running.plan().usable_bytes());
+  EXPECT_THAT(Events(job->id()), HasSubstr("measuring the peak at per-device batch 8192"));
+}
+
+TEST_F(JobManagerCalibrationTest, AWrongStoredCalibrationIsCorrectedByOneRun) {
+  // The stored calibration says the mlp needs half of what it does (a stale or doctored cache).
+  const fitrun::v1::JobSpec spec = MlpSpec(512);
+  {
+    std::ofstream out(state_dir_ / "memory_calibration.tsv");
+    out << "sweep\t" << CalibrationKey(spec) << "\t2678824\t";
+    for (int64_t b = 1; b <= 1024; b *= 2) out << (b > 1 ? "," : "") << b << ":" << MlpPeakBytes(b) / 2;
+    out << "\tdoctored\n";
+  }
+  Start(4LL << 30);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  const fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const int64_t batch = running.plan().per_device_batch();
+  ASSERT_EQ(batch, 256);
+  const int64_t predicted = running.plan().predicted().total_bytes();
+  EXPECT_LT(predicted, MlpPeakBytes(batch));  // wrong, as stored
+
+  RunRanksToTheEnd(job->id(), MlpPeakBytes(batch));
+  const fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (manager_->Get(job->id())->attempt_history(0).measured_peak_bytes() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const fitrun::v1::AttemptRecord attempt = manager_->Get(job->id())->attempt_history(0);
+  EXPECT_EQ(attempt.predicted_peak_bytes(), predicted);
+  EXPECT_EQ(attempt.measured_peak_bytes(), MlpPeakBytes(batch));
+  // One ratio per rank, above 1: the plan promised too little.
+  ASSERT_EQ(metrics_.prediction_ratios().size(), 2u);
+  EXPECT_NEAR(metrics_.prediction_ratios()[0], static_cast<double>(MlpPeakBytes(batch)) / predicted, 1e-9);
+  EXPECT_GT(metrics_.prediction_ratios()[0], 1.1);
+
+  // The next plan of the workload covers what the run measured.
+  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> next = manager_->DryRunPlan(spec);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->second.per_device_batch(), batch);
+  EXPECT_GE(next->second.predicted().total_bytes() - next->second.predicted().safety_margin_bytes(),
+            MlpPeakBytes(batch));
+  std::string reasons;
+  for (const std::string& r : next->second.reasons()) absl::StrAppend(&reasons, r, "\n");
+  EXPECT_THAT(reasons, HasSubstr("real runs peaked at up to 2.00x the measurements"));
+  EXPECT_EQ(probe_->calls(), 0);
+  (void)done;
+}
+
+TEST_F(JobManagerCalibrationTest, ARankThatReportsNoProgressIsMeasuredByItsFinishedPeak) {
+  // A plain script reports no progress; its supervisor reads the whole run's peak from the
+  // preloaded allocator and sends it with RankFinished.
+  Start(4LL << 30);
+  ASSERT_TRUE(calibrator_->CalibrateNow(MlpSpec(512), {.max_batch = 256, .max_bytes = 4LL << 30}).ok());
+  const std::string id = manager_->Submit(MlpSpec(512))->id();
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  const int64_t batch = WaitForState(id, fitrun::v1::JOB_STATE_RUNNING).plan().per_device_batch();
+  for (int rank = 0; rank < 2; ++rank) {
+    fitrun::v1::WorkerReport finished;
+    finished.mutable_finished()->set_peak_bytes(MlpPeakBytes(batch) + rank);
+    manager_->OnWorkerReport(WorkerKey{id, 1, rank}, finished);
+  }
+  launcher_.Exit(0, 0);
+  launcher_.Exit(1, 0);
+  WaitForState(id, fitrun::v1::JOB_STATE_SUCCEEDED);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (manager_->Get(id)->attempt_history(0).measured_peak_bytes() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(manager_->Get(id)->attempt_history(0).measured_peak_bytes(), MlpPeakBytes(batch) + 1);
+  EXPECT_EQ(metrics_.prediction_ratios().size(), 2u);
+  ASSERT_EQ(calibrator_->Find(MlpSpec(512)).calibration.runs.size(), 1u);
+  EXPECT_EQ(calibrator_->Find(MlpSpec(512)).calibration.runs[0].peak_bytes, MlpPeakBytes(batch) + 1);
+}
+
+TEST_F(JobManagerCalibrationTest, AnAttemptThatRanOutOfMemoryTeachesNothingAboutWhatFits) {
+  Start(4LL << 30);
+  ASSERT_TRUE(calibrator_->CalibrateNow(MlpSpec(512), {.max_batch = 256, .max_bytes = 4LL << 30}).ok());
+  const std::string id = manager_->Submit(MlpSpec(512))->id();
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
+  fitrun::v1::WorkerReport progress;
+  progress.mutable_progress()->set_step(5);
+  progress.mutable_progress()->set_peak_bytes(1 << 30);
+  manager_->OnWorkerReport(WorkerKey{id, 1, 0}, progress);
+  fitrun::v1::WorkerReport oom;
+  oom.mutable_oom()->set_step(6);
+  oom.mutable_oom()->set_per_device_batch(256);
+  manager_->OnWorkerReport(WorkerKey{id, 1, 1}, oom);
+  launcher_.Exit(0, -1, 15);
+  launcher_.Exit(1, 3);
+  WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);  // re-planned and launched again
+  EXPECT_EQ(manager_->Get(id)->attempt_history(0).measured_peak_bytes(), 0);
+  EXPECT_TRUE(metrics_.prediction_ratios().empty());
+  EXPECT_TRUE(calibrator_->Find(MlpSpec(512)).calibration.runs.empty());
+}
+
+}  // namespace
+}  // namespace fitrun::server

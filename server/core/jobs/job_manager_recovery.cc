@@ -1,0 +1,204 @@
+// JobManager, part two: what happens when an attempt fails or a coordinator restarts. Out-of-memory
+// errors, crashes and silent ranks decide between a restart (with a new plan after an OOM) and the
+// job's end; a restarted coordinator takes over or stops the ranks its predecessor left. Same class,
+// same mutex as job_manager.cc; split only so that each file reads as one concern.
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "proto/contract/launch_contract.h"
+#include "server/core/jobs/job_manager.h"
+#include "server/core/spec/job_spec.h"
+#include "server/core/memory/memory_feedback.h"
+#include "server/core/memory/planner.h"
+#include "server/core/units.h"
+
+namespace fitrun::server {
+namespace {
+
+using fitrun::v1::Job;
+using fitrun::v1::JobEvent;
+
+}  // namespace
+
+const char* JobManager::FailureKindLabel(FailureKind kind) {
+  switch (kind) {
+    case FailureKind::kOutOfMemory: return "out_of_memory";
+    case FailureKind::kCrash: return "crash";
+    case FailureKind::kHang: return "hang";
+    case FailureKind::kBadConfig: return "bad_config";
+  }
+  return "crash";
+}
+
+int JobManager::AdoptLastAttempt(JobEntry& entry) {
+  Job& job = entry.record.job;
+  if (job.attempt_history().empty() || entry.active) return 0;
+  fitrun::v1::AttemptRecord& record = *job.mutable_attempt_history(job.attempt_history_size() - 1);
+  bool any_alive = false;
+  for (const fitrun::v1::RankOutcome& outcome : record.ranks()) any_alive |= !outcome.exited();
+  if (!any_alive) return 0;
+  entry.active.emplace();
+  ActiveAttempt& active = *entry.active;
+  active.attempt = record.attempt();
+  std::vector<int> pids;
+  for (const fitrun::v1::RankOutcome& outcome : record.ranks()) pids.push_back(outcome.pid());
+  active.launch_handle = record.launch_handle().empty() ? LocalLaunchHandle(pids) : record.launch_handle();
+  active.device_ids.assign(record.device_ids().begin(), record.device_ids().end());
+  active.ranks.resize(record.ranks_size());
+  const std::string attempt_dir = (std::filesystem::path(JobDir(job.id())) / absl::StrCat("attempt-", record.attempt())).string();
+  RecordedAttempt recorded{job.id(), record.attempt(), active.launch_handle, pids, {},
+                           AllocationCallbackFor(job.id(), record.attempt())};
+  for (const fitrun::v1::RankOutcome& outcome : record.ranks()) recorded.maybe_running.push_back(!outcome.exited());
+  const std::string job_id = job.id();
+  const int attempt = record.attempt();
+  const std::vector<bool> alive = launcher_->Adopt(recorded, [this, job_id, attempt](int rank, const WorkerExit& exit) {
+    OnWorkerExit(WorkerKey{job_id, attempt, rank}, exit);
+  });
+  const absl::Time now = options_.clock();
+  int adopted = 0;
+  for (fitrun::v1::RankOutcome& outcome : *record.mutable_ranks()) {
+    RankState& rank = active.ranks[outcome.rank()];
+    rank.log_path = attempt_dir + absl::StrCat("/rank-", outcome.rank(), ".log");
+    rank.pid = outcome.pid();
+    rank.exited = true;  // until adopted
+    if (outcome.exited()) continue;
+    if (outcome.rank() >= static_cast<int>(alive.size()) || !alive[outcome.rank()]) {
+      // Gone while no coordinator watched: it exited, with a status nobody saw.
+      outcome.set_exited(true);
+      outcome.set_exit_code(-1);
+      continue;
+    }
+    rank.exited = false;
+    rank.last_heard = now;
+    ++adopted;
+  }
+  for (size_t r = 0; r < active.device_ids.size(); ++r) {
+    device_owner_[active.device_ids[r]] = {job.id(), static_cast<int>(r)};
+  }
+  return adopted;
+}
+
+void JobManager::RecoverRunningJob(JobEntry& entry) {
+  Job& job = entry.record.job;
+  if (job.attempt_history().empty()) {
+    (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, "the coordinator restarted; no attempt was on record");
+    return;
+  }
+  const fitrun::v1::AttemptRecord& record = job.attempt_history(job.attempt_history_size() - 1);
+  const int adopted = AdoptLastAttempt(entry);
+  if (adopted == record.ranks_size()) {
+    JobEvent event;
+    event.mutable_log()->set_rank(-1);
+    event.mutable_log()->set_text(absl::StrCat("the coordinator restarted and re-adopted all ", adopted,
+                                               " ranks of attempt ", record.attempt()));
+    PublishLocked(entry, std::move(event));
+    return;
+  }
+  const std::string reason = absl::StrCat("the coordinator restarted and ", record.ranks_size() - adopted, " of ",
+                                          record.ranks_size(), " ranks were gone; restarting from the last checkpoint");
+  RecordAttemptOutcome(entry, reason);
+  metrics_->JobRestarted("coordinator_restart");
+  entry.recovering_since = options_.clock();
+  (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
+  StopRanks(entry, reason);
+  MaybeReleaseAttempt(entry);
+}
+
+void JobManager::OnOutOfMemoryLocked(JobEntry& entry, const fitrun::v1::OutOfMemory& oom) {
+  Job& job = entry.record.job;
+  *job.add_oom_history() = oom;
+  metrics_->OutOfMemory();
+  std::string headline = absl::StrCat("rank ", oom.rank(), " ran out of memory at step ", oom.step(),
+                                      " with per-device batch ", oom.per_device_batch());
+  if (oom.cap_bytes() > 0) {
+    absl::StrAppend(&headline, " (needed at least ", FormatBytes(MemoryNeededAt(oom)), ", the device has ",
+                    FormatBytes(oom.cap_bytes()), ")");
+  }
+  absl::StrAppend(&headline, " (attempt ", entry.active ? entry.active->attempt : job.attempts(), ")");
+  HandleAttemptFailure(entry, FailureKind::kOutOfMemory, headline);
+}
+
+void JobManager::HandleAttemptFailure(JobEntry& entry, FailureKind kind, const std::string& headline,
+                                      const std::string& details) {
+  Job& job = entry.record.job;
+  if (job.state() != fitrun::v1::JOB_STATE_RUNNING) return;  // already stopping for an earlier failure
+  const fitrun::v1::FaultTolerance& tolerance = job.spec().fault_tolerance();
+  std::string decision;
+  bool retry = false;
+  switch (kind) {
+    case FailureKind::kOutOfMemory:
+      if (job.spec().resources().per_device_batch() > 0) {
+        decision = absl::StrCat("spec.resources.per_device_batch fixes the batch at ",
+                                job.spec().resources().per_device_batch(),
+                                ", so fitrun cannot choose a smaller one; remove it or set a smaller one");
+      } else if (!job.oom_history().empty() && job.oom_history(job.oom_history_size() - 1).per_device_batch() == 1) {
+        decision = "even a per-device batch of 1 does not fit; devices with more memory, a smaller model or "
+                   "spec.precision bf16 would";
+      } else if (job.oom_replans() >= tolerance.max_oom_retries()) {
+        decision = absl::StrCat("giving up after ", job.oom_replans(),
+                                " re-plan(s) (spec.fault_tolerance.max_oom_retries ", tolerance.max_oom_retries(), ")");
+      } else {
+        job.set_oom_replans(job.oom_replans() + 1);
+        retry = true;
+        decision = absl::StrCat("re-planning with a smaller per-device batch and more accumulation (the same global "
+                                "batch) and resuming from the last checkpoint (re-plan ",
+                                job.oom_replans(), " of ", tolerance.max_oom_retries(), ")");
+      }
+      break;
+    case FailureKind::kCrash:
+    case FailureKind::kHang:
+      if (job.restarts() >= tolerance.max_restarts()) {
+        decision = absl::StrCat("giving up after ", job.restarts(), " restart(s) (spec.fault_tolerance.max_restarts ",
+                                tolerance.max_restarts(), ")");
+      } else {
+        job.set_restarts(job.restarts() + 1);
+        retry = true;
+        decision = absl::StrCat("restarting every rank from the last checkpoint (restart ", job.restarts(), " of ",
+                                tolerance.max_restarts(), ")");
+      }
+      break;
+    case FailureKind::kBadConfig:
+      decision = "the worker refused the job's configuration, so trying again cannot help";
+      break;
+  }
+  RecordAttemptOutcome(entry, headline);
+  const std::string reason = absl::StrCat(headline, "; ", decision);
+  if (retry) {
+    metrics_->JobRestarted(FailureKindLabel(kind));
+    entry.recovering_since = options_.clock();
+    (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
+  } else {
+    job.set_failure_reason(absl::StrCat(reason, details));
+    (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, job.failure_reason());
+  }
+  StopRanks(entry, headline);
+}
+
+absl::Time JobManager::CheckHeartbeats(absl::Time now) {
+  absl::Time next = absl::InfiniteFuture();
+  for (auto& [id, entry] : jobs_) {
+    if (!entry.active || entry.record.job.state() != fitrun::v1::JOB_STATE_RUNNING) continue;
+    if (entry.active->allocation_pending) continue;
+    const int timeout_seconds = entry.record.job.spec().fault_tolerance().heartbeat_timeout_seconds();
+    if (timeout_seconds <= 0) continue;
+    const absl::Duration timeout = absl::Seconds(timeout_seconds);
+    for (size_t r = 0; r < entry.active->ranks.size(); ++r) {
+      const RankState& rank = entry.active->ranks[r];
+      if (rank.exited || rank.last_heard == absl::InfinitePast()) continue;
+      if (now - rank.last_heard >= timeout) {
+        HandleAttemptFailure(
+            entry, FailureKind::kHang,
+            absl::StrFormat("rank %d sent nothing for %.1f s (spec.fault_tolerance.heartbeat_timeout_seconds %d): "
+                            "it is stopped or hung (attempt %d)",
+                            r, absl::ToDoubleSeconds(now - rank.last_heard), timeout_seconds, entry.active->attempt));
+        break;
+      }
+      next = std::min(next, rank.last_heard + timeout);
+    }
+  }
+  return next;
+}
+
+}  // namespace fitrun::server

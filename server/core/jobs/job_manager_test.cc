@@ -1,0 +1,690 @@
+#include "server/core/jobs/job_manager.h"
+#include "server/core/jobs/job_manager_testing.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <google/protobuf/text_format.h>
+#include "absl/strings/match.h"
+
+#include "server/core/fakes.h"
+#include "server/core/spec/job_spec.h"
+
+namespace fitrun::server {
+namespace {
+
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+
+fitrun::v1::JobSpec Spec(int min_devices, int max_devices, int priority = 0) {
+  fitrun::v1::JobSpec spec = MlpSpec("unit", 256, 10, min_devices, max_devices);
+  spec.set_priority(priority);
+  return spec;
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_dir_ = std::filesystem::path(::testing::TempDir()) /
+                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(state_dir_);
+    JobManager::Options options;
+    options.state_dir = state_dir_.string();
+    options.worker_binary = "/bin/fitrun-worker";
+    options.worker_channel_address = "127.0.0.1:1";
+    options.final_report_wait = absl::Milliseconds(200);
+    auto manager = JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    manager_ = *std::move(manager);
+  }
+
+  fitrun::v1::Job WaitForState(const std::string& id, fitrun::v1::JobState state) {
+    return server::WaitForState(*manager_, id, state);
+  }
+
+  static std::map<std::string, std::string> EnvOf(const WorkerLaunch& launch) {
+    return {launch.env.begin(), launch.env.end()};
+  }
+
+  void Report(const std::string& job_id, int attempt, int rank, const fitrun::v1::WorkerReport& report) {
+    manager_->OnWorkerReport(WorkerKey{job_id, attempt, rank}, report);
+  }
+
+  // Submits `spec` and waits until the launcher has seen `launches` launches in all and the job runs.
+  std::string SubmitAndWaitRunning(const fitrun::v1::JobSpec& spec, size_t launches) {
+    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return "";
+    EXPECT_TRUE(launcher_.WaitForLaunches(launches, absl::Seconds(5)));
+    WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+    return job->id();
+  }
+
+  void ReportOutOfMemory(const std::string& job_id, int attempt, int rank, int64_t step, int64_t batch) {
+    fitrun::v1::WorkerReport report;
+    report.mutable_oom()->set_step(step);
+    report.mutable_oom()->set_per_device_batch(batch);
+    Report(job_id, attempt, rank, report);
+  }
+
+  void ReportFinished(const std::string& job_id, int rank, double accuracy) {
+    fitrun::v1::WorkerReport report;
+    report.mutable_finished()->set_steps(10);
+    report.mutable_finished()->set_final_loss(0.5);
+    report.mutable_finished()->set_parameter_checksum("abc");
+    if (rank == 0) {
+      report.mutable_finished()->set_has_test_accuracy(true);
+      report.mutable_finished()->set_test_accuracy(accuracy);
+      (*report.mutable_finished()->mutable_metrics())["hr@10"] = accuracy;
+    }
+    Report(job_id, 1, rank, report);
+  }
+
+  std::filesystem::path state_dir_;
+  FakeJobStore store_;
+  FakeDeviceInventory devices_{2, 4LL << 30};
+  FakeWorkerLauncher launcher_;
+  RecordingMetrics metrics_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(JobManagerTest, SubmittedJobIsStoredBeforeSubmitReturns) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(store_.job_count(), 1u);
+  EXPECT_EQ(job->state(), fitrun::v1::JOB_STATE_QUEUED);
+}
+
+TEST_F(JobManagerTest, ASubmitTheStoreRefusesIsNotAcknowledgedAndLeavesNoJob) {
+  store_.FailPuts(absl::InternalError("disk full"));
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 2));
+  ASSERT_EQ(job.status().code(), absl::StatusCode::kUnavailable) << job.status();
+  EXPECT_THAT(job.status().message(), HasSubstr("could not store the job: disk full"));
+  EXPECT_TRUE(manager_->List({}).empty());
+  EXPECT_EQ(metrics_.jobs_in(fitrun::v1::JOB_STATE_QUEUED), 0);
+  EXPECT_EQ(store_.job_count(), 0u);
+  // Once the store takes it again, submitting works and nothing of the refused job shows.
+  store_.FailPuts(absl::OkStatus());
+  job = manager_->Submit(Spec(1, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(manager_->List({}).size(), 1u);
+}
+
+TEST_F(JobManagerTest, LaunchesOneWorkerPerDeviceWithTheTorchrunContract) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const std::vector<WorkerLaunch> launches = launcher_.launches();
+  ASSERT_EQ(launches.size(), 2u);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::map<std::string, std::string> env = EnvOf(launches[rank]);
+    EXPECT_EQ(env["RANK"], std::to_string(rank));
+    EXPECT_EQ(env["LOCAL_RANK"], std::to_string(rank));
+    EXPECT_EQ(env["WORLD_SIZE"], "2");
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "2");
+    EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(env["MASTER_PORT"], "29500");
+    EXPECT_EQ(env["FITRUN_JOB_ID"], job->id());
+    EXPECT_EQ(env["FITRUN_ATTEMPT"], "1");
+    EXPECT_FALSE(env["FITRUN_JOB_TOKEN"].empty());
+    EXPECT_TRUE(std::filesystem::exists(env["FITRUN_ASSIGNMENT"]));
+    EXPECT_EQ(launches[rank].argv.at(0), "/bin/fitrun-worker");
+  }
+  // Every device is taken, by one rank each.
+  for (const fitrun::v1::Device& device : manager_->Devices()) EXPECT_EQ(device.job_id(), job->id());
+}
+
+TEST_F(JobManagerTest, JobSucceedsWhenEveryRankFinishesAndFreesItsDevices) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  fitrun::v1::WorkerReport progress;
+  progress.mutable_progress()->set_step(5);
+  progress.mutable_progress()->set_loss(1.25);
+  progress.mutable_progress()->set_peak_bytes(7 << 20);
+  Report(job->id(), 1, 0, progress);
+  fitrun::v1::WorkerReport saved;
+  saved.mutable_checkpoint_saved()->set_step(5);
+  saved.mutable_checkpoint_saved()->set_seconds(0.25);
+  Report(job->id(), 1, 0, saved);
+  fitrun::v1::WorkerReport failed;
+  failed.mutable_checkpoint_failed()->set_step(6);
+  failed.mutable_checkpoint_failed()->set_error("read-only file system");
+  Report(job->id(), 1, 0, failed);
+  // While it runs, the monitoring views show rank 0's latest report and the devices' plan and peak.
+  std::vector<JobManager::RunningJob> running = manager_->Running();
+  ASSERT_EQ(running.size(), 1u);
+  EXPECT_EQ(running[0].job.id(), job->id());
+  ASSERT_EQ(running[0].ranks.size(), 2u);
+  EXPECT_DOUBLE_EQ(running[0].ranks[0].last_progress.loss(), 1.25);
+  EXPECT_EQ(running[0].ranks[0].peak_bytes, 7 << 20);
+  EXPECT_EQ(running[0].ranks[1].last_progress.step(), 0);  // rank 1 has not reported
+  EXPECT_GT(running[0].ranks[0].planned_bytes, 0);
+  for (const fitrun::v1::Device& device : manager_->Devices()) {
+    EXPECT_EQ(device.planned_bytes(), running[0].ranks[0].planned_bytes);
+    EXPECT_EQ(device.peak_bytes(), device.id() == running[0].ranks[0].device_id ? (7 << 20) : 0);
+    EXPECT_EQ(device.free_bytes(), device.total_bytes() - device.peak_bytes());
+  }
+  EXPECT_EQ(metrics_.checkpoint_times(), std::vector<absl::Duration>{absl::Milliseconds(250)});
+  EXPECT_EQ(metrics_.checkpoint_failures(), 1);
+  ReportFinished(job->id(), 0, 0.83);
+  ReportFinished(job->id(), 1, 0);
+  launcher_.Exit(0, 0);
+  launcher_.Exit(1, 0);
+  fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_DOUBLE_EQ(done.result().test_accuracy(), 0.83);
+  // Rank 0's own figures are the job's.
+  ASSERT_EQ(done.result().metrics().count("hr@10"), 1u);
+  EXPECT_DOUBLE_EQ(done.result().metrics().at("hr@10"), 0.83);
+  EXPECT_EQ(done.result().steps(), 10);
+  EXPECT_EQ(done.last_progress().step(), 5);
+  for (const fitrun::v1::Device& device : manager_->Devices()) EXPECT_EQ(device.job_id(), "");
+  EXPECT_EQ(metrics_.jobs_in(fitrun::v1::JOB_STATE_SUCCEEDED), 1);
+  EXPECT_EQ(metrics_.steps(), 5);
+  EXPECT_TRUE(manager_->Running().empty());
+  // Its end is in the queue-wait and duration histograms once, under its final state.
+  ASSERT_EQ(metrics_.ended().size(), 1u);
+  EXPECT_EQ(metrics_.ended()[0].state, fitrun::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_GE(metrics_.ended()[0].duration, metrics_.ended()[0].queue_wait);
+  ASSERT_TRUE(manager_->Ranks(job->id()).ok());
+  EXPECT_EQ(manager_->Ranks(job->id())->size(), 2u);
+}
+
+TEST_F(JobManagerTest, ExitWithoutFinalReportStillSucceedsAfterTheWait) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  launcher_.Exit(0, 0);
+  fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(JobManagerTest, FailingRankFailsTheJobAndStopsItsPeersAtOnce) {
+  fitrun::v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_fault_tolerance()->set_max_restarts(0);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  {
+    std::ofstream log(launcher_.launches()[1].log_path);
+    log << "step 3\nRuntimeError: something broke\n";
+  }
+  launcher_.Exit(1, 7);
+  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("rank 1 exited with code 7"));
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("RuntimeError: something broke"));
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 0 restart(s)"));
+  EXPECT_EQ(launcher_.stopped(), std::vector<int>{0});
+  // Devices stay taken until the stopped peer has really exited.
+  EXPECT_EQ(manager_->Devices()[0].job_id(), job->id());
+  launcher_.Exit(0, -1, 15);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!manager_->Devices()[0].job_id().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(manager_->Devices()[0].job_id(), "");
+}
+
+TEST_F(JobManagerTest, BadSpecIsRejectedAndNothingIsStoredOrLaunched) {
+  fitrun::v1::JobSpec spec = Spec(1, 2);
+  spec.set_global_batch_size(-1);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("spec.global_batch_size"));
+  EXPECT_EQ(store_.job_count(), 0u);
+  EXPECT_TRUE(launcher_.launches().empty());
+}
+
+TEST_F(JobManagerTest, MoreDevicesThanTheNodeHasIsRejectedAtSubmit) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(4, 4));
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("spec.resources.min_devices"));
+  EXPECT_EQ(store_.job_count(), 0u);
+}
+
+TEST_F(JobManagerTest, CancelStopsRanksAndEndsCancelled) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  absl::StatusOr<fitrun::v1::Job> cancelled = manager_->Cancel(job->id(), "");
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), fitrun::v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(launcher_.stopped().size(), 2u);
+  EXPECT_EQ(manager_->Cancel(job->id(), "").status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(JobManagerTest, QueuedJobWaitsForDevicesAndRunsInPriorityOrder) {
+  absl::StatusOr<fitrun::v1::Job> first = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  absl::StatusOr<fitrun::v1::Job> low = manager_->Submit(Spec(2, 2, /*priority=*/0));
+  absl::StatusOr<fitrun::v1::Job> high = manager_->Submit(Spec(2, 2, /*priority=*/5));
+  ASSERT_TRUE(low.ok() && high.ok());
+  EXPECT_EQ(manager_->Get(low->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(manager_->Get(high->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+
+  ASSERT_TRUE(manager_->Cancel(first->id(), "").ok());
+  launcher_.Exit(0, -1, 15);
+  launcher_.Exit(1, -1, 15);
+  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
+  EXPECT_EQ(launcher_.launches()[2].job_id, high->id());
+  EXPECT_EQ(manager_->Get(low->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+}
+
+// The scheduling policy against starvation: the queue's head waits for its devices and nothing
+// behind it is started on the devices it is waiting for (no backfill).
+TEST_F(JobManagerTest, LargeJobIsNotStarvedBySmallJobsBehindIt) {
+  absl::StatusOr<fitrun::v1::Job> small_running = manager_->Submit(Spec(1, 1));
+  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  absl::StatusOr<fitrun::v1::Job> large = manager_->Submit(Spec(2, 2));
+  std::vector<std::string> smalls;
+  for (int i = 0; i < 3; ++i) smalls.push_back(manager_->Submit(Spec(1, 1))->id());
+  // cpu:1 is free, but the large job is first in line for it.
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(launcher_.launches().size(), 1u);
+  EXPECT_EQ(manager_->Get(large->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+  for (const std::string& id : smalls) EXPECT_EQ(manager_->Get(id)->state(), fitrun::v1::JOB_STATE_QUEUED);
+
+  ASSERT_TRUE(manager_->Cancel(small_running->id(), "").ok());
+  launcher_.Exit(0, -1, 15);
+  ASSERT_TRUE(launcher_.WaitForLaunches(3, absl::Seconds(5)));
+  EXPECT_EQ(launcher_.launches()[1].job_id, large->id());
+  EXPECT_EQ(launcher_.launches()[2].job_id, large->id());
+}
+
+TEST_F(JobManagerTest, WorkerWithTheWrongTokenIsRefused) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  fitrun::v1::Hello hello;
+  hello.set_job_id(job->id());
+  hello.set_attempt(1);
+  hello.set_rank(0);
+  hello.set_job_token("guess");
+  EXPECT_EQ(manager_->AttachWorker(hello, {}).status().code(), absl::StatusCode::kPermissionDenied);
+  hello.set_job_token(EnvOf(launcher_.launches()[0])["FITRUN_JOB_TOKEN"]);
+  EXPECT_TRUE(manager_->AttachWorker(hello, {}).ok());
+}
+
+TEST_F(JobManagerTest, EventsAreDenseAndReplayableFromAnySequence) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  ReportFinished(job->id(), 0, 0.9);
+  launcher_.Exit(0, 0);
+  fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> all = manager_->ReadEvents(job->id(), 1, 1000);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(static_cast<int64_t>(all->size()), done.last_sequence());
+  for (size_t i = 0; i < all->size(); ++i) EXPECT_EQ((*all)[i].sequence(), static_cast<int64_t>(i + 1));
+  // QUEUED, PLANNING, plan, RUNNING, finished, exited, SUCCEEDED
+  EXPECT_TRUE(all->front().has_state_changed());
+  EXPECT_EQ(all->back().state_changed().to(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> suffix = manager_->ReadEvents(job->id(), 3, 1000);
+  ASSERT_TRUE(suffix.ok());
+  EXPECT_EQ(suffix->front().sequence(), 3);
+}
+
+// A coordinator restart is a new manager over the same store.
+class JobManagerRecoveryTest : public JobManagerTest {
+ protected:
+  void Restart() {
+    manager_.reset();
+    JobManager::Options options;
+    options.state_dir = state_dir_.string();
+    options.worker_binary = "/bin/fitrun-worker";
+    options.worker_channel_address = "127.0.0.1:1";
+    options.final_report_wait = absl::Milliseconds(200);
+    auto manager = JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    manager_ = *std::move(manager);
+  }
+};
+
+TEST_F(JobManagerRecoveryTest, QueuedJobsStayQueuedAcrossARestart) {
+  absl::StatusOr<fitrun::v1::Job> running = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  absl::StatusOr<fitrun::v1::Job> queued = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(queued.ok());
+  launcher_.SetAdoptable({0, 1});
+  Restart();
+  EXPECT_EQ(manager_->Get(queued->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(manager_->Get(running->id())->state(), fitrun::v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(JobManagerRecoveryTest, ARequestIdGivesTheSameJobBackEvenAfterARestart) {
+  absl::StatusOr<fitrun::v1::Job> first = manager_->Submit(Spec(2, 2), "alice", "req-1");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(manager_->Submit(Spec(2, 2), "alice", "req-1")->id(), first->id());
+  // The id is the user's: another user's identical id is another job.
+  EXPECT_NE(manager_->Submit(Spec(2, 2), "bob", "req-1")->id(), first->id());
+  launcher_.SetAdoptable({0, 1});
+  Restart();
+  EXPECT_EQ(manager_->Submit(Spec(2, 2), "alice", "req-1")->id(), first->id());
+  fitrun::v1::JobSpec different = Spec(2, 2);
+  different.set_max_steps(11);
+  EXPECT_THAT(manager_->Submit(different, "alice", "req-1").status().message(),
+              ::testing::HasSubstr("request_id: 'req-1' already created job " + first->id() + " with a different spec"));
+  EXPECT_EQ(manager_->List({}).size(), 2u);
+}
+
+TEST_F(JobManagerTest, PagesListEveryVisibleJobOnceInSubmissionOrder) {
+  std::vector<std::string> alices;
+  for (int i = 0; i < 25; ++i) {
+    alices.push_back(manager_->Submit(Spec(1, 1), "alice")->id());
+    (void)manager_->Submit(Spec(1, 1), "bob");
+  }
+  std::vector<std::string> seen;
+  int64_t after = 0;
+  int pages = 0;
+  do {
+    JobManager::Page page =
+        manager_->ListPage({}, after, 10, [](const fitrun::v1::Job& job) { return job.owner() == "alice"; });
+    for (const fitrun::v1::Job& job : page.jobs) seen.push_back(job.id());
+    after = page.next_order;
+    ++pages;
+  } while (after != 0);
+  EXPECT_EQ(seen, alices);
+  EXPECT_EQ(pages, 3);
+}
+
+TEST_F(JobManagerTest, AnOwnersOpenJobsAreBoundedAndEndedOnesMakeRoom) {
+  manager_.reset();
+  JobManager::Options options;
+  options.state_dir = state_dir_.string();
+  options.worker_binary = "/bin/fitrun-worker";
+  options.worker_channel_address = "127.0.0.1:1";
+  options.max_open_jobs_per_owner = 2;
+  manager_ = *JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
+  const std::string first = manager_->Submit(Spec(2, 2), "alice")->id();
+  ASSERT_TRUE(manager_->Submit(Spec(2, 2), "alice").ok());
+  absl::Status over = manager_->Submit(Spec(2, 2), "alice").status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.message(), ::testing::HasSubstr("alice has 2 jobs queued or running, the limit"));
+  EXPECT_TRUE(manager_->Submit(Spec(2, 2), "bob").ok());  // per owner
+  ASSERT_TRUE(manager_->Cancel(first, "make room").ok());
+  WaitForState(first, fitrun::v1::JOB_STATE_CANCELLED);
+  EXPECT_TRUE(manager_->Submit(Spec(2, 2), "alice").ok());
+}
+
+TEST_F(JobManagerRecoveryTest, LiveWorkersAreReadoptedAndTheJobCompletes) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  // Rank 1's progress is stored as events but does not rewrite the job row: numbering after the
+  // restart must still continue after it.
+  fitrun::v1::WorkerReport progress;
+  progress.mutable_progress()->set_step(3);
+  Report(job->id(), 1, 1, progress);
+  Report(job->id(), 1, 1, progress);
+  const int64_t last_before = manager_->Get(job->id())->last_sequence();
+  const std::string token = EnvOf(launcher_.launches()[0])["FITRUN_JOB_TOKEN"];
+
+  launcher_.SetAdoptable({0, 1});
+  Restart();
+  EXPECT_EQ(launcher_.adopted(), (std::vector<int>{0, 1}));
+  EXPECT_EQ(manager_->Get(job->id())->state(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(manager_->Get(job->id())->attempts(), 1);
+  for (const fitrun::v1::Device& device : manager_->Devices()) EXPECT_EQ(device.job_id(), job->id());
+
+  // The workers reconnect with the job's token and finish; adopted exits carry no status.
+  fitrun::v1::Hello hello;
+  hello.set_job_id(job->id());
+  hello.set_attempt(1);
+  hello.set_rank(1);
+  hello.set_job_token(token);
+  EXPECT_TRUE(manager_->AttachWorker(hello, {}).ok());
+  ReportFinished(job->id(), 0, 0.8);
+  ReportFinished(job->id(), 1, 0);
+  launcher_.Exit(2, 0, 0, /*status_known=*/false);
+  launcher_.Exit(3, 0, 0, /*status_known=*/false);
+  fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+
+  // Numbering continued where it stopped: no gap, no duplicate.
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = manager_->ReadEvents(job->id(), 1, 1000);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(static_cast<int64_t>(events->size()), done.last_sequence());
+  EXPECT_GT(done.last_sequence(), last_before);
+  for (size_t i = 0; i < events->size(); ++i) EXPECT_EQ((*events)[i].sequence(), static_cast<int64_t>(i + 1));
+}
+
+TEST_F(JobManagerRecoveryTest, JobWhoseWorkersAreGoneRestartsAsANewAttempt) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+
+  launcher_.SetAdoptable({0});  // rank 1 died with the coordinator
+  Restart();
+  // The survivor is stopped; once it is gone the job relaunches on both devices as attempt 2.
+  EXPECT_EQ(launcher_.stopped(), std::vector<int>{2});  // not 0 or 1: a restart leaves ranks running
+  EXPECT_EQ(manager_->Get(job->id())->state(), fitrun::v1::JOB_STATE_RESTARTING);
+  launcher_.Exit(2, 0, 0, /*status_known=*/false);
+  ASSERT_TRUE(launcher_.WaitForLaunches(5, absl::Seconds(5)));
+  fitrun::v1::Job relaunched = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(relaunched.attempts(), 2);
+  ASSERT_EQ(relaunched.attempt_history_size(), 2);
+  EXPECT_THAT(relaunched.attempt_history(0).outcome(), HasSubstr("1 of 2 ranks were gone"));
+  EXPECT_EQ(EnvOf(launcher_.launches()[3])["FITRUN_ATTEMPT"], "2");
+  // The same checkpoint directory, so the new attempt resumes where the last checkpoint left off.
+  EXPECT_EQ(EnvOf(launcher_.launches()[3])["FITRUN_JOB_ID"], job->id());
+}
+
+TEST_F(JobManagerTest, AttemptHistoryRecordsEveryRanksExit) {
+  fitrun::v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_fault_tolerance()->set_max_restarts(0);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  launcher_.Exit(0, -1, 9);
+  launcher_.Exit(1, -1, 15);
+  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  ASSERT_EQ(failed.attempt_history_size(), 1);
+  const fitrun::v1::AttemptRecord& record = failed.attempt_history(0);
+  EXPECT_EQ(record.outcome(), "rank 0 was killed by signal 9 (attempt 1)");
+  ASSERT_EQ(record.ranks_size(), 2);
+  EXPECT_EQ(record.ranks(0).signal(), 9);
+  EXPECT_EQ(record.ranks(1).signal(), 15);
+  EXPECT_TRUE(record.has_ended_at());
+}
+
+TEST_F(JobManagerTest, RelativeStateDirBecomesAbsoluteForWorkers) {
+  JobManager::Options options;
+  options.state_dir = "relative-state";
+  options.worker_binary = "/bin/fitrun-worker";
+  FakeWorkerLauncher launcher;
+  manager_.reset();
+  auto manager = JobManager::Create(options, &store_, &devices_, &launcher, &metrics_);
+  ASSERT_TRUE(manager.ok());
+  ASSERT_TRUE((*manager)->Submit(Spec(1, 1)).ok());
+  ASSERT_TRUE(launcher.WaitForLaunches(1, absl::Seconds(5)));
+  const WorkerLaunch launch = launcher.launches()[0];
+  EXPECT_TRUE(std::filesystem::path(launch.log_path).is_absolute());
+  EXPECT_TRUE(std::filesystem::path(launch.working_dir).is_absolute());
+  EXPECT_TRUE(std::filesystem::path(EnvOf(launch)["FITRUN_ASSIGNMENT"]).is_absolute());
+  (*manager)->Shutdown();
+  std::filesystem::remove_all("relative-state");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Recovery: crashes, hangs and out-of-memory errors
+
+// Reads the plan the coordinator wrote for a launched rank.
+fitrun::v1::Plan AssignedPlan(const WorkerLaunch& launch) {
+  std::map<std::string, std::string> env(launch.env.begin(), launch.env.end());
+  std::ifstream in(env["FITRUN_ASSIGNMENT"]);
+  std::stringstream text;
+  text << in.rdbuf();
+  fitrun::v1::WorkerAssignment assignment;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text.str(), &assignment));
+  return assignment.plan();
+}
+
+TEST_F(JobManagerTest, CrashedRankRestartsTheWholeGroupAsANewAttempt) {
+  const std::string id = SubmitAndWaitRunning(Spec(2, 2), 2);
+  launcher_.Exit(1, -1, 9);
+  fitrun::v1::Job restarting = WaitForState(id, fitrun::v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(launcher_.stopped(), std::vector<int>{0});  // the peer at once, not after a collective timeout
+  EXPECT_EQ(restarting.restarts(), 1);
+  // Nothing relaunches while the old rank 0 still runs: never two attempts at once.
+  EXPECT_EQ(launcher_.launches().size(), 2u);
+  launcher_.Exit(0, -1, 15);
+  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
+  fitrun::v1::Job relaunched = WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(relaunched.attempts(), 2);
+  ASSERT_EQ(relaunched.attempt_history_size(), 2);
+  EXPECT_EQ(relaunched.attempt_history(0).outcome(), "rank 1 was killed by signal 9 (attempt 1)");
+  EXPECT_EQ(relaunched.attempt_history(0).ranks(1).signal(), 9);
+  EXPECT_EQ(EnvOf(launcher_.launches()[2])["FITRUN_ATTEMPT"], "2");
+  EXPECT_EQ(metrics_.restarts("crash"), 1);
+
+  // Training resumes: the time to recover is measured and said.
+  fitrun::v1::WorkerReport progress;
+  progress.mutable_progress()->set_step(3);
+  Report(id, 2, 0, progress);
+  EXPECT_EQ(metrics_.recoveries().size(), 1u);
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = manager_->ReadEvents(id, 1, 1000);
+  ASSERT_TRUE(events.ok());
+  bool said = false;
+  for (const auto& event : *events) said |= event.has_log() && absl::StrContains(event.log().text(), "training resumed");
+  EXPECT_TRUE(said);
+}
+
+TEST_F(JobManagerTest, RestartsStopAtTheSpecLimit) {
+  fitrun::v1::JobSpec spec = Spec(1, 1);
+  spec.mutable_fault_tolerance()->set_max_restarts(1);
+  const std::string id = SubmitAndWaitRunning(spec, 1);
+  launcher_.Exit(0, 1);
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
+  launcher_.Exit(1, 1);
+  fitrun::v1::Job failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("rank 0 exited with code 1 (attempt 2)"));
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 1 restart(s) (spec.fault_tolerance.max_restarts 1)"));
+  EXPECT_EQ(failed.attempt_history_size(), 2);
+}
+
+TEST_F(JobManagerTest, RefusedConfigurationFailsWithoutARestart) {
+  const std::string id = SubmitAndWaitRunning(Spec(1, 1), 1);
+  launcher_.Exit(0, 2);
+  fitrun::v1::Job failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("trying again cannot help"));
+  EXPECT_EQ(failed.restarts(), 0);
+}
+
+TEST_F(JobManagerTest, OutOfMemoryStopsThePeersAndReplansASmallerBatchWithTheSameGlobalBatch) {
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const fitrun::v1::Plan first = running.plan();
+  ASSERT_EQ(first.per_device_batch(), 128);
+
+  fitrun::v1::WorkerReport oom;
+  oom.mutable_oom()->set_step(5);
+  oom.mutable_oom()->set_per_device_batch(128);
+  oom.mutable_oom()->set_live_bytes(3LL << 30);
+  oom.mutable_oom()->set_requested_bytes(2LL << 30);  // far beyond what the estimate said
+  oom.mutable_oom()->set_cap_bytes(4LL << 30);
+  Report(job->id(), 1, 1, oom);
+  // The peer is told to stop the moment the report arrives, before any process has exited; the rank
+  // that ran out is left to exit with its own code and last report (killed only after the grace).
+  EXPECT_EQ(launcher_.stopped(), (std::vector<int>{0}));
+  EXPECT_EQ(launcher_.left_to_exit(), (std::vector<int>{1}));
+  fitrun::v1::Job restarting = WaitForState(job->id(), fitrun::v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(restarting.oom_replans(), 1);
+  EXPECT_EQ(restarting.oom_history_size(), 1);
+  EXPECT_EQ(restarting.oom_history(0).rank(), 1);
+  EXPECT_EQ(metrics_.out_of_memory(), 1);
+  EXPECT_EQ(metrics_.restarts("out_of_memory"), 1);
+
+  launcher_.Exit(1, 3);
+  launcher_.Exit(0, -1, 15);
+  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
+  fitrun::v1::Job replanned = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const fitrun::v1::Plan second = AssignedPlan(launcher_.launches()[2]);
+  EXPECT_LT(second.per_device_batch(), 128);
+  EXPECT_EQ(second.device_ids_size() * second.per_device_batch() * second.grad_accum_steps(), 256);
+  EXPECT_EQ(replanned.plan().per_device_batch(), second.per_device_batch());
+  // The corrected estimate covers what the OOM measured, scaled down to the new batch.
+  EXPECT_GT(second.predicted().activations_bytes(),
+            first.predicted().activations_bytes() * second.per_device_batch() / 128);
+  EXPECT_THAT(replanned.attempt_history(0).outcome(), HasSubstr("rank 1 ran out of memory at step 5"));
+  EXPECT_EQ(replanned.attempt_history(0).ranks(1).exit_code(), 3);
+}
+
+TEST_F(JobManagerTest, OutOfMemoryExitWithoutAReportStillBoundsTheBatch) {
+  const std::string id = SubmitAndWaitRunning(Spec(2, 2), 2);
+  launcher_.Exit(0, 3);
+  launcher_.Exit(1, -1, 15);
+  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
+  WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(AssignedPlan(launcher_.launches()[2]).per_device_batch(), 64);
+}
+
+TEST_F(JobManagerTest, OutOfMemoryWithAFixedBatchFailsAndSaysWhy) {
+  fitrun::v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_resources()->set_per_device_batch(128);
+  const std::string id = SubmitAndWaitRunning(spec, 2);
+  ReportOutOfMemory(id, 1, 0, /*step=*/1, /*batch=*/128);
+  fitrun::v1::Job failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("spec.resources.per_device_batch fixes the batch at 128"));
+}
+
+TEST_F(JobManagerTest, OutOfMemoryAtBatchOneFailsAtOnce) {
+  fitrun::v1::JobSpec spec = Spec(2, 2);
+  spec.set_global_batch_size(2);
+  const std::string id = SubmitAndWaitRunning(spec, 2);
+  ReportOutOfMemory(id, 1, 1, /*step=*/1, /*batch=*/1);
+  fitrun::v1::Job failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("even a per-device batch of 1 does not fit"));
+  EXPECT_EQ(failed.oom_replans(), 0);
+}
+
+TEST_F(JobManagerTest, OutOfMemoryRetriesStopAtTheSpecLimit) {
+  fitrun::v1::JobSpec spec = Spec(1, 1);
+  spec.mutable_fault_tolerance()->set_max_oom_retries(1);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  ASSERT_TRUE(job.ok());
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    ASSERT_TRUE(launcher_.WaitForLaunches(attempt, absl::Seconds(5)));
+    WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+    const int64_t batch = AssignedPlan(launcher_.launches()[attempt - 1]).per_device_batch();
+    ReportOutOfMemory(job->id(), attempt, 0, /*step=*/2, batch);
+    launcher_.Exit(attempt - 1, 3);
+  }
+  fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 1 re-plan(s)"));
+  EXPECT_EQ(failed.oom_history_size(), 2);
+}
+
+TEST_F(JobManagerTest, SilentRankIsTakenAsHungAndTheGroupRestarts) {
+  fitrun::v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_fault_tolerance()->set_heartbeat_timeout_seconds(1);
+  const std::string id = SubmitAndWaitRunning(spec, 2);
+  // Rank 0 keeps reporting; rank 1 says nothing.
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  fitrun::v1::WorkerReport heartbeat;
+  heartbeat.mutable_heartbeat()->set_step(1);
+  while (manager_->Get(id)->state() == fitrun::v1::JOB_STATE_RUNNING && absl::Now() < deadline) {
+    Report(id, 1, 0, heartbeat);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  fitrun::v1::Job restarting = WaitForState(id, fitrun::v1::JOB_STATE_RESTARTING);
+  EXPECT_THAT(restarting.attempt_history(0).outcome(), HasSubstr("rank 1 sent nothing for"));
+  EXPECT_EQ(metrics_.restarts("hang"), 1);
+  EXPECT_EQ(launcher_.stopped(), (std::vector<int>{0, 1}));
+}
+
+}  // namespace
+}  // namespace fitrun::server

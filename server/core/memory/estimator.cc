@@ -1,0 +1,80 @@
+#include "server/core/memory/estimator.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace fitrun::server {
+
+fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const fitrun::v1::JobSpec& spec,
+                                               int64_t per_device_batch, const EstimatorOptions& options) {
+  constexpr int64_t kFloat = 4;
+  const int64_t param_bytes = model.parameter_count * kFloat;
+
+  fitrun::v1::MemoryBreakdown m;
+  m.set_weights_bytes(param_bytes);
+  m.set_gradients_bytes(param_bytes);
+
+  // SGD keeps nothing unless it has momentum (one buffer); Adam and AdamW keep two moments.
+  int64_t optimizer_states = 0;
+  switch (spec.optimizer().kind()) {
+    case fitrun::v1::OPTIMIZER_KIND_SGD:
+      optimizer_states = spec.optimizer().momentum() > 0 ? 1 : 0;
+      break;
+    case fitrun::v1::OPTIMIZER_KIND_ADAM:
+    case fitrun::v1::OPTIMIZER_KIND_ADAMW:
+      optimizer_states = 2;
+      break;
+    default:
+      break;
+  }
+  m.set_optimizer_state_bytes(optimizer_states * param_bytes);
+
+  // The all-reduce's flat bucket buffers hold one copy of every gradient whatever the bucket cap,
+  // and the gradients are views into them (worker/ddp/bucketed_reducer.h, as PyTorch's
+  // gradient_as_bucket_view): counted once, as gradients, plus the loss slot. A communication hook
+  // keeps more beside them (worker/ddp/comm_hook.h), per gradient element at its peak: fp16 and
+  // bf16 a 2-byte copy of every bucket and, on Gloo, the all-gathered copies of up to 3 ranks (6),
+  // then one bucket's float32 sum (at most 4); PowerSGD its error feedback and the copy of its input
+  // (4 + 4), and the uncompressed gradients' all-reduce buffer (at most 4).
+  int64_t hook_bytes_per_element = 0;
+  switch (spec.ddp().comm_hook()) {
+    case fitrun::v1::COMM_HOOK_FP16:
+    case fitrun::v1::COMM_HOOK_BF16:
+      hook_bytes_per_element = 2 + 6 + 4;
+      break;
+    case fitrun::v1::COMM_HOOK_POWERSGD:
+      hook_bytes_per_element = 4 + 4 + 4;
+      break;
+    default:
+      break;
+  }
+  m.set_ddp_buckets_bytes(kFloat + hook_bytes_per_element * model.parameter_count);
+
+  double margin = options.safety_margin;
+  if (model.measured.has_value()) {
+    // The measured peak holds the model states counted above; what it holds beyond them and the
+    // activations is the runtime's (autograd bookkeeping, kernels' scratch, the optimizer step's
+    // temporaries). When the arithmetic counts more than was measured (a state the probe's peak did
+    // not overlap), the arithmetic stands: the estimate errs high.
+    const int64_t states =
+        m.weights_bytes() + m.gradients_bytes() + m.optimizer_state_bytes() + m.ddp_buckets_bytes();
+    const int64_t peak = model.measured->PeakAt(per_device_batch);
+    m.set_activations_bytes(std::max<int64_t>(0, peak - model.measured->FixedBytes()));
+    m.set_workspace_bytes(0);
+    m.set_framework_overhead_bytes(std::max<int64_t>(0, peak - m.activations_bytes() - states));
+    margin = options.calibrated_safety_margin;
+  } else {
+    m.set_activations_bytes(per_device_batch * (model.activation_bytes_per_sample + model.input_bytes_per_sample));
+    m.set_workspace_bytes(options.workspace_bytes);
+    m.set_framework_overhead_bytes(options.framework_overhead_bytes);
+  }
+
+  const int64_t subtotal = m.weights_bytes() + m.gradients_bytes() + m.optimizer_state_bytes() +
+                           m.ddp_buckets_bytes() + m.activations_bytes() + m.workspace_bytes() +
+                           m.framework_overhead_bytes();
+  m.set_safety_margin_bytes(static_cast<int64_t>(std::ceil(subtotal * margin)));
+  m.set_total_bytes(subtotal + m.safety_margin_bytes());
+  return m;
+}
+
+}  // namespace fitrun::server

@@ -1,0 +1,54 @@
+#include "server/core/memory/memory_feedback.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace fitrun::server {
+
+int64_t MemoryNeededAt(const fitrun::v1::OutOfMemory& oom) {
+  return std::max(oom.peak_bytes(), oom.live_bytes() + oom.requested_bytes());
+}
+
+PlanLimits LimitsAfterOutOfMemory(const OutOfMemoryHistory& history) {
+  PlanLimits limits;
+  for (const fitrun::v1::OutOfMemory& oom : history) {
+    if (oom.per_device_batch() <= 0) continue;
+    const int64_t below = oom.per_device_batch() - 1;
+    if (limits.max_per_device_batch == 0 || below < limits.max_per_device_batch) {
+      // A batch of 1 that ran out of memory leaves nothing below it; 0 would mean "no bound".
+      limits.max_per_device_batch = std::max<int64_t>(below, 1);
+    }
+  }
+  return limits;
+}
+
+ModelProfile ProfileAfterOutOfMemory(ModelProfile model, const fitrun::v1::JobSpec& spec,
+                                     const OutOfMemoryHistory& history, const EstimatorOptions& estimator) {
+  for (const fitrun::v1::OutOfMemory& oom : history) {
+    const int64_t b = oom.per_device_batch();
+    if (b <= 0) continue;
+    const fitrun::v1::MemoryBreakdown predicted = EstimateRankMemory(model, spec, b, estimator);
+    const int64_t predicted_before_margin = predicted.total_bytes() - predicted.safety_margin_bytes();
+    const int64_t shortfall = MemoryNeededAt(oom) - predicted_before_margin;
+    if (shortfall <= 0) continue;
+    if (model.measured.has_value()) {
+      // As for the analytic profile: what the batch adds is taken to be what was underestimated,
+      // so smaller batches are judged by the same per-sample cost.
+      const MemoryCurve& curve = *model.measured;
+      const double added = static_cast<double>(std::max<int64_t>(1, curve.PeakAt(b) - curve.FixedBytes()));
+      const double needed = static_cast<double>(MemoryNeededAt(oom) - curve.FixedBytes());
+      model.measured = curve.ScaledPerSample(needed / added);
+      absl::StrAppend(&model.memory_source,
+                      absl::StrFormat("; its per-sample part scaled by %.2f after an out-of-memory error at "
+                                      "micro-batch %d",
+                                      needed / added, b));
+      continue;
+    }
+    model.activation_bytes_per_sample += (shortfall + b - 1) / b;
+  }
+  return model;
+}
+
+}  // namespace fitrun::server

@@ -1,0 +1,105 @@
+#include "server/core/memory/memory_feedback.h"
+#include "server/core/spec/workloads.h"
+
+#include <gtest/gtest.h>
+
+#include "server/core/spec/test_specs.h"
+
+namespace fitrun::server {
+namespace {
+
+constexpr int64_t kMiB = 1LL << 20;
+
+fitrun::v1::JobSpec MlpSpec() { return MlpTestSpec(256, 2, 2); }
+
+fitrun::v1::OutOfMemory Oom(int64_t batch, int64_t live, int64_t requested, int64_t cap) {
+  fitrun::v1::OutOfMemory oom;
+  oom.set_per_device_batch(batch);
+  oom.set_live_bytes(live);
+  oom.set_requested_bytes(requested);
+  oom.set_peak_bytes(live);
+  oom.set_cap_bytes(cap);
+  return oom;
+}
+
+TEST(MemoryFeedbackTest, NoHistoryChangesNothing) {
+  const fitrun::v1::JobSpec spec = MlpSpec();
+  const ModelProfile model = *ProfileFor(spec);
+  OutOfMemoryHistory history;
+  EXPECT_EQ(LimitsAfterOutOfMemory(history).max_per_device_batch, 0);
+  EXPECT_EQ(ProfileAfterOutOfMemory(model, spec, history, {}).activation_bytes_per_sample,
+            model.activation_bytes_per_sample);
+}
+
+TEST(MemoryFeedbackTest, LimitIsBelowTheSmallestBatchThatRanOut) {
+  OutOfMemoryHistory history;
+  *history.Add() = Oom(128, 0, 0, 0);
+  *history.Add() = Oom(64, 0, 0, 0);
+  EXPECT_EQ(LimitsAfterOutOfMemory(history).max_per_device_batch, 63);
+  OutOfMemoryHistory at_one;
+  *at_one.Add() = Oom(1, 0, 0, 0);
+  EXPECT_EQ(LimitsAfterOutOfMemory(at_one).max_per_device_batch, 1);  // never "no bound"
+}
+
+TEST(MemoryFeedbackTest, EstimateAtTheFailedBatchCoversWhatWasMeasured) {
+  const fitrun::v1::JobSpec spec = MlpSpec();
+  const ModelProfile model = *ProfileFor(spec);
+  const int64_t predicted = EstimateRankMemory(model, spec, 128).total_bytes();
+  OutOfMemoryHistory history;
+  *history.Add() = Oom(128, /*live=*/predicted, /*requested=*/64 * kMiB, /*cap=*/predicted + kMiB);
+  const ModelProfile corrected = ProfileAfterOutOfMemory(model, spec, history, {});
+  EXPECT_GT(corrected.activation_bytes_per_sample, model.activation_bytes_per_sample);
+  const fitrun::v1::MemoryBreakdown after = EstimateRankMemory(corrected, spec, 128);
+  EXPECT_GE(after.total_bytes() - after.safety_margin_bytes(), predicted + 64 * kMiB);
+  // Only the per-sample part moved: weights and the rest are what they were.
+  EXPECT_EQ(after.weights_bytes(), EstimateRankMemory(model, spec, 128).weights_bytes());
+}
+
+TEST(MemoryFeedbackTest, ACalibratedCurvesPerSamplePartIsScaledToCoverWhatWasMeasured) {
+  const fitrun::v1::JobSpec spec = MlpSpec();
+  ModelProfile model = *ProfileFor(spec);
+  std::vector<MeasuredPeak> points;
+  for (int64_t b = 1; b <= 128; b *= 2) points.push_back({b, MlpPeakBytes(b)});
+  model.measured = MemoryCurve(points);
+  // The run at 128 needed twice what the curve adds over its fixed part there.
+  const int64_t fixed = model.measured->FixedBytes();
+  const int64_t needed = fixed + 2 * (MlpPeakBytes(128) - fixed);
+  OutOfMemoryHistory history;
+  *history.Add() = Oom(128, /*live=*/needed - kMiB, /*requested=*/kMiB, /*cap=*/needed);
+  const ModelProfile corrected = ProfileAfterOutOfMemory(model, spec, history, {});
+  const fitrun::v1::MemoryBreakdown after = EstimateRankMemory(corrected, spec, 128);
+  EXPECT_GE(after.total_bytes() - after.safety_margin_bytes(), needed);
+  // Smaller batches grow by the same per-sample factor, so half the batch still fits where a
+  // scaling of the whole curve would have ruled everything out.
+  EXPECT_NEAR(corrected.measured->PeakAt(64) - fixed, 2.0 * (MlpPeakBytes(64) - fixed), 2);
+  EXPECT_EQ(corrected.measured->FixedBytes(), fixed);
+  EXPECT_NE(corrected.memory_source.find("per-sample part scaled by 2.00"), std::string::npos);
+}
+
+TEST(MemoryFeedbackTest, OutOfMemoryBelowTheEstimateLeavesTheEstimateAlone) {
+  const fitrun::v1::JobSpec spec = MlpSpec();
+  const ModelProfile model = *ProfileFor(spec);
+  OutOfMemoryHistory history;
+  *history.Add() = Oom(128, 1 * kMiB, 1 * kMiB, 2 * kMiB);  // a device far smaller than planned for
+  EXPECT_EQ(ProfileAfterOutOfMemory(model, spec, history, {}).activation_bytes_per_sample,
+            model.activation_bytes_per_sample);
+}
+
+TEST(MemoryFeedbackTest, ReplanAfterOutOfMemoryHalvesTheBatchAndKeepsTheGlobalBatch) {
+  const fitrun::v1::JobSpec spec = MlpSpec();
+  const ModelProfile model = *ProfileFor(spec);
+  const int64_t cap = 256 * kMiB;
+  OutOfMemoryHistory history;
+  // At batch 128 the rank held 200 MiB and asked for 60 MiB more than a 256 MiB device has.
+  *history.Add() = Oom(128, 200 * kMiB, 60 * kMiB, cap);
+  const ModelProfile corrected = ProfileAfterOutOfMemory(model, spec, history, {});
+  absl::StatusOr<fitrun::v1::Plan> plan =
+      PlanJob(spec, corrected, {{"cpu:0", cap}, {"cpu:1", cap}}, {}, LimitsAfterOutOfMemory(history));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_LT(plan->per_device_batch(), 128);
+  EXPECT_EQ(plan->device_ids_size() * plan->per_device_batch() * plan->grad_accum_steps(), 256);
+  EXPECT_LE(plan->predicted().total_bytes(), cap);
+}
+
+}  // namespace
+}  // namespace fitrun::server

@@ -1,0 +1,354 @@
+#include "server/core/memory/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "server/core/units.h"
+
+namespace fitrun::server {
+namespace {
+
+using fitrun::v1::JobSpec;
+using fitrun::v1::Plan;
+
+// Divisors of n, largest first.
+std::vector<int64_t> DivisorsDescending(int64_t n) {
+  std::vector<int64_t> small, large;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    small.push_back(d);
+    if (d != n / d) large.push_back(n / d);
+  }
+  std::vector<int64_t> out(large.begin(), large.end());
+  out.insert(out.end(), small.rbegin(), small.rend());
+  return out;
+}
+
+const char* ScalingName(fitrun::v1::LrScaling scaling) {
+  switch (scaling) {
+    case fitrun::v1::LR_SCALING_LINEAR: return "linear";
+    case fitrun::v1::LR_SCALING_SQRT: return "sqrt";
+    default: return "none";
+  }
+}
+
+// Autocast to bf16 keeps fp32 weights, gradients and optimizer state and roughly 0.6x the fp32
+// activations (measured by the probe: gpt 0.66x, mlp 0.61x); a rough figure for suggestions only.
+constexpr double kBf16ActivationRatio = 0.6;
+
+// What would fit when nothing does: the smallest batch's need, fewer devices, bf16.
+std::string WhatWouldFit(const JobSpec& spec, const ModelProfile& model, const std::vector<DeviceCapacity>& sorted,
+                         const EstimatorOptions& estimator, double headroom, int min_devices) {
+  const auto usable = [headroom](int64_t free_bytes) {
+    return static_cast<int64_t>(static_cast<double>(free_bytes) * (1.0 - headroom));
+  };
+  const int64_t need = EstimateRankMemory(model, spec, 1, estimator).total_bytes();
+  std::string out = absl::StrCat("; what would fit: per-device batch 1 (the smallest) needs ", FormatBytes(need),
+                                 ", so devices with ",
+                                 FormatBytes(static_cast<int64_t>(std::ceil(need / (1.0 - headroom)))),
+                                 " free each (at ", absl::StrFormat("%.0f%%", headroom * 100), " headroom)");
+  int fitting = 0;  // how many of the roomiest devices fit batch 1
+  while (fitting < static_cast<int>(sorted.size()) && usable(sorted[fitting].free_bytes) >= need) ++fitting;
+  if (fitting > 0 && fitting < min_devices) {
+    absl::StrAppend(&out, "; or fewer devices: ", fitting, " device(s) (", sorted[0].id,
+                    fitting > 1 ? ", ..." : "", ") fit batch 1, so spec.resources.min_devices: ", fitting);
+  }
+  const bool fp32 = spec.precision() == fitrun::v1::PRECISION_FP32 ||
+                    spec.precision() == fitrun::v1::PRECISION_UNSPECIFIED;
+  if (fp32 && spec.model().kind_case() != fitrun::v1::ModelSpec::kTorchscript) {
+    ModelProfile bf16 = model;
+    bf16.activation_bytes_per_sample =
+        static_cast<int64_t>(static_cast<double>(bf16.activation_bytes_per_sample) * kBf16ActivationRatio);
+    if (model.measured.has_value()) {
+      // The measured curve's batch-dependent part shrinks, its batch-independent part stays.
+      const int64_t fixed = model.measured->FixedBytes();
+      std::vector<MeasuredPeak> points = model.measured->points();
+      for (MeasuredPeak& p : points) {
+        p.peak_bytes = fixed + static_cast<int64_t>(static_cast<double>(p.peak_bytes - fixed) * kBf16ActivationRatio);
+      }
+      bf16.measured = MemoryCurve(std::move(points));
+    }
+    JobSpec bf16_spec = spec;
+    bf16_spec.set_precision(fitrun::v1::PRECISION_BF16);
+    // The largest per-device batch bf16 would fit on the roomiest device.
+    const int64_t budget = sorted.empty() ? 0 : usable(sorted[0].free_bytes);
+    const int64_t per_rank = spec.global_batch_size() / std::max(1, min_devices);
+    int64_t best = 0;
+    for (int64_t b : DivisorsDescending(per_rank)) {
+      if (EstimateRankMemory(bf16, bf16_spec, b, estimator).total_bytes() <= budget) {
+        best = b;
+        break;
+      }
+    }
+    if (best > 0) {
+      absl::StrAppend(&out, "; or spec.precision: bf16, estimated at about ",
+                      FormatBytes(EstimateRankMemory(bf16, bf16_spec, best, estimator).total_bytes()),
+                      " for per-device batch ", best, " (activations about 0.6x fp32's)");
+    }
+  }
+  return out;
+}
+
+// n devices on `nodes` nodes, `per_node` each, in rank order (node by node).
+struct Layout {
+  int nodes = 1;
+  int per_node = 0;
+  std::vector<DeviceCapacity> devices;
+  std::vector<std::string> node_names;
+};
+
+// Every way to place ranks within the bounds, in order of preference: most devices first, then fewest
+// nodes. Each node takes the same number of ranks (as torchrun's --nproc-per-node and Slurm's
+// --ntasks-per-node do), its roomiest devices; of the nodes that can, those whose roomiest devices
+// are roomiest. `devices` is sorted roomiest first.
+std::vector<Layout> LayoutsByPreference(const std::vector<DeviceCapacity>& devices, int min_devices, int max_devices,
+                                        int min_nodes, int max_nodes) {
+  std::vector<std::string> node_order;
+  std::map<std::string, std::vector<DeviceCapacity>> by_node;  // each roomiest first (devices is)
+  for (const DeviceCapacity& device : devices) {
+    auto [it, inserted] = by_node.try_emplace(device.node);
+    if (inserted) node_order.push_back(device.node);
+    it->second.push_back(device);
+  }
+  const int node_count = static_cast<int>(node_order.size());
+  std::vector<Layout> layouts;
+  for (int n = std::min(max_devices, static_cast<int>(devices.size())); n >= min_devices; --n) {
+    for (int k = min_nodes; k <= std::min({max_nodes, node_count, n}); ++k) {
+      if (n % k != 0) continue;
+      const int d = n / k;
+      std::vector<std::string> eligible;
+      for (const std::string& node : node_order) {
+        if (static_cast<int>(by_node[node].size()) >= d) eligible.push_back(node);
+      }
+      if (static_cast<int>(eligible.size()) < k) continue;
+      // The k nodes whose d-th roomiest device is roomiest, kept in the order the inventory lists them.
+      std::vector<std::string> ranked = eligible;
+      std::stable_sort(ranked.begin(), ranked.end(), [&](const std::string& a, const std::string& b) {
+        return by_node[a][d - 1].free_bytes > by_node[b][d - 1].free_bytes;
+      });
+      ranked.resize(k);
+      Layout layout;
+      layout.nodes = k;
+      layout.per_node = d;
+      for (const std::string& node : eligible) {
+        if (std::find(ranked.begin(), ranked.end(), node) == ranked.end()) continue;
+        layout.node_names.push_back(node);
+        layout.devices.insert(layout.devices.end(), by_node[node].begin(), by_node[node].begin() + d);
+      }
+      layouts.push_back(std::move(layout));
+    }
+  }
+  return layouts;
+}
+
+// "4 devices" on one machine, "4 devices (2 nodes x 2)" on a cluster.
+std::string DescribeLayout(const Layout& layout, bool cluster) {
+  std::string out = absl::StrCat(layout.devices.size(), " devices");
+  if (cluster) absl::StrAppend(&out, " (", layout.nodes, " node", layout.nodes == 1 ? "" : "s", " x ", layout.per_node, ")");
+  return out;
+}
+
+}  // namespace
+
+double ScaledLearningRate(const fitrun::v1::OptimizerSpec& optimizer, int64_t global_batch_size) {
+  const int64_t reference =
+      optimizer.reference_batch_size() > 0 ? optimizer.reference_batch_size() : global_batch_size;
+  const double ratio = static_cast<double>(global_batch_size) / static_cast<double>(reference);
+  switch (optimizer.lr_scaling()) {
+    case fitrun::v1::LR_SCALING_LINEAR: return optimizer.lr() * ratio;
+    case fitrun::v1::LR_SCALING_SQRT: return optimizer.lr() * std::sqrt(ratio);
+    default: return optimizer.lr();
+  }
+}
+
+absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
+                             const std::vector<DeviceCapacity>& devices, const EstimatorOptions& estimator,
+                             const PlanLimits& limits) {
+  const int64_t global_batch = spec.global_batch_size();
+  const auto& resources = spec.resources();
+  const int min_devices = std::max(1, resources.min_devices());
+  const int max_devices = resources.max_devices() > 0 ? resources.max_devices() : static_cast<int>(devices.size());
+  const double headroom = resources.memory_headroom();
+
+  const bool cluster = std::any_of(devices.begin(), devices.end(), [](const DeviceCapacity& d) { return !d.node.empty(); });
+  const int min_nodes = std::max(1, resources.min_nodes());
+  int max_nodes = resources.max_nodes() > 0 ? resources.max_nodes() : std::numeric_limits<int>::max();
+  if (limits.max_nodes > 0) {
+    if (min_nodes > limits.max_nodes) {
+      return absl::FailedPreconditionError(absl::StrCat("spec.resources.min_nodes: ", min_nodes, " nodes, but ",
+                                                        limits.max_nodes_reason));
+    }
+    max_nodes = std::min(max_nodes, limits.max_nodes);
+  }
+
+  if (static_cast<int>(devices.size()) < min_devices) {
+    return absl::UnavailableError(absl::StrCat("needs ", min_devices, " free device(s) (spec.resources.min_devices), ",
+                                               devices.size(), " free now"));
+  }
+  // A script's dataset is its own (train_samples 0): its epochs are its business.
+  if (model.train_samples > 0 && model.train_samples < global_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.global_batch_size: ", global_batch,
+                                                   " is larger than the dataset's ", model.train_samples,
+                                                   " training samples; use at most that"));
+  }
+
+  // The roomiest devices first, so n devices means the n with the most memory.
+  std::vector<DeviceCapacity> sorted = devices;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const DeviceCapacity& a, const DeviceCapacity& b) { return a.free_bytes > b.free_bytes; });
+  const std::vector<Layout> layouts = LayoutsByPreference(sorted, min_devices, max_devices, min_nodes, max_nodes);
+  if (layouts.empty()) {
+    return absl::UnavailableError(absl::StrCat("needs ", min_devices, " free device(s) on ", min_nodes,
+                                               " node(s) or more with the same number free on each "
+                                               "(spec.resources.min_devices, min_nodes), ",
+                                               devices.size(), " free now"));
+  }
+
+  std::vector<std::string> rejected;  // why larger device counts were not chosen
+  for (const Layout& layout : layouts) {
+    const int n = static_cast<int>(layout.devices.size());
+    const std::string described = DescribeLayout(layout, cluster);
+    if (global_batch % n != 0) {
+      rejected.push_back(absl::StrCat(described, ": global batch ", global_batch, " does not split evenly"));
+      continue;
+    }
+    const int64_t per_rank = global_batch / n;
+    const DeviceCapacity& tightest = *std::min_element(
+        layout.devices.begin(), layout.devices.end(),
+        [](const DeviceCapacity& a, const DeviceCapacity& b) { return a.free_bytes < b.free_bytes; });
+    const int64_t free_bytes = tightest.free_bytes;
+    const int64_t budget = static_cast<int64_t>(static_cast<double>(free_bytes) * (1.0 - headroom));
+
+    int64_t chosen = 0;
+    fitrun::v1::MemoryBreakdown predicted;
+    if (resources.per_device_batch() == 0 && !model.batch_not_plannable.empty()) {
+      return absl::FailedPreconditionError(model.batch_not_plannable);
+    }
+    if (resources.per_device_batch() > 0) {
+      const int64_t fixed = resources.per_device_batch();
+      if (per_rank % fixed != 0) {
+        rejected.push_back(absl::StrCat(described, ": ", per_rank, " samples per device per step is not a multiple of ",
+                                        "spec.resources.per_device_batch ", fixed));
+        continue;
+      }
+      // A fixed batch is the user's call: it is planned even when predicted not to fit, and says so.
+      chosen = fixed;
+      predicted = EstimateRankMemory(model, spec, chosen, estimator);
+    } else {
+      for (int64_t b : DivisorsDescending(per_rank)) {
+        if (limits.max_per_device_batch > 0 && b > limits.max_per_device_batch) continue;
+        fitrun::v1::MemoryBreakdown m = EstimateRankMemory(model, spec, b, estimator);
+        if (m.total_bytes() <= budget) {
+          chosen = b;
+          predicted = m;
+          break;
+        }
+      }
+      if (chosen == 0 && limits.max_per_device_batch > 0 && limits.max_per_device_batch < per_rank &&
+          EstimateRankMemory(model, spec, 1, estimator).total_bytes() <= budget) {
+        rejected.push_back(absl::StrCat(described, ": no divisor of the ", per_rank,
+                                        " samples per device per step is at most ", limits.max_per_device_batch,
+                                        ", the largest batch below the one that ran out of memory"));
+        continue;
+      }
+      if (chosen == 0) {
+        const auto smallest = EstimateRankMemory(model, spec, 1, estimator);
+        rejected.push_back(absl::StrCat(described, ": even per-device batch 1 needs ", FormatBytes(smallest.total_bytes()),
+                                        ", more than the ", FormatBytes(budget), " usable on ", tightest.id));
+        continue;
+      }
+    }
+
+    Plan plan;
+    for (const DeviceCapacity& device : layout.devices) plan.add_device_ids(device.id);
+    if (cluster) {
+      for (const std::string& node : layout.node_names) plan.add_nodes(node);
+      plan.set_devices_per_node(layout.per_node);
+    }
+    plan.set_per_device_batch(chosen);
+    plan.set_grad_accum_steps(static_cast<int32_t>(per_rank / chosen));
+    plan.set_learning_rate(ScaledLearningRate(spec.optimizer(), global_batch));
+    *plan.mutable_predicted() = predicted;
+    plan.set_usable_bytes(budget);
+    plan.set_steps_per_epoch(model.train_samples / global_batch);
+    plan.set_total_steps(spec.max_steps() > 0 ? spec.max_steps()
+                                              : static_cast<int64_t>(spec.epochs()) * plan.steps_per_epoch());
+
+    std::string why_devices = absl::StrCat("devices: ", n, " (", sorted.size(), " free, spec allows ", min_devices, "..",
+                                           resources.max_devices() > 0 ? absl::StrCat(resources.max_devices()) : "any",
+                                           "); more devices means more samples per second");
+    if (cluster) {
+      absl::StrAppend(&why_devices, "; nodes: ", layout.nodes, " x ", layout.per_node, " devices (",
+                      absl::StrJoin(layout.node_names, ", "), "), the fewest nodes that hold them: ranks on one node "
+                      "talk faster than across nodes");
+      if (limits.max_nodes > 0 && !limits.max_nodes_reason.empty()) {
+        absl::StrAppend(&why_devices, "; at most ", limits.max_nodes, " node(s): ", limits.max_nodes_reason);
+      }
+    }
+    for (const std::string& r : rejected) absl::StrAppend(&why_devices, "; not ", r);
+    plan.add_reasons(why_devices);
+
+    if (resources.per_device_batch() > 0) {
+      plan.add_reasons(absl::StrCat("per_device_batch: ", chosen, " fixed by spec.resources.per_device_batch; predicted peak ",
+                                    FormatBytes(predicted.total_bytes()), " against ", FormatBytes(budget), " usable",
+                                    predicted.total_bytes() > budget ? " (PREDICTED NOT TO FIT)" : "",
+                                    model.measured.has_value()
+                                        ? absl::StrCat("; its peak is ", model.measured->HowEstimated(chosen))
+                                        : ""));
+    } else {
+      std::string why_batch = absl::StrCat("per_device_batch: ", chosen, ", the largest divisor of the ", per_rank,
+                                           " samples each device takes per step whose predicted peak (",
+                                           FormatBytes(predicted.total_bytes()), ") fits the ", FormatBytes(budget),
+                                           " usable on ", tightest.id, " (", FormatBytes(free_bytes), " free less ",
+                                           absl::StrFormat("%.0f%%", headroom * 100), " headroom)");
+      if (model.measured.has_value()) {
+        absl::StrAppend(&why_batch, "; its peak is ", model.measured->HowEstimated(chosen));
+      }
+      if (limits.max_per_device_batch > 0) {
+        absl::StrAppend(&why_batch, "; at most ", limits.max_per_device_batch,
+                        " because a larger batch ran out of memory in an earlier attempt");
+      }
+      plan.add_reasons(why_batch);
+    }
+    plan.add_reasons(absl::StrCat("grad_accum_steps: ", plan.grad_accum_steps(), " so that ", n, " x ", chosen, " x ",
+                                  plan.grad_accum_steps(), " = global batch ", global_batch));
+    if (spec.has_script() && plan.grad_accum_steps() > 1) {
+      plan.add_reasons(absl::StrCat(
+          "the script must accumulate gradients over ", plan.grad_accum_steps(),
+          " micro-batches per optimizer step (FITRUN_GRAD_ACCUM_STEPS",
+          spec.script().grad_accum_flag().empty() ? "" : absl::StrCat(", or ", spec.script().grad_accum_flag()),
+          "); one that does not trains on a global batch of ", n * chosen,
+          spec.script().grad_accum_flag().empty() ? " (spec.script.grad_accum_flag passes it as a flag)" : ""));
+    }
+    if (!model.memory_source.empty()) plan.add_reasons(absl::StrCat("memory estimate: ", model.memory_source));
+    plan.add_reasons(absl::StrFormat("learning_rate: %g (spec lr %g, lr_scaling %s against reference batch %d)",
+                                     plan.learning_rate(), spec.optimizer().lr(),
+                                     ScalingName(spec.optimizer().lr_scaling()),
+                                     spec.optimizer().reference_batch_size() > 0
+                                         ? spec.optimizer().reference_batch_size()
+                                         : global_batch));
+    return plan;
+  }
+
+  std::string message = "no plan fits";
+  for (const std::string& r : rejected) absl::StrAppend(&message, "; ", r);
+  if (resources.per_device_batch() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.resources.per_device_batch: ", message,
+                                                   "; choose a per-device batch that divides global_batch_size / devices"));
+  }
+  if (std::all_of(rejected.begin(), rejected.end(),
+                  [](const std::string& r) { return r.find("does not split evenly") != std::string::npos; })) {
+    absl::StrAppend(&message, "; a global batch divisible by the device count would");
+    return absl::ResourceExhaustedError(message);
+  }
+  absl::StrAppend(&message, WhatWouldFit(spec, model, sorted, estimator, headroom, min_devices));
+  absl::StrAppend(&message, "; or a smaller model");
+  return absl::ResourceExhaustedError(message);
+}
+
+}  // namespace fitrun::server

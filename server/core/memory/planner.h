@@ -1,0 +1,56 @@
+// The planner: how many devices, what per-device batch and how much gradient accumulation a job gets.
+//
+// Given the devices free now and a validated spec, it keeps the global batch exact
+// (devices * per_device_batch * grad_accum_steps == global_batch_size), prefers the most devices
+// (throughput), on the fewest nodes (whole nodes first: ranks on one node talk fastest; every node
+// gets the same number of ranks), then the largest per-device batch whose predicted peak fits each device with the
+// spec's headroom (fewest accumulation passes), and scales the learning rate by the spec's rule.
+// Every choice is explained in Plan.reasons. Pure function of its inputs.
+#ifndef FITRUN_SERVER_CORE_MEMORY_PLANNER_H_
+#define FITRUN_SERVER_CORE_MEMORY_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fitrun/v1/job.pb.h"
+#include "server/core/memory/estimator.h"
+#include "server/core/memory/model_profile.h"
+
+namespace fitrun::server {
+
+// A device the plan may use, with the memory a rank could take on it, and the cluster node it is on
+// (empty on one machine).
+struct DeviceCapacity {
+  std::string id;
+  int64_t free_bytes = 0;
+  std::string node;
+};
+
+// Bounds the coordinator adds to a spec, on top of what the spec itself allows.
+struct PlanLimits {
+  // After an out-of-memory error at per-device batch b: plan only batches below b (0: no bound).
+  int64_t max_per_device_batch = 0;
+  // The most nodes a plan may span (0: no bound), and why, for the error when a spec needs more
+  // (e.g. "multi-node plans need storage every node sees: start fitrund with --shared_dir").
+  int max_nodes = 0;
+  std::string max_nodes_reason;
+};
+
+// Errors: UNAVAILABLE when fewer than min_devices are given, or fewer than min_nodes nodes with a free
+// device (wait for devices to free up); FAILED_PRECONDITION when the spec needs more nodes than
+// `limits` allow;
+// RESOURCE_EXHAUSTED when no per-device batch fits even on the roomiest devices, with what would;
+// INVALID_ARGUMENT when the spec cannot be split (e.g. a fixed per-device batch that does not divide
+// the global batch on any allowed device count).
+absl::StatusOr<fitrun::v1::Plan> PlanJob(const fitrun::v1::JobSpec& spec, const ModelProfile& model,
+                                         const std::vector<DeviceCapacity>& devices,
+                                         const EstimatorOptions& estimator = {}, const PlanLimits& limits = {});
+
+// The learning rate after the spec's scaling rule (none, linear, sqrt) against its reference batch.
+double ScaledLearningRate(const fitrun::v1::OptimizerSpec& optimizer, int64_t global_batch_size);
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_CORE_MEMORY_PLANNER_H_

@@ -1,0 +1,372 @@
+#include "server/core/memory/planner.h"
+#include "server/core/spec/workloads.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/core/spec/job_spec.h"
+#include "server/core/spec/test_specs.h"
+
+namespace fitrun::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kMiB = 1LL << 20;
+
+fitrun::v1::JobSpec MlpSpec(int64_t global_batch, int min_devices, int max_devices) {
+  return MlpTestSpec(global_batch, min_devices, max_devices);
+}
+
+ModelProfile Profile(const fitrun::v1::JobSpec& spec) { return *ProfileFor(spec); }
+
+std::vector<DeviceCapacity> Devices(int n, int64_t bytes) {
+  std::vector<DeviceCapacity> out;
+  for (int i = 0; i < n; ++i) out.push_back({"cpu:" + std::to_string(i), bytes});
+  return out;
+}
+
+TEST(EstimatorTest, BreakdownAddsUpAndCountsOptimizerState) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  const ModelProfile model = Profile(spec);
+  EXPECT_EQ(model.parameter_count, 669706);  // 784*512+512 + 512*512+512 + 512*10+10
+  fitrun::v1::MemoryBreakdown m = EstimateRankMemory(model, spec, 64);
+  EXPECT_EQ(m.weights_bytes(), 669706 * 4);
+  EXPECT_EQ(m.gradients_bytes(), m.weights_bytes());
+  EXPECT_EQ(m.optimizer_state_bytes(), m.weights_bytes());  // SGD momentum: one buffer
+  EXPECT_EQ(m.total_bytes(), m.weights_bytes() + m.gradients_bytes() + m.optimizer_state_bytes() +
+                                 m.ddp_buckets_bytes() + m.activations_bytes() + m.workspace_bytes() +
+                                 m.framework_overhead_bytes() + m.safety_margin_bytes());
+
+  spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_ADAM);
+  spec.mutable_optimizer()->set_momentum(0);
+  EXPECT_EQ(EstimateRankMemory(model, spec, 64).optimizer_state_bytes(), 2 * m.weights_bytes());
+}
+
+// A communication hook's working memory (compressed copies, PowerSGD's error feedback) is counted
+// with the DDP buckets; the plain all-reduce needs only the loss slot beside the gradients.
+TEST(EstimatorTest, CommunicationHooksAddTheirWorkingMemoryToTheBuckets) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  const ModelProfile model = Profile(spec);
+  EXPECT_EQ(EstimateRankMemory(model, spec, 64).ddp_buckets_bytes(), 4);
+  for (fitrun::v1::CommHook hook :
+       {fitrun::v1::COMM_HOOK_FP16, fitrun::v1::COMM_HOOK_BF16, fitrun::v1::COMM_HOOK_POWERSGD}) {
+    spec.mutable_ddp()->set_comm_hook(hook);
+    const fitrun::v1::MemoryBreakdown m = EstimateRankMemory(model, spec, 64);
+    EXPECT_EQ(m.ddp_buckets_bytes(), 4 + 12 * 669706) << fitrun::v1::CommHook_Name(hook);
+    EXPECT_EQ(m.total_bytes(), m.weights_bytes() + m.gradients_bytes() + m.optimizer_state_bytes() +
+                                   m.ddp_buckets_bytes() + m.activations_bytes() + m.workspace_bytes() +
+                                   m.framework_overhead_bytes() + m.safety_margin_bytes());
+  }
+}
+
+TEST(EstimatorTest, ActivationsGrowLinearlyWithBatch) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  const ModelProfile model = Profile(spec);
+  const auto m1 = EstimateRankMemory(model, spec, 1);
+  const auto m8 = EstimateRankMemory(model, spec, 8);
+  EXPECT_EQ(m8.activations_bytes(), 8 * m1.activations_bytes());
+  EXPECT_GT(m8.total_bytes(), m1.total_bytes());
+}
+
+TEST(PlannerTest, UsesEveryAllowedDeviceAndTheWholeBatchWhenItFits) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 2);
+  EXPECT_EQ(plan->per_device_batch(), 128);
+  EXPECT_EQ(plan->grad_accum_steps(), 1);
+  EXPECT_EQ(plan->steps_per_epoch(), 60000 / 256);
+  EXPECT_EQ(plan->total_steps(), 234);
+  EXPECT_FALSE(plan->reasons().empty());
+}
+
+TEST(PlannerTest, MaxDevicesCapsTheDeviceCount) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 1);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(4, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 1);
+  EXPECT_EQ(plan->per_device_batch(), 256);
+}
+
+TEST(PlannerTest, SmallDevicesGetASmallerBatchAndAccumulation) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  const ModelProfile model = Profile(spec);
+  // Room for a batch of 32 but not 64, after the 10% headroom.
+  const int64_t needed_for_32 = EstimateRankMemory(model, spec, 32).total_bytes();
+  const int64_t needed_for_64 = EstimateRankMemory(model, spec, 64).total_bytes();
+  const int64_t free_bytes = static_cast<int64_t>((needed_for_32 + needed_for_64) / 2 / 0.9);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, model, Devices(2, free_bytes));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->per_device_batch(), 32);
+  EXPECT_EQ(plan->grad_accum_steps(), 4);
+  EXPECT_EQ(plan->device_ids_size() * plan->per_device_batch() * plan->grad_accum_steps(), 256);
+  EXPECT_LE(plan->predicted().total_bytes(), static_cast<int64_t>(free_bytes * 0.9));
+}
+
+TEST(PlannerTest, AScriptThatMustAccumulateIsToldHow) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  const ModelProfile model = Profile(spec);
+  const int64_t free_bytes = static_cast<int64_t>(EstimateRankMemory(model, spec, 40).total_bytes() / 0.9);
+  spec.mutable_script()->add_command("/usr/bin/python3");
+  spec.mutable_script()->add_command("train.py");
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, model, Devices(2, free_bytes));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->grad_accum_steps(), 4);
+  std::string reasons;
+  for (const std::string& r : plan->reasons()) reasons += r + "\n";
+  EXPECT_THAT(reasons, HasSubstr("the script must accumulate gradients over 4 micro-batches per optimizer step "
+                                 "(FITRUN_GRAD_ACCUM_STEPS); one that does not trains on a global batch of 64 "
+                                 "(spec.script.grad_accum_flag passes it as a flag)"));
+  spec.mutable_script()->set_grad_accum_flag("--accum");
+  reasons.clear();
+  plan = PlanJob(spec, model, Devices(2, free_bytes));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const std::string& r : plan->reasons()) reasons += r + "\n";
+  EXPECT_THAT(reasons, HasSubstr("(FITRUN_GRAD_ACCUM_STEPS, or --accum); one that does not trains on a global batch of 64\n"));
+}
+
+TEST(PlannerTest, TheBatchIsAlwaysADivisorSoTheGlobalBatchIsExact) {
+  fitrun::v1::JobSpec spec = MlpSpec(96, 1, 1);
+  const ModelProfile model = Profile(spec);
+  // Room for 40 samples: the largest divisor of 96 that fits is 32.
+  const int64_t free_bytes = static_cast<int64_t>(EstimateRankMemory(model, spec, 40).total_bytes() / 0.9);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, model, Devices(1, free_bytes));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->per_device_batch(), 32);
+  EXPECT_EQ(plan->grad_accum_steps(), 3);
+}
+
+TEST(PlannerTest, FewerDevicesWhenTheBatchDoesNotSplit) {
+  fitrun::v1::JobSpec spec = MlpSpec(250, 1, 3);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(3, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 2);
+  EXPECT_THAT(plan->reasons(0), HasSubstr("not 3 devices: global batch 250 does not split evenly"));
+}
+
+TEST(PlannerTest, FixedPerDeviceBatchIsHonoured) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  spec.mutable_resources()->set_per_device_batch(16);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->per_device_batch(), 16);
+  EXPECT_EQ(plan->grad_accum_steps(), 8);
+}
+
+TEST(PlannerTest, FixedPerDeviceBatchThatDoesNotDivideIsAnError) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  spec.mutable_resources()->set_per_device_batch(48);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(plan.status().message(), HasSubstr("spec.resources.per_device_batch"));
+}
+
+TEST(PlannerTest, NothingFitsSaysWhatIsNeeded) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 8 * kMiB));
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(plan.status().message(), HasSubstr("even per-device batch 1 needs"));
+}
+
+// A calibrated profile whose activations dominate: 1 MiB fixed, 10 MiB per sample.
+ModelProfile ActivationHeavy(const fitrun::v1::JobSpec& spec) {
+  ModelProfile p = Profile(spec);
+  p.parameter_count = 1000;
+  p.measured = MemoryCurve({{1, 11 * kMiB}, {256, 2561 * kMiB}});
+  return p;
+}
+
+TEST(PlannerTest, NothingFitsNamesTheSmallestBatchAndBf16) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  // Batch 1 needs 11 MiB * 1.03; 12 MiB less 10% headroom is 10.8 MiB. bf16's activations (~0.6x) fit.
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, ActivationHeavy(spec), Devices(2, 12 * kMiB));
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(plan.status().message(), HasSubstr("what would fit: per-device batch 1 (the smallest) needs 11.3 MiB"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("devices with 12.6 MiB free each"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("spec.precision: bf16, estimated at about 7.2 MiB for per-device batch 1"));
+
+  spec.set_precision(fitrun::v1::PRECISION_BF16);
+  plan = PlanJob(spec, ActivationHeavy(spec), Devices(2, 12 * kMiB));
+  EXPECT_THAT(plan.status().message(), ::testing::Not(HasSubstr("spec.precision: bf16")));
+}
+
+TEST(PlannerTest, NothingFitsOnEnoughDevicesSuggestsFewer) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  const std::vector<DeviceCapacity> devices = {{"cpu:0", 64 * kMiB}, {"cpu:1", 8 * kMiB}};
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, ActivationHeavy(spec), devices);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(plan.status().message(), HasSubstr("fewer devices: 1 device(s) (cpu:0) fit batch 1, so spec.resources.min_devices: 1"));
+}
+
+TEST(PlannerTest, TooFewFreeDevicesIsUnavailable) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(1, 4096 * kMiB));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(PlannerTest, RoomiestDevicesAreChosenFirst) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 1);
+  std::vector<DeviceCapacity> devices = {{"cpu:0", 512 * kMiB}, {"cpu:1", 2048 * kMiB}};
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), devices);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids(0), "cpu:1");
+}
+
+TEST(PlannerTest, LearningRateScaling) {
+  fitrun::v1::OptimizerSpec optimizer;
+  optimizer.set_lr(0.1);
+  optimizer.set_reference_batch_size(256);
+  optimizer.set_lr_scaling(fitrun::v1::LR_SCALING_NONE);
+  EXPECT_DOUBLE_EQ(ScaledLearningRate(optimizer, 1024), 0.1);
+  optimizer.set_lr_scaling(fitrun::v1::LR_SCALING_LINEAR);
+  EXPECT_DOUBLE_EQ(ScaledLearningRate(optimizer, 1024), 0.4);
+  optimizer.set_lr_scaling(fitrun::v1::LR_SCALING_SQRT);
+  EXPECT_DOUBLE_EQ(ScaledLearningRate(optimizer, 1024), 0.2);
+}
+
+TEST(PlannerTest, MaxStepsOverridesEpochs) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  spec.set_max_steps(7);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->total_steps(), 7);
+}
+
+TEST(PlannerTest, LimitAfterOutOfMemoryKeepsTheGlobalBatchWithMoreAccumulation) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  absl::StatusOr<fitrun::v1::Plan> unbounded = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));
+  ASSERT_TRUE(unbounded.ok()) << unbounded.status();
+  ASSERT_EQ(unbounded->per_device_batch(), 128);
+
+  PlanLimits limits;
+  limits.max_per_device_batch = 127;  // 128 ran out of memory
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB), {}, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->per_device_batch(), 64);
+  EXPECT_EQ(plan->grad_accum_steps(), 2);
+  EXPECT_EQ(plan->device_ids_size() * plan->per_device_batch() * plan->grad_accum_steps(), 256);
+  EXPECT_THAT(plan->reasons(1), HasSubstr("ran out of memory"));
+}
+
+TEST(PlannerTest, NoBatchUnderTheLimitFallsBackToFewerDevicesThenFails) {
+  fitrun::v1::JobSpec spec = MlpSpec(2, 1, 2);  // one sample per device per step on 2 devices
+  PlanLimits limits;
+  limits.max_per_device_batch = 1;
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB), {}, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 2);
+  EXPECT_EQ(plan->per_device_batch(), 1);
+}
+
+// Devices of a cluster: `per_node` on each of `nodes` nodes n1.., named "n1/cpu:0".
+std::vector<DeviceCapacity> NodeDevices(int nodes, int per_node, int64_t bytes) {
+  std::vector<DeviceCapacity> out;
+  for (int node = 1; node <= nodes; ++node) {
+    for (int i = 0; i < per_node; ++i) {
+      out.push_back({"n" + std::to_string(node) + "/cpu:" + std::to_string(i), bytes, "n" + std::to_string(node)});
+    }
+  }
+  return out;
+}
+
+TEST(PlannerNodesTest, OneMachinePlansNameNoNodes) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->nodes_size(), 0);
+  EXPECT_EQ(plan->devices_per_node(), 0);
+}
+
+TEST(PlannerNodesTest, FillsWholeNodesFirst) {
+  // 4 devices fit on one node of four: one node, not two halves.
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 4);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), NodeDevices(3, 4, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->nodes(), ::testing::ElementsAre("n1"));
+  EXPECT_EQ(plan->devices_per_node(), 4);
+  EXPECT_THAT(plan->device_ids(), ::testing::ElementsAre("n1/cpu:0", "n1/cpu:1", "n1/cpu:2", "n1/cpu:3"));
+  EXPECT_THAT(plan->reasons(0), HasSubstr("nodes: 1 x 4 devices (n1)"));
+}
+
+TEST(PlannerNodesTest, SpansNodesForMoreDevicesWithTheSameCountOnEach) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 0);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), NodeDevices(2, 2, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->nodes(), ::testing::ElementsAre("n1", "n2"));
+  EXPECT_EQ(plan->devices_per_node(), 2);
+  // Ranks node by node: 0 and 1 on n1, 2 and 3 on n2.
+  EXPECT_THAT(plan->device_ids(), ::testing::ElementsAre("n1/cpu:0", "n1/cpu:1", "n2/cpu:0", "n2/cpu:1"));
+  EXPECT_EQ(plan->per_device_batch() * plan->grad_accum_steps() * 4, 256);
+}
+
+TEST(PlannerNodesTest, UnevenNodesGetEqualShares) {
+  // n1 has 3 free, n2 has 1: 4 devices cannot be split evenly over two nodes, and 3 does not divide
+  // 256, so 2 devices on n1 (fewest nodes) beats 1 + 1.
+  std::vector<DeviceCapacity> devices = NodeDevices(1, 3, 4096 * kMiB);
+  devices.push_back({"n2/cpu:0", 4096 * kMiB, "n2"});
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 0);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), devices);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 2);
+  EXPECT_THAT(plan->nodes(), ::testing::ElementsAre("n1"));
+}
+
+TEST(PlannerNodesTest, MinAndMaxNodesBoundTheNodeCount) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 4);
+  spec.mutable_resources()->set_min_nodes(2);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), NodeDevices(3, 4, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->nodes(), ::testing::ElementsAre("n1", "n2"));
+  EXPECT_EQ(plan->devices_per_node(), 2);
+
+  spec.mutable_resources()->set_min_nodes(0);
+  spec.mutable_resources()->set_max_devices(0);
+  spec.mutable_resources()->set_max_nodes(2);
+  plan = PlanJob(spec, Profile(spec), NodeDevices(3, 4, 4096 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->nodes_size(), 2);
+  EXPECT_EQ(plan->device_ids_size(), 8);
+}
+
+TEST(PlannerNodesTest, TooFewNodesWithFreeDevicesWaits) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 0);
+  spec.mutable_resources()->set_min_nodes(3);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), NodeDevices(2, 2, 4096 * kMiB));
+  EXPECT_TRUE(absl::IsUnavailable(plan.status())) << plan.status();
+  EXPECT_THAT(plan.status().message(), HasSubstr("min_nodes"));
+}
+
+TEST(PlannerNodesTest, LimitsRefuseMoreNodesNamingWhy) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 0);
+  PlanLimits limits;
+  limits.max_nodes = 1;
+  limits.max_nodes_reason = "start fitrund with --shared_dir for more";
+  spec.mutable_resources()->set_min_nodes(2);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), NodeDevices(2, 2, 4096 * kMiB), {}, limits);
+  EXPECT_TRUE(absl::IsFailedPrecondition(plan.status())) << plan.status();
+  EXPECT_THAT(plan.status().message(), HasSubstr("--shared_dir"));
+
+  spec.mutable_resources()->set_min_nodes(0);
+  plan = PlanJob(spec, Profile(spec), NodeDevices(2, 2, 4096 * kMiB), {}, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->nodes_size(), 1);
+  EXPECT_THAT(plan->reasons(0), HasSubstr("--shared_dir"));
+}
+
+TEST(PlannerNodesTest, TheTightestNodeSetsTheBatch) {
+  // n2's devices are small: two nodes means n2's budget, which is named.
+  std::vector<DeviceCapacity> devices = NodeDevices(1, 2, 4096 * kMiB);
+  devices.push_back({"n2/cpu:0", 8 * kMiB, "n2"});
+  devices.push_back({"n2/cpu:1", 8 * kMiB, "n2"});
+  fitrun::v1::JobSpec spec = MlpSpec(256, 4, 4);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), devices);
+  if (plan.ok()) {
+    EXPECT_THAT(plan->reasons(1), HasSubstr("n2/cpu:"));
+  } else {
+    EXPECT_THAT(plan.status().message(), HasSubstr("n2/cpu:"));
+  }
+}
+
+}  // namespace
+}  // namespace fitrun::server

@@ -1,0 +1,50 @@
+// Job specs as people write them (YAML) and as the coordinator accepts them (validated, defaulted).
+//
+// Every error names the field by its path as written in the YAML (`spec.optimizer.lr`) and says what
+// would be accepted, so a user can fix a spec from the message alone. Nothing here touches the
+// store or the devices: a spec is judged on its own.
+#ifndef FITRUN_SERVER_CORE_SPEC_JOB_SPEC_H_
+#define FITRUN_SERVER_CORE_SPEC_JOB_SPEC_H_
+
+#include <optional>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fitrun/v1/job.pb.h"
+
+namespace fitrun::server {
+
+// Maps YAML text onto a JobSpec. Unknown fields, wrong types and unknown enum names are
+// INVALID_ARGUMENT errors naming the field. The result is not yet validated.
+absl::StatusOr<fitrun::v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml_text);
+
+// A spec's relative paths are relative to the client that sent it: script.working_dir,
+// model.torchscript, data.path and data.test_path are made absolute against `client_dir` (the
+// client's working directory, sent with the request).
+absl::Status ResolveClientPaths(fitrun::v1::JobSpec& spec, const std::string& client_dir);
+
+// The index in script.command of the script file a Python interpreter runs (the first argument that
+// is not a flag), or nullopt when the program is not Python or runs a module (-m) or code (-c).
+std::optional<int> ScriptFileIndex(const fitrun::v1::ScriptSpec& script);
+
+// Checks ranges and cross-field rules (INVALID_ARGUMENT naming the field), including that the
+// dataset's files exist where data.path says.
+absl::Status ValidateJobSpec(const fitrun::v1::JobSpec& spec);
+
+// Fills every optional field with its documented default so that a stored spec is explicit.
+void ApplyJobSpecDefaults(fitrun::v1::JobSpec& spec);
+
+// Parse (when YAML), validate and default: what SubmitJob and PlanJob accept.
+absl::StatusOr<fitrun::v1::JobSpec> NormalizeJobSpec(fitrun::v1::JobSpec spec);
+
+// Names used in YAML and in messages ("sgd", "fp32", "fashion_mnist", ...).
+absl::string_view OptimizerKindName(fitrun::v1::OptimizerKind kind);
+absl::string_view PrecisionName(fitrun::v1::Precision precision);
+absl::string_view JobStateName(fitrun::v1::JobState state);
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_CORE_SPEC_JOB_SPEC_H_

@@ -1,0 +1,465 @@
+#include "server/core/spec/job_spec.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace fitrun::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kValidYaml[] = R"(
+name: fashion-mnist-mlp
+model: {builtin: mlp}
+data: {kind: fashion_mnist, path: /usr/share/datasets/fashion-mnist}
+optimizer: {kind: sgd, lr: 0.05, momentum: 0.9, lr_scaling: none}
+global_batch_size: 256
+epochs: 1
+precision: fp32
+resources: {min_devices: 1, max_devices: 2}
+)";
+
+absl::StatusOr<fitrun::v1::JobSpec> Normalize(const std::string& yaml) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = ParseJobSpecYaml(yaml);
+  if (!spec.ok()) return spec.status();
+  return NormalizeJobSpec(*spec);
+}
+
+TEST(JobSpecTest, TheDocumentedExampleParsesIntoEveryField) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(kValidYaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "fashion-mnist-mlp");
+  EXPECT_EQ(spec->model().builtin(), "mlp");
+  EXPECT_EQ(spec->data().kind(), fitrun::v1::DATA_KIND_FASHION_MNIST);
+  EXPECT_EQ(spec->optimizer().kind(), fitrun::v1::OPTIMIZER_KIND_SGD);
+  EXPECT_DOUBLE_EQ(spec->optimizer().lr(), 0.05);
+  EXPECT_DOUBLE_EQ(spec->optimizer().momentum(), 0.9);
+  EXPECT_EQ(spec->global_batch_size(), 256);
+  EXPECT_EQ(spec->epochs(), 1);
+  EXPECT_EQ(spec->resources().max_devices(), 2);
+}
+
+TEST(JobSpecTest, DefaultsAreFilledIn) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(kValidYaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->optimizer().reference_batch_size(), 256);
+  EXPECT_DOUBLE_EQ(spec->resources().memory_headroom(), 0.1);
+  EXPECT_DOUBLE_EQ(spec->ddp().bucket_cap_mb(), 25);
+  EXPECT_EQ(spec->ddp().collective_timeout_seconds(), 60);
+  EXPECT_EQ(spec->checkpoint().keep_last(), 2);
+}
+
+TEST(JobSpecTest, UnknownTopLevelFieldIsNamed) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(std::string(kValidYaml) + "learning_rate: 0.1\n");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec.learning_rate: unknown field"));
+  EXPECT_THAT(spec.status().message(), HasSubstr("known fields:"));
+}
+
+TEST(JobSpecTest, UnknownNestedFieldIsNamedWithItsPath) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec =
+      Normalize("name: x\noptimizer: {kind: sgd, lr: 0.1, nesterov: true}\n");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec.optimizer.nesterov: unknown field"));
+}
+
+TEST(JobSpecTest, WrongTypeIsNamed) {
+  std::string yaml = kValidYaml;
+  yaml.replace(yaml.find("global_batch_size: 256"), 22, "global_batch_size: lots");
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(yaml);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec.global_batch_size: expected an integer, got 'lots'"));
+}
+
+TEST(JobSpecTest, NegativeBatchIsRejected) {
+  std::string yaml = kValidYaml;
+  yaml.replace(yaml.find("global_batch_size: 256"), 22, "global_batch_size: -8");
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(yaml);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec.global_batch_size: must be a positive number"));
+}
+
+TEST(JobSpecTest, MissingDataPathIsRejected) {
+  std::string yaml = kValidYaml;
+  yaml.replace(yaml.find(", path: /usr/share/datasets/fashion-mnist"), 41, "");
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(yaml);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec.data.path: required"));
+}
+
+TEST(JobSpecTest, DataPathThatDoesNotExistIsRejected) {
+  std::string yaml = kValidYaml;
+  yaml.replace(yaml.find("/usr/share/datasets/fashion-mnist"), 33, "/nonexistent/fm");
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(yaml);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec.data.path: no directory '/nonexistent/fm'"));
+}
+
+TEST(JobSpecTest, UnknownEnumValueListsTheChoices) {
+  std::string yaml = kValidYaml;
+  yaml.replace(yaml.find("kind: sgd"), 9, "kind: lion");
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(yaml);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec.optimizer.kind: unknown value 'lion'"));
+  EXPECT_THAT(spec.status().message(), HasSubstr("sgd, adam, adamw"));
+}
+
+TEST(JobSpecTest, MaxDevicesBelowMinDevicesIsRejected) {
+  std::string yaml = kValidYaml;
+  yaml.replace(yaml.find("{min_devices: 1, max_devices: 2}"), 32, "{min_devices: 2, max_devices: 1}");
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(yaml);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec.resources.max_devices: must be >= min_devices (got 1 < 2)"));
+}
+
+TEST(JobSpecTest, UnknownModelIsRejected) {
+  std::string yaml = kValidYaml;
+  yaml.replace(yaml.find("builtin: mlp"), 12, "builtin: resnet");
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(yaml);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec.model.builtin: unknown model 'resnet'"));
+}
+
+TEST(JobSpecTest, TrainingLengthIsRequired) {
+  std::string yaml = kValidYaml;
+  yaml.replace(yaml.find("epochs: 1"), 9, "epochs: 0");
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(yaml);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec.epochs: set epochs or max_steps"));
+}
+
+TEST(JobSpecTest, Bf16IsAcceptedAndFp16NeedsCuda) {
+  std::string yaml = kValidYaml;
+  yaml.replace(yaml.find("precision: fp32"), 15, "precision: bf16");
+  EXPECT_TRUE(Normalize(yaml).ok());
+  yaml.replace(yaml.find("precision: bf16"), 15, "precision: fp16");
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(yaml);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec.precision: fp16 needs CUDA devices"));
+}
+
+// spec.ddp.comm_hook: PyTorch's DDP communication hooks by name, PowerSGD's knobs with
+// PowerSGDState's defaults, and every refusal naming the field and what would be accepted.
+TEST(JobSpecTest, CommHookDefaultsToNoneAndTakesPyTorchsHooks) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(kValidYaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->ddp().comm_hook(), fitrun::v1::COMM_HOOK_NONE);
+  EXPECT_FALSE(spec->ddp().has_powersgd_rank());
+  EXPECT_FALSE(spec->ddp().has_powersgd_start_iter());
+
+  for (const auto& [name, hook] : std::vector<std::pair<std::string, fitrun::v1::CommHook>>{
+           {"none", fitrun::v1::COMM_HOOK_NONE},
+           {"fp16", fitrun::v1::COMM_HOOK_FP16},
+           {"bf16", fitrun::v1::COMM_HOOK_BF16},
+           {"powersgd", fitrun::v1::COMM_HOOK_POWERSGD}}) {
+    spec = Normalize(std::string(kValidYaml) + "ddp: {bucket_cap_mb: 4, comm_hook: " + name + "}\n");
+    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
+    EXPECT_EQ(spec->ddp().comm_hook(), hook) << name;
+    EXPECT_DOUBLE_EQ(spec->ddp().bucket_cap_mb(), 4);
+  }
+  // PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=1_000).
+  EXPECT_EQ(spec->ddp().powersgd_rank(), 1);
+  EXPECT_EQ(spec->ddp().powersgd_start_iter(), 1000);
+
+  spec = Normalize(std::string(kValidYaml) +
+                   "ddp: {comm_hook: powersgd, powersgd_rank: 4, powersgd_start_iter: 2}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->ddp().powersgd_rank(), 4);
+  EXPECT_EQ(spec->ddp().powersgd_start_iter(), 2);
+}
+
+TEST(JobSpecTest, CommHookErrorsNameTheFieldAndTheAllowedValues) {
+  const auto error = [](const std::string& ddp) {
+    return std::string(Normalize(std::string(kValidYaml) + "ddp: " + ddp + "\n").status().message());
+  };
+  EXPECT_THAT(error("{comm_hook: int8}"),
+              HasSubstr("spec.ddp.comm_hook: unknown value 'int8' (line 10); use one of: none, fp16, bf16, powersgd"));
+  EXPECT_THAT(error("{comm_hook: powersgd, powersgd_start_iter: 1}"),
+              HasSubstr("spec.ddp.powersgd_start_iter: must be >= 2 (got 1)"));
+  EXPECT_THAT(error("{comm_hook: powersgd, powersgd_start_iter: 1}"),
+              HasSubstr("PyTorch's PowerSGDState requires start_powerSGD_iter > 1"));
+  EXPECT_THAT(error("{comm_hook: powersgd, powersgd_start_iter: 0}"),
+              HasSubstr("spec.ddp.powersgd_start_iter: must be >= 2 (got 0)"));
+  EXPECT_THAT(error("{comm_hook: powersgd, powersgd_rank: 0}"),
+              HasSubstr("spec.ddp.powersgd_rank: must be >= 1 (got 0)"));
+  EXPECT_THAT(error("{comm_hook: powersgd, powersgd_rank: -3}"),
+              HasSubstr("spec.ddp.powersgd_rank: must be >= 1 (got -3)"));
+  EXPECT_THAT(error("{comm_hook: powersgd, powersgd_rank: two}"),
+              HasSubstr("spec.ddp.powersgd_rank: expected an integer, got 'two'"));
+  EXPECT_THAT(error("{comm_hook: fp16, powersgd_rank: 2}"),
+              HasSubstr("spec.ddp.powersgd_rank: only used with comm_hook: powersgd (got comm_hook: fp16)"));
+  EXPECT_THAT(error("{powersgd_start_iter: 100}"),
+              HasSubstr("spec.ddp.powersgd_start_iter: only used with comm_hook: powersgd (got comm_hook: none)"));
+
+  // Through the API, where no YAML names the enum.
+  absl::StatusOr<fitrun::v1::JobSpec> parsed = ParseJobSpecYaml(kValidYaml);
+  ASSERT_TRUE(parsed.ok());
+  parsed->mutable_ddp()->set_comm_hook(static_cast<fitrun::v1::CommHook>(9));
+  EXPECT_THAT(std::string(NormalizeJobSpec(*parsed).status().message()),
+              HasSubstr("spec.ddp.comm_hook: unknown value 9; use one of: none, fp16, bf16, powersgd"));
+}
+
+TEST(JobSpecTest, InvalidYamlSaysWhere) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = ParseJobSpecYaml("name: [unclosed\n");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("not valid YAML at line"));
+}
+
+// ---- the workload zoo: gpt on text, sasrec on MovieLens ratings, TorchScript modules -------------
+
+std::string WriteTempFile(const std::string& name, const std::string& bytes) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+std::string GptYaml(const std::string& text_path, const std::string& gpt = "{layers: 2, heads: 4, hidden: 128, context: 64}") {
+  return "name: gpt\nmodel: {builtin: gpt, gpt: " + gpt + "}\ndata: {kind: text, path: " + text_path +
+         "}\noptimizer: {kind: adamw, lr: 0.001}\nglobal_batch_size: 32\nmax_steps: 10\n";
+}
+
+TEST(JobSpecTest, GptSpecParsesItsConfig) {
+  const std::string text = WriteTempFile("gpt.txt", std::string(5000, 'a'));
+  absl::StatusOr<fitrun::v1::JobSpec> spec =
+      Normalize(GptYaml(text, "{layers: 3, heads: 4, hidden: 64, context: 32, tied_head: true}"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().builtin(), "gpt");
+  EXPECT_EQ(spec->model().gpt().layers(), 3);
+  EXPECT_EQ(spec->model().gpt().heads(), 4);
+  EXPECT_EQ(spec->model().gpt().hidden(), 64);
+  EXPECT_EQ(spec->model().gpt().context(), 32);
+  EXPECT_TRUE(spec->model().gpt().tied_head());
+  EXPECT_EQ(spec->data().kind(), fitrun::v1::DATA_KIND_TEXT);
+}
+
+TEST(JobSpecTest, GptConfigErrorsNameTheField) {
+  const std::string text = WriteTempFile("gpt.txt", std::string(5000, 'a'));
+  absl::Status heads = Normalize(GptYaml(text, "{layers: 2, heads: 3, hidden: 128, context: 64}")).status();
+  EXPECT_EQ(heads.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(heads.message(), HasSubstr("spec.model.gpt.heads: must divide hidden"));
+  EXPECT_THAT(Normalize(GptYaml(text, "{layers: 0, heads: 4, hidden: 128, context: 64}")).status().message(),
+              HasSubstr("spec.model.gpt.layers"));
+  EXPECT_THAT(Normalize("name: g\nmodel: {builtin: gpt}\ndata: {kind: text, path: " + text +
+                        "}\nglobal_batch_size: 8\nmax_steps: 1\n")
+                  .status()
+                  .message(),
+              HasSubstr("spec.model.gpt: required"));
+  EXPECT_THAT(Normalize(GptYaml(text, "{layers: 2, heads: 4, hidden: 128, context: 64, tied_head: maybe}"))
+                  .status()
+                  .message(),
+              HasSubstr("spec.model.gpt.tied_head: expected true or false"));
+}
+
+TEST(JobSpecTest, GptDataMustBeAnExistingLargeEnoughTextFile) {
+  absl::Status missing = Normalize(GptYaml("/nonexistent/corpus.txt")).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.message(), HasSubstr("spec.data.path: no file '/nonexistent/corpus.txt'"));
+
+  // context 64 needs 10 * 65 + 10 = 660 bytes so the last 10% holds a window.
+  const std::string small = WriteTempFile("small.txt", std::string(659, 'a'));
+  EXPECT_THAT(Normalize(GptYaml(small)).status().message(), HasSubstr("needs at least 660"));
+  const std::string enough = WriteTempFile("enough.txt", std::string(660, 'a'));
+  EXPECT_TRUE(Normalize(GptYaml(enough)).ok());
+
+  const std::string text = WriteTempFile("gpt.txt", std::string(5000, 'a'));
+  std::string wrong_kind = GptYaml(text);
+  wrong_kind.replace(wrong_kind.find("kind: text"), 10, "kind: fashion_mnist");
+  EXPECT_THAT(Normalize(wrong_kind).status().message(),
+              HasSubstr("spec.data.kind: model gpt trains on text or movielens data; set kind: text"));
+}
+
+TEST(JobSpecTest, SasRecSpecParsesAndChecksItsConfig) {
+  const std::string ratings = WriteTempFile("ratings.dat", "1::10::5::100\n1::11::4::101\n1::12::3::102\n");
+  const std::string yaml = "name: rec\nmodel: {builtin: sasrec, sasrec: {max_len: 50, hidden: 64, blocks: 2, heads: HEADS}}\n"
+                           "data: {kind: movielens, path: " + ratings + "}\noptimizer: {kind: adam, lr: 0.001}\nglobal_batch_size: 8\nepochs: 1\n";
+  auto with_heads = [&](const std::string& heads) {
+    std::string y = yaml;
+    y.replace(y.find("HEADS"), 5, heads);
+    return y;
+  };
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(with_heads("1"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().sasrec().max_len(), 50);
+  EXPECT_EQ(spec->model().sasrec().hidden(), 64);
+  EXPECT_EQ(spec->model().sasrec().blocks(), 2);
+  EXPECT_EQ(spec->data().kind(), fitrun::v1::DATA_KIND_MOVIELENS);
+  EXPECT_THAT(Normalize(with_heads("3")).status().message(), HasSubstr("spec.model.sasrec.heads: must divide hidden"));
+
+  std::string missing = with_heads("1");
+  missing.replace(missing.find(ratings), ratings.size(), "/nonexistent/ratings.dat");
+  EXPECT_THAT(Normalize(missing).status().message(), HasSubstr("spec.data.path: no file '/nonexistent/ratings.dat'"));
+}
+
+TEST(JobSpecTest, TorchScriptNeedsAFileAndFashionMnist) {
+  const std::string module = WriteTempFile("model.pt", "not checked here");
+  const std::string yaml = "name: ts\nmodel: {torchscript: PATH}\n"
+                           "data: {kind: fashion_mnist, path: /usr/share/datasets/fashion-mnist}\n"
+                           "optimizer: {kind: sgd, lr: 0.05}\nglobal_batch_size: 8\nepochs: 1\n";
+  auto at = [&](const std::string& path) {
+    std::string y = yaml;
+    y.replace(y.find("PATH"), 4, path);
+    return y;
+  };
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(at(module));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().torchscript(), module);
+  EXPECT_THAT(Normalize(at("/nonexistent/model.pt")).status().message(),
+              HasSubstr("spec.model.torchscript: no file '/nonexistent/model.pt'"));
+  EXPECT_THAT(Normalize("name: x\nmodel: {builtin: mlp, gpt: {layers: 1}}\n"
+                        "data: {kind: fashion_mnist, path: /usr/share/datasets/fashion-mnist}\n"
+                        "global_batch_size: 8\nepochs: 1\n")
+                  .status()
+                  .message(),
+              HasSubstr("spec.model.gpt: only for builtin gpt"));
+}
+
+
+// A script job whose working directory holds train.py, submitted from `client_dir`.
+absl::StatusOr<fitrun::v1::JobSpec> NormalizeScript(const std::string& script_yaml, const std::string& client_dir) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec =
+      ParseJobSpecYaml("name: s\nscript: " + script_yaml + "\nglobal_batch_size: 16\noptimizer: {lr: 0.001}\n");
+  if (!spec.ok()) return spec.status();
+  if (absl::Status resolved = ResolveClientPaths(*spec, client_dir); !resolved.ok()) return resolved;
+  return NormalizeJobSpec(*spec);
+}
+
+TEST(JobSpecTest, AScriptSpecIsCheckedWhereItsRanksWillRunIt) {
+  const std::string dir = std::filesystem::path(WriteTempFile("train.py", "print('hi')\n")).parent_path().string();
+  absl::StatusOr<fitrun::v1::JobSpec> spec = NormalizeScript(
+      "{command: [/usr/bin/python3, train.py, --epochs, '1'], working_dir: ., env: {OMP_NUM_THREADS: '1'}, "
+      "batch_flag: --batch_size, grad_accum_flag: --accum}",
+      dir);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->script().working_dir(), dir);  // resolved against the client's directory
+  EXPECT_EQ(spec->script().grad_accum_flag(), "--accum");
+  EXPECT_EQ(spec->script().env().at("OMP_NUM_THREADS"), "1");
+
+  auto error = [&](const std::string& script) { return std::string(NormalizeScript(script, dir).status().message()); };
+  EXPECT_THAT(error("{command: [no-such-python-here, train.py], working_dir: .}"),
+              HasSubstr("spec.script.command[0]: 'no-such-python-here' is not on PATH"));
+  EXPECT_THAT(error("{command: [/usr/bin/python3, missing.py], working_dir: .}"),
+              HasSubstr("spec.script.command[1]: no file 'missing.py' in spec.script.working_dir"));
+  EXPECT_THAT(error("{command: [/usr/bin/python3, train.py], working_dir: no/such/dir}"),
+              HasSubstr("spec.script.working_dir"));
+  EXPECT_THAT(error("{command: [/usr/bin/python3, train.py], working_dir: ., batch_flag: batch}"),
+              HasSubstr("spec.script.batch_flag: a flag such as --batch_size"));
+  EXPECT_THAT(error("{command: [/usr/bin/python3, train.py], working_dir: ., grad_accum_flag: accum}"),
+              HasSubstr("spec.script.grad_accum_flag: a flag such as --grad_accum_steps"));
+  EXPECT_THAT(error("{command: [/usr/bin/python3, train.py], working_dir: ., env: {RANK: '3'}}"),
+              HasSubstr("spec.script.env.RANK: set by fitrun for every rank"));
+  EXPECT_THAT(error("{command: [/usr/bin/python3, train.py], working_dir: ., env: {FITRUN_LR: '3'}}"),
+              HasSubstr("spec.script.env.FITRUN_LR: set by fitrun for every rank"));
+  EXPECT_THAT(error("{command: [], working_dir: .}"), HasSubstr("spec.script.command"));
+
+  // A script's DDP is its own: fitrun's communication hooks are the built-in trainer's.
+  spec = ParseJobSpecYaml("name: s\nscript: {command: [/usr/bin/python3, train.py], working_dir: " + dir +
+                          "}\nglobal_batch_size: 16\noptimizer: {lr: 0.001}\nddp: {comm_hook: fp16}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_THAT(std::string(NormalizeJobSpec(*spec).status().message()),
+              HasSubstr("spec.ddp.comm_hook: applies to fitrun's built-in training (got fp16 on a script job)"));
+}
+
+
+// Tensors datasets checked at submit from the files Python's torch.save writes (no LibTorch here).
+class TensorsSpecTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = std::filesystem::path(WriteTempFile("tensors_write.py", R"PY(
+import sys, torch
+d = sys.argv[1]
+x = torch.randn(40, 3)
+classes = torch.randint(0, 4, (40,))
+torch.save({"x": x, "mask": torch.ones(40, 5, dtype=torch.bool), "target": classes}, d + "/train.pt")
+torch.save({"x": x[:8], "mask": torch.ones(8, 5, dtype=torch.bool), "target": classes[:8]}, d + "/test.pt")
+torch.save({"x": x[:8], "mask": torch.ones(8, 4, dtype=torch.bool), "target": classes[:8]}, d + "/test_bad.pt")
+torch.save({"x": x, "target": torch.randn(40)}, d + "/regression.pt")
+torch.save({"x": x[:30], "target": classes}, d + "/uneven.pt")
+torch.save({"inputs": x}, d + "/no_target.pt")
+torch.save(x, d + "/bare_tensor.pt")
+open(d + "/model.pt", "wb").write(b"only its size is read at submit")
+)PY")).parent_path().string();
+    const std::string command = "/usr/bin/python3 " + dir + "/tensors_write.py " + dir;
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    dir_ = new std::string(dir);
+  }
+  static std::string Yaml(const std::string& data, const std::string& extra = "") {
+    return "name: t\nmodel: {torchscript: " + *dir_ + "/model.pt}\ndata: {kind: tensors, path: " + *dir_ + "/" + data +
+           "}\noptimizer: {kind: adam, lr: 0.001}\nglobal_batch_size: 8\nepochs: 1\n" + extra;
+  }
+  static std::string Error(const std::string& yaml) { return std::string(Normalize(yaml).status().message()); }
+  static std::string* dir_;
+};
+std::string* TensorsSpecTest::dir_ = nullptr;
+
+TEST_F(TensorsSpecTest, AGoodFileGetsItsDefaultsAndALoss) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(Yaml("train.pt"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().kind(), fitrun::v1::DATA_KIND_TENSORS);
+  EXPECT_EQ(spec->data().target(), "target");
+  EXPECT_DOUBLE_EQ(spec->data().test_fraction(), 0.1);
+  EXPECT_EQ(spec->loss().kind(), fitrun::v1::LOSS_KIND_CROSS_ENTROPY);
+  absl::StatusOr<fitrun::v1::JobSpec> mapped =
+      Normalize(Yaml("train.pt", "loss: {kind: cross_entropy, ignore_index: -100}\n"));
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ(mapped->loss().ignore_index(), -100);
+  EXPECT_TRUE(Normalize(Yaml("regression.pt", "loss: mse\n")).ok());
+  std::string with_test = Yaml("train.pt");
+  with_test.replace(with_test.find("}\noptimizer"), 1, ", test_path: " + *dir_ + "/test.pt, inputs: [mask, x]}");
+  absl::StatusOr<fitrun::v1::JobSpec> tested = Normalize(with_test);
+  ASSERT_TRUE(tested.ok()) << tested.status();
+  EXPECT_FALSE(tested->data().has_test_fraction());
+  EXPECT_EQ(tested->data().inputs_size(), 2);
+}
+
+TEST_F(TensorsSpecTest, EveryMalformedFileOrFieldIsRefusedNamingTheFieldAndWhatWasFound) {
+  EXPECT_THAT(Error(Yaml("no_target.pt")),
+              HasSubstr("spec.data.path: '" + *dir_ + "/no_target.pt' has no tensor 'target' (it has inputs float32 "
+                        "[40, 3]); name the target's key in spec.data.target"));
+  EXPECT_THAT(Error(Yaml("train.pt").replace(Yaml("train.pt").find("}\noptimizer"), 1, ", target: label}")),
+              HasSubstr("spec.data.target: '" + *dir_ + "/train.pt' has no tensor 'label'"));
+  EXPECT_THAT(Error(Yaml("train.pt").replace(Yaml("train.pt").find("}\noptimizer"), 1, ", inputs: [x, y]}")),
+              HasSubstr("spec.data.inputs[1]: '" + *dir_ + "/train.pt' has no tensor 'y'"));
+  EXPECT_THAT(Error(Yaml("uneven.pt")), HasSubstr("'x' is float32 [30, 3] but 'target' is int64 [40]"));
+  EXPECT_THAT(Error(Yaml("bare_tensor.pt")), HasSubstr("spec.data.path: '" + *dir_ + "/bare_tensor.pt': it holds an "
+                                                       "object made by torch._utils._rebuild_tensor_v2; save a dict"));
+  EXPECT_THAT(Error(Yaml("model.pt")), HasSubstr("spec.data.path: '" + *dir_ + "/model.pt': not a zip archive"));
+  EXPECT_THAT(Error(Yaml("nothing.pt")), HasSubstr("spec.data.path: no file '" + *dir_ + "/nothing.pt'"));
+  EXPECT_THAT(Error(Yaml("train.pt").replace(Yaml("train.pt").find("}\noptimizer"), 1,
+                                              ", test_path: " + *dir_ + "/test_bad.pt}")),
+              HasSubstr("spec.data.test_path: '" + *dir_ + "/test_bad.pt' must hold 'mask' like the training file "
+                        "(bool [40, 5] there, all with one sample count); it has bool [8, 4]"));
+  EXPECT_THAT(Error(Yaml("train.pt").replace(Yaml("train.pt").find("}\noptimizer"), 1, ", test_fraction: 0.01}")),
+              HasSubstr("spec.data.test_fraction: holds out no test sample of 40"));
+  EXPECT_THAT(Error(Yaml("regression.pt")),
+              HasSubstr("spec.loss: cross_entropy needs integer classes as its target; 'target' is float32 [40]. "
+                        "For a regression set loss: mse"));
+  EXPECT_THAT(Error(Yaml("train.pt", "loss: mse\n")), HasSubstr("needs a floating-point target; 'target' is int64 [40]"));
+  EXPECT_THAT(Error(Yaml("regression.pt", "loss: {kind: mse, ignore_index: 0}\n")),
+              HasSubstr("spec.loss.ignore_index: only for cross_entropy"));
+  EXPECT_THAT(Error(Yaml("train.pt", "loss: hinge\n")), HasSubstr("spec.loss"));
+  EXPECT_THAT(Error(std::string(kValidYaml) + "loss: mse\n"),
+              HasSubstr("spec.loss: only for torchscript models; the builtin mlp trains with its own loss"));
+}
+
+TEST(JobSpecTest, RelativeDataAndModelPathsAreTheClients) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = ParseJobSpecYaml(
+      "name: t\nmodel: {torchscript: models/m.pt}\ndata: {kind: tensors, path: data/train.pt, test_path: "
+      "./data/../data/test.pt}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(ResolveClientPaths(*spec, "/home/me/project").ok());
+  EXPECT_EQ(spec->model().torchscript(), "/home/me/project/models/m.pt");
+  EXPECT_EQ(spec->data().path(), "/home/me/project/data/train.pt");
+  EXPECT_EQ(spec->data().test_path(), "/home/me/project/data/test.pt");
+  fitrun::v1::JobSpec relative = *ParseJobSpecYaml("name: t\ndata: {kind: tensors, path: x.pt}\n");
+  EXPECT_THAT(ResolveClientPaths(relative, "").message(),
+              HasSubstr("spec.data.path: 'x.pt' is relative and the request gave no client_dir"));
+}
+
+}  // namespace
+}  // namespace fitrun::server

@@ -1,0 +1,212 @@
+#include "server/core/spec/workload_profiles.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <fstream>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "proto/contract/data_contract.h"
+#include "server/core/spec/tensor_file.h"
+
+namespace fitrun::server {
+namespace {
+
+constexpr int64_t kFloat = 4;
+constexpr int64_t kByteVocabulary = 256;
+constexpr int64_t kFashionMnistTrainSamples = 60000;
+constexpr int64_t kFashionMnistSampleBytes = 28 * 28 * kFloat + 8;  // image + int64 label
+
+int64_t Linear(int64_t in, int64_t out) { return in * out + out; }
+int64_t Conv(int64_t in, int64_t out, int64_t k) { return in * out * k * k + out; }
+
+// Bytes one transformer layer keeps per sample for backward: s*h*(34 + 5*a*s/h) in 16-bit
+// (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", without
+// dropout masks counted separately), doubled for fp32.
+int64_t TransformerLayerActivationBytes(int64_t s, int64_t h, int64_t a) {
+  return 2 * (s * h * 34 + 5 * a * s * s);
+}
+
+// The gpt's parameters and activations over `vocabulary` tokens: the layers', plus the embedding
+// sum and the logits with their log-softmax and gradient.
+ModelProfile GptWithVocabulary(const fitrun::v1::GptConfig& c, int64_t vocabulary) {
+  const int64_t h = c.hidden();
+  const int64_t s = c.context();
+  ModelProfile p;
+  p.parameter_count = vocabulary * h + s * h + c.layers() * (12 * h * h + 13 * h) + 2 * h + (c.tied_head() ? 0 : vocabulary * h);
+  p.activation_bytes_per_sample = c.layers() * TransformerLayerActivationBytes(s, h, c.heads()) + 2 * s * h * kFloat +
+                                  3 * s * vocabulary * kFloat;
+  return p;
+}
+
+// What sizes a ratings workload: the items (the embedding) and the users with at least three
+// ratings (the training samples, worker/data/movielens.h). The file is scanned once: about 0.1 s
+// for MovieLens-1M's million lines, and only when a job is planned.
+struct RatingsCounts {
+  int64_t items = 0;
+  int64_t trainable_users = 0;
+};
+absl::StatusOr<RatingsCounts> CountRatings(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) return absl::InvalidArgumentError(absl::StrCat("spec.data.path: cannot read '", path, "'"));
+  std::unordered_set<int64_t> items;
+  std::unordered_map<int64_t, int64_t> ratings_per_user;
+  std::string line;
+  int64_t line_number = 0;
+  while (std::getline(file, line)) {
+    ++line_number;
+    if (line.empty() || line == "\r") continue;
+    const size_t first = line.find("::");
+    const size_t second = first == std::string::npos ? first : line.find("::", first + 2);
+    int64_t user = 0;
+    int64_t item = 0;
+    if (second == std::string::npos || !absl::SimpleAtoi(line.substr(0, first), &user) ||
+        !absl::SimpleAtoi(line.substr(first + 2, second - first - 2), &item)) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.data.path: '", path, "' line ",
+                                                     line_number, " is not user::item::rating::timestamp"));
+    }
+    items.insert(item);
+    ++ratings_per_user[user];
+  }
+  RatingsCounts counts;
+  counts.items = static_cast<int64_t>(items.size());
+  for (const auto& [user, count] : ratings_per_user) {
+    if (count >= 3) ++counts.trainable_users;
+  }
+  return counts;
+}
+
+}  // namespace
+
+// mlp: 784-512-512-10 with ReLU. Autograd saves each Linear's input and each ReLU's output; backward
+// holds one activation-gradient per layer at a time, counted as the widest layer twice.
+ModelProfile MlpProfile() {
+  ModelProfile p;
+  p.parameter_count = Linear(784, 512) + Linear(512, 512) + Linear(512, 10);
+  const int64_t saved = 784 + 512 + 512 + 512 + 512 + 10 + 10;  // inputs, pre/post ReLU, logits, softmax
+  const int64_t backward_transient = 2 * 784;
+  p.activation_bytes_per_sample = (saved + backward_transient) * kFloat;
+  p.input_bytes_per_sample = kFashionMnistSampleBytes;
+  p.train_samples = kFashionMnistTrainSamples;
+  return p;
+}
+
+// cnn: conv 1->32 3x3, conv 32->64 3x3, max-pool 2, fc 9216->128, fc 128->10.
+ModelProfile CnnProfile() {
+  ModelProfile p;
+  p.parameter_count = Conv(1, 32, 3) + Conv(32, 64, 3) + Linear(9216, 128) + Linear(128, 10);
+  const int64_t conv1 = 32 * 26 * 26;
+  const int64_t conv2 = 64 * 24 * 24;
+  const int64_t pooled = 64 * 12 * 12;
+  // conv outputs and their ReLUs, the pooled map (plus its int64 argmax indices), fc activations.
+  const int64_t saved_floats = 784 + 2 * conv1 + 2 * conv2 + pooled + 2 * 128 + 2 * 10;
+  const int64_t saved_bytes = saved_floats * kFloat + pooled * 8;
+  // Backward materialises the gradient of the widest activations (conv2 and conv1) at once.
+  const int64_t backward_transient = (conv2 + conv1) * kFloat;
+  p.activation_bytes_per_sample = saved_bytes + backward_transient;
+  p.input_bytes_per_sample = kFashionMnistSampleBytes;
+  p.train_samples = kFashionMnistTrainSamples;
+  return p;
+}
+
+
+// gpt: see worker/models/gpt.h. Parameters as GptParameterCount there; activations are the layers'
+// plus the embedding sum and the 256-way logits with their log-softmax and gradient.
+absl::StatusOr<ModelProfile> GptProfile(const fitrun::v1::JobSpec& spec) {
+  const int64_t s = spec.model().gpt().context();
+  ModelProfile p = GptWithVocabulary(spec.model().gpt(), kByteVocabulary);
+  p.input_bytes_per_sample = 2 * s;  // uint8 window and its shifted targets
+  // As worker/data/text.h: windows of context + 1 bytes every context bytes over the first 90%.
+  std::error_code error;
+  const int64_t bytes = static_cast<int64_t>(std::filesystem::file_size(spec.data().path(), error));
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.data.path: cannot read the size of '", spec.data().path(), "': ", error.message()));
+  }
+  const int64_t train_bytes = bytes * 9 / 10;
+  p.train_samples = train_bytes < 1 ? 0 : (train_bytes - 1) / s;
+  return p;
+}
+
+// sasrec: see worker/models/sasrec.h; sized by its ratings file (CountRatings).
+absl::StatusOr<ModelProfile> SasRecProfile(const fitrun::v1::JobSpec& spec) {
+  absl::StatusOr<RatingsCounts> ratings = CountRatings(spec.data().path());
+  if (!ratings.ok()) return ratings.status();
+  const fitrun::v1::SasRecConfig& c = spec.model().sasrec();
+  const int64_t d = c.hidden();
+  const int64_t s = c.max_len();
+  ModelProfile p;
+  p.parameter_count = (ratings->items + 1) * d + s * d + c.blocks() * (6 * d * d + 10 * d) + 2 * d;
+  // The blocks, plus the sequence, positive and negative embeddings and their gradients.
+  p.activation_bytes_per_sample = c.blocks() * TransformerLayerActivationBytes(s, d, c.heads()) + 6 * s * d * kFloat;
+  p.input_bytes_per_sample = 2 * s * 8;  // int64 item sequence and next items
+  p.train_samples = ratings->trainable_users;
+  return p;
+}
+
+// The gpt recommender (worker/models/gpt.h, CreateGptRecommender): the gpt over a vocabulary of the
+// ratings file's items plus padding, one sample per user with 3 or more ratings.
+absl::StatusOr<ModelProfile> GptRecommenderProfile(const fitrun::v1::JobSpec& spec) {
+  absl::StatusOr<RatingsCounts> ratings = CountRatings(spec.data().path());
+  if (!ratings.ok()) return ratings.status();
+  ModelProfile p = GptWithVocabulary(spec.model().gpt(), ratings->items + 1);
+  p.input_bytes_per_sample = 2 * int64_t{spec.model().gpt().context()} * 8;  // int64 items and next items
+  p.train_samples = ratings->trainable_users;
+  return p;
+}
+
+// A TorchScript model on a tensors file: parameters bounded by the module file's size, samples and
+// their bytes from the tensors file's header. Its activations are unknown without running it, so
+// they are guessed generously (64x a sample's bytes, at least the cnn's): the probe measures the
+// workload before any of its plans launches.
+absl::StatusOr<ModelProfile> TorchScriptOnTensorsProfile(const fitrun::v1::JobSpec& spec) {
+  absl::StatusOr<ModelProfile> p = TorchScriptProfile(spec);
+  if (!p.ok()) return p.status();
+  absl::StatusOr<std::map<std::string, TensorInfo>> tensors = ReadTensorDict(spec.data().path());
+  if (!tensors.ok()) return absl::InvalidArgumentError(absl::StrCat("spec.data.path: ", tensors.status().message()));
+  int64_t n = 0;
+  int64_t sample_bytes = 0;
+  for (const auto& [key, info] : *tensors) {
+    if (info.shape.empty()) continue;
+    n = std::max(n, info.shape[0]);
+    int64_t elements = 1;
+    for (size_t d = 1; d < info.shape.size(); ++d) elements *= info.shape[d];
+    const int64_t element_bytes = info.dtype == "float64" || info.dtype == "int64"                                   ? 8
+                                  : info.dtype == "float32" || info.dtype == "int32"                                 ? 4
+                                  : info.dtype == "float16" || info.dtype == "bfloat16" || info.dtype == "int16" ? 2
+                                                                                                                  : 1;
+    sample_bytes += elements * element_bytes;
+  }
+  p->input_bytes_per_sample = sample_bytes;
+  p->activation_bytes_per_sample = std::max(p->activation_bytes_per_sample, 64 * sample_bytes);
+  p->train_samples = spec.data().test_path().empty()
+                         ? n - fitrun::contract::data::TestSamples(n, spec.data().has_test_fraction()
+                                                                     ? spec.data().test_fraction()
+                                                                     : fitrun::contract::data::kDefaultTestFraction)
+                         : n;
+  p->memory_source = "analytic: parameters bounded by the TorchScript file's size, activations guessed as 64x a "
+                     "sample's bytes (the probe measures them)";
+  return p;
+}
+
+// A TorchScript file cannot be read here without LibTorch. Its parameters are stored uncompressed
+// in the file's zip archive beside small code and pickle entries, so size / 4 bounds the float32
+// parameter count from above; activations are unknown and taken as the builtin cnn's.
+absl::StatusOr<ModelProfile> TorchScriptProfile(const fitrun::v1::JobSpec& spec) {
+  std::error_code error;
+  const int64_t bytes = static_cast<int64_t>(std::filesystem::file_size(spec.model().torchscript(), error));
+  if (error) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.model.torchscript: cannot read the size of '",
+                                                   spec.model().torchscript(), "': ", error.message()));
+  }
+  ModelProfile p = CnnProfile();
+  p.parameter_count = bytes / kFloat;
+  p.memory_source = "analytic: parameters bounded by the TorchScript file's size, activations taken as the cnn's";
+  return p;
+}
+
+}  // namespace fitrun::server

@@ -1,0 +1,90 @@
+#include "server/core/spec/workload_profiles.h"
+#include "server/core/spec/workloads.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace fitrun::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string WriteTempFile(const std::string& name, const std::string& bytes) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+fitrun::v1::JobSpec GptSpec(const std::string& path, bool tied) {
+  fitrun::v1::JobSpec spec;
+  spec.mutable_model()->set_builtin("gpt");
+  fitrun::v1::GptConfig* gpt = spec.mutable_model()->mutable_gpt();
+  gpt->set_layers(2);
+  gpt->set_heads(4);
+  gpt->set_hidden(128);
+  gpt->set_context(64);
+  gpt->set_tied_head(tied);
+  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_TEXT);
+  spec.mutable_data()->set_path(path);
+  return spec;
+}
+
+TEST(ModelProfileTest, GptCountsParametersActivationsAndWindows) {
+  const std::string path = WriteTempFile("corpus.txt", std::string(10000, 'x'));
+  absl::StatusOr<ModelProfile> untied = ProfileFor(GptSpec(path, false));
+  ASSERT_TRUE(untied.ok()) << untied.status();
+  // Embeddings 256*128 + 64*128, two blocks of 12*128^2 + 13*128, the final LayerNorm, the head.
+  EXPECT_EQ(untied->parameter_count, 256 * 128 + 64 * 128 + 2 * (12 * 128 * 128 + 13 * 128) + 256 + 256 * 128);
+  absl::StatusOr<ModelProfile> tied = ProfileFor(GptSpec(path, true));
+  ASSERT_TRUE(tied.ok()) << tied.status();
+  EXPECT_EQ(untied->parameter_count - tied->parameter_count, 256 * 128);
+  // Per layer 2 * (s*h*34 + 5*a*s^2) bytes (fp32), plus embeddings and logits.
+  const int64_t layer = 2 * (64 * 128 * 34 + 5 * 4 * 64 * 64);
+  EXPECT_EQ(untied->activation_bytes_per_sample, 2 * layer + 2 * 64 * 128 * 4 + 3 * 64 * 256 * 4);
+  EXPECT_EQ(untied->input_bytes_per_sample, 128);
+  // The first 9000 bytes in windows of 65 every 64: floor(8999 / 64).
+  EXPECT_EQ(untied->train_samples, 140);
+}
+
+TEST(ModelProfileTest, SasRecScansTheRatingsForItemsAndUsers) {
+  // Users 1 and 2 have three ratings (samples); user 3 has two (too few to train on). Four items.
+  const std::string path = WriteTempFile("ratings.dat",
+                                         "1::10::5::1\n1::11::3::2\n1::12::4::3\n"
+                                         "2::10::5::1\n2::13::3::2\n2::11::1::3\n"
+                                         "3::12::2::1\n3::13::2::2\n");
+  fitrun::v1::JobSpec spec;
+  spec.mutable_model()->set_builtin("sasrec");
+  fitrun::v1::SasRecConfig* sasrec = spec.mutable_model()->mutable_sasrec();
+  sasrec->set_max_len(50);
+  sasrec->set_hidden(64);
+  sasrec->set_blocks(2);
+  sasrec->set_heads(1);
+  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_MOVIELENS);
+  spec.mutable_data()->set_path(path);
+  absl::StatusOr<ModelProfile> profile = ProfileFor(spec);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->parameter_count, 5 * 64 + 50 * 64 + 2 * (6 * 64 * 64 + 10 * 64) + 128);
+  EXPECT_EQ(profile->train_samples, 2);
+
+  spec.mutable_data()->set_path(WriteTempFile("bad.dat", "1::10::5::1\nnot a rating\n"));
+  EXPECT_THAT(ProfileFor(spec).status().message(), HasSubstr("line 2 is not user::item::rating::timestamp"));
+}
+
+TEST(ModelProfileTest, TorchScriptIsBoundedByItsFileSize) {
+  fitrun::v1::JobSpec spec;
+  spec.mutable_model()->set_torchscript(WriteTempFile("model.pt", std::string(4000, '\0')));
+  absl::StatusOr<ModelProfile> profile = ProfileFor(spec);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->parameter_count, 1000);
+  EXPECT_EQ(profile->train_samples, 60000);
+  spec.mutable_model()->set_torchscript("/nonexistent/model.pt");
+  EXPECT_THAT(ProfileFor(spec).status().message(), HasSubstr("spec.model.torchscript"));
+}
+
+}  // namespace
+}  // namespace fitrun::server

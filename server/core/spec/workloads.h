@@ -1,0 +1,56 @@
+// The workloads fitrund plans: each built-in model and TorchScript models, on the data kinds each
+// trains on. One entry per (model, data kind) pair holds what differs between workloads on the
+// coordinator's side: the checks of the model's config and its data at submit, the analytic memory
+// profile plans start from before the probe has measured the workload, and what besides the model
+// sizes its memory (part of its calibration key). The worker keeps the same pairs with their loaders
+// (worker/models/workload.h); a new model or data kind is one entry on each side.
+#ifndef FITRUN_SERVER_CORE_SPEC_WORKLOADS_H_
+#define FITRUN_SERVER_CORE_SPEC_WORKLOADS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fitrun/v1/job.pb.h"
+#include "server/core/spec/workload_profiles.h"
+
+namespace fitrun::server {
+
+struct WorkloadKind {
+  std::string model;  // "mlp", "cnn", "gpt", "sasrec", or "torchscript" for a TorchScript file
+  fitrun::v1::DataKind data;
+  // The model's config and the data the spec names (files present, shapes), field paths in errors.
+  absl::Status (*validate)(const fitrun::v1::JobSpec& spec);
+  absl::StatusOr<ModelProfile> (*profile)(const fitrun::v1::JobSpec& spec);
+  // The model's config and whatever else sizes its memory (a file's version), for calibration keys.
+  std::string (*memory_key)(const fitrun::v1::JobSpec& spec);
+  // Whether `profile` is known to be an upper bound of the measured peak: checked, for every
+  // optimizer and precision, by the estimator accuracy bench (server/bench/memory_accuracy). Only
+  // such a workload may launch on its analytic estimate without a probe (when memory is roomy).
+  bool analytic_is_upper_bound = false;
+};
+const std::vector<WorkloadKind>& WorkloadKinds();
+
+// The spec's entry, or INVALID_ARGUMENT naming spec.model or spec.data.kind and what would do.
+absl::StatusOr<const WorkloadKind*> FindWorkload(const fitrun::v1::JobSpec& spec);
+
+// Checks the model and data of a spec that has no script: the pair exists, and its entry's checks.
+absl::Status ValidateModelAndData(const fitrun::v1::JobSpec& spec);
+
+// The analytic profile of a spec's model on its dataset (a script's is empty until its probe
+// measures it); errors name the spec field.
+absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec);
+
+// Whether the spec's analytic profile is a checked upper bound (never for a script).
+bool AnalyticEstimateIsUpperBound(const fitrun::v1::JobSpec& spec);
+
+// The entry's memory key for the spec (its model's config and what else sizes its memory).
+std::string WorkloadMemoryKey(const fitrun::v1::JobSpec& spec);
+
+// "<path>@<mtime ns>:<size>", or "<path>@missing": a rewritten file is a new model or dataset.
+std::string FileVersion(const std::string& path);
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_CORE_SPEC_WORKLOADS_H_
