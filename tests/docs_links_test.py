@@ -8,7 +8,8 @@ Pages: README.md, every docs/**/*.md and tools/bench/README.md. For each page:
   - every repository path named in code (`inline code`, fenced or indented code blocks) exists:
     a file or folder (`server/core/memory/planner.cc`, `tools/gpu/check.sh`), a module named
     without its extension (`server/core/spec/tensor_file` for tensor_file.h/.cc), a test target
-    written as a path (`tests/slurm_cluster_test`), a glob
+    written as a path (`tests/slurm_cluster_test`), a path .gitignore ignores (what tools write:
+    `deploy/examples/data/ratings.dat`), a glob
     (`worker/ddp/*.cc`), or a Bazel label (`//worker:fitrun-worker`, `server/core:job_spec_test`:
     the package has a BUILD file that declares the target, or the label names a file in it). A
     path with a placeholder (`tests/fuzz/corpus/<name>`) is checked up to the placeholder.
@@ -22,6 +23,7 @@ in:   /usr/bin/python3 tests/docs_links_test.py [ROOT]
 Before the real tree it checks a small made-up one with known faults, so a checker that stopped
 finding them fails too.
 """
+import fnmatch
 import glob
 import os
 import re
@@ -34,15 +36,14 @@ TOP_LEVEL = ("client", "deploy", "docs", "proto", "server", "tests", "third_part
              "worker", ".ci", "README.md", "WORKSPACE", "BUILD", ".bazelrc")
 # Tried after a path that does not exist as written: a module is named without its extension.
 MODULE_EXTENSIONS = (".h", ".cc", ".py", ".sh", ".md", ".proto", ".bzl")
-# What separates tokens in code (':' is kept: it belongs to labels).
-TOKEN_SPLIT = re.compile(r"[\s()\[\]{},;'\"=|`<>]+")
 PATH_START = re.compile(r"^(//)?(%s)(/|:|$)" % "|".join(re.escape(t) for t in TOP_LEVEL))
 PLACEHOLDER = re.compile(r"[<>*{}]|\.\.\.|^N$")
 FENCE = re.compile(r"^ {0,3}(```|~~~)")
 HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
-REFERENCE_DEF = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$")
-CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+REFERENCE_DEF = re.compile(r"^ {0,3}\[[^\]\n]+\]:[ \t]*<?([^\s>]+)>?.*$", re.M)
+# A code span may run over a line end, never over a blank line.
+CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)((?:[^`\n]|\n(?![ \t]*\n)|`+(?!`))+?)(?<!`)\1(?!`)")
 HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"", re.I)
 
 
@@ -149,6 +150,37 @@ def build_declares(package_dir, name):
     return None  # no BUILD file
 
 
+def ignored_patterns(root, cache={}):
+    """The root .gitignore's patterns: what builds and tools write into the tree."""
+    if root not in cache:
+        patterns = []
+        path = os.path.join(root, ".gitignore")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    line = line.strip()
+                    if line and not line.startswith(("#", "!")):
+                        patterns.append(line)
+        cache[root] = patterns
+    return cache[root]
+
+
+def is_ignored(root, relative):
+    """Whether git ignores `relative` (or a folder above it): a path the tools write, such as
+    deploy/examples/data/ratings.dat, which a page may name before it exists."""
+    parts = relative.split("/")
+    for pattern in ignored_patterns(root):
+        anchored = pattern.startswith("/") or "/" in pattern.rstrip("/")
+        pattern = pattern.strip("/")
+        for i in range(1, len(parts) + 1):
+            if anchored:
+                if fnmatch.fnmatchcase("/".join(parts[:i]), pattern):
+                    return True
+            elif fnmatch.fnmatchcase(parts[i - 1], pattern):
+                return True
+    return False
+
+
 def check_path(root, token):
     """None when the repository path `token` exists, else what is wrong."""
     token = token.rstrip(".,:;")
@@ -181,47 +213,67 @@ def check_path(root, token):
         checked.append(part)
     path = os.path.join(root, *checked)
     if "*" in path:
-        return None if glob.glob(path) else "nothing matches %s" % "/".join(checked)
+        return None if glob.glob(path, recursive=True) else "nothing matches %s" % "/".join(checked)
     if os.path.exists(path):
         return None
     if any(os.path.exists(path + ext) for ext in MODULE_EXTENSIONS):
         return None
     if len(checked) == len(parts) and build_declares(os.path.dirname(path), parts[-1]):
         return None  # a target written as a path: `tests/slurm_cluster_test`
+    if is_ignored(root, "/".join(checked)):
+        return None  # written by a tool or the build
     return "no such file or folder: %s" % "/".join(checked)
 
 
-def code_tokens(line, whole_line_is_code):
-    spans = [line] if whole_line_is_code else [m.group(2) for m in CODE_SPAN.finditer(line)]
-    for span in spans:
-        for token in TOKEN_SPLIT.split(span):
-            token = token.strip()
-            if token.startswith("./"):
-                token = token[2:]
-            if PATH_START.match(token):
-                yield token
+def code_tokens(text):
+    """Repository paths in a piece of code, with their offsets in it."""
+    for m in re.finditer(r"[^\s()\[\]{},;'\"=|`<>]+(?:<[^>\s]*>[^\s()\[\]{},;'\"=|`<>]*)*", text):
+        token = m.group(0)
+        start = m.start()
+        if token.startswith("./"):
+            token, start = token[2:], start + 2
+        if PATH_START.match(token):
+            yield token, start
 
 
 def check_page(root, page, anchor_cache):
     problems = []
     with open(page, encoding="utf-8") as f:
         text = f.read()
-    for number, line, code in split_page(text):
-        if not code:
-            prose = CODE_SPAN.sub("CODE", line)
-            targets = [m.group(1) for m in INLINE_LINK.finditer(prose)]
-            m = REFERENCE_DEF.match(prose)
-            if m:
-                targets.append(m.group(1))
-            for target in targets:
-                problem = check_link(root, page, target, anchor_cache)
+    lines = list(split_page(text))
+    # Code blocks: every path in them. The rest (prose, with blank lines where code blocks were):
+    # code spans, which may run over a line end, then links, whose text may too.
+    prose_lines = []
+    for number, line, code in lines:
+        if code:
+            for token, _ in code_tokens(line):
+                problem = check_path(root, token)
                 if problem:
-                    problems.append((number, problem))
-        for token in code_tokens(line, code):
+                    problems.append((number, "`%s`: %s" % (token, problem)))
+            prose_lines.append("")
+        else:
+            prose_lines.append(line)
+    prose = "\n".join(prose_lines)
+
+    def line_of(offset):
+        return prose.count("\n", 0, offset) + 1
+
+    for m in CODE_SPAN.finditer(prose):
+        for token, start in code_tokens(m.group(2)):
             problem = check_path(root, token)
             if problem:
-                problems.append((number, "`%s`: %s" % (token, problem)))
-    return problems
+                problems.append((line_of(m.start(2) + start), "`%s`: %s" % (token, problem)))
+    # Code spans become filler of the same length, so offsets and line numbers stay.
+    prose = CODE_SPAN.sub(lambda m: re.sub(r"[^\n]", "x", m.group(0)), prose)
+    for m in INLINE_LINK.finditer(prose):
+        problem = check_link(root, page, m.group(1), anchor_cache)
+        if problem:
+            problems.append((line_of(m.start(1)), problem))
+    for m in REFERENCE_DEF.finditer(prose):
+        problem = check_link(root, page, m.group(1), anchor_cache)
+        if problem:
+            problems.append((line_of(m.start(1)), problem))
+    return sorted(problems)
 
 
 def check_tree(root):
@@ -250,6 +302,7 @@ def self_test():
         write("server/core/BUILD", 'cc_test(name = "planner_test")\nfitrun_fuzz_target(name = "job_spec_fuzz")\n')
         write("server/core/planner.cc", "")
         write("server/core/planner.h", "")
+        write(".gitignore", "/bazel-*\n/deploy/examples/data/\n__pycache__/\n")
         write("docs/topic.md", "# Topic\n\n## Same\n\n## Same\n\n### `fitrun top`\n")
         write("README.md", "\n".join([
             "# Top",
@@ -257,7 +310,7 @@ def self_test():
             "[web](https://example.com/x) ![img](docs/topic.md) [code](docs/topic.md#fitrun-top)",
             "`server/core/planner.cc` `server/core/planner` `//server/core:planner_test`",
             "`server/core:job_spec_fuzz_test` `server/core/*.cc` `server/core/<name>/x` `bazel-bin/x`",
-            "`server/core/planner_test` `server/core/planner_tests`",
+            "`server/core/planner_test` `server/core/planner_tests` `deploy/examples/data/ratings.dat`",
             "",
             "```",
             "# not a heading",
@@ -273,6 +326,9 @@ def self_test():
             "bash tools/gpu/check.sh",
             "```",
             "[in code](docs/missing-too.md) is a link; `[in a span](#nope)` is not",
+            "a [link over",
+            "two lines](docs/missing-split.md) and `a span over server/core/planner.cc",
+            "two lines, server/core/absent.cc` then `server/core/planner.h` [ok](#top)",
         ]) + "\n")
         found = check_tree(root)
         expected = [
@@ -285,6 +341,8 @@ def self_test():
             "README.md:16: `tools/gpu:check`",
             "README.md:19: `tools/gpu/check.sh`",
             "README.md:21: link to docs/missing-too.md",
+            "README.md:23: link to docs/missing-split.md",
+            "README.md:24: `server/core/absent.cc`",
         ]
         for e in expected:
             assert any(f.startswith(e) for f in found), "self-test: not found: %s\nfound:\n%s" % (
