@@ -2,7 +2,7 @@
 // /metrics is scraped, so a series exists exactly while its device or job does (label sets are
 // bounded by the devices) and nothing has to be removed when a job ends.
 //
-// Series (README.md's "Metrics" section is the catalog):
+// Series (docs/monitoring.md, "The metric catalog", lists them all):
 //   fitrun_device_memory_{total,free,planned,peak}_bytes{device}   planned and peak: 0 while idle
 //   fitrun_device_job_info{device,job_id,rank}                      1 while a rank holds the device
 //   fitrun_job_info{job_id,name,owner}                              1 per running job

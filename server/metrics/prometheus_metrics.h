@@ -1,7 +1,7 @@
 // CoordinatorMetrics as Prometheus series in a registry that the server owns and serves on /metrics:
 // what happens (jobs changing state, events, restarts, probes, checkpoints, finished attempts' memory
 // against their plans). What is true now of devices and running jobs is read from the job manager
-// when scraped (live_metrics.h). README.md's "Metrics" section is the catalog of both.
+// when scraped (live_metrics.h). docs/monitoring.md's "The metric catalog" lists both.
 // Thread-safe (prometheus-cpp's metrics are).
 #ifndef FITRUN_SERVER_METRICS_PROMETHEUS_METRICS_H_
 #define FITRUN_SERVER_METRICS_PROMETHEUS_METRICS_H_

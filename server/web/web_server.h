@@ -1,5 +1,5 @@
 // fitrund's HTTP side, on its metrics port: /metrics for Prometheus, the web page at / and the small
-// JSON API the page reads. Unauthenticated like /metrics: bind it to loopback (README "Security").
+// JSON API the page reads. Unauthenticated like /metrics: bind it to loopback (docs/security.md).
 //
 //   GET /metrics                    Prometheus text format: every collectable given
 //   GET /                           the page (server/web/page.html, built in; no external assets)

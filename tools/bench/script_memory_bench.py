@@ -13,7 +13,7 @@ compares the plan's predicted peak (the probe's curve: interpolated between two 
 beyond the largest, measured by the probe at exactly that batch before launch) with the highest
 peak either rank's preloaded allocator measured in the real 2-rank DDP run.
 
-It prints one row per run and the worst errors; the README quotes the table.
+It prints one row per run and the worst errors; docs/benchmarks.md quotes the table.
 """
 
 import argparse
