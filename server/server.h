@@ -52,7 +52,7 @@ struct ServerOptions {
   bool insecure = false;
   // Users' bearer tokens (server/auth/authenticator.h); with tls_client_ca, certificates too.
   std::string auth_tokens;
-  // The folders specs may name files in (server/core/spec/data_roots.h). Empty: Debian's datasets
+  // The folders specs may name files in (server/core/specs/data_roots.h). Empty: Debian's datasets
   // (/usr/share/datasets), <state_dir>/uploads and the directory fitrund starts in.
   std::vector<std::string> data_roots;
   // Per user: jobs queued or running at once, and watch and log streams open at once.

@@ -7,7 +7,7 @@ Pages: README.md, every docs/**/*.md and tools/bench/README.md. For each page:
     headings, slugged as GitHub slugs them;
   - every repository path named in code (`inline code`, fenced or indented code blocks) exists:
     a file or folder (`server/core/memory/planner.cc`, `tools/gpu/check.sh`), a module named
-    without its extension (`server/core/spec/tensor_file` for tensor_file.h/.cc), a test target
+    without its extension (`server/core/specs/tensor_file` for tensor_file.h/.cc), a test target
     written as a path (`tests/slurm_cluster_test`), a path .gitignore ignores (what tools write:
     `deploy/examples/data/ratings.dat`), a glob
     (`worker/ddp/*.cc`), or a Bazel label (`//worker:fitrun-worker`, `server/core:job_spec_test`:

@@ -1,7 +1,7 @@
 #include "server/metrics/prometheus_metrics.h"
 
 #include "absl/strings/ascii.h"
-#include "server/core/spec/job_spec.h"
+#include "server/core/specs/job_specs.h"
 
 namespace fitrun::server {
 

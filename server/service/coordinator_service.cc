@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "server/core/spec/job_spec.h"
+#include "server/core/specs/job_specs.h"
 #include "server/watch/watch_cursor.h"
 #include "server/service/grpc_status.h"
 

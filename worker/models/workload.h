@@ -28,7 +28,7 @@ struct Workload {
 
 // The worker's side of each workload: a model kind ("mlp", "cnn", "gpt", "sasrec", or "torchscript")
 // on a data kind, and how to load the two. One entry per pair (fitrund keeps the same pairs, with
-// their checks and memory profiles, in server/core/spec/workloads.h); a new model or data kind is one
+// their checks and memory profiles, in server/core/specs/workloads.h); a new model or data kind is one
 // entry here. `cache`, when not null, is the rank's decoded-dataset cache (the loaders of IDX files
 // read through it).
 struct WorkloadKind {

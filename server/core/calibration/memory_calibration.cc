@@ -1,8 +1,8 @@
 #include "server/core/calibration/memory_calibration.h"
-#include "server/core/spec/workloads.h"
+#include "server/core/specs/workloads.h"
 
 #include "proto/contract/atomic_file.h"
-#include "server/core/spec/job_spec.h"
+#include "server/core/specs/job_specs.h"
 #include "server/core/units.h"
 
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 #include "server/core/calibration/memory_calibration.h"
-#include "server/core/spec/workloads.h"
+#include "server/core/specs/workloads.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,9 +13,9 @@
 #include "absl/synchronization/notification.h"
 #include "server/core/memory/estimator.h"
 #include "server/core/fakes.h"
-#include "server/core/spec/job_spec.h"
+#include "server/core/specs/job_specs.h"
 #include "server/core/memory/planner.h"
-#include "server/core/spec/test_specs.h"
+#include "server/core/specs/test_specs.h"
 
 namespace fitrun::server {
 namespace {

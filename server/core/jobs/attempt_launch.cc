@@ -15,11 +15,10 @@ namespace fitrun::server {
 
 namespace launch = fitrun::contract::launch;
 
-absl::StatusOr<std::vector<WorkerLaunch>> AssembleAttempt(const fitrun::v1::Job& job, const std::string& token,
-                                                          int attempt, const fitrun::v1::Plan& plan,
-                                                          const std::vector<fitrun::v1::Device>& devices,
-                                                          const std::string& job_dir,
-                                                          const AttemptLaunchSettings& settings) {
+absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const std::string& token, int attempt,
+                                              const fitrun::v1::Plan& plan,
+                                              const std::vector<fitrun::v1::Device>& devices,
+                                              const std::string& job_dir, const AttemptLaunchSettings& settings) {
   namespace fs = std::filesystem;
   const fs::path attempt_dir = fs::path(job_dir) / absl::StrCat("attempt-", attempt);
   std::error_code error;
@@ -52,8 +51,20 @@ absl::StatusOr<std::vector<WorkerLaunch>> AssembleAttempt(const fitrun::v1::Job&
     if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", assignment_path.string()));
   }
 
+  AttemptLaunch launches;
+  launches.job_id = job.id();
+  launches.attempt = attempt;
+  launches.nodes.assign(plan.nodes().begin(), plan.nodes().end());
+  launches.ranks_per_node = plan.devices_per_node();
+  launches.time_limit_minutes = job.spec().resources().time_limit_minutes();
+  if (plan.device_ids_size() > 0) {
+    const fitrun::v1::Device& first = by_id[plan.device_ids(0)];
+    launches.cpus_per_rank = std::max(1, first.cpu_threads());
+    launches.gpu_per_rank = first.kind() == fitrun::v1::DEVICE_KIND_CUDA;
+    // A virtual CPU device's memory is host memory.
+    if (first.kind() == fitrun::v1::DEVICE_KIND_CPU) launches.memory_per_rank_bytes = first.total_bytes();
+  }
   const int world_size = plan.device_ids_size();
-  std::vector<WorkerLaunch> launches;
   for (int rank = 0; rank < world_size; ++rank) {
     WorkerLaunch launch;
     launch.job_id = job.id();
@@ -74,7 +85,7 @@ absl::StatusOr<std::vector<WorkerLaunch>> AssembleAttempt(const fitrun::v1::Job&
         {launch::kAssignment, assignment_path.string()},
     };
     if (!settings.worker_tls_ca.empty()) launch.env.emplace_back(launch::kTlsCa, settings.worker_tls_ca);
-    launches.push_back(std::move(launch));
+    launches.ranks.push_back(std::move(launch));
   }
   return launches;
 }

@@ -26,9 +26,11 @@ struct AttemptLaunchSettings {
 };
 
 // Writes <job_dir>/attempt-<attempt>/assignment.textproto (creating the attempt's and the
-// checkpoints' directories) and returns one launch per rank of `plan`. `devices` is the inventory
-// (for each rank's cap and threads); `token` the job's secret its ranks present.
-absl::StatusOr<std::vector<WorkerLaunch>> AssembleAttempt(const fitrun::v1::Job& job, const std::string& token,
+// checkpoints' directories) and returns the attempt to launch: one launch per rank of `plan`, and
+// what a launcher asking a scheduler for nodes needs (the plan's nodes, each rank's threads, GPU and
+// host memory, the spec's time limit). `devices` is the inventory (for each rank's cap and threads);
+// `token` the job's secret its ranks present. The allocation callback is the caller's to set.
+absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const std::string& token,
                                                           int attempt, const fitrun::v1::Plan& plan,
                                                           const std::vector<fitrun::v1::Device>& devices,
                                                           const std::string& job_dir,

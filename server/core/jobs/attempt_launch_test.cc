@@ -34,8 +34,22 @@ TEST(AttemptLaunchTest, EveryRankGetsTheContractAndTheAssignmentSaysWhatEachMayU
   }
   AttemptLaunchSettings settings{"/opt/fitrun-worker", "10.0.0.1:7070", "/etc/ca.pem",
                                  "/srv/fitrun/datasets"};
-  absl::StatusOr<std::vector<WorkerLaunch>> launches = AssembleAttempt(job, "secret", 3, plan, devices, job_dir, settings);
-  ASSERT_TRUE(launches.ok()) << launches.status();
+  job.mutable_spec()->mutable_resources()->set_time_limit_minutes(90);
+  plan.add_nodes("n1");
+  plan.set_devices_per_node(2);
+  absl::StatusOr<AttemptLaunch> attempt = AssembleAttempt(job, "secret", 3, plan, devices, job_dir, settings);
+  ASSERT_TRUE(attempt.ok()) << attempt.status();
+  EXPECT_EQ(attempt->job_id, "j-000007");
+  EXPECT_EQ(attempt->attempt, 3);
+  // What a scheduler is asked for: the plan's nodes, and per rank the first device's threads and
+  // (a virtual CPU device's memory being host memory) its memory.
+  EXPECT_EQ(attempt->nodes, std::vector<std::string>{"n1"});
+  EXPECT_EQ(attempt->ranks_per_node, 2);
+  EXPECT_EQ(attempt->cpus_per_rank, 2);
+  EXPECT_FALSE(attempt->gpu_per_rank);
+  EXPECT_EQ(attempt->memory_per_rank_bytes, 2LL << 30);
+  EXPECT_EQ(attempt->time_limit_minutes, 90);
+  const std::vector<WorkerLaunch>* launches = &attempt->ranks;
   ASSERT_EQ(launches->size(), 2u);
   const std::string assignment_path = job_dir + "/attempt-3/assignment.textproto";
   for (int rank = 0; rank < 2; ++rank) {

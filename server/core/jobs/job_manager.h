@@ -30,31 +30,21 @@
 #include "absl/types/span.h"
 #include "fitrun/v1/job.pb.h"
 #include "fitrun/v1/worker.pb.h"
+#include "server/core/calibration/memory_calibration.h"
+#include "server/core/calibration/planning_gate.h"
 #include "server/core/coordinator_metrics.h"
 #include "server/core/device_inventory.h"
-#include "server/core/memory/estimator.h"
-#include "server/core/spec/data_roots.h"
-#include "server/core/jobs/event_hub.h"
-#include "server/core/calibration/memory_calibration.h"
 #include "server/core/job_store.h"
+#include "server/core/jobs/admission.h"
+#include "server/core/jobs/event_hub.h"
+#include "server/core/jobs/job_entry.h"
+#include "server/core/jobs/report_ingest.h"
+#include "server/core/memory/estimator.h"
 #include "server/core/memory/planner.h"
+#include "server/core/specs/data_roots.h"
 #include "server/core/worker_launcher.h"
 
 namespace fitrun::server {
-
-// The coordinator's end of one rank's report stream, for sending commands down.
-class WorkerConnection {
- public:
-  virtual ~WorkerConnection() = default;
-  virtual void SendStop(const std::string& reason) = 0;
-};
-
-// Identifies one rank of one attempt of a job.
-struct WorkerKey {
-  std::string job_id;
-  int attempt = 0;
-  int rank = 0;
-};
 
 class JobManager {
  public:
@@ -73,7 +63,7 @@ class JobManager {
     std::string worker_tls_ca;
     // Where ranks keep decoded datasets (WorkerAssignment.dataset_cache_dir, absolute); empty: none.
     std::string dataset_cache_dir;
-    // Where specs' files may lie (server/core/spec/data_roots.h); unset: anywhere (the core's tests).
+    // Where specs' files may lie (server/core/specs/data_roots.h); unset: anywhere (the core's tests).
     std::optional<DataRoots> data_roots;
     // Jobs one owner may have queued or running at once (RESOURCE_EXHAUSTED beyond); 0: no limit.
     int max_open_jobs_per_owner = 0;
@@ -187,51 +177,6 @@ class JobManager {
   static bool IsTerminal(fitrun::v1::JobState state);
 
  private:
-  struct RankState {
-    int pid = 0;  // as the launcher reported it (0: not known)
-    bool exited = false;
-    // The highest peak bytes and latest step the rank's progress reports carried (the peak from its
-    // RankFinished when it reported none: a script that reports no progress).
-    int64_t peak_bytes = 0;
-    int64_t last_step = 0;
-    fitrun::v1::Progress last_progress;
-    WorkerExit exit;
-    std::optional<fitrun::v1::RankFinished> finished;
-    std::string failure_report;  // from RankFailed
-    // The rank reported an out-of-memory error and exits on its own with its own code and last
-    // report; stopping the group does not SIGTERM it.
-    bool exiting_on_its_own = false;
-    std::string log_path;
-    std::weak_ptr<WorkerConnection> connection;
-    // When the coordinator last heard from the rank (launch, adoption, any report): a rank silent
-    // past spec.fault_tolerance.heartbeat_timeout_seconds is taken as hung.
-    absl::Time last_heard = absl::InfinitePast();
-  };
-  struct ActiveAttempt {
-    int attempt = 0;
-    std::string launch_handle;
-    std::vector<std::string> device_ids;
-    std::vector<RankState> ranks;
-    // Set when every rank exited 0 but a final report is still missing.
-    std::optional<absl::Time> awaiting_reports_until;
-    // A rank ran out of memory: the attempt's peaks say nothing about what fits.
-    bool out_of_memory = false;
-    // A cluster's scheduler has not granted the ranks their nodes yet: silence is not a hang.
-    bool allocation_pending = false;
-  };
-  struct JobEntry {
-    JobRecord record;
-    std::optional<ActiveAttempt> active;
-    // Progress rewrites the stored job at most once a second; the events hold every report.
-    absl::Time progress_persisted_at = absl::InfinitePast();
-    // When the failure that the job is recovering from was detected, until training resumes.
-    std::optional<absl::Time> recovering_since;
-    // What the job waits for in PLANNING (its memory being measured), as last told to its watchers.
-    std::string waiting_for;
-    // Its workload's CalibrationKey, computed once (scheduling passes look it up for every queued job).
-    std::string calibration_key;
-  };
-
   // What ended an attempt early, which decides whether and how the job is tried again.
   enum class FailureKind {
     kOutOfMemory,  // re-plan with a smaller per-device batch (spec.fault_tolerance.max_oom_retries)
@@ -248,18 +193,6 @@ class JobManager {
 
   void SchedulerLoop();
   SchedulingPassTimes SchedulePass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A queued job and what the scheduler decided for it: launch with a plan, fail (the planner's
-  // error), wait in PLANNING while its memory is measured (`waiting_for` says what), or go back to
-  // QUEUED until devices free up (`back_to_queue`, for a job that waited in PLANNING).
-  struct Placement {
-    JobEntry* entry;
-    absl::StatusOr<fitrun::v1::Plan> plan;
-    std::string waiting_for;
-    bool back_to_queue = false;
-  };
-  // Decides, without side effects, which queued jobs start now and where, in queue order: the
-  // devices of each placed job are taken out of the free list before the next job is planned.
-  std::vector<Placement> PlaceQueuedJobs(int* queued) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RequestSchedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { schedule_requested_ = true; }
   // Launches every rank of the job on the plan's devices; on failure stops those started.
   absl::Status LaunchAttempt(JobEntry& entry, const fitrun::v1::Plan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -319,21 +252,10 @@ class JobManager {
   // The spec's model profile, calibrated when the memory probe has measured it. A member of the same
   // name as workloads.h's free function, so every plan the manager makes uses it.
   absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec) const;
-  // What the job's workload still needs measured before it can be planned, with the probe queued on
-  // the calibrator's threads (its end schedules again); empty when nothing.
-  std::string AwaitCalibration(const fitrun::v1::JobSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why the job launches on its analytic estimate without waiting for its workload's probe, or empty
-  // when it waits: it does when the workload is measured already, when its analytic estimate is not
-  // a checked upper bound, or when the plan it gets (with what its OOMs taught, on every device as
-  // if idle) is tight. Otherwise the probe could not change the plan: the estimate would fit even if
-  // it were half the truth.
-  std::string LaunchesWithoutProbe(const fitrun::v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string LaunchesWithoutProbe(const fitrun::v1::JobSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What the plan still needs measured before it launches: its batch, when its predicted peak is
-  // tight (over half the usable memory) or beyond the largest measured batch and not measured yet;
-  // the measurement is queued. Empty when nothing (or when that measurement failed: the plan goes).
-  std::string AwaitPlanMeasurement(const fitrun::v1::JobSpec& spec, const fitrun::v1::Plan& plan)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every device with its whole memory, as if idle (what a plan gets once the devices free up).
+  std::vector<DeviceCapacity> EveryDeviceAsIfIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The planning gate's view of this manager: PlanForJob under the lock the caller holds.
+  PlanningGate::Planner GatePlanner() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the job's watchers what it waits for in PLANNING (a state change into PLANNING, or a log
   // line when it is there already); nothing when that has not changed.
   void WaitInPlanning(JobEntry& entry, const std::string& waiting_for) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -350,11 +272,10 @@ class JobManager {
 
   absl::Mutex mu_;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
-  // Job ids by submission order (for paging) and by (owner, request_id) (for idempotent submits).
+  // Job ids by submission order (for paging).
   std::map<int64_t, std::string> ids_by_order_ ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<std::string, std::string>, std::string> ids_by_request_ ABSL_GUARDED_BY(mu_);
-  // Jobs not yet ended, by owner (what max_open_jobs_per_owner bounds).
-  std::map<std::string, int> open_jobs_by_owner_ ABSL_GUARDED_BY(mu_);
+  Admission admission_ ABSL_GUARDED_BY(mu_);
+  const ReportIngest ingest_;
   // device id -> (job id, rank) of the rank holding it.
   std::map<std::string, std::pair<std::string, int>> device_owner_ ABSL_GUARDED_BY(mu_);
   int64_t next_submit_order_ ABSL_GUARDED_BY(mu_) = 1;
@@ -362,8 +283,10 @@ class JobManager {
   absl::Time last_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::thread scheduler_;
-  // Last, so it goes first: a probe ending after the manager is gone wakes nothing.
+  // Last but for the gate that holds its callback, so they go first: a probe ending after the
+  // manager is gone wakes nothing.
   CallbackGuard calibration_callbacks_;
+  PlanningGate gate_;
 };
 
 }  // namespace fitrun::server

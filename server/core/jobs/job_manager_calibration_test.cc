@@ -14,9 +14,9 @@
 #include "server/core/fakes.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/core/jobs/job_manager_testing.h"
-#include "server/core/spec/job_spec.h"
+#include "server/core/specs/job_specs.h"
 #include "server/core/calibration/memory_calibration.h"
-#include "server/core/spec/test_specs.h"
+#include "server/core/specs/test_specs.h"
 
 namespace fitrun::server {
 namespace {

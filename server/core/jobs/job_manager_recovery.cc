@@ -4,12 +4,18 @@
 // same mutex as job_manager.cc; split only so that each file reads as one concern.
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "proto/contract/launch_contract.h"
 #include "server/core/jobs/job_manager.h"
-#include "server/core/spec/job_spec.h"
+#include "server/core/jobs/proto_time.h"
+#include "server/core/specs/job_specs.h"
 #include "server/core/memory/memory_feedback.h"
 #include "server/core/memory/planner.h"
 #include "server/core/units.h"
@@ -20,7 +26,29 @@ namespace {
 using fitrun::v1::Job;
 using fitrun::v1::JobEvent;
 
+// The last lines of a rank's log, for failure reasons: what a user needs to see first.
+std::string LogTail(const std::string& path, size_t max_lines = 12, size_t max_bytes = 2048) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  const std::streamoff start = std::max<std::streamoff>(0, size - static_cast<std::streamoff>(max_bytes));
+  in.seekg(start);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  if (start > 0 && !lines.empty()) lines.erase(lines.begin());  // first line is cut
+  if (lines.size() > max_lines) lines.erase(lines.begin(), lines.end() - static_cast<long>(max_lines));
+  return absl::StrJoin(lines, "\n");
+}
+
 }  // namespace
+
+void JobManager::RecordAttemptOutcome(JobEntry& entry, const std::string& outcome) {
+  Job& job = entry.record.job;
+  if (job.attempt_history().empty()) return;
+  fitrun::v1::AttemptRecord* record = job.mutable_attempt_history(job.attempt_history_size() - 1);
+  if (record->outcome().empty()) record->set_outcome(outcome);
+}
 
 const char* JobManager::FailureKindLabel(FailureKind kind) {
   switch (kind) {
@@ -30,6 +58,71 @@ const char* JobManager::FailureKindLabel(FailureKind kind) {
     case FailureKind::kBadConfig: return "bad_config";
   }
   return "crash";
+}
+
+void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(key.job_id);
+  if (it == jobs_.end()) return;
+  JobEntry& entry = it->second;
+  if (!entry.active || entry.active->attempt != key.attempt) return;
+  RankState& rank = entry.active->ranks[key.rank];
+  if (rank.exited) return;
+  rank.exited = true;
+  rank.exit = exit;
+  // An adopted worker's status is unknown; its final report says whether it finished.
+  const bool clean = exit.status_known ? (exit.exit_code == 0 && exit.signal == 0) : rank.finished.has_value();
+  if (!exit.status_known) rank.exit = WorkerExit{clean ? 0 : -1, 0, false};
+  Job& job = entry.record.job;
+  if (!job.attempt_history().empty()) {
+    fitrun::v1::AttemptRecord* record = job.mutable_attempt_history(job.attempt_history_size() - 1);
+    if (key.rank < record->ranks_size()) {
+      fitrun::v1::RankOutcome* outcome = record->mutable_ranks(key.rank);
+      outcome->set_exited(true);
+      outcome->set_exit_code(rank.exit.exit_code);
+      outcome->set_signal(rank.exit.signal);
+    }
+  }
+
+  JobEvent event;
+  auto* exited = event.mutable_rank_exited();
+  exited->set_rank(key.rank);
+  exited->set_exit_code(rank.exit.exit_code);
+  exited->set_signal(rank.exit.signal);
+  if (!clean) exited->set_log_tail(LogTail(rank.log_path));
+  PublishLocked(entry, event);
+
+  if (entry.record.job.state() == fitrun::v1::JOB_STATE_RUNNING) {
+    if (!clean) {
+      // One rank gone means its peers would wait in their next collective until a timeout: stop
+      // them now, say which rank failed and why, and try again where that can help.
+      std::string headline = !exit.status_known
+                                 ? absl::StrCat("rank ", key.rank, " (adopted after a coordinator restart) exited before finishing")
+                             : exit.signal != 0
+                                 ? absl::StrCat("rank ", key.rank, " was killed by signal ", exit.signal)
+                                 : absl::StrCat("rank ", key.rank, " exited with code ", exit.exit_code);
+      absl::StrAppend(&headline, " (attempt ", key.attempt, ")");
+      if (!rank.failure_report.empty()) absl::StrAppend(&headline, ": ", rank.failure_report);
+      const std::string details =
+          exited->log_tail().empty() ? "" : absl::StrCat("\nlast lines of its log:\n", exited->log_tail());
+      FailureKind kind = FailureKind::kCrash;
+      if (exit.status_known && exit.signal == 0 && exit.exit_code == fitrun::contract::launch::kExitOutOfMemory) {
+        kind = FailureKind::kOutOfMemory;
+        entry.active->out_of_memory = true;
+        // The rank's OutOfMemory report did not arrive: the batch it ran is still known not to fit.
+        fitrun::v1::OutOfMemory oom;
+        oom.set_rank(key.rank);
+        oom.set_per_device_batch(entry.record.job.plan().per_device_batch());
+        entry.record.job.mutable_oom_history()->Add(std::move(oom));
+      } else if (exit.status_known && exit.signal == 0 && exit.exit_code == fitrun::contract::launch::kExitBadConfiguration) {
+        kind = FailureKind::kBadConfig;
+      }
+      HandleAttemptFailure(entry, kind, headline, details);
+    } else {
+      MaybeSucceed(entry, /*deadline_passed=*/false);
+    }
+  }
+  MaybeReleaseAttempt(entry);
 }
 
 int JobManager::AdoptLastAttempt(JobEntry& entry) {

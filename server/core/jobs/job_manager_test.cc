@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 
 #include "server/core/fakes.h"
-#include "server/core/spec/job_spec.h"
+#include "server/core/specs/job_specs.h"
 
 namespace fitrun::server {
 namespace {

@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/core/jobs/job_manager.h"
-#include "server/core/spec/job_spec.h"
+#include "server/core/specs/job_specs.h"
 
 namespace fitrun::server {
 

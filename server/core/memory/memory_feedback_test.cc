@@ -1,9 +1,9 @@
 #include "server/core/memory/memory_feedback.h"
-#include "server/core/spec/workloads.h"
+#include "server/core/specs/workloads.h"
 
 #include <gtest/gtest.h>
 
-#include "server/core/spec/test_specs.h"
+#include "server/core/specs/test_specs.h"
 
 namespace fitrun::server {
 namespace {

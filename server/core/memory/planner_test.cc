@@ -1,11 +1,11 @@
 #include "server/core/memory/planner.h"
-#include "server/core/spec/workloads.h"
+#include "server/core/specs/workloads.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "server/core/spec/job_spec.h"
-#include "server/core/spec/test_specs.h"
+#include "server/core/specs/job_specs.h"
+#include "server/core/specs/test_specs.h"
 
 namespace fitrun::server {
 namespace {

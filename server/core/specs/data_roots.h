@@ -2,8 +2,8 @@
 // under one of the data roots (--data_roots), after every symbolic link and `..` is resolved. A
 // spec is untrusted, and fitrund would otherwise read any file its user can (/etc/shadow) and train
 // on it, or hand its bytes back through errors and logs. Checked before anything is opened.
-#ifndef FITRUN_SERVER_CORE_SPEC_DATA_ROOTS_H_
-#define FITRUN_SERVER_CORE_SPEC_DATA_ROOTS_H_
+#ifndef FITRUN_SERVER_CORE_SPECS_DATA_ROOTS_H_
+#define FITRUN_SERVER_CORE_SPECS_DATA_ROOTS_H_
 
 #include <string>
 #include <vector>
@@ -29,4 +29,4 @@ class DataRoots {
 
 }  // namespace fitrun::server
 
-#endif  // FITRUN_SERVER_CORE_SPEC_DATA_ROOTS_H_
+#endif  // FITRUN_SERVER_CORE_SPECS_DATA_ROOTS_H_

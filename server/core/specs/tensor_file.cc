@@ -1,4 +1,4 @@
-#include "server/core/spec/tensor_file.h"
+#include "server/core/specs/tensor_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,10 +1,11 @@
-// Job specs as people write them (YAML) and as the coordinator accepts them (validated, defaulted).
+// Job specs as people write them (YAML, spec_yaml.cc) and as the coordinator accepts them (validated,
+// defaulted: spec_rules.cc).
 //
 // Every error names the field by its path as written in the YAML (`spec.optimizer.lr`) and says what
 // would be accepted, so a user can fix a spec from the message alone. Nothing here touches the
 // store or the devices: a spec is judged on its own.
-#ifndef FITRUN_SERVER_CORE_SPEC_JOB_SPEC_H_
-#define FITRUN_SERVER_CORE_SPEC_JOB_SPEC_H_
+#ifndef FITRUN_SERVER_CORE_SPECS_JOB_SPECS_H_
+#define FITRUN_SERVER_CORE_SPECS_JOB_SPECS_H_
 
 #include <optional>
 #include <string>
@@ -47,4 +48,4 @@ absl::string_view JobStateName(fitrun::v1::JobState state);
 
 }  // namespace fitrun::server
 
-#endif  // FITRUN_SERVER_CORE_SPEC_JOB_SPEC_H_
+#endif  // FITRUN_SERVER_CORE_SPECS_JOB_SPECS_H_

@@ -1,13 +1,13 @@
 // What the core's tests share about the built-in MLP on Debian's Fashion-MNIST: its job spec (SGD) and
 // what the memory probe measures for it.
-#ifndef FITRUN_SERVER_CORE_SPEC_TEST_SPECS_H_
-#define FITRUN_SERVER_CORE_SPEC_TEST_SPECS_H_
+#ifndef FITRUN_SERVER_CORE_SPECS_TEST_SPECS_H_
+#define FITRUN_SERVER_CORE_SPECS_TEST_SPECS_H_
 
 #include <algorithm>
 #include <cstdint>
 
 #include "fitrun/v1/job.pb.h"
-#include "server/core/spec/job_spec.h"
+#include "server/core/specs/job_specs.h"
 
 namespace fitrun::server {
 
@@ -48,4 +48,4 @@ inline int64_t AdamMlpPeakBytes(int64_t b) {
 
 }  // namespace fitrun::server
 
-#endif  // FITRUN_SERVER_CORE_SPEC_TEST_SPECS_H_
+#endif  // FITRUN_SERVER_CORE_SPECS_TEST_SPECS_H_

@@ -2,7 +2,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "server/core/spec/tensor_file.h"
+#include "server/core/specs/tensor_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)fitrun::server::ParseTensorDict(absl::string_view(reinterpret_cast<const char*>(data), size));

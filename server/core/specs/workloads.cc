@@ -1,4 +1,4 @@
-#include "server/core/spec/workloads.h"
+#include "server/core/specs/workloads.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "proto/contract/data_contract.h"
 #include "server/core/errors.h"
-#include "server/core/spec/tensor_file.h"
+#include "server/core/specs/tensor_file.h"
 
 namespace fitrun::server {
 namespace {
@@ -133,7 +133,7 @@ absl::Status ValidateRatingsFile(const JobSpec& spec) {
                      "ml-1m/ratings.dat or one written by tools/make_movielens_sample.py");
 }
 
-// A tensors dataset at submit, read with server/core/spec/tensor_file.h: the keys the spec names, one
+// A tensors dataset at submit, read with server/core/specs/tensor_file.h: the keys the spec names, one
 // sample count, a test split, and a target the spec's loss can compare.
 absl::Status ValidateTensorsData(const JobSpec& spec) {
   const fitrun::v1::DataSpec& data = spec.data();

@@ -9,8 +9,8 @@
 // hostile file can describe, not do), and checks that each tensor's bytes are in the archive.
 //
 // Plain functions, thread-safe; the input is untrusted (bounded sizes, depth and counts).
-#ifndef FITRUN_SERVER_CORE_SPEC_TENSOR_FILE_H_
-#define FITRUN_SERVER_CORE_SPEC_TENSOR_FILE_H_
+#ifndef FITRUN_SERVER_CORE_SPECS_TENSOR_FILE_H_
+#define FITRUN_SERVER_CORE_SPECS_TENSOR_FILE_H_
 
 #include <cstdint>
 #include <map>
@@ -45,4 +45,4 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ParseTensorDict(absl::string_v
 
 }  // namespace fitrun::server
 
-#endif  // FITRUN_SERVER_CORE_SPEC_TENSOR_FILE_H_
+#endif  // FITRUN_SERVER_CORE_SPECS_TENSOR_FILE_H_

@@ -2,8 +2,8 @@
 // sample and training samples, counted by formula from the spec's model config and read off its data
 // files (errors name the spec field). The workload registry (workloads.h) picks the one a spec needs;
 // these are upper bounds the memory probe (server/core/calibration) replaces with measurements.
-#ifndef FITRUN_SERVER_CORE_SPEC_WORKLOAD_PROFILES_H_
-#define FITRUN_SERVER_CORE_SPEC_WORKLOAD_PROFILES_H_
+#ifndef FITRUN_SERVER_CORE_SPECS_WORKLOAD_PROFILES_H_
+#define FITRUN_SERVER_CORE_SPECS_WORKLOAD_PROFILES_H_
 
 #include "absl/status/statusor.h"
 #include "fitrun/v1/job.pb.h"
@@ -21,4 +21,4 @@ absl::StatusOr<ModelProfile> TorchScriptOnTensorsProfile(const fitrun::v1::JobSp
 
 }  // namespace fitrun::server
 
-#endif  // FITRUN_SERVER_CORE_SPEC_WORKLOAD_PROFILES_H_
+#endif  // FITRUN_SERVER_CORE_SPECS_WORKLOAD_PROFILES_H_

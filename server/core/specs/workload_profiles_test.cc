@@ -1,5 +1,5 @@
-#include "server/core/spec/workload_profiles.h"
-#include "server/core/spec/workloads.h"
+#include "server/core/specs/workload_profiles.h"
+#include "server/core/specs/workloads.h"
 
 #include <cstdlib>
 #include <fstream>

@@ -1,11 +1,11 @@
-#include "server/core/spec/data_roots.h"
+#include "server/core/specs/data_roots.h"
 
 #include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/core/spec/job_spec.h"
+#include "server/core/specs/job_specs.h"
 #include "server/core/errors.h"
 
 namespace fitrun::server {

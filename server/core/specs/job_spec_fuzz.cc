@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "server/core/spec/job_spec.h"
+#include "server/core/specs/job_specs.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<fitrun::v1::JobSpec> spec =

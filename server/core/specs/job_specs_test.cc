@@ -1,4 +1,4 @@
-#include "server/core/spec/job_spec.h"
+#include "server/core/specs/job_specs.h"
 
 #include <cstdlib>
 #include <filesystem>

@@ -4,8 +4,8 @@
 // profile plans start from before the probe has measured the workload, and what besides the model
 // sizes its memory (part of its calibration key). The worker keeps the same pairs with their loaders
 // (worker/models/workload.h); a new model or data kind is one entry on each side.
-#ifndef FITRUN_SERVER_CORE_SPEC_WORKLOADS_H_
-#define FITRUN_SERVER_CORE_SPEC_WORKLOADS_H_
+#ifndef FITRUN_SERVER_CORE_SPECS_WORKLOADS_H_
+#define FITRUN_SERVER_CORE_SPECS_WORKLOADS_H_
 
 #include <string>
 #include <vector>
@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "fitrun/v1/job.pb.h"
-#include "server/core/spec/workload_profiles.h"
+#include "server/core/specs/workload_profiles.h"
 
 namespace fitrun::server {
 
@@ -53,4 +53,4 @@ std::string FileVersion(const std::string& path);
 
 }  // namespace fitrun::server
 
-#endif  // FITRUN_SERVER_CORE_SPEC_WORKLOADS_H_
+#endif  // FITRUN_SERVER_CORE_SPECS_WORKLOADS_H_

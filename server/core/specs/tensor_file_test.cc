@@ -1,4 +1,4 @@
-#include "server/core/spec/tensor_file.h"
+#include "server/core/specs/tensor_file.h"
 
 #include <cstdlib>
 #include <filesystem>

@@ -1,4 +1,4 @@
-#include "server/core/spec/data_roots.h"
+#include "server/core/specs/data_roots.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "server/core/spec/workload_profiles.h"
+#include "server/core/specs/workload_profiles.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -11,7 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "proto/contract/data_contract.h"
-#include "server/core/spec/tensor_file.h"
+#include "server/core/specs/tensor_file.h"
 
 namespace fitrun::server {
 namespace {

@@ -1,0 +1,119 @@
+// Admission on its own: the spec checked (data roots first, then validation and defaults, then the
+// node bound), request ids bounded and mapped to the job they created, the per-owner quota with its
+// reason, and the bookkeeping that undoes an admission the store refused.
+#include "server/core/jobs/admission.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "server/core/errors.h"
+#include "server/core/specs/test_specs.h"
+
+namespace fitrun::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+fitrun::v1::Job JobOf(const std::string& id, const std::string& owner, const std::string& request_id) {
+  fitrun::v1::Job job;
+  job.set_id(id);
+  job.set_owner(owner);
+  job.set_request_id(request_id);
+  *job.mutable_spec() = MlpTestSpec();
+  return job;
+}
+
+TEST(AdmissionTest, ASpecNamingAFileOutsideTheDataRootsIsRefusedNamingTheField) {
+  Admission::Options options;
+  options.data_roots = DataRoots({::testing::TempDir()});
+  const Admission admission(options);
+  absl::StatusOr<fitrun::v1::JobSpec> spec = admission.CheckSpec(MlpTestSpec());  // Debian's datasets
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("spec.data.path"));
+}
+
+TEST(AdmissionTest, AValidSpecComesBackDefaultedAndAnInvalidOneNamesItsField) {
+  const Admission admission({});
+  fitrun::v1::JobSpec bare = MlpTestSpec();
+  bare.clear_fault_tolerance();
+  absl::StatusOr<fitrun::v1::JobSpec> spec = admission.CheckSpec(bare);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_GT(spec->fault_tolerance().max_restarts(), 0) << "defaults applied";
+
+  fitrun::v1::JobSpec invalid = MlpTestSpec();
+  invalid.mutable_optimizer()->set_lr(-1);
+  EXPECT_THAT(admission.CheckSpec(invalid).status().message(), HasSubstr("spec.optimizer.lr"));
+}
+
+TEST(AdmissionTest, ASpecNeedingMoreNodesThanTheCoordinatorSpansSaysWhy) {
+  Admission::Options options;
+  options.max_nodes = 1;
+  options.max_nodes_reason = "fitrund runs ranks on this machine only";
+  const Admission admission(options);
+  fitrun::v1::JobSpec spec = MlpTestSpec();
+  spec.mutable_resources()->set_min_nodes(2);
+  spec.mutable_resources()->set_max_nodes(2);
+  const absl::Status status = admission.CheckSpec(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("spec.resources.min_nodes: 2 nodes, but fitrund runs ranks on this machine"));
+}
+
+TEST(AdmissionTest, RequestIdsAreBoundedTo128Characters) {
+  EXPECT_TRUE(Admission::CheckRequestId("").ok());
+  EXPECT_TRUE(Admission::CheckRequestId(std::string(128, 'r')).ok());
+  EXPECT_THAT(Admission::CheckRequestId(std::string(129, 'r')).message(),
+              HasSubstr("request_id: at most 128 characters (got 129)"));
+}
+
+TEST(AdmissionTest, ARequestIdNamesTheJobItCreatedPerOwnerUntilForgotten) {
+  Admission admission({});
+  const fitrun::v1::Job job = JobOf("j-000001", "alice", "r1");
+  EXPECT_FALSE(admission.EarlierJob("alice", "r1").has_value());
+  admission.Remember(job);
+  EXPECT_EQ(admission.EarlierJob("alice", "r1"), "j-000001");
+  EXPECT_FALSE(admission.EarlierJob("bob", "r1").has_value()) << "request ids are per owner";
+  EXPECT_FALSE(admission.EarlierJob("alice", "").has_value()) << "no request id, no idempotency";
+  admission.Forget(job);
+  EXPECT_FALSE(admission.EarlierJob("alice", "r1").has_value());
+}
+
+TEST(AdmissionTest, ARetryMustCarryTheSameSpec) {
+  const fitrun::v1::Job earlier = JobOf("j-000001", "alice", "r1");
+  EXPECT_TRUE(Admission::SameSubmit("r1", earlier, earlier.spec()).ok());
+  fitrun::v1::JobSpec other = earlier.spec();
+  other.set_global_batch_size(512);
+  const absl::Status status = Admission::SameSubmit("r1", earlier, other);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("request_id: 'r1' already created job j-000001 with a different spec"));
+}
+
+TEST(AdmissionTest, AnOwnersOpenJobsAreBoundedAndAnEndedOneMakesRoom) {
+  Admission::Options options;
+  options.max_open_jobs_per_owner = 2;
+  Admission admission(options);
+  admission.Opened("alice");
+  admission.Opened("alice");
+  admission.Opened("bob");
+  const absl::Status full = admission.CheckQuota("alice");
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.message(), HasSubstr("jobs: alice has 2 jobs queued or running"));
+  EXPECT_EQ(full.GetPayload(kReasonPayload).value_or(absl::Cord()), "JOBS_PER_USER_LIMIT");
+  EXPECT_TRUE(admission.CheckQuota("bob").ok());
+  admission.Closed("alice");
+  EXPECT_TRUE(admission.CheckQuota("alice").ok());
+  admission.Closed("carol");  // never opened: nothing to undo
+  EXPECT_TRUE(admission.CheckQuota("carol").ok());
+}
+
+TEST(AdmissionTest, WithoutALimitEveryOwnerMayOpenAnyNumber) {
+  Admission admission({});
+  for (int i = 0; i < 1000; ++i) admission.Opened("alice");
+  EXPECT_TRUE(admission.CheckQuota("alice").ok());
+}
+
+}  // namespace
+}  // namespace fitrun::server

@@ -1,0 +1,247 @@
+// JobManager, how queued jobs start: the scheduler thread and its passes, which ask placement
+// (placement.h) which jobs start now and where and the planning gate (calibration/planning_gate.h)
+// what they wait for, then launch each placed job's attempt. Same class, same mutex as
+// job_manager.cc.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/core/jobs/attempt_launch.h"
+#include "server/core/jobs/job_manager.h"
+#include "server/core/jobs/proto_time.h"
+#include "server/core/jobs/job_queue.h"
+#include "server/core/jobs/placement.h"
+#include "server/core/memory/memory_feedback.h"
+#include "server/core/specs/workloads.h"
+
+namespace fitrun::server {
+
+using fitrun::v1::Job;
+using fitrun::v1::JobEvent;
+using fitrun::v1::JobSpec;
+using fitrun::v1::Plan;
+
+void JobManager::SchedulerLoop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    // Wake for new work, or in time for the earliest pending deadline.
+    absl::Time wake = CheckHeartbeats(options_.clock());
+    for (const auto& [id, entry] : jobs_) {
+      if (entry.active && entry.active->awaiting_reports_until) {
+        wake = std::min(wake, *entry.active->awaiting_reports_until);
+      }
+    }
+    auto ready = [this] { return schedule_requested_ || shutting_down_; };
+    mu_.AwaitWithDeadline(absl::Condition(&ready), wake);
+    if (shutting_down_) return;
+    // A burst of submits, reports and exits is one pass, not one pass each: every pass walks the
+    // queue under the lock the API's calls wait for.
+    mu_.AwaitWithDeadline(absl::Condition(&shutting_down_), last_pass_ + options_.min_pass_spacing);
+    if (shutting_down_) return;
+    schedule_requested_ = false;
+
+    const absl::Time now = options_.clock();
+    for (auto& [id, entry] : jobs_) {
+      if (entry.active && entry.active->awaiting_reports_until && *entry.active->awaiting_reports_until <= now) {
+        entry.active->awaiting_reports_until.reset();
+        MaybeSucceed(entry, /*deadline_passed=*/true);
+        MaybeReleaseAttempt(entry);
+      }
+    }
+    SchedulePass();
+    last_pass_ = absl::Now();
+  }
+}
+
+JobManager::SchedulingPassTimes JobManager::RunSchedulingPass() {
+  absl::MutexLock lock(&mu_);
+  return SchedulePass();
+}
+
+JobManager::SchedulingPassTimes JobManager::SchedulePass() {
+  SchedulingPassTimes times;
+  const absl::Time start = absl::Now();
+  std::vector<JobEntry*> queued;
+  for (auto& [id, entry] : jobs_) {
+    if (WaitsForPlacement(entry.record.job, entry.active.has_value())) queued.push_back(&entry);
+  }
+  times.queued = static_cast<int>(queued.size());
+  std::sort(queued.begin(), queued.end(),
+            [](const JobEntry* a, const JobEntry* b) { return RunsBefore(a->record, b->record); });
+  std::vector<DeviceCapacity> free_devices;
+  for (const fitrun::v1::Device& device : DevicesLocked()) {
+    if (device.job_id().empty()) free_devices.push_back({device.id(), device.free_bytes(), device.node()});
+  }
+  const std::vector<DeviceCapacity> every_device = EveryDeviceAsIfIdle();
+  int64_t roomiest = 0;
+  for (const DeviceCapacity& device : every_device) roomiest = std::max(roomiest, device.free_bytes);
+  PlanningGate::Pass gate(&gate_, every_device, roomiest, GatePlanner());
+  std::vector<Placement> placements = PlaceQueuedJobs(queued, std::move(free_devices), gate, GatePlanner());
+  const absl::Time placed = absl::Now();
+  times.placing = placed - start;
+  for (Placement& placement : placements) {
+    JobEntry& entry = *placement.entry;
+    if (!placement.waiting_for.empty()) {
+      WaitInPlanning(entry, placement.waiting_for);
+      continue;
+    }
+    if (placement.back_to_queue) {
+      entry.waiting_for.clear();
+      (void)Transition(entry, fitrun::v1::JOB_STATE_QUEUED,
+                       absl::StrCat("memory measured; waiting for devices: ", placement.plan.status().message()));
+      continue;
+    }
+    entry.waiting_for.clear();
+    if (entry.record.job.state() != fitrun::v1::JOB_STATE_PLANNING) {
+      if (absl::Status status = Transition(entry, fitrun::v1::JOB_STATE_PLANNING, "devices are free"); !status.ok()) {
+        continue;
+      }
+    }
+    if (!placement.plan.ok()) {
+      entry.record.job.set_failure_reason(absl::StrCat("planning failed: ", placement.plan.status().message()));
+      (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, entry.record.job.failure_reason());
+      continue;
+    }
+    if (absl::Status status = LaunchAttempt(entry, *placement.plan); !status.ok()) {
+      entry.record.job.set_failure_reason(absl::StrCat("launch failed: ", status.message()));
+      (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, entry.record.job.failure_reason());
+      MaybeReleaseAttempt(entry);
+      continue;
+    }
+    ++times.placed;
+  }
+  times.launching = absl::Now() - placed;
+  return times;
+}
+
+absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
+  Job& job = entry.record.job;
+  const int attempt_number = job.attempts() + 1;
+  job.set_attempts(attempt_number);
+  *job.mutable_plan() = plan;
+
+  JobEvent chosen;
+  *chosen.mutable_plan_chosen()->mutable_plan() = plan;
+  chosen.mutable_plan_chosen()->set_attempt(attempt_number);
+  PublishLocked(entry, chosen);
+
+  AttemptLaunchSettings settings;
+  settings.worker_binary = options_.worker_binary;
+  settings.worker_channel_address = options_.worker_channel_address;
+  settings.worker_tls_ca = options_.worker_tls_ca;
+  settings.dataset_cache_dir = options_.dataset_cache_dir;
+  absl::StatusOr<AttemptLaunch> assembled = AssembleAttempt(job, entry.record.token, attempt_number, plan,
+                                                            devices_->Snapshot(), JobDir(job.id()), settings);
+  if (!assembled.ok()) return assembled.status();
+  AttemptLaunch& attempt = *assembled;
+  attempt.on_allocation = AllocationCallbackFor(job.id(), attempt_number);
+  const std::string job_id = job.id();
+  absl::StatusOr<LaunchedAttempt> launched =
+      launcher_->Launch(attempt, [this, job_id, attempt_number](int rank, const WorkerExit& exit) {
+        OnWorkerExit(WorkerKey{job_id, attempt_number, rank}, exit);
+      });
+  if (!launched.ok()) return absl::InternalError(absl::StrCat("launching the ranks: ", launched.status().message()));
+
+  const int world_size = plan.device_ids_size();
+  entry.active.emplace();
+  ActiveAttempt& active = *entry.active;
+  active.attempt = attempt_number;
+  active.launch_handle = launched->handle;
+  active.device_ids.assign(plan.device_ids().begin(), plan.device_ids().end());
+  active.ranks.resize(world_size);
+  for (int rank = 0; rank < world_size; ++rank) {
+    device_owner_[active.device_ids[rank]] = {job.id(), rank};
+    active.ranks[rank].log_path = attempt.ranks[rank].log_path;
+    active.ranks[rank].pid = rank < static_cast<int>(launched->pids.size()) ? launched->pids[rank] : 0;
+    active.ranks[rank].last_heard = options_.clock();
+  }
+  if (!job.has_started_at()) *job.mutable_started_at() = ToProto(options_.clock());
+  fitrun::v1::AttemptRecord* record = job.add_attempt_history();
+  record->set_attempt(attempt_number);
+  for (const std::string& id : active.device_ids) record->add_device_ids(id);
+  record->set_per_device_batch(plan.per_device_batch());
+  record->set_grad_accum_steps(plan.grad_accum_steps());
+  record->set_predicted_peak_bytes(plan.predicted().total_bytes());
+  record->set_launch_handle(launched->handle);
+  *record->mutable_started_at() = ToProto(options_.clock());
+  for (int rank = 0; rank < world_size; ++rank) {
+    fitrun::v1::RankOutcome* outcome = record->add_ranks();
+    outcome->set_rank(rank);
+    outcome->set_pid(active.ranks[rank].pid);
+    // A rank that already exited (before this record existed) is on record too.
+    if (active.ranks[rank].exited) {
+      outcome->set_exited(true);
+      outcome->set_exit_code(active.ranks[rank].exit.exit_code);
+      outcome->set_signal(active.ranks[rank].exit.signal);
+    }
+  }
+  return Transition(entry, fitrun::v1::JOB_STATE_RUNNING,
+                    absl::StrCat("launched ", world_size, " rank(s) on ", absl::StrJoin(active.device_ids, ", ")));
+}
+
+absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, bool only_free_devices) {
+  absl::StatusOr<ModelProfile> profile = ProfileFor(spec);
+  if (!profile.ok()) return profile.status();
+  std::vector<DeviceCapacity> capacities;
+  for (const fitrun::v1::Device& device : DevicesLocked()) {
+    if (only_free_devices && !device.job_id().empty()) continue;
+    // A free device's whole memory is the rank's; a busy one is planned as if idle.
+    const int64_t bytes = only_free_devices ? device.free_bytes() : device.total_bytes();
+    capacities.push_back({device.id(), bytes, device.node()});
+  }
+  return PlanJob(spec, *profile, capacities, options_.estimator, NodeLimits());
+}
+
+absl::StatusOr<Plan> JobManager::PlanForJob(const Job& job, const std::vector<DeviceCapacity>& devices) {
+  absl::StatusOr<ModelProfile> profile = ProfileFor(job.spec());
+  if (!profile.ok()) return profile.status();
+  const ModelProfile corrected = ProfileAfterOutOfMemory(*profile, job.spec(), job.oom_history(), options_.estimator);
+  PlanLimits limits = LimitsAfterOutOfMemory(job.oom_history());
+  const PlanLimits nodes = NodeLimits();
+  limits.max_nodes = nodes.max_nodes;
+  limits.max_nodes_reason = nodes.max_nodes_reason;
+  return PlanJob(job.spec(), corrected, devices, options_.estimator, limits);
+}
+
+PlanLimits JobManager::NodeLimits() const {
+  PlanLimits limits;
+  limits.max_nodes = options_.max_nodes;
+  limits.max_nodes_reason = options_.max_nodes_reason;
+  return limits;
+}
+
+absl::StatusOr<ModelProfile> JobManager::ProfileFor(const JobSpec& spec) const {
+  if (options_.memory_calibrator == nullptr) return fitrun::server::ProfileFor(spec);
+  return options_.memory_calibrator->ProfileFor(spec);
+}
+
+std::vector<DeviceCapacity> JobManager::EveryDeviceAsIfIdle() {
+  std::vector<DeviceCapacity> every_device;
+  for (const fitrun::v1::Device& device : DevicesLocked()) {
+    every_device.push_back({device.id(), device.total_bytes(), device.node()});
+  }
+  return every_device;
+}
+
+PlanningGate::Planner JobManager::GatePlanner() {
+  // Called back only from the gate's and placement's calls, which run under mu_ (held here).
+  return [this](const Job& job, const std::vector<DeviceCapacity>& devices) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return PlanForJob(job, devices);
+  };
+}
+
+void JobManager::WaitInPlanning(JobEntry& entry, const std::string& waiting_for) {
+  if (entry.waiting_for == waiting_for) return;
+  entry.waiting_for = waiting_for;
+  if (entry.record.job.state() != fitrun::v1::JOB_STATE_PLANNING) {
+    (void)Transition(entry, fitrun::v1::JOB_STATE_PLANNING, waiting_for);
+    return;
+  }
+  JobEvent event;
+  event.mutable_log()->set_rank(-1);
+  event.mutable_log()->set_text(absl::StrCat("planning: ", waiting_for));
+  PublishLocked(entry, std::move(event));
+}
+
+}  // namespace fitrun::server

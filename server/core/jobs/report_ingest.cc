@@ -1,0 +1,85 @@
+#include "server/core/jobs/report_ingest.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace fitrun::server {
+
+ReportIngest::Ingested ReportIngest::Ingest(JobEntry& entry, int rank_index,
+                                            const fitrun::v1::WorkerReport& report) const {
+  Ingested ingested;
+  fitrun::v1::Job& job = entry.record.job;
+  ActiveAttempt& attempt = *entry.active;
+  RankState& rank = attempt.ranks[rank_index];
+  const absl::Time now = clock_();
+  rank.last_heard = now;
+  fitrun::v1::JobEvent event;
+  switch (report.report_case()) {
+    case fitrun::v1::WorkerReport::kProgress: {
+      *event.mutable_progress() = report.progress();
+      event.mutable_progress()->set_rank(rank_index);
+      rank.peak_bytes = std::max(rank.peak_bytes, report.progress().peak_bytes());
+      rank.last_step = std::max(rank.last_step, report.progress().step());
+      rank.last_progress = event.progress();
+      if (rank_index == 0) {
+        const int64_t advanced = report.progress().step() - job.last_progress().step();
+        *job.mutable_last_progress() = event.progress();
+        metrics_->TrainingProgress(std::max<int64_t>(0, advanced));
+        if (entry.recovering_since && job.state() == fitrun::v1::JOB_STATE_RUNNING) {
+          const absl::Duration took = now - *entry.recovering_since;
+          entry.recovering_since.reset();
+          metrics_->Recovered(took);
+          fitrun::v1::JobEvent resumed;
+          resumed.mutable_log()->set_rank(-1);
+          resumed.mutable_log()->set_text(absl::StrFormat("training resumed at step %d of attempt %d, %.1f s after the failure",
+                                                          report.progress().step(), attempt.attempt,
+                                                          absl::ToDoubleSeconds(took)));
+          ingested.events.push_back(std::move(resumed));
+        }
+      }
+      break;
+    }
+    case fitrun::v1::WorkerReport::kOom:
+      *event.mutable_oom() = report.oom();
+      event.mutable_oom()->set_rank(rank_index);
+      rank.exiting_on_its_own = true;
+      attempt.out_of_memory = true;
+      ingested.next = Next::kOutOfMemory;
+      break;
+    case fitrun::v1::WorkerReport::kCheckpointSaved:
+      *event.mutable_checkpoint_saved() = report.checkpoint_saved();
+      event.mutable_checkpoint_saved()->set_rank(rank_index);
+      metrics_->CheckpointSaved(absl::Seconds(report.checkpoint_saved().seconds()));
+      break;
+    case fitrun::v1::WorkerReport::kCheckpointFailed:
+      *event.mutable_checkpoint_failed() = report.checkpoint_failed();
+      event.mutable_checkpoint_failed()->set_rank(rank_index);
+      metrics_->CheckpointFailed();
+      break;
+    case fitrun::v1::WorkerReport::kLog:
+      *event.mutable_log() = report.log();
+      event.mutable_log()->set_rank(rank_index);
+      break;
+    case fitrun::v1::WorkerReport::kFinished:
+      rank.finished = report.finished();
+      rank.finished->set_rank(rank_index);
+      if (rank.peak_bytes == 0) rank.peak_bytes = rank.finished->peak_bytes();
+      *event.mutable_rank_finished() = *rank.finished;
+      ingested.next = Next::kFinished;
+      break;
+    case fitrun::v1::WorkerReport::kFailed:
+      rank.failure_report = report.failed().reason();
+      event.mutable_log()->set_rank(rank_index);
+      event.mutable_log()->set_text(absl::StrCat("failed: ", report.failed().reason()));
+      break;
+    default:
+      return ingested;  // heartbeats carry no event; a hello or nested batch here is ignored
+  }
+  ingested.events.push_back(std::move(event));
+  return ingested;
+}
+
+}  // namespace fitrun::server

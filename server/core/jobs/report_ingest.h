@@ -1,0 +1,51 @@
+// How a rank's reports become its job's events. Each report is recorded on the rank (its peak bytes,
+// latest step and progress, its final report or failure), turned into the event watchers see, and
+// counted in the metrics; rank 0's progress also moves the job's own progress and ends a recovery
+// ("training resumed ... after the failure"). What a report leads to (a re-plan after an
+// out-of-memory error, the job's success) is the job manager's decision: Ingest says which report
+// asks for one.
+//
+// Thread-safety: stateless; the job manager calls it under its lock, with the entry it guards.
+#ifndef FITRUN_SERVER_CORE_JOBS_REPORT_INGEST_H_
+#define FITRUN_SERVER_CORE_JOBS_REPORT_INGEST_H_
+
+#include <functional>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "fitrun/v1/job.pb.h"
+#include "fitrun/v1/worker.pb.h"
+#include "server/core/coordinator_metrics.h"
+#include "server/core/jobs/job_entry.h"
+
+namespace fitrun::server {
+
+class ReportIngest {
+ public:
+  ReportIngest(CoordinatorMetrics* metrics, std::function<absl::Time()> clock)
+      : metrics_(metrics), clock_(std::move(clock)) {}
+
+  // What a report asks of the job manager once its events are out.
+  enum class Next {
+    kNothing,
+    kOutOfMemory,  // the rank ran out of memory and exits on its own: stop its peers, re-plan
+    kFinished,     // the rank finished: the job may have succeeded
+  };
+  struct Ingested {
+    // In order; empty for a heartbeat, a hello or a nested batch.
+    std::vector<fitrun::v1::JobEvent> events;
+    Next next = Next::kNothing;
+  };
+
+  // One report of `rank` of the entry's active attempt (the caller checked that it is the active
+  // one). Marks the rank heard from now.
+  Ingested Ingest(JobEntry& entry, int rank, const fitrun::v1::WorkerReport& report) const;
+
+ private:
+  CoordinatorMetrics* const metrics_;
+  const std::function<absl::Time()> clock_;
+};
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_CORE_JOBS_REPORT_INGEST_H_

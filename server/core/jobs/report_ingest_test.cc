@@ -1,0 +1,132 @@
+// Report ingest on its own: each kind of report becomes its event with the rank set, updates the
+// rank (peak, step, progress, final report, failure), moves the job's progress and the metrics on rank
+// 0's reports, ends a recovery with one "training resumed" line, and says which reports need the job
+// manager's decision.
+#include "server/core/jobs/report_ingest.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/core/fakes.h"
+
+namespace fitrun::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ReportIngestTest : public ::testing::Test {
+ protected:
+  ReportIngestTest() : ingest_(&metrics_, [this] { return now_; }) {
+    entry_.record.job.set_id("j-000001");
+    entry_.record.job.set_state(fitrun::v1::JOB_STATE_RUNNING);
+    entry_.active.emplace();
+    entry_.active->attempt = 2;
+    entry_.active->ranks.resize(2);
+  }
+
+  ReportIngest::Ingested Progress(int rank, int64_t step, int64_t peak) {
+    fitrun::v1::WorkerReport report;
+    report.mutable_progress()->set_step(step);
+    report.mutable_progress()->set_peak_bytes(peak);
+    return ingest_.Ingest(entry_, rank, report);
+  }
+
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+  RecordingMetrics metrics_;
+  ReportIngest ingest_;
+  JobEntry entry_;
+};
+
+TEST_F(ReportIngestTest, ProgressKeepsTheRanksHighestPeakAndLatestStep) {
+  ReportIngest::Ingested first = Progress(1, 5, 300);
+  ASSERT_EQ(first.events.size(), 1u);
+  EXPECT_EQ(first.events[0].progress().rank(), 1);
+  EXPECT_EQ(first.next, ReportIngest::Next::kNothing);
+  Progress(1, 6, 200);
+  const RankState& rank = entry_.active->ranks[1];
+  EXPECT_EQ(rank.peak_bytes, 300);
+  EXPECT_EQ(rank.last_step, 6);
+  EXPECT_EQ(rank.last_progress.step(), 6);
+  EXPECT_EQ(rank.last_heard, now_);
+  EXPECT_EQ(entry_.record.job.last_progress().step(), 0) << "only rank 0 moves the job's progress";
+}
+
+TEST_F(ReportIngestTest, RankZerosProgressMovesTheJobAndCountsTheStepsDone) {
+  Progress(0, 10, 1);
+  Progress(0, 25, 1);
+  EXPECT_EQ(entry_.record.job.last_progress().step(), 25);
+  EXPECT_EQ(metrics_.steps(), 25);
+}
+
+TEST_F(ReportIngestTest, TheFirstStepAfterARecoveryEndsItWithOneLine) {
+  entry_.recovering_since = now_;
+  now_ += absl::Milliseconds(1500);
+  ReportIngest::Ingested resumed = Progress(0, 7, 1);
+  ASSERT_EQ(resumed.events.size(), 2u);
+  EXPECT_EQ(resumed.events[0].log().text(), "training resumed at step 7 of attempt 2, 1.5 s after the failure");
+  EXPECT_EQ(resumed.events[0].log().rank(), -1);
+  EXPECT_TRUE(resumed.events[1].has_progress()) << "the line goes out before the progress it announces";
+  EXPECT_FALSE(entry_.recovering_since.has_value());
+  EXPECT_EQ(metrics_.recoveries().size(), 1u);
+  EXPECT_EQ(Progress(0, 8, 1).events.size(), 1u);
+}
+
+TEST_F(ReportIngestTest, AnOutOfMemoryReportMarksTheRankAndAsksForARePlan) {
+  fitrun::v1::WorkerReport report;
+  report.mutable_oom()->set_step(4);
+  report.mutable_oom()->set_per_device_batch(64);
+  ReportIngest::Ingested ingested = ingest_.Ingest(entry_, 1, report);
+  EXPECT_EQ(ingested.next, ReportIngest::Next::kOutOfMemory);
+  ASSERT_EQ(ingested.events.size(), 1u);
+  EXPECT_EQ(ingested.events[0].oom().rank(), 1);
+  EXPECT_EQ(ingested.events[0].oom().per_device_batch(), 64);
+  EXPECT_TRUE(entry_.active->ranks[1].exiting_on_its_own) << "it exits with its own code: no SIGTERM";
+  EXPECT_TRUE(entry_.active->out_of_memory);
+}
+
+TEST_F(ReportIngestTest, AFinishedReportIsKeptAndItsPeakStandsInForMissingProgress) {
+  fitrun::v1::WorkerReport report;
+  report.mutable_finished()->set_steps(10);
+  report.mutable_finished()->set_peak_bytes(4096);
+  ReportIngest::Ingested ingested = ingest_.Ingest(entry_, 0, report);
+  EXPECT_EQ(ingested.next, ReportIngest::Next::kFinished);
+  EXPECT_EQ(ingested.events[0].rank_finished().rank(), 0);
+  ASSERT_TRUE(entry_.active->ranks[0].finished.has_value());
+  EXPECT_EQ(entry_.active->ranks[0].peak_bytes, 4096);
+}
+
+TEST_F(ReportIngestTest, FailuresLogsAndCheckpointsBecomeTheirEvents) {
+  fitrun::v1::WorkerReport failed;
+  failed.mutable_failed()->set_reason("spec.model.torchscript: cannot load");
+  ReportIngest::Ingested f = ingest_.Ingest(entry_, 1, failed);
+  EXPECT_EQ(f.events[0].log().text(), "failed: spec.model.torchscript: cannot load");
+  EXPECT_EQ(entry_.active->ranks[1].failure_report, "spec.model.torchscript: cannot load");
+
+  fitrun::v1::WorkerReport saved;
+  saved.mutable_checkpoint_saved()->set_step(5);
+  saved.mutable_checkpoint_saved()->set_seconds(0.25);
+  EXPECT_EQ(ingest_.Ingest(entry_, 0, saved).events[0].checkpoint_saved().rank(), 0);
+  EXPECT_EQ(metrics_.checkpoint_times().size(), 1u);
+
+  fitrun::v1::WorkerReport save_failed;
+  save_failed.mutable_checkpoint_failed()->set_error("disk full");
+  EXPECT_EQ(ingest_.Ingest(entry_, 0, save_failed).events[0].checkpoint_failed().rank(), 0);
+  EXPECT_EQ(metrics_.checkpoint_failures(), 1);
+
+  fitrun::v1::WorkerReport log;
+  log.mutable_log()->set_text("hello");
+  EXPECT_EQ(ingest_.Ingest(entry_, 1, log).events[0].log().rank(), 1);
+}
+
+TEST_F(ReportIngestTest, AHeartbeatCarriesNoEventButMarksTheRankHeard) {
+  now_ += absl::Seconds(30);
+  fitrun::v1::WorkerReport heartbeat;
+  heartbeat.mutable_heartbeat();
+  ReportIngest::Ingested ingested = ingest_.Ingest(entry_, 1, heartbeat);
+  EXPECT_TRUE(ingested.events.empty());
+  EXPECT_EQ(ingested.next, ReportIngest::Next::kNothing);
+  EXPECT_EQ(entry_.active->ranks[1].last_heard, now_);
+}
+
+}  // namespace
+}  // namespace fitrun::server
