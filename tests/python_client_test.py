@@ -42,8 +42,8 @@ def mlp_spec(name, max_steps):
 
 class PackageTest(unittest.TestCase):
     def test_comes_from_the_runfiles_and_does_not_import_torch(self):
-        # PYTHONPATH names the runfiles' client/python; a module found anywhere else (the checkout's
-        # fitrun.pth) would mean the Bazel-generated stubs are not what this test exercises.
+        # PYTHONPATH names the runfiles' client/python; a module found anywhere else (an installed
+        # fitrun, or a fitrun.pth an old set-up left) would mean the Bazel-generated stubs are not what this test exercises.
         root = os.environ["PYTHONPATH"].split(os.pathsep)[0]
         for module in (fitrun.client, fitrun.v1.job_pb2):
             self.assertTrue(module.__file__.startswith(root + os.sep), f"{module.__name__} from {module.__file__}")

@@ -1,6 +1,7 @@
 """Regenerates the screenshots in deploy/screenshots from a real fitrund training real jobs.
 
-    bazel build //server:fitrund //worker:fitrun-worker //client:fitrun && /usr/bin/python3 tools/screenshots.py
+    bazel build //server:fitrund //worker:fitrun-worker //client:fitrun && bash tools/setup-python.sh \
+        && .venv/bin/python tools/screenshots.py
 
 It starts fitrund (state in a temporary directory, two virtual 1 GiB CPU devices, ports chosen by the
 OS), runs a short mlp job to its end, then starts a longer one and queues a third behind it. While the
@@ -25,7 +26,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from cdp import Browser  # noqa: E402

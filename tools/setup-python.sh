@@ -1,17 +1,38 @@
 #!/usr/bin/env bash
-# Makes `import fitrun` work for Debian's Python (/usr/bin/python3) from any directory, as
-# `pip install -e client/python` would, without pip: generates the gRPC stubs into the package
-# (client/python/fitrun/v1/, not committed) with the system protoc and grpc_python_plugin, and puts a
-# fitrun.pth naming this checkout's client/python into Python's site directory.
-# Idempotent: the stubs are regenerated only when a .proto is newer than them (or they are missing),
-# and the .pth is rewritten only when it names another checkout. Bazel tests do not depend on this:
-# they use the stubs //client/python:fitrun generates into their runfiles.
+# Installs the fitrun Python package (client/python: fitrun.init for script ranks, fitrun.Client for
+# notebooks and scripts) the usual way: `pip install ./client/python` (its own build backend, which
+# generates the gRPC stubs with protoc and grpc_python_plugin; no package index) into the project's
+# virtual environment .venv (git-ignored), made from Debian's /usr/bin/python3 with
+# --system-site-packages so that Debian's python3-torch, python3-grpcio and python3-protobuf are the
+# ones it uses. Then:
+#
+#   .venv/bin/python -c 'import fitrun; print(fitrun.Client)'     # or: source .venv/bin/activate
+#
+# Why a venv, and not Debian's /usr/bin/python3 itself: Debian's Python is "externally managed" (PEP
+# 668), so pip installs nothing into it short of --break-system-packages, which is not for a project's
+# own code; the fitrun.pth earlier versions of this script wrote into its site directory made every
+# Python on the machine import one checkout's sources, whichever checkout ran the set-up last. A venv is
+# where a user of the package expects it, and `pip install ./client/python` puts it into any other
+# venv the same way.
+#
+# Who uses what:
+# - Script jobs keep naming /usr/bin/python3 (see the README): fitrun-worker puts its own copy of the
+#   package (from its runfiles, the same version as the worker that reads the rank's reports) first on
+#   every script rank's PYTHONPATH, so ranks import fitrun without this venv.
+# - Bazel tests do not use it either: they run /usr/bin/python3 on the stubs //client/python:fitrun
+#   generates into their runfiles.
+# - Python that talks to fitrund from outside (a notebook, tools/screenshots.py,
+#   tools/bench/script_memory_bench.py) runs with .venv/bin/python.
+#
+# Idempotent: the venv is made once (again only when it is not one of /usr/bin/python3 with the
+# system's packages), the package is rebuilt and reinstalled only when its sources, the protos or
+# protoc changed since the last install (their hash is kept in .venv/fitrun-source.sha256), and a
+# fitrun.pth that an earlier version of this script wrote is removed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 python=/usr/bin/python3
-package_root="$root/client/python"
-out="$package_root/fitrun/v1"
+venv="$root/.venv"
 
 for tool in protoc grpc_python_plugin "$python"; do
   if ! command -v "$tool" >/dev/null; then
@@ -20,48 +41,67 @@ for tool in protoc grpc_python_plugin "$python"; do
   fi
 done
 
-protos=(proto/fitrun/v1/*.proto)
-stale=0
-for proto in "${protos[@]}"; do
-  base=$(basename "$proto" .proto)
-  for generated in "$out/${base}_pb2.py" "$out/${base}_pb2_grpc.py"; do
-    if [[ ! -f "$generated" || "$proto" -nt "$generated" ]]; then stale=1; fi
-  done
-done
-[[ -f "$out/__init__.py" ]] || stale=1
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 
-if ((stale)); then
-  # Generated aside and renamed into place, so a Python process importing meanwhile never reads a
-  # half-written module. --python_out=client/python puts them at fitrun/v1/, where the generated
-  # `from fitrun.v1 import job_pb2` finds them inside our own package.
-  tmp=$(mktemp -d "$package_root/.stubs.XXXXXX")
-  trap 'rm -rf "$tmp"' EXIT
-  protoc -Iproto --python_out="$tmp" --grpc_python_out="$tmp" \
-    --plugin=protoc-gen-grpc_python="$(command -v grpc_python_plugin)" "${protos[@]}"
-  : >"$tmp/fitrun/v1/__init__.py"
-  mkdir -p "$out"
-  for file in "$tmp"/fitrun/v1/*.py; do mv -f "$file" "$out/"; done
-  echo "setup-python: generated $(ls "$out"/*_pb2*.py | wc -l) stub modules in client/python/fitrun/v1"
+# What earlier versions of this script left in Debian's Python: fitrun.pth, one line naming a
+# checkout's client/python. Left there it would put that checkout's sources on every sys.path,
+# the venv's included (it sees the system's site directories).
+while read -r site_dir; do
+  pth="$site_dir/fitrun.pth"
+  [[ -f "$pth" ]] || continue
+  named=$(cat "$pth")
+  if [[ $(wc -l <"$pth") -le 1 && "$named" =~ ^/.*/client/python$ ]]; then
+    $SUDO rm -f "$pth"
+    echo "setup-python: removed $pth, which put $named on every sys.path"
+  fi
+done < <("$python" -c 'import site; print("\n".join(site.getsitepackages()))')
+
+# The venv, made again when it is not one of this Python with the system's packages (a venv made by
+# hand from another Python, or from a Debian Python since upgraded).
+venv_ok() {
+  [[ -x "$venv/bin/python" ]] && grep -qx 'include-system-site-packages = true' "$venv/pyvenv.cfg" &&
+    [[ "$("$venv/bin/python" -c 'import sys; print(sys.base_prefix, sys.version)' 2>/dev/null)" == \
+      "$("$python" -c 'import sys; print(sys.base_prefix, sys.version)')" ]]
+}
+if ! venv_ok; then
+  if [[ -e "$venv" ]]; then
+    echo "setup-python: $venv is not a venv of $python with its system packages; making it again"
+  fi
+  if ! "$python" -m venv --clear --system-site-packages "$venv"; then
+    echo "setup-python: $python -m venv failed (Debian's python3-venv missing?); run tools/install-deps.sh first" >&2
+    exit 1
+  fi
+  rm -f "$venv/fitrun-source.sha256"
+  echo "setup-python: made $venv (from $python, with its system packages)"
 fi
 
-site_dir=$("$python" -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null ||
-  echo /usr/local/lib/python3.11/dist-packages)
-pth="$site_dir/fitrun.pth"
-if [[ "$(cat "$pth" 2>/dev/null)" != "$package_root" ]]; then
-  SUDO=""
-  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-  $SUDO mkdir -p "$site_dir"
-  echo "$package_root" | $SUDO tee "$pth" >/dev/null
-  echo "setup-python: $pth -> $package_root"
+installed() {
+  local check='import fitrun, fitrun.client, fitrun.v1.coordinator_pb2_grpc as m; print(m.__file__)'
+  local site found
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  # From / and without PYTHONPATH, so that nothing but what is installed can be what imports.
+  found=$(cd / && env -u PYTHONPATH "$venv/bin/python" -c "$check" 2>&1) || true
+  [[ "$found" == "$site/fitrun/v1/"* ]]
+}
+
+mapfile -t sources < <(
+  ls client/python/pyproject.toml client/python/README.md client/python/build_backend/*.py proto/fitrun/v1/*.proto
+  find client/python/fitrun -name '*.py' -not -path 'client/python/fitrun/v1/*' | sort
+)
+stamp=$( (sha256sum "${sources[@]}" && protoc --version) | sha256sum | cut -d' ' -f1)
+if [[ "$(cat "$venv/fitrun-source.sha256" 2>/dev/null)" != "$stamp" ]] || ! installed; then
+  # --no-index: nothing is fetched; grpcio and protobuf are found installed (Debian's, through
+  # --system-site-packages), and the build needs nothing (pyproject.toml: requires = []).
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/python" -m pip install --quiet --no-index ./client/python
+  echo "$stamp" >"$venv/fitrun-source.sha256"
 fi
 
-# Checked from / so the checkout's own directory on sys.path cannot make it pass by accident, and
-# against the path, so another checkout's fitrun.pth (or an installed fitrun) cannot either.
-check='import fitrun.v1.coordinator_pb2_grpc as m; print(m.__file__)'
-found=$(cd / && "$python" -c "$check" 2>&1) || true
-if [[ "$found" != "$out/"* ]]; then
-  echo "setup-python: $python does not import fitrun from $package_root:" >&2
-  echo "$found" >&2
+if ! installed; then
+  echo "setup-python: $venv/bin/python does not import fitrun as installed in $venv:" >&2
+  (cd / && env -u PYTHONPATH "$venv/bin/python" -c 'import fitrun.v1.coordinator_pb2_grpc as m; print(m.__file__)') >&2 ||
+    true
   exit 1
 fi
-echo "setup-python: $python imports fitrun from $package_root"
+version=$("$venv/bin/python" -c 'from importlib.metadata import version; print(version("fitrun"))')
+echo "setup-python: .venv/bin/python imports fitrun $version (installed from client/python)"

@@ -2,7 +2,7 @@
 
     bazel build //server:fitrund //worker:fitrun-worker //worker/memory:libfitrun_memory.so \
         && /usr/bin/python3 tools/make_movielens_sample.py deploy/examples/data/ratings.dat \
-        && /usr/bin/python3 tools/bench/script_memory_bench.py
+        && bash tools/setup-python.sh && .venv/bin/python tools/bench/script_memory_bench.py
 
 For each example script in deploy/examples/scripts (protein, mnist-ddp, sasrec) it starts a real
 fitrund on two capped virtual CPU devices (--devices, 1 GiB each by default) and submits the example's
@@ -25,7 +25,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from fitrun.client import Client, FINAL_STATES  # noqa: E402

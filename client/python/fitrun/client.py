@@ -12,8 +12,9 @@ coordinator's own parsing, defaults and field-naming error messages, exactly as 
 Replies are the API's protobuf messages (fitrun.v1.job_pb2), not copies, so every field the API
 grows is there without changes here.
 
-The stubs (fitrun/v1/*_pb2*.py) are generated, not committed: tools/setup-python.sh writes them
-into this package, and Bazel's //client/python:fitrun generates them into its runfiles.
+The stubs (fitrun/v1/*_pb2*.py) are generated, not committed: building the package (pip install
+./client/python, which tools/setup-python.sh runs into .venv) writes them into the wheel, and
+Bazel's //client/python:fitrun generates them into its runfiles.
 """
 
 import codecs
@@ -32,7 +33,8 @@ except ModuleNotFoundError as e:  # pragma: no cover - depends on the checkout's
     if not (e.name or "").startswith("fitrun.v1"):
         raise
     raise ImportError(
-        "fitrun's gRPC stubs (fitrun/v1/*_pb2.py) are not generated; run tools/setup-python.sh"
+        "fitrun's gRPC stubs (fitrun/v1/*_pb2.py) are not generated: install the package "
+        "(pip install ./client/python, or tools/setup-python.sh for the repository's .venv)"
     ) from e
 
 __all__ = ["Client", "ClientError", "FINAL_STATES"]
