@@ -1,44 +1,23 @@
-// The Coordinator gRPC service: translates protos and calls the JobManager, nothing more.
-// Unary calls finish inline; WatchJob and WatchJobEvents are ServerWriteReactors that read the
-// job's events by cursor (server/watch/watch_cursor.h) and are fed by the fan-out
-// (server/watch/watch_fanout.h). Thread-safe as the manager is.
+// The Coordinator gRPC service: translates protos and calls the JobManager, nothing more. Every
+// handler starts with the same step, who calls (Unary, OpenStream); unary calls finish inline, the
+// streams are reactors of their own (watch_reactors.h, log_stream.h). Thread-safe as the manager is.
 #ifndef FITRUN_SERVER_SERVICE_COORDINATOR_SERVICE_H_
 #define FITRUN_SERVER_SERVICE_COORDINATOR_SERVICE_H_
 
-#include <atomic>
-#include <deque>
 #include <functional>
-#include <memory>
 #include <map>
-#include <thread>
-#include <vector>
+#include <string>
 
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "fitrun/v1/coordinator.grpc.pb.h"
 #include "server/auth/authenticator.h"
 #include "server/core/jobs/job_manager.h"
+#include "server/service/grpc_status.h"
+#include "server/service/log_stream.h"
+#include "server/service/watch_reactors.h"
 #include "server/watch/watch_fanout.h"
 
 namespace fitrun::server {
-
-// One thread that periodically calls every registered callback; log streams that follow a file
-// register here instead of each holding a thread.
-class LogFollowTicker {
- public:
-  LogFollowTicker();
-  ~LogFollowTicker();
-  int64_t Add(std::function<void()> tick);
-  void Remove(int64_t id);
-
- private:
-  absl::Mutex mu_;
-  std::map<int64_t, std::function<void()>> ticks_ ABSL_GUARDED_BY(mu_);
-  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
-};
 
 // WatchJobEvents is a raw method: its messages are assembled from the events' stored encodings.
 class CoordinatorService final
@@ -84,6 +63,21 @@ class CoordinatorService final
   // The caller, from the call's bearer token or verified client certificate; UNAUTHENTICATED when a
   // secured fitrund cannot tell.
   absl::StatusOr<Caller> Authenticate(grpc::CallbackServerContext* context) const;
+  // A unary call: authenticates, runs `body` as the caller, finishes with its status.
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
+                                  const std::function<absl::Status(const Caller&)>& body);
+  // A stream of one job's events or logs: authenticates, admits it (AdmitStream), then starts the
+  // reactor, or has it refuse with why.
+  template <typename Reactor>
+  Reactor* OpenStream(grpc::CallbackServerContext* context, const std::string& job_id, Reactor* reactor) {
+    if (absl::StatusOr<std::string> user = AdmitStream(context, job_id); !user.ok()) {
+      reactor->Refuse(ToGrpcStatus(user.status()));
+    } else {
+      reactor->set_on_done([this, user = *user] { ReleaseStream(user); });
+      reactor->Start();
+    }
+    return reactor;
+  }
   // Admits a watch or log stream of the job: the caller may see it and has a stream to spare (under
   // max_streams_per_user). Returns the caller's name for ReleaseStream when the stream is done.
   absl::StatusOr<std::string> AdmitStream(grpc::CallbackServerContext* context, const std::string& job_id);
