@@ -36,15 +36,36 @@ bool JsonInt(absl::string_view json, absl::string_view name, int64_t* value) {
   return absl::SimpleAtoi(rest.substr(0, end), value);
 }
 
-// The string after "name": (with \" and \\ unescaped).
+// The string after "name":, its escapes decoded: a message that quotes a process's output keeps
+// its lines (a script's traceback reads as one, not as "ended with:nTraceback ...").
 bool JsonString(absl::string_view json, absl::string_view name, std::string* value) {
   const std::string quoted = absl::StrCat("\"", name, "\": \"");
   size_t at = json.find(quoted);
   if (at == absl::string_view::npos) return false;
   value->clear();
   for (at += quoted.size(); at < json.size() && json[at] != '"'; ++at) {
-    if (json[at] == '\\' && at + 1 < json.size()) ++at;
-    value->push_back(json[at]);
+    if (json[at] != '\\' || at + 1 >= json.size()) {
+      value->push_back(json[at]);
+      continue;
+    }
+    const char escaped = json[++at];
+    switch (escaped) {
+      case 'n': value->push_back('\n'); break;
+      case 't': value->push_back('\t'); break;
+      case 'r': value->push_back('\r'); break;
+      case 'b': value->push_back('\b'); break;
+      case 'f': value->push_back('\f'); break;
+      case 'u': {
+        // \uXXXX: ASCII as itself; anything else (never sent by fitrun-worker) as '?'.
+        unsigned code = 0;
+        const bool hex = at + 4 < json.size() &&
+                         absl::SimpleHexAtoi(json.substr(at + 1, 4), &code);
+        value->push_back(hex && code < 0x80 ? static_cast<char>(code) : '?');
+        if (hex) at += 4;
+        break;
+      }
+      default: value->push_back(escaped);  // \" \\ \/
+    }
   }
   return true;
 }

@@ -58,6 +58,11 @@ TEST(ParseProbeLineTest, ReadsTheHeaderMeasurementsAndErrors) {
   ASSERT_TRUE(oom.ok()) << oom.status();
   EXPECT_TRUE(oom->out_of_memory);
   EXPECT_EQ(oom->error, "step 2: out of \"device\" memory");
+  // A script's traceback keeps its lines and tabs.
+  absl::StatusOr<ProbeLine> traceback = ParseProbeLine(
+      R"({"batch": 8, "error": "its stderr ended with:\nTraceback (most recent call last):\n\tFile \"train.py\", \u0041 \\", "out_of_memory": false})");
+  ASSERT_TRUE(traceback.ok()) << traceback.status();
+  EXPECT_EQ(traceback->error, "its stderr ended with:\nTraceback (most recent call last):\n\tFile \"train.py\", A \\");
   EXPECT_FALSE(ParseProbeLine("Segmentation fault").ok());
   EXPECT_FALSE(ParseProbeLine(R"({"batch": 8})").ok());
 }
