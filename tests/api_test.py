@@ -14,6 +14,7 @@ import grpc
 from fitrun.client import Client, ClientError
 from fitrun.v1 import coordinator_pb2, coordinator_pb2_grpc
 from jobs import Fitrund, state_name, wait_for
+import junit_main
 
 WORK = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
 DAEMON = ["--devices=cpu:2x1GiB", "--memory_probe=false"]
@@ -137,4 +138,4 @@ class ApiTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0]], verbosity=2)
+    junit_main.main(argv=[sys.argv[0]])

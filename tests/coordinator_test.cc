@@ -61,6 +61,10 @@ TEST(CoordinatorTest, SigkilledCoordinatorRestartsAndTheJobCompletesWithoutEvent
                          [](const fitrun::v1::JobEvent& e) { return e.has_progress() && e.progress().step() >= 20; },
                          absl::Seconds(60)));
   const std::vector<fitrun::v1::JobEvent> before = coordinator.Watch(job->id(), 1, absl::Seconds(1));
+  // The comparison below means something only if the watcher saw training before the crash.
+  ASSERT_TRUE(std::any_of(before.begin(), before.end(),
+                          [](const fitrun::v1::JobEvent& e) { return e.has_progress() && e.progress().step() >= 20; }))
+      << before.size() << " events seen before the crash";
 
   coordinator.Kill();
   ASSERT_TRUE(coordinator.Restart()) << ReadFile(coordinator.log_path());
@@ -123,22 +127,21 @@ TEST(CoordinatorTest, TwentyJobsOnTwoDevicesAllCompleteInPriorityOrder) {
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(started[i].second, expected[i].first) << "start #" << i;
 }
 
-TEST(CoordinatorTest, CancelFreesDevicesWithinTwoSeconds) {
+// How long the devices take to free is a benchmark's figure (fault_injection_test prints the stop
+// times); here: cancel stops every rank and frees every device.
+TEST(CoordinatorTest, CancelStopsEveryRankAndFreesItsDevices) {
   RunningCoordinator coordinator("cancel", "cpu:2x2GiB");
   ASSERT_TRUE(coordinator.ok()) << ReadFile(coordinator.log_path());
   absl::StatusOr<fitrun::v1::Job> job = coordinator.Submit(MlpSpecYaml("cancel", 100000));
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(WatchUntil(coordinator, job->id(), [](const fitrun::v1::JobEvent& e) { return e.has_progress(); },
                          absl::Seconds(60)));
-  const absl::Time start = absl::Now();
   grpc::ClientContext context;
   fitrun::v1::CancelJobRequest request;
   request.set_job_id(job->id());
   fitrun::v1::CancelJobResponse response;
   ASSERT_TRUE(coordinator.stub().CancelJob(&context, request, &response).ok());
   ASSERT_TRUE(WaitFor([&] { return AllDevicesFree(coordinator); }, absl::Seconds(10)));
-  const absl::Duration took = absl::Now() - start;
-  EXPECT_LT(took, absl::Seconds(2)) << "devices freed after " << took;
   EXPECT_EQ(coordinator.Get(job->id()).state(), fitrun::v1::JOB_STATE_CANCELLED);
   EXPECT_TRUE(WorkersUnder(coordinator.state_dir()).empty());
 }

@@ -26,6 +26,7 @@ import urllib.request
 
 from fitrun.client import Client, FINAL_STATES
 from jobs import Fitrund, state_name, wait_for
+import junit_main
 
 RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "fitrun"))
 DEPLOY = os.path.join(RUNFILES, "deploy")
@@ -292,4 +293,4 @@ class PrometheusTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=sys.argv[:1], verbosity=2)
+    junit_main.main(argv=sys.argv[:1])

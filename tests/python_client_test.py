@@ -21,6 +21,7 @@ from fitrun.client import Client, ClientError
 from fitrun.v1 import coordinator_pb2
 from fitrun.v1 import job_pb2
 from jobs import wait_for
+import junit_main
 
 ADDRESS = None  # set from --address in main
 
@@ -319,7 +320,7 @@ def main():
     parser.add_argument("--address", required=True)
     args, rest = parser.parse_known_args()
     ADDRESS = args.address
-    unittest.main(argv=[sys.argv[0]] + rest)
+    junit_main.main(argv=[sys.argv[0]] + rest)
 
 
 if __name__ == "__main__":

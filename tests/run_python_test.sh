@@ -6,4 +6,4 @@ runfiles="${TEST_SRCDIR:-$PWD/..}/${TEST_WORKSPACE:-fitrun}"
 test_file="$runfiles/$1"
 shift
 cd "${TEST_TMPDIR:-/tmp}"
-PYTHONPATH="$runfiles/client/python" PYTHONDONTWRITEBYTECODE=1 exec /usr/bin/python3 "$test_file" "$@"
+PYTHONPATH="$runfiles/client/python:$runfiles/tests" PYTHONDONTWRITEBYTECODE=1 exec /usr/bin/python3 "$test_file" "$@"

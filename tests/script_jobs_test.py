@@ -13,6 +13,7 @@ import unittest
 
 from fitrun.client import Client, ClientError, FINAL_STATES
 from jobs import run_to_end, state_name, wait_for
+import junit_main
 
 ADDRESS = None
 STATE_DIR = None
@@ -148,7 +149,9 @@ class ScriptJobTest(unittest.TestCase):
         # Every rank ended as stopped (exit 143) or by fitrund's SIGTERM, none by crashing on the way
         # (a supervisor that deadlocked on the stop command died of SIGABRT).
         events = list(self.client.watch(job_id))
-        for x in [e.rank_exited for e in events if e.WhichOneof("event") == "rank_exited"]:
+        exited = [e.rank_exited for e in events if e.WhichOneof("event") == "rank_exited"]
+        self.assertEqual(sorted(x.rank for x in exited), [0, 1], "one rank_exited event per rank")
+        for x in exited:
             self.assertTrue(x.exit_code == 143 or x.signal == 15, x)
         for rank in (0, 1):
             self.assertNotIn("deadlock", "".join(self.client.logs(job_id, rank=rank)))
@@ -160,4 +163,4 @@ if __name__ == "__main__":
     parser.add_argument("--address", required=True)
     args, rest = parser.parse_known_args()
     ADDRESS = args.address
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    junit_main.main(argv=[sys.argv[0]] + rest)

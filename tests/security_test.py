@@ -13,6 +13,7 @@ import unittest
 
 from fitrun.client import Client, ClientError
 from jobs import Fitrund, run_to_end, state_name, wait_for
+import junit_main
 
 WORK = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
 
@@ -185,4 +186,4 @@ class MutualTlsTest(unittest.TestCase):
 
 if __name__ == "__main__":
     make_certificates()
-    unittest.main(argv=[sys.argv[0]], verbosity=2)
+    junit_main.main(argv=[sys.argv[0]])

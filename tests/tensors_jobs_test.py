@@ -16,6 +16,7 @@ import unittest
 
 from fitrun.client import Client, ClientError
 from jobs import run_to_end, state_name, wait_for
+import junit_main
 
 ADDRESS = None
 RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "fitrun"))
@@ -161,4 +162,4 @@ if __name__ == "__main__":
     subprocess.run(["/usr/bin/python3", os.path.join(RUNFILES, "tools/make_tensor_examples.py"), EXAMPLES], check=True)
     subprocess.run(["/usr/bin/python3", os.path.join(RUNFILES, "tools/make_movielens_sample.py"), RATINGS],
                    check=True, stdout=subprocess.DEVNULL)
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    junit_main.main(argv=[sys.argv[0]] + rest)

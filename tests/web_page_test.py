@@ -17,6 +17,7 @@ import unittest
 from cdp import Browser
 from fitrun.client import Client, FINAL_STATES
 from jobs import Fitrund, state_name, wait_for
+import junit_main
 
 WORK = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
 OUTPUTS = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR") or os.environ.get("TEST_TMPDIR") or WORK
@@ -158,4 +159,4 @@ class WebPageTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0]], verbosity=2)
+    junit_main.main(argv=[sys.argv[0]])

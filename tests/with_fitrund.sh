@@ -66,5 +66,5 @@ if [[ -z "$address" ]]; then echo "fitrund did not write its address in 30 s"; e
 echo "fitrund serves on $address"
 
 cd "$state"
-PYTHONPATH="$runfiles/client/python" PYTHONDONTWRITEBYTECODE=1 \
+PYTHONPATH="$runfiles/client/python:$runfiles/tests" PYTHONDONTWRITEBYTECODE=1 \
   /usr/bin/python3 "$test_file" --address="$address" -v

@@ -1,23 +1,56 @@
 #!/usr/bin/env bash
-# The README's test command: installs what is missing, builds everything, runs every test, and ends
-# with one line `tests: N passed, N failed` (individual test cases, counted from Bazel's reports).
+# The README's test command: installs what is missing, builds everything, runs the tests, and ends
+# with one line `tests: N passed, N failed` (individual test cases, counted from Bazel's reports; a
+# skipped case is named on its own line and counted as "N skipped, " in front).
+#
+#   bash tools/test.sh           every test: what CI runs
+#   bash tools/test.sh --quick   the unit tests, for the inner loop: no test tagged e2e (real daemons,
+#                                real ranks) or slow (the LibTorch 2.x syntax check, pip installs)
+#   bash tools/test.sh --asan    the unit tests under AddressSanitizer and UndefinedBehaviorSanitizer,
+#                                in output directories of their own (a full build of its own the
+#                                first time); tests tagged no_asan are left out
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-bash tools/install-deps.sh || { echo "tests: 0 passed, 1 failed"; exit 1; }
-bash tools/setup-python.sh || { echo "tests: 0 passed, 1 failed"; exit 1; }
+mode=full
+case "${1:-}" in
+  "") ;;
+  --quick) mode=quick ;;
+  --asan) mode=asan ;;
+  *) echo "usage: bash tools/test.sh [--quick | --asan]" >&2; exit 2 ;;
+esac
 
-if ! bazel build //...; then
-  echo "build failed"
+fail() {
+  echo "$1"
   echo "tests: 0 passed, 1 failed"
   exit 1
+}
+
+bash tools/install-deps.sh || fail "install-deps failed"
+bash tools/setup-python.sh || fail "setup-python failed"
+
+config=()
+case $mode in
+  full) query='tests(//...)' ;;
+  quick) query='tests(//...) except attr(tags, "e2e|slow", tests(//...))' ;;
+  asan)
+    query='tests(//server/... + //client/... + //worker/... + //proto/...) except attr(tags, "e2e|slow|no_asan", tests(//...))'
+    config=(--config=asan)
+    ;;
+esac
+targets=$(bazel query "$query" 2>/dev/null) || fail "bazel query failed"
+
+# Everything must build, tests or not; the sanitizer build makes only what its tests need.
+if [[ $mode != asan ]] && ! bazel build //...; then
+  fail "build failed"
 fi
 
 log=$(mktemp)
-bazel test //... --test_output=errors 2>&1 | tee "$log"
+# shellcheck disable=SC2086  # one target per word
+bazel test "${config[@]}" --test_output=errors $targets 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 
-/usr/bin/python3 tools/test_summary.py "$log"
+/usr/bin/python3 tools/test_summary.py "$log" "${config[@]}" $targets
 summary=$?
 rm -f "$log"
 if [[ $status -ne 0 || $summary -ne 0 ]]; then exit 1; fi

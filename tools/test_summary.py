@@ -1,6 +1,7 @@
 """Counts test cases from Bazel's JUnit reports for every test target in the workspace.
 
-Usage: test_summary.py BAZEL_TEST_OUTPUT. Prints one line per failed case and a last line
+Usage: test_summary.py BAZEL_TEST_OUTPUT [--config=NAME] TARGET... (the targets `bazel test` was
+given; their reports are read from the test logs of that configuration). Prints one line per failed case and a last line
 `tests: N passed, N failed`. A target Bazel did not pass without a failed case in its report (a
 crash, a timeout, no report at all) counts as one failure, so a crash is never counted as a pass.
 Exits non-zero when anything failed.
@@ -26,22 +27,27 @@ def target_statuses(bazel_output_path):
 
 def main():
     statuses = target_statuses(sys.argv[1])
-    targets = subprocess.run(["bazel", "query", "tests(//...)"], capture_output=True, text=True,
-                             check=True).stdout.split()
-    testlogs = subprocess.run(["bazel", "info", "bazel-testlogs"], capture_output=True, text=True,
+    config = [arg for arg in sys.argv[2:] if arg.startswith("--config=")]
+    targets = [arg for arg in sys.argv[2:] if not arg.startswith("--")]
+    testlogs = subprocess.run(["bazel", "info", *config, "bazel-testlogs"], capture_output=True, text=True,
                               check=True).stdout.strip()
-    passed = failed = 0
+    passed = failed = skipped = 0
     for target in targets:
         package, name = target.lstrip("/").split(":")
         directory = os.path.join(testlogs, package, name)
         report = os.path.join(directory, "test.xml")
-        cases_failed = cases_passed = 0
+        cases_failed = cases_passed = cases_skipped = 0
         try:
             root = ET.parse(report).getroot()
             for case in root.iter("testcase"):
+                name = f"{case.get('classname')}.{case.get('name')}"
                 if case.find("failure") is not None or case.find("error") is not None:
                     cases_failed += 1
-                    print(f"FAILED {target}: {case.get('classname')}.{case.get('name')}")
+                    print(f"FAILED {target}: {name}")
+                elif case.find("skipped") is not None or case.get("result") == "skipped":
+                    cases_skipped += 1
+                    why = case.find("skipped")
+                    print(f"SKIPPED {target}: {name}: {why.get('message', '') if why is not None else ''}")
                 elif case.get("status", "run") != "notrun":
                     cases_passed += 1
         except (OSError, ET.ParseError):
@@ -51,10 +57,11 @@ def main():
             log = os.path.join(directory, "test.log")
             print(f"FAILED {target}: {verdict} without a failed case in its report (see {log})")
             cases_failed = 1
-            cases_passed = 0
+            cases_passed = cases_skipped = 0
         passed += cases_passed
         failed += cases_failed
-    print(f"tests: {passed} passed, {failed} failed")
+        skipped += cases_skipped
+    print(f"tests: {f'{skipped} skipped, ' if skipped else ''}{passed} passed, {failed} failed")
     return 1 if failed else 0
 
 

@@ -24,6 +24,7 @@ PROTOS = sorted(name[:-len(".proto")] for name in os.listdir(os.path.join(RUNFIL
 
 sys.path.insert(0, os.path.join(RUNFILES, "client/python/build_backend"))
 import fitrun_build  # noqa: E402
+import junit_main  # noqa: E402
 
 # pip with no index and no user configuration, so nothing can come from anywhere but this machine;
 # and without the test's PYTHONPATH (the runfiles), so only what is installed can be imported.
@@ -170,4 +171,4 @@ class PackageTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0], "-v"])
+    junit_main.main(argv=[sys.argv[0]])

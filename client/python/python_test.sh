@@ -4,4 +4,4 @@
 set -euo pipefail
 runfiles="${TEST_SRCDIR:-$PWD/..}/${TEST_WORKSPACE:-fitrun}"
 cd "${TEST_TMPDIR:-/tmp}"
-PYTHONPATH="$runfiles/client/python" PYTHONDONTWRITEBYTECODE=1 exec /usr/bin/python3 "$runfiles/$1"
+PYTHONPATH="$runfiles/client/python:$runfiles/tests" PYTHONDONTWRITEBYTECODE=1 exec /usr/bin/python3 "$runfiles/$1"

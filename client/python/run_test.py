@@ -10,6 +10,7 @@ import unittest
 
 from fitrun import contract
 from fitrun.run import Run
+import junit_main
 
 HEADER = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "fitrun"),
                       "proto/contract/launch_contract.h")
@@ -106,4 +107,4 @@ class ContractTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0], "-v"])
+    junit_main.main(argv=[sys.argv[0]])

@@ -223,57 +223,5 @@ TEST_F(CoordinatorServiceTest, AStalledWatcherIsToldWhatItMissedAndIngestNeverWa
   rank->stream->WritesDone();
 }
 
-// The fan-out's window: a wake after an idle spell runs at once; wakes inside the window wait for
-// its end and run together in one pass.
-TEST(WatchFanoutTest, AnIdleWakeRunsAtOnceAndBusyWakesShareAPass) {
-  WatchFanout::Options options;
-  options.window = absl::Milliseconds(200);
-  WatchFanout fanout(options);
-  absl::Mutex mu;
-  std::vector<absl::Time> ran;
-  auto pending_a = std::make_shared<std::atomic<bool>>(false);
-  auto pending_b = std::make_shared<std::atomic<bool>>(false);
-  auto record = [&] {
-    absl::MutexLock lock(&mu);
-    ran.push_back(absl::Now());
-  };
-  auto ran_count = [&] {
-    absl::MutexLock lock(&mu);
-    return ran.size();
-  };
-  const absl::Time first_wake = absl::Now();
-  fanout.Schedule(pending_a, record);
-  while (ran_count() < 1) absl::SleepFor(absl::Milliseconds(1));
-  EXPECT_LT(ran[0] - first_wake, absl::Milliseconds(100));  // no window to wait out when idle
-  // Inside the window: both wait for its end, and a repeated wake of one watcher collapses.
-  fanout.Schedule(pending_a, record);
-  fanout.Schedule(pending_a, record);
-  fanout.Schedule(pending_b, record);
-  while (ran_count() < 3) absl::SleepFor(absl::Milliseconds(1));
-  absl::SleepFor(absl::Milliseconds(50));
-  absl::MutexLock lock(&mu);
-  ASSERT_EQ(ran.size(), 3u);
-  EXPECT_GE(ran[1] - ran[0], absl::Milliseconds(150));
-  EXPECT_EQ(fanout.stats().passes, 2);
-  EXPECT_EQ(fanout.stats().pumps, 3);
-}
-
-TEST(WatchFanoutTest, SeveralThreadsRunEveryWakeOnce) {
-  WatchFanout::Options options;
-  options.threads = 2;
-  WatchFanout fanout(options);
-  std::atomic<int> runs{0};
-  std::vector<std::shared_ptr<std::atomic<bool>>> pending;
-  for (int i = 0; i < 100; ++i) {
-    pending.push_back(std::make_shared<std::atomic<bool>>(false));
-    fanout.Schedule(pending.back(), [&] { runs.fetch_add(1); });
-  }
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (runs.load() < 100 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
-  absl::SleepFor(absl::Milliseconds(20));
-  EXPECT_EQ(runs.load(), 100);
-  EXPECT_EQ(fanout.stats().pumps, 100);
-}
-
 }  // namespace
 }  // namespace fitrun::server

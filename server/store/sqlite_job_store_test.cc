@@ -126,7 +126,9 @@ TEST(SqliteJobStoreTest, EventsAndTheirJobAreStoredInOneTransaction) {
   EXPECT_EQ(*(*store)->LastEventSequence("j"), 2);
 }
 
-TEST(SqliteJobStoreTest, AFullWalIsCopiedIntoTheDatabaseInTheBackgroundNotByTheCommit) {
+// The commits turn SQLite's own checkpoint off (wal_autocheckpoint=0); the store's checkpoint thread copies
+// the WAL into the database file in passes of its own, which it counts.
+TEST(SqliteJobStoreTest, AFullWalIsCopiedIntoTheDatabaseByTheCheckpointThreadsPasses) {
   const std::string path = FreshDb("checkpoint");
   auto store = SqliteJobStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();

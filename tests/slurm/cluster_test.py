@@ -18,6 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from cluster import SlurmCluster, pid_alive, short_directory, skip_unless_installed, wait_for  # noqa: E402
+import junit_main  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
 RANK_SHIM = os.path.join(HERE, "..", "..", "worker", "slurm", "rank_shim.sh")
@@ -207,4 +208,4 @@ def _environ(pid):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=sys.argv[:1], verbosity=2)
+    junit_main.main(argv=sys.argv[:1])

@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from cluster import SlurmCluster, free_port, pid_alive, short_directory, skip_unless_installed  # noqa: E402
 from fitrun.client import Client, ClientError, FINAL_STATES  # noqa: E402
 from jobs import Fitrund, state_name, wait_for  # noqa: E402
+import junit_main  # noqa: E402
 
 RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "fitrun"))
 CLI = os.path.join(RUNFILES, "client/fitrun")
@@ -433,4 +434,4 @@ class FitrundOnSlurmTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)  # names of tests to run, if any, from the command line
+    junit_main.main()  # names of tests to run, if any, from the command line

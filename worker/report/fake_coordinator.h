@@ -20,8 +20,9 @@ class FakeCoordinator final : public fitrun::v1::WorkerChannel::Service {
  public:
   // Answer the Hello by ending the stream with PERMISSION_DENIED.
   bool reject = false;
-  // Send a StopCommand right after the Hello.
+  // Send a StopCommand right after the Hello (`stops_to_send` of them).
   bool stop_after_hello = false;
+  int stops_to_send = 1;
   // Send a StopCommand after the first Progress.
   bool stop_after_progress = false;
 
@@ -51,7 +52,12 @@ class FakeCoordinator final : public fitrun::v1::WorkerChannel::Service {
       if (!stopped && ((first && stop_after_hello) || (has_progress && stop_after_progress))) {
         fitrun::v1::WorkerCommand command;
         command.mutable_stop()->set_reason("peer rank 1 exited");
-        stream->Write(command);
+        for (int i = 0; i < stops_to_send; ++i) {
+          if (stream->Write(command)) {
+            absl::MutexLock lock(&mu_);
+            ++stops_sent_;
+          }
+        }
         stopped = true;
       }
       first = false;
@@ -85,6 +91,10 @@ class FakeCoordinator final : public fitrun::v1::WorkerChannel::Service {
     return reports_;
   }
   // Streams the worker half-closed (WritesDone) before the server ended them.
+  int stops_sent() const {
+    absl::MutexLock lock(&mu_);
+    return stops_sent_;
+  }
   int streams_closed_by_worker() const {
     absl::MutexLock lock(&mu_);
     return streams_closed_by_worker_;
@@ -99,6 +109,7 @@ class FakeCoordinator final : public fitrun::v1::WorkerChannel::Service {
   mutable absl::Mutex mu_;
   std::vector<fitrun::v1::WorkerReport> reports_ ABSL_GUARDED_BY(mu_);
   int streams_closed_by_worker_ ABSL_GUARDED_BY(mu_) = 0;
+  int stops_sent_ ABSL_GUARDED_BY(mu_) = 0;
   int messages_ ABSL_GUARDED_BY(mu_) = 0;
   int batches_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -1,6 +1,7 @@
 #include "worker/report/grpc_reporter.h"
 #include "worker/testing/free_port.h"
 
+#include <atomic>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -86,42 +87,49 @@ TEST(GrpcReporterTest, HelloFirstThenReportsThenAFinishedStream) {
   server->Shutdown();
 }
 
+// The coordinator sends the stop three times (as it does when several peers fail at once): the
+// rank's callback runs once.
 TEST(GrpcReporterTest, StopCommandReachesTheCallbackOnce) {
   FakeCoordinator coordinator;
   coordinator.stop_after_hello = true;
+  coordinator.stops_to_send = 3;
   int port = 0;
   auto server = coordinator.Serve(&port);
   absl::Notification stopped;
+  std::atomic<int> calls{0};
   std::string reason;
   auto reporter = GrpcReporter::Create(OptionsFor(port), [&](const std::string& r) {
-    reason = r;
-    stopped.Notify();
+    if (calls.fetch_add(1) == 0) {
+      reason = r;
+      stopped.Notify();
+    }
   });
   ASSERT_TRUE(reporter.ok());
   ASSERT_TRUE(stopped.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(reason, "peer rank 1 exited");
   (*reporter)->ReportFailed("stopped by the coordinator");
   (*reporter)->Shutdown(absl::Seconds(5));
+  // Shutdown closed the stream after the reader took every command the coordinator wrote.
+  EXPECT_EQ(coordinator.stops_sent(), 3);
+  EXPECT_EQ(calls.load(), 1);
   const std::vector<WorkerReport> reports = coordinator.reports();
   ASSERT_FALSE(reports.empty());
   EXPECT_TRUE(reports.back().has_failed());
   server->Shutdown();
 }
 
-TEST(GrpcReporterTest, UnreachableCoordinatorNeverBlocksTheCaller) {
+// With nobody to send to, reports past the queue's capacity are dropped rather than waited for, and
+// Flush does not wait for a connection that is not there: were either to wait, this test would not
+// end before its timeout (Flush is given an hour).
+TEST(GrpcReporterTest, UnreachableCoordinatorDropsReportsPastTheQueueInsteadOfBlocking) {
   GrpcReporter::Options options = OptionsFor(FreeLoopbackPort());
   options.queue_capacity = 16;
   auto reporter = GrpcReporter::Create(options, nullptr);
   ASSERT_TRUE(reporter.ok());
-  const absl::Time start = absl::Now();
   for (int i = 1; i <= 10000; ++i) (*reporter)->OnProgress(Step(i));
-  (*reporter)->Flush(absl::Seconds(5));  // nothing to flush to: returns at once
-  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  (*reporter)->Flush(absl::Hours(1));
   EXPECT_GE((*reporter)->dropped(), 10000 - 16);
-
-  const absl::Time shutdown_start = absl::Now();
   (*reporter)->Shutdown(absl::Milliseconds(300));
-  EXPECT_LT(absl::Now() - shutdown_start, absl::Seconds(2));
 }
 
 TEST(GrpcReporterTest, ACoordinatorThatStartsLateStillGetsTheFinishedReport) {

@@ -203,13 +203,13 @@ TEST(TrainerDdpTest, TwoRanksWithAccumulationMatchOneRank) {
 }
 
 // 517 samples over 2 ranks: the odd one out is dropped for every rank alike, so both ranks run the
-// same number of steps per epoch and cross the epoch boundary together instead of one waiting forever.
+// same number of steps per epoch and cross the epoch boundary together instead of one waiting forever
+// (a rank left waiting would fail with the process group's 20 s collective timeout, and TrainTwoRanks
+// checks that each rank ran and synchronized all 20 steps).
 TEST(TrainerDdpTest, UnevenDatasetAcrossEpochsDoesNotHang) {
   const TensorDataset train = SyntheticSet(517);
-  const absl::Time start = absl::Now();
   const std::vector<std::shared_ptr<Model>> ranks = TrainTwoRanks(train, 16, 1, "uneven_store", 20);
   EXPECT_EQ(ParameterChecksum(*ranks[0]), ParameterChecksum(*ranks[1]));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
 }
 
 // What fitrun-worker does with a plan device, on an explicit CPU device: the model is moved there

@@ -286,8 +286,9 @@ TEST_F(JobManagerTest, LargeJobIsNotStarvedBySmallJobsBehindIt) {
   absl::StatusOr<fitrun::v1::Job> large = manager_->Submit(Spec(2, 2));
   std::vector<std::string> smalls;
   for (int i = 0; i < 3; ++i) smalls.push_back(manager_->Submit(Spec(1, 1))->id());
-  // cpu:1 is free, but the large job is first in line for it.
-  absl::SleepFor(absl::Milliseconds(100));
+  // cpu:1 is free, but the large job is first in line for it: a whole scheduling pass over the queue
+  // starts nothing.
+  manager_->RunSchedulingPass();
   EXPECT_EQ(launcher_.launches().size(), 1u);
   EXPECT_EQ(manager_->Get(large->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
   for (const std::string& id : smalls) EXPECT_EQ(manager_->Get(id)->state(), fitrun::v1::JOB_STATE_QUEUED);
