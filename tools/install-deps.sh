@@ -27,6 +27,8 @@ packages=(
   python3-grpcio python3-protobuf
   # the Slurm tests: a real slurmctld and slurmd per node on this machine, authenticated by munge
   slurm-wlm munge
+  # the relocatable bundle (tools/bundle.sh rewrites the copies' rpath)
+  patchelf
 )
 
 missing=()
