@@ -81,6 +81,13 @@ if ! (cd "$kit/debs.tmp" && apt-get download -q "${wanted[@]}" >/dev/null 2>down
   die "apt-get download failed: Debian's archive must be reachable (apt-get update first)"
 fi
 rm -f "$kit/debs.tmp/download.log"
+# Plain names, the package's own (libgrpc++-dev as libgrpcpp-dev.deb): the device tool's transfers are
+# safest with letters, digits, '.', '_' and '-' (apt names files with %3a epochs, + and ~), and dpkg -x
+# reads the package from inside the file anyway. The versions are in MANIFEST.
+for deb in "$kit"/debs.tmp/*.deb; do
+  plain=$(dpkg-deb --field "$deb" Package | sed -e 's/+/p/g' -e 's/[^A-Za-z0-9._-]/-/g').deb
+  mv "$deb" "$kit/debs.tmp/$plain"
+done
 rm -rf "$kit/debs"
 mv "$kit/debs.tmp" "$kit/debs"
 
@@ -104,7 +111,7 @@ data_bytes=$(size "$kit/datasets")
   echo "fitrun-bundle.tar.gz  $(mib "$bundle_bytes")"
   echo "debs                  $(mib "$debs_bytes")"
   for deb in "$kit"/debs/*.deb; do
-    printf '  %-60s %s\n' "$(basename "$deb")" "$(mib "$(size "$deb")")"
+    printf '  %-28s %-26s %s\n' "$(basename "$deb")" "$(dpkg-deb --field "$deb" Version)" "$(mib "$(size "$deb")")"
   done
   echo "datasets              $(mib "$data_bytes")"
 } >"$kit/MANIFEST"
