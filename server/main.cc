@@ -23,8 +23,10 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "HTTP address of /metri
 ABSL_FLAG(std::string, state_dir, "fitrun-state",
           "Directory for the job store, job logs, checkpoints and decoded datasets (datasets/)");
 ABSL_FLAG(std::string, devices, "auto",
-          "auto (NVML GPUs when the driver's library loads and --worker_cuda, else virtual CPU devices), or "
-          "virtual CPU devices as cpu:NxSIZE (e.g. cpu:2x4GiB)");
+          "auto (NVML GPUs when the driver's library loads and --worker_cuda, else virtual CPU devices), "
+          "virtual CPU devices as cpu:NxSIZE (e.g. cpu:2x4GiB), or GPUs whole or in slices a rank's caching "
+          "allocator is capped to: cuda:N, cuda:N@SIZE, cuda:N@SIZExCOUNT, comma-separated (e.g. "
+          "cuda:0@2GiB,cuda:1)");
 ABSL_FLAG(bool, worker_cuda, false,
           "The fitrun-worker can train on CUDA devices (a CUDA LibTorch build). Debian's LibTorch is CPU-only, so "
           "by default --devices=auto never plans on GPUs, even where NVML sees them");

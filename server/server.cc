@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "proto/contract/atomic_file.h"
+#include "server/devices/gpu_offer.h"
 #include "server/devices/nvml_devices.h"
 #include "server/devices/virtual_cpu_devices.h"
 #include "server/slurm/slurm_devices.h"
@@ -219,6 +220,23 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
       if (!value.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": only with --cluster=slurm"));
     }
   }
+  if (server->devices == nullptr && NamesGpus(options.devices)) {
+    // GPUs named whole or as slices: the driver's library must see them, and the worker train on them.
+    absl::StatusOr<std::vector<GpuOfferItem>> offer = ParseGpuOffer(options.devices);
+    if (!offer.ok()) return offer.status();
+    if (!options.worker_cuda) {
+      return absl::InvalidArgumentError(absl::StrCat("--devices=", options.devices,
+                                                     " needs a fitrun-worker built with CUDA; pass --worker_cuda"));
+    }
+    absl::StatusOr<std::unique_ptr<NvmlDevices>> gpus = NvmlDevices::Create({});
+    if (!gpus.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("--devices=", options.devices, ": NVML (the NVIDIA driver's "
+                                                        "library) is needed to offer GPUs: ", gpus.status().message()));
+    }
+    absl::StatusOr<std::unique_ptr<GpuOffer>> offered = GpuOffer::Create(*std::move(offer), *std::move(gpus));
+    if (!offered.ok()) return offered.status();
+    server->devices = *std::move(offered);
+  }
   if (server->devices == nullptr && options.devices == "auto") {
     // GPUs only when they can be used: NVML sees them and the worker can train on them.
     absl::StatusOr<std::unique_ptr<NvmlDevices>> gpus = NvmlDevices::Create({});
@@ -317,6 +335,16 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
     if (!calibrator.ok()) return calibrator.status();
     server->memory_calibrator = *std::move(calibrator);
     manager_options.memory_calibrator = server->memory_calibrator.get();
+  }
+  // What GPU runs teach about each GPU model's costs beyond the tensors, and the caching allocator's
+  // settings ranks on GPUs run with: fitrund's own environment's, or expandable segments.
+  absl::StatusOr<std::unique_ptr<DeviceCostsBook>> device_costs =
+      DeviceCostsBook::Create((std::filesystem::path(options.state_dir) / "device_costs.tsv").string());
+  if (!device_costs.ok()) return device_costs.status();
+  server->device_costs = *std::move(device_costs);
+  manager_options.device_costs = server->device_costs.get();
+  if (const char* allocator_config = std::getenv("PYTORCH_CUDA_ALLOC_CONF"); allocator_config != nullptr) {
+    manager_options.cuda_allocator_config = allocator_config;
   }
   absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
       manager_options, server->store.get(), server->devices.get(), server->launcher.get(), server->metrics.get());

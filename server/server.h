@@ -91,6 +91,7 @@ struct RunningServer {
   // After the metrics they report to, before the manager, so they outlive it.
   std::unique_ptr<ProcessMemoryProbe> memory_probe;
   std::unique_ptr<MemoryCalibrator> memory_calibrator;
+  std::unique_ptr<DeviceCostsBook> device_costs;
   std::unique_ptr<Authenticator> authenticator;
   std::unique_ptr<JobManager> manager;
   // /metrics, the web page and its API; reads the manager, so it goes first.

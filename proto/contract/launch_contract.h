@@ -29,6 +29,11 @@ inline constexpr char kTlsCa[] = "FITRUN_TLS_CA";
 // For the parity test: where rank 0 writes its initial parameters and sample order.
 inline constexpr char kDumpInitialState[] = "FITRUN_DUMP_INITIAL_STATE";
 
+// Ranks on CUDA devices: PyTorch's caching-allocator settings, as the plan assumed them
+// (Plan.cuda_allocator_config; expandable segments unless fitrund's environment or the script's
+// spec.script.env says otherwise).
+inline constexpr char kCudaAllocatorConfig[] = "PYTORCH_CUDA_ALLOC_CONF";
+
 // What a script rank (spec.script) is told besides the torchrun variables: its share of the plan, a
 // checkpoint directory that outlives attempts, and the step limit when the spec sets one.
 inline constexpr char kPerDeviceBatch[] = "FITRUN_PER_DEVICE_BATCH";

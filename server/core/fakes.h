@@ -220,6 +220,23 @@ class FakeDeviceInventory : public DeviceInventory {
       devices_.push_back(device);
     }
   }
+  // GPUs instead: `count` CUDA devices of `bytes` each named `name`, slices of `slice_bytes` when
+  // it is set (ids "cuda:0#k" as the GPU offer names several slices of one GPU).
+  static FakeDeviceInventory Gpus(int count, int64_t bytes, const std::string& name, int64_t slice_bytes = 0) {
+    FakeDeviceInventory gpus(0, 0);
+    for (int i = 0; i < count; ++i) {
+      fitrun::v1::Device device;
+      device.set_id(slice_bytes > 0 ? "cuda:0#" + std::to_string(i) : "cuda:" + std::to_string(i));
+      device.set_kind(fitrun::v1::DEVICE_KIND_CUDA);
+      device.set_name(name);
+      device.set_total_bytes(slice_bytes > 0 ? slice_bytes : bytes);
+      device.set_free_bytes(slice_bytes > 0 ? slice_bytes : bytes);
+      device.set_slice_bytes(slice_bytes);
+      device.set_cpu_threads(1);
+      gpus.devices_.push_back(device);
+    }
+    return gpus;
+  }
   std::vector<fitrun::v1::Device> Snapshot() override { return devices_; }
 
  private:

@@ -39,7 +39,10 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
   assignment.set_dataset_cache_dir(settings.dataset_cache_dir);
   for (const std::string& id : plan.device_ids()) {
     const fitrun::v1::Device& device = by_id[id];
-    assignment.add_memory_cap_bytes(device.kind() == fitrun::v1::DEVICE_KIND_CPU ? device.total_bytes() : 0);
+    // A virtual CPU device's whole memory; a GPU slice's cap on its caching allocator; a whole GPU
+    // none (the device itself is the limit).
+    assignment.add_memory_cap_bytes(device.kind() == fitrun::v1::DEVICE_KIND_CPU ? device.total_bytes()
+                                                                                 : device.slice_bytes());
     assignment.add_cpu_threads(std::max(1, device.cpu_threads()));
   }
   std::string assignment_text;
@@ -85,6 +88,10 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
         {launch::kAssignment, assignment_path.string()},
     };
     if (!settings.worker_tls_ca.empty()) launch.env.emplace_back(launch::kTlsCa, settings.worker_tls_ca);
+    // The caching allocator's settings the plan assumed (CUDA devices only).
+    if (!plan.cuda_allocator_config().empty()) {
+      launch.env.emplace_back(launch::kCudaAllocatorConfig, plan.cuda_allocator_config());
+    }
     launches.ranks.push_back(std::move(launch));
   }
   return launches;

@@ -38,6 +38,9 @@ struct RankState {
   // RankFinished when it reported none: a script that reports no progress).
   int64_t peak_bytes = 0;
   int64_t last_step = 0;
+  // On a GPU: the highest reserved and whole-process peaks it reported, beside peak_bytes (allocated).
+  int64_t reserved_peak_bytes = 0;
+  int64_t device_peak_bytes = 0;
   fitrun::v1::Progress last_progress;
   WorkerExit exit;
   std::optional<fitrun::v1::RankFinished> finished;

@@ -547,17 +547,31 @@ void JobManager::RecordAttemptMemory(JobEntry& entry) {
   // A rank stopped before its second step has not allocated everything a step keeps; one that
   // finished has.
   const int64_t enough_steps = std::min<int64_t>(2, std::max<int64_t>(1, job.plan().total_steps()));
+  GpuRunPeaks gpu;
   int64_t measured = 0;
   for (const RankState& rank : entry.active->ranks) {
     if (rank.peak_bytes <= 0 || (rank.last_step < enough_steps && !rank.finished)) continue;
     measured = std::max(measured, rank.peak_bytes);
-    metrics_->MemoryPredictionObserved(static_cast<double>(rank.peak_bytes) /
+    gpu.reserved_bytes = std::max(gpu.reserved_bytes, rank.reserved_peak_bytes);
+    gpu.device_bytes = std::max(gpu.device_bytes, rank.device_peak_bytes);
+    // What the plan predicted is what fills the device: on a GPU the process's whole footprint.
+    const int64_t observed = rank.device_peak_bytes > 0 ? rank.device_peak_bytes : rank.peak_bytes;
+    metrics_->MemoryPredictionObserved(static_cast<double>(observed) /
                                        static_cast<double>(record.predicted_peak_bytes()));
   }
   if (measured <= 0) return;
   record.set_measured_peak_bytes(measured);
+  record.set_measured_reserved_peak_bytes(gpu.reserved_bytes);
+  record.set_measured_device_peak_bytes(gpu.device_bytes);
   if (options_.memory_calibrator != nullptr) {
     options_.memory_calibrator->RecordRun(job.spec(), record.per_device_batch(), measured);
+  }
+  gpu.allocated_bytes = measured;
+  if (options_.device_costs != nullptr && gpu.device_bytes > 0 && record.device_ids_size() > 0) {
+    for (const fitrun::v1::Device& device : devices_->Snapshot()) {
+      if (device.id() != record.device_ids(0) || device.kind() != fitrun::v1::DEVICE_KIND_CUDA) continue;
+      options_.device_costs->RecordRun(device.name(), job.plan().cuda_allocator_config(), gpu);
+    }
   }
 }
 

@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "fitrun/v1/job.pb.h"
 #include "fitrun/v1/worker.pb.h"
+#include "server/core/calibration/device_costs_book.h"
 #include "server/core/calibration/memory_calibration.h"
 #include "server/core/calibration/planning_gate.h"
 #include "server/core/coordinator_metrics.h"
@@ -84,6 +85,12 @@ class JobManager {
     // batch is measured before launch (see NeedsMeasurement); nullptr: analytic estimates only.
     // Must outlive the manager.
     MemoryCalibrator* memory_calibrator = nullptr;
+    // What GPU runs taught about each GPU model's costs beyond the tensors; nullptr: the defaults
+    // measured on an H100 (memory/device_costs.h). Must outlive the manager.
+    DeviceCostsBook* device_costs = nullptr;
+    // The caching allocator's settings ranks on GPUs run with (PYTORCH_CUDA_ALLOC_CONF), unless a
+    // script's spec.script.env sets its own.
+    std::string cuda_allocator_config = kDefaultCudaAllocatorConfig;
     std::function<absl::Time()> clock = [] { return absl::Now(); };
   };
 
@@ -254,6 +261,11 @@ class JobManager {
   absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec) const;
   // Every device with its whole memory, as if idle (what a plan gets once the devices free up).
   std::vector<DeviceCapacity> EveryDeviceAsIfIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A device as the planner sees it: `bytes` it may use, and on a GPU what a rank's process holds
+  // there beyond its tensors with the allocator settings `allocator_config`.
+  DeviceCapacity CapacityOf(const fitrun::v1::Device& device, int64_t bytes, const std::string& allocator_config) const;
+  // The allocator settings a job's ranks run with on GPUs: its script's own, or fitrund's.
+  std::string AllocatorConfigFor(const fitrun::v1::JobSpec& spec) const;
   // The planning gate's view of this manager: PlanForJob under the lock the caller holds.
   PlanningGate::Planner GatePlanner() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the job's watchers what it waits for in PLANNING (a state change into PLANNING, or a log

@@ -71,7 +71,9 @@ JobManager::SchedulingPassTimes JobManager::SchedulePass() {
             [](const JobEntry* a, const JobEntry* b) { return RunsBefore(a->record, b->record); });
   std::vector<DeviceCapacity> free_devices;
   for (const fitrun::v1::Device& device : DevicesLocked()) {
-    if (device.job_id().empty()) free_devices.push_back({device.id(), device.free_bytes(), device.node()});
+    if (device.job_id().empty()) {
+      free_devices.push_back(CapacityOf(device, device.free_bytes(), options_.cuda_allocator_config));
+    }
   }
   const std::vector<DeviceCapacity> every_device = EveryDeviceAsIfIdle();
   int64_t roomiest = 0;
@@ -188,7 +190,7 @@ absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, bool only_free_devi
     if (only_free_devices && !device.job_id().empty()) continue;
     // A free device's whole memory is the rank's; a busy one is planned as if idle.
     const int64_t bytes = only_free_devices ? device.free_bytes() : device.total_bytes();
-    capacities.push_back({device.id(), bytes, device.node()});
+    capacities.push_back(CapacityOf(device, bytes, AllocatorConfigFor(spec)));
   }
   return PlanJob(spec, *profile, capacities, options_.estimator, NodeLimits());
 }
@@ -201,7 +203,39 @@ absl::StatusOr<Plan> JobManager::PlanForJob(const Job& job, const std::vector<De
   const PlanLimits nodes = NodeLimits();
   limits.max_nodes = nodes.max_nodes;
   limits.max_nodes_reason = nodes.max_nodes_reason;
-  return PlanJob(job.spec(), corrected, devices, options_.estimator, limits);
+  // A script that sets its own allocator settings is planned with what they imply on its GPUs.
+  const std::string allocator_config = AllocatorConfigFor(job.spec());
+  if (allocator_config == options_.cuda_allocator_config) {
+    return PlanJob(job.spec(), corrected, devices, options_.estimator, limits);
+  }
+  std::vector<DeviceCapacity> with_config = devices;
+  for (DeviceCapacity& device : with_config) {
+    if (device.gpu_model.empty()) continue;
+    const bool slice = device.costs.capacity_binds_allocator_only;
+    device.costs = options_.device_costs != nullptr ? options_.device_costs->CostsFor(device.gpu_model, allocator_config)
+                                                    : DefaultCudaCosts(allocator_config);
+    device.costs.capacity_binds_allocator_only = slice;
+  }
+  return PlanJob(job.spec(), corrected, with_config, options_.estimator, limits);
+}
+
+DeviceCapacity JobManager::CapacityOf(const fitrun::v1::Device& device, int64_t bytes,
+                                      const std::string& allocator_config) const {
+  DeviceCapacity capacity{device.id(), bytes, device.node()};
+  if (device.kind() != fitrun::v1::DEVICE_KIND_CUDA) return capacity;
+  capacity.gpu_model = device.name();
+  capacity.costs = options_.device_costs != nullptr ? options_.device_costs->CostsFor(device.name(), allocator_config)
+                                                    : DefaultCudaCosts(allocator_config);
+  capacity.costs.capacity_binds_allocator_only = device.slice_bytes() > 0;
+  return capacity;
+}
+
+std::string JobManager::AllocatorConfigFor(const JobSpec& spec) const {
+  if (spec.has_script()) {
+    auto own = spec.script().env().find("PYTORCH_CUDA_ALLOC_CONF");
+    if (own != spec.script().env().end()) return own->second;
+  }
+  return options_.cuda_allocator_config;
 }
 
 PlanLimits JobManager::NodeLimits() const {
@@ -219,7 +253,7 @@ absl::StatusOr<ModelProfile> JobManager::ProfileFor(const JobSpec& spec) const {
 std::vector<DeviceCapacity> JobManager::EveryDeviceAsIfIdle() {
   std::vector<DeviceCapacity> every_device;
   for (const fitrun::v1::Device& device : DevicesLocked()) {
-    every_device.push_back({device.id(), device.total_bytes(), device.node()});
+    every_device.push_back(CapacityOf(device, device.total_bytes(), options_.cuda_allocator_config));
   }
   return every_device;
 }

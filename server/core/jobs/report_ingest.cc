@@ -22,6 +22,8 @@ ReportIngest::Ingested ReportIngest::Ingest(JobEntry& entry, int rank_index,
       *event.mutable_progress() = report.progress();
       event.mutable_progress()->set_rank(rank_index);
       rank.peak_bytes = std::max(rank.peak_bytes, report.progress().peak_bytes());
+      rank.reserved_peak_bytes = std::max(rank.reserved_peak_bytes, report.progress().reserved_peak_bytes());
+      rank.device_peak_bytes = std::max(rank.device_peak_bytes, report.progress().device_peak_bytes());
       rank.last_step = std::max(rank.last_step, report.progress().step());
       rank.last_progress = event.progress();
       if (rank_index == 0) {
@@ -67,6 +69,8 @@ ReportIngest::Ingested ReportIngest::Ingest(JobEntry& entry, int rank_index,
       rank.finished = report.finished();
       rank.finished->set_rank(rank_index);
       if (rank.peak_bytes == 0) rank.peak_bytes = rank.finished->peak_bytes();
+      rank.reserved_peak_bytes = std::max(rank.reserved_peak_bytes, rank.finished->reserved_peak_bytes());
+      rank.device_peak_bytes = std::max(rank.device_peak_bytes, rank.finished->device_peak_bytes());
       *event.mutable_rank_finished() = *rank.finished;
       ingested.next = Next::kFinished;
       break;

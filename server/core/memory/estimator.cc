@@ -6,7 +6,8 @@
 namespace fitrun::server {
 
 fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const fitrun::v1::JobSpec& spec,
-                                               int64_t per_device_batch, const EstimatorOptions& options) {
+                                               int64_t per_device_batch, const EstimatorOptions& options,
+                                               const DeviceCosts& costs) {
   constexpr int64_t kFloat = 4;
   const int64_t param_bytes = model.parameter_count * kFloat;
 
@@ -74,7 +75,36 @@ fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const 
                            m.framework_overhead_bytes();
   m.set_safety_margin_bytes(static_cast<int64_t>(std::ceil(subtotal * margin)));
   m.set_total_bytes(subtotal + m.safety_margin_bytes());
+  if (!costs.any()) return m;
+  // A GPU: the caching allocator holds its reserve on top of what it hands out, and the process holds
+  // the context, the libraries' workspaces and the collectives' buffers outside the allocator.
+  const int64_t handed_out = m.total_bytes();
+  m.set_allocator_reserve_bytes(std::max(
+      costs.reserve_floor_bytes,
+      static_cast<int64_t>(std::ceil(static_cast<double>(handed_out) * std::max(0.0, costs.reserve_ratio - 1.0)))));
+  m.set_allocator_bytes(handed_out + m.allocator_reserve_bytes());
+  m.set_cuda_context_bytes(costs.context_bytes);
+  m.set_library_workspace_bytes(costs.library_workspace_bytes);
+  m.set_communication_bytes(costs.communication_bytes);
+  m.set_total_bytes(m.allocator_bytes() + costs.outside_allocator_bytes());
   return m;
+}
+
+int64_t ChargedBytes(const fitrun::v1::MemoryBreakdown& predicted, const DeviceCosts& costs) {
+  if (predicted.allocator_bytes() <= 0) return predicted.total_bytes();
+  const int64_t handed_out = predicted.allocator_bytes() - predicted.allocator_reserve_bytes();
+  const int64_t needed = static_cast<int64_t>(std::ceil(static_cast<double>(handed_out) * costs.needed_ratio));
+  return needed + (costs.capacity_binds_allocator_only ? 0 : costs.outside_allocator_bytes());
+}
+
+void FitReserveToLimit(fitrun::v1::MemoryBreakdown& predicted, int64_t allocator_limit) {
+  if (predicted.allocator_bytes() <= 0) return;
+  const int64_t handed_out = predicted.allocator_bytes() - predicted.allocator_reserve_bytes();
+  const int64_t outside = predicted.total_bytes() - predicted.allocator_bytes();
+  const int64_t reserve = std::clamp<int64_t>(allocator_limit - handed_out, 0, predicted.allocator_reserve_bytes());
+  predicted.set_allocator_reserve_bytes(reserve);
+  predicted.set_allocator_bytes(handed_out + reserve);
+  predicted.set_total_bytes(predicted.allocator_bytes() + outside);
 }
 
 }  // namespace fitrun::server

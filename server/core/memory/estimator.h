@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "fitrun/v1/job.pb.h"
+#include "server/core/memory/device_costs.h"
 #include "server/core/memory/model_profile.h"
 
 namespace fitrun::server {
@@ -33,9 +34,22 @@ struct EstimatorOptions {
   double calibrated_safety_margin = 0.03;
 };
 
-// Per-rank peak memory for `per_device_batch` samples per micro-batch.
+// Per-rank peak memory for `per_device_batch` samples per micro-batch: what the allocator hands out
+// (weights to the margin), and on a GPU what the process holds beyond it (`costs`: the allocator's
+// reserve, the CUDA context, the libraries' workspaces, the collectives' buffers), in total_bytes.
 fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const fitrun::v1::JobSpec& spec,
-                                               int64_t per_device_batch, const EstimatorOptions& options = {});
+                                               int64_t per_device_batch, const EstimatorOptions& options = {},
+                                               const DeviceCosts& costs = {});
+
+// What a device's capacity is held against: on a CPU device the whole estimate; on a GPU what the
+// caching allocator needs to train (it gives back its cache before it fails) and, unless the device
+// is a slice whose cap binds the allocator only, the context, libraries and buffers outside it.
+int64_t ChargedBytes(const fitrun::v1::MemoryBreakdown& predicted, const DeviceCosts& costs);
+
+// The allocator's reserve as it will be on a device where it may hold at most `allocator_limit`
+// bytes (a slice's cap, or a GPU's free memory less what lies outside the allocator): it keeps its
+// cache only up to there. The total follows.
+void FitReserveToLimit(fitrun::v1::MemoryBreakdown& predicted, int64_t allocator_limit);
 
 }  // namespace fitrun::server
 

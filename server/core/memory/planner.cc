@@ -47,7 +47,8 @@ std::string WhatWouldFit(const JobSpec& spec, const ModelProfile& model, const s
   const auto usable = [headroom](int64_t free_bytes) {
     return static_cast<int64_t>(static_cast<double>(free_bytes) * (1.0 - headroom));
   };
-  const int64_t need = EstimateRankMemory(model, spec, 1, estimator).total_bytes();
+  const DeviceCosts costs = sorted.empty() ? DeviceCosts{} : sorted[0].costs;
+  const int64_t need = ChargedBytes(EstimateRankMemory(model, spec, 1, estimator, costs), costs);
   std::string out = absl::StrCat("; what would fit: per-device batch 1 (the smallest) needs ", FormatBytes(need),
                                  ", so devices with ",
                                  FormatBytes(static_cast<int64_t>(std::ceil(need / (1.0 - headroom)))),
@@ -80,14 +81,14 @@ std::string WhatWouldFit(const JobSpec& spec, const ModelProfile& model, const s
     const int64_t per_rank = spec.global_batch_size() / std::max(1, min_devices);
     int64_t best = 0;
     for (int64_t b : DivisorsDescending(per_rank)) {
-      if (EstimateRankMemory(bf16, bf16_spec, b, estimator).total_bytes() <= budget) {
+      if (ChargedBytes(EstimateRankMemory(bf16, bf16_spec, b, estimator, costs), costs) <= budget) {
         best = b;
         break;
       }
     }
     if (best > 0) {
       absl::StrAppend(&out, "; or spec.precision: bf16, estimated at about ",
-                      FormatBytes(EstimateRankMemory(bf16, bf16_spec, best, estimator).total_bytes()),
+                      FormatBytes(ChargedBytes(EstimateRankMemory(bf16, bf16_spec, best, estimator, costs), costs)),
                       " for per-device batch ", best, " (activations about 0.6x fp32's)");
     }
   }
@@ -223,6 +224,8 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
         [](const DeviceCapacity& a, const DeviceCapacity& b) { return a.free_bytes < b.free_bytes; });
     const int64_t free_bytes = tightest.free_bytes;
     const int64_t budget = static_cast<int64_t>(static_cast<double>(free_bytes) * (1.0 - headroom));
+    const DeviceCosts& costs = tightest.costs;
+    const auto estimate = [&](int64_t b) { return EstimateRankMemory(model, spec, b, estimator, costs); };
 
     int64_t chosen = 0;
     fitrun::v1::MemoryBreakdown predicted;
@@ -238,27 +241,28 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       }
       // A fixed batch is the user's call: it is planned even when predicted not to fit, and says so.
       chosen = fixed;
-      predicted = EstimateRankMemory(model, spec, chosen, estimator);
+      predicted = estimate(chosen);
     } else {
       for (int64_t b : DivisorsDescending(per_rank)) {
         if (limits.max_per_device_batch > 0 && b > limits.max_per_device_batch) continue;
-        fitrun::v1::MemoryBreakdown m = EstimateRankMemory(model, spec, b, estimator);
-        if (m.total_bytes() <= budget) {
+        fitrun::v1::MemoryBreakdown m = estimate(b);
+        if (ChargedBytes(m, costs) <= budget) {
           chosen = b;
           predicted = m;
           break;
         }
       }
       if (chosen == 0 && limits.max_per_device_batch > 0 && limits.max_per_device_batch < per_rank &&
-          EstimateRankMemory(model, spec, 1, estimator).total_bytes() <= budget) {
+          ChargedBytes(estimate(1), costs) <= budget) {
         rejected.push_back(absl::StrCat(described, ": no divisor of the ", per_rank,
                                         " samples per device per step is at most ", limits.max_per_device_batch,
                                         ", the largest batch below the one that ran out of memory"));
         continue;
       }
       if (chosen == 0) {
-        const auto smallest = EstimateRankMemory(model, spec, 1, estimator);
-        rejected.push_back(absl::StrCat(described, ": even per-device batch 1 needs ", FormatBytes(smallest.total_bytes()),
+        const auto smallest = estimate(1);
+        rejected.push_back(absl::StrCat(described, ": even per-device batch 1 needs ",
+                                        FormatBytes(ChargedBytes(smallest, costs)),
                                         ", more than the ", FormatBytes(budget), " usable on ", tightest.id));
         continue;
       }
@@ -269,6 +273,12 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     if (cluster) {
       for (const std::string& node : layout.node_names) plan.add_nodes(node);
       plan.set_devices_per_node(layout.per_node);
+    }
+    if (costs.any()) {
+      // The reserve the allocator keeps grows only up to what the device leaves it.
+      FitReserveToLimit(predicted, costs.capacity_binds_allocator_only
+                                       ? free_bytes
+                                       : free_bytes - costs.outside_allocator_bytes());
     }
     plan.set_per_device_batch(chosen);
     plan.set_grad_accum_steps(static_cast<int32_t>(per_rank / chosen));
@@ -295,15 +305,15 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
 
     if (resources.per_device_batch() > 0) {
       plan.add_reasons(absl::StrCat("per_device_batch: ", chosen, " fixed by spec.resources.per_device_batch; predicted peak ",
-                                    FormatBytes(predicted.total_bytes()), " against ", FormatBytes(budget), " usable",
-                                    predicted.total_bytes() > budget ? " (PREDICTED NOT TO FIT)" : "",
+                                    FormatBytes(ChargedBytes(predicted, costs)), " against ", FormatBytes(budget), " usable",
+                                    ChargedBytes(predicted, costs) > budget ? " (PREDICTED NOT TO FIT)" : "",
                                     model.measured.has_value()
                                         ? absl::StrCat("; its peak is ", model.measured->HowEstimated(chosen))
                                         : ""));
     } else {
       std::string why_batch = absl::StrCat("per_device_batch: ", chosen, ", the largest divisor of the ", per_rank,
                                            " samples each device takes per step whose predicted peak (",
-                                           FormatBytes(predicted.total_bytes()), ") fits the ", FormatBytes(budget),
+                                           FormatBytes(ChargedBytes(predicted, costs)), ") fits the ", FormatBytes(budget),
                                            " usable on ", tightest.id, " (", FormatBytes(free_bytes), " free less ",
                                            absl::StrFormat("%.0f%%", headroom * 100), " headroom)");
       if (model.measured.has_value()) {
@@ -326,6 +336,23 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
           spec.script().grad_accum_flag().empty() ? " (spec.script.grad_accum_flag passes it as a flag)" : ""));
     }
     if (!model.memory_source.empty()) plan.add_reasons(absl::StrCat("memory estimate: ", model.memory_source));
+    if (costs.any()) {
+      plan.set_cuda_allocator_config(costs.allocator_config);
+      plan.add_reasons(absl::StrCat(
+          "device memory beyond the tensors: the caching allocator's reserve ",
+          FormatBytes(predicted.allocator_reserve_bytes()),
+          absl::StrFormat(" (it keeps up to %.2fx what it hands out where memory allows, needs %.2fx to train; "
+                          "PYTORCH_CUDA_ALLOC_CONF=%s)",
+                          costs.reserve_ratio, costs.needed_ratio,
+                          costs.allocator_config.empty() ? "unset" : costs.allocator_config),
+          ", the CUDA context ", FormatBytes(predicted.cuda_context_bytes()), ", the libraries' workspaces ",
+          FormatBytes(predicted.library_workspace_bytes()), ", the collectives' buffers ",
+          FormatBytes(predicted.communication_bytes()),
+          costs.capacity_binds_allocator_only
+              ? absl::StrCat("; the slice's cap binds the allocator alone, the rest lies outside it")
+              : "",
+          "; from ", costs.source));
+    }
     plan.add_reasons(absl::StrFormat("learning_rate: %g (spec lr %g, lr_scaling %s against reference batch %d)",
                                      plan.learning_rate(), spec.optimizer().lr(),
                                      ScalingName(spec.optimizer().lr_scaling()),

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "fitrun/v1/job.pb.h"
+#include "server/core/memory/device_costs.h"
 #include "server/core/memory/estimator.h"
 #include "server/core/memory/model_profile.h"
 
@@ -26,6 +27,10 @@ struct DeviceCapacity {
   std::string id;
   int64_t free_bytes = 0;
   std::string node;
+  // What a rank's process holds there beyond its allocator's tensors (nothing on a CPU device), and
+  // for a GPU its model's name, by which runs' lessons about those costs are kept.
+  DeviceCosts costs;
+  std::string gpu_model;
 };
 
 // Bounds the coordinator adds to a spec, on top of what the spec itself allows.

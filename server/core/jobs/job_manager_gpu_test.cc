@@ -1,0 +1,151 @@
+// The job manager on GPUs (a fake inventory of CUDA devices): a plan counts what a rank's process holds
+// beyond its tensors and says with which allocator settings; the ranks are launched with those
+// settings and, on a slice, with the slice as their cap; a script's own settings are planned with;
+// and the peaks a run reports (allocated, reserved, the whole process) are kept on the attempt and
+// correct the costs the next plan on that GPU model assumes.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "google/protobuf/text_format.h"
+#include "server/core/calibration/device_costs_book.h"
+#include "absl/strings/str_join.h"
+#include "server/core/fakes.h"
+#include "server/core/jobs/job_manager.h"
+#include "server/core/jobs/job_manager_testing.h"
+
+namespace fitrun::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr int64_t kGiB = int64_t{1} << 30;
+constexpr char kH100[] = "NVIDIA H100 80GB HBM3";
+
+class JobManagerGpuTest : public ::testing::Test {
+ protected:
+  void Start(FakeDeviceInventory devices) {
+    state_dir_ = std::filesystem::path(::testing::TempDir()) /
+                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(state_dir_);
+    devices_ = std::make_unique<FakeDeviceInventory>(std::move(devices));
+    book_ = *DeviceCostsBook::Create("");
+    JobManager::Options options;
+    options.state_dir = state_dir_.string();
+    options.worker_binary = "/bin/fitrun-worker";
+    options.worker_channel_address = "127.0.0.1:1";
+    options.final_report_wait = absl::Milliseconds(100);
+    options.device_costs = book_.get();
+    manager_ = *JobManager::Create(options, &store_, devices_.get(), &launcher_, &metrics_);
+  }
+  void TearDown() override { manager_.reset(); }
+
+  fitrun::v1::WorkerAssignment AssignmentOf(const WorkerLaunch& launch) {
+    const std::map<std::string, std::string> env(launch.env.begin(), launch.env.end());
+    std::stringstream text;
+    text << std::ifstream(env.at("FITRUN_ASSIGNMENT")).rdbuf();
+    fitrun::v1::WorkerAssignment assignment;
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text.str(), &assignment));
+    return assignment;
+  }
+
+  std::filesystem::path state_dir_;
+  FakeJobStore store_;
+  FakeWorkerLauncher launcher_;
+  RecordingMetrics metrics_;
+  std::unique_ptr<FakeDeviceInventory> devices_;
+  std::unique_ptr<DeviceCostsBook> book_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(JobManagerGpuTest, APlanOnAGpuCountsTheProcessBeyondItsTensorsAndTheRanksGetTheAllocatorSettings) {
+  Start(FakeDeviceInventory::Gpus(2, 80 * kGiB, kH100));
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("gpu", 256, 10, 2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  const fitrun::v1::Job running = WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const fitrun::v1::MemoryBreakdown& predicted = running.plan().predicted();
+  EXPECT_EQ(predicted.cuda_context_bytes(), 527 * kMiB);
+  EXPECT_EQ(predicted.communication_bytes(), 560 * kMiB);
+  EXPECT_GE(predicted.allocator_reserve_bytes(), 88 * kMiB);
+  EXPECT_EQ(running.plan().cuda_allocator_config(), "expandable_segments:True");
+  EXPECT_THAT(absl::StrJoin(running.plan().reasons(), "\n"), HasSubstr("the CUDA context 527.0 MiB"));
+  for (const WorkerLaunch& launch : launcher_.launches()) {
+    const std::map<std::string, std::string> env(launch.env.begin(), launch.env.end());
+    EXPECT_EQ(env.at("PYTORCH_CUDA_ALLOC_CONF"), "expandable_segments:True");
+    EXPECT_EQ(AssignmentOf(launch).memory_cap_bytes(launch.rank), 0) << "a whole GPU is its own limit";
+  }
+}
+
+TEST_F(JobManagerGpuTest, ASlicesRanksAreCappedToTheSliceAndItsPlanHoldsTheAllocatorAlone) {
+  Start(FakeDeviceInventory::Gpus(2, 80 * kGiB, kH100, /*slice_bytes=*/kGiB));
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("slices", 256, 10, 2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  const fitrun::v1::Job running = WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(running.plan().device_ids(0), "cuda:0#0");
+  EXPECT_LE(running.plan().predicted().allocator_bytes(), kGiB);
+  EXPECT_GT(running.plan().predicted().total_bytes(), kGiB) << "the context lies outside the slice";
+  EXPECT_THAT(absl::StrJoin(running.plan().reasons(), "\n"), HasSubstr("the slice's cap binds the allocator alone"));
+  for (const WorkerLaunch& launch : launcher_.launches()) {
+    EXPECT_EQ(AssignmentOf(launch).memory_cap_bytes(launch.rank), kGiB);
+  }
+}
+
+TEST_F(JobManagerGpuTest, AScriptsOwnAllocatorSettingsArePlannedWith) {
+  Start(FakeDeviceInventory::Gpus(1, 80 * kGiB, kH100));
+  fitrun::v1::JobSpec spec;
+  spec.set_name("script");
+  spec.mutable_script()->add_command("/bin/true");
+  spec.mutable_script()->set_working_dir("/tmp");
+  (*spec.mutable_script()->mutable_env())["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:128";
+  spec.mutable_resources()->set_per_device_batch(8);
+  spec.set_global_batch_size(8);
+  spec.set_max_steps(5);
+  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> planned = manager_->DryRunPlan(spec);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  EXPECT_EQ(planned->second.cuda_allocator_config(), "max_split_size_mb:128");
+  EXPECT_THAT(absl::StrJoin(planned->second.reasons(), "\n"), HasSubstr("2.2x"))
+      << "without expandable segments the allocator keeps far more";
+}
+
+TEST_F(JobManagerGpuTest, ARunsPeaksAreKeptAndCorrectTheNextPlanOnThatGpuModel) {
+  Start(FakeDeviceInventory::Gpus(1, 80 * kGiB, kH100));
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("learn", 64, 10, 1, 1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  fitrun::v1::WorkerReport progress;
+  progress.mutable_progress()->set_step(10);
+  progress.mutable_progress()->set_peak_bytes(100 * kMiB);
+  progress.mutable_progress()->set_reserved_peak_bytes(110 * kMiB);
+  progress.mutable_progress()->set_device_peak_bytes(1000 * kMiB);
+  manager_->OnWorkerReport(WorkerKey{job->id(), 1, 0}, progress);
+  fitrun::v1::WorkerReport finished;
+  finished.mutable_finished()->set_steps(10);
+  manager_->OnWorkerReport(WorkerKey{job->id(), 1, 0}, finished);
+  launcher_.Exit(0, 0);
+  const fitrun::v1::Job done = WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  // Released after the ranks exit: wait until the attempt's record has its peaks.
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  fitrun::v1::Job ended = done;
+  while (ended.attempt_history(0).measured_device_peak_bytes() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+    ended = *manager_->Get(job->id());
+  }
+  EXPECT_EQ(ended.attempt_history(0).measured_peak_bytes(), 100 * kMiB);
+  EXPECT_EQ(ended.attempt_history(0).measured_reserved_peak_bytes(), 110 * kMiB);
+  EXPECT_EQ(ended.attempt_history(0).measured_device_peak_bytes(), 1000 * kMiB);
+  const DeviceCosts learned = book_->CostsFor(kH100, "expandable_segments:True");
+  EXPECT_NEAR(learned.reserve_ratio, 1.1 * 1.03, 1e-9);
+  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> next = manager_->DryRunPlan(MlpSpec("next", 64, 10, 1, 1));
+  ASSERT_TRUE(next.ok());
+  EXPECT_THAT(absl::StrJoin(next->second.reasons(), "\n"), HasSubstr("1 run(s) on NVIDIA H100 80GB HBM3"));
+}
+
+}  // namespace
+}  // namespace fitrun::server
