@@ -28,8 +28,10 @@ std::vector<std::string> DescribeStateChanged(const v1::StateChanged& changed) {
 }
 
 std::vector<std::string> DescribeOom(const v1::OutOfMemory& oom) {
-  std::string line = absl::StrFormat("rank %d: out of memory at step %d (per-device batch %d)",
-                                     oom.rank(), oom.step(), oom.per_device_batch());
+  std::string line = absl::StrFormat("rank %d: out of memory %s (per-device batch %d)", oom.rank(),
+                                     oom.step() > 0 ? absl::StrCat("at step ", oom.step())
+                                                    : std::string("before its first reported step"),
+                                     oom.per_device_batch());
   if (oom.requested_bytes() > 0) {
     absl::StrAppend(&line, ": requested ", FormatBytes(oom.requested_bytes()));
   }

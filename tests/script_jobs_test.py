@@ -95,9 +95,22 @@ class ScriptJobTest(unittest.TestCase):
         self.assertLess(last.per_device_batch, first.per_device_batch)
         self.assertGreater(last.grad_accum_steps, first.grad_accum_steps)
         self.assertEqual(last.per_device_batch * last.grad_accum_steps, first.per_device_batch * first.grad_accum_steps)
-        self.assertTrue(any(e.WhichOneof("event") == "oom" for e in events))
+        ooms = [e.oom for e in events if e.WhichOneof("event") == "oom"]
+        self.assertTrue(ooms)
+        # As the script saw it: in step 4 (after it reported step 3), asking for more than was left.
+        self.assertEqual(ooms[0].step, 4, ooms[0])
+        self.assertGreater(ooms[0].requested_bytes, ooms[0].cap_bytes - ooms[0].live_bytes, ooms[0])
+        self.assertIn("ran out of memory at step 4", first.outcome)
         logs = [e.log.text for e in events if e.WhichOneof("event") == "log"]
         self.assertTrue(any("resumed from the checkpoint of step 3" in t for t in logs), logs[-20:])
+
+    def test_a_script_saving_to_its_checkpoint_directory_runs_in_the_probe_too(self):
+        # The probe runs first (the batch is not fixed) with every variable of the launch contract, a
+        # scratch FITRUN_CHECKPOINT_DIR among them, so a script that reads it is measured, not failed.
+        job, events = self.run_to_end(script_spec("own-checkpoints", ["--steps", "3", "--own_checkpoints"]))
+        self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+        self.assertTrue(any("measuring memory" in e.state_changed.reason for e in events
+                            if e.WhichOneof("event") == "state_changed"), "the probe ran first")
 
     def test_a_script_that_keeps_failing_fails_after_max_restarts_with_its_log_tail(self):
         job, _ = self.run_to_end(script_spec("keeps-failing", ["--fail"]))
@@ -148,8 +161,12 @@ class ScriptJobTest(unittest.TestCase):
         wait_for(lambda: not processes_of(job_id), 10, "every process of the job to exit")
         # Every rank ended as stopped (exit 143) or by fitrund's SIGTERM, none by crashing on the way
         # (a supervisor that deadlocked on the stop command died of SIGABRT).
-        events = list(self.client.watch(job_id))
-        exited = [e.rank_exited for e in events if e.WhichOneof("event") == "rank_exited"]
+        # fitrund records each rank's exit once it has reaped it, a moment after the process is gone.
+        def exits():
+            return [e.rank_exited for e in self.client.watch(job_id) if e.WhichOneof("event") == "rank_exited"]
+
+        wait_for(lambda: len(exits()) == 2, 10, "a rank_exited event per rank")
+        exited = exits()
         self.assertEqual(sorted(x.rank for x in exited), [0, 1], "one rank_exited event per rank")
         for x in exited:
             self.assertTrue(x.exit_code == 143 or x.signal == 15, x)

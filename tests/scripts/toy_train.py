@@ -19,7 +19,10 @@ parser.add_argument("--ignore_fitrun_batch", action="store_true", help="always u
 parser.add_argument("--fail", action="store_true", help="exit 1 at the first training step, every attempt (not in the probe)")
 parser.add_argument("--oom_at_step", type=int, default=0, help="on attempt 1, allocate past the device's cap here")
 parser.add_argument("--step_seconds", type=float, default=0.0)
+parser.add_argument("--own_checkpoints", action="store_true",
+                    help="save to $FITRUN_CHECKPOINT_DIR itself each step, as a torchrun script saves to a given folder")
 args = parser.parse_args()
+own_checkpoints = os.environ["FITRUN_CHECKPOINT_DIR"] if args.own_checkpoints else None
 
 run = fitrun.init()
 torch.manual_seed(0)
@@ -56,6 +59,8 @@ for step in range(start + 1, steps + 1):
     run.report(step=step, loss=loss.item() * run.grad_accum_steps, samples=batch * run.grad_accum_steps,
                total_steps=steps, metrics={"batch": batch})
     run.save_checkpoint({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}, step)
+    if own_checkpoints and dist.get_rank() == 0:
+        torch.save({"model": model.module.state_dict()}, os.path.join(own_checkpoints, "own.pt"))
     if run.should_stop():
         break
 dist.destroy_process_group()

@@ -55,7 +55,7 @@ int64_t CapBytesFromEnvironment() {
 
 // Through a temporary file and rename, so the launcher never reads half a line from a process that
 // died while writing.
-void WritePeakFile(const char* path, int64_t peak, int64_t live) {
+void WritePeakFile(const char* path, int64_t peak, int64_t live, int64_t refused, int64_t live_at_refusal) {
   const std::string temporary = std::string(path) + ".tmp";
   std::FILE* file = std::fopen(temporary.c_str(), "w");
   if (file == nullptr) {
@@ -63,8 +63,9 @@ void WritePeakFile(const char* path, int64_t peak, int64_t live) {
                  std::strerror(errno));
     return;
   }
-  const bool written = std::fprintf(file, "%lld %lld\n", static_cast<long long>(peak),
-                                    static_cast<long long>(live)) > 0;
+  const bool written = std::fprintf(file, "%lld %lld %lld %lld\n", static_cast<long long>(peak),
+                                    static_cast<long long>(live), static_cast<long long>(refused),
+                                    static_cast<long long>(live_at_refusal)) > 0;
   if (std::fclose(file) != 0 || !written || std::rename(temporary.c_str(), path) != 0) {
     std::fprintf(stderr, "libfitrun_memory.so: cannot write %s=%s: %s\n", launch::kMemoryPeakFile, path,
                  std::strerror(errno));
@@ -86,7 +87,8 @@ __attribute__((constructor)) void InstallCappedAllocator() {
 __attribute__((destructor)) void ReportPeak() {
   const char* path = std::getenv(launch::kMemoryPeakFile);
   if (g_allocator == nullptr || path == nullptr || *path == '\0' || getpid() != g_installing_pid) return;
-  WritePeakFile(path, g_allocator->Peak(), g_allocator->Live());
+  WritePeakFile(path, g_allocator->Peak(), g_allocator->Live(), g_allocator->LastFailedRequest(),
+                g_allocator->LiveAtLastFailure());
 }
 
 }  // namespace

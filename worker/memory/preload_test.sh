@@ -57,9 +57,9 @@ check(lib.fitrun_memory_last_failed_request() == 0, "nothing refused without a c
 ' FITRUN_MEMORY_CAP_BYTES=0 FITRUN_MEMORY_PEAK_FILE="$peak_file" || fail "count-only run failed"
 [[ -f "$peak_file" ]] || fail "no peak file at $peak_file"
 [[ ! -e "$peak_file.tmp" ]] || fail "temporary peak file left behind"
-read -r peak live extra < "$peak_file" || fail "peak file is not one line: $(cat "$peak_file")"
-[[ "$peak" =~ ^[0-9]+$ && "$live" =~ ^[0-9]+$ && -z "$extra" ]] ||
-  fail "peak file is not '<peak> <live>': $(cat "$peak_file")"
+read -r peak live refused live_at_refusal extra < "$peak_file" || fail "peak file is not one line: $(cat "$peak_file")"
+[[ "$peak" =~ ^[0-9]+$ && "$live" =~ ^[0-9]+$ && "$refused" == 0 && "$live_at_refusal" == 0 && -z "$extra" ]] ||
+  fail "peak file is not '<peak> <live> 0 0' (nothing refused): $(cat "$peak_file")"
 ((peak >= 10000000)) || fail "peak $peak < 10000000 after a 10 MB tensor"
 ((live < 10000000)) || fail "live $live at exit still holds the freed 10 MB tensor"
 echo "peak file: $peak $live"
@@ -88,10 +88,15 @@ except torch.cuda.OutOfMemoryError as e:
     check(lib.fitrun_memory_peak() < 64 * MiB, "a refused request leaves the peak alone")
     sys.exit(42)
 sys.exit(0)
-' FITRUN_MEMORY_CAP_BYTES=$((64 << 20))
+' FITRUN_MEMORY_CAP_BYTES=$((64 << 20)) FITRUN_MEMORY_PEAK_FILE="$work/refused.peak"
 code=$?
 set -e
 ((code == 42)) || fail "100 MiB under a 64 MiB cap: exit code $code, want 42 (torch.cuda.OutOfMemoryError caught)"
+# The file says what was refused, so a supervisor can name the size that failed.
+read -r _ _ refused live_at_refusal < "$work/refused.peak" || fail "no peak file after the refusal"
+((refused == 100 << 20 && live_at_refusal < 64 << 20)) ||
+  fail "peak file after the refusal: $(cat "$work/refused.peak"), want the 100 MiB request and what was live"
+rm -f "$work/refused.peak"
 
 echo "--- a cap that is not a number: said on stderr, then counting without a cap"
 for bad in "64MiB" "-1" "lots"; do

@@ -7,8 +7,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -66,10 +69,27 @@ absl::StatusOr<ProbePeak> ScriptProbe::Measure(int64_t batch) {
   settings.memory_cap_bytes =
       assignment_.memory_cap_bytes_size() > 0 ? std::max<int64_t>(0, assignment_.memory_cap_bytes(0)) : 0;
   settings.memory_peak_file = absl::StrCat("/tmp/fitrun-probe-peak-", getpid(), "-", batch);
+  // Every variable of the launch contract a rank gets, so a script runs in the probe as it runs in
+  // its job: a checkpoint directory of its own (a scratch one, gone after the measurement), and the
+  // job and attempt a script may name its files by.
+  char scratch[] = "/tmp/fitrun-probe-checkpoints-XXXXXX";
+  if (mkdtemp(scratch) == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot make a scratch checkpoint directory: ", std::strerror(errno)));
+  }
+  settings.checkpoint_dir = scratch;
+  struct RemoveScratch {
+    std::string path;
+    ~RemoveScratch() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  } remove_scratch{scratch};
   settings.extra_env = {{launch::kLocalRank, "0"},
                         {launch::kLocalWorldSize, "1"},
                         {launch::kMasterAddr, "127.0.0.1"},
-                        {launch::kMasterPort, absl::StrCat(*port)}};
+                        {launch::kMasterPort, absl::StrCat(*port)},
+                        {launch::kJobId, assignment_.job_id().empty() ? "probe" : assignment_.job_id()},
+                        {launch::kAttempt, "0"}};
   absl::StatusOr<ScriptCommand> command = ScriptCommandFor(assignment_.spec(), settings, support_);
   if (!command.ok()) return command.status();
   // The probe's stdout is its answer to fitrund; the script's own output goes to stderr.
@@ -96,9 +116,9 @@ absl::StatusOr<ProbePeak> ScriptProbe::Measure(int64_t batch) {
 
   ProbePeak peak;
   peak.batch = batch;
-  std::ifstream in(settings.memory_peak_file);
-  int64_t live = 0;
-  const bool have_peak = static_cast<bool>(in >> peak.peak_bytes >> live);
+  const bool have_peak = std::filesystem::exists(settings.memory_peak_file);
+  const PeakFile figures = ReadPeakFile(settings.memory_peak_file);
+  peak.peak_bytes = figures.peak_bytes;
   std::remove(settings.memory_peak_file.c_str());
   peak.other_peak_bytes = peak.peak_bytes;
   const std::string tail = (*process)->StderrTail();

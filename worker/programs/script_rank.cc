@@ -65,18 +65,6 @@ class OutputForwarder {
   int64_t held_back_ = 0;
 };
 
-struct PeakFile {
-  int64_t peak_bytes = 0;
-  int64_t live_bytes = 0;
-};
-
-PeakFile ReadPeakFile(const std::string& path) {
-  PeakFile figures;
-  std::ifstream in(path);
-  in >> figures.peak_bytes >> figures.live_bytes;
-  return figures;
-}
-
 class ScriptRank final : public TrainingProgram {
  public:
   explicit ScriptRank(const WorkerOptions& options) : options_(options) {}
@@ -129,6 +117,7 @@ class ScriptRank final : public TrainingProgram {
       if (LooksLikeOutOfMemory(line)) {
         absl::MutexLock lock(&mu_);
         oom_on_stderr_ = true;
+        if (const int64_t requested = RequestedBytesInOutOfMemory(line); requested > 0) oom_requested_ = requested;
       }
     };
     const absl::Time started = absl::Now();
@@ -179,9 +168,12 @@ class ScriptRank final : public TrainingProgram {
     if (oom_reported_ || oom_on_stderr_ || (!exit.signaled && exit.code == fitrun::contract::launch::kExitOutOfMemory)) {
       fitrun::v1::OutOfMemory oom = oom_;
       if (!oom_reported_) {
-        oom.set_step(last_step_);
+        // As the script saw it: the step it was in (after the last it reported; 0 before any) and
+        // the request that failed, from the allocator that refused it or the error it printed.
+        oom.set_step(last_step_ > 0 ? last_step_ + 1 : 0);
         oom.set_per_device_batch(settings.per_device_batch);
-        oom.set_live_bytes(peak.live_bytes);
+        oom.set_requested_bytes(peak.refused_bytes > 0 ? peak.refused_bytes : oom_requested_);
+        oom.set_live_bytes(peak.refused_bytes > 0 ? peak.live_at_refusal_bytes : peak.live_bytes);
         oom.set_peak_bytes(peak.peak_bytes);
         oom.set_cap_bytes(settings.memory_cap_bytes);
       }
@@ -255,6 +247,7 @@ class ScriptRank final : public TrainingProgram {
   double last_loss_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, double> last_metrics_ ABSL_GUARDED_BY(mu_);
   bool oom_on_stderr_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t oom_requested_ ABSL_GUARDED_BY(mu_) = 0;  // from the error line the script printed
   bool oom_reported_ ABSL_GUARDED_BY(mu_) = false;
   fitrun::v1::OutOfMemory oom_ ABSL_GUARDED_BY(mu_);
 };

@@ -68,6 +68,21 @@ absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, 
 // allocator, the CPU allocator's own refusal, Python's MemoryError).
 bool LooksLikeOutOfMemory(const std::string& line);
 
+// The size an out-of-memory line says was asked for, as the script saw it: PyTorch's "Tried to
+// allocate 256.00 MiB" or the capped allocator's "tried to allocate 268435456 bytes"; 0 when the
+// line names none.
+int64_t RequestedBytesInOutOfMemory(const std::string& line);
+
+// What the preloaded allocator (libfitrun_memory.so) writes when the script exits: its peak and live
+// bytes, and the last request it refused with the bytes live then (0 and 0 when it refused none).
+struct PeakFile {
+  int64_t peak_bytes = 0;
+  int64_t live_bytes = 0;
+  int64_t refused_bytes = 0;
+  int64_t live_at_refusal_bytes = 0;
+};
+PeakFile ReadPeakFile(const std::string& path);
+
 // The script, running. Its stdout and stderr are copied line by line to this process's (the rank
 // log) and to `on_stdout_line` / `on_stderr_line`; each line it writes to the report descriptor goes
 // to `on_report_line`. The child dies with this process (PR_SET_PDEATHSIG).

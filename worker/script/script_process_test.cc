@@ -1,5 +1,7 @@
 #include "worker/script/script_process.h"
 
+#include <fstream>
+
 #include <stdlib.h>
 
 #include <map>
@@ -121,6 +123,33 @@ TEST(LooksLikeOutOfMemoryTest, PyTorchsAndPythonsOutOfMemoryErrors) {
   EXPECT_TRUE(LooksLikeOutOfMemory("  MemoryError"));
   EXPECT_FALSE(LooksLikeOutOfMemory("loss 0.5, memory 12 MiB"));
   EXPECT_FALSE(LooksLikeOutOfMemory("ValueError: bad batch"));
+}
+
+// The size that failed, as the script saw it, from either allocator's message.
+TEST(RequestedBytesInOutOfMemoryTest, TheSizeEitherAllocatorNames) {
+  EXPECT_EQ(RequestedBytesInOutOfMemory("torch.cuda.OutOfMemoryError: CPU device memory cap exceeded: tried to "
+                                        "allocate 268435456 bytes with 51972 bytes live and a cap of 201326592 bytes"),
+            268435456);
+  EXPECT_EQ(RequestedBytesInOutOfMemory("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB. "
+                                        "GPU 0 has a total capacity of 79.19 GiB"),
+            256LL << 20);
+  EXPECT_EQ(RequestedBytesInOutOfMemory("MemoryError"), 0);
+}
+
+// The preloaded allocator's file: peak and live, then the refused request and what was live then; a
+// file of the older two figures reads with no refusal.
+TEST(ReadPeakFileTest, FourFiguresOrTwo) {
+  const std::string path = ::testing::TempDir() + "/peak";
+  std::ofstream(path) << "70656 51972 268435456 51972\n";
+  const PeakFile four = ReadPeakFile(path);
+  EXPECT_EQ(four.peak_bytes, 70656);
+  EXPECT_EQ(four.refused_bytes, 268435456);
+  EXPECT_EQ(four.live_at_refusal_bytes, 51972);
+  std::ofstream(path) << "70656 1024\n";
+  const PeakFile two = ReadPeakFile(path);
+  EXPECT_EQ(two.live_bytes, 1024);
+  EXPECT_EQ(two.refused_bytes, 0);
+  EXPECT_EQ(ReadPeakFile(path + "-missing").peak_bytes, 0);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ import ctypes
 import json
 import os
 import queue
+import re
 import select
 import sys
 import threading
@@ -69,6 +70,16 @@ class _Memory:
             total = torch.cuda.get_device_properties(device).total_memory
             return (stats.get("allocated_bytes.all.current", 0), stats.get("allocated_bytes.all.peak", 0), total, 0, 0)
         return (0, 0, 0, 0, 0)
+
+
+def _requested_bytes(message):
+    """The size an out-of-memory message says was asked for ("Tried to allocate 256.00 MiB", or the
+    capped allocator's "tried to allocate 268435456 bytes"); 0 when it names none."""
+    match = re.search(r"[Tt]ried to allocate (\d+(?:\.\d+)?) ?(GiB|MiB|KiB|bytes|B)", message)
+    if not match:
+        return 0
+    scale = {"GiB": 1 << 30, "MiB": 1 << 20, "KiB": 1 << 10}.get(match.group(2), 1)
+    return int(float(match.group(1)) * scale)
 
 
 def _is_out_of_memory(error):
@@ -246,9 +257,13 @@ class Run:
         sys.excepthook = hook
 
     def report_out_of_memory(self, error=None):
-        """What the coordinator re-plans from: the step, the batch and the device's figures."""
+        """What the coordinator re-plans from, as the script saw it: the step it was in (the one after
+        the last it reported; 0 before any), the batch, the request that failed and the device's figures."""
         live, peak, cap, requested, live_at_failure = self._memory.figures()
-        self._send({"oom": {"rank": self.rank, "step": self._step, "perDeviceBatch": self.per_device_batch or 0,
+        if not requested and error is not None:
+            requested = _requested_bytes(str(error))
+        step = self._step + 1 if self._step else 0
+        self._send({"oom": {"rank": self.rank, "step": step, "perDeviceBatch": self.per_device_batch or 0,
                             "requestedBytes": requested, "liveBytes": live_at_failure or live,
                             "peakBytes": peak, "capBytes": cap}})
         if error is not None:

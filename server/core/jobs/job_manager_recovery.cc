@@ -203,7 +203,9 @@ void JobManager::OnOutOfMemoryLocked(JobEntry& entry, const fitrun::v1::OutOfMem
   Job& job = entry.record.job;
   *job.add_oom_history() = oom;
   metrics_->OutOfMemory();
-  std::string headline = absl::StrCat("rank ", oom.rank(), " ran out of memory at step ", oom.step(),
+  std::string headline = absl::StrCat("rank ", oom.rank(), " ran out of memory ",
+                                      oom.step() > 0 ? absl::StrCat("at step ", oom.step())
+                                                     : std::string("before its first reported step"),
                                       " with per-device batch ", oom.per_device_batch());
   if (oom.cap_bytes() > 0) {
     absl::StrAppend(&headline, " (needed at least ", FormatBytes(MemoryNeededAt(oom)), ", the device has ",
