@@ -303,6 +303,14 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   if (manager_options.worker_binary.empty()) {
     manager_options.worker_binary = options.worker_binary.empty() ? DefaultWorkerBinary() : options.worker_binary;
   }
+  // Script jobs run under fitrun-supervisor when it is installed beside the worker: it loads no
+  // LibTorch, so a script keeps the machine's own PyTorch to itself.
+  {
+    std::error_code error;
+    const std::filesystem::path supervisor =
+        std::filesystem::path(manager_options.worker_binary).parent_path() / "fitrun-supervisor";
+    if (std::filesystem::exists(supervisor, error)) manager_options.script_binary = supervisor.string();
+  }
   manager_options.worker_channel_address = absl::StrCat(dial_host, ":", port);
   if (!options.advertise_address.empty()) {
     const bool has_port = options.advertise_address.find(':') != std::string::npos &&
@@ -319,6 +327,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   if (options.memory_probe) {
     ProcessMemoryProbe::Options probe_options;
     probe_options.worker_binary = manager_options.worker_binary;
+    probe_options.script_binary = manager_options.script_binary;
     probe_options.work_dir = (std::filesystem::path(options.state_dir) / "memory-probes").string();
     probe_options.dataset_cache_dir = manager_options.dataset_cache_dir;
     // Measure with the threads a rank gets, since intra-op threads take scratch memory of their own.

@@ -34,6 +34,15 @@ def script_spec(name, args, **extra):
     return spec
 
 
+def command_of(pid):
+    """A process's executable (its argv[0])."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def processes_of(job_id):
     """Pids of every process (supervisor or script) of a job: they carry its FITRUN_JOB_ID."""
     found = []
@@ -155,6 +164,9 @@ class ScriptJobTest(unittest.TestCase):
 
         wait_for(running, 240, "progress")
         self.assertGreaterEqual(len(processes_of(job_id)), 4, "two supervisors and two scripts")
+        # The ranks are fitrun-supervisor, which loads no LibTorch beside the script's own torch.
+        supervisors = [pid for pid in processes_of(job_id) if command_of(pid).endswith("fitrun-supervisor")]
+        self.assertEqual(len(supervisors), 2, [command_of(pid) for pid in processes_of(job_id)])
         cancelled_at = time.monotonic()
         self.client.cancel(job_id, "test")
         wait_for(lambda: state_name(self.client.get(job_id)) == "CANCELLED", 30, "CANCELLED")

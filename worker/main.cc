@@ -31,39 +31,6 @@ std::optional<std::string> GetEnv(const std::string& name) {
   return std::string(value);
 }
 
-// What the command line may say; without --probe the worker trains as its environment describes.
-struct CommandLine {
-  bool probe = false;
-  // --probe_batches=B1,B2,...: measure these and exit; empty: read batch sizes from stdin.
-  std::vector<int64_t> probe_batches;
-};
-
-absl::StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
-  CommandLine command_line;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--probe") {
-      command_line.probe = true;
-    } else if (absl::StartsWith(arg, "--probe_batches=")) {
-      const std::string value = arg.substr(std::string("--probe_batches=").size());
-      for (absl::string_view part : absl::StrSplit(value, ',')) {
-        int64_t batch = 0;
-        if (!absl::SimpleAtoi(part, &batch) || batch < 1) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "--probe_batches: expected micro-batch sizes B1,B2,... each >= 1 (got \"", value, "\")"));
-        }
-        command_line.probe_batches.push_back(batch);
-      }
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown argument \"", arg, "\""));
-    }
-  }
-  if (!command_line.probe_batches.empty() && !command_line.probe) {
-    return absl::InvalidArgumentError("--probe_batches: only meaningful with --probe");
-  }
-  return command_line;
-}
-
 }  // namespace
 }  // namespace fitrun::worker
 

@@ -6,8 +6,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "proto/contract/launch_contract.h"
 
@@ -213,6 +215,32 @@ absl::Status ValidateAssignment(const fitrun::v1::WorkerAssignment& a, const Wor
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {
+  CommandLine command_line;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--probe") {
+      command_line.probe = true;
+    } else if (absl::StartsWith(arg, "--probe_batches=")) {
+      const std::string value = arg.substr(std::string("--probe_batches=").size());
+      for (absl::string_view part : absl::StrSplit(value, ',')) {
+        int64_t batch = 0;
+        if (!absl::SimpleAtoi(part, &batch) || batch < 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--probe_batches: expected micro-batch sizes B1,B2,... each >= 1 (got \"", value, "\")"));
+        }
+        command_line.probe_batches.push_back(batch);
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument \"", arg, "\""));
+    }
+  }
+  if (!command_line.probe_batches.empty() && !command_line.probe) {
+    return absl::InvalidArgumentError("--probe_batches: only meaningful with --probe");
+  }
+  return command_line;
 }
 
 }  // namespace fitrun::worker

@@ -1,9 +1,11 @@
 #ifndef FITRUN_WORKER_OPTIONS_H_
 #define FITRUN_WORKER_OPTIONS_H_
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -62,6 +64,15 @@ absl::StatusOr<fitrun::v1::WorkerAssignment> LoadAssignment(const std::string& p
 // the field. (Plan numbers that depend on the dataset are checked by the trainer.)
 absl::Status ValidateAssignment(const fitrun::v1::WorkerAssignment& assignment,
                                 const WorkerOptions& options);
+
+// What the command line may say (fitrun-worker's and fitrun-supervisor's alike); without --probe the
+// program runs one rank as its environment describes.
+struct CommandLine {
+  bool probe = false;
+  // --probe_batches=B1,B2,...: measure these and exit; empty: read batch sizes from stdin.
+  std::vector<int64_t> probe_batches;
+};
+absl::StatusOr<CommandLine> ParseCommandLine(int argc, char** argv);
 
 }  // namespace fitrun::worker
 

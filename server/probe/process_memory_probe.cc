@@ -254,9 +254,10 @@ absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> ProcessMemoryProbe::Create(O
 
 absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(const fitrun::v1::JobSpec& spec,
                                                                                int64_t max_bytes) {
-  if (access(options_.worker_binary.c_str(), X_OK) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("memory probe: cannot start ", options_.worker_binary, ": ", std::strerror(errno)));
+  const std::string& binary =
+      spec.has_script() && !options_.script_binary.empty() ? options_.script_binary : options_.worker_binary;
+  if (access(binary.c_str(), X_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("memory probe: cannot start ", binary, ": ", std::strerror(errno)));
   }
   // A one-rank assignment: the probe reads the spec, rank 0's threads and its memory cap.
   fitrun::v1::WorkerAssignment assignment;
@@ -276,7 +277,7 @@ absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(co
     if (!out.good()) return absl::InternalError(absl::StrCat("memory probe: cannot write ", path));
   }
 
-  std::vector<std::string> args = {options_.worker_binary, "--probe"};
+  std::vector<std::string> args = {binary, "--probe"};
   if (options_.nice > 0) args.insert(args.begin(), {"/usr/bin/nice", "-n", absl::StrCat(options_.nice)});
   absl::StatusOr<Pipe> in_pipe = MakePipe();
   if (!in_pipe.ok()) return in_pipe.status();

@@ -26,6 +26,9 @@ class ProcessMemoryProbe : public MemoryProbe {
  public:
   struct Options {
     std::string worker_binary;
+    // What probes a script job's workload: fitrun-supervisor, which loads no LibTorch beside the
+    // script's own; empty: worker_binary.
+    std::string script_binary;
     // Where the probes' assignment files go (created if missing).
     std::string work_dir;
     // The ranks' decoded-dataset cache (WorkerAssignment.dataset_cache_dir): the probe usually loads a

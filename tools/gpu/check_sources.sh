@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# check_sources.sh [--cmake FILE] [WORKER_QUERY MEMORY_QUERY]: fails unless worker/CMakeLists.txt compiles exactly the
-# .cc files Bazel links into //worker:fitrun-worker and //worker/memory:libfitrun_memory.so.
+# check_sources.sh [--cmake FILE] [WORKER_QUERY MEMORY_QUERY SUPERVISOR_QUERY]: fails unless worker/CMakeLists.txt
+# compiles exactly the .cc files Bazel links into //worker:fitrun-worker, //worker/memory:libfitrun_memory.so
+# and //worker:fitrun-supervisor.
 #
 # Why: the CMake build (for GPU machines without Bazel) must build the same worker as Bazel. A source
 # added to a BUILD file but not to the CMake list would fail there at link time at best, hours from here.
@@ -28,15 +29,20 @@ label_paths() {
   grep -E '^//' | grep -E '\.cc$' | sed -e 's|^//||' -e 's|:|/|' -e 's|^/||' | sort -u
 }
 
-if (($# == 2)); then
+# The supervisor's: what it links, not the preloaded library it only carries beside it.
+supervisor_query="kind('source file', labels(srcs, kind(cc_library, deps(//worker:fitrun-supervisor) except deps(//worker/memory:libfitrun_memory.so)) + //worker:fitrun-supervisor))"
+
+if (($# == 3)); then
   bazel_worker=$(label_paths <"$1")
   bazel_memory=$(label_paths <"$2")
+  bazel_supervisor=$(label_paths <"$3")
 elif (($# == 0)); then
   cd "$here/../.."
   bazel_worker=$(bazel query --noshow_progress "$(query_for //worker:fitrun-worker)" 2>/dev/null | label_paths)
   bazel_memory=$(bazel query --noshow_progress "$(query_for //worker/memory:libfitrun_memory.so)" 2>/dev/null | label_paths)
+  bazel_supervisor=$(bazel query --noshow_progress "$supervisor_query" 2>/dev/null | label_paths)
 else
-  echo "usage: $0 [--cmake CMakeLists.txt] [WORKER_QUERY_OUTPUT MEMORY_QUERY_OUTPUT]" >&2
+  echo "usage: $0 [--cmake CMakeLists.txt] [WORKER_QUERY_OUTPUT MEMORY_QUERY_OUTPUT SUPERVISOR_QUERY_OUTPUT]" >&2
   exit 2
 fi
 
@@ -46,6 +52,7 @@ cmake_list() {
 }
 cmake_worker=$(cmake_list FITRUN_WORKER_SOURCES)
 cmake_memory=$(cmake_list FITRUN_MEMORY_LIBRARY_SOURCES)
+cmake_supervisor=$(cmake_list FITRUN_SUPERVISOR_SOURCES)
 
 status=0
 compare() {
@@ -66,4 +73,5 @@ compare() {
 }
 compare "//worker:fitrun-worker (FITRUN_WORKER_SOURCES)" "$bazel_worker" "$cmake_worker"
 compare "//worker/memory:libfitrun_memory.so (FITRUN_MEMORY_LIBRARY_SOURCES)" "$bazel_memory" "$cmake_memory"
+compare "//worker:fitrun-supervisor (FITRUN_SUPERVISOR_SOURCES)" "$bazel_supervisor" "$cmake_supervisor"
 exit $status

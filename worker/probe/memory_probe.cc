@@ -168,31 +168,4 @@ absl::StatusOr<ProbePeak> MemoryProbe::Measure(int64_t batch, int steps) {
   }
 }
 
-std::string ProbeHeaderJson(const MemoryProbe& probe) {
-  return absl::StrCat("{\"model_state_bytes\": ", probe.model_state_bytes(),
-                      ", \"train_samples\": ", probe.train_samples(), "}");
-}
-
-std::string ProbePeakJson(const ProbePeak& p) {
-  return absl::StrCat("{\"batch\": ", p.batch, ", \"peak_bytes\": ", p.peak_bytes,
-                      ", \"backward_peak_bytes\": ", p.backward_peak_bytes,
-                      ", \"other_peak_bytes\": ", p.other_peak_bytes, "}");
-}
-
-std::string ProbeErrorJson(int64_t batch, const absl::Status& status) {
-  std::string message;
-  for (char c : status.message()) {
-    if (c == '"' || c == '\\') {
-      message += '\\';
-      message += c;
-    } else if (c == '\n') {
-      message += "\\n";
-    } else if (static_cast<unsigned char>(c) >= 0x20) {
-      message += c;
-    }
-  }
-  return absl::StrCat("{\"batch\": ", batch, ", \"error\": \"", message, "\"",
-                      absl::IsResourceExhausted(status) ? ", \"out_of_memory\": true" : "", "}");
-}
-
 }  // namespace fitrun::worker

@@ -13,16 +13,9 @@
 #include "fitrun/v1/worker.pb.h"
 #include "worker/memory/capped_allocator.h"
 #include "worker/models/workload.h"
+#include "worker/probe/probe_protocol.h"
 
 namespace fitrun::worker {
-
-// One measurement: the peak of `steps` real training steps at one micro-batch size.
-struct ProbePeak {
-  int64_t batch = 0;
-  int64_t peak_bytes = 0;           // the step's peak: the larger of the two below
-  int64_t backward_peak_bytes = 0;  // during backward (saved activations and their gradients)
-  int64_t other_peak_bytes = 0;     // the rest of the step: forward, optimizer step, zero_grad
-};
 
 // Measures what one rank of a job needs on its device, without a process group. Create loads the
 // spec's workload, installs `counter` (not installed yet; its cap, if any, is the probe's byte
@@ -56,16 +49,6 @@ class MemoryProbe {
   CappedCpuAllocator* const counter_;
   int64_t model_state_bytes_ = 0;
 };
-
-// The probe's output, one JSON object per line: first what the probe loaded,
-//   {"model_state_bytes": N, "train_samples": T}
-// then one line per measured batch,
-//   {"batch": B, "peak_bytes": P, "backward_peak_bytes": P1, "other_peak_bytes": P2}
-// or, when a measurement fails, {"batch": B, "error": "..."} (with "out_of_memory": true when it
-// needed more than the budget).
-std::string ProbeHeaderJson(const MemoryProbe& probe);
-std::string ProbePeakJson(const ProbePeak& peak);
-std::string ProbeErrorJson(int64_t batch, const absl::Status& status);
 
 }  // namespace fitrun::worker
 

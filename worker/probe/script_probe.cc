@@ -143,4 +143,10 @@ absl::StatusOr<ProbePeak> ScriptProbe::Measure(int64_t batch) {
   return peak;
 }
 
+absl::Status ProbeScript(const fitrun::v1::WorkerAssignment& assignment, const std::vector<int64_t>& batches) {
+  absl::StatusOr<std::unique_ptr<ScriptProbe>> probe = ScriptProbe::Create(assignment);
+  if (!probe.ok()) return probe.status();
+  return MeasureAll(ProbeHeaderJson(0, 0), [&](int64_t batch) { return (*probe)->Measure(batch); }, batches);
+}
+
 }  // namespace fitrun::worker

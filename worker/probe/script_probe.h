@@ -6,11 +6,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "fitrun/v1/worker.pb.h"
-#include "worker/probe/memory_probe.h"
+#include "worker/probe/probe_protocol.h"
 #include "worker/script/script_process.h"
 
 namespace fitrun::worker {
@@ -36,6 +37,10 @@ class ScriptProbe {
   const fitrun::v1::WorkerAssignment assignment_;
   const SupportFiles support_;
 };
+
+// A script's probe in the protocol's terms: the header says nothing is known of its size and data (they
+// are the script's own), then each batch's measurement.
+absl::Status ProbeScript(const fitrun::v1::WorkerAssignment& assignment, const std::vector<int64_t>& batches);
 
 }  // namespace fitrun::worker
 

@@ -88,11 +88,14 @@ class ScriptRank final : public TrainingProgram {
     settings.global_batch_size = assignment->spec().global_batch_size();
     settings.checkpoint_dir = assignment->checkpoint_dir();
     settings.max_steps = assignment->spec().max_steps();
-    // A virtual CPU device's cap is enforced in the script by the preloaded allocator; a GPU's own
-    // memory is its limit.
-    if (device->kind == PlanDevice::Kind::kCpu && assignment->memory_cap_bytes_size() > options_.rank) {
+    // A virtual CPU device's cap is enforced in the script by the preloaded allocator; a GPU slice's by
+    // the fitrun module through torch.cuda's per-process limit (nothing is preloaded on a GPU: the
+    // machine's PyTorch is not the LibTorch the allocator was built for); a whole GPU's own memory is
+    // its limit.
+    if (assignment->memory_cap_bytes_size() > options_.rank) {
       settings.memory_cap_bytes = assignment->memory_cap_bytes(options_.rank);
     }
+    settings.preload_allocator = device->kind == PlanDevice::Kind::kCpu;
     settings.memory_peak_file = absl::StrCat("/tmp/fitrun-script-peak-", getpid());
     if (device->kind == PlanDevice::Kind::kCuda) {
       settings.extra_env["CUDA_VISIBLE_DEVICES"] = absl::StrCat(device->index);

@@ -116,7 +116,10 @@ absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, 
   if (settings.max_steps > 0) env[launch::kMaxSteps] = absl::StrCat(settings.max_steps);
   if (settings.probe) env[launch::kProbe] = "1";
   // The allocator that makes a virtual CPU device's budget real for the script's tensors.
-  if (!support.memory_library.empty()) {
+  if (!settings.preload_allocator && settings.memory_cap_bytes > 0) {
+    env[launch::kMemoryCapBytes] = absl::StrCat(settings.memory_cap_bytes);
+  }
+  if (settings.preload_allocator && !support.memory_library.empty()) {
     const auto preload = env.find("LD_PRELOAD");
     env["LD_PRELOAD"] = preload == env.end() || preload->second.empty()
                             ? support.memory_library

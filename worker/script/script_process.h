@@ -36,6 +36,8 @@ struct ScriptRunSettings {
   int64_t max_steps = 0;       // 0: the script's own length
   bool probe = false;
   int64_t memory_cap_bytes = 0;  // 0: counted, not capped
+  // Whether the script gets the capped CPU allocator preloaded (virtual CPU devices only).
+  bool preload_allocator = true;
   std::string memory_peak_file;  // where the preloaded allocator writes its peak at exit
   // The torchrun variables that are not in this process's own environment (the probe sets them).
   std::map<std::string, std::string> extra_env;

@@ -125,6 +125,21 @@ TEST(LooksLikeOutOfMemoryTest, PyTorchsAndPythonsOutOfMemoryErrors) {
   EXPECT_FALSE(LooksLikeOutOfMemory("ValueError: bad batch"));
 }
 
+// On a GPU nothing is preloaded (the machine's PyTorch is not the LibTorch the allocator was built
+// for); a slice's cap still reaches the script, for the fitrun module to apply.
+TEST(ScriptCommandForTest, OnAGpuNothingIsPreloadedAndTheSlicesCapIsPassedOn) {
+  ScriptRunSettings gpu = Settings();
+  gpu.preload_allocator = false;
+  absl::StatusOr<ScriptCommand> command =
+      ScriptCommandFor(ScriptSpec(), gpu, {"/opt/fitrun/libfitrun_memory.so", "/opt/fitrun/python"});
+  ASSERT_TRUE(command.ok()) << command.status();
+  std::map<std::string, std::string> env = EnvOf(*command);
+  EXPECT_EQ(env["LD_PRELOAD"].find("libfitrun_memory.so"), std::string::npos) << env["LD_PRELOAD"];
+  EXPECT_EQ(env["FITRUN_MEMORY_CAP_BYTES"], absl::StrCat(1 << 30));
+  EXPECT_EQ(env.count("FITRUN_MEMORY_PEAK_FILE"), 0u);
+  EXPECT_EQ(env["PYTHONPATH"].substr(0, 18), "/opt/fitrun/python");
+}
+
 // The size that failed, as the script saw it, from either allocator's message.
 TEST(RequestedBytesInOutOfMemoryTest, TheSizeEitherAllocatorNames) {
   EXPECT_EQ(RequestedBytesInOutOfMemory("torch.cuda.OutOfMemoryError: CPU device memory cap exceeded: tried to "

@@ -58,6 +58,20 @@ class _Memory:
         except (OSError, AttributeError):
             self._lib = None
 
+    def reset_peak(self):
+        if self._lib is not None:
+            self._lib.fitrun_memory_reset_peak()
+
+    def gpu_peaks(self):
+        """On a GPU: (reserved peak, the device's memory in use) in bytes, the latter the driver's
+        whole figure (this process and any other); (0, 0) elsewhere."""
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return (0, 0)
+        device = torch.cuda.current_device()
+        free, total = torch.cuda.mem_get_info(device)
+        return (torch.cuda.memory_stats(device).get("reserved_bytes.all.peak", 0), total - free)
+
     def figures(self):
         """(live, peak, cap, refused request, live at the refusal) in bytes; zeros where unknown."""
         if self._lib is not None:
@@ -109,6 +123,7 @@ class Run:
         self.job_id = env.get(contract.JOB_ID) or None
         self.attempt = _int(env, contract.ATTEMPT, 0)
         self._memory = _Memory()
+        self._memory_cap = _int(env, contract.MEMORY_CAP_BYTES, 0)
         self._stop_reason = None
         self._step = 0
         self._last_report = None
@@ -123,6 +138,7 @@ class Run:
             self._writer = threading.Thread(target=self._write_reports, name="fitrun-reports", daemon=True)
             self._writer.start()
             atexit.register(self.flush)
+        self._apply_memory_cap()
         if control_fd is not None:
             os.set_blocking(control_fd, False)
             self._control = control_fd
@@ -154,6 +170,10 @@ class Run:
         live, peak = self._memory.figures()[:2]
         progress = {"rank": self.rank, "step": int(step), "liveBytes": live, "peakBytes": peak,
                     "samplesPerSecond": rate}
+        reserved, device = self._memory.gpu_peaks()
+        if reserved:
+            self._device_peak = max(getattr(self, "_device_peak", 0), device)
+            progress.update(reservedPeakBytes=reserved, devicePeakBytes=self._device_peak)
         if loss is not None:
             progress["loss"] = float(loss)
         total = total_steps if total_steps is not None else self.max_steps
@@ -240,6 +260,34 @@ class Run:
             except OSError:
                 pass
         return self._stop_reason is not None
+
+    # The device's cap.
+
+    def _apply_memory_cap(self):
+        """On a GPU slice, the cap binds torch.cuda's caching allocator (its per-process limit); on a
+        virtual CPU device the preloaded allocator enforces it, and a torch it cannot see is said so."""
+        if not self._memory_cap:
+            return
+        torch = sys.modules.get("torch")
+        if torch is None:
+            try:
+                import torch  # noqa: F811  the script's own, whichever it is
+            except ImportError:
+                return
+        if torch.cuda.is_available():
+            device = torch.cuda.current_device()
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self._memory_cap / total), device)
+            return
+        before = self._memory.figures()[0]
+        probe = torch.empty(1 << 16, dtype=torch.uint8)
+        counted = self._memory.figures()[0] - before >= 1 << 16
+        del probe
+        self._memory.reset_peak()  # the check's tensor is not the script's
+        if not counted:
+            self.log(f"fitrun: this process's torch ({getattr(torch, '__file__', '?')}) is not the LibTorch "
+                     f"libfitrun_memory.so was built for, so the device's {self._memory_cap}-byte cap is not "
+                     "enforced here; run the script with the python3 whose torch is Debian's python3-torch")
 
     # Out of memory, wherever it happens.
 

@@ -73,7 +73,8 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
     launch.job_id = job.id();
     launch.attempt = attempt;
     launch.rank = rank;
-    launch.argv = {settings.worker_binary};
+    launch.argv = {job.spec().has_script() && !settings.script_binary.empty() ? settings.script_binary
+                                                                             : settings.worker_binary};
     launch.working_dir = attempt_dir.string();
     launch.log_path = (attempt_dir / absl::StrCat("rank-", rank, ".log")).string();
     launch.env = {

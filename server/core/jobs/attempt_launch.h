@@ -23,6 +23,9 @@ struct AttemptLaunchSettings {
   // Where ranks keep decoded datasets (WorkerAssignment.dataset_cache_dir; fitrund's
   // <state_dir>/datasets, or under --shared_dir); empty: every rank decodes its dataset.
   std::string dataset_cache_dir;
+  // What a script job's ranks run: fitrun-supervisor (no LibTorch beside the script's); empty:
+  // worker_binary.
+  std::string script_binary;
 };
 
 // Writes <job_dir>/attempt-<attempt>/assignment.textproto (creating the attempt's and the

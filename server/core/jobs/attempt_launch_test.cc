@@ -111,5 +111,29 @@ TEST(AttemptLaunchTest, WithoutADatasetCacheDirectoryTheAssignmentNamesNone) {
   std::filesystem::remove_all(job_dir);
 }
 
+TEST(AttemptLaunchTest, AScriptJobsRanksRunTheSupervisorAndOthersTheWorker) {
+  const std::string job_dir = absl::StrCat(::testing::TempDir(), "/attempt-launch-script-", getpid());
+  fitrun::v1::Job job;
+  job.set_id("j-000009");
+  fitrun::v1::Plan plan;
+  plan.add_device_ids("cpu:0");
+  fitrun::v1::Device device;
+  device.set_id("cpu:0");
+  device.set_kind(fitrun::v1::DEVICE_KIND_CPU);
+  AttemptLaunchSettings settings;
+  settings.worker_binary = "/opt/fitrun-worker";
+  settings.script_binary = "/opt/fitrun-supervisor";
+  EXPECT_EQ(AssembleAttempt(job, "secret", 1, plan, {device}, job_dir, settings)->ranks[0].argv[0],
+            "/opt/fitrun-worker");
+  job.mutable_spec()->mutable_script()->add_command("/usr/bin/python3");
+  EXPECT_EQ(AssembleAttempt(job, "secret", 1, plan, {device}, job_dir, settings)->ranks[0].argv[0],
+            "/opt/fitrun-supervisor");
+  settings.script_binary.clear();
+  EXPECT_EQ(AssembleAttempt(job, "secret", 1, plan, {device}, job_dir, settings)->ranks[0].argv[0],
+            "/opt/fitrun-worker")
+      << "without a supervisor installed, the worker supervises";
+  std::filesystem::remove_all(job_dir);
+}
+
 }  // namespace
 }  // namespace fitrun::server

@@ -58,6 +58,8 @@ class JobManager {
     int max_nodes = 1;
     std::string max_nodes_reason = "fitrund runs ranks on this machine only (fitrund --cluster=slurm spans nodes)";
     std::string worker_binary;
+    // What a script job's ranks run (fitrun-supervisor); empty: worker_binary.
+    std::string script_binary;
     // The WorkerChannel address workers dial (FITRUN_COORDINATOR).
     std::string worker_channel_address;
     // When fitrund serves TLS: the CA file ranks verify it with (FITRUN_TLS_CA); empty: plain text.

@@ -130,6 +130,7 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
 
   AttemptLaunchSettings settings;
   settings.worker_binary = options_.worker_binary;
+  settings.script_binary = options_.script_binary;
   settings.worker_channel_address = options_.worker_channel_address;
   settings.worker_tls_ca = options_.worker_tls_ca;
   settings.dataset_cache_dir = options_.dataset_cache_dir;
