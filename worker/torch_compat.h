@@ -27,7 +27,8 @@
 //    code that needs a backend itself tests those macros (worker/ddp/process_group.cc), and a
 //    worker without Gloo refuses CPU jobs with a configuration error instead of failing to link.
 //  - A 2.x LibTorch's include/ carries protobuf 3.13's headers; the worker's protos and gRPC are
-//    Debian's protobuf 3.21, whose headers must come first on the include path.
+//    Debian's protobuf 3.21, whose headers must win: libtorch.bzl leaves include/google out, and
+//    the syntax test puts Debian's first.
 //
 // Kept light (libfitrun_memory.so, preloaded into every script rank, includes it through the
 // capped allocator): c10d's classes are only declared here, and ProcessGroupOver is defined in

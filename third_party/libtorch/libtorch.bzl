@@ -23,7 +23,11 @@ def _libtorch_repository_impl(ctx):
     includes = ["api_include"]
     hdrs = 'glob(["api_include/**/*.h"])'
     if home != "/usr":
-        ctx.symlink(include, "include")
+        # Every entry of include/ but google/: a downloaded LibTorch carries protobuf 3.13's headers
+        # there, which would shadow Debian's 3.21 ones that the protos and gRPC are built with.
+        for entry in ctx.path(include).readdir():
+            if entry.basename != "google":
+                ctx.symlink(entry, "include/" + entry.basename)
         includes.append("include")
         hdrs = 'glob(["api_include/**/*.h", "include/**/*.h", "include/**/*.hpp", "include/**/*.cuh"])'
 
