@@ -23,11 +23,21 @@ def _libtorch_repository_impl(ctx):
     includes = ["api_include"]
     hdrs = 'glob(["api_include/**/*.h"])'
     if home != "/usr":
-        ctx.symlink(include, "include")
+        # Every entry of include/ but google/: a downloaded LibTorch carries protobuf 3.13's headers
+        # there, which would shadow Debian's 3.21 ones that the protos and gRPC are built with.
+        for entry in ctx.path(include).readdir():
+            if entry.basename != "google":
+                ctx.symlink(entry, "include/" + entry.basename)
         includes.append("include")
         hdrs = 'glob(["api_include/**/*.h", "include/**/*.h", "include/**/*.hpp", "include/**/*.cuh"])'
 
     has_cuda = ctx.path(libdir + "/libtorch_cuda.so").exists
+
+    # ProcessGroupGloo.hpp includes Gloo's own headers. Debian's LibTorch has Gloo (its headers come
+    # with libgloo-dev, which tools/install-deps.sh installs); a downloaded LibTorch may or may not
+    # carry them (PyTorch's pip wheels do not), and without them the worker is built without Gloo
+    # and refuses CPU jobs (worker/torch_compat.h).
+    has_gloo = home == "/usr" or ctx.path(include + "/gloo/algorithm.h").exists
     ctx.file("BUILD", """
 package(default_visibility = ["//visibility:public"])
 
@@ -35,7 +45,7 @@ cc_library(
     name = "torch",
     hdrs = {hdrs},
     includes = {includes},
-    defines = ["USE_C10D_GLOO"] + {cuda_defines},
+    defines = {gloo_defines} + {cuda_defines},
     linkopts = [
         "-L{libdir}",
         "-Wl,-rpath,{libdir}",
@@ -51,6 +61,7 @@ cc_library(
         hdrs = hdrs,
         includes = repr(includes),
         libdir = libdir,
+        gloo_defines = '["USE_C10D_GLOO"]' if has_gloo else "[]",
         cuda_defines = '["FITRUN_WITH_CUDA", "USE_C10D_NCCL"]' if has_cuda else "[]",
         cuda_libs = '"-ltorch_cuda", "-lc10_cuda",' if has_cuda else "",
     ))

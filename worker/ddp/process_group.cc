@@ -1,8 +1,12 @@
 #include "worker/ddp/process_group.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// Each backend only where the LibTorch ships it (third_party/libtorch/libtorch.bzl sets the macros).
+#ifdef USE_C10D_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -19,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "worker/ddp/c10d_status.h"
+#include "worker/torch_compat.h"
 
 namespace fitrun::worker {
 namespace {
@@ -64,14 +69,37 @@ CollectiveBackend BackendForDevice(const std::string& device_id) {
                                                                             : CollectiveBackend::kGloo;
 }
 
+absl::Status CollectiveBackendAvailable(CollectiveBackend backend) {
+  switch (backend) {
+    case CollectiveBackend::kGloo:
+#ifdef USE_C10D_GLOO
+      return absl::OkStatus();
+#else
+      return absl::UnimplementedError(
+          "CPU devices need Gloo, and this fitrun-worker was built against a LibTorch without Gloo's "
+          "headers (as the CUDA pip wheel's): run the job on CUDA devices, or CPU jobs with a worker "
+          "built against Debian's LibTorch");
+#endif
+    case CollectiveBackend::kNccl:
+#ifdef USE_C10D_NCCL
+      return absl::OkStatus();
+#else
+      return absl::UnimplementedError(
+          "NCCL needs a CUDA build of fitrun-worker (LIBTORCH_HOME pointing at a LibTorch with "
+          "libtorch_cuda.so)");
+#endif
+  }
+  return absl::InvalidArgumentError("unknown collective backend");
+}
+
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateNcclProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, absl::Duration timeout) {
 #ifdef USE_C10D_NCCL
   try {
     auto options = c10d::ProcessGroupNCCL::Options::create();
     options->timeout = ToChrono(timeout);
-    return c10::intrusive_ptr<c10d::ProcessGroup>(
-        c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options));
+    return torch_compat::ProcessGroupOver(
+        c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options), store, c10::kCUDA);
   } catch (const std::exception& e) {
     return StatusFromC10dException(e, absl::StrCat("creating the NCCL process group (rank ", rank, " of ",
                                          world_size, ")"));
@@ -80,14 +108,14 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateNcclProcessGroup(
   (void)store;
   (void)timeout;
   return absl::UnimplementedError(absl::StrCat(
-      "rank ", rank, " of ", world_size,
-      ": NCCL needs a CUDA build of fitrun-worker (LIBTORCH_HOME pointing at a LibTorch with libtorch_cuda.so)"));
+      "rank ", rank, " of ", world_size, ": ", CollectiveBackendAvailable(CollectiveBackend::kNccl).message()));
 #endif
 }
 
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, absl::Duration timeout,
     const std::string& hostname) {
+#ifdef USE_C10D_GLOO
   try {
     auto options = c10d::ProcessGroupGloo::Options::create(ToChrono(timeout));
     options->devices.push_back(IsLoopback(hostname)
@@ -95,12 +123,19 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateGlooProcessGroup(
                                    : c10d::ProcessGroupGloo::createDefaultDevice());
     // One Gloo thread: collectives are issued one at a time and the cores belong to compute.
     options->threads = 1;
-    return c10::intrusive_ptr<c10d::ProcessGroup>(
-        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options));
+    return torch_compat::ProcessGroupOver(
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options), store, c10::kCPU);
   } catch (const std::exception& e) {
     return StatusFromC10dException(e, absl::StrCat("creating the Gloo process group (rank ", rank, " of ",
                                          world_size, ")"));
   }
+#else
+  (void)store;
+  (void)timeout;
+  (void)hostname;
+  return absl::UnimplementedError(absl::StrCat(
+      "rank ", rank, " of ", world_size, ": ", CollectiveBackendAvailable(CollectiveBackend::kGloo).message()));
+#endif
 }
 
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> ConnectProcessGroup(

@@ -17,12 +17,16 @@ namespace fitrun::worker {
 
 // Which c10d backend carries the collectives; chosen from the device kind.
 enum class CollectiveBackend {
-  kGloo,  // CPU tensors
+  kGloo,  // CPU tensors; only in builds with USE_C10D_GLOO (a LibTorch that ships Gloo's headers)
   kNccl,  // CUDA tensors; only in builds with USE_C10D_NCCL (a CUDA LibTorch)
 };
 
 // The backend for a plan device id ("cpu:0" -> Gloo, "cuda:0"/"gpu:0" -> NCCL).
 CollectiveBackend BackendForDevice(const std::string& device_id);
+
+// OkStatus when this build of the worker has `backend`; otherwise Unimplemented, saying which build
+// does. Lets a rank refuse its device before it loads data, as a configuration error.
+absl::Status CollectiveBackendAvailable(CollectiveBackend backend);
 
 // How a rank joins its job's process group (the torchrun contract plus the spec's timeout).
 struct ProcessGroupOptions {
@@ -40,8 +44,8 @@ struct ProcessGroupOptions {
 };
 
 // Rendezvous through a c10d::TCPStore (rank 0 hosts it at master_addr:master_port), waits until all
-// ranks have joined, then builds a Gloo process group. Fails with DeadlineExceeded when the peers do
-// not show up within the rendezvous timeout.
+// ranks have joined, then builds the process group of the options' backend. Fails with
+// DeadlineExceeded when the peers do not show up within the rendezvous timeout.
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> ConnectProcessGroup(
     const ProcessGroupOptions& options);
 
@@ -50,7 +54,8 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateNcclProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, absl::Duration timeout);
 
 // A Gloo process group over an existing store (tests use a FileStore). `hostname` is the address the
-// rank's Gloo device binds; ranks on one machine use the loopback address.
+// rank's Gloo device binds; ranks on one machine use the loopback address. Unimplemented in builds
+// without USE_C10D_GLOO.
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, absl::Duration timeout,
     const std::string& hostname = "127.0.0.1");

@@ -24,7 +24,7 @@ CappedCpuAllocator::CappedCpuAllocator(int64_t cap_bytes, c10::Allocator* wrappe
 
 CappedCpuAllocator::~CappedCpuAllocator() { Uninstall(); }
 
-c10::DataPtr CappedCpuAllocator::allocate(size_t n) const {
+c10::DataPtr CappedCpuAllocator::AllocateBlock(size_t n) const {
   // Empty blocks own no memory: nothing to count, and nothing for DeleteBlock to free.
   if (n == 0) return c10::DataPtr(nullptr, nullptr, &CappedCpuAllocator::DeleteBlock, c10::Device(c10::kCPU));
   const int64_t bytes = static_cast<int64_t>(n);

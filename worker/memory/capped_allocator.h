@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "worker/torch_compat.h"
+
 namespace torch::nn {
 class Module;
 }  // namespace torch::nn
@@ -23,9 +25,9 @@ namespace fitrun::worker {
 // that already existed keep their own deleters and are never counted. Blocks hold a reference to the
 // counters, so a block freed after the allocator is gone is still subtracted safely.
 //
-// Thread-safe: allocate() and the deleters run on any thread (intra-op workers, the autograd engine,
-// Gloo), the readers on any other. A cap of 0 means unlimited (counting only).
-class CappedCpuAllocator final : public c10::Allocator {
+// Thread-safe: AllocateBlock() and the deleters run on any thread (intra-op workers, the autograd
+// engine, Gloo), the readers on any other. A cap of 0 means unlimited (counting only).
+class CappedCpuAllocator final : public torch_compat::CpuAllocatorBase {
  public:
   // Beats the priority (0) LibTorch registers its default CPU allocator with.
   static constexpr uint8_t kInstallPriority = 100;
@@ -39,7 +41,8 @@ class CappedCpuAllocator final : public c10::Allocator {
   CappedCpuAllocator(const CappedCpuAllocator&) = delete;
   CappedCpuAllocator& operator=(const CappedCpuAllocator&) = delete;
 
-  c10::DataPtr allocate(size_t n) const override;
+  // c10::Allocator::allocate, whose signature differs between LibTorch versions (torch_compat.h).
+  c10::DataPtr AllocateBlock(size_t n) const override;
   // Blocks carry their own bookkeeping, so LibTorch's raw_allocate/raw_deallocate (used by some
   // kernels for scratch space) work too.
   c10::DeleterFnPtr raw_deleter() const override { return &CappedCpuAllocator::DeleteBlock; }

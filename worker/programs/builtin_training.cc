@@ -28,6 +28,7 @@
 #include "worker/memory/capped_allocator.h"
 #include "worker/models/model.h"
 #include "worker/models/workload.h"
+#include "worker/torch_compat.h"
 #include "worker/trainer/trainer.h"
 
 namespace fitrun::worker {
@@ -41,10 +42,8 @@ constexpr absl::Duration kMinRendezvousTimeout = absl::Seconds(60);
 
 #ifdef FITRUN_WITH_CUDA
 MemoryFigures CudaMemoryFigures(c10::DeviceIndex index) {
-  const c10::cuda::CUDACachingAllocator::DeviceStats stats =
-      c10::cuda::CUDACachingAllocator::getDeviceStats(index);
-  const auto& bytes =
-      stats.allocated_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)];
+  const torch_compat::CudaDeviceStats stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  const auto& bytes = stats.allocated_bytes[static_cast<size_t>(torch_compat::CudaStatType::AGGREGATE)];
   return {bytes.current, bytes.peak};
 }
 #endif
@@ -184,6 +183,13 @@ class BuiltinTraining final : public TrainingProgram {
     absl::StatusOr<c10::Device> device = UseDevice(*plan_device, device_field, device_id);
     if (!device.ok()) return Fail(kBadConfiguration, device.status());
     device_ = *device;
+    // A LibTorch without the device's collective backend (no Gloo in the CUDA pip wheel) cannot run
+    // the job: said now, as a configuration error, not after the data has loaded.
+    const CollectiveBackend backend = device_.is_cuda() ? CollectiveBackend::kNccl : CollectiveBackend::kGloo;
+    if (absl::Status s = CollectiveBackendAvailable(backend); !s.ok()) {
+      return Fail(kBadConfiguration,
+                  absl::Status(s.code(), absl::StrCat(device_field, " is ", device_id, ": ", s.message())));
+    }
 
     const int threads = assignment->cpu_threads_size() > 0 && assignment->cpu_threads(options_.rank) > 0
                             ? assignment->cpu_threads(options_.rank)
@@ -272,7 +278,7 @@ class BuiltinTraining final : public TrainingProgram {
     group_options.world_size = options_.world_size;
     group_options.collective_timeout = absl::Seconds(timeout_seconds);
     group_options.rendezvous_timeout = std::max(absl::Seconds(timeout_seconds), kMinRendezvousTimeout);
-    group_options.backend = device_.is_cuda() ? CollectiveBackend::kNccl : CollectiveBackend::kGloo;
+    group_options.backend = backend;
 
     std::unique_ptr<CheckpointStore> checkpoints;
     if (!assignment->checkpoint_dir().empty()) {
