@@ -3,6 +3,7 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -146,6 +147,14 @@ absl::StatusOr<PlanDevice> ParsePlanDevice(const std::string& device_id, const s
   } else {
     rest = "";
   }
+  // A slice of a GPU ("cuda:0#1", fitrund's --devices=cuda:0@SIZExCOUNT) is on that GPU.
+  if (device.kind == PlanDevice::Kind::kCuda) {
+    if (const size_t hash = rest.find('#'); hash != absl::string_view::npos) {
+      int slice = 0;
+      if (!absl::SimpleAtoi(rest.substr(hash + 1), &slice) || slice < 0) rest = "";
+      rest = rest.substr(0, hash);
+    }
+  }
   if (rest.empty() || !absl::SimpleAtoi(rest, &device.index) || device.index < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": \"", device_id, "\" is not a device; expected cpu:N or cuda:N (NODE/cpu:N on a cluster)"));
@@ -215,6 +224,33 @@ absl::Status ValidateAssignment(const fitrun::v1::WorkerAssignment& a, const Wor
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<RankResources> ResourcesOf(const fitrun::v1::WorkerAssignment& assignment, int rank) {
+  RankResources resources = ProbeResourcesOf(assignment);
+  if (rank < 0 || rank >= assignment.plan().device_ids_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("plan.device_ids: has no device for rank ", rank));
+  }
+  resources.device_id = assignment.plan().device_ids(rank);
+  resources.device_field = absl::StrCat("plan.device_ids[", rank, "]");
+  absl::StatusOr<PlanDevice> device = ParsePlanDevice(resources.device_id, resources.device_field);
+  if (!device.ok()) return device.status();
+  resources.device = *device;
+  resources.memory_cap_bytes = rank < assignment.memory_cap_bytes_size() ? std::max<int64_t>(0, assignment.memory_cap_bytes(rank)) : 0;
+  resources.cpu_threads = rank < assignment.cpu_threads_size() && assignment.cpu_threads(rank) > 0
+                              ? assignment.cpu_threads(rank)
+                              : 1;
+  return resources;
+}
+
+RankResources ProbeResourcesOf(const fitrun::v1::WorkerAssignment& assignment) {
+  RankResources resources;
+  resources.device_id = "cpu:0";
+  resources.memory_cap_bytes =
+      assignment.memory_cap_bytes_size() > 0 ? std::max<int64_t>(0, assignment.memory_cap_bytes(0)) : 0;
+  resources.cpu_threads =
+      assignment.cpu_threads_size() > 0 && assignment.cpu_threads(0) > 0 ? assignment.cpu_threads(0) : 1;
+  return resources;
 }
 
 absl::StatusOr<CommandLine> ParseCommandLine(int argc, char** argv) {

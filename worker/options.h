@@ -58,6 +58,20 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromEnvironment(const EnvLookup& look
 // Parses a text-format fitrun.v1.WorkerAssignment; errors carry the file, line and column.
 absl::StatusOr<fitrun::v1::WorkerAssignment> LoadAssignment(const std::string& path);
 
+// What a rank is told to use, read from the assignment in one place: its device, the cap on its
+// device's memory (a virtual CPU device's, or a GPU slice's allocator cap; 0: none) and its threads.
+struct RankResources {
+  std::string device_id;     // plan.device_ids[rank]
+  std::string device_field;  // "plan.device_ids[rank]", for errors
+  PlanDevice device;
+  int64_t memory_cap_bytes = 0;
+  int cpu_threads = 1;
+};
+// Errors name the field; `rank` must be one of the assignment's.
+absl::StatusOr<RankResources> ResourcesOf(const fitrun::v1::WorkerAssignment& assignment, int rank);
+// What a memory probe runs with: rank 0's cap and threads, on the host whatever the plan's device.
+RankResources ProbeResourcesOf(const fitrun::v1::WorkerAssignment& assignment);
+
 // Checks what this rank needs from the assignment before it does anything expensive: that it agrees
 // with the environment (world size, job) and that the fields the worker reads (this rank's device
 // among them) are usable. Errors name

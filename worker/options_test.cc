@@ -170,6 +170,37 @@ TEST(ParsePlanDeviceTest, CpuAndCudaWithTheirIndex) {
   }
 }
 
+TEST(ParsePlanDeviceTest, ASliceOfAGpuIsOnThatGpu) {
+  absl::StatusOr<PlanDevice> slice = ParsePlanDevice("cuda:2#1", "plan.device_ids[0]");
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  EXPECT_EQ(slice->kind, PlanDevice::Kind::kCuda);
+  EXPECT_EQ(slice->index, 2);
+  EXPECT_FALSE(ParsePlanDevice("cuda:2#x", "f").ok());
+  EXPECT_FALSE(ParsePlanDevice("cpu:0#1", "f").ok());
+}
+
+TEST(ResourcesOfTest, EachRanksDeviceCapAndThreadsReadInOnePlace) {
+  fitrun::v1::WorkerAssignment assignment;
+  assignment.mutable_plan()->add_device_ids("cpu:0");
+  assignment.mutable_plan()->add_device_ids("cuda:0#1");
+  assignment.add_memory_cap_bytes(1 << 30);
+  assignment.add_memory_cap_bytes(2LL << 30);
+  assignment.add_cpu_threads(4);
+  assignment.add_cpu_threads(0);
+  absl::StatusOr<RankResources> rank1 = ResourcesOf(assignment, 1);
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  EXPECT_EQ(rank1->device_field, "plan.device_ids[1]");
+  EXPECT_EQ(rank1->device.kind, PlanDevice::Kind::kCuda);
+  EXPECT_EQ(rank1->memory_cap_bytes, 2LL << 30);
+  EXPECT_EQ(rank1->cpu_threads, 1) << "0 threads: one";
+  EXPECT_EQ(ResourcesOf(assignment, 0)->cpu_threads, 4);
+  EXPECT_FALSE(ResourcesOf(assignment, 2).ok());
+  // A probe runs on the host with rank 0's cap and threads.
+  EXPECT_EQ(ProbeResourcesOf(assignment).memory_cap_bytes, 1 << 30);
+  EXPECT_EQ(ProbeResourcesOf(assignment).cpu_threads, 4);
+  EXPECT_EQ(ProbeResourcesOf(fitrun::v1::WorkerAssignment()).memory_cap_bytes, 0);
+}
+
 TEST(ParsePlanDeviceTest, ANodesGpuIsTheOnlyOneItsRankSees) {
   absl::StatusOr<PlanDevice> cuda = ParsePlanDevice("n2/cuda:3", "plan.device_ids[0]");
   ASSERT_TRUE(cuda.ok()) << cuda.status();

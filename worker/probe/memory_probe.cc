@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/options.h"
 #include "worker/data/dataset_cache.h"
 #include "worker/ddp/gradient_synchronizer.h"
 #include "worker/models/workload.h"
@@ -108,8 +109,7 @@ absl::StatusOr<std::unique_ptr<MemoryProbe>> MemoryProbe::Create(const fitrun::v
         absl::StrCat("cpu_threads[0]: must be >= 0 (got ", assignment.cpu_threads(0), ")"));
   }
   at::set_num_interop_threads(1);
-  at::set_num_threads(assignment.cpu_threads_size() > 0 && assignment.cpu_threads(0) > 0 ? assignment.cpu_threads(0)
-                                                                                          : 1);
+  at::set_num_threads(ProbeResourcesOf(assignment).cpu_threads);
   // Loaded before the allocator is installed, the data stays uncounted as it does in a training run.
   // Through the ranks' dataset cache: the probe is often the first to decode a dataset, and the
   // ranks that follow map what it wrote. Its stdout is the protocol; what the cache says goes to stderr.

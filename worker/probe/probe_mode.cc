@@ -31,7 +31,7 @@ absl::Status Probe(const std::vector<int64_t>& batches) {
   // installing it. The assignment's memory cap, if any, is the probe's budget.
   static CappedCpuAllocator* counter = nullptr;
   counter = new CappedCpuAllocator(
-      assignment->memory_cap_bytes_size() > 0 ? std::max<int64_t>(0, assignment->memory_cap_bytes(0)) : 0);
+      ProbeResourcesOf(*assignment).memory_cap_bytes);
   absl::StatusOr<std::unique_ptr<MemoryProbe>> probe = MemoryProbe::Create(*assignment, counter);
   if (!probe.ok()) return probe.status();
   return MeasureAll(ProbeHeaderJson((*probe)->model_state_bytes(), (*probe)->train_samples()),

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "proto/contract/launch_contract.h"
+#include "worker/options.h"
 
 namespace fitrun::worker {
 namespace launch = fitrun::contract::launch;
@@ -66,8 +67,7 @@ absl::StatusOr<ProbePeak> ScriptProbe::Measure(int64_t batch) {
   settings.global_batch_size = batch;
   settings.max_steps = kSteps;
   settings.probe = true;
-  settings.memory_cap_bytes =
-      assignment_.memory_cap_bytes_size() > 0 ? std::max<int64_t>(0, assignment_.memory_cap_bytes(0)) : 0;
+  settings.memory_cap_bytes = ProbeResourcesOf(assignment_).memory_cap_bytes;
   settings.memory_peak_file = absl::StrCat("/tmp/fitrun-probe-peak-", getpid(), "-", batch);
   // Every variable of the launch contract a rank gets, so a script runs in the probe as it runs in
   // its job: a checkpoint directory of its own (a scratch one, gone after the measurement), and the

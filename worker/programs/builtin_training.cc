@@ -5,11 +5,13 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include <algorithm>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,7 @@
 #include "worker/ddp/bucketed_reducer.h"
 #include "worker/ddp/process_group.h"
 #include "worker/memory/capped_allocator.h"
+#include "worker/memory/oom_message.h"
 #include "worker/models/model.h"
 #include "worker/models/workload.h"
 #include "worker/torch_compat.h"
@@ -41,10 +44,20 @@ constexpr int kDefaultCollectiveTimeoutSeconds = 60;
 constexpr absl::Duration kMinRendezvousTimeout = absl::Seconds(60);
 
 #ifdef FITRUN_WITH_CUDA
+// The caching allocator's allocated (live and peak) and reserved (peak) bytes, and the device's
+// memory in use as the driver counts it (the whole device: this process's context and libraries, and
+// any other process on the GPU).
 MemoryFigures CudaMemoryFigures(c10::DeviceIndex index) {
   const torch_compat::CudaDeviceStats stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
-  const auto& bytes = stats.allocated_bytes[static_cast<size_t>(torch_compat::CudaStatType::AGGREGATE)];
-  return {bytes.current, bytes.peak};
+  const size_t aggregate = static_cast<size_t>(torch_compat::CudaStatType::AGGREGATE);
+  MemoryFigures figures;
+  figures.live_bytes = stats.allocated_bytes[aggregate].current;
+  figures.peak_bytes = stats.allocated_bytes[aggregate].peak;
+  figures.reserved_peak_bytes = stats.reserved_bytes[aggregate].peak;
+  size_t free = 0;
+  size_t total = 0;
+  if (cudaMemGetInfo(&free, &total) == cudaSuccess) figures.device_bytes = static_cast<int64_t>(total - free);
+  return figures;
 }
 #endif
 
@@ -156,13 +169,9 @@ absl::Status DumpInitialState(const std::string& dir, const torch::nn::Module& m
   return absl::OkStatus();
 }
 
-// One rank from start to exit code: builds every piece from the options and the assignment, runs the
-// loop on the calling thread, and makes sure the coordinator hears how it ended (RankFinished or
-// RankFailed) before the process exits. Errors before the rendezvous are the job's fault (exit 2);
-
-// One rank of a built-in job: builds every piece from the options and the assignment and runs the
-// loop on the calling thread. Errors before the rendezvous are the job's fault (exit 2); after it,
-// training's (exit 1).
+// One rank of a built-in job, in its phases: the device, the data, the memory, the process group, the
+// reducer and trainer, resuming, training. Errors before the rendezvous are the job's fault (exit 2);
+// after it, training's (exit 1). Each phase returns the exit code to end with, or nullopt to go on.
 class BuiltinTraining final : public TrainingProgram {
  public:
   explicit BuiltinTraining(const WorkerOptions& options) : options_(options) {}
@@ -170,107 +179,147 @@ class BuiltinTraining final : public TrainingProgram {
   int Run(RankRuntime& runtime) override {
     runtime_ = &runtime;
     sink_ = &runtime.sink();
+    for (const auto& phase : {&BuiltinTraining::UseAssignedDevice, &BuiltinTraining::LoadData,
+                              &BuiltinTraining::SetUpMemory, &BuiltinTraining::JoinGroup,
+                              &BuiltinTraining::BuildTrainer, &BuiltinTraining::ResumeOrDump}) {
+      if (std::optional<int> exit = (this->*phase)(); exit.has_value()) return *exit;
+    }
+    return Train();
+  }
+
+ private:
+  using Phase = std::optional<int>;
+
+  // The assignment, this rank's device made current, the collective backend it needs, its threads.
+  Phase UseAssignedDevice() {
     absl::StatusOr<fitrun::v1::WorkerAssignment> assignment = LoadAssignment(options_.assignment_path);
     if (!assignment.ok()) return Fail(kBadConfiguration, assignment.status());
-    if (absl::Status s = ValidateAssignment(*assignment, options_); !s.ok()) {
-      return Fail(kBadConfiguration, s);
-    }
-    const fitrun::v1::JobSpec& spec = assignment->spec();
-    const std::string& device_id = assignment->plan().device_ids(options_.rank);
-    const std::string device_field = absl::StrCat("plan.device_ids[", options_.rank, "]");
-    absl::StatusOr<PlanDevice> plan_device = ParsePlanDevice(device_id, device_field);
-    if (!plan_device.ok()) return Fail(kBadConfiguration, plan_device.status());
-    absl::StatusOr<c10::Device> device = UseDevice(*plan_device, device_field, device_id);
+    if (absl::Status s = ValidateAssignment(*assignment, options_); !s.ok()) return Fail(kBadConfiguration, s);
+    assignment_ = *std::move(assignment);
+    absl::StatusOr<RankResources> resources = ResourcesOf(assignment_, options_.rank);
+    if (!resources.ok()) return Fail(kBadConfiguration, resources.status());
+    resources_ = *std::move(resources);
+    absl::StatusOr<c10::Device> device = UseDevice(resources_.device, resources_.device_field, resources_.device_id);
     if (!device.ok()) return Fail(kBadConfiguration, device.status());
     device_ = *device;
-    // A LibTorch without the device's collective backend (no Gloo in the CUDA pip wheel) cannot run
-    // the job: said now, as a configuration error, not after the data has loaded.
-    const CollectiveBackend backend = device_.is_cuda() ? CollectiveBackend::kNccl : CollectiveBackend::kGloo;
-    if (absl::Status s = CollectiveBackendAvailable(backend); !s.ok()) {
+    // NCCL refuses two ranks on one GPU (slices of it): such ranks talk over Gloo. A LibTorch without
+    // the backend a job needs (no Gloo in the CUDA pip wheel) cannot run it: said now, as a
+    // configuration error, not after the data has loaded.
+    backend_ = device_.is_cuda() && !SharesItsGpu() ? CollectiveBackend::kNccl : CollectiveBackend::kGloo;
+    if (absl::Status s = CollectiveBackendAvailable(backend_); !s.ok()) {
       return Fail(kBadConfiguration,
-                  absl::Status(s.code(), absl::StrCat(device_field, " is ", device_id, ": ", s.message())));
+                  absl::Status(s.code(), absl::StrCat(resources_.device_field, " is ", resources_.device_id,
+                                                      SharesItsGpu() ? " (a GPU another rank shares)" : "", ": ",
+                                                      s.message())));
     }
-
-    const int threads = assignment->cpu_threads_size() > 0 && assignment->cpu_threads(options_.rank) > 0
-                            ? assignment->cpu_threads(options_.rank)
-                            : 1;
     at::set_num_interop_threads(1);
-    at::set_num_threads(threads);
+    at::set_num_threads(resources_.cpu_threads);
+    return std::nullopt;
+  }
 
+  // Whether another rank of the plan runs on this rank's GPU (slices "cuda:N#k" of one GPU).
+  bool SharesItsGpu() const {
+    if (!device_.is_cuda()) return false;
+    for (int r = 0; r < assignment_.plan().device_ids_size(); ++r) {
+      if (r == options_.rank) continue;
+      absl::StatusOr<PlanDevice> other = ParsePlanDevice(assignment_.plan().device_ids(r), "plan.device_ids");
+      if (other.ok() && other->kind == PlanDevice::Kind::kCuda && other->index == resources_.device.index &&
+          assignment_.plan().device_ids(r).find('/') == std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // The workload (through the dataset cache) and the trainer's options for it.
+  Phase LoadData() {
     const absl::Time load_start = absl::Now();
     DatasetCache dataset_cache(
-        {assignment->dataset_cache_dir(), [this](const std::string& line) { sink_->OnLog(line); }});
-    absl::StatusOr<Workload> workload = LoadWorkload(spec, /*with_test=*/options_.rank == 0, &dataset_cache);
+        {assignment_.dataset_cache_dir(), [this](const std::string& line) { sink_->OnLog(line); }});
+    absl::StatusOr<Workload> workload = LoadWorkload(assignment_.spec(), /*with_test=*/options_.rank == 0, &dataset_cache);
     if (!workload.ok()) return Fail(kBadConfiguration, workload.status());
-
-    TrainerOptions trainer_options = TrainerOptionsFor(*assignment, options_);
-    trainer_options.device = device_;
-    if (absl::Status s = ValidateTrainerOptions(trainer_options, workload->train.size()); !s.ok()) {
+    workload_ = *std::move(workload);
+    trainer_options_ = TrainerOptionsFor(assignment_, options_);
+    trainer_options_.device = device_;
+    if (absl::Status s = ValidateTrainerOptions(trainer_options_, workload_.train.size()); !s.ok()) {
       return Fail(kBadConfiguration, s);
     }
-    sink_->OnLog(absl::StrCat("rank ", options_.rank, "/", options_.world_size, " on ",
-                              assignment->plan().device_ids(options_.rank), ": model ",
-                              workload->description, ", ", workload->train.size(), " training samples loaded in ",
-                              absl::FormatDuration(absl::Now() - load_start), ", per-device batch ",
-                              trainer_options.per_device_batch, " x ", trainer_options.grad_accum_steps,
-                              " accumulation, lr ", trainer_options.learning_rate, ", ",
-                              trainer_options.total_steps, " steps, ", threads, " threads"));
-    // The training loop's sink: progress carries live and peak bytes when the device has a cap.
-    ProgressSink* trainer_sink = sink_;
-    const bool has_cap = assignment->memory_cap_bytes_size() > 0 && assignment->memory_cap_bytes(options_.rank) > 0;
-    if (has_cap && device_.is_cpu()) {
-      const int64_t cap = assignment->memory_cap_bytes(options_.rank);
+    sink_->OnLog(absl::StrCat("rank ", options_.rank, "/", options_.world_size, " on ", resources_.device_id,
+                              ": model ", workload_.description, ", ", workload_.train.size(),
+                              " training samples loaded in ", absl::FormatDuration(absl::Now() - load_start),
+                              ", per-device batch ", trainer_options_.per_device_batch, " x ",
+                              trainer_options_.grad_accum_steps, " accumulation, lr ", trainer_options_.learning_rate,
+                              ", ", trainer_options_.total_steps, " steps, ", resources_.cpu_threads, " threads"));
+    return std::nullopt;
+  }
+
+  // The device's memory: a virtual CPU device's cap enforced by the capped allocator (the model's
+  // state moved into it); on a GPU the model moved there, a slice's cap set on the caching allocator,
+  // and its figures stamped on every progress report.
+  Phase SetUpMemory() {
+    trainer_sink_ = sink_;
+    const int64_t cap = resources_.memory_cap_bytes;
+    if (cap > 0 && device_.is_cpu()) {
       // Never freed: LibTorch keeps the installed allocator for the rest of the process, and other
       // threads may allocate through it until exit. The training data loaded above is host data
       // and stays uncounted, as the estimator leaves it out.
       memory_ = new CappedCpuAllocator(cap);
       memory_->Install();
       try {
-        MoveModuleStateIntoAllocator(*workload->model);
+        MoveModuleStateIntoAllocator(*workload_.model);
       } catch (const std::exception& e) {
         return Fail(kBadConfiguration, absl::ResourceExhaustedError(absl::StrCat(
                                            "the model's parameters do not fit the memory cap: ", e.what())));
       }
-      trainer_options.exhaust_memory = [memory = memory_] {
+      trainer_options_.exhaust_memory = [memory = memory_] {
         // More than the cap leaves: the capped allocator refuses it, exactly as a full device would.
         const int64_t beyond = memory->cap_bytes() - memory->Live() + (1LL << 20);
         (void)torch::empty({beyond}, torch::kUInt8);
       };
       memory_sink_ = std::make_unique<MemoryStampingSink>(
           sink_, [memory = memory_] { return MemoryFigures{memory->Live(), memory->Peak()}; });
-      trainer_sink = memory_sink_.get();
-      sink_->OnLog(absl::StrCat("memory cap ", cap, " bytes enforced; model state ", memory_->Live(),
-                                " bytes"));
+      trainer_sink_ = memory_sink_.get();
+      sink_->OnLog(absl::StrCat("memory cap ", cap, " bytes enforced; model state ", memory_->Live(), " bytes"));
     }
-    if (!device_.is_cpu()) {
-      // Parameters and buffers move before the broadcast, the reducer and the optimizer see them.
-      try {
-        workload->model->to(device_);
-      } catch (const std::exception& e) {
-        return Fail(kBadConfiguration, absl::ResourceExhaustedError(absl::StrCat(
-                                           "moving the model to ", device_.str(), ": ", e.what())));
-      }
+    if (device_.is_cpu()) return std::nullopt;
+    // Parameters and buffers move before the broadcast, the reducer and the optimizer see them.
+    try {
+      workload_.model->to(device_);
+    } catch (const std::exception& e) {
+      return Fail(kBadConfiguration, absl::ResourceExhaustedError(absl::StrCat(
+                                         "moving the model to ", device_.str(), ": ", e.what())));
+    }
 #ifdef FITRUN_WITH_CUDA
-      // A CUDA device's limit is its own memory, enforced by the device; the caching allocator counts.
-      if (device_.is_cuda()) {
-        const c10::DeviceIndex index = device_.index();
-        trainer_options.exhaust_memory = [index] {
-          // More than the whole device: the caching allocator refuses it with a real OutOfMemoryError.
-          const int64_t beyond = static_cast<int64_t>(at::cuda::getDeviceProperties(index)->totalGlobalMem) + (1LL << 20);
-          (void)torch::empty({beyond}, torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA, index));
-        };
-        memory_sink_ = std::make_unique<MemoryStampingSink>(sink_, [index] { return CudaMemoryFigures(index); });
-        trainer_sink = memory_sink_.get();
+    if (device_.is_cuda()) {
+      const c10::DeviceIndex index = device_.index();
+      const int64_t total = static_cast<int64_t>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
+      // A slice: its cap binds the caching allocator (the allocator's per-process limit); a whole
+      // GPU's limit is the device itself.
+      const int64_t limit = cap > 0 ? cap : total;
+      if (cap > 0) {
+        c10::cuda::CUDACachingAllocator::setMemoryFraction(
+            std::min(1.0, static_cast<double>(cap) / static_cast<double>(total)), index);
       }
-#endif
-      sink_->OnLog(absl::StrCat("model on ", device_.str(),
-                                has_cap ? "; memory_cap_bytes is not enforced on it (the device's own memory is the limit)"
-                                        : ""));
+      trainer_options_.exhaust_memory = [index, limit] {
+        // More than the limit: the caching allocator refuses it with a real OutOfMemoryError.
+        (void)torch::empty({limit + (1LL << 20)}, torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA, index));
+      };
+      memory_sink_ = std::make_unique<MemoryStampingSink>(sink_, [index] { return CudaMemoryFigures(index); });
+      trainer_sink_ = memory_sink_.get();
+      sink_->OnLog(absl::StrCat("model on ", device_.str(), cap > 0 ? absl::StrCat("; slice of ", cap, " bytes: the caching allocator's limit") : "",
+                                ", PYTORCH_CUDA_ALLOC_CONF=", std::getenv("PYTORCH_CUDA_ALLOC_CONF") != nullptr
+                                                                   ? std::getenv("PYTORCH_CUDA_ALLOC_CONF")
+                                                                   : "(unset)"));
     }
+#endif
+    return std::nullopt;
+  }
 
-    const int timeout_seconds = spec.ddp().collective_timeout_seconds() > 0
-                                    ? spec.ddp().collective_timeout_seconds()
-                                    : kDefaultCollectiveTimeoutSeconds;
+  // The rendezvous and rank 0's parameters, broadcast.
+  Phase JoinGroup() {
+    const fitrun::v1::JobSpec& spec = assignment_.spec();
+    const int timeout_seconds = spec.ddp().collective_timeout_seconds() > 0 ? spec.ddp().collective_timeout_seconds()
+                                                                            : kDefaultCollectiveTimeoutSeconds;
     ProcessGroupOptions group_options;
     group_options.master_addr = options_.master_addr;
     group_options.master_port = options_.master_port;
@@ -278,71 +327,86 @@ class BuiltinTraining final : public TrainingProgram {
     group_options.world_size = options_.world_size;
     group_options.collective_timeout = absl::Seconds(timeout_seconds);
     group_options.rendezvous_timeout = std::max(absl::Seconds(timeout_seconds), kMinRendezvousTimeout);
-    group_options.backend = backend;
-
-    std::unique_ptr<CheckpointStore> checkpoints;
-    if (!assignment->checkpoint_dir().empty()) {
+    group_options.backend = backend_;
+    if (!assignment_.checkpoint_dir().empty()) {
       absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Create(
-          {assignment->checkpoint_dir(), spec.checkpoint().keep_last() > 0 ? spec.checkpoint().keep_last() : 2});
+          {assignment_.checkpoint_dir(), spec.checkpoint().keep_last() > 0 ? spec.checkpoint().keep_last() : 2});
       if (!store.ok()) return Fail(kBadConfiguration, store.status());
-      checkpoints = *std::move(store);
-      trainer_options.checkpoints = checkpoints.get();
+      checkpoints_ = *std::move(store);
+      trainer_options_.checkpoints = checkpoints_.get();
     }
     const absl::Time join_start = absl::Now();
     absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> group = ConnectProcessGroup(group_options);
     if (!group.ok()) return Fail(kTrainingFailed, group.status());
-    if (absl::Status s = BroadcastModuleState(**group, *workload->model); !s.ok()) return Fail(kTrainingFailed, s);
-    sink_->OnLog(absl::StrCat("joined the process group at ", options_.master_addr, ":",
-                              options_.master_port, " in ", absl::FormatDuration(absl::Now() - join_start),
-                              "; parameters ", ParameterChecksum(*workload->model), " after rank 0's broadcast"));
+    group_ = *std::move(group);
+    if (absl::Status s = BroadcastModuleState(*group_, *workload_.model); !s.ok()) return Fail(kTrainingFailed, s);
+    sink_->OnLog(absl::StrCat("joined the process group at ", options_.master_addr, ":", options_.master_port, " in ",
+                              absl::FormatDuration(absl::Now() - join_start), "; parameters ",
+                              ParameterChecksum(*workload_.model), " after rank 0's broadcast"));
+    return std::nullopt;
+  }
 
+  // The gradient reducer (buckets, the communication hook) and the trainer over it.
+  Phase BuildTrainer() {
+    const fitrun::v1::JobSpec& spec = assignment_.spec();
     BucketedReducer::Options bucket_options;
     if (spec.ddp().bucket_cap_mb() > 0) {
       bucket_options.bucket_cap_bytes = static_cast<int64_t>(spec.ddp().bucket_cap_mb() * (1 << 20));
     }
     bucket_options.comm_hook = CommHookOptionsFor(spec.ddp());
     absl::StatusOr<std::unique_ptr<BucketedReducer>> synchronizer =
-        BucketedReducer::Create(*group, workload->model->parameters(), bucket_options);
+        BucketedReducer::Create(group_, workload_.model->parameters(), bucket_options);
     if (!synchronizer.ok()) {
       return Fail(synchronizer.status().code() == absl::StatusCode::kInvalidArgument ? kBadConfiguration
                                                                                       : kTrainingFailed,
                   synchronizer.status());
     }
-    sink_->OnLog(absl::StrCat("ddp: ", (*synchronizer)->BucketLayout().size(), " buckets ",
-                              DescribeBuckets(**synchronizer, *workload->model), ", comm hook ",
-                              (*synchronizer)->CommHookDescription()));
-    const int64_t train_size = workload->train.size();
+    synchronizer_ = *std::move(synchronizer);
+    sink_->OnLog(absl::StrCat("ddp: ", synchronizer_->BucketLayout().size(), " buckets ",
+                              DescribeBuckets(*synchronizer_, *workload_.model), ", comm hook ",
+                              synchronizer_->CommHookDescription()));
+    train_size_ = workload_.train.size();
     absl::StatusOr<std::unique_ptr<Trainer>> trainer =
-        Trainer::Create(trainer_options, workload->model, std::move(workload->train), std::move(workload->test),
-                        synchronizer->get(), trainer_sink);
+        Trainer::Create(trainer_options_, workload_.model, std::move(workload_.train), std::move(workload_.test),
+                        synchronizer_.get(), trainer_sink_);
     if (!trainer.ok()) {
-      return Fail(trainer.status().code() == absl::StatusCode::kInvalidArgument ? kBadConfiguration
-                                                                                 : kTrainingFailed,
+      return Fail(trainer.status().code() == absl::StatusCode::kInvalidArgument ? kBadConfiguration : kTrainingFailed,
                   trainer.status());
     }
+    trainer_ = *std::move(trainer);
+    return std::nullopt;
+  }
 
-    if (checkpoints != nullptr) {
-      if (absl::Status s = Resume(**group, *checkpoints, **trainer, *workload->model); !s.ok()) {
+  // From the last checkpoint, if there is one; rank 0's initial state for the parity test, if asked.
+  Phase ResumeOrDump() {
+    if (checkpoints_ != nullptr) {
+      if (absl::Status s = Resume(*group_, *checkpoints_, *trainer_, *workload_.model); !s.ok()) {
         return Fail(kTrainingFailed, s);
       }
     }
     if (!options_.initial_state_dump_dir.empty() && options_.rank == 0) {
-      const TrainerOptions& o = (*trainer)->options();
+      const TrainerOptions& o = trainer_->options();
       const int64_t epochs = (o.total_steps + o.steps_per_epoch - 1) / o.steps_per_epoch;
-      if (absl::Status s = DumpInitialState(options_.initial_state_dump_dir, *workload->model, train_size,
-                                            o.seed, epochs);
+      if (absl::Status s = DumpInitialState(options_.initial_state_dump_dir, *workload_.model, train_size_, o.seed, epochs);
           !s.ok()) {
         return Fail(kBadConfiguration, s);
       }
     }
+    return std::nullopt;
+  }
 
-    if (!runtime.stop().Attach([trainer = trainer->get()](const std::string&) { trainer->RequestStop(); })) return runtime.Stopped();
-    absl::StatusOr<TrainResult> result = (*trainer)->Run();
+  // The loop, with the stop command wired to it; how it ended becomes the exit code.
+  int Train() {
+    RankRuntime& runtime = *runtime_;
+    if (!runtime.stop().Attach([trainer = trainer_.get()](const std::string&) { trainer->RequestStop(); })) {
+      return runtime.Stopped();
+    }
+    absl::StatusOr<TrainResult> result = trainer_->Run();
     runtime.stop().Attach(nullptr);
     if (!result.ok()) {
       if (result.status().code() == absl::StatusCode::kCancelled && runtime.stop().stopped()) return runtime.Stopped();
       if (result.status().code() == absl::StatusCode::kResourceExhausted) {
-        return OutOfMemory((*trainer)->current_step(), trainer_options.per_device_batch, result.status());
+        return OutOfMemory(trainer_->current_step(), trainer_options_.per_device_batch, result.status());
       }
       if (IsCollectiveFailure(result.status()) && runtime.StoppedMeanwhile()) {
         runtime.console().OnLog(absl::StrCat("collective failed while stopping: ", result.status().message()));
@@ -350,11 +414,10 @@ class BuiltinTraining final : public TrainingProgram {
       }
       return Fail(kTrainingFailed, result.status());
     }
-    LogCommunication(**synchronizer, *result, (*trainer)->start_step(), trainer_options);
+    LogCommunication(*synchronizer_, *result, trainer_->start_step(), trainer_options_);
     return Finish(*result);
   }
 
- private:
   // Every rank resumes from rank 0's newest checkpoint that loads: rank 0 picks it, broadcasts its
   // step, every rank loads that file (model, optimizer, RNG), and the parameters are broadcast again
   // so that ranks are bitwise equal even if a rank's file read differed.
@@ -413,6 +476,14 @@ class BuiltinTraining final : public TrainingProgram {
     finished.set_train_seconds(result.train_seconds);
     finished.mutable_metrics()->insert(result.test_metrics.begin(), result.test_metrics.end());
     if (memory_ != nullptr) finished.set_peak_bytes(memory_->Peak());
+#ifdef FITRUN_WITH_CUDA
+    if (device_.is_cuda()) {
+      const MemoryFigures figures = CudaMemoryFigures(device_.index());
+      finished.set_peak_bytes(figures.peak_bytes);
+      finished.set_reserved_peak_bytes(figures.reserved_peak_bytes);
+      finished.set_device_peak_bytes(figures.device_bytes);
+    }
+#endif
     return runtime_->Finish(finished, summary);
   }
 
@@ -438,9 +509,15 @@ class BuiltinTraining final : public TrainingProgram {
     if (device_.is_cuda()) {
       try {
         const MemoryFigures figures = CudaMemoryFigures(device_.index());
+        const int64_t total = static_cast<int64_t>(at::cuda::getDeviceProperties(device_.index())->totalGlobalMem);
         oom.set_live_bytes(figures.live_bytes);
         oom.set_peak_bytes(figures.peak_bytes);
-        oom.set_cap_bytes(static_cast<int64_t>(at::cuda::getDeviceProperties(device_.index())->totalGlobalMem));
+        oom.set_cap_bytes(resources_.memory_cap_bytes > 0 ? resources_.memory_cap_bytes : total);
+        oom.set_requested_bytes(RequestedBytesInOutOfMemory(std::string(status.message())));
+        const torch_compat::CudaDeviceStats stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+        oom.set_reserved_bytes(stats.reserved_bytes[static_cast<size_t>(torch_compat::CudaStatType::AGGREGATE)].current);
+        oom.set_device_free_bytes(total - figures.device_bytes);
+        oom.set_device_total_bytes(total);
       } catch (const std::exception& e) {
         runtime_->console().OnLog(absl::StrCat("reading CUDA memory statistics: ", e.what()));
       }
@@ -457,10 +534,21 @@ class BuiltinTraining final : public TrainingProgram {
   const WorkerOptions options_;
   RankRuntime* runtime_ = nullptr;
   ProgressSink* sink_ = nullptr;
-  // This rank's device (plan.device_ids[rank]), set at the start of Run().
-  c10::Device device_ = c10::Device(c10::kCPU);
-  CappedCpuAllocator* memory_ = nullptr;  // see Run(): deliberately never freed
+  // What the phases build, in order.
+  fitrun::v1::WorkerAssignment assignment_;
+  RankResources resources_;
+  c10::Device device_ = c10::Device(c10::kCPU);  // this rank's (plan.device_ids[rank])
+  CollectiveBackend backend_ = CollectiveBackend::kGloo;
+  Workload workload_;
+  TrainerOptions trainer_options_;
+  CappedCpuAllocator* memory_ = nullptr;  // see SetUpMemory(): deliberately never freed
   std::unique_ptr<MemoryStampingSink> memory_sink_;
+  ProgressSink* trainer_sink_ = nullptr;  // progress stamped with the device's memory where it is counted
+  std::unique_ptr<CheckpointStore> checkpoints_;
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::unique_ptr<BucketedReducer> synchronizer_;
+  int64_t train_size_ = 0;
+  std::unique_ptr<Trainer> trainer_;
 };
 
 }  // namespace

@@ -75,9 +75,9 @@ class ScriptRank final : public TrainingProgram {
     if (!assignment.ok()) return runtime.Fail(kBadConfiguration, assignment.status());
     if (absl::Status s = ValidateAssignment(*assignment, options_); !s.ok()) return runtime.Fail(kBadConfiguration, s);
     const fitrun::v1::Plan& plan = assignment->plan();
-    const std::string device_field = absl::StrCat("plan.device_ids[", options_.rank, "]");
-    absl::StatusOr<PlanDevice> device = ParsePlanDevice(plan.device_ids(options_.rank), device_field);
-    if (!device.ok()) return runtime.Fail(kBadConfiguration, device.status());
+    absl::StatusOr<RankResources> resources = ResourcesOf(*assignment, options_.rank);
+    if (!resources.ok()) return runtime.Fail(kBadConfiguration, resources.status());
+    const PlanDevice& device = resources->device;
 
     ScriptRunSettings settings;
     settings.rank = options_.rank;
@@ -92,13 +92,11 @@ class ScriptRank final : public TrainingProgram {
     // the fitrun module through torch.cuda's per-process limit (nothing is preloaded on a GPU: the
     // machine's PyTorch is not the LibTorch the allocator was built for); a whole GPU's own memory is
     // its limit.
-    if (assignment->memory_cap_bytes_size() > options_.rank) {
-      settings.memory_cap_bytes = assignment->memory_cap_bytes(options_.rank);
-    }
-    settings.preload_allocator = device->kind == PlanDevice::Kind::kCpu;
+    settings.memory_cap_bytes = resources->memory_cap_bytes;
+    settings.preload_allocator = device.kind == PlanDevice::Kind::kCpu;
     settings.memory_peak_file = absl::StrCat("/tmp/fitrun-script-peak-", getpid());
-    if (device->kind == PlanDevice::Kind::kCuda) {
-      settings.extra_env["CUDA_VISIBLE_DEVICES"] = absl::StrCat(device->index);
+    if (device.kind == PlanDevice::Kind::kCuda) {
+      settings.extra_env["CUDA_VISIBLE_DEVICES"] = absl::StrCat(device.index);
     }
     settings.extra_env[fitrun::contract::launch::kLocalRank] = absl::StrCat(options_.local_rank);
     absl::StatusOr<ScriptCommand> command = ScriptCommandFor(assignment->spec(), settings, FindSupportFiles());

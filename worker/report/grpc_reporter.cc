@@ -113,6 +113,8 @@ void GrpcReporter::OnProgress(const StepProgress& p) {
   progress->set_exposed_communication_share(p.exposed_communication_share);
   progress->set_live_bytes(p.live_bytes);
   progress->set_peak_bytes(p.peak_bytes);
+  progress->set_reserved_peak_bytes(p.reserved_peak_bytes);
+  progress->set_device_peak_bytes(p.device_peak_bytes);
   progress->mutable_metrics()->insert(p.metrics.begin(), p.metrics.end());
   {
     absl::MutexLock lock(&mu_);

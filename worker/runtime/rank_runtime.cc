@@ -54,6 +54,9 @@ void MemoryStampingSink::OnProgress(const StepProgress& progress) {
   const MemoryFigures figures = measure_();
   stamped.live_bytes = figures.live_bytes;
   stamped.peak_bytes = figures.peak_bytes;
+  stamped.reserved_peak_bytes = figures.reserved_peak_bytes;
+  stamped.device_peak_bytes = std::max(device_peak_, figures.device_bytes);
+  device_peak_ = stamped.device_peak_bytes;
   next_->OnProgress(stamped);
 }
 

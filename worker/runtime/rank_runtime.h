@@ -53,6 +53,9 @@ class StopSwitch {
 struct MemoryFigures {
   int64_t live_bytes = 0;
   int64_t peak_bytes = 0;
+  // On a GPU (0 elsewhere): the caching allocator's reserved peak and the device's memory in use.
+  int64_t reserved_peak_bytes = 0;
+  int64_t device_bytes = 0;
 };
 
 // Stamps each progress report with the device allocator's live and peak bytes before passing it on.
@@ -69,6 +72,7 @@ class MemoryStampingSink final : public ProgressSink {
  private:
   ProgressSink* next_;
   std::function<MemoryFigures()> measure_;
+  int64_t device_peak_ = 0;  // the highest device figure so far (the device's own has no peak)
 };
 
 class RankRuntime {

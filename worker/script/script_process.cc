@@ -139,30 +139,6 @@ absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, 
   return command;
 }
 
-int64_t RequestedBytesInOutOfMemory(const std::string& line) {
-  // The capped CPU allocator: "tried to allocate 268435456 bytes".
-  if (size_t at = line.find("tried to allocate "); at != std::string::npos) {
-    absl::string_view rest = absl::string_view(line).substr(at + std::strlen("tried to allocate "));
-    int64_t bytes = 0;
-    const size_t space = rest.find(' ');
-    if (space != absl::string_view::npos && absl::StartsWith(rest.substr(space), " bytes") &&
-        absl::SimpleAtoi(rest.substr(0, space), &bytes)) {
-      return bytes;
-    }
-  }
-  // PyTorch's CUDA allocator: "Tried to allocate 256.00 MiB".
-  if (size_t at = line.find("Tried to allocate "); at != std::string::npos) {
-    absl::string_view rest = absl::string_view(line).substr(at + std::strlen("Tried to allocate "));
-    const size_t space = rest.find(' ');
-    double amount = 0;
-    if (space == absl::string_view::npos || !absl::SimpleAtod(rest.substr(0, space), &amount)) return 0;
-    const absl::string_view unit = rest.substr(space + 1, 3);
-    const double scale = unit == "GiB" ? 1 << 30 : unit == "MiB" ? 1 << 20 : unit == "KiB" ? 1 << 10 : 1;
-    return static_cast<int64_t>(amount * scale);
-  }
-  return 0;
-}
-
 PeakFile ReadPeakFile(const std::string& path) {
   PeakFile figures;
   std::ifstream in(path);
@@ -174,11 +150,6 @@ PeakFile ReadPeakFile(const std::string& path) {
   return figures;
 }
 
-bool LooksLikeOutOfMemory(const std::string& line) {
-  return absl::StrContains(line, "OutOfMemoryError") || absl::StrContains(line, "CUDA out of memory") ||
-         absl::StrContains(line, "memory cap exceeded") || absl::StrContains(line, "can't allocate memory") ||
-         absl::StartsWith(absl::StripLeadingAsciiWhitespace(line), "MemoryError");
-}
 
 absl::StatusOr<std::unique_ptr<ScriptProcess>> ScriptProcess::Start(const ScriptCommand& command,
                                                                     Callbacks callbacks) {

@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "fitrun/v1/worker.pb.h"
+#include "worker/memory/oom_message.h"
 
 namespace fitrun::worker {
 
@@ -65,15 +66,6 @@ struct ScriptCommand {
 // fitrun's variables on top. Errors name the spec field.
 absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, const ScriptRunSettings& settings,
                                                const SupportFiles& support);
-
-// True when a stderr line reads as an out-of-memory error (PyTorch on CUDA or the capped CPU
-// allocator, the CPU allocator's own refusal, Python's MemoryError).
-bool LooksLikeOutOfMemory(const std::string& line);
-
-// The size an out-of-memory line says was asked for, as the script saw it: PyTorch's "Tried to
-// allocate 256.00 MiB" or the capped allocator's "tried to allocate 268435456 bytes"; 0 when the
-// line names none.
-int64_t RequestedBytesInOutOfMemory(const std::string& line);
 
 // What the preloaded allocator (libfitrun_memory.so) writes when the script exits: its peak and live
 // bytes, and the last request it refused with the bytes live then (0 and 0 when it refused none).

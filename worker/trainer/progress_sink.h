@@ -26,6 +26,9 @@ struct StepProgress {
   double exposed_communication_share = 0;
   int64_t live_bytes = 0;
   int64_t peak_bytes = 0;
+  // On a GPU: the caching allocator's reserved peak and the device's memory in use.
+  int64_t reserved_peak_bytes = 0;
+  int64_t device_peak_bytes = 0;
   // A script's own figures (run.report(metrics=...)); the built-in trainer sends none.
   std::map<std::string, double> metrics;
 };
