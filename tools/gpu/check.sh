@@ -33,9 +33,14 @@
 #   devices      fitrun devices
 #   plan         fitrun plan deploy/examples/fashion-mnist-mlp.yaml (data path pointed at the kit's copy)
 #   cpu_job      without a GPU only: the mlp as a real 2-rank job on virtual CPU devices through fitrund
-#   gpu_job, gpu_memory, gpu_oom, gpu_script_job
-#                PLACEHOLDERS for the GPU steps that need the worker's CUDA path (being added elsewhere):
-#                they print PENDING with what they will measure, never a figure
+#   gpu_job      the mlp, cnn and gpt recommender on a whole cuda:0 (1 rank, NCCL), each plan's
+#                predicted device memory against the rank's measured footprint (within [100%, 115%])
+#   gpu_slices   the cnn with AdamW on a 1 GiB and a 2 GiB slice: no OOM, allocated peak >= 80% of it
+#   gpu_oom      a real CUDA out-of-memory error on a slice, the re-plan and the resume from a checkpoint
+#   gpu_precision  the mlp in fp32, bf16 and fp16 (accuracy within 0.01 of fp32's); the fp16, bf16 and
+#                PowerSGD communication hooks on CUDA tensors
+#   gpu_script_job  tools/gpu/gpu_script.py with the machine's own torch under fitrun-supervisor, 1 rank
+#                and 2 ranks over Gloo on two slices of cuda:0
 #
 # Results: ONE file, $OUT/results.txt when OUT is set (the device tool brings $OUT back), else
 # gpu-work/results.txt; with OUT set the logs come back too, as $OUT/logs.tar.gz.
@@ -301,7 +306,7 @@ start_fitrund() {
   local flags=(--listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --state_dir="$state"
     --worker_binary="$build/worker/fitrun-worker" --stop_workers_on_exit
     --data_roots="$kit/datasets,$work/specs,$repo"
-    # Plans from the analytic estimates: the probe would run the worker's CUDA path first.
+      # The steps that run jobs start fitrunds of their own; this one serves the inventory and a plan.
     --memory_probe=false)
   if have_gpu; then
     flags+=(--devices=auto --worker_cuda)
@@ -360,44 +365,200 @@ step_cpu_job() {
   echo "submit to end: $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s" | tee -a "$summary"
 }
 
-# --- PLACEHOLDERS: the GPU job steps ------------------------------------------------------------------
-# They need the worker's CUDA path (device selection, the CUDA caching allocator's figures, NCCL or Gloo
-# on CUDA tensors), which another change is adding. Each says what it will do and reports PENDING; none
-# prints a figure it did not measure. Fill each in where the comment says.
-step_gpu_job() {
-  have_gpu || skip "no GPU"
-  # TODO(gpu): fitrun submit of fashion-mnist-mlp (and the cnn) on cuda:0 through this fitrund, 1 and 2
-  # ranks (two ranks on one GPU go over Gloo, ../shared/gpu/README.md); record time to the first step,
-  # samples/s, test accuracy, and the rank logs' device lines.
-  pending "PENDING: built-in jobs on cuda:0 need the worker's CUDA path (not in this tree yet)"
+# --- the GPU steps ------------------------------------------------------------------------------------
+# Each job runs through a fitrund of the step's own (own_fitrund: its devices, a state directory of its
+# own, stopped with every rank when the step ends), and each figure is read back from fitrund's own
+# record of the job (fitrun get --json), never made up: what a step cannot measure it reports as such.
+
+own_state=""
+own_pid=""
+# own_fitrund NAME FLAG...: a fitrund from the bundle with the built worker (and the supervisor beside
+# it) and these device flags; fitrun_own talks to it.
+own_fitrund() {
+  local name=$1; shift
+  own_state="$work/state-$name"
+  rm -rf "$own_state" && mkdir -p "$own_state" "$work/specs"
+  "$bundle_root/bin/fitrund" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --state_dir="$own_state" \
+    --worker_binary="$build/worker/fitrun-worker" --stop_workers_on_exit --worker_cuda \
+    --data_roots="$kit/datasets,$work/specs,$repo" "$@" >"$logs/fitrund-$name.log" 2>&1 &
+  own_pid=$!
+  trap stop_own_fitrund EXIT
+  for _ in $(seq 1 300); do
+    [[ -s "$own_state/fitrund.metrics_address" ]] && return 0
+    kill -0 "$own_pid" 2>/dev/null || { echo "fitrund ($*) exited:"; cat "$logs/fitrund-$name.log"; return 1; }
+    sleep 0.1
+  done
+  echo "fitrund ($*) did not serve within 30 s"
+  return 1
+}
+stop_own_fitrund() {
+  [[ -n "$own_pid" ]] || return 0
+  kill -TERM "$own_pid" 2>/dev/null || true
+  for _ in $(seq 1 150); do kill -0 "$own_pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$own_pid" 2>/dev/null || true
+  local environ left=()
+  for environ in /proc/[0-9]*/environ; do
+    grep -qzF "FITRUN_ASSIGNMENT=$own_state/" "$environ" 2>/dev/null && left+=("$(basename "$(dirname "$environ")")")
+  done
+  ((${#left[@]} == 0)) || kill -KILL "${left[@]}" 2>/dev/null || true
+  own_pid=""
+}
+fitrun_own() { "$bundle_root/bin/fitrun" --coordinator="$(cat "$own_state/fitrund.address")" "$@"; }
+
+# gpu_spec NAME MODEL_AND_DATA_YAML EXTRA_YAML: a spec in $work/specs, Fashion-MNIST from the kit.
+gpu_spec() {
+  local file="$work/specs/$1.yaml"
+  printf 'name: %s\n%s\n%s\n' "$1" "$2" "$3" | sed "s|FASHION|$kit/datasets/fashion-mnist|" >"$file"
+  echo "$file"
+}
+readonly MLP="model: {builtin: mlp}
+data: {kind: fashion_mnist, path: FASHION}"
+readonly CNN="model: {builtin: cnn}
+data: {kind: fashion_mnist, path: FASHION}"
+
+# run_job NAME SPEC: submits, watches to the end, and writes one line of the job's figures (the plan,
+# the device memory predicted against what the rank measured, the result) to the summary; returns
+# non-zero unless it SUCCEEDED. Its JSON record is left at $work/jobs/NAME.json.
+run_job() {
+  local name=$1 spec=$2 id
+  mkdir -p "$work/jobs"
+  id=$(fitrun_own submit "$spec" | awk '/submitted job/ { print $3 }')
+  [[ -n "$id" ]] || { echo "$name: not submitted"; return 1; }
+  fitrun_own watch "$id" >"$work/jobs/$name.watch" 2>&1 || true
+  fitrun_own get --json "$id" >"$work/jobs/$name.json"
+  "$python" - "$name" "$work/jobs/$name.json" "$work/jobs/$name.watch" <<'PY' | tee -a "$summary"
+import json, re, sys
+name, path, watch = sys.argv[1:4]
+job = json.load(open(path))
+attempt = (job.get("attemptHistory") or [{}])[-1]
+plan = job.get("plan", {})
+predicted = int(attempt.get("predictedPeakBytes", 0))
+device = int(attempt.get("measuredDevicePeakBytes", 0))
+allocated = int(attempt.get("measuredPeakBytes", 0))
+reserved = int(attempt.get("measuredReservedPeakBytes", 0))
+mib = lambda b: f"{b / 2**20:.0f} MiB"
+first = next((l for l in open(watch) if l.startswith("step 1/")), "")
+line = (f"{name}: {job.get('state')}; plan {len(plan.get('deviceIds', []))} x {plan.get('perDeviceBatch')} "
+        f"x {plan.get('gradAccumSteps')}, {plan.get('cudaAllocatorConfig', '')}; predicted {mib(predicted)}, "
+        f"measured allocated {mib(allocated)} reserved {mib(reserved)} device {mib(device)}")
+if device:
+    line += f" ({100 * predicted / device:.0f}% of measured: {'within' if device <= predicted <= 1.15 * device else 'OUTSIDE'} [100%, 115%])"
+result = job.get("result", {})
+if "testAccuracy" in result:
+    line += f"; test accuracy {result['testAccuracy']:.4f}"
+print(line)
+sys.exit(0 if job.get("state") == "JOB_STATE_SUCCEEDED" else 1)
+PY
 }
 
-step_gpu_memory() {
+step_gpu_job() {
   have_gpu || skip "no GPU"
-  # TODO(gpu): for the mlp and cnn, the plan's predicted peak against the ranks' reported peaks
-  # (allocated and reserved) and NVML's per-process figure (nvmlDeviceGetComputeRunningProcesses),
-  # with the CUDA context counted apart.
-  pending "PENDING: memory figures need the worker's CUDA allocator reports"
+  own_fitrund whole --devices=cuda:0 --memory_probe=true
+  fitrun_own devices | tee -a "$summary"
+  local status=0 ratings="$work/specs/ratings.dat"
+  "$python" "$repo/tools/make_movielens_sample.py" "$ratings" >/dev/null
+  run_job mlp "$(gpu_spec gpu-mlp "$MLP" "optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}
+global_batch_size: 256
+epochs: 1")" || status=1
+  run_job cnn "$(gpu_spec gpu-cnn "$CNN" "optimizer: {kind: adam, lr: 0.001}
+global_batch_size: 256
+epochs: 1")" || status=1
+  run_job gpt-recommender "$(gpu_spec gpu-gpt-recommender "model: {builtin: gpt, gpt: {layers: 2, heads: 2, hidden: 64, context: 50}}
+data: {kind: movielens, path: $ratings}" "optimizer: {kind: adam, lr: 0.001}
+global_batch_size: 128
+epochs: 5")" || status=1
+  # Submit to the first step, as the watch saw it, beside PyTorch's own DDP script there (9.1-11.1 s).
+  grep -m1 -E '^step 1/' "$work/jobs/mlp.watch" >/dev/null && \
+    echo "mlp: first step reported; its time is in $work/jobs/mlp.watch" | tee -a "$summary"
+  return $status
+}
+
+step_gpu_slices() {
+  have_gpu || skip "no GPU"
+  local status=0 cap
+  for cap in 1 2; do
+    own_fitrund "slice-${cap}" --devices="cuda:0@${cap}GiB" --memory_probe=true
+    run_job "cnn-adamw-${cap}GiB" "$(gpu_spec "gpu-slice-${cap}" "$CNN" "optimizer: {kind: adamw, lr: 0.001}
+global_batch_size: 55440
+max_steps: 3
+resources: {memory_headroom: 0.05}
+fault_tolerance: {max_oom_retries: 0}")" || status=1
+    "$python" - "$work/jobs/cnn-adamw-${cap}GiB.json" "$cap" <<'PY' | tee -a "$summary" || status=1
+import json, sys
+job = json.load(open(sys.argv[1])); cap = int(sys.argv[2]) << 30
+allocated = int((job.get("attemptHistory") or [{}])[-1].get("measuredPeakBytes", 0))
+print(f"  slice {sys.argv[2]} GiB: allocated peak {100 * allocated / cap:.1f}% of the slice (target >= 80%), "
+      f"{len(job.get('oomHistory', []))} out-of-memory error(s)")
+sys.exit(0 if allocated >= 0.8 * cap and not job.get("oomHistory") else 1)
+PY
+    stop_own_fitrund
+  done
+  return $status
 }
 
 step_gpu_oom() {
   have_gpu || skip "no GPU"
-  # TODO(gpu): a per-device batch forced past what fits (resources.per_device_batch) under a capped
-  # allocator (torch.cuda.set_per_process_memory_fraction's C++ side): the OOM report, the re-plan to a
-  # smaller batch with more accumulation, the resume from the checkpoint, SUCCEEDED.
-  pending "PENDING: the OOM case needs the worker's CUDA OOM handling"
+  own_fitrund oom --devices=cuda:0@1GiB --memory_probe=true
+  # Step 3 of the first attempt asks the caching allocator for more than the slice: a real CUDA
+  # out-of-memory error, the re-plan to a smaller batch and the resume from step 2's checkpoint.
+  run_job oom "$(gpu_spec gpu-oom "$CNN" "optimizer: {kind: sgd, lr: 0.01}
+global_batch_size: 2048
+max_steps: 6
+checkpoint: {every_steps: 2}
+fault_injection: {kind: oom, rank: 0, at_step: 3}")" || return 1
+  grep -E 'out of memory|resumed from the checkpoint|training resumed' "$work/jobs/oom.watch" | head -n 4 | tee -a "$summary"
+  grep -q 'resumed from the checkpoint' "$work/jobs/oom.watch"
+}
+
+step_gpu_precision() {
+  have_gpu || skip "no GPU"
+  own_fitrund precision --devices=cuda:0 --memory_probe=false
+  local precision status=0
+  for precision in fp32 bf16 fp16; do
+    run_job "mlp-$precision" "$(gpu_spec "gpu-mlp-$precision" "$MLP" "optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}
+global_batch_size: 256
+epochs: 1
+precision: $precision
+seed: 1")" || status=1
+  done
+  "$python" - "$work/jobs" <<'PY' | tee -a "$summary" || status=1
+import json, os, sys
+accuracy = {p: json.load(open(os.path.join(sys.argv[1], f"mlp-{p}.json"))).get("result", {}).get("testAccuracy", 0)
+            for p in ("fp32", "bf16", "fp16")}
+close = all(abs(accuracy[p] - accuracy["fp32"]) <= 0.01 for p in ("bf16", "fp16"))
+print("accuracy " + ", ".join(f"{p} {a:.4f}" for p, a in accuracy.items()) + f" ({'within' if close else 'NOT within'} 0.01 of fp32)")
+sys.exit(0 if close else 1)
+PY
+  for hook in fp16 bf16 powersgd; do
+    run_job "mlp-hook-$hook" "$(gpu_spec "gpu-mlp-hook-$hook" "$MLP" "optimizer: {kind: sgd, lr: 0.05, momentum: 0.9}
+global_batch_size: 256
+max_steps: 50
+ddp: {comm_hook: $hook, powersgd_start_iter: 10}")" || status=1
+  done
+  return $status
 }
 
 step_gpu_script_job() {
   have_gpu || skip "no GPU"
-  # TODO(gpu): an unchanged torchrun script (the machine's pip torch, PYTHONPATH=$build/client/python)
-  # as a 1- and 2-rank script job on cuda:0; its reports, peak and exit.
-  pending "PENDING: script jobs on the GPU need the rank's CUDA memory accounting for pip's torch"
+  local status=0
+  [[ -x "$build/worker/fitrun-supervisor" ]] || { echo "no fitrun-supervisor beside the worker"; return 1; }
+  own_fitrund script --devices=cuda:0@20GiBx2 --memory_probe=true
+  local script_spec
+  for ranks in 1 2; do
+    script_spec=$(gpu_spec "gpu-script-$ranks" "script:
+  command: [$python, gpu_script.py]
+  working_dir: $repo/tools/gpu" "global_batch_size: 128
+max_steps: 20
+resources: {min_devices: $ranks, max_devices: $ranks}")
+    run_job "script-$ranks-rank" "$script_spec" || status=1
+  done
+  grep -h 'steps on cuda' "$own_state"/jobs/*/attempt-*/rank-*.log | head -n 3 | tee -a "$summary" || status=1
+  return $status
 }
 
 # --- the sequence -----------------------------------------------------------------------------------
 selected=("$@")
-all_steps=" environment deps configure build privacy worker bundle fitrund devices plan cpu_job gpu_job gpu_memory gpu_oom gpu_script_job "
+all_steps=" environment deps configure build privacy worker bundle fitrund devices plan cpu_job gpu_job gpu_slices gpu_oom gpu_precision gpu_script_job "
 for name in "${selected[@]}"; do
   [[ "$all_steps" == *" $name "* ]] || { echo "check: no step '$name' (steps:$all_steps)" >&2; exit 2; }
 done
@@ -413,8 +574,8 @@ step worker build
 step bundle
 # fitrund serves every step after it; started when one of them runs and what it needs is there.
 if [[ "${outcome[bundle]:-PASS}" == PASS && "${outcome[build]:-PASS}" == PASS ]] &&
-  { wanted fitrund || wanted devices || wanted plan || wanted cpu_job || wanted gpu_job || wanted gpu_memory ||
-    wanted gpu_oom || wanted gpu_script_job; }; then
+  { wanted fitrund || wanted devices || wanted plan || wanted cpu_job || wanted gpu_job ||
+    wanted gpu_oom || wanted gpu_slices || wanted gpu_precision || wanted gpu_script_job; }; then
   start_fitrund
   wanted fitrund || selected+=(fitrund)   # its step waits until it serves
 fi
@@ -422,10 +583,11 @@ step fitrund bundle build
 step devices fitrund
 step plan fitrund
 step cpu_job fitrund
-step gpu_job fitrund
-step gpu_memory fitrund
-step gpu_oom fitrund
-step gpu_script_job fitrund
+step gpu_job build bundle
+step gpu_slices build bundle
+step gpu_oom build bundle
+step gpu_precision build bundle
+step gpu_script_job build bundle
 stop_fitrund
 
 failed=0 passed=0
