@@ -3,10 +3,14 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <grp.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -59,28 +63,45 @@ class FileActions {
   posix_spawn_file_actions_t actions_;
 };
 
-}  // namespace
-
-absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
-  if (options.argv.empty()) return absl::InvalidArgumentError("spawn: argv is empty");
-
+// The child's environment: fitrund's with `env` on top, or for a child run as an account a clean
+// one (see SpawnOptions::run_as).
+std::vector<std::string> ChildEnvironment(const SpawnOptions& options) {
   std::map<std::string, std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const char* eq = std::strchr(*e, '=');
-    if (eq != nullptr) env[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
+  auto inherit = [&env](const char* key) {
+    if (const char* value = std::getenv(key); value != nullptr) env[key] = value;
+  };
+  if (options.run_as.has_value()) {
+    const UnixAccount& account = *options.run_as;
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin";
+    env["HOME"] = account.home;
+    env["USER"] = account.name;
+    env["LOGNAME"] = account.name;
+    env["SHELL"] = account.shell.empty() ? "/bin/sh" : account.shell;
+    for (const char* key : {"LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES",
+                            "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES"}) {
+      inherit(key);
+    }
+  } else {
+    for (char** e = environ; *e != nullptr; ++e) {
+      const char* eq = std::strchr(*e, '=');
+      if (eq != nullptr) env[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
+    }
   }
   for (const auto& [key, value] : options.env) env[key] = value;
-  std::vector<std::string> env_strings;
-  env_strings.reserve(env.size());
-  for (const auto& [key, value] : env) env_strings.push_back(key + "=" + value);
-  std::vector<char*> envp;
-  for (std::string& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = options.argv;
-  std::vector<char*> argv;
-  for (std::string& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
+  std::vector<std::string> strings;
+  strings.reserve(env.size());
+  for (const auto& [key, value] : env) strings.push_back(key + "=" + value);
+  return strings;
+}
 
+std::vector<char*> Pointers(std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  for (std::string& s : strings) pointers.push_back(s.data());
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+absl::StatusOr<pid_t> PosixSpawn(const SpawnOptions& options, char* const argv[], char* const envp[]) {
   FileActions actions;
   if (!options.working_dir.empty()) {
     posix_spawn_file_actions_addchdir_np(actions.get(), options.working_dir.c_str());
@@ -100,10 +121,158 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
   }
   const SpawnAttributes attributes(options.own_process_group);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], actions.get(), attributes.get(), argv.data(), envp.data());
+  const int rc = posix_spawn(&pid, argv[0], actions.get(), attributes.get(), argv, envp);
   if (rc != 0) return absl::InternalError(absl::StrCat("cannot start ", options.argv[0], ": ", std::strerror(rc)));
   return pid;
 }
+
+// The steps of ForkExec's child, for the parent's message when one fails.
+enum ChildStep : int {
+  kSignals,
+  kSession,
+  kJoinCgroup,
+  kStreams,
+  kGroups,
+  kGid,
+  kUid,
+  kNoNewPrivileges,
+  kWorkingDir,
+  kOutputFile,
+  kDescriptors,
+  kExec,
+};
+const char* DescribeStep(int step) {
+  switch (step) {
+    case kSignals: return "resetting signals";
+    case kSession: return "starting its own session";
+    case kJoinCgroup: return "joining its cgroup";
+    case kStreams: return "setting up its standard streams";
+    case kGroups: return "setting its groups";
+    case kGid: return "setting its gid";
+    case kUid: return "setting its uid";
+    case kNoNewPrivileges: return "setting no_new_privs";
+    case kWorkingDir: return "entering its working directory";
+    case kOutputFile: return "opening its output file";
+    case kDescriptors: return "closing fitrund's descriptors";
+    default: return "exec";
+  }
+}
+
+// fork and exec, for what posix_spawn cannot do: switch accounts and join cgroups. Between fork
+// and exec the child makes only async-signal-safe calls (fitrund has many threads); everything it
+// needs is prepared here first. A failing step writes {step, errno} to a close-on-exec pipe, so the
+// parent reads either that or end-of-file (the exec happened).
+absl::StatusOr<pid_t> ForkExec(const SpawnOptions& options, char* const argv[], char* const envp[]) {
+  std::vector<int> cgroup_fds;
+  auto close_cgroups = [&cgroup_fds] {
+    for (int& fd : cgroup_fds) CloseFd(&fd);
+  };
+  for (const std::string& procs : options.cgroup_procs_files) {
+    const int fd = open(procs.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+      const int error = errno;
+      close_cgroups();
+      return absl::InternalError(absl::StrCat("cannot start ", options.argv[0], ": opening ", procs, ": ",
+                                              std::strerror(error)));
+    }
+    cgroup_fds.push_back(fd);
+  }
+  absl::StatusOr<Pipe> report = MakePipe();
+  if (!report.ok()) {
+    close_cgroups();
+    return report.status();
+  }
+  const UnixAccount* account = options.run_as.has_value() ? &*options.run_as : nullptr;
+  const bool new_session = account != nullptr || options.own_process_group;
+  struct rlimit files {};
+  getrlimit(RLIMIT_NOFILE, &files);
+  const int max_fd = files.rlim_cur == RLIM_INFINITY || files.rlim_cur > 1048576 ? 1048576
+                                                                                 : static_cast<int>(files.rlim_cur);
+
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int report_fd = report->write_end;
+    auto fail = [report_fd](int step) {
+      const int failure[2] = {step, errno};
+      ssize_t ignored = write(report_fd, failure, sizeof(failure));
+      (void)ignored;
+      _exit(127);
+    };
+    sigset_t empty;
+    sigemptyset(&empty);
+    for (int sig : {SIGTERM, SIGINT, SIGPIPE, SIGHUP, SIGCHLD}) {
+      if (signal(sig, SIG_DFL) == SIG_ERR) fail(kSignals);
+    }
+    if (sigprocmask(SIG_SETMASK, &empty, nullptr) != 0) fail(kSignals);
+    // A session of its own is a process group of its own, detached from any terminal.
+    if (new_session && setsid() < 0) fail(kSession);
+    for (int fd : cgroup_fds) {
+      if (write(fd, "0", 1) != 1) fail(kJoinCgroup);
+    }
+    // Standard input and the descriptors handed in, before the account changes.
+    const int in = options.stdin_fd >= 0 ? options.stdin_fd : open("/dev/null", O_RDONLY);
+    if (in < 0 || dup2(in, 0) < 0) fail(kStreams);
+    if (options.output_path.empty()) {
+      if (options.stdout_fd >= 0 && dup2(options.stdout_fd, 1) < 0) fail(kStreams);
+      if (options.stderr_fd >= 0 && dup2(options.stderr_fd, 2) < 0) fail(kStreams);
+    }
+    if (account != nullptr) {
+      if (setgroups(account->groups.size(), account->groups.data()) != 0) fail(kGroups);
+      if (setresgid(account->gid, account->gid, account->gid) != 0) fail(kGid);
+      if (setresuid(account->uid, account->uid, account->uid) != 0) fail(kUid);
+      if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail(kNoNewPrivileges);
+    }
+    if (!options.working_dir.empty() && chdir(options.working_dir.c_str()) != 0) fail(kWorkingDir);
+    if (!options.output_path.empty()) {
+      // As the account: it may only append to a file it could write itself.
+      const int out = open(options.output_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (out < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) fail(kOutputFile);
+      if (out > 2) close(out);
+    }
+    // Nothing of fitrund's beyond the standard streams survives the exec, whether or not it was
+    // opened close-on-exec (the report pipe must stay open until the exec: it is close-on-exec).
+    for (int fd = 3; fd < max_fd; ++fd) {
+      if (fd != report_fd) fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+    execve(argv[0], argv, envp);
+    fail(kExec);
+  }
+  const int fork_error = errno;
+  close_cgroups();
+  CloseFd(&report->write_end);
+  if (pid < 0) {
+    CloseFd(&report->read_end);
+    return absl::InternalError(absl::StrCat("cannot start ", options.argv[0], ": fork: ", std::strerror(fork_error)));
+  }
+  int failure[2] = {0, 0};
+  ssize_t n;
+  while ((n = read(report->read_end, failure, sizeof(failure))) < 0 && errno == EINTR) {
+  }
+  CloseFd(&report->read_end);
+  if (n == 0) return pid;  // the exec closed the pipe
+  Reap(pid);
+  const std::string as = account != nullptr ? absl::StrCat(" as ", account->name) : "";
+  return absl::InternalError(absl::StrCat("cannot start ", options.argv[0], as, ": ", DescribeStep(failure[0]),
+                                          n == static_cast<ssize_t>(sizeof(failure))
+                                              ? absl::StrCat(": ", std::strerror(failure[1]))
+                                              : std::string()));
+}
+
+}  // namespace
+
+absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
+  if (options.argv.empty()) return absl::InvalidArgumentError("spawn: argv is empty");
+  std::vector<std::string> env_strings = ChildEnvironment(options);
+  std::vector<char*> envp = Pointers(env_strings);
+  std::vector<std::string> args = options.argv;
+  std::vector<char*> argv = Pointers(args);
+  // posix_spawn (vfork underneath) is the fast path; only an account switch or a cgroup needs fork.
+  if (options.run_as.has_value() || !options.cgroup_procs_files.empty()) {
+    return ForkExec(options, argv.data(), envp.data());
+  }
+  return PosixSpawn(options, argv.data(), envp.data());
+}
+
 
 absl::StatusOr<Pipe> MakePipe() {
   int fds[2];

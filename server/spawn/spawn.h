@@ -9,11 +9,13 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/sandbox/unix_account.h"
 
 namespace fitrun::server {
 
@@ -34,11 +36,22 @@ struct SpawnOptions {
   // A process group of its own: stopping the group then stops whatever the child started, and a
   // terminal's signals meant for fitrund do not reach it.
   bool own_process_group = true;
+  // When set (fitrund is root), the child runs as this account: its uid, gid and supplementary
+  // groups, in a session of its own, unable to gain privileges (no_new_privs), with no descriptor of
+  // fitrund's beyond its standard streams, and a clean environment: `env` on top of PATH, HOME,
+  // USER, LOGNAME, SHELL and fitrund's locale, time zone, library path and GPU selection, never
+  // fitrund's own variables. Its output file is opened as the account, in a directory it may write.
+  std::optional<UnixAccount> run_as;
+  // The cgroup.procs files of the cgroups the child joins (it writes 0 to each) before it execs, so
+  // nothing it starts escapes them.
+  std::vector<std::string> cgroup_procs_files;
 };
 
 // Starts the child. Descriptors fitrund opened close-on-exec (all of its own) stay out of it;
 // the signals fitrund takes synchronously (it blocks them on every thread) are unblocked and back to
-// their defaults in it. INTERNAL naming argv[0] and the reason when it cannot start.
+// their defaults in it. INTERNAL naming argv[0] and the reason when it cannot start (for a child
+// run as an account or in cgroups: the step that failed in the child, such as joining a cgroup or
+// opening its output file as the account).
 absl::StatusOr<pid_t> Spawn(const SpawnOptions& options);
 
 // A pipe whose ends are both close-on-exec: Spawn dup2s the child's end into place.

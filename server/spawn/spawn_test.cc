@@ -3,7 +3,9 @@
 // signals unblocked in the child, and how an ending is described.
 #include "server/spawn/spawn.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -12,7 +14,9 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "server/sandbox/throwaway_account.h"
 
 namespace fitrun::server {
 namespace {
@@ -109,6 +113,117 @@ TEST(SpawnTest, MissingProgramNamesIt) {
   EXPECT_NE(pid.status().message().find("cannot start /nonexistent/program"), absl::string_view::npos)
       << pid.status();
   EXPECT_FALSE(Spawn(SpawnOptions{}).ok());
+}
+
+
+// ---- a child run as another account, and in a cgroup (root only: a throwaway account) ----
+
+class SpawnAsAccountTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!throwaway_.available()) GTEST_SKIP() << throwaway_.why();
+    absl::StatusOr<UnixAccount> account = LookUpUnixAccount(throwaway_.name());
+    ASSERT_TRUE(account.ok()) << account.status();
+    account_ = *account;
+    // A directory the account may write, reachable from /tmp (the test's own is under /root).
+    char pattern[] = "/tmp/fitrun-spawn-as-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    chmod(pattern, 0755);
+    writable_ = dir_ + "/mine";
+    mkdir(writable_.c_str(), 0700);
+    ASSERT_EQ(chown(writable_.c_str(), account_.uid, account_.gid), 0);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  ThrowawayAccount throwaway_{"fitrun-sp-"};
+  UnixAccount account_;
+  std::string dir_;
+  std::string writable_;
+};
+
+TEST_F(SpawnAsAccountTest, ChildHasTheAccountsIdsGroupsAndASessionOfItsOwn) {
+  SpawnOptions options;
+  options.run_as = account_;
+  auto [printed, exit] = RunShell("echo $(id -u) $(id -g) $(id -G); ps -o sid= -p $$; echo $$", options);
+  EXPECT_EQ(exit.exit_code, 0) << printed;
+  std::istringstream lines(printed);
+  std::string ids, sid, pid;
+  std::getline(lines, ids);
+  std::getline(lines, sid);
+  std::getline(lines, pid);
+  EXPECT_EQ(ids, absl::StrCat(account_.uid, " ", account_.gid, " ", account_.gid));
+  EXPECT_EQ(std::stoi(sid), std::stoi(pid)) << "not the leader of its own session";
+}
+
+TEST_F(SpawnAsAccountTest, EnvironmentIsCleanWithTheOptionsOnTop) {
+  setenv("FITRUN_SPAWN_TEST_SECRET", "fitrunds-own", 1);
+  SpawnOptions options;
+  options.run_as = account_;
+  options.env = {{"FITRUN_SPAWN_TEST_ADDED", "added"}};
+  auto [printed, exit] = RunShell("echo \"[$FITRUN_SPAWN_TEST_SECRET] $FITRUN_SPAWN_TEST_ADDED $USER $HOME\"", options);
+  EXPECT_EQ(printed, absl::StrCat("[] added ", account_.name, " ", account_.home, "\n"));
+}
+
+TEST_F(SpawnAsAccountTest, NoDescriptorOfFitrundsIsInherited) {
+  // A descriptor opened without close-on-exec, as a library might: still not the child's.
+  const int leaked = open("/etc/hostname", O_RDONLY);
+  ASSERT_GE(leaked, 3);
+  SpawnOptions options;
+  options.run_as = account_;
+  auto [printed, exit] = RunShell("ls /proc/self/fd | sort -n | tr '\\n' ' '", options);
+  close(leaked);
+  // 0-2 and the descriptor ls reads /proc/self/fd with.
+  EXPECT_EQ(printed, "0 1 2 3 ");
+}
+
+TEST_F(SpawnAsAccountTest, OutputFileIsOpenedAsTheAccount) {
+  SpawnOptions options;
+  options.run_as = account_;
+  options.argv = {"/bin/sh", "-c", "echo hello"};
+  options.output_path = writable_ + "/child.log";
+  absl::StatusOr<pid_t> pid = Spawn(options);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  EXPECT_EQ(Reap(*pid).exit_code, 0);
+  struct stat info {};
+  ASSERT_EQ(stat(options.output_path.c_str(), &info), 0);
+  EXPECT_EQ(info.st_uid, account_.uid);
+
+  // Where only root may write, the child cannot start, and the error says which step failed.
+  options.output_path = dir_ + "/roots.log";
+  absl::StatusOr<pid_t> refused = Spawn(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(absl::StrCat("as ", account_.name, ": opening its output file")),
+            std::string::npos)
+      << refused.status();
+  EXPECT_FALSE(std::filesystem::exists(options.output_path));
+}
+
+TEST_F(SpawnAsAccountTest, CannotRegainRoot) {
+  SpawnOptions options;
+  options.run_as = account_;
+  // su and sudo are setuid programs: no_new_privs makes their bit inert.
+  auto [printed, exit] = RunShell("grep NoNewPrivs /proc/self/status", options);
+  EXPECT_EQ(printed, "NoNewPrivs:\t1\n");
+}
+
+TEST(SpawnCgroupTest, ChildJoinsTheCgroupBeforeItRuns) {
+  const std::string cgroup = absl::StrCat("/sys/fs/cgroup/pids/fitrun-spawn-test-", getpid());
+  if (geteuid() != 0 || mkdir(cgroup.c_str(), 0755) != 0) {
+    GTEST_SKIP() << "needs root and a writable cgroup v1 pids controller at /sys/fs/cgroup/pids";
+  }
+  SpawnOptions options;
+  options.cgroup_procs_files = {cgroup + "/cgroup.procs"};
+  auto [printed, exit] = RunShell("grep pids: /proc/self/cgroup", options);
+  EXPECT_NE(printed.find(absl::StrCat(":pids:/fitrun-spawn-test-", getpid(), "\n")), std::string::npos) << printed;
+  rmdir(cgroup.c_str());
+
+  options.cgroup_procs_files = {"/sys/fs/cgroup/pids/no-such-fitrun-cgroup/cgroup.procs"};
+  options.argv = {"/bin/true"};
+  absl::StatusOr<pid_t> refused = Spawn(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("no-such-fitrun-cgroup"), std::string::npos) << refused.status();
 }
 
 }  // namespace

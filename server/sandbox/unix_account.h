@@ -1,0 +1,61 @@
+// The Unix accounts fitrund runs jobs as, and reading files with an account's rights.
+//
+// When fitrund is root and knows its users' accounts, every process of a job (ranks, probes,
+// scripts) runs as the job owner's account (server/spawn does the switch in the child), and what
+// fitrund reads for a job at submit (headers, the tensors file, a script's presence) it reads with
+// the owner's rights too (FileAccessAs), so a user cannot make fitrund read what they could not.
+#ifndef FITRUN_SERVER_SANDBOX_UNIX_ACCOUNT_H_
+#define FITRUN_SERVER_SANDBOX_UNIX_ACCOUNT_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace fitrun::server {
+
+struct UnixAccount {
+  std::string name;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  // Every group the account is in (its primary group included), as login would set them.
+  std::vector<gid_t> groups;
+  std::string home;
+  std::string shell;
+};
+
+// The account from the password and group databases: NOT_FOUND naming it when there is none;
+// INVALID_ARGUMENT for uid 0 (a job never runs as root through a mapping).
+absl::StatusOr<UnixAccount> LookUpUnixAccount(const std::string& name);
+
+// Whether this process may switch to other accounts (its effective uid is 0).
+bool CanRunAsOtherAccounts();
+
+// While alive, the calling thread opens, stats and lists files with `account`'s rights (file-system
+// uid and gid and supplementary groups, which Linux keeps per thread), and the thread's file-system
+// capabilities are dropped; the destructor restores fitrund's own. Other threads are untouched.
+// Only meaningful when CanRunAsOtherAccounts(); otherwise ok() is false and nothing changes.
+class FileAccessAs {
+ public:
+  explicit FileAccessAs(const UnixAccount& account);
+  ~FileAccessAs();
+  FileAccessAs(const FileAccessAs&) = delete;
+  FileAccessAs& operator=(const FileAccessAs&) = delete;
+
+  // OK when the thread now has the account's rights; INTERNAL naming the step otherwise.
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status status_;
+  bool switched_ = false;
+  uid_t saved_fsuid_ = 0;
+  gid_t saved_fsgid_ = 0;
+  std::vector<gid_t> saved_groups_;
+};
+
+}  // namespace fitrun::server
+
+#endif  // FITRUN_SERVER_SANDBOX_UNIX_ACCOUNT_H_
