@@ -43,8 +43,13 @@ ABSL_FLAG(std::string, tls_ca, "",
           "self-signed certificate)");
 ABSL_FLAG(bool, insecure, false, "Serve a non-loopback --listen address without TLS anyway");
 ABSL_FLAG(std::string, auth_tokens, "",
-          "Users: lines of '<user> <admin|user> <sha256 hex of the token>'; reloaded on SIGHUP. Without it and "
-          "--tls_client_ca every caller is the local admin");
+          "Users: lines of '<user> <admin|user> <sha256 hex of the token> [<unix account>|=]'; reloaded on SIGHUP. "
+          "Without it and --tls_client_ca every caller is the local admin. As root, fitrund runs each job as its "
+          "owner's Unix account (the fourth field; '=': the account named like the user)");
+ABSL_FLAG(std::string, unix_accounts, "listed",
+          "Which Unix account a user's jobs run as when fitrund is root and has users: 'listed' (the fourth field "
+          "of the user's --auth_tokens line; a user without one cannot submit) or 'same_name' (that field, else the "
+          "account named like the user)");
 ABSL_FLAG(std::vector<std::string>, data_roots, {},
           "Comma-separated folders that specs may name files in (data, TorchScript, scripts); default: "
           "/usr/share/datasets, <state_dir>/uploads and the directory fitrund starts in");
@@ -88,6 +93,7 @@ int main(int argc, char** argv) {
   options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   options.insecure = absl::GetFlag(FLAGS_insecure);
   options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
+  options.unix_accounts = absl::GetFlag(FLAGS_unix_accounts);
   options.data_roots = absl::GetFlag(FLAGS_data_roots);
   options.max_jobs_per_user = absl::GetFlag(FLAGS_max_jobs_per_user);
   options.max_streams_per_user = absl::GetFlag(FLAGS_max_streams_per_user);

@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -21,6 +22,7 @@
 #include "server/devices/gpu_offer.h"
 #include "server/devices/nvml_devices.h"
 #include "server/devices/virtual_cpu_devices.h"
+#include "server/sandbox/unix_account.h"
 #include "server/slurm/slurm_devices.h"
 #include "server/slurm/slurm_text.h"
 
@@ -178,7 +180,20 @@ absl::Status StartSlurm(const ServerOptions& options, RunningServer* server, Job
   return absl::OkStatus();
 }
 
+// chmod 0711: its owner's, and a way through for others to what lies inside and is theirs.
+absl::Status OnlyTraversable(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  std::filesystem::permissions(dir, std::filesystem::perms(0711), error);
+  if (error) return absl::FailedPreconditionError(absl::StrCat("cannot set the mode of ", dir, ": ", error.message()));
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+bool RunsJobsAsOwners(const ServerOptions& options) {
+  return (!options.auth_tokens.empty() || !options.tls_client_ca.empty()) && CanRunAsOtherAccounts();
+}
 
 void RunningServer::Shutdown(bool stop_workers) {
   if (grpc_server) grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -191,9 +206,23 @@ void RunningServer::Shutdown(bool stop_workers) {
 
 absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions& options) {
   auto server = std::make_unique<RunningServer>();
+  if (options.unix_accounts != "listed" && options.unix_accounts != "same_name") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--unix_accounts: expected listed or same_name (got '", options.unix_accounts, "')"));
+  }
+  const bool as_owners = RunsJobsAsOwners(options);
+  if (as_owners) {
+    // Everything fitrund writes (its database, logs of its own, caches) is its alone unless it
+    // says otherwise below; the job directories it gives to their owners.
+    umask(077);
+  }
   std::error_code error;
   std::filesystem::create_directories(options.state_dir, error);
   if (error) return absl::FailedPreconditionError(absl::StrCat("--state_dir: cannot create ", options.state_dir, ": ", error.message()));
+  if (as_owners) {
+    // Owners pass through to their own job directories (jobs/<id>, theirs, 0700) but list nothing.
+    if (absl::Status traversable = OnlyTraversable(options.state_dir); !traversable.ok()) return traversable;
+  }
   absl::StatusOr<int> lock = LockStateDir(options.state_dir);
   if (!lock.ok()) return lock.status();
   server->state_lock_fd = *lock;
@@ -279,8 +308,9 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
 
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(options, host);
   if (!credentials.ok()) return credentials.status();
-  absl::StatusOr<std::unique_ptr<Authenticator>> authenticator =
-      Authenticator::Create({options.auth_tokens, !options.tls_client_ca.empty()});
+  Authenticator::Options auth_options{options.auth_tokens, !options.tls_client_ca.empty()};
+  auth_options.same_name_accounts = options.unix_accounts == "same_name";
+  absl::StatusOr<std::unique_ptr<Authenticator>> authenticator = Authenticator::Create(auth_options);
   if (!authenticator.ok()) return authenticator.status();
   server->authenticator = *std::move(authenticator);
 
@@ -289,6 +319,8 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   if (data_roots.empty()) {
     const std::filesystem::path uploads = std::filesystem::path(options.state_dir) / "uploads";
     std::filesystem::create_directories(uploads, error);
+    // A data root: what users may read there, their own rights decide.
+    if (as_owners) std::filesystem::permissions(uploads, std::filesystem::perms(0755), error);
     data_roots = {"/usr/share/datasets", uploads.string(), std::filesystem::current_path(error).string()};
   }
   manager_options.data_roots.emplace(data_roots);
@@ -324,11 +356,22 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
             manager_options.worker_channel_address.c_str());
   }
   manager_options.stop_workers_on_shutdown = options.stop_workers_on_exit;
+  const std::string probes_dir = (std::filesystem::path(options.state_dir) / "memory-probes").string();
+  if (as_owners) {
+    // Directories holding what is the owners' (job directories, their dataset caches, their
+    // probes' assignments): fitrund's, passable, not listable.
+    const std::string jobs_dir = manager_options.jobs_dir.empty()
+                                     ? (std::filesystem::path(options.state_dir) / "jobs").string()
+                                     : manager_options.jobs_dir;
+    for (const std::string& dir : {jobs_dir, manager_options.dataset_cache_dir, probes_dir}) {
+      if (absl::Status traversable = OnlyTraversable(dir); !traversable.ok()) return traversable;
+    }
+  }
   if (options.memory_probe) {
     ProcessMemoryProbe::Options probe_options;
     probe_options.worker_binary = manager_options.worker_binary;
     probe_options.script_binary = manager_options.script_binary;
-    probe_options.work_dir = (std::filesystem::path(options.state_dir) / "memory-probes").string();
+    probe_options.work_dir = probes_dir;
     probe_options.dataset_cache_dir = manager_options.dataset_cache_dir;
     // Measure with the threads a rank gets, since intra-op threads take scratch memory of their own.
     const std::vector<fitrun::v1::Device> inventory = server->devices->Snapshot();
@@ -370,6 +413,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
 
   CoordinatorService::Options service_options;
   service_options.max_streams_per_user = options.max_streams_per_user;
+  service_options.run_jobs_as_owners = as_owners;
   if (server->authenticator->secured()) service_options.authenticator = server->authenticator.get();
   server->coordinator_service = std::make_unique<CoordinatorService>(server->manager.get(), service_options);
   server->worker_service = std::make_unique<WorkerChannelService>(server->manager.get());

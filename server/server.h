@@ -52,6 +52,9 @@ struct ServerOptions {
   bool insecure = false;
   // Users' bearer tokens (server/auth/authenticator.h); with tls_client_ca, certificates too.
   std::string auth_tokens;
+  // "listed" or "same_name": the Unix account of a user the tokens file gives none (see
+  // RunsJobsAsOwners).
+  std::string unix_accounts = "listed";
   // The folders specs may name files in (server/core/specs/data_roots.h). Empty: Debian's datasets
   // (/usr/share/datasets), <state_dir>/uploads and the directory fitrund starts in.
   std::vector<std::string> data_roots;
@@ -111,6 +114,11 @@ struct RunningServer {
 // <state_dir>/fitrund.address and fitrund.metrics_address. Errors name the flag; a state directory
 // another fitrund holds is FAILED_PRECONDITION naming that fitrund's pid (two coordinators over one
 // store would both recover, launch and re-adopt the same jobs).
+// Whether every job runs as its owner's Unix account: fitrund has users (tokens or client
+// certificates) and is root. Then a user without an account cannot submit, job directories are
+// their owners' (0700) and the state directory is fitrund's (0711, its files 0600).
+bool RunsJobsAsOwners(const ServerOptions& options);
+
 absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions& options);
 
 }  // namespace fitrun::server

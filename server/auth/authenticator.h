@@ -7,10 +7,12 @@
 // caller is who their bearer token or client certificate says, and nobody else gets in.
 //
 // The token file (--auth_tokens) has one line per token: `<user> <admin|user> <sha256 hex of the
-// token>` (# starts a comment). It never holds a token itself: make a line with
+// token> [<unix account>]` (# starts a comment). It never holds a token itself: make a line with
 //   printf '%s' "$TOKEN" | sha256sum
 // A user of the file without tokens can still be named, for a client certificate's common name to
-// get a role: `<user> admin -`. Reload() rereads it (fitrund does on SIGHUP); a file that fails to
+// get a role (and an account): `<user> admin -`. The optional fourth field is the Unix account the
+// user's jobs run as when fitrund is root (`=`: the account named like the user); a user without
+// one gets the account named like them when Options::same_name_accounts says so, else none. Reload() rereads it (fitrund does on SIGHUP); a file that fails to
 // parse leaves the previous one in force. Thread-safe.
 #ifndef FITRUN_SERVER_AUTH_AUTHENTICATOR_H_
 #define FITRUN_SERVER_AUTH_AUTHENTICATOR_H_
@@ -28,6 +30,8 @@ namespace fitrun::server {
 struct Caller {
   std::string user;
   bool admin = false;
+  // The Unix account the caller's jobs run as (fitrund as root); empty: none is known.
+  std::string unix_account;
 
   // Whether the caller may see and act on a job `owner` submitted. Jobs stored before owners
   // existed have none and are the admins'.
@@ -39,6 +43,8 @@ class Authenticator {
   struct Options {
     std::string tokens_file;       // empty: no tokens
     bool client_certificates = false;  // mutual TLS: a verified client certificate identifies its holder
+    // A user the file gives no account runs jobs as the account named like them (--unix_accounts=same_name).
+    bool same_name_accounts = false;
   };
   static absl::StatusOr<std::unique_ptr<Authenticator>> Create(Options options);
 
@@ -55,7 +61,10 @@ class Authenticator {
   struct Entry {
     std::string user;
     bool admin = false;
+    std::string unix_account;
   };
+  // The user's account: the file's, or the same-name rule's.
+  std::string AccountOf(const std::string& user, const std::string& listed) const;
   explicit Authenticator(Options options)
       : options_(std::move(options)), secured_(!options_.tokens_file.empty() || options_.client_certificates) {}
 
@@ -63,7 +72,8 @@ class Authenticator {
   const bool secured_;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> by_hash_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, bool> admins_by_user_ ABSL_GUARDED_BY(mu_);
+  // Per user named in the file: admin or not, and the account its lines give (if any).
+  std::map<std::string, Entry> users_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fitrun::server

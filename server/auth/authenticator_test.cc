@@ -81,5 +81,36 @@ TEST(CallerTest, UsersSeeTheirOwnJobsAndAdminsEveryJob) {
   EXPECT_TRUE((Caller{"root", true}).MayAccess("bob"));
 }
 
+TEST(AuthenticatorTest, UsersCarryTheUnixAccountTheirJobsRunAs) {
+  const std::string path = WriteTokens(
+      "accounts", "alice user " + Authenticator::Sha256Hex("a") + " alice_unix\n" +  //
+                      "bob user " + Authenticator::Sha256Hex("b") + " =\n" +            //
+                      "carol user " + Authenticator::Sha256Hex("c") + "\n" +            //
+                      "dave admin - dave_unix\n");
+  auto listed = Authenticator::Create({path, true});
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ((*listed)->Identify("a", "")->unix_account, "alice_unix");
+  EXPECT_EQ((*listed)->Identify("b", "")->unix_account, "bob");  // `=`: the account named like the user
+  EXPECT_EQ((*listed)->Identify("c", "")->unix_account, "");     // none: such a user's jobs are refused as root
+  EXPECT_EQ((*listed)->Identify("", "dave")->unix_account, "dave_unix");
+  EXPECT_EQ((*listed)->Identify("", "erin")->unix_account, "");
+
+  Authenticator::Options same_name{path, true};
+  same_name.same_name_accounts = true;
+  auto by_rule = Authenticator::Create(same_name);
+  ASSERT_TRUE(by_rule.ok()) << by_rule.status();
+  EXPECT_EQ((*by_rule)->Identify("a", "")->unix_account, "alice_unix");  // the file's account wins
+  EXPECT_EQ((*by_rule)->Identify("c", "")->unix_account, "carol");
+  EXPECT_EQ((*by_rule)->Identify("", "erin")->unix_account, "erin");
+}
+
+TEST(AuthenticatorTest, TwoAccountsForOneUserAreRefusedNamingTheLine) {
+  const std::string path = WriteTokens("two-accounts", "alice user " + Authenticator::Sha256Hex("a") + " one\n" +
+                                                           "alice user " + Authenticator::Sha256Hex("b") + " two\n");
+  auto auth = Authenticator::Create({path, false});
+  ASSERT_FALSE(auth.ok());
+  EXPECT_THAT(auth.status().message(), HasSubstr("line 2: user alice already runs jobs as Unix account one"));
+}
+
 }  // namespace
 }  // namespace fitrun::server

@@ -358,8 +358,9 @@ class FakeMemoryProbe : public MemoryProbe {
   explicit FakeMemoryProbe(PeakFunction peak, int64_t model_state_bytes = 2678824, int64_t train_samples = 60000)
       : peak_(std::move(peak)), model_state_bytes_(model_state_bytes), train_samples_(train_samples) {}
 
-  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> Start(const fitrun::v1::JobSpec& spec,
-                                                            int64_t max_bytes) override {
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> Start(const fitrun::v1::JobSpec& spec, int64_t max_bytes,
+                                                            const std::string& run_as) override {
+    (void)run_as;
     absl::MutexLock lock(&mu_);
     probed_.push_back(spec);
     auto released = [this] { return !held_; };

@@ -5,12 +5,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/sandbox/unix_account.h"
 
 namespace fitrun::server {
 
@@ -22,6 +24,8 @@ struct WorkerLaunch {
   std::vector<std::pair<std::string, std::string>> env;
   std::string working_dir;
   std::string log_path;  // stdout and stderr go here
+  // The Unix account the rank runs as (the job's owner's); unset: fitrund's own user.
+  std::optional<UnixAccount> run_as;
 };
 
 struct WorkerExit {

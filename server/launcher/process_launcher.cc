@@ -47,6 +47,7 @@ absl::StatusOr<int> ProcessLauncher::Launch(const WorkerLaunch& launch, ExitCall
   spawn.working_dir = launch.working_dir;
   spawn.output_path = launch.log_path;
   spawn.own_process_group = true;
+  spawn.run_as = launch.run_as;
 
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the launcher is shutting down");

@@ -253,7 +253,21 @@ absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> ProcessMemoryProbe::Create(O
 }
 
 absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(const fitrun::v1::JobSpec& spec,
-                                                                               int64_t max_bytes) {
+                                                                               int64_t max_bytes,
+                                                                               const std::string& run_as) {
+  // A job's workload is measured with its owner's rights: the probe runs the job's code.
+  std::optional<UnixAccount> account;
+  std::string dataset_cache_dir = options_.dataset_cache_dir;
+  if (!run_as.empty()) {
+    absl::StatusOr<UnixAccount> found = LookUpUnixAccount(run_as);
+    if (!found.ok()) return absl::FailedPreconditionError(absl::StrCat("memory probe: ", found.status().message()));
+    account = *found;
+    if (!dataset_cache_dir.empty()) {
+      absl::StatusOr<std::string> own = AccountSubdirectory(dataset_cache_dir, *account);
+      if (!own.ok()) return own.status();
+      dataset_cache_dir = *own;
+    }
+  }
   const std::string& binary =
       spec.has_script() && !options_.script_binary.empty() ? options_.script_binary : options_.worker_binary;
   if (access(binary.c_str(), X_OK) != 0) {
@@ -265,7 +279,7 @@ absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(co
   *assignment.mutable_spec() = spec;
   assignment.add_cpu_threads(options_.cpu_threads);
   assignment.add_memory_cap_bytes(std::max<int64_t>(0, max_bytes));
-  assignment.set_dataset_cache_dir(options_.dataset_cache_dir);
+  assignment.set_dataset_cache_dir(dataset_cache_dir);
   std::string text;
   google::protobuf::TextFormat::PrintToString(assignment, &text);
   const std::string path =
@@ -275,6 +289,12 @@ absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(co
     std::ofstream out(path);
     out << text;
     if (!out.good()) return absl::InternalError(absl::StrCat("memory probe: cannot write ", path));
+  }
+  if (account.has_value()) {
+    if (absl::Status given = GiveToAccount(path, *account, 0600); !given.ok()) {
+      std::remove(path.c_str());
+      return given;
+    }
   }
 
   std::vector<std::string> args = {binary, "--probe"};
@@ -301,6 +321,7 @@ absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(co
   // In fitrund's process group: a probe is fitrund's own work, not a job's; it ends when its input
   // (fitrund's end of the pipe) closes.
   spawn.own_process_group = false;
+  spawn.run_as = account;  // a session of its own then (server/spawn)
   absl::StatusOr<pid_t> pid = Spawn(spawn);
   for (int* fd : {&in_pipe->read_end, &out_pipe->write_end, &err_pipe->write_end}) CloseFd(fd);
   if (!pid.ok()) {

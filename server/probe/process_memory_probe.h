@@ -3,7 +3,8 @@
 // reads on stdin, answering one JSON line per batch. fitrund does not link LibTorch, so measuring is
 // the worker's job; deciding what to measure is the calibration's (server/core/memory/memory_curve.h).
 //
-// No shell: posix_spawn with the coordinator's environment plus FITRUN_ASSIGNMENT (a one-rank
+// No shell: a child (as the job's owner's Unix account when it has one, see server/spawn) with the
+// coordinator's environment plus FITRUN_ASSIGNMENT (a one-rank
 // assignment written to a file under work_dir, whose memory cap is the session's byte budget, which
 // the worker's counting allocator enforces), stdin/stdout/stderr through pipes, SIGKILL at a
 // timeout. Thread-safe: each session is its own process, used by one thread.
@@ -46,8 +47,8 @@ class ProcessMemoryProbe : public MemoryProbe {
   };
   static absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> Create(Options options);
 
-  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> Start(const fitrun::v1::JobSpec& spec,
-                                                            int64_t max_bytes) override;
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> Start(const fitrun::v1::JobSpec& spec, int64_t max_bytes,
+                                                            const std::string& run_as) override;
 
  private:
   explicit ProcessMemoryProbe(Options options) : options_(std::move(options)) {}

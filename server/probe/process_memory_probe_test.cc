@@ -95,7 +95,7 @@ done)sh");
   ProcessMemoryProbe::Options options = OptionsFor(worker);
   options.dataset_cache_dir = "/srv/fitrun/datasets";
   auto probe = *ProcessMemoryProbe::Create(options);
-  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 50000);
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 50000, "");
   ASSERT_TRUE(session.ok()) << session.status();
   EXPECT_EQ((*session)->model_state_bytes(), 100);
   EXPECT_EQ((*session)->train_samples(), 1000);
@@ -118,7 +118,7 @@ TEST(ProcessMemoryProbeTest, AWorkerThatRefusesTheSpecIsReportedWithItsStderr) {
   const std::string worker =
       FakeWorker("probe_bad.sh", "echo 'fitrun-worker --probe: spec.model.torchscript: not a module' >&2; exit 2");
   auto probe = *ProcessMemoryProbe::Create(OptionsFor(worker));
-  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30);
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30, "");
   ASSERT_EQ(session.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(session.status().message(), HasSubstr("exited with 2"));
   EXPECT_THAT(session.status().message(), HasSubstr("spec.model.torchscript: not a module"));
@@ -131,7 +131,7 @@ read b
 echo "Segmentation fault" >&2
 kill -SEGV $$)");
   auto probe = *ProcessMemoryProbe::Create(OptionsFor(worker));
-  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30);
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30, "");
   ASSERT_TRUE(session.ok()) << session.status();
   absl::StatusOr<int64_t> peak = (*session)->MeasurePeak(4);
   ASSERT_FALSE(peak.ok());
@@ -148,7 +148,7 @@ exec sleep 60)");
   ProcessMemoryProbe::Options options = OptionsFor(worker);
   options.measure_timeout = absl::Milliseconds(300);
   auto probe = *ProcessMemoryProbe::Create(options);
-  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30);
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30, "");
   ASSERT_TRUE(session.ok()) << session.status();
   const absl::Time start = absl::Now();
   EXPECT_EQ((*session)->MeasurePeak(4).status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -158,7 +158,7 @@ exec sleep 60)");
 
 TEST(ProcessMemoryProbeTest, AMissingBinaryIsAnError) {
   auto probe = *ProcessMemoryProbe::Create(OptionsFor("/nonexistent/fitrun-worker"));
-  EXPECT_EQ(probe->Start(Spec(), 1 << 30).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(probe->Start(Spec(), 1 << 30, "").status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

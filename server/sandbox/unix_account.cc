@@ -3,11 +3,13 @@
 #include <grp.h>
 #include <pwd.h>
 #include <sys/fsuid.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 
@@ -55,6 +57,23 @@ absl::StatusOr<UnixAccount> LookUpUnixAccount(const std::string& name) {
 }
 
 bool CanRunAsOtherAccounts() { return geteuid() == 0; }
+
+absl::Status GiveToAccount(const std::string& path, const UnixAccount& account, unsigned mode) {
+  if (chown(path.c_str(), account.uid, account.gid) != 0 || chmod(path.c_str(), static_cast<mode_t>(mode)) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot give ", path, " to Unix account ", account.name, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> AccountSubdirectory(const std::string& parent, const UnixAccount& account) {
+  const std::string dir = absl::StrCat(parent, "/", account.name);
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message()));
+  if (absl::Status given = GiveToAccount(dir, account, 0700); !given.ok()) return given;
+  return dir;
+}
 
 FileAccessAs::FileAccessAs(const UnixAccount& account) {
   if (!CanRunAsOtherAccounts()) {

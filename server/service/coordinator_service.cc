@@ -105,6 +105,18 @@ void CoordinatorService::ReleaseStream(const std::string& user) {
   if (--streams_by_user_[user] <= 0) streams_by_user_.erase(user);
 }
 
+absl::StatusOr<std::string> CoordinatorService::RunAs(const Caller& caller) const {
+  if (!run_jobs_as_owners_) return std::string();
+  if (caller.unix_account.empty()) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "user ", caller.user, " has no Unix account: fitrund runs every job as its owner's "
+                          "account; an operator adds one as the fourth field of the user's line in --auth_tokens "
+                          "(or starts fitrund with --unix_accounts=same_name)")),
+                      "NO_UNIX_ACCOUNT");
+  }
+  return caller.unix_account;
+}
+
 absl::StatusOr<fitrun::v1::Job> CoordinatorService::VisibleJob(const Caller& caller, const std::string& job_id) const {
   absl::StatusOr<fitrun::v1::Job> job = manager_->Get(job_id);
   if (!job.ok()) return job.status();
@@ -119,7 +131,9 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
     if (absl::Status size = CheckSpecSize(*request); !size.ok()) return size;
     absl::StatusOr<fitrun::v1::JobSpec> spec = SpecFrom(*request);
     if (!spec.ok()) return spec.status();
-    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(*std::move(spec), caller.user, request->request_id());
+    absl::StatusOr<std::string> run_as = RunAs(caller);
+    if (!run_as.ok()) return run_as.status();
+    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(*std::move(spec), caller.user, request->request_id(), *run_as);
     if (job.ok()) *response->mutable_job() = *std::move(job);
     return job.status();
   });
@@ -128,11 +142,13 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::PlanJob(grpc::CallbackServerContext* context,
                                                       const fitrun::v1::PlanJobRequest* request,
                                                       fitrun::v1::PlanJobResponse* response) {
-  return Unary(context, [&](const Caller&) -> absl::Status {
+  return Unary(context, [&](const Caller& caller) -> absl::Status {
     if (absl::Status size = CheckSpecSize(*request); !size.ok()) return size;
     absl::StatusOr<fitrun::v1::JobSpec> spec = SpecFrom(*request);
     if (!spec.ok()) return spec.status();
-    auto planned = manager_->DryRunPlan(*std::move(spec));
+    absl::StatusOr<std::string> run_as = RunAs(caller);
+    if (!run_as.ok()) return run_as.status();
+    auto planned = manager_->DryRunPlan(*std::move(spec), *run_as);
     if (!planned.ok()) return planned.status();
     *response->mutable_spec() = std::move(planned->first);
     *response->mutable_plan() = std::move(planned->second);

@@ -29,12 +29,16 @@ class CoordinatorService final
     const Authenticator* authenticator = nullptr;
     // Watch and log streams one user may hold open at once.
     int max_streams_per_user = 1000;
+    // Every job runs as its owner's Unix account (fitrund is root and has users): a user without
+    // one cannot submit or plan.
+    bool run_jobs_as_owners = false;
   };
   explicit CoordinatorService(JobManager* manager) : CoordinatorService(manager, Options()) {}
   CoordinatorService(JobManager* manager, Options options)
       : manager_(manager),
         authenticator_(options.authenticator),
         max_streams_per_user_(options.max_streams_per_user),
+        run_jobs_as_owners_(options.run_jobs_as_owners),
         fanout_(options.fanout) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context, const fitrun::v1::SubmitJobRequest* request,
@@ -86,7 +90,11 @@ class CoordinatorService final
   absl::StatusOr<fitrun::v1::Job> VisibleJob(const Caller& caller, const std::string& job_id) const;
 
   JobManager* const manager_;
+  // The account the caller's jobs run as ("" when jobs run as fitrund's user); FAILED_PRECONDITION
+  // for a caller without one when they must have one.
+  absl::StatusOr<std::string> RunAs(const Caller& caller) const;
   const Authenticator* const authenticator_;
+  const bool run_jobs_as_owners_;
   const int max_streams_per_user_;
   absl::Mutex streams_mu_;
   std::map<std::string, int> streams_by_user_ ABSL_GUARDED_BY(streams_mu_);

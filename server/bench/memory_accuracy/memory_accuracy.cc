@@ -262,7 +262,7 @@ int Run() {
         std::fprintf(stderr, "%s: %s; largest batch on %s: %lld\n", row.workload.c_str(),
                      profile.memory_source.c_str(), MiB(device_bytes).c_str(), static_cast<long long>(row.largest));
         absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session =
-            (*probe)->Start(spec, device_bytes + device_bytes / 4);
+            (*probe)->Start(spec, device_bytes + device_bytes / 4, "");
         if (!session.ok()) {
           row.note = std::string(session.status().message());
           rows.push_back(row);
@@ -337,7 +337,7 @@ int Run() {
                     std::string(plan.status().message()).c_str());
         continue;
       }
-      absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = (*probe)->Start(spec, 2 * cap);
+      absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = (*probe)->Start(spec, 2 * cap, "");
       absl::StatusOr<int64_t> measured =
           session.ok() ? (*session)->MeasurePeak(plan->per_device_batch()) : absl::StatusOr<int64_t>(session.status());
       if (!measured.ok()) {

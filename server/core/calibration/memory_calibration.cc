@@ -259,12 +259,12 @@ MemoryCalibrator::Lookup MemoryCalibrator::Find(const fitrun::v1::JobSpec& spec)
 }
 
 bool MemoryCalibrator::StartCalibration(const fitrun::v1::JobSpec& spec, int64_t max_batch, int64_t max_bytes,
-                                        std::function<void()> on_done) {
+                                        std::function<void()> on_done, const std::string& run_as) {
   const std::string key = CalibrationKey(spec);
   absl::MutexLock lock(&mu_);
   if (stopping_ || done_.count(key) > 0 || sweeping_.count(key) > 0) return false;
   sweeping_.insert(key);
-  Task task{key, spec, 0, SweepLimits{}, std::move(on_done)};
+  Task task{key, spec, 0, SweepLimits{}, std::move(on_done), run_as};
   task.limits.max_batch = std::max<int64_t>(1, max_batch);
   task.limits.max_bytes = std::min(max_bytes > 0 ? max_bytes : options_.max_probe_bytes, options_.max_probe_bytes);
   task.limits.tolerance = options_.tolerance;
@@ -273,7 +273,7 @@ bool MemoryCalibrator::StartCalibration(const fitrun::v1::JobSpec& spec, int64_t
 }
 
 bool MemoryCalibrator::StartMeasurement(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t max_bytes,
-                                        std::function<void()> on_done) {
+                                        std::function<void()> on_done, const std::string& run_as) {
   const std::string key = CalibrationKey(spec);
   absl::MutexLock lock(&mu_);
   auto it = done_.find(key);
@@ -282,7 +282,7 @@ bool MemoryCalibrator::StartMeasurement(const fitrun::v1::JobSpec& spec, int64_t
     return false;
   }
   measuring_.insert({key, batch});
-  Task task{key, spec, batch, SweepLimits{}, std::move(on_done)};
+  Task task{key, spec, batch, SweepLimits{}, std::move(on_done), run_as};
   task.limits.max_bytes = std::min(max_bytes > 0 ? max_bytes : options_.max_probe_bytes, options_.max_probe_bytes);
   queue_.push_back(std::move(task));
   return true;
@@ -325,9 +325,9 @@ void MemoryCalibrator::Loop() {
     mu_.Unlock();
     const absl::Time started = absl::Now();
     if (task.batch == 0) {
-      StoreSweep(task.key, Sweep(task.spec, task.limits));
+      StoreSweep(task.key, Sweep(task));
     } else {
-      absl::StatusOr<MeasuredPeak> point = MeasureOne(task.spec, task.batch, task.limits.max_bytes);
+      absl::StatusOr<MeasuredPeak> point = MeasureOne(task);
       absl::MutexLock done(&mu_);
       measuring_.erase({task.key, task.batch});
       if (point.ok()) {
@@ -350,8 +350,9 @@ void MemoryCalibrator::Loop() {
   }
 }
 
-absl::StatusOr<Calibration> MemoryCalibrator::Sweep(const fitrun::v1::JobSpec& spec, const SweepLimits& limits) {
-  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe_->Start(spec, limits.max_bytes);
+absl::StatusOr<Calibration> MemoryCalibrator::Sweep(const Task& task) {
+  const SweepLimits& limits = task.limits;
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe_->Start(task.spec, limits.max_bytes, task.run_as);
   if (!session.ok()) return session.status();
   Calibration c;
   c.model_state_bytes = (*session)->model_state_bytes();
@@ -382,9 +383,10 @@ absl::StatusOr<Calibration> MemoryCalibrator::Sweep(const fitrun::v1::JobSpec& s
   return c;
 }
 
-absl::StatusOr<MeasuredPeak> MemoryCalibrator::MeasureOne(const fitrun::v1::JobSpec& spec, int64_t batch,
-                                                           int64_t max_bytes) {
-  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe_->Start(spec, max_bytes);
+absl::StatusOr<MeasuredPeak> MemoryCalibrator::MeasureOne(const Task& task) {
+  const int64_t batch = task.batch;
+  const int64_t max_bytes = task.limits.max_bytes;
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe_->Start(task.spec, max_bytes, task.run_as);
   if (!session.ok()) return session.status();
   absl::StatusOr<int64_t> peak = (*session)->MeasurePeak(batch);
   // More than the budget (the device) is all a plan needs to know: it does not fit.
@@ -415,7 +417,8 @@ absl::StatusOr<Calibration> MemoryCalibrator::CalibrateNow(const fitrun::v1::Job
     if (auto it = done_.find(key); it != done_.end()) return it->second;
     ++probes_run_;
   }
-  return StoreSweep(key, Sweep(spec, limits));
+  Task task{key, spec, 0, limits, nullptr, ""};
+  return StoreSweep(key, Sweep(task));
 }
 
 absl::StatusOr<ModelProfile> MemoryCalibrator::ProfileFor(const fitrun::v1::JobSpec& spec) {

@@ -52,10 +52,11 @@ class MemoryProbeSession {
 class MemoryProbe {
  public:
   virtual ~MemoryProbe() = default;
-  // Loads `spec`'s workload for measuring, with no measurement allowed past `max_bytes`. Errors
-  // name the spec field when the spec cannot be probed.
+  // Loads `spec`'s workload for measuring, with no measurement allowed past `max_bytes`, as the
+  // Unix account `run_as` ("": fitrund's own user). Errors name the spec field when the spec
+  // cannot be probed.
   virtual absl::StatusOr<std::unique_ptr<MemoryProbeSession>> Start(const fitrun::v1::JobSpec& spec,
-                                                                     int64_t max_bytes) = 0;
+                                                                     int64_t max_bytes, const std::string& run_as) = 0;
 };
 
 // What a calibration depends on: the model (builtin and its config, or the TorchScript file and its
@@ -126,14 +127,15 @@ class MemoryCalibrator {
 
   // Queues a sweep of the spec's workload unless it is calibrated or queued already (then returns
   // false), measuring micro-batches up to `max_batch` (the most a rank of the asking job takes) and
-  // peaks up to `max_bytes` (its roomiest device). `on_done` runs when the result is in.
+  // peaks up to `max_bytes` (its roomiest device). `on_done` runs when the result is in. The probe
+  // runs as the Unix account `run_as` (the asking job's; "": fitrund's own user).
   bool StartCalibration(const fitrun::v1::JobSpec& spec, int64_t max_batch, int64_t max_bytes,
-                        std::function<void()> on_done);
+                        std::function<void()> on_done, const std::string& run_as = "");
   // Queues one measurement at `batch` of a calibrated workload (a plan's batch beyond the measured
   // ones, or a tight one); the peak joins the curve, or, past `max_bytes`, a point just above it
   // does. False when that batch is measured or queued already, or the workload is not calibrated.
   bool StartMeasurement(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t max_bytes,
-                        std::function<void()> on_done);
+                        std::function<void()> on_done, const std::string& run_as = "");
   // Whether a measurement of `batch` for the spec's workload is queued or running.
   bool Measuring(const fitrun::v1::JobSpec& spec, int64_t batch);
   // What a real run measured: the largest peak of an attempt's ranks at its per-device batch. Runs
@@ -157,12 +159,13 @@ class MemoryCalibrator {
     int64_t batch = 0;  // 0: a sweep; otherwise a single measurement
     SweepLimits limits;
     std::function<void()> on_done;
+    std::string run_as;
   };
   MemoryCalibrator(Options options, MemoryProbe* probe) : options_(std::move(options)), probe_(probe) {}
   absl::Status LoadCache();
   void Loop();
-  absl::StatusOr<Calibration> Sweep(const fitrun::v1::JobSpec& spec, const SweepLimits& limits);
-  absl::StatusOr<MeasuredPeak> MeasureOne(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t max_bytes);
+  absl::StatusOr<Calibration> Sweep(const Task& task);
+  absl::StatusOr<MeasuredPeak> MeasureOne(const Task& task);
   // Stores a sweep's result (with the runs that came before it) and returns what was stored.
   absl::StatusOr<Calibration> StoreSweep(const std::string& key, const absl::StatusOr<Calibration>& result);
   // Appends lines to the cache file; rewrites it whole (atomically) when it has grown well past

@@ -34,17 +34,19 @@ std::string PlanningGate::LaunchesWithoutProbe(const fitrun::v1::Job& job,
                       "for the workload's calibration (a probe runs first only when memory is tight)");
 }
 
-std::string PlanningGate::AwaitCalibration(const fitrun::v1::JobSpec& spec, int64_t roomiest_bytes) {
+std::string PlanningGate::AwaitCalibration(const fitrun::v1::JobSpec& spec, int64_t roomiest_bytes,
+                                           const std::string& run_as) {
   if (calibrator_ == nullptr || !NotMeasuredYet(calibrator_->Find(spec).state)) return "";
   const int64_t per_rank = spec.resources().per_device_batch() > 0
                                ? spec.resources().per_device_batch()
                                : spec.global_batch_size() / std::max(1, spec.resources().min_devices());
-  calibrator_->StartCalibration(spec, per_rank, roomiest_bytes, on_measured_);
+  calibrator_->StartCalibration(spec, per_rank, roomiest_bytes, on_measured_, run_as);
   return absl::StrCat("measuring memory: fitrun-worker --probe runs the workload at growing micro-batches, up to ",
                       per_rank, " or ", FormatBytes(roomiest_bytes));
 }
 
-std::string PlanningGate::AwaitPlanMeasurement(const fitrun::v1::JobSpec& spec, const fitrun::v1::Plan& plan) {
+std::string PlanningGate::AwaitPlanMeasurement(const fitrun::v1::JobSpec& spec, const fitrun::v1::Plan& plan,
+                                               const std::string& run_as) {
   if (calibrator_ == nullptr) return "";
   if (spec.resources().per_device_batch() > 0) return "";  // a fixed batch is the user's call
   absl::StatusOr<ModelProfile> profile = calibrator_->ProfileFor(spec);
@@ -55,7 +57,7 @@ std::string PlanningGate::AwaitPlanMeasurement(const fitrun::v1::JobSpec& spec, 
   const bool beyond = batch > curve.largest_batch();
   const bool tight = IsTight(plan);
   if (!beyond && !tight) return "";
-  const bool queued = calibrator_->StartMeasurement(spec, batch, plan.usable_bytes(), on_measured_);
+  const bool queued = calibrator_->StartMeasurement(spec, batch, plan.usable_bytes(), on_measured_, run_as);
   if (!queued && !calibrator_->Measuring(spec, batch)) return "";  // it failed: go ahead
   return absl::StrCat("measuring the peak at per-device batch ", batch, " before launch (predicted ",
                       FormatBytes(plan.predicted().total_bytes()), " of ", FormatBytes(plan.usable_bytes()),
@@ -80,7 +82,7 @@ PlanningGate::BeforePlanning PlanningGate::Pass::Check(const fitrun::v1::Job& jo
   }
   if (!before.without_probe.empty()) return before;
   auto [awaiting, first_asked] = awaiting_by_workload_.try_emplace(calibration_key);
-  if (first_asked) awaiting->second = gate_->AwaitCalibration(job.spec(), roomiest_bytes_);
+  if (first_asked) awaiting->second = gate_->AwaitCalibration(job.spec(), roomiest_bytes_, job.run_as());
   before.waiting_for = awaiting->second;
   if (!before.waiting_for.empty()) {
     // Jobs behind may start meanwhile. One job per workload waits in PLANNING; the others stay

@@ -53,13 +53,14 @@ class PlanningGate {
 
   // What the job's workload still needs measured before it can be planned, with the sweep started
   // (up to the most one rank of the job takes in a micro-batch, and `roomiest_bytes`); empty when
-  // nothing.
-  std::string AwaitCalibration(const fitrun::v1::JobSpec& spec, int64_t roomiest_bytes);
+  // nothing. `run_as`: the Unix account the probe runs as (the job's Job.run_as; "" fitrund's).
+  std::string AwaitCalibration(const fitrun::v1::JobSpec& spec, int64_t roomiest_bytes, const std::string& run_as);
 
   // What the plan still needs measured before it launches: its batch, when its predicted peak is
   // tight or beyond the largest measured batch and not measured yet (the measurement is started).
   // Empty when nothing, or when that measurement failed (the plan goes ahead).
-  std::string AwaitPlanMeasurement(const fitrun::v1::JobSpec& spec, const fitrun::v1::Plan& plan);
+  std::string AwaitPlanMeasurement(const fitrun::v1::JobSpec& spec, const fitrun::v1::Plan& plan,
+                                   const std::string& run_as);
 
   // What one queued job waits for before it is planned now.
   struct BeforePlanning {
@@ -84,8 +85,8 @@ class PlanningGate {
     // in PLANNING.
     BeforePlanning Check(const fitrun::v1::Job& job, const std::string& calibration_key, bool in_planning);
     // What the plan waits for before it launches (AwaitPlanMeasurement); empty: launch it.
-    std::string BeforeLaunch(const fitrun::v1::JobSpec& spec, const fitrun::v1::Plan& plan) {
-      return gate_->AwaitPlanMeasurement(spec, plan);
+    std::string BeforeLaunch(const fitrun::v1::Job& job, const fitrun::v1::Plan& plan) {
+      return gate_->AwaitPlanMeasurement(job.spec(), plan, job.run_as());
     }
     bool measures() const { return gate_->measures(); }
 

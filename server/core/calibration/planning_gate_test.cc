@@ -50,7 +50,7 @@ TEST_F(PlanningGateTest, WithoutACalibratorNothingWaits) {
   PlanningGate gate(nullptr, [] {});
   EXPECT_FALSE(gate.measures());
   EXPECT_TRUE(gate.Settled(MlpTestSpec()));
-  EXPECT_EQ(gate.AwaitCalibration(MlpTestSpec(), 1LL << 30), "");
+  EXPECT_EQ(gate.AwaitCalibration(MlpTestSpec(), 1LL << 30, ""), "");
   PlanningGate::Pass pass(&gate, Devices(2, 1LL << 20), 1LL << 20, planner_);
   const PlanningGate::BeforePlanning before = pass.Check(JobOf(MlpTestSpec()), "key", false);
   EXPECT_TRUE(before.waiting_for.empty());
@@ -64,12 +64,12 @@ TEST_F(PlanningGateTest, AnUnmeasuredWorkloadWithATightPlanWaitsForItsSweepWhich
   EXPECT_FALSE(gate.Settled(spec));
   // 16 MiB: the analytic estimate's fixed overheads alone fill it, so the plan is not roomy.
   EXPECT_EQ(gate.LaunchesWithoutProbe(JobOf(spec), Devices(2, 16LL << 20), planner_), "");
-  const std::string waiting = gate.AwaitCalibration(spec, 16LL << 20);
+  const std::string waiting = gate.AwaitCalibration(spec, 16LL << 20, "");
   EXPECT_THAT(waiting, HasSubstr("measuring memory: fitrun-worker --probe runs the workload at growing "
                                  "micro-batches, up to 1024 or 16.0 MiB"));
   ASSERT_TRUE(measured.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_TRUE(gate.Settled(spec));
-  EXPECT_EQ(gate.AwaitCalibration(spec, 16LL << 20), "") << "measured: nothing left to wait for";
+  EXPECT_EQ(gate.AwaitCalibration(spec, 16LL << 20, ""), "") << "measured: nothing left to wait for";
   EXPECT_EQ(probe_.calls(), 1);
 }
 
@@ -116,15 +116,15 @@ TEST_F(PlanningGateTest, APlanBeyondTheMeasuredBatchesIsMeasuredBeforeLaunch) {
   absl::StatusOr<fitrun::v1::Plan> plan = planner_(JobOf(spec), Devices(1, 1LL << 30));
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_GT(plan->per_device_batch(), 256);
-  const std::string waiting = gate.AwaitPlanMeasurement(spec, *plan);
+  const std::string waiting = gate.AwaitPlanMeasurement(spec, *plan, "");
   EXPECT_THAT(waiting, HasSubstr(absl::StrCat("measuring the peak at per-device batch ", plan->per_device_batch(),
                                               " before launch")));
   ASSERT_TRUE(measured.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_EQ(gate.AwaitPlanMeasurement(spec, *plan), "") << "measured now: it launches";
+  EXPECT_EQ(gate.AwaitPlanMeasurement(spec, *plan, ""), "") << "measured now: it launches";
 
   fitrun::v1::JobSpec fixed = spec;
   fixed.mutable_resources()->set_per_device_batch(4096);
-  EXPECT_EQ(gate.AwaitPlanMeasurement(fixed, *plan), "") << "a fixed batch is the user's call";
+  EXPECT_EQ(gate.AwaitPlanMeasurement(fixed, *plan, ""), "") << "a fixed batch is the user's call";
 }
 
 }  // namespace

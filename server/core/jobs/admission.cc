@@ -3,11 +3,26 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "server/core/errors.h"
+#include "server/sandbox/unix_account.h"
 #include "server/core/specs/job_specs.h"
 
 namespace fitrun::server {
 
-absl::StatusOr<fitrun::v1::JobSpec> Admission::CheckSpec(fitrun::v1::JobSpec spec) const {
+absl::StatusOr<fitrun::v1::JobSpec> Admission::CheckSpec(fitrun::v1::JobSpec spec, const std::string& run_as) const {
+  std::optional<FileAccessAs> as_owner;
+  if (!run_as.empty()) {
+    absl::StatusOr<UnixAccount> account = LookUpUnixAccount(run_as);
+    if (!account.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("this user's jobs run as Unix account '", run_as, "': ", account.status().message(),
+                       "; an operator fixes the account or the user's line in --auth_tokens"));
+    }
+    // Only when fitrund may switch (it is root); otherwise it reads with its own rights, as ranks run.
+    if (CanRunAsOtherAccounts()) {
+      as_owner.emplace(*account);
+      if (!as_owner->status().ok()) return as_owner->status();
+    }
+  }
   // Before anything the spec names is opened (validation reads headers and sizes).
   if (options_.data_roots.has_value()) {
     if (absl::Status allowed = options_.data_roots->Check(spec); !allowed.ok()) return allowed;

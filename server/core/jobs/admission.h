@@ -34,8 +34,11 @@ class Admission {
   explicit Admission(Options options) : options_(std::move(options)) {}
 
   // The spec as it would be stored: INVALID_ARGUMENT naming the field when a file lies outside the
-  // data roots, the spec is invalid, or it needs more nodes than the coordinator spans.
-  absl::StatusOr<fitrun::v1::JobSpec> CheckSpec(fitrun::v1::JobSpec spec) const;
+  // data roots, the spec is invalid, or it needs more nodes than the coordinator spans. With a
+  // `run_as` account (fitrund root, the owner's account) the spec's files are resolved and read with
+  // that account's rights, so nobody has fitrund read for them what they could not read themselves;
+  // FAILED_PRECONDITION when the account does not exist here.
+  absl::StatusOr<fitrun::v1::JobSpec> CheckSpec(fitrun::v1::JobSpec spec, const std::string& run_as = "") const;
 
   // INVALID_ARGUMENT for a request id of more than 128 characters.
   static absl::Status CheckRequestId(const std::string& request_id);

@@ -15,6 +15,7 @@ namespace fitrun::server {
 
 namespace launch = fitrun::contract::launch;
 
+
 absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const std::string& token, int attempt,
                                               const fitrun::v1::Plan& plan,
                                               const std::vector<fitrun::v1::Device>& devices,
@@ -25,6 +26,22 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
   fs::create_directories(attempt_dir, error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", attempt_dir.string(), ": ", error.message()));
   fs::create_directories(fs::path(job_dir) / "checkpoints", error);
+  std::optional<UnixAccount> run_as;
+  std::string dataset_cache_dir = settings.dataset_cache_dir;
+  if (!job.run_as().empty()) {
+    absl::StatusOr<UnixAccount> account = LookUpUnixAccount(job.run_as());
+    if (!account.ok()) return account.status();
+    run_as = *account;
+    // Nobody else's ranks may read or plant what this job's read, write and run.
+    for (const fs::path& dir : {fs::path(job_dir), attempt_dir, fs::path(job_dir) / "checkpoints"}) {
+      if (absl::Status given = GiveToAccount(dir.string(), *account, 0700); !given.ok()) return given;
+    }
+    if (!dataset_cache_dir.empty()) {
+      absl::StatusOr<std::string> own = AccountSubdirectory(dataset_cache_dir, *account);
+      if (!own.ok()) return own.status();
+      dataset_cache_dir = *own;
+    }
+  }
 
   // Devices by id, for each rank's memory cap and thread share.
   std::map<std::string, fitrun::v1::Device> by_id;
@@ -36,7 +53,7 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
   *assignment.mutable_spec() = job.spec();
   *assignment.mutable_plan() = plan;
   assignment.set_checkpoint_dir((fs::path(job_dir) / "checkpoints").string());
-  assignment.set_dataset_cache_dir(settings.dataset_cache_dir);
+  assignment.set_dataset_cache_dir(dataset_cache_dir);
   for (const std::string& id : plan.device_ids()) {
     const fitrun::v1::Device& device = by_id[id];
     // A virtual CPU device's whole memory; a GPU slice's cap on its caching allocator; a whole GPU
@@ -52,6 +69,9 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
     std::ofstream out(assignment_path);
     out << assignment_text;
     if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", assignment_path.string()));
+  }
+  if (run_as.has_value()) {
+    if (absl::Status given = GiveToAccount(assignment_path.string(), *run_as, 0600); !given.ok()) return given;
   }
 
   AttemptLaunch launches;
@@ -77,6 +97,7 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
                                                                              : settings.worker_binary};
     launch.working_dir = attempt_dir.string();
     launch.log_path = (attempt_dir / absl::StrCat("rank-", rank, ".log")).string();
+    launch.run_as = run_as;
     launch.env = {
         {launch::kRank, absl::StrCat(rank)},
         {launch::kLocalRank, absl::StrCat(rank)},

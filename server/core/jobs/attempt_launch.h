@@ -29,7 +29,9 @@ struct AttemptLaunchSettings {
 };
 
 // Writes <job_dir>/attempt-<attempt>/assignment.textproto (creating the attempt's and the
-// checkpoints' directories) and returns the attempt to launch: one launch per rank of `plan`, and
+// checkpoints' directories; for a job that runs as its owner's account (Job.run_as) the job's
+// directory and everything in it belong to that account, mode 0700, and its ranks' decoded datasets
+// go to a cache directory of the account's own) and returns the attempt to launch: one launch per rank of `plan`, and
 // what a launcher asking a scheduler for nodes needs (the plan's nodes, each rank's threads, GPU and
 // host memory, the spec's time limit). `devices` is the inventory (for each rank's cap and threads);
 // `token` the job's secret its ranks present. The allocation callback is the caller's to set.

@@ -176,9 +176,10 @@ absl::Duration JobManager::StopGrace(const JobEntry& entry) const {
 // ---------------------------------------------------------------------------------------------------
 // Public API
 
-absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, const std::string& request_id) {
+absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, const std::string& request_id,
+                                       const std::string& run_as) {
   if (absl::Status valid = Admission::CheckRequestId(request_id); !valid.ok()) return valid;
-  absl::StatusOr<JobSpec> normalized = admission_.CheckSpec(std::move(spec));
+  absl::StatusOr<JobSpec> normalized = admission_.CheckSpec(std::move(spec), run_as);
   if (!normalized.ok()) return normalized.status();
 
   absl::MutexLock lock(&mu_);
@@ -214,6 +215,7 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, c
   job.set_id(id);
   job.set_owner(owner);
   job.set_request_id(request_id);
+  job.set_run_as(run_as);
   *job.mutable_spec() = *std::move(normalized);
   *job.mutable_created_at() = ToProto(options_.clock());
   JobEntry& stored = jobs_[id] = std::move(entry);
@@ -233,8 +235,8 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, c
   return stored.record.job;
 }
 
-absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec) {
-  absl::StatusOr<JobSpec> normalized = admission_.CheckSpec(std::move(spec));
+absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec, const std::string& run_as) {
+  absl::StatusOr<JobSpec> normalized = admission_.CheckSpec(std::move(spec), run_as);
   if (!normalized.ok()) return normalized.status();
   absl::MutexLock lock(&mu_);
   // Never waits for a probe: an unmeasured workload is planned with the analytic estimate while
@@ -244,7 +246,7 @@ absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec) {
   const std::string without_probe = gate_.LaunchesWithoutProbe(unplanned, EveryDeviceAsIfIdle(), GatePlanner());
   int64_t roomiest = 0;
   for (const DeviceCapacity& device : EveryDeviceAsIfIdle()) roomiest = std::max(roomiest, device.free_bytes);
-  const std::string calibrating = without_probe.empty() ? gate_.AwaitCalibration(*normalized, roomiest) : "";
+  const std::string calibrating = without_probe.empty() ? gate_.AwaitCalibration(*normalized, roomiest, run_as) : "";
   absl::StatusOr<Plan> plan = PlanOn(*normalized, /*only_free_devices=*/true);
   if (absl::IsUnavailable(plan.status())) {
     // Busy devices: show the plan it gets once they free up.
@@ -261,7 +263,7 @@ absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec) {
     plan->add_reasons(without_probe);
   } else if (!calibrating.empty()) {
     plan->add_reasons(pending);
-  } else if (const std::string measuring = gate_.AwaitPlanMeasurement(*normalized, *plan); !measuring.empty()) {
+  } else if (const std::string measuring = gate_.AwaitPlanMeasurement(*normalized, *plan, run_as); !measuring.empty()) {
     plan->add_reasons(absl::StrCat("before launch: ", measuring));
   }
   return std::make_pair(*std::move(normalized), *std::move(plan));

@@ -110,11 +110,15 @@ class JobManager {
   // ---- the public API (called by the gRPC service) ----
   // `owner`: the submitting user, recorded on the job (who may see and act on it is the service's
   // decision). A non-empty `request_id` makes the submit idempotent per owner: the job an earlier
-  // submit with it created is returned (INVALID_ARGUMENT when its spec differs).
+  // submit with it created is returned (INVALID_ARGUMENT when its spec differs). A non-empty
+  // `run_as` is the Unix account the job's processes run as (the owner's): the spec's files are read
+  // with its rights at submit, and its ranks and probes run as it.
   absl::StatusOr<fitrun::v1::Job> Submit(fitrun::v1::JobSpec spec, const std::string& owner = "",
-                                         const std::string& request_id = "");
-  // The normalized spec and the plan it would get now; nothing is stored.
-  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> DryRunPlan(fitrun::v1::JobSpec spec);
+                                         const std::string& request_id = "", const std::string& run_as = "");
+  // The normalized spec and the plan it would get now (its files read as `run_as`, as Submit's);
+  // nothing is stored.
+  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> DryRunPlan(fitrun::v1::JobSpec spec,
+                                                                              const std::string& run_as = "");
   absl::StatusOr<fitrun::v1::Job> Get(const std::string& job_id);
   std::vector<fitrun::v1::Job> List(const std::vector<fitrun::v1::JobState>& states);
   // One page of jobs in submission order: those after `after_order` (a page's last job's

@@ -33,7 +33,7 @@ std::vector<Placement> PlaceQueuedJobs(const std::vector<JobEntry*>& queued, std
                          free_devices.end());
       // Its devices stay out of this pass's free list while its batch is measured, and it keeps its
       // place in the queue on the next passes, so they are still there when the measurement is in.
-      waiting = gate.BeforeLaunch(job.spec(), *plan);
+      waiting = gate.BeforeLaunch(job, *plan);
       if (!before.without_probe.empty()) plan->add_reasons(before.without_probe);
     }
     placements.push_back({entry, std::move(plan), std::move(waiting)});
