@@ -31,8 +31,6 @@ struct AttemptLaunchSettings {
 // The host memory one rank on `device` may use (spec.resources.host_memory): the spec's, or by
 // default a CPU device's memory (host memory, which the rank's tensors fill) plus
 // kRankProcessHostBytes for the process itself, and kGpuRankHostBytes for a rank on a GPU.
-inline constexpr int64_t kRankProcessHostBytes = int64_t{2} << 30;
-inline constexpr int64_t kGpuRankHostBytes = int64_t{4} << 30;
 int64_t HostMemoryPerRank(const fitrun::v1::JobSpec& spec, const fitrun::v1::Device& device);
 // Tasks (processes and threads) one rank may have: spec.resources.max_processes, 512 when unset.
 int64_t ProcessesPerRank(const fitrun::v1::JobSpec& spec);

@@ -139,8 +139,8 @@ TEST(JobSpecTest, HostMemoryAndMaxProcessesAreReadPerRankWithNamedErrors) {
            {"{host_memory: 8}", "spec.resources.host_memory: '8' is not a size"},
            {"{host_memory: 16MiB}", "spec.resources.host_memory: must be at least 64.0 MiB per rank"},
            {"{host_memory: [1]}", "spec.resources.host_memory: expected a string"},
-           {"{max_processes: 4}", "spec.resources.max_processes: must be at least 16 (a rank's own threads count)"},
-           {"{max_processes: -1}", "spec.resources.max_processes: must be at least 16"},
+           {"{max_processes: 4}", "spec.resources.max_processes: must be at least 32 (a rank's own threads count)"},
+           {"{max_processes: -1}", "spec.resources.max_processes: must be at least 32"},
        }) {
     EXPECT_THAT(with(resources).status().message(), HasSubstr(error)) << resources;
   }
