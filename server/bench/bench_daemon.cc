@@ -70,12 +70,13 @@ void Daemon::Kill() {
   pid_ = -1;
 }
 
-bool ListAllJobs(fitrun::v1::Coordinator::Stub& stub, std::vector<fitrun::v1::Job>* jobs) {
+bool ListAllJobs(fitrun::v1::Coordinator::Stub& stub, std::vector<fitrun::v1::Job>* jobs, const std::string& token) {
   jobs->clear();
   fitrun::v1::ListJobsRequest request;
   do {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
     fitrun::v1::ListJobsResponse page;
     if (!stub.ListJobs(&context, request, &page).ok()) return false;
     jobs->insert(jobs->end(), page.jobs().begin(), page.jobs().end());

@@ -36,7 +36,9 @@ class Daemon {
 };
 
 // Every job, oldest first, through as many ListJobs pages as it takes; false when a call fails.
-bool ListAllJobs(fitrun::v1::Coordinator::Stub& stub, std::vector<fitrun::v1::Job>* jobs);
+// Every job the caller may see; `token`, when fitrund has users, is sent as the bearer token.
+bool ListAllJobs(fitrun::v1::Coordinator::Stub& stub, std::vector<fitrun::v1::Job>* jobs,
+                 const std::string& token = "");
 
 }  // namespace fitrun::server::bench
 

@@ -17,14 +17,20 @@
 // in order, with no gap, each identical to the job's stored history read back at the end.
 //
 //   bazel build -c opt //server:fitrund //worker/testing:fitrun-instant-worker //server/bench:load_kill_bench
-//   bazel-bin/server/bench/load_kill_bench [--clients=32 --jobs=1000 --watchers=100 --seed=N]
+//   bazel-bin/server/bench/load_kill_bench [--clients=32 --jobs=1000 --watchers=100 --seed=N] [--users=N]
+//
+// With --users=N (as root) fitrund has N users, each with a throwaway Unix account its jobs run as
+// (client c submits as user c mod N; the watchers follow as an admin), and the accounts are removed
+// at the end.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -39,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "fitrun/v1/coordinator.grpc.pb.h"
+#include "server/auth/authenticator.h"
 #include "server/bench/bench_daemon.h"
 #include "worker/testing/free_port.h"
 
@@ -50,6 +57,7 @@ ABSL_FLAG(int, jobs, 1000, "jobs submitted in all");
 ABSL_FLAG(int, watchers, 100, "concurrent watchers");
 ABSL_FLAG(std::string, devices, "cpu:4x1GiB", "fitrund --devices");
 ABSL_FLAG(uint64_t, seed, 0, "picks the kill moment; 0: a random seed (printed)");
+ABSL_FLAG(int, users, 0, "users with Unix accounts of their own (as root; 0: fitrund without users)");
 
 namespace fitrun::server {
 namespace {
@@ -59,6 +67,51 @@ using fitrun::v1::Job;
 using fitrun::v1::JobEvent;
 
 constexpr absl::Duration kGiveUpAfter = absl::Minutes(5);
+
+// With --users: each user's token, and an admin's (the watchers' and the final read's).
+std::vector<std::string> user_tokens;
+std::string admin_token;
+
+void Authorize(grpc::ClientContext* context, const std::string& token) {
+  if (!token.empty()) context->AddMetadata("authorization", "Bearer " + token);
+}
+
+// --users=N: the throwaway accounts, the tokens file naming them, and the instant worker copied where
+// the accounts can run it. Removed by the destructor.
+class BenchUsers {
+ public:
+  bool Make(int count, const std::string& dir, std::string* tokens_file, std::string* worker) {
+    std::filesystem::create_directories(dir + "/bin");
+    std::filesystem::permissions(dir, std::filesystem::perms(0755));
+    std::filesystem::permissions(dir + "/bin", std::filesystem::perms(0755));
+    const std::string copy = dir + "/bin/fitrun-instant-worker";
+    std::filesystem::copy_file(*worker, copy, std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::permissions(copy, std::filesystem::perms(0755));
+    *worker = copy;
+    std::string lines = absl::StrCat("admin admin ", Authenticator::Sha256Hex("admin-token"), "\n");
+    admin_token = "admin-token";
+    for (int u = 0; u < count; ++u) {
+      const std::string account = absl::StrCat("frl", getpid() % 100000, "-", u);
+      if (std::system(("/usr/sbin/useradd --no-create-home --shell /usr/sbin/nologin --user-group " + account).c_str()) != 0) {
+        std::fprintf(stderr, "useradd %s failed (root is needed for --users)\n", account.c_str());
+        return false;
+      }
+      accounts_.push_back(account);
+      const std::string token = absl::StrCat("user-token-", u);
+      user_tokens.push_back(token);
+      absl::StrAppend(&lines, "u", u, " user ", Authenticator::Sha256Hex(token), " ", account, "\n");
+    }
+    *tokens_file = dir + "/tokens";
+    std::ofstream(*tokens_file) << lines;
+    return true;
+  }
+  ~BenchUsers() {
+    for (const std::string& account : accounts_) std::system(("/usr/sbin/userdel " + account).c_str());
+  }
+
+ private:
+  std::vector<std::string> accounts_;
+};
 
 bool IsTerminal(fitrun::v1::JobState state) {
   return state == fitrun::v1::JOB_STATE_SUCCEEDED || state == fitrun::v1::JOB_STATE_FAILED ||
@@ -116,6 +169,7 @@ void Follow(const std::string& address, Followed* followed) {
     }
     first = false;
     grpc::ClientContext context;
+    Authorize(&context, admin_token);
     fitrun::v1::WatchJobRequest request;
     request.set_job_id(followed->job_id);
     request.set_from_sequence(followed->last_sequence + 1);
@@ -141,6 +195,7 @@ void Follow(const std::string& address, Followed* followed) {
 std::vector<std::string> History(Coordinator::Stub& stub, const std::string& job_id) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  Authorize(&context, admin_token);
   fitrun::v1::WatchJobRequest request;
   request.set_job_id(job_id);
   request.set_from_sequence(1);
@@ -166,9 +221,16 @@ int Run() {
   std::filesystem::create_directories(state_dir);
   // A fixed port: the restarted fitrund must come back where the clients dial.
   const std::string address = absl::StrCat("127.0.0.1:", fitrun::worker::FreeLoopbackPort());
-  const std::vector<std::string> flags = {"--listen=" + address, "--devices=" + absl::GetFlag(FLAGS_devices),
-                                          "--worker_binary=" + std::filesystem::absolute(absl::GetFlag(FLAGS_instant_worker)).string(),
-                                          "--memory_probe=false", "--stop_workers_on_exit"};
+  std::string worker = std::filesystem::absolute(absl::GetFlag(FLAGS_instant_worker)).string();
+  BenchUsers users;
+  std::string tokens_file;
+  if (absl::GetFlag(FLAGS_users) > 0 &&
+      !users.Make(absl::GetFlag(FLAGS_users), state_dir + "-install", &tokens_file, &worker)) {
+    return 1;
+  }
+  std::vector<std::string> flags = {"--listen=" + address, "--devices=" + absl::GetFlag(FLAGS_devices),
+                                    "--worker_binary=" + worker, "--memory_probe=false", "--stop_workers_on_exit"};
+  if (!tokens_file.empty()) flags.push_back("--auth_tokens=" + tokens_file);
   const auto start_daemon = [&] {
     return std::make_unique<bench::Daemon>(std::filesystem::absolute(absl::GetFlag(FLAGS_fitrund)).string(), state_dir,
                                            flags);
@@ -206,6 +268,7 @@ int Run() {
         while (true) {
           grpc::ClientContext context;
           context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+          if (!user_tokens.empty()) Authorize(&context, user_tokens[static_cast<size_t>(c) % user_tokens.size()]);
           fitrun::v1::SubmitJobResponse response;
           const grpc::Status status = stub->SubmitJob(&context, request, &response);
           {
@@ -296,7 +359,7 @@ int Run() {
   std::vector<Job> stored;
   const absl::Time give_up = absl::Now() + kGiveUpAfter;
   while (absl::Now() < give_up) {
-    if (bench::ListAllJobs(*stub, &stored) &&
+    if (bench::ListAllJobs(*stub, &stored, admin_token) &&
         std::all_of(stored.begin(), stored.end(), [](const Job& j) { return IsTerminal(j.state()); })) {
       break;
     }
