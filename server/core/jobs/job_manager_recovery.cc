@@ -128,7 +128,6 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
         fitrun::v1::OutOfMemory oom;
         oom.set_rank(key.rank);
         oom.set_per_device_batch(entry.record.job.plan().per_device_batch());
-        oom.set_host_limit_bytes(std::max<int64_t>(1, exit.host_memory_limit_bytes));
         entry.record.job.mutable_oom_history()->Add(std::move(oom));
       } else if (exit.status_known && exit.signal == 0 && exit.exit_code == fitrun::contract::launch::kExitBadConfiguration) {
         kind = FailureKind::kBadConfig;

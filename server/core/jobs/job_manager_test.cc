@@ -638,6 +638,7 @@ TEST_F(JobManagerTest, OutOfMemoryExitWithoutAReportStillBoundsTheBatch) {
   ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
   WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(AssignedPlan(launcher_.launches()[2]).per_device_batch(), 64);
+  EXPECT_EQ(manager_->Get(id)->oom_history(0).host_limit_bytes(), 0) << "the device's memory ran out, not the host's";
 }
 
 TEST_F(JobManagerTest, OutOfMemoryWithAFixedBatchFailsAndSaysWhy) {
@@ -700,6 +701,8 @@ TEST_F(JobManagerTest, AHostMemoryOomIsReportedAndReplansASmallerBatchOnCpuDevic
   fitrun::v1::Job restarting = WaitForState(id, fitrun::v1::JOB_STATE_RESTARTING);
   EXPECT_EQ(launcher_.stopped(), std::vector<int>{0});
   EXPECT_EQ(restarting.oom_replans(), 1);
+  ASSERT_EQ(restarting.oom_history_size(), 1);
+  EXPECT_EQ(restarting.oom_history(0).host_limit_bytes(), 12LL << 30) << "its host memory ran out, not its device's";
   EXPECT_EQ(metrics_.restarts("host_out_of_memory"), 1);
   EXPECT_THAT(restarting.attempt_history(0).outcome(),
               HasSubstr("rank 1 was killed by signal 9 (attempt 1): the attempt's processes reached their host "
