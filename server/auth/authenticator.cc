@@ -102,4 +102,12 @@ absl::StatusOr<Caller> Authenticator::Identify(const std::string& bearer_token,
       "fitrund requires a credential: a bearer token (fitrun --token, FITRUN_TOKEN) or a client certificate");
 }
 
+absl::StatusOr<Caller> Authenticator::IdentifyTokenHash(const std::string& token_hash) const {
+  if (!secured_) return Caller{"local", true};
+  absl::MutexLock lock(&mu_);
+  auto it = by_hash_.find(token_hash);
+  if (it == by_hash_.end()) return absl::UnauthenticatedError("the token is not one fitrund knows");
+  return Caller{it->second.user, it->second.admin};
+}
+
 }  // namespace fitrun::server

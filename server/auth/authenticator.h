@@ -56,6 +56,10 @@ class Authenticator {
 
   // Lowercase hex SHA-256, as the token file holds it.
   static std::string Sha256Hex(const std::string& text);
+  // The user whose token hashes to `token_hash` (Sha256Hex) in the file as it is now: what a web
+  // session, which keeps the hash and never the token, checks on each request, so that a token
+  // Reload() no longer finds ends its sessions. Local mode: the local admin.
+  absl::StatusOr<Caller> IdentifyTokenHash(const std::string& token_hash) const;
 
  private:
   struct Entry {
