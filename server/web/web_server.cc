@@ -3,9 +3,6 @@
 #include <CivetServer.h>
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
-#include <openssl/err.h>
-#include <openssl/ssl.h>
-#include <openssl/x509.h>
 #include <prometheus/text_serializer.h>
 
 #include <algorithm>
@@ -118,22 +115,21 @@ void RespondNoJob(mg_connection* connection, const std::string& job_id) {
   RespondError(connection, 404, absl::StrCat("job_id: no job '", job_id, "'"));
 }
 
-// The common name of the client certificate TLS verified for this connection, or "".
-std::string CertificateName(const mg_request_info* request) {
-  if (request->client_cert == nullptr || request->client_cert->peer_cert == nullptr) return "";
-  X509_NAME* subject = X509_get_subject_name(static_cast<X509*>(request->client_cert->peer_cert));
-  char name[256] = {};
-  const int length = subject == nullptr ? -1 : X509_NAME_get_text_by_NID(subject, NID_commonName, name, sizeof(name));
-  return length > 0 ? std::string(name, static_cast<size_t>(length)) : "";
+// Whether the browser reached this server over HTTPS: through a TLS-terminating proxy that says so
+// (this server itself serves plain HTTP only). Trusting the header can only make the cookie stricter.
+bool OverHttps(mg_connection* connection) {
+  const char* proto = mg_get_header(connection, "X-Forwarded-Proto");
+  return proto != nullptr && absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(proto), "https");
 }
 
-// A POST or DELETE a page of another site made the browser send carries that site's Origin.
+// A POST or DELETE a page of another site made the browser send carries that site's Origin; this
+// server's own page sends http:// or (through a proxy) https:// and the Host it asked for.
 // Requests without one (curl, scripts) are not a browser's cross-site requests.
-bool SameOrigin(mg_connection* connection, const mg_request_info* request) {
+bool SameOrigin(mg_connection* connection) {
   const char* origin = mg_get_header(connection, "Origin");
   if (origin == nullptr) return true;
   const char* host = mg_get_header(connection, "Host");
-  return host != nullptr && origin == absl::StrCat(request->is_ssl ? "https://" : "http://", host);
+  return host != nullptr && (origin == absl::StrCat("http://", host) || origin == absl::StrCat("https://", host));
 }
 
 // The body, or nullopt when it is longer than `limit`.
@@ -198,11 +194,9 @@ WebSessions::Options SessionOptions(const WebServer::Options& options) {
 
 }  // namespace
 
-// What civetweb's callbacks reach (as the CivetServer's user context): the TLS files for the context
-// civetweb makes, and the first error civetweb reports while starting, for Start's answer.
+// What civetweb's log callback reaches (as the CivetServer's user context): the first error civetweb
+// reports while starting, for Start's answer.
 struct WebServer::CivetContext {
-  std::string tls_cert;
-  std::string tls_key;
   absl::Mutex mu;
   bool started ABSL_GUARDED_BY(mu) = false;
   std::string startup_error ABSL_GUARDED_BY(mu);
@@ -211,32 +205,8 @@ struct WebServer::CivetContext {
     return static_cast<CivetContext*>(const_cast<void*>(static_cast<CivetServer*>(civet_server)->getUserContext()));
   }
 
-  // civetweb's init_ssl: the certificate chain and key go into the context from their own files
-  // (civetweb's ssl_certificate wants both in one); 0 lets civetweb go on with the client CA.
-  static int InitTls(void* ssl_context, void* civet_server) {
-    CivetContext* self = Of(civet_server);
-    SSL_CTX* context = static_cast<SSL_CTX*>(ssl_context);
-    const auto fail = [self](const std::string& what) {
-      char detail[256] = {};
-      ERR_error_string_n(ERR_get_error(), detail, sizeof(detail));
-      absl::MutexLock lock(&self->mu);
-      if (self->startup_error.empty()) self->startup_error = absl::StrCat(what, " (", detail, ")");
-      return -1;
-    };
-    if (SSL_CTX_use_certificate_chain_file(context, self->tls_cert.c_str()) != 1) {
-      return fail(absl::StrCat("--tls_cert: cannot use ", self->tls_cert, " as the metrics port's certificate"));
-    }
-    if (SSL_CTX_use_PrivateKey_file(context, self->tls_key.c_str(), SSL_FILETYPE_PEM) != 1) {
-      return fail(absl::StrCat("--tls_key: cannot use ", self->tls_key, " as the metrics port's key"));
-    }
-    if (SSL_CTX_check_private_key(context) != 1) {
-      return fail(absl::StrCat("--tls_key: ", self->tls_key, " is not the key of ", self->tls_cert));
-    }
-    return 0;
-  }
-
   // civetweb's log: kept while starting (it is why a start failed), dropped once serving (a client
-  // that fails its TLS handshake is not fitrund's problem to print).
+  // that goes away mid-request is not fitrund's problem to print).
   static int Log(const mg_connection* connection, const char* message) {
     void* civet_server = mg_get_user_data(mg_get_context(connection));
     if (civet_server == nullptr) return 1;  // before civetweb has its user data: nowhere to keep it
@@ -265,7 +235,7 @@ class WebServer::Handler : public CivetHandler {
   bool handleGet(CivetServer*, mg_connection* connection) override {
     const mg_request_info* request = mg_get_request_info(connection);
     const absl::string_view path = request->local_uri != nullptr ? request->local_uri : "/";
-    const WebCredentials credentials = CredentialsOf(connection, request);
+    const WebCredentials credentials = CredentialsOf(connection);
     if (path == "/metrics") {
       if (absl::Status scrape = sessions_.MayScrape(credentials); !scrape.ok()) {
         RespondUnauthenticated(connection, scrape);
@@ -315,11 +285,11 @@ class WebServer::Handler : public CivetHandler {
                    absl::StrCat("POST ", path, ": only /api/session (sign in) and /api/logout (sign out) take a POST"));
       return true;
     }
-    if (!SameOrigin(connection, request)) {
+    if (!SameOrigin(connection)) {
       RespondError(connection, 403, "refused: the request came from a page of another site (its Origin)");
       return true;
     }
-    if (path == "/api/logout") return SignOut(connection, request);
+    if (path == "/api/logout") return SignOut(connection);
     return SignIn(connection, request);
   }
 
@@ -330,16 +300,16 @@ class WebServer::Handler : public CivetHandler {
       RespondError(connection, 405, absl::StrCat("DELETE ", path, ": only /api/session and /api/logout (sign out)"));
       return true;
     }
-    if (!SameOrigin(connection, request)) {
+    if (!SameOrigin(connection)) {
       RespondError(connection, 403, "refused: the request came from a page of another site (its Origin)");
       return true;
     }
-    return SignOut(connection, request);
+    return SignOut(connection);
   }
 
  private:
-  // What the request carried: the only place headers and the TLS connection are read for identity.
-  WebCredentials CredentialsOf(mg_connection* connection, const mg_request_info* request) const {
+  // What the request carried: the only place headers are read for identity.
+  WebCredentials CredentialsOf(mg_connection* connection) const {
     WebCredentials credentials;
     if (const char* authorization = mg_get_header(connection, "Authorization"); authorization != nullptr) {
       credentials.bearer_token = WebSessions::BearerToken(authorization);
@@ -347,7 +317,6 @@ class WebServer::Handler : public CivetHandler {
     if (const char* cookie = mg_get_header(connection, "Cookie"); cookie != nullptr) {
       credentials.session_id = WebSessions::SessionCookie(cookie);
     }
-    if (!options_.tls_client_ca.empty()) credentials.certificate_name = CertificateName(request);
     return credentials;
   }
 
@@ -378,18 +347,18 @@ class WebServer::Handler : public CivetHandler {
     if (!session->id.empty()) {
       absl::StrAppend(&json, ",\"expires_at\":", JsonString(absl::FormatTime(absl::RFC3339_sec, session->expires,
                                                                               absl::UTCTimeZone())));
-      cookie = absl::StrCat("Set-Cookie: ", sessions_.SessionCookieHeader(session->id, request->is_ssl != 0), "\r\n");
+      cookie = absl::StrCat("Set-Cookie: ", sessions_.SessionCookieHeader(session->id, OverHttps(connection)), "\r\n");
     }
     RespondJson(connection, 200, json + "}", cookie);
     return true;
   }
 
-  bool SignOut(mg_connection* connection, const mg_request_info* request) {
+  bool SignOut(mg_connection* connection) {
     if (const char* cookie = mg_get_header(connection, "Cookie"); cookie != nullptr) {
       sessions_.EndSession(WebSessions::SessionCookie(cookie));
     }
     RespondJson(connection, 200, "{\"signed_out\":true}",
-                absl::StrCat("Set-Cookie: ", WebSessions::ClearedCookieHeader(request->is_ssl != 0), "\r\n"));
+                absl::StrCat("Set-Cookie: ", WebSessions::ClearedCookieHeader(OverHttps(connection)), "\r\n"));
     return true;
   }
 
@@ -583,30 +552,12 @@ absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics_listen: expected HOST:PORT, e.g. 127.0.0.1:9464 (got '", options.listen, "')"));
   }
-  if (options.tls_cert.empty() != options.tls_key.empty()) {
-    return absl::InvalidArgumentError("--tls_cert and --tls_key: give both, or neither");
-  }
-  if (!options.tls_client_ca.empty() && options.tls_cert.empty()) {
-    return absl::InvalidArgumentError("--tls_client_ca: needs --tls_cert and --tls_key");
-  }
   std::unique_ptr<WebServer> server(new WebServer());
-  server->tls_ = !options.tls_cert.empty();
   server->context_ = std::make_unique<CivetContext>();
-  server->context_->tls_cert = options.tls_cert;
-  server->context_->tls_key = options.tls_key;
   const int threads = options.max_event_streams + 8;  // every event stream holds one; the rest serve requests
-  std::vector<std::string> civet_options = {"listening_ports", server->tls_ ? options.listen + "s" : options.listen,
-                                            "num_threads", absl::StrCat(threads)};
-  if (server->tls_) {
-    // TLS 1.2 and later. A client certificate is asked for, not required: token holders have none.
-    civet_options.insert(civet_options.end(), {"ssl_protocol_version", "4"});
-    if (!options.tls_client_ca.empty()) {
-      civet_options.insert(civet_options.end(),
-                           {"ssl_verify_peer", "optional", "ssl_ca_file", options.tls_client_ca});
-    }
-  }
+  const std::vector<std::string> civet_options = {"listening_ports", options.listen, "num_threads",
+                                                  absl::StrCat(threads)};
   CivetCallbacks callbacks;
-  callbacks.init_ssl = &CivetContext::InitTls;
   callbacks.log_message = &CivetContext::Log;
   server->handler_ = std::make_unique<Handler>(options, manager, std::move(collectables));
   try {
@@ -614,8 +565,8 @@ absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(
   } catch (const std::exception& e) {
     absl::MutexLock lock(&server->context_->mu);
     const std::string& why = server->context_->startup_error;
-    return absl::UnavailableError(absl::StrCat("--metrics_listen: cannot serve ", server->tls_ ? "HTTPS" : "HTTP",
-                                               " on ", options.listen, ": ", why.empty() ? e.what() : why));
+    return absl::UnavailableError(
+        absl::StrCat("--metrics_listen: cannot listen on ", options.listen, ": ", why.empty() ? e.what() : why));
   }
   {
     absl::MutexLock lock(&server->context_->mu);

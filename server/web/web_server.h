@@ -1,7 +1,7 @@
 // fitrund's HTTP side, on its metrics port: /metrics for Prometheus, the web page at / and the small
 // JSON API the page reads, behind the same users as the gRPC API whenever fitrund is secured (a token
 // file or mutual TLS; docs/security.md). Who a request is, and the web sessions, are WebSessions'
-// decision (web_sessions.h); this file reads the headers and the TLS connection and answers.
+// decision (web_sessions.h); this file reads the headers and answers.
 //
 //   GET /metrics                    Prometheus text format: every collectable given. Secured: any
 //                                    user's credential, or anyone with Options::metrics_public
@@ -10,7 +10,7 @@
 //   GET /api/session                who the request is: {"user", "admin", "secured"}
 //   POST /api/session               signs in: the token as JSON {"token": "..."} or a form field
 //                                    token=...; answers {"user", "admin", "expires_at"} with the
-//                                    fitrun_session cookie (HttpOnly, SameSite=Strict, Secure over TLS)
+//                                    fitrun_session cookie (HttpOnly, SameSite=Strict; Secure behind HTTPS)
 //   POST|DELETE /api/logout, DELETE /api/session   ends the request's session and clears the cookie
 //   GET /api/jobs                   {"jobs": [Job, ...]}, newest first, at most kMaxListedJobs, only
 //                                    those the caller may see (their own; an admin's: every job)
@@ -23,12 +23,17 @@
 //                                    on, then `event: end` once the job has ended
 // Secured, /api/... without a credential is 401 with {"error": what to send}; another user's job is
 // 404 with the same answer as a job that does not exist. A credential is a bearer token
-// (Authorization: Bearer), the session cookie (what the page and its EventSource use), or a client
-// certificate TLS verified against Options::tls_client_ca. A POST or DELETE whose Origin is not
-// this server is refused (403). With Options::tls_cert the port serves HTTPS only.
+// (Authorization: Bearer) or the session cookie (what the page and its EventSource use). A POST or
+// DELETE whose Origin is not this server is refused (403).
 // Messages are protobuf's JSON mapping with the .proto field names (int64 values as strings).
 // Event streams follow a job the way WatchJob does: a WatchCursor woken through the WatchFanout; a
 // stream whose credential stops being valid (signed out, expired, token removed) ends.
+//
+// Plain HTTP only: Debian 12's civetweb (1.15) cannot serve TLS. It is built for OpenSSL 1.1's API,
+// loads libssl at run time, and after every TLS handshake calls SSL_get_peer_certificate, which
+// OpenSSL 3 no longer exports: the first HTTPS request crashes the process. So no client
+// certificates here either; fitrund refuses a non-loopback --metrics_listen without --insecure
+// (server.cc), and the cookie is Secure when a TLS-terminating proxy says X-Forwarded-Proto: https.
 #ifndef FITRUN_SERVER_WEB_WEB_SERVER_H_
 #define FITRUN_SERVER_WEB_WEB_SERVER_H_
 
@@ -65,12 +70,6 @@ class WebServer {
     // Web sessions: how long one lasts, and how many are held at once (the oldest go first).
     absl::Duration session_lifetime = absl::Hours(12);
     int max_sessions = 4096;
-    // HTTPS (PEM files, as the gRPC port's --tls_cert and --tls_key; the certificate file may hold
-    // its chain). With tls_client_ca, a client certificate it signed identifies its holder by its
-    // common name; one is asked for, not required.
-    std::string tls_cert;
-    std::string tls_key;
-    std::string tls_client_ca;
   };
   static constexpr int kMaxListedJobs = 200;
 
@@ -83,16 +82,13 @@ class WebServer {
 
   // HOST:PORT as bound (the port chosen when the options said 0).
   const std::string& address() const { return address_; }
-  // "http" or "https".
-  const char* scheme() const { return tls_ ? "https" : "http"; }
 
   class Handler;  // the CivetHandler; in the .cc
-  struct CivetContext;  // what civetweb's callbacks reach: the TLS files, start-up errors; in the .cc
+  struct CivetContext;  // what civetweb's log callback reaches: start-up errors; in the .cc
 
  private:
   WebServer() = default;
   std::string address_;
-  bool tls_ = false;
   std::unique_ptr<CivetContext> context_;
   std::unique_ptr<Handler> handler_;
   std::unique_ptr<CivetServer> civet_;

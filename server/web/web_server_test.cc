@@ -467,6 +467,13 @@ TEST_F(SecuredWebServerTest, SignInTakesAFormOrABearerHeaderAndRefusesAnythingEl
                                 "Content-Type: application/json\r\nOrigin: http://localhost\r\n",
                                 "{\"token\":\"alice-token\"}");
   EXPECT_TRUE(absl::StartsWith(same, "HTTP/1.1 200")) << same;
+  // Behind a TLS-terminating proxy the page's origin is https://, and the cookie is Secure.
+  const std::string proxied = Send(server_->address(), "POST", "/api/session",
+                                   "Content-Type: application/json\r\nOrigin: https://localhost\r\n"
+                                   "X-Forwarded-Proto: https\r\n",
+                                   "{\"token\":\"alice-token\"}");
+  EXPECT_TRUE(absl::StartsWith(proxied, "HTTP/1.1 200")) << proxied;
+  EXPECT_TRUE(absl::EndsWith(HeaderOf(proxied, "Set-Cookie"), "; HttpOnly; SameSite=Strict; Secure")) << proxied;
   // DELETE /api/session signs out too.
   const std::string cookie = SignIn("alice-token");
   EXPECT_TRUE(absl::StartsWith(Send(server_->address(), "DELETE", "/api/session", cookie), "HTTP/1.1 200"));

@@ -60,10 +60,6 @@ absl::StatusOr<Caller> WebSessions::Identify(const WebCredentials& credentials) 
     }
     session_ended = true;
   }
-  if (!credentials.certificate_name.empty()) {
-    absl::StatusOr<Caller> caller = authenticator_->Identify("", credentials.certificate_name);
-    if (caller.ok()) return caller;
-  }
   return absl::UnauthenticatedError(session_ended ? kSessionEnded : kNoCredential);
 }
 

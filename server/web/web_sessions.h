@@ -1,9 +1,11 @@
 // Who is asking, on fitrund's metrics port: the web page, its JSON API and /metrics answer the same
 // users as the gRPC API (server/auth/Authenticator). Plain C++: web_server.cc hands it what a request
-// carried (WebCredentials, read from the Authorization and Cookie headers and the TLS connection)
-// and gets a Caller or UNAUTHENTICATED.
+// carried (WebCredentials, read from the Authorization and Cookie headers) and gets a Caller or
+// UNAUTHENTICATED.
 //
-// A request is its bearer token's user, else its session's, else its verified client certificate's.
+// A request is its bearer token's user, else its session's. (Not a client certificate's: the metrics
+// port cannot serve TLS, see web_server.h, so a fitrund secured by mutual TLS alone has no credential
+// the page can take; its users need tokens too.)
 // A session is what the page holds instead of a token (a browser's EventSource cannot send headers):
 // StartSession takes a token the user pasted once and returns a random 256-bit id (OpenSSL's CSPRNG)
 // for the fitrun_session cookie. The table keeps, per session, the token's SHA-256 (never the token)
@@ -40,7 +42,6 @@ namespace fitrun::server {
 struct WebCredentials {
   std::string bearer_token;      // after "Bearer " in the Authorization header
   std::string session_id;        // the fitrun_session cookie
-  std::string certificate_name;  // the common name of a client certificate TLS verified
 };
 
 class WebSessions {
@@ -90,7 +91,7 @@ class WebSessions {
   // class could have made.
   static std::string SessionCookie(absl::string_view cookie_header);
   // Set-Cookie values: the session's cookie (HttpOnly, SameSite=Strict, Path=/, Max-Age of the
-  // lifetime; Secure over TLS), and one that deletes it.
+  // lifetime; Secure when the browser came over HTTPS), and one that deletes it.
   std::string SessionCookieHeader(const std::string& session_id, bool secure) const;
   static std::string ClearedCookieHeader(bool secure);
 

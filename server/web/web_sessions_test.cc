@@ -42,7 +42,7 @@ class WebSessionsTest : public ::testing::Test {
     sessions_ = std::make_unique<WebSessions>(options, authenticator_.get());
   }
 
-  WebCredentials Cookie(const std::string& id) { return WebCredentials{"", id, ""}; }
+  WebCredentials Cookie(const std::string& id) { return WebCredentials{"", id}; }
 
   std::string path_;
   absl::Time now_ = absl::FromUnixSeconds(1700000000);
@@ -52,18 +52,16 @@ class WebSessionsTest : public ::testing::Test {
 
 TEST_F(WebSessionsTest, ABearerTokenIdentifiesItsUserAndNothingElseGetsIn) {
   EXPECT_TRUE(sessions_->secured());
-  absl::StatusOr<Caller> alice = sessions_->Identify({"alice-token", "", ""});
+  absl::StatusOr<Caller> alice = sessions_->Identify({"alice-token", ""});
   ASSERT_TRUE(alice.ok()) << alice.status();
   EXPECT_EQ(alice->user, "alice");
   EXPECT_FALSE(alice->admin);
-  EXPECT_TRUE(sessions_->Identify({"root-token", "", ""})->admin);
+  EXPECT_TRUE(sessions_->Identify({"root-token", ""})->admin);
   absl::StatusOr<Caller> nobody = sessions_->Identify({});
   EXPECT_EQ(nobody.status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_THAT(nobody.status().message(), HasSubstr("Authorization: Bearer <token>"));
   EXPECT_THAT(nobody.status().message(), HasSubstr("POST /api/session"));
-  EXPECT_EQ(sessions_->Identify({"guess", "", ""}).status().code(), absl::StatusCode::kUnauthenticated);
-  // Without --tls_client_ca a certificate name means nothing.
-  EXPECT_FALSE(sessions_->Identify({"", "", "alice"}).ok());
+  EXPECT_EQ(sessions_->Identify({"guess", ""}).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
 TEST_F(WebSessionsTest, ALoginStartsASessionItsCookieIdentifies) {
@@ -82,7 +80,7 @@ TEST_F(WebSessionsTest, ALoginStartsASessionItsCookieIdentifies) {
   other[0] = other[0] == 'a' ? 'b' : 'a';
   EXPECT_FALSE(sessions_->Identify(Cookie(other)).ok());
   // A wrong bearer token beside a good cookie is refused: what is sent explicitly counts.
-  EXPECT_FALSE(sessions_->Identify({"guess", login->id, ""}).ok());
+  EXPECT_FALSE(sessions_->Identify({"guess", login->id}).ok());
 }
 
 TEST_F(WebSessionsTest, ABadLoginSaysOnlyNoAndStartsNothing) {
@@ -162,18 +160,20 @@ TEST_F(WebSessionsTest, TheTableIsBoundedAndEvictsTheOldestSession) {
   EXPECT_TRUE(sessions_->Identify(Cookie(ids[2])).ok());
 }
 
-TEST_F(WebSessionsTest, AClientCertificateIdentifiesItsHolderWhenMutualTlsIsOn) {
-  Start("ops admin -\n", {}, /*certificates=*/true);
-  EXPECT_EQ(sessions_->Identify({"", "", "bob"})->user, "bob");
-  EXPECT_TRUE(sessions_->Identify({"", "", "ops"})->admin);
+TEST_F(WebSessionsTest, MutualTlsAloneIsSecuredAndOnlyItsTokenUsersGetIn) {
+  // The metrics port sees no certificates: a certificate user without a token has no way in, and a
+  // token in the same file still works.
+  Start("ops admin -\n" + Line("alice", "user", "alice-token"), {}, /*certificates=*/true);
+  EXPECT_TRUE(sessions_->secured());
   EXPECT_FALSE(sessions_->Identify({}).ok());
+  EXPECT_EQ(sessions_->Identify({"alice-token", ""})->user, "alice");
 }
 
 TEST_F(WebSessionsTest, MetricsNeedAnyUserUnlessPublic) {
   EXPECT_EQ(sessions_->MayScrape({}).code(), absl::StatusCode::kUnauthenticated);
   EXPECT_THAT(sessions_->MayScrape({}).message(), HasSubstr("credentials_file"));
-  EXPECT_FALSE(sessions_->MayScrape({"guess", "", ""}).ok());
-  EXPECT_TRUE(sessions_->MayScrape({"alice-token", "", ""}).ok());
+  EXPECT_FALSE(sessions_->MayScrape({"guess", ""}).ok());
+  EXPECT_TRUE(sessions_->MayScrape({"alice-token", ""}).ok());
   EXPECT_TRUE(sessions_->MayScrape(Cookie(sessions_->StartSession("alice-token")->id)).ok());
   WebSessions::Options options;
   options.metrics_public = true;
