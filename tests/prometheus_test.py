@@ -3,12 +3,17 @@ with a config made from deploy/prometheus/prometheus.yml and its alerts.yml, whi
 on two virtual CPU devices. Every expression of every panel of deploy/grafana/fitrun-dashboard.json must
 return data, and every alert rule must evaluate without error.
 
+fitrund is secured (--auth_tokens), as a shared one is: /metrics answers only its users, so the config
+has prometheus.yml's authorization block uncommented, with the token of a "prometheus" user in the file
+it names, exactly as deploy/ tells an operator to.
+
 Alerts firing and resolving are promtool's unit tests (deploy/prometheus/alerts_test.yml, run by
 //deploy:prometheus_rules_test); here the rules only have to evaluate on fitrund's real series.
 Prometheus' log is printed, and kept in the test's undeclared outputs, when something fails.
 """
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -34,6 +39,9 @@ PROMETHEUS = "/usr/bin/prometheus"
 WORK = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
 
 DAEMON = ["--devices=cpu:2x1GiB", "--memory_probe=false"]
+# Prometheus' user, and the one who submits the job.
+PROMETHEUS_TOKEN = "prometheus-scrape-token"
+USER_TOKEN = "tester-token"
 # Long enough to be running through every query; cancelled once they are done.
 JOB = {
     "name": "scraped",
@@ -57,15 +65,20 @@ def free_port():
         return s.getsockname()[1]
 
 
-def prometheus_config(template, target, rules):
+def prometheus_config(template, target, rules, credentials_file):
     """deploy/prometheus/prometheus.yml edited as text (no YAML library in the standard one): scrape
-    and evaluate every second, scrape `target`, and load the rule file at the absolute path `rules`.
-    Each edit must apply exactly once, so a reshaped template fails here rather than being ignored."""
+    and evaluate every second, scrape `target` with the bearer token in `credentials_file` (the
+    template's commented authorization block, uncommented), and load the rule file at the absolute
+    path `rules`. Each edit must apply exactly once, so a reshaped template fails here rather than
+    being ignored."""
     edits = [
         (r"(?m)^(\s*)scrape_interval:.*$", r"\1scrape_interval: 1s"),
         (r"(?m)^(\s*)evaluation_interval:.*$", r"\1evaluation_interval: 1s"),
         (r"(?m)^(\s*)- alerts\.yml\s*$", lambda m: f"{m.group(1)}- {json.dumps(rules)}"),
         (r"(?m)^(\s*)- targets: \[.*\]\s*$", lambda m: f"{m.group(1)}- targets: [{json.dumps(target)}]"),
+        (r"(?m)^(\s*)# authorization:\s*$", r"\1authorization:"),
+        (r"(?m)^(\s*)#   type: Bearer\s*$", r"\1  type: Bearer"),
+        (r"(?m)^(\s*)#   credentials_file: .*$", lambda m: f"{m.group(1)}  credentials_file: {json.dumps(credentials_file)}"),
     ]
     for pattern, replacement in edits:
         template, count = re.subn(pattern, replacement, template)
@@ -167,19 +180,28 @@ def alert_names(rules_text):
 class PrometheusTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.fitrund = Fitrund(os.path.join(WORK, "fitrund"), DAEMON)
+        tokens = os.path.join(WORK, "tokens")
+        with open(tokens, "w") as f:
+            for user, token in (("prometheus", PROMETHEUS_TOKEN), ("tester", USER_TOKEN)):
+                f.write(f"{user} user {hashlib.sha256(token.encode()).hexdigest()}\n")
+        credentials = os.path.join(WORK, "fitrun-token")
+        with open(credentials, "w") as f:
+            f.write(PROMETHEUS_TOKEN)
+        os.chmod(credentials, 0o600)
+        cls.fitrund = Fitrund(os.path.join(WORK, "fitrund"), DAEMON + [f"--auth_tokens={tokens}"])
         cls.addClassCleanup(cls.fitrund.stop)  # runs even when setUpClass fails, after the ones below
         assert cls.fitrund.address, cls.fitrund.log()
         with open(os.path.join(cls.fitrund.state_dir, "fitrund.metrics_address")) as f:
             cls.metrics_address = f.read().strip()
         with open(os.path.join(DEPLOY, "prometheus/prometheus.yml")) as f:
-            config = prometheus_config(f.read(), cls.metrics_address, os.path.join(DEPLOY, "prometheus/alerts.yml"))
+            config = prometheus_config(f.read(), cls.metrics_address, os.path.join(DEPLOY, "prometheus/alerts.yml"),
+                                       credentials)
         with cls.logs_on_failure():
             cls.prometheus = Prometheus(os.path.join(WORK, "prometheus"), config)
             cls.addClassCleanup(cls.prometheus.stop)
             wait_for(cls.scraping, 30, f"Prometheus to scrape fitrund at {cls.metrics_address}")
 
-            cls.client = Client(cls.fitrund.address)
+            cls.client = Client(cls.fitrund.address, token=USER_TOKEN)
             cls.addClassCleanup(cls.client.close)
             cls.job_id = cls.client.submit(JOB)
             cls.addClassCleanup(cls.cancel_job)
@@ -248,8 +270,14 @@ class PrometheusTest(unittest.TestCase):
         print(f"{len(targets)} dashboard expressions returned data while {self.job_id} ran", flush=True)
 
     def test_metrics_follow_prometheus_conventions(self):
-        """`promtool check metrics` on a scrape taken while the job runs (so the per-job series are in it)."""
-        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10) as reply:
+        """`promtool check metrics` on a scrape taken while the job runs (so the per-job series are in it);
+        without the token, the scrape is refused."""
+        with self.assertRaises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10)
+        self.assertEqual(refused.exception.code, 401)
+        request = urllib.request.Request(f"http://{self.metrics_address}/metrics",
+                                         headers={"Authorization": f"Bearer {PROMETHEUS_TOKEN}"})
+        with urllib.request.urlopen(request, timeout=10) as reply:
             text = reply.read()
         self.assertIn(f'fitrun_job_step{{job_id="{self.job_id}"}}'.encode(), text)
         check = subprocess.run(["/usr/bin/promtool", "check", "metrics"], input=text, capture_output=True)
