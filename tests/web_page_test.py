@@ -6,8 +6,14 @@ while the job runs, draws its plan and its ranks' memory bars and receives event
 has ended, its loss curve has one point per progress event rank 0 reported (counted over gRPC with
 the Python client's watch) and every event arrived exactly once. Screenshots of both views go to
 $TEST_UNDECLARED_OUTPUTS_DIR (Bazel keeps them as the test's outputs).
+
+On a secured fitrund (--auth_tokens) the page is the sign-in page until a token is pasted into it; a
+wrong one is refused there; the right one gives a session (an HttpOnly cookie the page's code cannot
+read) with which the page lists that user's jobs only, shows devices another user's job holds without
+that job, and follows the user's events; signing out brings the sign-in page back.
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -16,7 +22,7 @@ import unittest
 
 from cdp import Browser
 from fitrun.client import Client, FINAL_STATES
-from jobs import Fitrund, state_name, wait_for
+from jobs import Fitrund, run_to_end, state_name, wait_for
 import junit_main
 
 WORK = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
@@ -156,6 +162,99 @@ class WebPageTest(unittest.TestCase):
                       " && document.querySelector('#app .banner').textContent.startsWith('No job j-999999')",
                       20, "the unknown job's page to say so")
         print("unknown job: " + page.evaluate("document.querySelector('#app .banner').textContent"))
+
+
+def tiny_job(name, steps):
+    return dict(SPEC, name=name, max_steps=steps, global_batch_size=64)
+
+
+class SecuredWebPageTest(unittest.TestCase):
+    def setUp(self):
+        work = tempfile.mkdtemp(dir=WORK)
+        tokens = os.path.join(work, "tokens")
+        with open(tokens, "w") as f:
+            for user in ("alice", "bob"):
+                f.write(f"{user} user {hashlib.sha256(f'{user}-token'.encode()).hexdigest()}\n")
+        self.daemon = Fitrund(os.path.join(work, "fitrund"), DAEMON + [f"--auth_tokens={tokens}"])
+        self.addCleanup(self.daemon.stop)
+        self.assertTrue(self.daemon.address, self.daemon.log())
+        with open(os.path.join(self.daemon.state_dir, "fitrund.metrics_address")) as f:
+            self.base = "http://" + f.read().strip()
+        self.browser = Browser()
+        self.addCleanup(self.browser.close)
+        self.page = self.browser.page()
+
+    def sign_in_with(self, token):
+        """Pastes `token` into the sign-in form, as a user would, and submits it."""
+        self.page.evaluate("(() => { const input = document.getElementById('token'); input.value = '';"
+                           " input.focus(); return document.activeElement === input; })()")
+        self.page.call("Input.insertText", text=token)
+        self.page.evaluate("document.getElementById('submit').click()")
+
+    def test_signing_in_with_a_pasted_token_shows_the_users_own_jobs(self):
+        page = self.page
+        with Client(self.daemon.address, token="bob-token") as bob:
+            bobs, _ = run_to_end(bob, tiny_job("bobs-job", 5))
+        with Client(self.daemon.address, token="alice-token") as alice:
+            alices, _ = run_to_end(alice, tiny_job("alices-job", 30))
+        self.assertEqual(state_name(alices), "SUCCEEDED", alices.failure_reason)
+
+        page.navigate(self.base + "/#/")
+        page.wait_for("window.fitrunLogin && window.fitrunLogin.state === 'ready'", 20, "the sign-in page")
+        self.assertIsNone(page.evaluate("window.fitrunPage || null"), "the jobs page before signing in")
+        size = page.screenshot(os.path.join(OUTPUTS, "web-page-sign-in.png"))
+        print(f"saved web-page-sign-in.png ({size} bytes)")
+
+        # A wrong token is refused on the page itself.
+        self.sign_in_with("not-a-token")
+        refused = page.wait_for("window.fitrunLogin.state === 'refused' && window.fitrunLogin.message", 20,
+                                "the wrong token to be refused")
+        self.assertIn("not one fitrund knows", refused)
+
+        # The right one: the page comes back as the jobs page, for alice.
+        self.sign_in_with("alice-token")
+        page.wait_event("Page.loadEventFired", 20)
+        page.wait_for("window.fitrunPage && window.fitrunPage.view === 'list' && window.fitrunPage.user === 'alice'",
+                      20, "the jobs page, signed in as alice")
+        listed = page.wait_for("(() => { const rows = document.querySelectorAll('#jobs tr[data-job]');"
+                               " return rows.length > 0 && Array.from(rows, (r) => r.dataset.job); })()",
+                               20, "the job list")
+        self.assertEqual(listed, [alices.id], f"bob's job is {bobs.id}")
+        self.assertIn("alice", page.evaluate("document.getElementById('user').textContent"))
+        self.assertNotIn("fitrun_session", page.evaluate("document.cookie"), "the session cookie is not HttpOnly")
+        self.page.screenshot(os.path.join(OUTPUTS, "web-page-signed-in.png"))
+
+        # Devices held by bob's running job: shown, but not whose job it is.
+        with Client(self.daemon.address, token="bob-token") as bob:
+            running = bob.submit(tiny_job("bobs-long", 100000))
+            wait_for(lambda: state_name(bob.get(running)) == "RUNNING", 120, "bob's long job to run")
+            held = page.wait_for("(() => { const cells = Array.from(document.querySelectorAll('#devices tr[data-device]'),"
+                                 " (r) => r.cells[3].textContent);"
+                                 " return cells.length === 2 && cells.every((c) => c === \"another user's job\") && cells; })()",
+                                 20, "the devices held by another user's job")
+            self.assertNotIn(running, page.evaluate("document.body.textContent"))
+            bob.cancel(running, "the page has been checked")
+            wait_for(lambda: state_name(bob.get(running)) == "CANCELLED", 30, "bob's job to stop")
+        print(f"devices while bob's {running} ran: {held}")
+
+        # Her job's page: the job, and its events over the event stream, with the cookie alone.
+        page.evaluate(f"location.hash = '#/jobs/{alices.id}'")
+        page.wait_for(f"window.fitrunPage.view === 'job' && window.fitrunPage.ended"
+                      f" && window.fitrunPage.eventsReceived === {alices.last_sequence}", 30,
+                      "the job's events over the session")
+        # bob's job is not there for her.
+        page.evaluate(f"location.hash = '#/jobs/{bobs.id}'")
+        page.wait_for("window.fitrunPage.view === 'job' && document.querySelector('#app .banner') !== null"
+                      f" && document.querySelector('#app .banner').textContent.startsWith('No job {bobs.id}')",
+                      20, "bob's job to be no job of hers")
+
+        # Signing out ends the session: the sign-in page again, and the API refuses the old page.
+        page.evaluate("document.getElementById('sign-out').click()")
+        page.wait_event("Page.loadEventFired", 20)
+        page.wait_for("window.fitrunLogin && window.fitrunLogin.state === 'ready'", 20, "the sign-in page again")
+        status = page.evaluate("fetch('api/jobs').then((r) => r.status)")
+        self.assertEqual(status, 401)
+        print(f"signed in as alice: saw {listed}, not {bobs.id}; {alices.last_sequence} events; signed out")
 
 
 if __name__ == "__main__":
