@@ -18,6 +18,7 @@
 #define FITRUN_SERVER_AUTH_AUTHENTICATOR_H_
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -69,6 +70,8 @@ class Authenticator {
   };
   // The user's account: the file's, or the same-name rule's.
   std::string AccountOf(const std::string& user, const std::string& listed) const;
+  // The caller whose token hashes to `token_hash`, if the file has it.
+  std::optional<Caller> CallerOfTokenHashLocked(const std::string& token_hash) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   explicit Authenticator(Options options)
       : options_(std::move(options)), secured_(!options_.tokens_file.empty() || options_.client_certificates) {}
 

@@ -75,11 +75,14 @@ TEST(AuthenticatorTest, ReloadTakesANewFileAndKeepsTheOldOneWhenTheNewOneIsBroke
 }
 
 TEST(AuthenticatorTest, ATokensHashIdentifiesItsUserForAsLongAsTheFileHasIt) {
-  const std::string path = WriteTokens("by_hash", "alice user " + Authenticator::Sha256Hex("a") + "\n" +
+  const std::string path = WriteTokens("by_hash", "alice user " + Authenticator::Sha256Hex("a") + " =\n" +
                                                       "root admin " + Authenticator::Sha256Hex("r") + "\n");
   auto auth = Authenticator::Create({path, false});
   ASSERT_TRUE(auth.ok()) << auth.status();
   EXPECT_EQ((*auth)->IdentifyTokenHash(Authenticator::Sha256Hex("a"))->user, "alice");
+  // The same caller as the token itself gives, account included.
+  EXPECT_EQ((*auth)->IdentifyTokenHash(Authenticator::Sha256Hex("a"))->unix_account, "alice");
+  EXPECT_EQ((*auth)->Identify("a", "")->unix_account, "alice");
   EXPECT_FALSE((*auth)->IdentifyTokenHash(Authenticator::Sha256Hex("a"))->admin);
   EXPECT_TRUE((*auth)->IdentifyTokenHash(Authenticator::Sha256Hex("r"))->admin);
   EXPECT_EQ((*auth)->IdentifyTokenHash("a").status().code(), absl::StatusCode::kUnauthenticated);
