@@ -3,9 +3,11 @@ with a config made from deploy/prometheus/prometheus.yml and its alerts.yml, whi
 on two virtual CPU devices. Every expression of every panel of deploy/grafana/fitrun-dashboard.json must
 return data, and every alert rule must evaluate without error.
 
-fitrund is secured (--auth_tokens), as a shared one is: /metrics answers only its users, so the config
-has prometheus.yml's authorization block uncommented, with the token of a "prometheus" user in the file
-it names, exactly as deploy/ tells an operator to.
+A second, short case scrapes a fitrund with users (--auth_tokens), as a shared one is: /metrics answers
+only its users, so that config has prometheus.yml's authorization block uncommented, with the token of a
+"prometheus" user in the file it names, exactly as deploy/ tells an operator to; Prometheus must reach
+it and store its series. (The long case stays in local mode: as root, a fitrund with users runs each
+job as its owner's Unix account, which a test user does not have; tests/owners_test covers that.)
 
 Alerts firing and resolving are promtool's unit tests (deploy/prometheus/alerts_test.yml, run by
 //deploy:prometheus_rules_test); here the rules only have to evaluate on fitrund's real series.
@@ -39,9 +41,6 @@ PROMETHEUS = "/usr/bin/prometheus"
 WORK = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
 
 DAEMON = ["--devices=cpu:2x1GiB", "--memory_probe=false"]
-# Prometheus' user, and the one who submits the job.
-PROMETHEUS_TOKEN = "prometheus-scrape-token"
-USER_TOKEN = "tester-token"
 # Long enough to be running through every query; cancelled once they are done.
 JOB = {
     "name": "scraped",
@@ -65,21 +64,25 @@ def free_port():
         return s.getsockname()[1]
 
 
-def prometheus_config(template, target, rules, credentials_file):
+def prometheus_config(template, target, rules, credentials_file=None):
     """deploy/prometheus/prometheus.yml edited as text (no YAML library in the standard one): scrape
-    and evaluate every second, scrape `target` with the bearer token in `credentials_file` (the
-    template's commented authorization block, uncommented), and load the rule file at the absolute
-    path `rules`. Each edit must apply exactly once, so a reshaped template fails here rather than
-    being ignored."""
+    and evaluate every second, scrape `target`, and load the rule file at the absolute path `rules`;
+    with `credentials_file`, the template's commented authorization block uncommented to send the
+    bearer token in that file. Each edit must apply exactly once, so a reshaped template fails here
+    rather than being ignored."""
     edits = [
         (r"(?m)^(\s*)scrape_interval:.*$", r"\1scrape_interval: 1s"),
         (r"(?m)^(\s*)evaluation_interval:.*$", r"\1evaluation_interval: 1s"),
         (r"(?m)^(\s*)- alerts\.yml\s*$", lambda m: f"{m.group(1)}- {json.dumps(rules)}"),
         (r"(?m)^(\s*)- targets: \[.*\]\s*$", lambda m: f"{m.group(1)}- targets: [{json.dumps(target)}]"),
-        (r"(?m)^(\s*)# authorization:\s*$", r"\1authorization:"),
-        (r"(?m)^(\s*)#   type: Bearer\s*$", r"\1  type: Bearer"),
-        (r"(?m)^(\s*)#   credentials_file: .*$", lambda m: f"{m.group(1)}  credentials_file: {json.dumps(credentials_file)}"),
     ]
+    if credentials_file is not None:
+        edits += [
+            (r"(?m)^(\s*)# authorization:\s*$", r"\1authorization:"),
+            (r"(?m)^(\s*)#   type: Bearer\s*$", r"\1  type: Bearer"),
+            (r"(?m)^(\s*)#   credentials_file: .*$",
+             lambda m: f"{m.group(1)}  credentials_file: {json.dumps(credentials_file)}"),
+        ]
     for pattern, replacement in edits:
         template, count = re.subn(pattern, replacement, template)
         if count != 1:
@@ -180,28 +183,19 @@ def alert_names(rules_text):
 class PrometheusTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        tokens = os.path.join(WORK, "tokens")
-        with open(tokens, "w") as f:
-            for user, token in (("prometheus", PROMETHEUS_TOKEN), ("tester", USER_TOKEN)):
-                f.write(f"{user} user {hashlib.sha256(token.encode()).hexdigest()}\n")
-        credentials = os.path.join(WORK, "fitrun-token")
-        with open(credentials, "w") as f:
-            f.write(PROMETHEUS_TOKEN)
-        os.chmod(credentials, 0o600)
-        cls.fitrund = Fitrund(os.path.join(WORK, "fitrund"), DAEMON + [f"--auth_tokens={tokens}"])
+        cls.fitrund = Fitrund(os.path.join(WORK, "fitrund"), DAEMON)
         cls.addClassCleanup(cls.fitrund.stop)  # runs even when setUpClass fails, after the ones below
         assert cls.fitrund.address, cls.fitrund.log()
         with open(os.path.join(cls.fitrund.state_dir, "fitrund.metrics_address")) as f:
             cls.metrics_address = f.read().strip()
         with open(os.path.join(DEPLOY, "prometheus/prometheus.yml")) as f:
-            config = prometheus_config(f.read(), cls.metrics_address, os.path.join(DEPLOY, "prometheus/alerts.yml"),
-                                       credentials)
+            config = prometheus_config(f.read(), cls.metrics_address, os.path.join(DEPLOY, "prometheus/alerts.yml"))
         with cls.logs_on_failure():
             cls.prometheus = Prometheus(os.path.join(WORK, "prometheus"), config)
             cls.addClassCleanup(cls.prometheus.stop)
             wait_for(cls.scraping, 30, f"Prometheus to scrape fitrund at {cls.metrics_address}")
 
-            cls.client = Client(cls.fitrund.address, token=USER_TOKEN)
+            cls.client = Client(cls.fitrund.address)
             cls.addClassCleanup(cls.client.close)
             cls.job_id = cls.client.submit(JOB)
             cls.addClassCleanup(cls.cancel_job)
@@ -270,14 +264,8 @@ class PrometheusTest(unittest.TestCase):
         print(f"{len(targets)} dashboard expressions returned data while {self.job_id} ran", flush=True)
 
     def test_metrics_follow_prometheus_conventions(self):
-        """`promtool check metrics` on a scrape taken while the job runs (so the per-job series are in it);
-        without the token, the scrape is refused."""
-        with self.assertRaises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10)
-        self.assertEqual(refused.exception.code, 401)
-        request = urllib.request.Request(f"http://{self.metrics_address}/metrics",
-                                         headers={"Authorization": f"Bearer {PROMETHEUS_TOKEN}"})
-        with urllib.request.urlopen(request, timeout=10) as reply:
+        """`promtool check metrics` on a scrape taken while the job runs (so the per-job series are in it)."""
+        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10) as reply:
             text = reply.read()
         self.assertIn(f'fitrun_job_step{{job_id="{self.job_id}"}}'.encode(), text)
         check = subprocess.run(["/usr/bin/promtool", "check", "metrics"], input=text, capture_output=True)
@@ -318,6 +306,48 @@ class PrometheusTest(unittest.TestCase):
             self.assertEqual(unmatched, [], "alert selectors that match none of fitrund's series")
             self.assert_still_running()
         print(f"{len(rules)} alert rules evaluated on fitrund's series", flush=True)
+
+
+class SecuredScrapeTest(unittest.TestCase):
+    """Prometheus with prometheus.yml's authorization block on, scraping a fitrund with --auth_tokens."""
+
+    def test_prometheus_scrapes_with_its_own_users_token(self):
+        work = tempfile.mkdtemp(dir=WORK)
+        token = "prometheus-scrape-token"
+        tokens = os.path.join(work, "tokens")
+        with open(tokens, "w") as f:
+            f.write(f"prometheus user {hashlib.sha256(token.encode()).hexdigest()}\n")
+        credentials = os.path.join(work, "fitrun-token")
+        with open(credentials, "w") as f:
+            f.write(token)
+        os.chmod(credentials, 0o600)
+        fitrund = Fitrund(os.path.join(work, "fitrund"), DAEMON + [f"--auth_tokens={tokens}"])
+        self.addCleanup(fitrund.stop)
+        self.assertTrue(fitrund.address, fitrund.log())
+        with open(os.path.join(fitrund.state_dir, "fitrund.metrics_address")) as f:
+            address = f.read().strip()
+        # Without the token, fitrund refuses the scrape.
+        with self.assertRaises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://{address}/metrics", timeout=10)
+        self.assertEqual(refused.exception.code, 401)
+
+        with open(os.path.join(DEPLOY, "prometheus/prometheus.yml")) as f:
+            config = prometheus_config(f.read(), address, os.path.join(DEPLOY, "prometheus/alerts.yml"), credentials)
+        self.assertIn(f"credentials_file: {json.dumps(credentials)}", config)
+        prometheus = Prometheus(os.path.join(work, "prometheus"), config)
+        self.addCleanup(prometheus.stop)
+        try:
+            targets = wait_for(lambda: [t for t in prometheus.api("targets")["activeTargets"]
+                                        if t["scrapeUrl"] == f"http://{address}/metrics" and t["health"] == "up"],
+                               30, f"Prometheus to scrape fitrund at {address} with the token")
+            series = wait_for(lambda: prometheus.query('fitrun_build_info{job="fitrund"}'), 30,
+                              "fitrun_build_info in Prometheus")
+        except AssertionError:
+            print(f"---- prometheus.log (last 40 lines)\n{''.join(prometheus.log().splitlines(True)[-40:])}")
+            raise
+        self.assertEqual(len(series), 1)
+        print(f"\nPrometheus scraped the secured fitrund at {address} with its token: {targets[0]['health']}, "
+              f"{series[0]['metric']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -180,14 +180,21 @@ class UsersTest(unittest.TestCase):
 
 
 class MetricsPortTest(unittest.TestCase):
-    """The page's API and /metrics of a fitrund with users: the gRPC API's users, over real HTTP."""
+    """The page's API and /metrics of a fitrund with users: the gRPC API's users, over real HTTP.
+
+    The job they look at ran before fitrund had users, so it is the user `local`'s; fitrund then starts
+    again on the same state with users, `local` among them. (As root, a fitrund with users runs each job
+    as its owner's Unix account, which these users do not have; tests/owners_test covers that.)"""
 
     @classmethod
     def setUpClass(cls):
         cls.tokens = path("web-tokens")
-        cls.users = {"alice": ("user", "alice-web"), "bob": ("user", "bob-web"), "dave": ("user", "dave-web"),
+        cls.users = {"local": ("user", "local-web"), "bob": ("user", "bob-web"), "dave": ("user", "dave-web"),
                      "prometheus": ("user", "prometheus-web"), "root": ("admin", "root-web")}
         cls.write_tokens(cls.users)
+        with Fitrund(path("web"), DAEMON) as before_users:
+            assert before_users.address, before_users.log()
+            cls.job, _ = run_to_end(Client(before_users.address), tiny_job("before-users"))
         cls.daemon = Fitrund(path("web"), DAEMON + [f"--auth_tokens={cls.tokens}"])
         assert cls.daemon.address, cls.daemon.log()
         cls.metrics = metrics_address(cls.daemon)
@@ -212,20 +219,19 @@ class MetricsPortTest(unittest.TestCase):
         self.assertEqual(status, 200)
         self.assertIn("Sign in to fitrund", page)
 
-        job, _ = run_to_end(Client(self.daemon.address, token="alice-web"), tiny_job("alices-web"))
+        job = self.job
         self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+        self.assertEqual(job.owner, "local")
         listed = {user: [j["id"] for j in json.loads(http(self.metrics, "/api/jobs", token=f"{user}-web")[2])["jobs"]]
-                  for user in ("alice", "bob", "root")}
-        self.assertIn(job.id, listed["alice"])
-        self.assertNotIn(job.id, listed["bob"])
-        self.assertIn(job.id, listed["root"])
+                  for user in ("local", "bob", "root")}
+        self.assertEqual(listed, {"local": [job.id], "bob": [], "root": [job.id]})
         hidden = http(self.metrics, f"/api/jobs/{job.id}", token="bob-web")
         missing = http(self.metrics, "/api/jobs/j-999999", token="bob-web")
         self.assertEqual((hidden[0], missing[0]), (404, 404))
         self.assertEqual(json.loads(hidden[2])["error"].replace(job.id, "ID"),
                          json.loads(missing[2])["error"].replace("j-999999", "ID"))
         self.assertEqual(http(self.metrics, f"/api/jobs/{job.id}/events", token="bob-web")[0], 404)
-        self.assertEqual(http(self.metrics, f"/api/jobs/{job.id}", token="alice-web")[0], 200)
+        self.assertEqual(http(self.metrics, f"/api/jobs/{job.id}", token="local-web")[0], 200)
 
         status, _, text = http(self.metrics, "/metrics", token="prometheus-web")
         self.assertEqual(status, 200)
