@@ -48,8 +48,11 @@ struct ServerOptions {
   std::string tls_key;
   std::string tls_client_ca;
   std::string tls_ca;
-  // Serve a non-loopback address without TLS anyway.
+  // Serve a non-loopback address (--listen or --metrics_listen) without TLS anyway.
   bool insecure = false;
+  // Secured: /metrics answers anyone, not only users (Prometheus on a trusted network without a
+  // token); the page and its API still need a user.
+  bool metrics_public = false;
   // Users' bearer tokens (server/auth/authenticator.h); with tls_client_ca, certificates too.
   std::string auth_tokens;
   // "listed" or "same_name": the Unix account of a user the tokens file gives none (see
