@@ -56,8 +56,9 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "'=': the account named like the user)");
 ABSL_FLAG(std::string, unix_accounts, "listed",
           "Which Unix account a user's jobs run as when fitrund is root and has users: 'listed' (the fourth field "
-          "of the user's --auth_tokens line; a user without one cannot submit) or 'same_name' (that field, else the "
-          "account named like the user)");
+          "of the user's --auth_tokens line; a user without one cannot submit), 'same_name' (that field, else the "
+          "account named like the user) or 'none' (every job runs as fitrund's own user: only where every user may "
+          "do what fitrund's user can)");
 ABSL_FLAG(std::vector<std::string>, data_roots, {},
           "Comma-separated folders that specs may name files in (data, TorchScript, scripts); default: "
           "/usr/share/datasets, <state_dir>/uploads and the directory fitrund starts in");

@@ -211,7 +211,8 @@ absl::Status OnlyTraversable(const std::string& dir) {
 }  // namespace
 
 bool RunsJobsAsOwners(const ServerOptions& options) {
-  return (!options.auth_tokens.empty() || !options.tls_client_ca.empty()) && CanRunAsOtherAccounts();
+  return (!options.auth_tokens.empty() || !options.tls_client_ca.empty()) && CanRunAsOtherAccounts() &&
+         options.unix_accounts != "none";
 }
 
 void RunningServer::Shutdown(bool stop_workers) {
@@ -225,9 +226,9 @@ void RunningServer::Shutdown(bool stop_workers) {
 
 absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions& options) {
   auto server = std::make_unique<RunningServer>();
-  if (options.unix_accounts != "listed" && options.unix_accounts != "same_name") {
+  if (options.unix_accounts != "listed" && options.unix_accounts != "same_name" && options.unix_accounts != "none") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--unix_accounts: expected listed or same_name (got '", options.unix_accounts, "')"));
+        absl::StrCat("--unix_accounts: expected listed, same_name or none (got '", options.unix_accounts, "')"));
   }
   const bool as_owners = RunsJobsAsOwners(options);
   if (as_owners) {

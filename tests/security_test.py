@@ -84,6 +84,9 @@ def metrics_address(daemon):
 
 
 DAEMON = ["--devices=cpu:2x1GiB", "--memory_probe=false"]
+# Users whose jobs run as fitrund's own user: what this file checks is who sees and stops which job,
+# whatever fitrund runs as (owners_test runs jobs as their owners' accounts).
+AS_FITRUND = ["--unix_accounts=none"]
 TLS = [f"--tls_cert={path('server.pem')}", f"--tls_key={path('server.key')}", f"--tls_ca={path('ca.pem')}"]
 
 
@@ -135,7 +138,7 @@ class UsersTest(unittest.TestCase):
         with open(cls.tokens, "w") as f:
             f.write("# user role sha256(token)\n" + token_line("alice", "user", "alice-token") +
                     token_line("bob", "user", "bob-token") + token_line("root", "admin", "root-token"))
-        cls.daemon = Fitrund(path("users"), DAEMON + [f"--auth_tokens={cls.tokens}"])
+        cls.daemon = Fitrund(path("users"), DAEMON + AS_FITRUND + [f"--auth_tokens={cls.tokens}"])
         assert cls.daemon.address, cls.daemon.log()
 
     @classmethod
@@ -302,7 +305,7 @@ class DataRootsTest(unittest.TestCase):
 
 class MutualTlsTest(unittest.TestCase):
     def test_a_client_certificate_names_the_jobs_owner(self):
-        flags = DAEMON + TLS + [f"--tls_client_ca={path('ca.pem')}"]
+        flags = DAEMON + AS_FITRUND + TLS + [f"--tls_client_ca={path('ca.pem')}"]
         with Fitrund(path("mtls"), flags) as daemon:
             self.assertIsNotNone(daemon.address, daemon.log())
             alice = Client(daemon.address, ca=path("ca.pem"), cert=path("alice.pem"), key=path("alice.key"))
