@@ -19,7 +19,10 @@
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (HOST:PORT; port 0 picks a free one)");
-ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464", "HTTP address of /metrics, the web page (/) and its JSON API (HOST:PORT; port 0 picks one; unauthenticated: keep it on loopback)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "HTTP address of /metrics, the web page (/) and its JSON API (HOST:PORT; port 0 picks one). With "
+          "--auth_tokens it takes the same users as --listen. Plain HTTP only (no TLS): off loopback it needs "
+          "--insecure");
 ABSL_FLAG(std::string, state_dir, "fitrun-state",
           "Directory for the job store, job logs, checkpoints and decoded datasets (datasets/)");
 ABSL_FLAG(std::string, devices, "auto",
@@ -34,22 +37,28 @@ ABSL_FLAG(bool, memory_probe, true,
           "Calibrate each model's memory estimate by running fitrun-worker --probe once per model (cached in "
           "the state directory); false: analytic estimates only");
 ABSL_FLAG(std::string, worker_binary, "", "fitrun-worker to launch (default: the one built beside fitrund)");
-ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve both services over TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain: serve both gRPC services over TLS (with --tls_key; not the metrics port)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA for mutual TLS: a client certificate it signed identifies its holder by its common name");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA that --tls_cert chains to, for the ranks to verify fitrund (default: --tls_cert itself, for a "
           "self-signed certificate)");
-ABSL_FLAG(bool, insecure, false, "Serve a non-loopback --listen address without TLS anyway");
+ABSL_FLAG(bool, insecure, false, "Serve a non-loopback --listen or --metrics_listen address without TLS anyway");
+ABSL_FLAG(bool, metrics_public, false,
+          "With --auth_tokens or --tls_client_ca: /metrics answers anyone, not only users (Prometheus on a trusted "
+          "network without a token); the web page and its API still need a user");
 ABSL_FLAG(std::string, auth_tokens, "",
           "Users: lines of '<user> <admin|user> <sha256 hex of the token> [<unix account>|=]'; reloaded on SIGHUP. "
-          "Without it and --tls_client_ca every caller is the local admin. As root, fitrund runs each job as its "
-          "owner's Unix account (the fourth field; '=': the account named like the user)");
+          "They are the users of the gRPC API, the web page and /metrics alike. Without it and --tls_client_ca every "
+          "caller is the local admin. As root, fitrund runs each job as its owner's Unix account (the fourth field; "
+          "'=': the account named like the user)");
 ABSL_FLAG(std::string, unix_accounts, "listed",
           "Which Unix account a user's jobs run as when fitrund is root and has users: 'listed' (the fourth field "
-          "of the user's --auth_tokens line; a user without one cannot submit) or 'same_name' (that field, else the "
-          "account named like the user)");
+          "of the user's --auth_tokens line; a user without one cannot submit), 'same_name' (that field, else the "
+          "account named like the user) or 'none' (every job runs as fitrund's own user: only where every user may "
+          "do what fitrund's user can)");
 ABSL_FLAG(std::string, job_cgroups, "auto",
           "Each attempt's processes in a cgroup of its own, bounded by spec.resources.host_memory and "
           "max_processes and killed whole when the attempt ends: auto (when fitrund is root and the memory and pids "
@@ -99,6 +108,7 @@ int main(int argc, char** argv) {
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   options.insecure = absl::GetFlag(FLAGS_insecure);
+  options.metrics_public = absl::GetFlag(FLAGS_metrics_public);
   options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
   options.unix_accounts = absl::GetFlag(FLAGS_unix_accounts);
   options.job_cgroups = absl::GetFlag(FLAGS_job_cgroups);
@@ -129,16 +139,20 @@ int main(int argc, char** argv) {
     fprintf(stderr, "fitrund: %s\n", std::string(server.status().message()).c_str());
     return 1;
   }
-  fprintf(stderr, "fitrund: serving on %s, metrics on http://%s/metrics, web page on http://%s/, state in %s\n",
+  fprintf(stderr, "fitrund: serving on %s, metrics on http://%s/metrics, web page on http://%s/, state in %s%s\n",
           (*server)->address.c_str(), (*server)->metrics_address.c_str(), (*server)->metrics_address.c_str(),
-          options.state_dir.c_str());
+          options.state_dir.c_str(),
+          !(*server)->authenticator->secured() ? ""
+          : options.metrics_public       ? " (the page and its API for users only; /metrics for anyone)"
+                                         : " (the page, its API and /metrics for users only)");
 
   int sig = 0;
   while (true) {
     sigwait(&signals, &sig);
     if (sig == SIGPIPE) continue;
     if (sig == SIGHUP) {
-      // A new token file takes effect at once; a broken one leaves the old one in force.
+      // A new token file takes effect at once (web sessions check their token against it on every
+      // request); a broken one leaves the old one in force.
       const absl::Status reloaded = (*server)->authenticator->Reload();
       fprintf(stderr, "fitrund: SIGHUP: %s\n",
               reloaded.ok() ? "reloaded --auth_tokens" : std::string(reloaded.message()).c_str());

@@ -115,6 +115,25 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
   return grpc::SslServerCredentials(ssl);
 }
 
+// The metrics port carries what the gRPC port does (every job in local mode; tokens and session
+// cookies when secured), and it serves plain HTTP only (server/web/web_server.h says why civetweb
+// cannot do TLS here), so off loopback it needs --insecure, --tls_cert or not.
+absl::Status CheckMetricsListen(const ServerOptions& options) {
+  const size_t colon = options.metrics_listen.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("--metrics_listen: expected HOST:PORT, e.g. 127.0.0.1:9464 (got '",
+                                                   options.metrics_listen, "')"));
+  }
+  const std::string host = options.metrics_listen.substr(0, colon);
+  if (IsLoopback(host) || options.insecure) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--metrics_listen: ", host, " is not a loopback address, and the metrics port serves plain HTTP only (",
+      options.tls_cert.empty() ? "" : "--tls_cert covers --listen alone: ",
+      "Debian 12's civetweb cannot serve TLS), so anyone on the way would read the page's tokens and session "
+      "cookies, and the jobs it shows: keep it on loopback behind a TLS-terminating proxy, or pass --insecure to "
+      "serve it anyway"));
+}
+
 // --cluster=slurm: the cluster's devices, the Slurm launcher, and where jobs' files go. Every flag
 // is checked, and slurmctld reached, before fitrund serves anything.
 absl::Status StartSlurm(const ServerOptions& options, RunningServer* server, JobManager::Options* manager_options) {
@@ -234,7 +253,8 @@ absl::Status StartJobCgroups(const ServerOptions& options, RunningServer* server
 }  // namespace
 
 bool RunsJobsAsOwners(const ServerOptions& options) {
-  return (!options.auth_tokens.empty() || !options.tls_client_ca.empty()) && CanRunAsOtherAccounts();
+  return (!options.auth_tokens.empty() || !options.tls_client_ca.empty()) && CanRunAsOtherAccounts() &&
+         options.unix_accounts != "none";
 }
 
 void RunningServer::Shutdown(bool stop_workers) {
@@ -248,9 +268,9 @@ void RunningServer::Shutdown(bool stop_workers) {
 
 absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions& options) {
   auto server = std::make_unique<RunningServer>();
-  if (options.unix_accounts != "listed" && options.unix_accounts != "same_name") {
+  if (options.unix_accounts != "listed" && options.unix_accounts != "same_name" && options.unix_accounts != "none") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--unix_accounts: expected listed or same_name (got '", options.unix_accounts, "')"));
+        absl::StrCat("--unix_accounts: expected listed, same_name or none (got '", options.unix_accounts, "')"));
   }
   const bool as_owners = RunsJobsAsOwners(options);
   if (as_owners) {
@@ -453,6 +473,9 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
 
   WebServer::Options web_options;
   web_options.listen = options.metrics_listen;
+  if (absl::Status status = CheckMetricsListen(options); !status.ok()) return status;
+  web_options.authenticator = server->authenticator.get();
+  web_options.metrics_public = options.metrics_public;
   absl::StatusOr<std::unique_ptr<WebServer>> web = WebServer::Start(
       web_options, server->manager.get(), {server->registry, std::make_shared<LiveMetrics>(server->manager.get())});
   if (!web.ok()) return web.status();

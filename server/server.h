@@ -49,12 +49,15 @@ struct ServerOptions {
   std::string tls_key;
   std::string tls_client_ca;
   std::string tls_ca;
-  // Serve a non-loopback address without TLS anyway.
+  // Serve a non-loopback address (--listen or --metrics_listen) without TLS anyway.
   bool insecure = false;
+  // Secured: /metrics answers anyone, not only users (Prometheus on a trusted network without a
+  // token); the page and its API still need a user.
+  bool metrics_public = false;
   // Users' bearer tokens (server/auth/authenticator.h); with tls_client_ca, certificates too.
   std::string auth_tokens;
-  // "listed" or "same_name": the Unix account of a user the tokens file gives none (see
-  // RunsJobsAsOwners).
+  // "listed" or "same_name": the Unix account of a user the tokens file gives none; "none": jobs
+  // run as fitrund's own user even as root (every user trusted with it). See RunsJobsAsOwners.
   std::string unix_accounts = "listed";
   // "auto", "on" or "off": each attempt's processes in a cgroup of their own (--job_cgroups), made
   // under cgroup_parent (relative to fitrund's own cgroup, or absolute).
@@ -122,7 +125,7 @@ struct RunningServer {
 // another fitrund holds is FAILED_PRECONDITION naming that fitrund's pid (two coordinators over one
 // store would both recover, launch and re-adopt the same jobs).
 // Whether every job runs as its owner's Unix account: fitrund has users (tokens or client
-// certificates) and is root. Then a user without an account cannot submit, job directories are
+// certificates), is root, and --unix_accounts is not none. Then a user without an account cannot submit, job directories are
 // their owners' (0700) and the state directory is fitrund's (0711, its files 0600).
 bool RunsJobsAsOwners(const ServerOptions& options);
 

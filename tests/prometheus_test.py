@@ -3,12 +3,19 @@ with a config made from deploy/prometheus/prometheus.yml and its alerts.yml, whi
 on two virtual CPU devices. Every expression of every panel of deploy/grafana/fitrun-dashboard.json must
 return data, and every alert rule must evaluate without error.
 
+A second, short case scrapes a fitrund with users (--auth_tokens), as a shared one is: /metrics answers
+only its users, so that config has prometheus.yml's authorization block uncommented, with the token of a
+"prometheus" user in the file it names, exactly as deploy/ tells an operator to; Prometheus must reach
+it and store its series. (The long case stays in local mode: as root, a fitrund with users runs each
+job as its owner's Unix account, which a test user does not have; tests/owners_test covers that.)
+
 Alerts firing and resolving are promtool's unit tests (deploy/prometheus/alerts_test.yml, run by
 //deploy:prometheus_rules_test); here the rules only have to evaluate on fitrund's real series.
 Prometheus' log is printed, and kept in the test's undeclared outputs, when something fails.
 """
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -57,16 +64,25 @@ def free_port():
         return s.getsockname()[1]
 
 
-def prometheus_config(template, target, rules):
+def prometheus_config(template, target, rules, credentials_file=None):
     """deploy/prometheus/prometheus.yml edited as text (no YAML library in the standard one): scrape
-    and evaluate every second, scrape `target`, and load the rule file at the absolute path `rules`.
-    Each edit must apply exactly once, so a reshaped template fails here rather than being ignored."""
+    and evaluate every second, scrape `target`, and load the rule file at the absolute path `rules`;
+    with `credentials_file`, the template's commented authorization block uncommented to send the
+    bearer token in that file. Each edit must apply exactly once, so a reshaped template fails here
+    rather than being ignored."""
     edits = [
         (r"(?m)^(\s*)scrape_interval:.*$", r"\1scrape_interval: 1s"),
         (r"(?m)^(\s*)evaluation_interval:.*$", r"\1evaluation_interval: 1s"),
         (r"(?m)^(\s*)- alerts\.yml\s*$", lambda m: f"{m.group(1)}- {json.dumps(rules)}"),
         (r"(?m)^(\s*)- targets: \[.*\]\s*$", lambda m: f"{m.group(1)}- targets: [{json.dumps(target)}]"),
     ]
+    if credentials_file is not None:
+        edits += [
+            (r"(?m)^(\s*)# authorization:\s*$", r"\1authorization:"),
+            (r"(?m)^(\s*)#   type: Bearer\s*$", r"\1  type: Bearer"),
+            (r"(?m)^(\s*)#   credentials_file: .*$",
+             lambda m: f"{m.group(1)}  credentials_file: {json.dumps(credentials_file)}"),
+        ]
     for pattern, replacement in edits:
         template, count = re.subn(pattern, replacement, template)
         if count != 1:
@@ -290,6 +306,48 @@ class PrometheusTest(unittest.TestCase):
             self.assertEqual(unmatched, [], "alert selectors that match none of fitrund's series")
             self.assert_still_running()
         print(f"{len(rules)} alert rules evaluated on fitrund's series", flush=True)
+
+
+class SecuredScrapeTest(unittest.TestCase):
+    """Prometheus with prometheus.yml's authorization block on, scraping a fitrund with --auth_tokens."""
+
+    def test_prometheus_scrapes_with_its_own_users_token(self):
+        work = tempfile.mkdtemp(dir=WORK)
+        token = "prometheus-scrape-token"
+        tokens = os.path.join(work, "tokens")
+        with open(tokens, "w") as f:
+            f.write(f"prometheus user {hashlib.sha256(token.encode()).hexdigest()}\n")
+        credentials = os.path.join(work, "fitrun-token")
+        with open(credentials, "w") as f:
+            f.write(token)
+        os.chmod(credentials, 0o600)
+        fitrund = Fitrund(os.path.join(work, "fitrund"), DAEMON + [f"--auth_tokens={tokens}"])
+        self.addCleanup(fitrund.stop)
+        self.assertTrue(fitrund.address, fitrund.log())
+        with open(os.path.join(fitrund.state_dir, "fitrund.metrics_address")) as f:
+            address = f.read().strip()
+        # Without the token, fitrund refuses the scrape.
+        with self.assertRaises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://{address}/metrics", timeout=10)
+        self.assertEqual(refused.exception.code, 401)
+
+        with open(os.path.join(DEPLOY, "prometheus/prometheus.yml")) as f:
+            config = prometheus_config(f.read(), address, os.path.join(DEPLOY, "prometheus/alerts.yml"), credentials)
+        self.assertIn(f"credentials_file: {json.dumps(credentials)}", config)
+        prometheus = Prometheus(os.path.join(work, "prometheus"), config)
+        self.addCleanup(prometheus.stop)
+        try:
+            targets = wait_for(lambda: [t for t in prometheus.api("targets")["activeTargets"]
+                                        if t["scrapeUrl"] == f"http://{address}/metrics" and t["health"] == "up"],
+                               30, f"Prometheus to scrape fitrund at {address} with the token")
+            series = wait_for(lambda: prometheus.query('fitrun_build_info{job="fitrund"}'), 30,
+                              "fitrun_build_info in Prometheus")
+        except AssertionError:
+            print(f"---- prometheus.log (last 40 lines)\n{''.join(prometheus.log().splitlines(True)[-40:])}")
+            raise
+        self.assertEqual(len(series), 1)
+        print(f"\nPrometheus scraped the secured fitrund at {address} with its token: {targets[0]['health']}, "
+              f"{series[0]['metric']}", flush=True)
 
 
 if __name__ == "__main__":

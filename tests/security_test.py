@@ -1,15 +1,20 @@
 """A fitrund people can share, with real daemons, real ranks and real certificates: TLS on both
-services (the ranks dial back over it), plain text refused, the loopback rule, users with bearer
-tokens who see and stop only their own jobs, tokens reloaded on SIGHUP, and mutual TLS naming the
-job's owner. The CA and certificates are made by openssl for this run.
+services (the ranks dial back over it), plain text refused, the loopback rule (the metrics port's
+too), users with bearer tokens who see and stop only their own jobs, tokens reloaded on SIGHUP, and
+mutual TLS naming the job's owner. The metrics port over real HTTP: its API and /metrics for the same
+users (each seeing their own jobs), a web session that a SIGHUP removing its token ends, and
+--metrics_public. The CA and certificates are made by openssl for this run.
 """
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import unittest
+import urllib.error
+import urllib.request
 
 from fitrun.client import Client, ClientError
 from jobs import Fitrund, run_to_end, state_name, wait_for
@@ -56,7 +61,32 @@ def tiny_job(name, steps=3):
     }
 
 
+def http(address, path, token=None, cookie=None, method="GET", json_body=None):
+    """(status, headers, body) of one request to fitrund's metrics port at `address`."""
+    data = json.dumps(json_body).encode() if json_body is not None else None
+    request = urllib.request.Request(f"http://{address}{path}", data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    if cookie:
+        request.add_header("Cookie", cookie)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, reply.headers, reply.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read().decode()
+
+
+def metrics_address(daemon):
+    with open(os.path.join(daemon.state_dir, "fitrund.metrics_address")) as f:
+        return f.read().strip()
+
+
 DAEMON = ["--devices=cpu:2x1GiB", "--memory_probe=false"]
+# Users whose jobs run as fitrund's own user: what this file checks is who sees and stops which job,
+# whatever fitrund runs as (owners_test runs jobs as their owners' accounts).
+AS_FITRUND = ["--unix_accounts=none"]
 TLS = [f"--tls_cert={path('server.pem')}", f"--tls_key={path('server.key')}", f"--tls_ca={path('ca.pem')}"]
 
 
@@ -85,6 +115,21 @@ class TlsTest(unittest.TestCase):
         with Fitrund(path("open-tls"), DAEMON + TLS, listen="0.0.0.0:0") as daemon:
             self.assertIsNotNone(daemon.address, daemon.log())
 
+    def test_a_non_loopback_metrics_port_needs_insecure_tls_or_not(self):
+        # The metrics port is plain HTTP whatever --tls_cert says (Debian 12's civetweb cannot do TLS).
+        for name, flags in (("metrics-open", DAEMON), ("metrics-open-tls", DAEMON + TLS)):
+            refused = Fitrund(path(name), flags + ["--metrics_listen=0.0.0.0:0"])
+            self.assertIsNone(refused.address)
+            self.assertNotEqual(refused.process.wait(timeout=10), 0)
+            self.assertIn("--metrics_listen: 0.0.0.0 is not a loopback address", refused.log())
+            self.assertIn("plain HTTP only", refused.log())
+            self.assertIn("--insecure", refused.log())
+            refused.stop()
+        with Fitrund(path("metrics-open-insecure"), DAEMON + ["--metrics_listen=0.0.0.0:0", "--insecure"]) as daemon:
+            self.assertIsNotNone(daemon.address, daemon.log())
+            port = metrics_address(daemon).rsplit(":", 1)[1]
+            self.assertEqual(http(f"127.0.0.1:{port}", "/api/session")[0], 200)
+
 
 class UsersTest(unittest.TestCase):
     @classmethod
@@ -93,7 +138,7 @@ class UsersTest(unittest.TestCase):
         with open(cls.tokens, "w") as f:
             f.write("# user role sha256(token)\n" + token_line("alice", "user", "alice-token") +
                     token_line("bob", "user", "bob-token") + token_line("root", "admin", "root-token"))
-        cls.daemon = Fitrund(path("users"), DAEMON + [f"--auth_tokens={cls.tokens}"])
+        cls.daemon = Fitrund(path("users"), DAEMON + AS_FITRUND + [f"--auth_tokens={cls.tokens}"])
         assert cls.daemon.address, cls.daemon.log()
 
     @classmethod
@@ -137,6 +182,94 @@ class UsersTest(unittest.TestCase):
         self.assertEqual(self.client("carol-token").list(), [])
 
 
+class MetricsPortTest(unittest.TestCase):
+    """The page's API and /metrics of a fitrund with users: the gRPC API's users, over real HTTP.
+
+    The job they look at ran before fitrund had users, so it is the user `local`'s; fitrund then starts
+    again on the same state with users, `local` among them. (As root, a fitrund with users runs each job
+    as its owner's Unix account, which these users do not have; tests/owners_test covers that.)"""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tokens = path("web-tokens")
+        cls.users = {"local": ("user", "local-web"), "bob": ("user", "bob-web"), "dave": ("user", "dave-web"),
+                     "prometheus": ("user", "prometheus-web"), "root": ("admin", "root-web")}
+        cls.write_tokens(cls.users)
+        with Fitrund(path("web"), DAEMON) as before_users:
+            assert before_users.address, before_users.log()
+            cls.job, _ = run_to_end(Client(before_users.address), tiny_job("before-users"))
+        cls.daemon = Fitrund(path("web"), DAEMON + [f"--auth_tokens={cls.tokens}"])
+        assert cls.daemon.address, cls.daemon.log()
+        cls.metrics = metrics_address(cls.daemon)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+
+    @classmethod
+    def write_tokens(cls, users):
+        with open(cls.tokens, "w") as f:
+            f.write("".join(token_line(user, role, token) for user, (role, token) in users.items()))
+
+    def test_the_api_and_metrics_answer_users_only_and_each_sees_their_own_jobs(self):
+        for where in ("/api/jobs", "/api/devices", "/api/session", "/metrics"):
+            for token in (None, "guess"):
+                status, headers, body = http(self.metrics, where, token=token)
+                self.assertEqual(status, 401, f"{where}: {body}")
+                self.assertIn("Authorization: Bearer <token>" if token is None else "not one fitrund knows", body)
+                self.assertEqual(headers["WWW-Authenticate"], 'Bearer realm="fitrund"')
+        status, _, page = http(self.metrics, "/")
+        self.assertEqual(status, 200)
+        self.assertIn("Sign in to fitrund", page)
+
+        job = self.job
+        self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+        self.assertEqual(job.owner, "local")
+        listed = {user: [j["id"] for j in json.loads(http(self.metrics, "/api/jobs", token=f"{user}-web")[2])["jobs"]]
+                  for user in ("local", "bob", "root")}
+        self.assertEqual(listed, {"local": [job.id], "bob": [], "root": [job.id]})
+        hidden = http(self.metrics, f"/api/jobs/{job.id}", token="bob-web")
+        missing = http(self.metrics, "/api/jobs/j-999999", token="bob-web")
+        self.assertEqual((hidden[0], missing[0]), (404, 404))
+        self.assertEqual(json.loads(hidden[2])["error"].replace(job.id, "ID"),
+                         json.loads(missing[2])["error"].replace("j-999999", "ID"))
+        self.assertEqual(http(self.metrics, f"/api/jobs/{job.id}/events", token="bob-web")[0], 404)
+        self.assertEqual(http(self.metrics, f"/api/jobs/{job.id}", token="local-web")[0], 200)
+
+        status, _, text = http(self.metrics, "/metrics", token="prometheus-web")
+        self.assertEqual(status, 200)
+        self.assertIn('fitrun_build_info{version="v1"} 1', text)
+
+    def test_a_web_session_ends_when_a_reload_removes_its_token(self):
+        status, headers, body = http(self.metrics, "/api/session", method="POST", json_body={"token": "dave-web"})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(json.loads(body)["user"], "dave")
+        set_cookie = headers["Set-Cookie"]
+        self.assertRegex(set_cookie, r"^fitrun_session=[0-9a-f]{64}; Path=/; Max-Age=43200; HttpOnly; SameSite=Strict$")
+        cookie = set_cookie.split(";")[0]
+        self.assertEqual(http(self.metrics, "/api/jobs", cookie=cookie)[0], 200)
+        self.assertEqual(http(self.metrics, "/metrics", cookie=cookie)[0], 200)
+        self.assertIn("window.fitrunPage", http(self.metrics, "/", cookie=cookie)[2])
+
+        reloads = self.daemon.log().count("reloaded --auth_tokens")
+        self.write_tokens({user: entry for user, entry in self.users.items() if user != "dave"})
+        self.addCleanup(self.write_tokens, self.users)
+        self.daemon.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: self.daemon.log().count("reloaded --auth_tokens") > reloads, 10, "the reload")
+        status, _, body = http(self.metrics, "/api/jobs", cookie=cookie)
+        self.assertEqual(status, 401)
+        self.assertIn("sign in again", body)
+        self.assertEqual(http(self.metrics, "/api/session", method="POST", json_body={"token": "dave-web"})[0], 401)
+
+    def test_metrics_public_opens_metrics_alone(self):
+        with Fitrund(path("web-public"), DAEMON + [f"--auth_tokens={self.tokens}", "--metrics_public"]) as daemon:
+            self.assertIsNotNone(daemon.address, daemon.log())
+            status, _, text = http(metrics_address(daemon), "/metrics")
+            self.assertEqual(status, 200)
+            self.assertIn("fitrun_build_info", text)
+            self.assertEqual(http(metrics_address(daemon), "/api/jobs")[0], 401)
+
+
 class DataRootsTest(unittest.TestCase):
     def test_files_outside_the_data_roots_are_refused_naming_the_field_and_nothing_is_stored(self):
         escape = path("escape.pt")
@@ -172,7 +305,7 @@ class DataRootsTest(unittest.TestCase):
 
 class MutualTlsTest(unittest.TestCase):
     def test_a_client_certificate_names_the_jobs_owner(self):
-        flags = DAEMON + TLS + [f"--tls_client_ca={path('ca.pem')}"]
+        flags = DAEMON + AS_FITRUND + TLS + [f"--tls_client_ca={path('ca.pem')}"]
         with Fitrund(path("mtls"), flags) as daemon:
             self.assertIsNotNone(daemon.address, daemon.log())
             alice = Client(daemon.address, ca=path("ca.pem"), cert=path("alice.pem"), key=path("alice.key"))

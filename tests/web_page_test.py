@@ -6,8 +6,14 @@ while the job runs, draws its plan and its ranks' memory bars and receives event
 has ended, its loss curve has one point per progress event rank 0 reported (counted over gRPC with
 the Python client's watch) and every event arrived exactly once. Screenshots of both views go to
 $TEST_UNDECLARED_OUTPUTS_DIR (Bazel keeps them as the test's outputs).
+
+On a secured fitrund (--auth_tokens) the page is the sign-in page until a token is pasted into it; a
+wrong one is refused there; the right one gives a session (an HttpOnly cookie the page's code cannot
+read) with which the page lists that user's jobs only and follows their events, another user's job
+being no job of theirs; signing out brings the sign-in page back.
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -16,7 +22,7 @@ import unittest
 
 from cdp import Browser
 from fitrun.client import Client, FINAL_STATES
-from jobs import Fitrund, state_name, wait_for
+from jobs import Fitrund, run_to_end, state_name, wait_for
 import junit_main
 
 WORK = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
@@ -156,6 +162,99 @@ class WebPageTest(unittest.TestCase):
                       " && document.querySelector('#app .banner').textContent.startsWith('No job j-999999')",
                       20, "the unknown job's page to say so")
         print("unknown job: " + page.evaluate("document.querySelector('#app .banner').textContent"))
+
+
+def tiny_job(name, steps):
+    return dict(SPEC, name=name, max_steps=steps, global_batch_size=64)
+
+
+class SecuredWebPageTest(unittest.TestCase):
+    """The job ran before fitrund had users, so it is the user `local`'s; fitrund then starts again on the
+    same state with users `local` and `bob`. (As root, a fitrund with users runs each job as its owner's
+    Unix account, which these users do not have; tests/owners_test covers that.)"""
+
+    def setUp(self):
+        work = tempfile.mkdtemp(dir=WORK)
+        state = os.path.join(work, "fitrund")
+        with Fitrund(state, DAEMON) as before_users:
+            self.assertTrue(before_users.address, before_users.log())
+            with Client(before_users.address) as client:
+                self.job, _ = run_to_end(client, tiny_job("before-users", 30))
+        tokens = os.path.join(work, "tokens")
+        with open(tokens, "w") as f:
+            for user in ("local", "bob"):
+                f.write(f"{user} user {hashlib.sha256(f'{user}-token'.encode()).hexdigest()}\n")
+        self.daemon = Fitrund(state, DAEMON + [f"--auth_tokens={tokens}"])
+        self.addCleanup(self.daemon.stop)
+        self.assertTrue(self.daemon.address, self.daemon.log())
+        with open(os.path.join(self.daemon.state_dir, "fitrund.metrics_address")) as f:
+            self.base = "http://" + f.read().strip()
+        self.browser = Browser()
+        self.addCleanup(self.browser.close)
+        self.page = self.browser.page()
+
+    def sign_in_with(self, token):
+        """Pastes `token` into the sign-in form, as a user would, and submits it."""
+        self.page.evaluate("(() => { const input = document.getElementById('token'); input.value = '';"
+                           " input.focus(); return document.activeElement === input; })()")
+        self.page.call("Input.insertText", text=token)
+        self.page.evaluate("document.getElementById('submit').click()")
+
+    def sign_out(self):
+        self.page.evaluate("location.hash = '#/'")  # the next sign-in then lands on the job list
+        self.page.evaluate("document.getElementById('sign-out').click()")
+        self.page.wait_event("Page.loadEventFired", 20)
+        self.page.wait_for("window.fitrunLogin && window.fitrunLogin.state === 'ready'", 20, "the sign-in page again")
+
+    def signed_in_list(self, user):
+        """Waits for the jobs page signed in as `user`; the ids its job list shows."""
+        self.page.wait_event("Page.loadEventFired", 20)
+        self.page.wait_for("window.fitrunPage && window.fitrunPage.view === 'list'"
+                           f" && window.fitrunPage.user === {js(user)}", 20, f"the jobs page, signed in as {user}")
+        self.assertIn(user, self.page.evaluate("document.getElementById('user').textContent"))
+        return self.page.wait_for("(() => { const body = document.querySelector('#jobs tbody');"
+                                  " return body && body.rows.length > 0"
+                                  " && [Array.from(body.querySelectorAll('tr[data-job]'), (r) => r.dataset.job)]; })()",
+                                  20, "the job list")[0]
+
+    def test_signing_in_with_a_pasted_token_shows_the_users_own_jobs(self):
+        page, job = self.page, self.job
+        self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+        self.assertEqual(job.owner, "local")
+
+        page.navigate(self.base + "/#/")
+        page.wait_for("window.fitrunLogin && window.fitrunLogin.state === 'ready'", 20, "the sign-in page")
+        self.assertIsNone(page.evaluate("window.fitrunPage || null"), "the jobs page before signing in")
+        size = page.screenshot(os.path.join(OUTPUTS, "web-page-sign-in.png"))
+        print(f"saved web-page-sign-in.png ({size} bytes)")
+
+        # A wrong token is refused on the page itself.
+        self.sign_in_with("not-a-token")
+        refused = page.wait_for("window.fitrunLogin.state === 'refused' && window.fitrunLogin.message", 20,
+                                "the wrong token to be refused")
+        self.assertIn("not one fitrund knows", refused)
+
+        # bob: no jobs of his, and the job is no job of his.
+        self.sign_in_with("bob-token")
+        self.assertEqual(self.signed_in_list("bob"), [])
+        page.evaluate(f"location.hash = '#/jobs/{job.id}'")
+        page.wait_for("window.fitrunPage.view === 'job' && document.querySelector('#app .banner') !== null"
+                      f" && document.querySelector('#app .banner').textContent.startsWith('No job {job.id}')",
+                      20, "the job to be no job of bob's")
+        self.sign_out()
+        self.assertEqual(page.evaluate("fetch('api/jobs').then((r) => r.status)"), 401)
+
+        # Its owner: the job in the list, and its page with every event over the session cookie.
+        self.sign_in_with("local-token")
+        self.assertEqual(self.signed_in_list("local"), [job.id])
+        self.assertNotIn("fitrun_session", page.evaluate("document.cookie"), "the session cookie is not HttpOnly")
+        page.screenshot(os.path.join(OUTPUTS, "web-page-signed-in.png"))
+        page.evaluate(f"location.hash = '#/jobs/{job.id}'")
+        page.wait_for(f"window.fitrunPage.view === 'job' && window.fitrunPage.ended"
+                      f" && window.fitrunPage.eventsReceived === {job.last_sequence}", 30,
+                      "the job's events over the session")
+        self.sign_out()
+        print(f"bob saw no job; local saw {job.id} and its {job.last_sequence} events; both signed out")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -86,11 +87,9 @@ absl::StatusOr<Caller> Authenticator::Identify(const std::string& bearer_token,
   if (!secured_) return Caller{"local", true};
   absl::MutexLock lock(&mu_);
   if (!bearer_token.empty()) {
-    auto it = by_hash_.find(Sha256Hex(bearer_token));
-    if (it == by_hash_.end()) return absl::UnauthenticatedError("the bearer token is not one fitrund knows");
-    const std::string& user = it->second.user;
-    auto listed = users_.find(user);
-    return Caller{user, it->second.admin, AccountOf(user, listed != users_.end() ? listed->second.unix_account : "")};
+    std::optional<Caller> caller = CallerOfTokenHashLocked(Sha256Hex(bearer_token));
+    if (!caller.has_value()) return absl::UnauthenticatedError("the bearer token is not one fitrund knows");
+    return *std::move(caller);
   }
   if (options_.client_certificates && !certificate_name.empty()) {
     auto it = users_.find(certificate_name);
@@ -100,6 +99,22 @@ absl::StatusOr<Caller> Authenticator::Identify(const std::string& bearer_token,
   }
   return absl::UnauthenticatedError(
       "fitrund requires a credential: a bearer token (fitrun --token, FITRUN_TOKEN) or a client certificate");
+}
+
+absl::StatusOr<Caller> Authenticator::IdentifyTokenHash(const std::string& token_hash) const {
+  if (!secured_) return Caller{"local", true};
+  absl::MutexLock lock(&mu_);
+  std::optional<Caller> caller = CallerOfTokenHashLocked(token_hash);
+  if (!caller.has_value()) return absl::UnauthenticatedError("the token is not one fitrund knows");
+  return *std::move(caller);
+}
+
+std::optional<Caller> Authenticator::CallerOfTokenHashLocked(const std::string& token_hash) const {
+  auto it = by_hash_.find(token_hash);
+  if (it == by_hash_.end()) return std::nullopt;
+  const std::string& user = it->second.user;
+  auto listed = users_.find(user);
+  return Caller{user, it->second.admin, AccountOf(user, listed != users_.end() ? listed->second.unix_account : "")};
 }
 
 }  // namespace fitrun::server

@@ -18,6 +18,7 @@
 #define FITRUN_SERVER_AUTH_AUTHENTICATOR_H_
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -56,6 +57,10 @@ class Authenticator {
 
   // Lowercase hex SHA-256, as the token file holds it.
   static std::string Sha256Hex(const std::string& text);
+  // The user whose token hashes to `token_hash` (Sha256Hex) in the file as it is now: what a web
+  // session, which keeps the hash and never the token, checks on each request, so that a token
+  // Reload() no longer finds ends its sessions. Local mode: the local admin.
+  absl::StatusOr<Caller> IdentifyTokenHash(const std::string& token_hash) const;
 
  private:
   struct Entry {
@@ -65,6 +70,8 @@ class Authenticator {
   };
   // The user's account: the file's, or the same-name rule's.
   std::string AccountOf(const std::string& user, const std::string& listed) const;
+  // The caller whose token hashes to `token_hash`, if the file has it.
+  std::optional<Caller> CallerOfTokenHashLocked(const std::string& token_hash) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   explicit Authenticator(Options options)
       : options_(std::move(options)), secured_(!options_.tokens_file.empty() || options_.client_certificates) {}
 

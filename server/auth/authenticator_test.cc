@@ -74,6 +74,27 @@ TEST(AuthenticatorTest, ReloadTakesANewFileAndKeepsTheOldOneWhenTheNewOneIsBroke
   EXPECT_THAT((*auth)->Reload().message(), HasSubstr("line 1: the role is admin or user"));
 }
 
+TEST(AuthenticatorTest, ATokensHashIdentifiesItsUserForAsLongAsTheFileHasIt) {
+  const std::string path = WriteTokens("by_hash", "alice user " + Authenticator::Sha256Hex("a") + " =\n" +
+                                                      "root admin " + Authenticator::Sha256Hex("r") + "\n");
+  auto auth = Authenticator::Create({path, false});
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  EXPECT_EQ((*auth)->IdentifyTokenHash(Authenticator::Sha256Hex("a"))->user, "alice");
+  // The same caller as the token itself gives, account included.
+  EXPECT_EQ((*auth)->IdentifyTokenHash(Authenticator::Sha256Hex("a"))->unix_account, "alice");
+  EXPECT_EQ((*auth)->Identify("a", "")->unix_account, "alice");
+  EXPECT_FALSE((*auth)->IdentifyTokenHash(Authenticator::Sha256Hex("a"))->admin);
+  EXPECT_TRUE((*auth)->IdentifyTokenHash(Authenticator::Sha256Hex("r"))->admin);
+  EXPECT_EQ((*auth)->IdentifyTokenHash("a").status().code(), absl::StatusCode::kUnauthenticated);
+  WriteTokens("by_hash", "root admin " + Authenticator::Sha256Hex("r") + "\n");
+  ASSERT_TRUE((*auth)->Reload().ok());
+  EXPECT_EQ((*auth)->IdentifyTokenHash(Authenticator::Sha256Hex("a")).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  auto local = Authenticator::Create({});
+  ASSERT_TRUE(local.ok());
+  EXPECT_EQ((*local)->IdentifyTokenHash("")->user, "local");
+}
+
 TEST(CallerTest, UsersSeeTheirOwnJobsAndAdminsEveryJob) {
   EXPECT_TRUE((Caller{"alice", false}).MayAccess("alice"));
   EXPECT_FALSE((Caller{"alice", false}).MayAccess("bob"));

@@ -1,16 +1,19 @@
 #include "server/web/web_server.h"
 
 #include <CivetServer.h>
+#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <prometheus/text_serializer.h>
 
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +21,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "server/watch/watch_cursor.h"
+#include "server/web/web_sessions.h"
 
 namespace fitrun::server {
 namespace {
@@ -25,6 +29,12 @@ namespace {
 constexpr char kPage[] =
 #include "server/web/page.html.inc"
     ;
+constexpr char kLoginPage[] =
+#include "server/web/login.html.inc"
+    ;
+
+// A sign-in's body holds one token: anything longer is not one.
+constexpr size_t kMaxLoginBody = 8192;
 
 std::string ToJson(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
@@ -53,30 +63,104 @@ std::string JsonString(absl::string_view text) {
   return out + "\"";
 }
 
-// What every response carries: no caching (the figures change), no sniffing, and a page that may
-// only run its own inline code and talk to this server.
+// What every response carries: no caching (the figures change), no sniffing, no referrer, and a page
+// that may only run its own inline code, talk to this server and not be framed by another site.
 constexpr char kCommonHeaders[] =
     "Cache-Control: no-store\r\n"
     "X-Content-Type-Options: nosniff\r\n"
+    "Referrer-Policy: no-referrer\r\n"
     "Content-Security-Policy: default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-    "img-src 'self' data:; connect-src 'self'\r\n";
+    "img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'\r\n";
 
-void Respond(mg_connection* connection, int status, absl::string_view content_type, absl::string_view body) {
-  const char* reason = status == 200 ? "OK" : status == 404 ? "Not Found" : status == 503 ? "Service Unavailable"
-                                                                                          : "Bad Request";
+const char* Reason(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 503: return "Service Unavailable";
+    default: return "Internal Server Error";
+  }
+}
+
+// `extra_headers`: whole header lines ("Name: value\r\n").
+void Respond(mg_connection* connection, int status, absl::string_view content_type, absl::string_view body,
+             absl::string_view extra_headers = "") {
   const std::string head =
-      absl::StrCat("HTTP/1.1 ", status, " ", reason, "\r\nContent-Type: ", content_type, "\r\nContent-Length: ",
-                   body.size(), "\r\n", kCommonHeaders, "Connection: close\r\n\r\n");
+      absl::StrCat("HTTP/1.1 ", status, " ", Reason(status), "\r\nContent-Type: ", content_type,
+                   "\r\nContent-Length: ", body.size(), "\r\n", kCommonHeaders, extra_headers, "Connection: close\r\n\r\n");
   mg_write(connection, head.data(), head.size());
   mg_write(connection, body.data(), body.size());
 }
 
-void RespondJson(mg_connection* connection, int status, absl::string_view json) {
-  Respond(connection, status, "application/json; charset=utf-8", json);
+void RespondJson(mg_connection* connection, int status, absl::string_view json, absl::string_view extra_headers = "") {
+  Respond(connection, status, "application/json; charset=utf-8", json, extra_headers);
 }
 
-void RespondError(mg_connection* connection, int status, absl::string_view message) {
-  RespondJson(connection, status, absl::StrCat("{\"error\":", JsonString(message), "}"));
+void RespondError(mg_connection* connection, int status, absl::string_view message,
+                  absl::string_view extra_headers = "") {
+  RespondJson(connection, status, absl::StrCat("{\"error\":", JsonString(message), "}"), extra_headers);
+}
+
+// 401: the message says what to send.
+void RespondUnauthenticated(mg_connection* connection, const absl::Status& status) {
+  RespondError(connection, 401, status.message(), "WWW-Authenticate: Bearer realm=\"fitrund\"\r\n");
+}
+
+// One answer for a job that does not exist and one the caller may not see, so neither is revealed.
+void RespondNoJob(mg_connection* connection, const std::string& job_id) {
+  RespondError(connection, 404, absl::StrCat("job_id: no job '", job_id, "'"));
+}
+
+// Whether the browser reached this server over HTTPS: through a TLS-terminating proxy that says so
+// (this server itself serves plain HTTP only). Trusting the header can only make the cookie stricter.
+bool OverHttps(mg_connection* connection) {
+  const char* proto = mg_get_header(connection, "X-Forwarded-Proto");
+  return proto != nullptr && absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(proto), "https");
+}
+
+// A POST or DELETE a page of another site made the browser send carries that site's Origin; this
+// server's own page sends http:// or (through a proxy) https:// and the Host it asked for.
+// Requests without one (curl, scripts) are not a browser's cross-site requests.
+bool SameOrigin(mg_connection* connection) {
+  const char* origin = mg_get_header(connection, "Origin");
+  if (origin == nullptr) return true;
+  const char* host = mg_get_header(connection, "Host");
+  return host != nullptr && (origin == absl::StrCat("http://", host) || origin == absl::StrCat("https://", host));
+}
+
+// The body, or nullopt when it is longer than `limit`.
+std::optional<std::string> ReadBody(mg_connection* connection, const mg_request_info* request, size_t limit) {
+  if (request->content_length > static_cast<long long>(limit)) return std::nullopt;
+  std::string body;
+  char buffer[1024];
+  while (body.size() <= limit) {
+    const int n = mg_read(connection, buffer, sizeof(buffer));
+    if (n <= 0) break;
+    body.append(buffer, static_cast<size_t>(n));
+  }
+  if (body.size() > limit) return std::nullopt;
+  return body;
+}
+
+// The token a sign-in sends: {"token": "..."} as JSON, or token=... as a form.
+std::string TokenFromBody(mg_connection* connection, const std::string& body) {
+  const char* type = mg_get_header(connection, "Content-Type");
+  const bool json = type != nullptr ? absl::StrContains(absl::AsciiStrToLower(type), "json")
+                                    : absl::StartsWith(absl::StripLeadingAsciiWhitespace(body), "{");
+  if (json) {
+    google::protobuf::Struct parsed;
+    if (!google::protobuf::util::JsonStringToMessage(body, &parsed).ok()) return "";
+    auto it = parsed.fields().find("token");
+    if (it == parsed.fields().end() || it->second.kind_case() != google::protobuf::Value::kStringValue) return "";
+    return it->second.string_value();
+  }
+  std::string token(kMaxLoginBody, '\0');
+  const int length = mg_get_var(body.data(), body.size(), "token", token.data(), token.size());
+  return length > 0 ? token.substr(0, static_cast<size_t>(length)) : "";
 }
 
 // A query parameter's value, or "" when absent.
@@ -100,12 +184,46 @@ struct StreamWake {
   }
 };
 
+WebSessions::Options SessionOptions(const WebServer::Options& options) {
+  WebSessions::Options sessions;
+  sessions.lifetime = options.session_lifetime;
+  sessions.max_sessions = options.max_sessions;
+  sessions.metrics_public = options.metrics_public;
+  return sessions;
+}
+
 }  // namespace
+
+// What civetweb's log callback reaches (as the CivetServer's user context): the first error civetweb
+// reports while starting, for Start's answer.
+struct WebServer::CivetContext {
+  absl::Mutex mu;
+  bool started ABSL_GUARDED_BY(mu) = false;
+  std::string startup_error ABSL_GUARDED_BY(mu);
+
+  static CivetContext* Of(void* civet_server) {
+    return static_cast<CivetContext*>(const_cast<void*>(static_cast<CivetServer*>(civet_server)->getUserContext()));
+  }
+
+  // civetweb's log: kept while starting (it is why a start failed), dropped once serving (a client
+  // that goes away mid-request is not fitrund's problem to print).
+  static int Log(const mg_connection* connection, const char* message) {
+    void* civet_server = mg_get_user_data(mg_get_context(connection));
+    if (civet_server == nullptr) return 1;  // before civetweb has its user data: nowhere to keep it
+    CivetContext* self = Of(civet_server);
+    absl::MutexLock lock(&self->mu);
+    if (!self->started && self->startup_error.empty()) self->startup_error = message;
+    return 1;
+  }
+};
 
 class WebServer::Handler : public CivetHandler {
  public:
   Handler(Options options, JobManager* manager, std::vector<std::shared_ptr<prometheus::Collectable>> collectables)
-      : options_(std::move(options)), manager_(manager), collectables_(std::move(collectables)) {}
+      : options_(std::move(options)),
+        manager_(manager),
+        collectables_(std::move(collectables)),
+        sessions_(SessionOptions(options_), options_.authenticator) {}
 
   // Ends every open event stream; the server's threads then return.
   void Stop() {
@@ -117,23 +235,133 @@ class WebServer::Handler : public CivetHandler {
   bool handleGet(CivetServer*, mg_connection* connection) override {
     const mg_request_info* request = mg_get_request_info(connection);
     const absl::string_view path = request->local_uri != nullptr ? request->local_uri : "/";
-    if (path == "/metrics") return ServeMetrics(connection);
+    const WebCredentials credentials = CredentialsOf(connection);
+    if (path == "/metrics") {
+      if (absl::Status scrape = sessions_.MayScrape(credentials); !scrape.ok()) {
+        RespondUnauthenticated(connection, scrape);
+        return true;
+      }
+      return ServeMetrics(connection);
+    }
     if (path == "/" || path == "/index.html") {
-      Respond(connection, 200, "text/html; charset=utf-8", kPage);
+      // Secured and signed out: the sign-in page, which comes back here once it has a session.
+      const bool known = sessions_.Identify(credentials).ok();
+      Respond(connection, 200, "text/html; charset=utf-8", known ? kPage : kLoginPage);
       return true;
     }
-    if (path == "/api/jobs") return ServeJobs(connection);
-    if (path == "/api/devices") return ServeDevices(connection);
+    if (!absl::StartsWith(path, "/api/")) {
+      RespondError(connection, 404, absl::StrCat("no page at ", path));
+      return true;
+    }
+    absl::StatusOr<Caller> caller = sessions_.Identify(credentials);
+    if (!caller.ok()) {
+      RespondUnauthenticated(connection, caller.status());
+      return true;
+    }
+    if (path == "/api/session") {
+      RespondJson(connection, 200, absl::StrCat("{\"user\":", JsonString(caller->user), ",\"admin\":",
+                                                caller->admin ? "true" : "false", ",\"secured\":",
+                                                sessions_.secured() ? "true" : "false", "}"));
+      return true;
+    }
+    if (path == "/api/jobs") return ServeJobs(connection, *caller);
+    if (path == "/api/devices") return ServeDevices(connection, *caller);
     absl::string_view rest = path;
     if (absl::ConsumePrefix(&rest, "/api/jobs/") && !rest.empty()) {
-      if (absl::ConsumeSuffix(&rest, "/events")) return ServeEvents(connection, request, std::string(rest));
-      if (!absl::StrContains(rest, '/')) return ServeJob(connection, std::string(rest));
+      if (absl::ConsumeSuffix(&rest, "/events")) {
+        return ServeEvents(connection, request, credentials, *caller, std::string(rest));
+      }
+      if (!absl::StrContains(rest, '/')) return ServeJob(connection, *caller, std::string(rest));
     }
     RespondError(connection, 404, absl::StrCat("no page at ", path));
     return true;
   }
 
+  bool handlePost(CivetServer*, mg_connection* connection) override {
+    const mg_request_info* request = mg_get_request_info(connection);
+    const absl::string_view path = request->local_uri != nullptr ? request->local_uri : "/";
+    if (path != "/api/session" && path != "/api/logout") {
+      RespondError(connection, path == "/" || absl::StartsWith(path, "/api/") ? 405 : 404,
+                   absl::StrCat("POST ", path, ": only /api/session (sign in) and /api/logout (sign out) take a POST"));
+      return true;
+    }
+    if (!SameOrigin(connection)) {
+      RespondError(connection, 403, "refused: the request came from a page of another site (its Origin)");
+      return true;
+    }
+    if (path == "/api/logout") return SignOut(connection);
+    return SignIn(connection, request);
+  }
+
+  bool handleDelete(CivetServer*, mg_connection* connection) override {
+    const mg_request_info* request = mg_get_request_info(connection);
+    const absl::string_view path = request->local_uri != nullptr ? request->local_uri : "/";
+    if (path != "/api/session" && path != "/api/logout") {
+      RespondError(connection, 405, absl::StrCat("DELETE ", path, ": only /api/session and /api/logout (sign out)"));
+      return true;
+    }
+    if (!SameOrigin(connection)) {
+      RespondError(connection, 403, "refused: the request came from a page of another site (its Origin)");
+      return true;
+    }
+    return SignOut(connection);
+  }
+
  private:
+  // What the request carried: the only place headers are read for identity.
+  WebCredentials CredentialsOf(mg_connection* connection) const {
+    WebCredentials credentials;
+    if (const char* authorization = mg_get_header(connection, "Authorization"); authorization != nullptr) {
+      credentials.bearer_token = WebSessions::BearerToken(authorization);
+    }
+    if (const char* cookie = mg_get_header(connection, "Cookie"); cookie != nullptr) {
+      credentials.session_id = WebSessions::SessionCookie(cookie);
+    }
+    return credentials;
+  }
+
+  bool SignIn(mg_connection* connection, const mg_request_info* request) {
+    std::optional<std::string> body = ReadBody(connection, request, kMaxLoginBody);
+    if (!body.has_value()) {
+      RespondError(connection, 413, absl::StrCat("a sign-in is at most ", kMaxLoginBody, " bytes"));
+      return true;
+    }
+    std::string token = TokenFromBody(connection, *body);
+    if (token.empty()) {
+      if (const char* authorization = mg_get_header(connection, "Authorization"); authorization != nullptr) {
+        token = WebSessions::BearerToken(authorization);
+      }
+    }
+    absl::StatusOr<WebSessions::NewSession> session = sessions_.StartSession(token);
+    if (!session.ok()) {
+      if (absl::IsUnauthenticated(session.status())) {
+        RespondUnauthenticated(connection, session.status());
+      } else {
+        RespondError(connection, absl::IsInvalidArgument(session.status()) ? 400 : 500, session.status().message());
+      }
+      return true;
+    }
+    std::string json = absl::StrCat("{\"user\":", JsonString(session->caller.user), ",\"admin\":",
+                                    session->caller.admin ? "true" : "false");
+    std::string cookie;
+    if (!session->id.empty()) {
+      absl::StrAppend(&json, ",\"expires_at\":", JsonString(absl::FormatTime(absl::RFC3339_sec, session->expires,
+                                                                              absl::UTCTimeZone())));
+      cookie = absl::StrCat("Set-Cookie: ", sessions_.SessionCookieHeader(session->id, OverHttps(connection)), "\r\n");
+    }
+    RespondJson(connection, 200, json + "}", cookie);
+    return true;
+  }
+
+  bool SignOut(mg_connection* connection) {
+    if (const char* cookie = mg_get_header(connection, "Cookie"); cookie != nullptr) {
+      sessions_.EndSession(WebSessions::SessionCookie(cookie));
+    }
+    RespondJson(connection, 200, "{\"signed_out\":true}",
+                absl::StrCat("Set-Cookie: ", WebSessions::ClearedCookieHeader(OverHttps(connection)), "\r\n"));
+    return true;
+  }
+
   bool ServeMetrics(mg_connection* connection) {
     std::vector<prometheus::MetricFamily> families;
     for (const auto& collectable : collectables_) {
@@ -146,34 +374,58 @@ class WebServer::Handler : public CivetHandler {
     return true;
   }
 
-  bool ServeJobs(mg_connection* connection) {
+  bool ServeJobs(mg_connection* connection, const Caller& caller) {
     std::vector<fitrun::v1::Job> jobs = manager_->List({});
     std::string json = "{\"jobs\":[";
     int listed = 0;
-    for (auto it = jobs.rbegin(); it != jobs.rend() && listed < kMaxListedJobs; ++it, ++listed) {
-      if (listed > 0) json += ",";
+    for (auto it = jobs.rbegin(); it != jobs.rend() && listed < kMaxListedJobs; ++it) {
+      if (!caller.MayAccess(it->owner())) continue;
+      if (listed++ > 0) json += ",";
       json += ToJson(*it);
     }
     RespondJson(connection, 200, json + "]}");
     return true;
   }
 
-  bool ServeDevices(mg_connection* connection) {
+  // Every device, with its memory; which job holds it only when the caller may see that job.
+  bool ServeDevices(mg_connection* connection, const Caller& caller) {
     std::string json = "{\"devices\":[";
     bool first = true;
-    for (const fitrun::v1::Device& device : manager_->Devices()) {
+    for (fitrun::v1::Device& device : manager_->Devices()) {
       if (!std::exchange(first, false)) json += ",";
-      json += ToJson(device);
+      bool hidden = false;
+      if (!device.job_id().empty() && !caller.admin) {
+        absl::StatusOr<fitrun::v1::Job> holder = manager_->Get(device.job_id());
+        hidden = !holder.ok() || !caller.MayAccess(holder->owner());
+      }
+      if (!hidden) {
+        json += ToJson(device);
+        continue;
+      }
+      device.clear_job_id();
+      device.clear_rank();
+      std::string shown = ToJson(device);
+      shown.pop_back();  // the closing brace
+      absl::StrAppend(&json, shown, ",\"held_by_another_user\":true}");
     }
     RespondJson(connection, 200, json + "]}");
     return true;
   }
 
-  bool ServeJob(mg_connection* connection, const std::string& job_id) {
+  // The job when the caller may see it; NOT_FOUND alike for a job that is not there and one that
+  // is another user's.
+  absl::StatusOr<fitrun::v1::Job> VisibleJob(const Caller& caller, const std::string& job_id) {
     absl::StatusOr<fitrun::v1::Job> job = manager_->Get(job_id);
-    absl::StatusOr<std::vector<JobManager::RankView>> ranks = manager_->Ranks(job_id);
+    if (!job.ok() || !caller.MayAccess(job->owner())) return absl::NotFoundError(job_id);
+    return job;
+  }
+
+  bool ServeJob(mg_connection* connection, const Caller& caller, const std::string& job_id) {
+    absl::StatusOr<fitrun::v1::Job> job = VisibleJob(caller, job_id);
+    absl::StatusOr<std::vector<JobManager::RankView>> ranks =
+        job.ok() ? manager_->Ranks(job_id) : absl::StatusOr<std::vector<JobManager::RankView>>(job.status());
     if (!job.ok() || !ranks.ok()) {
-      RespondError(connection, 404, !job.ok() ? job.status().message() : ranks.status().message());
+      RespondNoJob(connection, job_id);
       return true;
     }
     std::map<std::string, int64_t> capacity;
@@ -191,8 +443,9 @@ class WebServer::Handler : public CivetHandler {
   }
 
   // A server-sent event stream of the job's events, held on this connection's thread until the job
-  // ends, the page goes away or the server stops.
-  bool ServeEvents(mg_connection* connection, const mg_request_info* request, const std::string& job_id) {
+  // ends, the page goes away, the request's credential stops being valid, or the server stops.
+  bool ServeEvents(mg_connection* connection, const mg_request_info* request, const WebCredentials& credentials,
+                   const Caller& caller, const std::string& job_id) {
     int64_t from = 1;
     const std::string from_text = QueryParameter(request, "from");
     if (!from_text.empty() && (!absl::SimpleAtoi(from_text, &from) || from < 1)) {
@@ -204,11 +457,12 @@ class WebServer::Handler : public CivetHandler {
       int64_t last_id = 0;
       if (absl::SimpleAtoi(last, &last_id) && last_id >= 1) from = last_id + 1;
     }
-    absl::StatusOr<fitrun::v1::Job> job = manager_->Get(job_id);
+    absl::StatusOr<fitrun::v1::Job> job = VisibleJob(caller, job_id);
     if (!job.ok()) {
-      RespondError(connection, 404, job.status().message());
+      RespondNoJob(connection, job_id);
       return true;
     }
+    const std::string owner = job->owner();
     auto wake = std::make_shared<StreamWake>();
     int64_t stream_id = 0;
     {
@@ -235,6 +489,15 @@ class WebServer::Handler : public CivetHandler {
       {
         absl::MutexLock lock(&wake->mu);
         wake->woken = false;  // consumed before reading, so news during the read wakes the next wait
+      }
+      // Signed out, expired, or its token removed since the stream opened: it ends here.
+      if (absl::StatusOr<Caller> now = sessions_.Identify(credentials); !now.ok() || !now->MayAccess(owner)) {
+        const std::string out = absl::StrCat("event: error\ndata: {\"error\":",
+                                             JsonString(now.ok() ? "no longer allowed to see this job"
+                                                                 : now.status().message()),
+                                             "}\n\n");
+        mg_write(connection, out.data(), out.size());
+        break;
       }
       absl::StatusOr<std::vector<EventHub::EventRef>> events = cursor.Next(256);
       std::string out;
@@ -274,6 +537,7 @@ class WebServer::Handler : public CivetHandler {
   const Options options_;
   JobManager* const manager_;
   const std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
+  WebSessions sessions_;
   WatchFanout fanout_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -289,13 +553,24 @@ absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(
         absl::StrCat("--metrics_listen: expected HOST:PORT, e.g. 127.0.0.1:9464 (got '", options.listen, "')"));
   }
   std::unique_ptr<WebServer> server(new WebServer());
+  server->context_ = std::make_unique<CivetContext>();
   const int threads = options.max_event_streams + 8;  // every event stream holds one; the rest serve requests
+  const std::vector<std::string> civet_options = {"listening_ports", options.listen, "num_threads",
+                                                  absl::StrCat(threads)};
+  CivetCallbacks callbacks;
+  callbacks.log_message = &CivetContext::Log;
   server->handler_ = std::make_unique<Handler>(options, manager, std::move(collectables));
   try {
-    server->civet_ = std::make_unique<CivetServer>(std::vector<std::string>{
-        "listening_ports", options.listen, "num_threads", absl::StrCat(threads)});
+    server->civet_ = std::make_unique<CivetServer>(civet_options, &callbacks, server->context_.get());
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("--metrics_listen: cannot listen on ", options.listen, ": ", e.what()));
+    absl::MutexLock lock(&server->context_->mu);
+    const std::string& why = server->context_->startup_error;
+    return absl::UnavailableError(
+        absl::StrCat("--metrics_listen: cannot listen on ", options.listen, ": ", why.empty() ? e.what() : why));
+  }
+  {
+    absl::MutexLock lock(&server->context_->mu);
+    server->context_->started = true;
   }
   server->civet_->addHandler("/", server->handler_.get());
   const std::vector<int> ports = server->civet_->getListeningPorts();

@@ -1,17 +1,39 @@
 // fitrund's HTTP side, on its metrics port: /metrics for Prometheus, the web page at / and the small
-// JSON API the page reads. Unauthenticated like /metrics: bind it to loopback (docs/security.md).
+// JSON API the page reads, behind the same users as the gRPC API whenever fitrund is secured (a token
+// file or mutual TLS; docs/security.md). Who a request is, and the web sessions, are WebSessions'
+// decision (web_sessions.h); this file reads the headers and answers.
 //
-//   GET /metrics                    Prometheus text format: every collectable given
-//   GET /                           the page (server/web/page.html, built in; no external assets)
-//   GET /api/jobs                   {"jobs": [Job, ...]}, newest first, at most kMaxListedJobs
-//   GET /api/devices                {"devices": [Device, ...]}
+//   GET /metrics                    Prometheus text format: every collectable given. Secured: any
+//                                    user's credential, or anyone with Options::metrics_public
+//   GET /                           the page (server/web/page.html, built in; no external assets);
+//                                    secured and without a credential, the sign-in page (login.html)
+//   GET /api/session                who the request is: {"user", "admin", "secured"}
+//   POST /api/session               signs in: the token as JSON {"token": "..."} or a form field
+//                                    token=...; answers {"user", "admin", "expires_at"} with the
+//                                    fitrun_session cookie (HttpOnly, SameSite=Strict; Secure behind HTTPS)
+//   POST|DELETE /api/logout, DELETE /api/session   ends the request's session and clears the cookie
+//   GET /api/jobs                   {"jobs": [Job, ...]}, newest first, at most kMaxListedJobs, only
+//                                    those the caller may see (their own; an admin's: every job)
+//   GET /api/devices                {"devices": [Device, ...]}; a device held by a job the caller may
+//                                    not see shows no job_id or rank, and "held_by_another_user": true
 //   GET /api/jobs/<id>              {"job": Job, "ranks": [{rank, device_id, planned_bytes, peak_bytes,
 //                                    cap_bytes}, ...]}: the running attempt's ranks, else the last one's
 //   GET /api/jobs/<id>/events?from=N   server-sent events: `id: <sequence>`, `event: job_event`,
 //                                    `data: <JobEvent>` for every event from N (or Last-Event-ID + 1)
 //                                    on, then `event: end` once the job has ended
+// Secured, /api/... without a credential is 401 with {"error": what to send}; another user's job is
+// 404 with the same answer as a job that does not exist. A credential is a bearer token
+// (Authorization: Bearer) or the session cookie (what the page and its EventSource use). A POST or
+// DELETE whose Origin is not this server is refused (403).
 // Messages are protobuf's JSON mapping with the .proto field names (int64 values as strings).
-// Event streams follow a job the way WatchJob does: a WatchCursor woken through the WatchFanout.
+// Event streams follow a job the way WatchJob does: a WatchCursor woken through the WatchFanout; a
+// stream whose credential stops being valid (signed out, expired, token removed) ends.
+//
+// Plain HTTP only: Debian 12's civetweb (1.15) cannot serve TLS. It is built for OpenSSL 1.1's API,
+// loads libssl at run time, and after every TLS handshake calls SSL_get_peer_certificate, which
+// OpenSSL 3 no longer exports: the first HTTPS request crashes the process. So no client
+// certificates here either; fitrund refuses a non-loopback --metrics_listen without --insecure
+// (server.cc), and the cookie is Secure when a TLS-terminating proxy says X-Forwarded-Proto: https.
 #ifndef FITRUN_SERVER_WEB_WEB_SERVER_H_
 #define FITRUN_SERVER_WEB_WEB_SERVER_H_
 
@@ -23,6 +45,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/auth/authenticator.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/watch/watch_fanout.h"
 
@@ -39,6 +62,14 @@ class WebServer {
     int max_event_streams = 32;
     // An idle event stream sends a comment this often, so a closed page is noticed.
     absl::Duration keepalive = absl::Seconds(15);
+    // Who may read what: the gRPC API's users. nullptr, or an Authenticator that is not secured:
+    // local mode, everyone is the local admin (must outlive the server).
+    const Authenticator* authenticator = nullptr;
+    // Secured: /metrics answers without a credential too (Prometheus on a trusted network).
+    bool metrics_public = false;
+    // Web sessions: how long one lasts, and how many are held at once (the oldest go first).
+    absl::Duration session_lifetime = absl::Hours(12);
+    int max_sessions = 4096;
   };
   static constexpr int kMaxListedJobs = 200;
 
@@ -53,10 +84,12 @@ class WebServer {
   const std::string& address() const { return address_; }
 
   class Handler;  // the CivetHandler; in the .cc
+  struct CivetContext;  // what civetweb's log callback reaches: start-up errors; in the .cc
 
  private:
   WebServer() = default;
   std::string address_;
+  std::unique_ptr<CivetContext> context_;
   std::unique_ptr<Handler> handler_;
   std::unique_ptr<CivetServer> civet_;
 };

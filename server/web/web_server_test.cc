@@ -1,6 +1,10 @@
 // The HTTP side against a real JobManager (fake store, launcher and devices) on 127.0.0.1: /metrics
 // with the live device and job series, the page, the JSON API, and an event stream that replays a
-// job's history, follows it live, resumes after Last-Event-ID and ends with the job.
+// job's history, follows it live, resumes after Last-Event-ID and ends with the job. Then the same
+// server secured by a real Authenticator over a token file: 401s naming what to send, each user's
+// own jobs only (another's is a 404 like a missing one), sign-in to a session cookie that the API
+// and the event stream take, sign-out, cross-site requests refused, and /metrics for users only
+// unless public.
 #include "server/web/web_server.h"
 
 #include <arpa/inet.h>
@@ -11,13 +15,18 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "server/auth/authenticator.h"
 #include "server/core/fakes.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/core/jobs/job_manager_testing.h"
@@ -27,10 +36,12 @@
 namespace fitrun::server {
 namespace {
 
-// An HTTP/1.1 GET on a fresh connection; Read() collects the response as it arrives.
+// An HTTP/1.1 request (a GET unless `method` says otherwise) on a fresh connection; ReadUntil()
+// collects the response as it arrives.
 class HttpGet {
  public:
-  HttpGet(const std::string& address, const std::string& path, const std::string& extra_headers = "") {
+  HttpGet(const std::string& address, const std::string& path, const std::string& extra_headers = "",
+          const std::string& method = "GET", const std::string& body = "") {
     const size_t colon = address.rfind(':');
     int port = 0;
     EXPECT_TRUE(absl::SimpleAtoi(address.substr(colon + 1), &port));
@@ -41,7 +52,9 @@ class HttpGet {
     inet_pton(AF_INET, "127.0.0.1", &peer.sin_addr);
     EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&peer), sizeof(peer)), 0);
     const std::string request =
-        absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: localhost\r\n", extra_headers, "Connection: close\r\n\r\n");
+        absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: localhost\r\n", extra_headers,
+                     body.empty() && method == "GET" ? "" : absl::StrCat("Content-Length: ", body.size(), "\r\n"),
+                     "Connection: close\r\n\r\n", body);
     EXPECT_EQ(write(fd_, request.data(), request.size()), static_cast<ssize_t>(request.size()));
   }
   ~HttpGet() { close(fd_); }
@@ -73,14 +86,41 @@ class HttpGet {
   bool closed_ = false;
 };
 
-std::string Get(const std::string& address, const std::string& path) {
-  HttpGet get(address, path);
+std::string Get(const std::string& address, const std::string& path, const std::string& extra_headers = "") {
+  HttpGet get(address, path, extra_headers);
   EXPECT_TRUE(get.ReadUntil(""));
   return get.received();
 }
 
+std::string Send(const std::string& address, const std::string& method, const std::string& path,
+                 const std::string& extra_headers, const std::string& body = "") {
+  HttpGet request(address, path, extra_headers, method, body);
+  EXPECT_TRUE(request.ReadUntil(""));
+  return request.received();
+}
+
+std::string Bearer(const std::string& token) { return absl::StrCat("Authorization: Bearer ", token, "\r\n"); }
+
+// The body of a response, after its head.
+std::string BodyOf(const std::string& response) {
+  const size_t end = response.find("\r\n\r\n");
+  return end == std::string::npos ? "" : response.substr(end + 4);
+}
+
+// The value of the response's first `name:` header, or "".
+std::string HeaderOf(const std::string& response, const std::string& name) {
+  for (absl::string_view line : absl::StrSplit(response.substr(0, response.find("\r\n\r\n")), "\r\n")) {
+    if (absl::StartsWithIgnoreCase(line, name + ":")) return std::string(absl::StripAsciiWhitespace(line.substr(name.size() + 1)));
+  }
+  return "";
+}
+
 class WebServerTest : public ::testing::Test {
  protected:
+  // What a secured variant changes: the web server's options, and who submits the first job.
+  virtual void Configure(WebServer::Options* web) {}
+  virtual std::string FirstJobOwner() { return ""; }
+
   void SetUp() override {
     dir_ = absl::StrCat(::testing::TempDir(), "/web-server-", getpid());
     std::filesystem::remove_all(dir_);
@@ -96,11 +136,12 @@ class WebServerTest : public ::testing::Test {
     WebServer::Options web;
     web.listen = "127.0.0.1:0";
     web.keepalive = absl::Milliseconds(200);
+    Configure(&web);
     auto server = WebServer::Start(web, manager_.get(), {registry_, std::make_shared<LiveMetrics>(manager_.get())});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
 
-    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("web-test", 64, 1000, 1, 1));
+    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("web-test", 64, 1000, 1, 1), FirstJobOwner());
     ASSERT_TRUE(job.ok()) << job.status();
     job_id_ = job->id();
     ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(10)));
@@ -239,6 +280,232 @@ TEST_F(WebServerTest, ServerStopsWithAStreamOpen) {
   ASSERT_TRUE(stream.ReadUntil("id: 1\n"));
   server_.reset();  // must not wait for the job to end
   EXPECT_TRUE(stream.ReadUntil(""));
+}
+
+TEST_F(WebServerTest, LocalModeIsTheLocalAdminAndNeedsNoSignIn) {
+  const std::string me = Get(server_->address(), "/api/session");
+  EXPECT_TRUE(absl::StartsWith(me, "HTTP/1.1 200")) << me;
+  EXPECT_EQ(BodyOf(me), "{\"user\":\"local\",\"admin\":true,\"secured\":false}");
+  const std::string signed_in =
+      Send(server_->address(), "POST", "/api/session", "Content-Type: application/json\r\n", "{\"token\":\"x\"}");
+  EXPECT_TRUE(absl::StartsWith(signed_in, "HTTP/1.1 200")) << signed_in;
+  EXPECT_EQ(HeaderOf(signed_in, "Set-Cookie"), "") << "local mode needs no session";
+  // A token sent anyway changes nothing: there are no users to tell apart.
+  EXPECT_TRUE(absl::StartsWith(Get(server_->address(), "/api/jobs", Bearer("anything")), "HTTP/1.1 200"));
+}
+
+// The same server behind users: alice and bob (users) and root (an admin). The first job is bob's;
+// each test may submit alice's.
+class SecuredWebServerTest : public WebServerTest {
+ protected:
+  void Configure(WebServer::Options* web) override {
+    const std::string path = absl::StrCat(::testing::TempDir(), "/web-tokens-", getpid());
+    std::ofstream(path) << "alice user " << Authenticator::Sha256Hex("alice-token") << "\n"
+                        << "bob user " << Authenticator::Sha256Hex("bob-token") << "\n"
+                        << "root admin " << Authenticator::Sha256Hex("root-token") << "\n";
+    auto authenticator = Authenticator::Create({path, false});
+    ASSERT_TRUE(authenticator.ok()) << authenticator.status();
+    authenticator_ = *std::move(authenticator);
+    web->authenticator = authenticator_.get();
+    web->metrics_public = metrics_public_;
+  }
+  std::string FirstJobOwner() override { return "bob"; }
+
+  // alice's job, running on the other device.
+  std::string SubmitAlicesJob() {
+    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("alices", 64, 1000, 1, 1), "alice");
+    EXPECT_TRUE(job.ok()) << job.status();
+    EXPECT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(10)));
+    WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+    return job->id();
+  }
+
+  // Signs in with `token`; the Cookie header line the browser would send from then on.
+  std::string SignIn(const std::string& token) {
+    const std::string reply = Send(server_->address(), "POST", "/api/session", "Content-Type: application/json\r\n",
+                                   absl::StrCat("{\"token\": \"", token, "\"}"));
+    EXPECT_TRUE(absl::StartsWith(reply, "HTTP/1.1 200")) << reply;
+    const std::string set_cookie = HeaderOf(reply, "Set-Cookie");
+    return absl::StrCat("Cookie: ", set_cookie.substr(0, set_cookie.find(';')), "\r\n");
+  }
+
+  // Bob's job is not there for `caller`: the same 404 as a job that does not exist.
+  void ExpectNoSuchJob(const std::string& headers, const std::string& job_id) {
+    const std::string missing = Get(server_->address(), "/api/jobs/j-nope", headers);
+    const std::string hidden = Get(server_->address(), absl::StrCat("/api/jobs/", job_id), headers);
+    EXPECT_TRUE(absl::StartsWith(hidden, "HTTP/1.1 404")) << hidden;
+    EXPECT_EQ(BodyOf(hidden), absl::StrCat("{\"error\":\"job_id: no job '", job_id, "'\"}"));
+    EXPECT_EQ(BodyOf(missing), "{\"error\":\"job_id: no job 'j-nope'\"}");
+    const std::string events = Get(server_->address(), absl::StrCat("/api/jobs/", job_id, "/events"), headers);
+    EXPECT_TRUE(absl::StartsWith(events, "HTTP/1.1 404")) << events;
+  }
+
+  bool metrics_public_ = false;
+  std::unique_ptr<Authenticator> authenticator_;
+};
+
+TEST_F(SecuredWebServerTest, WithoutACredentialTheApiSaysWhatToSendAndThePageIsTheSignIn) {
+  for (const std::string& path : std::vector<std::string>{"/api/jobs", "/api/devices", "/api/session",
+                                                          absl::StrCat("/api/jobs/", job_id_),
+                                                          absl::StrCat("/api/jobs/", job_id_, "/events")}) {
+    for (const std::string& headers : std::vector<std::string>{"", Bearer("guess")}) {
+      const std::string reply = Get(server_->address(), path, headers);
+      EXPECT_TRUE(absl::StartsWith(reply, "HTTP/1.1 401")) << path << ": " << reply;
+      EXPECT_EQ(HeaderOf(reply, "WWW-Authenticate"), "Bearer realm=\"fitrund\"") << path;
+      EXPECT_FALSE(absl::StrContains(reply, job_id_)) << path;
+    }
+  }
+  EXPECT_TRUE(absl::StrContains(Get(server_->address(), "/api/jobs"), "Authorization: Bearer <token>"));
+  const std::string page = Get(server_->address(), "/");
+  EXPECT_TRUE(absl::StartsWith(page, "HTTP/1.1 200")) << page.substr(0, 200);
+  EXPECT_TRUE(absl::StrContains(page, "Sign in to fitrund"));
+  EXPECT_FALSE(absl::StrContains(page, "window.fitrunPage")) << "the jobs page went to a stranger";
+  EXPECT_FALSE(absl::StrContains(page, "src=\"http")) << "the sign-in page loads something from elsewhere";
+  EXPECT_TRUE(absl::StrContains(page, "frame-ancestors 'none'"));
+  // With a token, the jobs page.
+  EXPECT_TRUE(absl::StrContains(Get(server_->address(), "/", Bearer("alice-token")), "window.fitrunPage"));
+}
+
+TEST_F(SecuredWebServerTest, EachUserSeesTheirOwnJobsAndAnAdminEveryJob) {
+  const std::string bobs = job_id_;
+  const std::string alices = SubmitAlicesJob();
+  const std::string alice = Bearer("alice-token");
+  const std::string jobs = Get(server_->address(), "/api/jobs", alice);
+  EXPECT_TRUE(absl::StartsWith(jobs, "HTTP/1.1 200")) << jobs;
+  EXPECT_TRUE(absl::StrContains(jobs, absl::StrCat("\"id\":\"", alices, "\"")));
+  EXPECT_FALSE(absl::StrContains(jobs, bobs)) << jobs;
+  EXPECT_TRUE(absl::StartsWith(Get(server_->address(), absl::StrCat("/api/jobs/", alices), alice), "HTTP/1.1 200"));
+  ExpectNoSuchJob(alice, bobs);
+
+  const std::string all = Get(server_->address(), "/api/jobs", Bearer("root-token"));
+  EXPECT_TRUE(absl::StrContains(all, alices));
+  EXPECT_TRUE(absl::StrContains(all, bobs));
+  EXPECT_TRUE(absl::StartsWith(Get(server_->address(), absl::StrCat("/api/jobs/", bobs), Bearer("root-token")),
+                               "HTTP/1.1 200"));
+  const std::string me = Get(server_->address(), "/api/session", Bearer("root-token"));
+  EXPECT_EQ(BodyOf(me), "{\"user\":\"root\",\"admin\":true,\"secured\":true}");
+
+  // Devices: both shown to alice, with the job holding each only where it is hers.
+  const std::string devices = Get(server_->address(), "/api/devices", alice);
+  EXPECT_TRUE(absl::StrContains(devices, "\"id\":\"cpu:0\""));
+  EXPECT_TRUE(absl::StrContains(devices, "\"id\":\"cpu:1\""));
+  EXPECT_TRUE(absl::StrContains(devices, absl::StrCat("\"job_id\":\"", alices, "\"")));
+  EXPECT_FALSE(absl::StrContains(devices, bobs)) << devices;
+  EXPECT_TRUE(absl::StrContains(devices, "\"held_by_another_user\":true")) << devices;
+  const std::string every = Get(server_->address(), "/api/devices", Bearer("root-token"));
+  EXPECT_TRUE(absl::StrContains(every, bobs));
+  EXPECT_FALSE(absl::StrContains(every, "held_by_another_user"));
+}
+
+TEST_F(SecuredWebServerTest, SigningInGivesACookieForTheApiThePageAndTheEventStream) {
+  const std::string alices = SubmitAlicesJob();
+  const std::string reply = Send(server_->address(), "POST", "/api/session", "Content-Type: application/json\r\n",
+                                 "{\"token\":\"alice-token\"}");
+  EXPECT_TRUE(absl::StartsWith(reply, "HTTP/1.1 200")) << reply;
+  EXPECT_TRUE(absl::StrContains(BodyOf(reply), "\"user\":\"alice\",\"admin\":false,\"expires_at\":\""));
+  const std::string set_cookie = HeaderOf(reply, "Set-Cookie");
+  EXPECT_TRUE(absl::StartsWith(set_cookie, "fitrun_session=")) << set_cookie;
+  EXPECT_TRUE(absl::StrContains(set_cookie, "; HttpOnly"));
+  EXPECT_TRUE(absl::StrContains(set_cookie, "; SameSite=Strict"));
+  EXPECT_TRUE(absl::StrContains(set_cookie, "; Path=/"));
+  EXPECT_FALSE(absl::StrContains(set_cookie, "Secure")) << "plain HTTP: a Secure cookie would never come back";
+  const std::string cookie = absl::StrCat("Cookie: ", set_cookie.substr(0, set_cookie.find(';')), "\r\n");
+
+  const std::string jobs = Get(server_->address(), "/api/jobs", cookie);
+  EXPECT_TRUE(absl::StartsWith(jobs, "HTTP/1.1 200")) << jobs;
+  EXPECT_TRUE(absl::StrContains(jobs, alices));
+  EXPECT_FALSE(absl::StrContains(jobs, job_id_));
+  EXPECT_TRUE(absl::StrContains(Get(server_->address(), "/", cookie), "window.fitrunPage"));
+  EXPECT_EQ(BodyOf(Get(server_->address(), "/api/session", cookie)),
+            "{\"user\":\"alice\",\"admin\":false,\"secured\":true}");
+  ExpectNoSuchJob(cookie, job_id_);
+
+  // The event stream (an EventSource sends no headers of its own: the cookie is its credential).
+  HttpGet stream(server_->address(), absl::StrCat("/api/jobs/", alices, "/events?from=1"), cookie);
+  ASSERT_TRUE(stream.ReadUntil("text/event-stream")) << stream.received();
+  ASSERT_TRUE(stream.ReadUntil("id: 1\nevent: job_event\n")) << stream.received();
+
+  // Signing out ends the session, and with it the open stream at its next wake-up.
+  const std::string out = Send(server_->address(), "POST", "/api/logout", cookie);
+  EXPECT_TRUE(absl::StartsWith(out, "HTTP/1.1 200")) << out;
+  EXPECT_TRUE(absl::StartsWith(HeaderOf(out, "Set-Cookie"), "fitrun_session=; Path=/; Max-Age=0"));
+  EXPECT_TRUE(absl::StartsWith(Get(server_->address(), "/api/jobs", cookie), "HTTP/1.1 401"));
+  EXPECT_TRUE(absl::StrContains(Get(server_->address(), "/api/jobs", cookie), "sign in again"));
+  EXPECT_TRUE(absl::StrContains(Get(server_->address(), "/", cookie), "Sign in to fitrund"));
+  ASSERT_TRUE(stream.ReadUntil("event: error")) << stream.received();
+  EXPECT_TRUE(stream.ReadUntil("")) << "the stream stays open after its session ended";
+}
+
+TEST_F(SecuredWebServerTest, SignInTakesAFormOrABearerHeaderAndRefusesAnythingElse) {
+  const std::string form = Send(server_->address(), "POST", "/api/session",
+                                "Content-Type: application/x-www-form-urlencoded\r\n", "token=bob-token");
+  EXPECT_TRUE(absl::StartsWith(form, "HTTP/1.1 200")) << form;
+  EXPECT_TRUE(absl::StrContains(BodyOf(form), "\"user\":\"bob\""));
+  const std::string header = Send(server_->address(), "POST", "/api/session", Bearer("root-token"));
+  EXPECT_TRUE(absl::StartsWith(header, "HTTP/1.1 200")) << header;
+  EXPECT_TRUE(absl::StrContains(BodyOf(header), "\"user\":\"root\",\"admin\":true"));
+
+  // A wrong token: 401, no cookie, and the same words whichever way it was wrong.
+  const std::string wrong = Send(server_->address(), "POST", "/api/session", "Content-Type: application/json\r\n",
+                                 "{\"token\":\"alice-tokeN\"}");
+  const std::string unknown = Send(server_->address(), "POST", "/api/session",
+                                   "Content-Type: application/x-www-form-urlencoded\r\n", "token=nobody");
+  EXPECT_TRUE(absl::StartsWith(wrong, "HTTP/1.1 401")) << wrong;
+  EXPECT_EQ(HeaderOf(wrong, "Set-Cookie"), "");
+  EXPECT_EQ(BodyOf(wrong), BodyOf(unknown));
+  EXPECT_TRUE(absl::StartsWith(Send(server_->address(), "POST", "/api/session", "", ""), "HTTP/1.1 400"));
+  EXPECT_TRUE(absl::StartsWith(Send(server_->address(), "POST", "/api/session", "Content-Type: application/json\r\n",
+                                    std::string(9000, 'x')),
+                               "HTTP/1.1 413"));
+  // Another site's page cannot sign a browser in or out.
+  const std::string cross = Send(server_->address(), "POST", "/api/session",
+                                 "Content-Type: application/json\r\nOrigin: http://evil.example\r\n",
+                                 "{\"token\":\"alice-token\"}");
+  EXPECT_TRUE(absl::StartsWith(cross, "HTTP/1.1 403")) << cross;
+  EXPECT_EQ(HeaderOf(cross, "Set-Cookie"), "");
+  const std::string same = Send(server_->address(), "POST", "/api/session",
+                                "Content-Type: application/json\r\nOrigin: http://localhost\r\n",
+                                "{\"token\":\"alice-token\"}");
+  EXPECT_TRUE(absl::StartsWith(same, "HTTP/1.1 200")) << same;
+  // Behind a TLS-terminating proxy the page's origin is https://, and the cookie is Secure.
+  const std::string proxied = Send(server_->address(), "POST", "/api/session",
+                                   "Content-Type: application/json\r\nOrigin: https://localhost\r\n"
+                                   "X-Forwarded-Proto: https\r\n",
+                                   "{\"token\":\"alice-token\"}");
+  EXPECT_TRUE(absl::StartsWith(proxied, "HTTP/1.1 200")) << proxied;
+  EXPECT_TRUE(absl::EndsWith(HeaderOf(proxied, "Set-Cookie"), "; HttpOnly; SameSite=Strict; Secure")) << proxied;
+  // DELETE /api/session signs out too.
+  const std::string cookie = SignIn("alice-token");
+  EXPECT_TRUE(absl::StartsWith(Send(server_->address(), "DELETE", "/api/session", cookie), "HTTP/1.1 200"));
+  EXPECT_TRUE(absl::StartsWith(Get(server_->address(), "/api/jobs", cookie), "HTTP/1.1 401"));
+}
+
+TEST_F(SecuredWebServerTest, MetricsNeedAUsersCredential) {
+  const std::string anonymous = Get(server_->address(), "/metrics");
+  EXPECT_TRUE(absl::StartsWith(anonymous, "HTTP/1.1 401")) << anonymous;
+  EXPECT_TRUE(absl::StrContains(anonymous, "credentials_file"));
+  EXPECT_FALSE(absl::StrContains(anonymous, "fitrun_build_info"));
+  EXPECT_TRUE(absl::StartsWith(Get(server_->address(), "/metrics", Bearer("guess")), "HTTP/1.1 401"));
+  const std::string scraped = Get(server_->address(), "/metrics", Bearer("bob-token"));
+  EXPECT_TRUE(absl::StartsWith(scraped, "HTTP/1.1 200")) << scraped;
+  EXPECT_TRUE(absl::StrContains(scraped, "fitrun_build_info{version=\"v1\"} 1"));
+  EXPECT_TRUE(absl::StartsWith(Get(server_->address(), "/metrics", SignIn("alice-token")), "HTTP/1.1 200"));
+}
+
+class PublicMetricsWebServerTest : public SecuredWebServerTest {
+ protected:
+  void Configure(WebServer::Options* web) override {
+    metrics_public_ = true;
+    SecuredWebServerTest::Configure(web);
+  }
+};
+
+TEST_F(PublicMetricsWebServerTest, MetricsAreOpenAndTheApiIsNot) {
+  const std::string scraped = Get(server_->address(), "/metrics");
+  EXPECT_TRUE(absl::StartsWith(scraped, "HTTP/1.1 200")) << scraped;
+  EXPECT_TRUE(absl::StrContains(scraped, "fitrun_build_info"));
+  EXPECT_TRUE(absl::StartsWith(Get(server_->address(), "/api/jobs"), "HTTP/1.1 401"));
+  EXPECT_TRUE(absl::StrContains(Get(server_->address(), "/"), "Sign in to fitrund"));
 }
 
 }  // namespace
