@@ -109,6 +109,13 @@ std::string RenderJob(const v1::Job& job, const RenderContext& context, const st
                                                " out-of-memory re-plan(s)"));
   }
   for (const v1::OutOfMemory& oom : job.oom_history()) {
+    if (oom.host_limit_bytes() > 0) {
+      std::string text = absl::StrCat("rank ", oom.rank(), ", per-device batch ", oom.per_device_batch(),
+                                      ": the attempt's host memory");
+      if (oom.host_limit_bytes() > 1) absl::StrAppend(&text, " (limit ", FormatBytes(oom.host_limit_bytes()), ")");
+      rows.emplace_back("out of memory", text);
+      continue;
+    }
     std::string text = absl::StrCat("rank ", oom.rank(), " at step ", oom.step(), ", per-device batch ",
                                     oom.per_device_batch());
     if (oom.cap_bytes() > 0) {

@@ -122,6 +122,12 @@ TEST(RenderJobTest, ShowsRecoveryAgainstItsLimitsAndWhatEachOutOfMemoryMeasured)
   EXPECT_THAT(text, HasSubstr("1 of 3 restart(s), 1 of 2 out-of-memory re-plan(s)"));
   EXPECT_THAT(text, HasSubstr("rank 1 at step 120, per-device batch 128: asked for 64.0 MiB with 1.5 GiB in use of 2.0 GiB"));
   EXPECT_THAT(RenderJob(RunningJob(), Context()), Not(HasSubstr("recovery")));
+  // One where the attempt's host memory ran out says so, not the device's figures.
+  v1::OutOfMemory* host = job.add_oom_history();
+  host->set_rank(0);
+  host->set_per_device_batch(64);
+  host->set_host_limit_bytes(5LL << 30);
+  EXPECT_THAT(RenderJob(job, Context()), HasSubstr("rank 0, per-device batch 64: the attempt's host memory (limit 5.0 GiB)"));
 }
 
 TEST(RenderJobTableTest, OneRowPerJob) {

@@ -41,6 +41,16 @@ std::vector<std::string> DescribeOom(const v1::OutOfMemory& oom) {
   return {line};
 }
 
+std::vector<std::string> DescribeHostMemoryOom(const v1::HostMemoryOom& oom) {
+  std::string line = absl::StrFormat("host memory: the kernel's OOM killer stopped a process of attempt %d (seen as "
+                                     "rank %d exited)",
+                                     oom.attempt(), oom.rank());
+  if (oom.limit_bytes() > 0) absl::StrAppend(&line, ": its ranks' limit is ", FormatBytes(oom.limit_bytes()));
+  if (oom.peak_bytes() > 0) absl::StrAppend(&line, ", peak ", FormatBytes(oom.peak_bytes()));
+  absl::StrAppend(&line, " (per-device batch ", oom.per_device_batch(), "; spec.resources.host_memory raises it)");
+  return {line};
+}
+
 std::vector<std::string> DescribeLog(const v1::LogLine& log) {
   // The coordinator's own lines carry no rank.
   const std::string who = log.rank() < 0 ? "fitrund" : absl::StrCat("rank ", log.rank());
@@ -144,6 +154,8 @@ std::vector<std::string> WatchState::Apply(const v1::JobEvent& event, absl::Time
     }
     case v1::JobEvent::kCheckpointFailed:
       return DescribeCheckpointFailed(event.checkpoint_failed());
+    case v1::JobEvent::kHostMemoryOom:
+      return DescribeHostMemoryOom(event.host_memory_oom());
     case v1::JobEvent::kLog:
       return DescribeLog(event.log());
     case v1::JobEvent::kRankFinished:

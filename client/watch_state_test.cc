@@ -317,6 +317,21 @@ TEST(WatchStateTest, SaysHowLongACheckpointTookAndWhenOneFailed) {
                           "  | file exists"));
 }
 
+TEST(WatchStateTest, DescribesAHostMemoryOomWithTheLimitAndWhatRaisesIt) {
+  WatchState state;
+  v1::JobEvent oom;
+  oom.set_sequence(1);
+  oom.mutable_host_memory_oom()->set_rank(1);
+  oom.mutable_host_memory_oom()->set_attempt(2);
+  oom.mutable_host_memory_oom()->set_limit_bytes(int64_t{5} << 30);
+  oom.mutable_host_memory_oom()->set_peak_bytes(int64_t{5} << 30);
+  oom.mutable_host_memory_oom()->set_per_device_batch(64);
+  EXPECT_THAT(state.Apply(oom, kStart),
+              ElementsAre("host memory: the kernel's OOM killer stopped a process of attempt 2 (seen as rank 1 "
+                          "exited): its ranks' limit is 5.0 GiB, peak 5.0 GiB (per-device batch 64; "
+                          "spec.resources.host_memory raises it)"));
+}
+
 TEST(WatchStateTest, DescribesRankExits) {
   WatchState state;
   v1::JobEvent clean;

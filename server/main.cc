@@ -59,6 +59,13 @@ ABSL_FLAG(std::string, unix_accounts, "listed",
           "of the user's --auth_tokens line; a user without one cannot submit), 'same_name' (that field, else the "
           "account named like the user) or 'none' (every job runs as fitrund's own user: only where every user may "
           "do what fitrund's user can)");
+ABSL_FLAG(std::string, job_cgroups, "auto",
+          "Each attempt's processes in a cgroup of its own, bounded by spec.resources.host_memory and "
+          "max_processes and killed whole when the attempt ends: auto (when fitrund is root and the memory and pids "
+          "controllers are writable), on (fitrund does not start without them), off");
+ABSL_FLAG(std::string, cgroup_parent, "fitrun",
+          "Where attempts' cgroups go: relative to fitrund's own cgroup, or absolute from the hierarchy's root "
+          "(<parent>/<this fitrund's tag>/<job>-a<attempt>)");
 ABSL_FLAG(std::vector<std::string>, data_roots, {},
           "Comma-separated folders that specs may name files in (data, TorchScript, scripts); default: "
           "/usr/share/datasets, <state_dir>/uploads and the directory fitrund starts in");
@@ -104,6 +111,8 @@ int main(int argc, char** argv) {
   options.metrics_public = absl::GetFlag(FLAGS_metrics_public);
   options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
   options.unix_accounts = absl::GetFlag(FLAGS_unix_accounts);
+  options.job_cgroups = absl::GetFlag(FLAGS_job_cgroups);
+  options.cgroup_parent = absl::GetFlag(FLAGS_cgroup_parent);
   options.data_roots = absl::GetFlag(FLAGS_data_roots);
   options.max_jobs_per_user = absl::GetFlag(FLAGS_max_jobs_per_user);
   options.max_streams_per_user = absl::GetFlag(FLAGS_max_streams_per_user);

@@ -208,6 +208,48 @@ absl::Status OnlyTraversable(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// --job_cgroups: whether attempts' processes get cgroups of their own, said on fitrund's log either
+// way. `on` refuses to start without them; `auto` uses them when fitrund is root and may.
+absl::Status StartJobCgroups(const ServerOptions& options, RunningServer* server) {
+  if (options.job_cgroups != "auto" && options.job_cgroups != "on" && options.job_cgroups != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--job_cgroups: expected auto, on or off (got '", options.job_cgroups, "')"));
+  }
+  if (options.job_cgroups == "off") return absl::OkStatus();
+  if (options.cluster != "local") {
+    if (options.job_cgroups == "on") {
+      return absl::InvalidArgumentError(
+          "--job_cgroups=on: only with --cluster=local; on a Slurm cluster, Slurm confines ranks (its task/cgroup "
+          "plugin with --mem)");
+    }
+    return absl::OkStatus();
+  }
+  if (options.job_cgroups == "auto" && geteuid() != 0) {
+    fprintf(stderr, "fitrund: job cgroups: off (fitrund is not root; --job_cgroups=on to try anyway)\n");
+    return absl::OkStatus();
+  }
+  JobCgroups::Options cgroup_options;
+  cgroup_options.parent = options.cgroup_parent;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::error_code error;
+  // The coordinator's identity, as its Slurm allocations carry it: stable across restarts.
+  cgroup_options.coordinator_tag =
+      SlurmLauncher::CoordinatorTag(host, std::filesystem::absolute(options.state_dir, error).string());
+  CgroupSupport support = ProbeCgroupSupport(cgroup_options);
+  if (support.cgroups == nullptr) {
+    if (options.job_cgroups == "on") {
+      return absl::FailedPreconditionError(absl::StrCat("--job_cgroups=on: this machine cannot confine jobs: ",
+                                                        support.text, "; or pass --job_cgroups=off"));
+    }
+    fprintf(stderr, "fitrund: job cgroups: off (%s)\n", support.text.c_str());
+    return absl::OkStatus();
+  }
+  fprintf(stderr, "fitrund: job cgroups: %s\n", support.text.c_str());
+  server->cgroups = std::move(support.cgroups);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool RunsJobsAsOwners(const ServerOptions& options) {
@@ -334,7 +376,12 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   if (!authenticator.ok()) return authenticator.status();
   server->authenticator = *std::move(authenticator);
 
-  if (server->launcher == nullptr) server->launcher = std::make_unique<LocalLauncher>();
+  if (absl::Status status = StartJobCgroups(options, server.get()); !status.ok()) return status;
+  if (server->launcher == nullptr) {
+    LocalLauncher::Options launcher_options;
+    launcher_options.cgroups = server->cgroups.get();
+    server->launcher = std::make_unique<LocalLauncher>(std::move(launcher_options));
+  }
   std::vector<std::string> data_roots = options.data_roots;
   if (data_roots.empty()) {
     const std::filesystem::path uploads = std::filesystem::path(options.state_dir) / "uploads";
@@ -393,6 +440,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
     probe_options.script_binary = manager_options.script_binary;
     probe_options.work_dir = probes_dir;
     probe_options.dataset_cache_dir = manager_options.dataset_cache_dir;
+    probe_options.cgroups = server->cgroups.get();
     // Measure with the threads a rank gets, since intra-op threads take scratch memory of their own.
     const std::vector<fitrun::v1::Device> inventory = server->devices->Snapshot();
     probe_options.cpu_threads = inventory.empty() ? 1 : std::max(1, inventory.front().cpu_threads());

@@ -21,6 +21,7 @@
 #include "server/metrics/live_metrics.h"
 #include "server/metrics/prometheus_metrics.h"
 #include "server/probe/process_memory_probe.h"
+#include "server/sandbox/job_cgroup.h"
 #include "server/service/coordinator_service.h"
 #include "server/service/worker_channel_service.h"
 #include "server/store/sqlite_job_store.h"
@@ -58,6 +59,10 @@ struct ServerOptions {
   // "listed" or "same_name": the Unix account of a user the tokens file gives none; "none": jobs
   // run as fitrund's own user even as root (every user trusted with it). See RunsJobsAsOwners.
   std::string unix_accounts = "listed";
+  // "auto", "on" or "off": each attempt's processes in a cgroup of their own (--job_cgroups), made
+  // under cgroup_parent (relative to fitrund's own cgroup, or absolute).
+  std::string job_cgroups = "auto";
+  std::string cgroup_parent = "fitrun";
   // The folders specs may name files in (server/core/specs/data_roots.h). Empty: Debian's datasets
   // (/usr/share/datasets), <state_dir>/uploads and the directory fitrund starts in.
   std::vector<std::string> data_roots;
@@ -91,6 +96,8 @@ struct RunningServer {
   int state_lock_fd = -1;
   std::unique_ptr<SqliteJobStore> store;
   std::unique_ptr<DeviceInventory> devices;
+  // Attempts' and probes' cgroups (--job_cgroups); null when off. Outlives the launcher and the probe.
+  std::unique_ptr<JobCgroups> cgroups;
   std::unique_ptr<WorkerLauncher> launcher;
   std::shared_ptr<prometheus::Registry> registry;
   std::unique_ptr<PrometheusMetrics> metrics;

@@ -107,6 +107,7 @@ class FakeWorkerLauncher : public WorkerLauncher {
   absl::StatusOr<LaunchedAttempt> Launch(const AttemptLaunch& attempt, RankExitCallback on_exit) override {
     absl::MutexLock lock(&mu_);
     if (!launch_error_.ok()) return launch_error_;
+    attempts_.push_back(attempt);
     LaunchedAttempt launched;
     launched.handle = absl::StrCat("fake:", launches_.size());
     launched.master_addr = "127.0.0.1";
@@ -153,6 +154,10 @@ class FakeWorkerLauncher : public WorkerLauncher {
     }
     return adopted;
   }
+  void Release(const std::string& handle) override {
+    absl::MutexLock lock(&mu_);
+    released_.push_back(handle);
+  }
   // Launches fail with `error` from now on (OK again: they succeed).
   void FailLaunches(absl::Status error) {
     absl::MutexLock lock(&mu_);
@@ -168,12 +173,30 @@ class FakeWorkerLauncher : public WorkerLauncher {
   }
   // Ends the worker with this handle (callback runs on the caller's thread, outside the fake's lock).
   void Exit(int handle, int exit_code, int signal = 0, bool status_known = true) {
+    WorkerExit exit;
+    exit.exit_code = exit_code;
+    exit.signal = signal;
+    exit.status_known = status_known;
+    ExitWith(handle, exit);
+  }
+  // Ends the worker with this handle as `exit` says (a host memory OOM, say).
+  void ExitWith(int handle, const WorkerExit& exit) {
     std::function<void(const WorkerExit&)> callback;
     {
       absl::MutexLock lock(&mu_);
       callback = callbacks_.at(handle);
     }
-    callback(WorkerExit{exit_code, signal, status_known});
+    callback(exit);
+  }
+  // Every attempt launched, as the manager assembled it.
+  std::vector<AttemptLaunch> attempts() {
+    absl::MutexLock lock(&mu_);
+    return attempts_;
+  }
+  // The handles of the attempts released, in order.
+  std::vector<std::string> released() {
+    absl::MutexLock lock(&mu_);
+    return released_;
   }
   std::vector<WorkerLaunch> launches() {
     absl::MutexLock lock(&mu_);
@@ -204,6 +227,8 @@ class FakeWorkerLauncher : public WorkerLauncher {
   std::vector<int> left_to_exit_ ABSL_GUARDED_BY(mu_);
   std::set<int> adoptable_ ABSL_GUARDED_BY(mu_);
   std::vector<int> adopted_ ABSL_GUARDED_BY(mu_);
+  std::vector<AttemptLaunch> attempts_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);
 };
 
 class FakeDeviceInventory : public DeviceInventory {

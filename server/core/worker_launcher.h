@@ -34,6 +34,12 @@ struct WorkerExit {
   // False for a worker adopted from an earlier coordinator: it is not our child, so its exit is
   // seen but its status is not.
   bool status_known = true;
+  // The kernel's OOM killer stopped a process of the attempt since the last exit the launcher
+  // reported (its cgroup's OOM kill count rose): the attempt reached its host memory limit. With
+  // that limit and the highest usage the cgroup saw (0 where unknown).
+  bool host_memory_oom = false;
+  int64_t host_memory_limit_bytes = 0;
+  int64_t host_memory_peak_bytes = 0;
 };
 
 // What a cluster's batch scheduler says about an attempt's allocation, as the launcher last saw it.
@@ -62,6 +68,11 @@ struct AttemptLaunch {
   bool gpu_per_rank = false;
   int64_t memory_per_rank_bytes = 0;
   int time_limit_minutes = 0;
+  // What the attempt's processes may use together, for a launcher that confines them (local with
+  // job cgroups): host memory in bytes (its ranks' spec.resources.host_memory) and tasks, threads
+  // included (spec.resources.max_processes); 0: no limit.
+  int64_t host_memory_limit_bytes = 0;
+  int64_t max_processes = 0;
   // Called with every change of the allocation's status, on a launcher thread; may be empty.
   AllocationCallback on_allocation;
 };
@@ -116,6 +127,10 @@ class WorkerLauncher {
   // allocation whose submit the previous coordinator's death interrupted before it was stored) is
   // cancelled. Never touches what another coordinator or user started.
   virtual void ReleaseUnowned(const std::vector<std::string>& owned_handles) { (void)owned_handles; }
+  // Called once per launched or adopted attempt when none of its ranks is left (it ended, failed,
+  // was cancelled or stopped for a restart): whatever the ranks started that still runs is killed
+  // and what the attempt held (its cgroup) is freed. Must not block: the work may happen later.
+  virtual void Release(const std::string& handle) { (void)handle; }
 };
 
 }  // namespace fitrun::server

@@ -9,20 +9,6 @@
 
 namespace fitrun::server {
 
-absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
-  static const std::pair<const char*, int64_t> kUnits[] = {
-      {"TiB", 1LL << 40}, {"GiB", 1LL << 30}, {"MiB", 1LL << 20}, {"KiB", 1LL << 10}, {"B", 1}};
-  for (const auto& [suffix, scale] : kUnits) {
-    absl::string_view number = text;
-    if (!absl::ConsumeSuffix(&number, suffix)) continue;
-    double value = 0;
-    if (!absl::SimpleAtod(number, &value) || !(value > 0)) break;
-    return static_cast<int64_t>(std::llround(value * static_cast<double>(scale)));
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("'", text, "' is not a size; write a positive number with B, KiB, MiB, GiB or TiB, e.g. 4GiB"));
-}
-
 absl::StatusOr<std::unique_ptr<VirtualCpuDevices>> VirtualCpuDevices::Create(absl::string_view flag, int cores,
                                                                              int64_t memory_bytes) {
   cores = std::max(1, cores);

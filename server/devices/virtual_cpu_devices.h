@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "server/core/device_inventory.h"
+#include "server/core/units.h"  // ParseByteSize, which reads the flag's sizes
 
 namespace fitrun::server {
 
@@ -28,9 +29,6 @@ class VirtualCpuDevices : public DeviceInventory {
   explicit VirtualCpuDevices(std::vector<fitrun::v1::Device> devices) : devices_(std::move(devices)) {}
   const std::vector<fitrun::v1::Device> devices_;
 };
-
-// "4GiB" -> 4294967296; INVALID_ARGUMENT naming the accepted units otherwise.
-absl::StatusOr<int64_t> ParseByteSize(absl::string_view text);
 
 }  // namespace fitrun::server
 

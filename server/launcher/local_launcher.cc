@@ -1,19 +1,64 @@
 #include "server/launcher/local_launcher.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdio>
 #include <memory>
+#include <set>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "proto/contract/launch_contract.h"
 
 namespace fitrun::server {
 
 namespace launch = fitrun::contract::launch;
 
+LocalLauncher::LocalLauncher(std::function<absl::StatusOr<int>()> pick_master_port)
+    : LocalLauncher(Options{std::move(pick_master_port), nullptr}) {}
+
+LocalLauncher::LocalLauncher(Options options) : options_(std::move(options)) {
+  if (options_.cgroups != nullptr) releaser_ = std::thread([this] { ReleaserLoop(); });
+}
+
+LocalLauncher::~LocalLauncher() {
+  std::deque<std::shared_ptr<AttemptCgroup>> left;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    left.swap(to_release_);
+    for (auto& [handle, attempt] : cgroups_) left.push_back(attempt);
+    cgroups_.clear();
+  }
+  if (releaser_.joinable()) releaser_.join();
+  // Everything the attempts started goes with fitrund (the ranks themselves too: ProcessLauncher's
+  // waiters then reap them).
+  for (const std::shared_ptr<AttemptCgroup>& attempt : left) KillAndRemove(*attempt->cgroup);
+  if (options_.cgroups != nullptr && options_.cgroups->List().empty()) (void)options_.cgroups->RemoveDirectories();
+}
+
 absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attempt, RankExitCallback on_exit) {
-  absl::StatusOr<int> port = pick_master_port_();
+  absl::StatusOr<int> port = options_.pick_master_port();
   if (!port.ok()) return port.status();
+  std::shared_ptr<AttemptCgroup> cgroup;
+  std::vector<std::string> procs_files;
+  if (options_.cgroups != nullptr) {
+    absl::StatusOr<std::unique_ptr<JobCgroup>> made = options_.cgroups->Make(
+        AttemptCgroupName(attempt.job_id, attempt.attempt), {attempt.host_memory_limit_bytes, attempt.max_processes});
+    if (!made.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("the attempt's cgroup: ", made.status().message()));
+    }
+    cgroup = std::make_shared<AttemptCgroup>();
+    cgroup->cgroup = *std::move(made);
+    // A cgroup reused after a coordinator's death may have counted kills of its own.
+    absl::StatusOr<int64_t> kills = cgroup->cgroup->HostMemoryOomKills();
+    absl::MutexLock lock(&cgroup->mu);
+    cgroup->oom_kills_reported = kills.ok() ? *kills : 0;
+    procs_files = cgroup->cgroup->ProcsFiles();
+  }
   LaunchedAttempt launched;
   launched.master_addr = "127.0.0.1";
   launched.master_port = *port;
@@ -24,17 +69,28 @@ absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attem
     WorkerLaunch one = attempt.ranks[rank];
     one.env.emplace_back(launch::kMasterAddr, launched.master_addr);
     one.env.emplace_back(launch::kMasterPort, absl::StrCat(launched.master_port));
-    absl::StatusOr<int> pid = processes_.Launch(one, [on_exit, abandoned, rank](const WorkerExit& exit) {
-      if (!abandoned->load()) on_exit(static_cast<int>(rank), exit);
-    });
+    absl::StatusOr<int> pid = processes_.Launch(
+        one,
+        [on_exit, abandoned, rank, cgroup](const WorkerExit& exit) {
+          if (abandoned->load()) return;
+          WorkerExit seen = exit;
+          if (cgroup != nullptr) NoteHostMemory(*cgroup, seen);
+          on_exit(static_cast<int>(rank), seen);
+        },
+        procs_files);
     if (!pid.ok()) {
       abandoned->store(true);
       for (int started : launched.pids) processes_.KillIfStillRunningAfter(started, absl::ZeroDuration());
+      if (cgroup != nullptr) Queue(cgroup);
       return absl::Status(pid.status().code(), absl::StrCat("rank ", rank, ": ", pid.status().message()));
     }
     launched.pids.push_back(*pid);
   }
   launched.handle = LocalLaunchHandle(launched.pids);
+  if (cgroup != nullptr) {
+    absl::MutexLock lock(&mu_);
+    cgroups_[launched.handle] = cgroup;
+  }
   return launched;
 }
 
@@ -56,6 +112,26 @@ void LocalLauncher::KillIfStillRunningAfter(const std::string& handle, int rank,
 }
 
 std::vector<bool> LocalLauncher::Adopt(const RecordedAttempt& attempt, RankExitCallback on_exit) {
+  std::shared_ptr<AttemptCgroup> cgroup;
+  if (options_.cgroups != nullptr) {
+    absl::StatusOr<std::unique_ptr<JobCgroup>> opened =
+        options_.cgroups->Open(AttemptCgroupName(attempt.job_id, attempt.attempt));
+    if (opened.ok()) {
+      cgroup = std::make_shared<AttemptCgroup>();
+      cgroup->cgroup = *std::move(opened);
+      // Kills before now happened while nobody watched; the next exit reports only new ones.
+      absl::StatusOr<int64_t> kills = cgroup->cgroup->HostMemoryOomKills();
+      {
+        absl::MutexLock lock(&cgroup->mu);
+        cgroup->oom_kills_reported = kills.ok() ? *kills : 0;
+      }
+      absl::MutexLock lock(&mu_);
+      cgroups_[attempt.handle] = cgroup;
+    } else if (!absl::IsNotFound(opened.status())) {
+      std::fprintf(stderr, "fitrund: job %s attempt %d: %s\n", attempt.job_id.c_str(), attempt.attempt,
+                   std::string(opened.status().message()).c_str());
+    }
+  }
   std::vector<bool> adopted(attempt.pids.size(), false);
   for (size_t rank = 0; rank < attempt.pids.size(); ++rank) {
     if (rank >= attempt.maybe_running.size() || !attempt.maybe_running[rank] || attempt.pids[rank] <= 0) continue;
@@ -64,10 +140,96 @@ std::vector<bool> LocalLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
         {{launch::kJobId, attempt.job_id},
          {launch::kAttempt, absl::StrCat(attempt.attempt)},
          {launch::kRank, absl::StrCat(rank)}},
-        [on_exit, rank](const WorkerExit& exit) { on_exit(static_cast<int>(rank), exit); });
+        [on_exit, rank, cgroup](const WorkerExit& exit) {
+          WorkerExit seen = exit;
+          if (cgroup != nullptr) NoteHostMemory(*cgroup, seen);
+          on_exit(static_cast<int>(rank), seen);
+        });
     adopted[rank] = pid.ok();
   }
   return adopted;
+}
+
+void LocalLauncher::NoteHostMemory(AttemptCgroup& attempt, WorkerExit& exit) {
+  absl::StatusOr<HostMemoryStats> memory = attempt.cgroup->HostMemory();
+  if (!memory.ok()) return;
+  absl::MutexLock lock(&attempt.mu);
+  if (memory->oom_kills <= attempt.oom_kills_reported) return;
+  attempt.oom_kills_reported = memory->oom_kills;
+  exit.host_memory_oom = true;
+  exit.host_memory_limit_bytes = memory->limit_bytes;
+  exit.host_memory_peak_bytes = memory->peak_bytes;
+}
+
+void LocalLauncher::Release(const std::string& handle) {
+  std::shared_ptr<AttemptCgroup> cgroup;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = cgroups_.find(handle);
+    if (it == cgroups_.end()) return;
+    cgroup = std::move(it->second);
+    cgroups_.erase(it);
+  }
+  Queue(std::move(cgroup));
+}
+
+void LocalLauncher::ReleaseUnowned(const std::vector<std::string>& owned_handles) {
+  (void)owned_handles;  // the cgroups an attempt holds are those Launch and Adopt took
+  if (options_.cgroups == nullptr) return;
+  std::set<std::string> held;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [handle, attempt] : cgroups_) held.insert(attempt->cgroup->name());
+  }
+  // This fitrund's own probes are named for its pid, and are its own to remove.
+  const std::string own_probes = absl::StrCat("probe-", getpid(), "-");
+  for (const std::string& name : options_.cgroups->List()) {
+    if (held.count(name) || absl::StartsWith(name, own_probes)) continue;
+    absl::StatusOr<std::unique_ptr<JobCgroup>> stale = options_.cgroups->Open(name);
+    if (!stale.ok()) continue;
+    std::fprintf(stderr, "fitrund: removing the cgroup %s: no running attempt of this coordinator holds it\n",
+                 name.c_str());
+    auto attempt = std::make_shared<AttemptCgroup>();
+    attempt->cgroup = *std::move(stale);
+    Queue(std::move(attempt));
+  }
+}
+
+void LocalLauncher::Queue(std::shared_ptr<AttemptCgroup> attempt) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_ && releaser_.joinable()) {
+      to_release_.push_back(std::move(attempt));
+      return;
+    }
+  }
+  // Stopping: released here and now.
+  KillAndRemove(*attempt->cgroup);
+}
+
+void LocalLauncher::ReleaserLoop() {
+  while (true) {
+    std::shared_ptr<AttemptCgroup> next;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !to_release_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (to_release_.empty()) return;  // stopping
+      next = std::move(to_release_.front());
+      to_release_.pop_front();
+    }
+    KillAndRemove(*next->cgroup);
+  }
+}
+
+void LocalLauncher::KillAndRemove(JobCgroup& cgroup) {
+  if (absl::Status killed = cgroup.KillAll(); !killed.ok()) {
+    std::fprintf(stderr, "fitrund: %s\n", std::string(killed.message()).c_str());
+    return;
+  }
+  if (absl::Status removed = cgroup.Remove(); !removed.ok()) {
+    std::fprintf(stderr, "fitrund: %s\n", std::string(removed.message()).c_str());
+  }
 }
 
 }  // namespace fitrun::server

@@ -1,36 +1,85 @@
 // WorkerLauncher on this machine: every rank of an attempt a child process of fitrund
 // (ProcessLauncher), meeting at 127.0.0.1 on a port that was free when the attempt launched. The
 // attempt's handle is LocalLaunchHandle of its ranks' pids.
+//
+// With job cgroups (server/sandbox/job_cgroup.h), each attempt's ranks start in a cgroup of their
+// own (named for the job and the attempt, so a restarted fitrund re-opens it when it adopts the
+// ranks), bounded by the attempt's host memory and tasks. A rank's exit after the kernel's OOM
+// killer struck in it says so (WorkerExit::host_memory_oom). Release kills whatever is left in it
+// (a script's double-forked daemon) and removes it, on a thread of the launcher's own.
+//
+// Thread-safe. The destructor kills every rank and everything in the cgroups it holds.
 #ifndef FITRUN_SERVER_LAUNCHER_LOCAL_LAUNCHER_H_
 #define FITRUN_SERVER_LAUNCHER_LOCAL_LAUNCHER_H_
 
+#include <deque>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "server/core/worker_launcher.h"
 #include "server/launcher/process_launcher.h"
+#include "server/sandbox/job_cgroup.h"
 
 namespace fitrun::server {
 
 class LocalLauncher : public WorkerLauncher {
  public:
-  explicit LocalLauncher(std::function<absl::StatusOr<int>()> pick_master_port = PickFreeTcpPort)
-      : pick_master_port_(std::move(pick_master_port)) {}
+  struct Options {
+    std::function<absl::StatusOr<int>()> pick_master_port = PickFreeTcpPort;
+    // Where attempts' cgroups are made (fitrund --job_cgroups); nullptr: ranks stay in fitrund's.
+    // Must outlive the launcher.
+    JobCgroups* cgroups = nullptr;
+  };
+  explicit LocalLauncher(std::function<absl::StatusOr<int>()> pick_master_port = PickFreeTcpPort);
+  explicit LocalLauncher(Options options);
+  ~LocalLauncher() override;
+  LocalLauncher(const LocalLauncher&) = delete;
+  LocalLauncher& operator=(const LocalLauncher&) = delete;
 
+  // With cgroups, the attempt's cgroup is made first (FAILED_PRECONDITION naming it when it cannot
+  // be) and every rank joins it before it execs.
   absl::StatusOr<LaunchedAttempt> Launch(const AttemptLaunch& attempt, RankExitCallback on_exit) override;
   void Stop(const std::string& handle, int rank, absl::Duration grace) override;
   void KillIfStillRunningAfter(const std::string& handle, int rank, absl::Duration grace) override;
   // A rank is adopted when its recorded pid is alive and carries the attempt's FITRUN_JOB_ID,
-  // FITRUN_ATTEMPT and RANK.
+  // FITRUN_ATTEMPT and RANK. The attempt's cgroup, when there is one, is re-opened by name.
   std::vector<bool> Adopt(const RecordedAttempt& attempt, RankExitCallback on_exit) override;
+  // Kills what is left in the attempt's cgroup and removes it (later, on the launcher's thread).
+  void Release(const std::string& handle) override;
+  // Removes this coordinator's cgroups that no launched or adopted attempt holds (and memory
+  // probes' of an earlier fitrund): their attempts ended while no coordinator watched.
+  void ReleaseUnowned(const std::vector<std::string>& owned_handles) override;
 
  private:
+  // An attempt's cgroup, and the OOM kills in it that exits have reported so far.
+  struct AttemptCgroup {
+    std::unique_ptr<JobCgroup> cgroup;
+    absl::Mutex mu;
+    int64_t oom_kills_reported ABSL_GUARDED_BY(mu) = 0;
+  };
   // The pid of `rank` in `handle`, or 0 (with a log line) for a handle that is not this launcher's.
   static int PidOf(const std::string& handle, int rank);
+  // Marks `exit` as a host memory OOM when the cgroup's OOM kills rose since the last exit.
+  static void NoteHostMemory(AttemptCgroup& attempt, WorkerExit& exit);
+  // Kills what is in it and removes it, saying what failed on fitrund's log.
+  static void KillAndRemove(JobCgroup& cgroup);
+  void Queue(std::shared_ptr<AttemptCgroup> attempt) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaserLoop();
 
-  const std::function<absl::StatusOr<int>()> pick_master_port_;
+  const Options options_;
+  absl::Mutex mu_;
+  // The cgroups of attempts launched or adopted and not released, by handle.
+  std::map<std::string, std::shared_ptr<AttemptCgroup>> cgroups_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<AttemptCgroup>> to_release_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread releaser_;
   ProcessLauncher processes_;
 };
 

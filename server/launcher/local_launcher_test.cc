@@ -1,6 +1,9 @@
 // LocalLauncher over real processes: an attempt's ranks start with the rendezvous it chose, exits are
 // reported per rank, a rank is stopped through the attempt's handle, an attempt that cannot start
-// whole leaves nothing running and reports nothing, and a recorded attempt is re-adopted.
+// whole leaves nothing running and reports nothing, and a recorded attempt is re-adopted. With job
+// cgroups (as root): ranks in the attempt's cgroup with its limits, a double-forked daemon killed on
+// release, an OOM kill reported with the rank's exit, a restarted launcher re-opening the cgroup,
+// stale cgroups removed and nothing left behind.
 #include "server/launcher/local_launcher.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "server/sandbox/throwaway_cgroups.h"
+#include "server/spawn/spawn.h"
 
 namespace fitrun::server {
 namespace {
@@ -148,6 +153,192 @@ TEST(LocalLauncherTest, AdoptsTheRecordedRanksThatStillRun) {
   second.Stop(launched->handle, 0, absl::Seconds(5));
   ASSERT_TRUE(exits.WaitFor(1, absl::Seconds(10)));
   EXPECT_EQ(exits.exits().count(0), 1u);
+}
+
+// ---- with job cgroups (root) ----
+
+bool Gone(int pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  return text.empty() || (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z');
+}
+
+bool WaitUntil(const std::function<bool()>& condition, absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!condition()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+class LocalLauncherCgroupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!throwaway_.available()) GTEST_SKIP() << throwaway_.why();
+  }
+  void TearDown() override {
+    if (!throwaway_.available()) return;
+    for (int pid : stray_) {
+      if (!Gone(pid)) kill(pid, SIGKILL);
+    }
+    EXPECT_EQ(throwaway_.Leftovers(), std::vector<std::string>{}) << "a cgroup was left behind";
+    throwaway_.Clear();
+  }
+  LocalLauncher::Options WithCgroups(int port) {
+    LocalLauncher::Options options;
+    options.pick_master_port = [port] { return port; };
+    options.cgroups = throwaway_.cgroups();
+    return options;
+  }
+  // The attempt's cgroup is gone (released).
+  bool Released() { return absl::IsNotFound(throwaway_.cgroups()->Open("j-000001-a2").status()); }
+  // A rank script's daemon: setsid, its parent gone, its pid written to `pid_file`.
+  static std::string Daemon(const std::string& pid_file) {
+    return absl::StrCat("setsid /bin/sh -c 'sleep 300 & echo $! > ", pid_file, "'; ");
+  }
+  int WaitForPid(const std::string& pid_file) {
+    EXPECT_TRUE(WaitUntil([&] { return !Slurp(pid_file).empty(); })) << pid_file;
+    const int pid = Slurp(pid_file).empty() ? 0 : std::stoi(Slurp(pid_file));
+    if (pid > 0) stray_.push_back(pid);
+    return pid;
+  }
+
+  ThrowawayCgroups throwaway_{"launcher"};
+  std::vector<int> stray_;
+};
+
+TEST_F(LocalLauncherCgroupTest, RanksRunInTheAttemptsCgroupWithItsLimitsAndReleaseKillsWhatTheyLeft) {
+  Exits exits;
+  LocalLauncher launcher(WithCgroups(29560));
+  const std::string dir = (std::filesystem::path(::testing::TempDir()) / "cgroup-release").string();
+  const std::string pid_file = dir + "/daemon.pid";
+  AttemptLaunch attempt = Attempt("cgroup-release", {{"/bin/sh", "-c", Daemon(pid_file) + "exec sleep 300"},
+                                                     {"/bin/sleep", "300"}});
+  attempt.host_memory_limit_bytes = 512 << 20;
+  attempt.max_processes = 64;
+  absl::StatusOr<LaunchedAttempt> launched = launcher.Launch(attempt, exits.Callback());
+  ASSERT_TRUE(launched.ok()) << launched.status();
+  const int daemon = WaitForPid(pid_file);
+  ASSERT_GT(daemon, 0);
+
+  absl::StatusOr<std::unique_ptr<JobCgroup>> cgroup = throwaway_.cgroups()->Open("j-000001-a2");
+  ASSERT_TRUE(cgroup.ok()) << cgroup.status();
+  EXPECT_EQ((*cgroup)->ReadLimits()->memory_bytes, 512 << 20);
+  EXPECT_EQ((*cgroup)->ReadLimits()->max_tasks, 64);
+  std::vector<int> pids = *(*cgroup)->Pids();
+  for (int pid : {launched->pids[0], launched->pids[1], daemon}) {
+    EXPECT_NE(std::find(pids.begin(), pids.end(), pid), pids.end()) << pid << " is not in the attempt's cgroup";
+  }
+
+  // Stopping the ranks (their process groups) leaves the daemon running; releasing the attempt does not.
+  launcher.Stop(launched->handle, 0, absl::Seconds(5));
+  launcher.Stop(launched->handle, 1, absl::Seconds(5));
+  ASSERT_TRUE(exits.WaitFor(2, absl::Seconds(10)));
+  EXPECT_FALSE(exits.exits()[0].host_memory_oom);
+  EXPECT_FALSE(Gone(daemon)) << "the process group stop reached the daemon: the test proves nothing";
+  launcher.Release(launched->handle);
+  EXPECT_TRUE(WaitUntil([&] { return Gone(daemon); }));
+  EXPECT_TRUE(WaitUntil([&] { return Released(); }));
+  launcher.Release(launched->handle);  // once is enough; again does nothing
+}
+
+TEST_F(LocalLauncherCgroupTest, ARankTheOomKillerStoppedSaysSoWithTheLimitAndThePeak) {
+  Exits exits;
+  LocalLauncher launcher(WithCgroups(29561));
+  AttemptLaunch attempt = Attempt(
+      "cgroup-oom", {{"/usr/bin/python3", "-c", "import time; x = b'x' * (512 << 20); time.sleep(60)"},
+                     {"/bin/sleep", "300"}});
+  attempt.host_memory_limit_bytes = 96 << 20;
+  absl::StatusOr<LaunchedAttempt> launched = launcher.Launch(attempt, exits.Callback());
+  ASSERT_TRUE(launched.ok()) << launched.status();
+  ASSERT_TRUE(exits.WaitFor(1, absl::Seconds(20)));
+  const WorkerExit hog = exits.exits().at(0);
+  EXPECT_EQ(hog.signal, SIGKILL);
+  EXPECT_TRUE(hog.host_memory_oom);
+  EXPECT_EQ(hog.host_memory_limit_bytes, 96 << 20);
+  EXPECT_GT(hog.host_memory_peak_bytes, 64 << 20);
+  // The kill is reported once: the peer stopped afterwards did not run out of anything.
+  launcher.Stop(launched->handle, 1, absl::Seconds(5));
+  ASSERT_TRUE(exits.WaitFor(2, absl::Seconds(10)));
+  EXPECT_FALSE(exits.exits().at(1).host_memory_oom);
+  launcher.Release(launched->handle);
+  EXPECT_TRUE(WaitUntil([&] { return Released(); }));
+}
+
+TEST_F(LocalLauncherCgroupTest, ARestartedLauncherReopensTheCgroupOfTheRanksItAdopts) {
+  // What the coordinator before the restart left: a rank in the attempt's cgroup, with a daemon.
+  absl::StatusOr<std::unique_ptr<JobCgroup>> before = throwaway_.cgroups()->Make("j-000001-a2", {256 << 20, 64});
+  ASSERT_TRUE(before.ok()) << before.status();
+  const std::string dir = (std::filesystem::path(::testing::TempDir()) / "cgroup-adopt").string();
+  std::filesystem::create_directories(dir);
+  std::filesystem::remove(dir + "/daemon.pid");
+  SpawnOptions rank;
+  rank.argv = {"/bin/sh", "-c", Daemon(dir + "/daemon.pid") + "exec sleep 300"};
+  rank.env = {{"FITRUN_JOB_ID", "j-000001"}, {"FITRUN_ATTEMPT", "2"}, {"RANK", "0"}};
+  rank.cgroup_procs_files = (*before)->ProcsFiles();
+  absl::StatusOr<pid_t> pid = Spawn(rank);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  stray_.push_back(*pid);
+  const int daemon = WaitForPid(dir + "/daemon.pid");
+
+  absl::StatusOr<std::unique_ptr<JobCgroups>> restarted = JobCgroups::Create(throwaway_.options());
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  LocalLauncher::Options options = WithCgroups(29562);
+  options.cgroups = restarted->get();
+  Exits exits;
+  LocalLauncher launcher(options);
+  const std::string handle = LocalLaunchHandle({*pid});
+  RecordedAttempt recorded{"j-000001", 2, handle, {*pid}, {true}};
+  EXPECT_EQ(launcher.Adopt(recorded, exits.Callback()), std::vector<bool>{true});
+  launcher.ReleaseUnowned({handle});
+  launcher.Stop(handle, 0, absl::Seconds(5));
+  ASSERT_TRUE(exits.WaitFor(1, absl::Seconds(10)));
+  EXPECT_FALSE(Released()) << "an adopted attempt's cgroup is not stale";
+  EXPECT_FALSE(Gone(daemon));
+  launcher.Release(handle);
+  EXPECT_TRUE(WaitUntil([&] { return Gone(daemon); }));
+  EXPECT_TRUE(WaitUntil([&] { return Released(); }));
+  EXPECT_EQ(Reap(*pid).signal, SIGTERM);
+  stray_.clear();
+}
+
+TEST_F(LocalLauncherCgroupTest, ReleaseUnownedRemovesOnlyCgroupsNoAttemptHolds) {
+  // A stale attempt's cgroup with a process still in it, and a live probe of this fitrund's.
+  absl::StatusOr<std::unique_ptr<JobCgroup>> stale = throwaway_.cgroups()->Make("j-000009-a1", {});
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  SpawnOptions left;
+  left.argv = {"/bin/sleep", "300"};
+  left.cgroup_procs_files = (*stale)->ProcsFiles();
+  absl::StatusOr<pid_t> pid = Spawn(left);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  const std::string probe = absl::StrCat("probe-", getpid(), "-0");
+  ASSERT_TRUE(throwaway_.cgroups()->Make(probe, {}).ok());
+
+  LocalLauncher launcher(WithCgroups(29563));
+  launcher.ReleaseUnowned({});
+  EXPECT_EQ(Reap(*pid).signal, SIGKILL);
+  EXPECT_TRUE(WaitUntil([&] { return absl::IsNotFound(throwaway_.cgroups()->Open("j-000009-a1").status()); }));
+  EXPECT_EQ(throwaway_.cgroups()->List(), std::vector<std::string>{probe});
+  ASSERT_TRUE((*throwaway_.cgroups()->Open(probe))->Remove().ok());
+}
+
+TEST_F(LocalLauncherCgroupTest, ALauncherThatGoesTakesEverythingInItsCgroupsWithIt) {
+  const std::string dir = (std::filesystem::path(::testing::TempDir()) / "cgroup-destroy").string();
+  const std::string pid_file = dir + "/daemon.pid";
+  int daemon = 0;
+  {
+    Exits exits;  // outlives the launcher, whose going reports the rank's exit
+    LocalLauncher launcher(WithCgroups(29564));
+    absl::StatusOr<LaunchedAttempt> launched =
+        launcher.Launch(Attempt("cgroup-destroy", {{"/bin/sh", "-c", Daemon(pid_file) + "exec sleep 300"}}),
+                        exits.Callback());
+    ASSERT_TRUE(launched.ok()) << launched.status();
+    daemon = WaitForPid(pid_file);
+  }
+  EXPECT_TRUE(WaitUntil([&] { return Gone(daemon); }));
+  EXPECT_TRUE(Released());
 }
 
 }  // namespace

@@ -39,7 +39,8 @@ ProcessLauncher::~ProcessLauncher() {
   killer_.join();
 }
 
-absl::StatusOr<int> ProcessLauncher::Launch(const WorkerLaunch& launch, ExitCallback on_exit) {
+absl::StatusOr<int> ProcessLauncher::Launch(const WorkerLaunch& launch, ExitCallback on_exit,
+                                            const std::vector<std::string>& cgroup_procs_files) {
   if (launch.argv.empty()) return absl::InvalidArgumentError("launch.argv is empty");
   SpawnOptions spawn;
   spawn.argv = launch.argv;
@@ -48,6 +49,7 @@ absl::StatusOr<int> ProcessLauncher::Launch(const WorkerLaunch& launch, ExitCall
   spawn.output_path = launch.log_path;
   spawn.own_process_group = true;
   spawn.run_as = launch.run_as;
+  spawn.cgroup_procs_files = cgroup_procs_files;
 
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the launcher is shutting down");

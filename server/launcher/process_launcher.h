@@ -28,8 +28,10 @@ class ProcessLauncher {
   ProcessLauncher();
   ~ProcessLauncher();
 
-  // Starts the worker; returns its pid (and process group id).
-  absl::StatusOr<int> Launch(const WorkerLaunch& launch, ExitCallback on_exit);
+  // Starts the worker, in the cgroups whose cgroup.procs files are given (none: fitrund's own);
+  // returns its pid (and process group id).
+  absl::StatusOr<int> Launch(const WorkerLaunch& launch, ExitCallback on_exit,
+                             const std::vector<std::string>& cgroup_procs_files = {});
   // SIGTERM to the worker's process group, SIGKILL if still alive after `grace`.
   void Stop(int pid, absl::Duration grace);
   // No SIGTERM (the worker is sending its last words), but SIGKILL if still alive after `grace`.

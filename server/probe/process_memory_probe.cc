@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,8 @@
 #include "proto/contract/launch_contract.h"
 #include "fitrun/v1/worker.pb.h"
 #include "google/protobuf/text_format.h"
+#include "server/core/specs/job_specs.h"
+#include "server/core/units.h"
 #include "server/spawn/spawn.h"
 
 namespace fitrun::server {
@@ -92,12 +95,20 @@ bool WriteWithoutSigpipe(int fd, const std::string& data) {
   return n == static_cast<ssize_t>(data.size());
 }
 
+// Kills what is left in a probe's cgroup and removes it, saying on fitrund's log what failed.
+void RemoveCgroup(JobCgroup& cgroup) {
+  absl::Status status = cgroup.KillAll(absl::Seconds(5));
+  if (status.ok()) status = cgroup.Remove();
+  if (!status.ok()) std::fprintf(stderr, "fitrund: memory probe: %s\n", std::string(status.message()).c_str());
+}
+
 // A running fitrun-worker --probe: its pipes, and what it has written so far.
 class ProcessSession final : public MemoryProbeSession {
  public:
-  ProcessSession(pid_t pid, int in, int out, int err, std::string assignment_path, absl::Duration measure_timeout)
+  ProcessSession(pid_t pid, int in, int out, int err, std::string assignment_path, absl::Duration measure_timeout,
+                 std::unique_ptr<JobCgroup> cgroup)
       : pid_(pid), in_(in), out_(out), err_(err), assignment_path_(std::move(assignment_path)),
-        measure_timeout_(measure_timeout) {}
+        measure_timeout_(measure_timeout), cgroup_(std::move(cgroup)) {}
 
   ~ProcessSession() override {
     // End of input ends the probe; one that does not go is killed.
@@ -115,6 +126,8 @@ class ProcessSession final : public MemoryProbeSession {
     if (out_ >= 0) close(out_);
     if (err_ >= 0) close(err_);
     std::remove(assignment_path_.c_str());
+    // Whatever the probe (a script) started goes with it.
+    if (cgroup_ != nullptr) RemoveCgroup(*cgroup_);
   }
 
   // Waits for the header line.
@@ -218,6 +231,7 @@ class ProcessSession final : public MemoryProbeSession {
   int in_, out_, err_;
   const std::string assignment_path_;
   const absl::Duration measure_timeout_;
+  const std::unique_ptr<JobCgroup> cgroup_;  // null without job cgroups
   std::string stdout_, stderr_;
   std::string how_it_ended_;
   int64_t model_state_bytes_ = 0;
@@ -282,9 +296,8 @@ absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(co
   assignment.set_dataset_cache_dir(dataset_cache_dir);
   std::string text;
   google::protobuf::TextFormat::PrintToString(assignment, &text);
-  const std::string path =
-      (std::filesystem::path(options_.work_dir) / absl::StrCat("probe-", getpid(), "-", next_id_++, ".textproto"))
-          .string();
+  const std::string name = absl::StrCat("probe-", getpid(), "-", next_id_++);
+  const std::string path = (std::filesystem::path(options_.work_dir) / absl::StrCat(name, ".textproto")).string();
   {
     std::ofstream out(path);
     out << text;
@@ -312,8 +325,28 @@ absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(co
     }
     return err_pipe.status();
   }
+  // Bounded as a rank of the job would be: the probe runs the job's code, a script's children too.
+  std::unique_ptr<JobCgroup> cgroup;
+  if (options_.cgroups != nullptr) {
+    CgroupLimits limits;
+    absl::StatusOr<int64_t> host = ParseByteSize(spec.resources().host_memory());
+    limits.memory_bytes = host.ok() ? *host : std::max<int64_t>(0, max_bytes) + kRankProcessHostBytes;
+    limits.max_tasks = spec.resources().max_processes() > 0 ? spec.resources().max_processes()
+                                                             : kDefaultProcessesPerRank;
+    absl::StatusOr<std::unique_ptr<JobCgroup>> made = options_.cgroups->Make(name, limits);
+    if (!made.ok()) {
+      for (int* fd : {&in_pipe->read_end, &in_pipe->write_end, &out_pipe->read_end, &out_pipe->write_end,
+                      &err_pipe->read_end, &err_pipe->write_end}) {
+        CloseFd(fd);
+      }
+      std::remove(path.c_str());
+      return absl::FailedPreconditionError(absl::StrCat("memory probe: ", made.status().message()));
+    }
+    cgroup = *std::move(made);
+  }
   SpawnOptions spawn;
   spawn.argv = args;
+  if (cgroup != nullptr) spawn.cgroup_procs_files = cgroup->ProcsFiles();
   spawn.env = {{fitrun::contract::launch::kAssignment, path}};
   spawn.stdin_fd = in_pipe->read_end;
   spawn.stdout_fd = out_pipe->write_end;
@@ -327,10 +360,11 @@ absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(co
   if (!pid.ok()) {
     for (int* fd : {&in_pipe->write_end, &out_pipe->read_end, &err_pipe->read_end}) CloseFd(fd);
     std::remove(path.c_str());
+    if (cgroup != nullptr) RemoveCgroup(*cgroup);
     return absl::FailedPreconditionError(absl::StrCat("memory probe: ", pid.status().message()));
   }
   auto session = std::make_unique<ProcessSession>(*pid, in_pipe->write_end, out_pipe->read_end, err_pipe->read_end, path,
-                                                  options_.measure_timeout);
+                                                  options_.measure_timeout, std::move(cgroup));
   if (absl::Status status = session->Begin(options_.start_timeout); !status.ok()) return status;
   return session;
 }

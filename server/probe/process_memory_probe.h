@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/core/calibration/memory_calibration.h"
+#include "server/sandbox/job_cgroup.h"
 
 namespace fitrun::server {
 
@@ -41,6 +42,11 @@ class ProcessMemoryProbe : public MemoryProbe {
     // every thread it starts inherits it) and never takes the CPU from fitrund or training ranks.
     // 0: as fitrund.
     int nice = 10;
+    // Where each probe gets a cgroup of its own ("probe-<fitrund's pid>-<n>"), bounded as a rank
+    // of the job would be (its spec's host memory, else the probe's budget plus what a rank's
+    // process needs beside it, and its tasks) and emptied when the probe ends; nullptr: none.
+    // Must outlive the probe.
+    JobCgroups* cgroups = nullptr;
     // For loading the workload, and for each measurement.
     absl::Duration start_timeout = absl::Seconds(120);
     absl::Duration measure_timeout = absl::Seconds(180);

@@ -9,6 +9,10 @@
 #include <fstream>
 #include <set>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/sandbox/throwaway_cgroups.h"
+
 namespace fitrun::server {
 namespace {
 
@@ -159,6 +163,55 @@ exec sleep 60)");
 TEST(ProcessMemoryProbeTest, AMissingBinaryIsAnError) {
   auto probe = *ProcessMemoryProbe::Create(OptionsFor("/nonexistent/fitrun-worker"));
   EXPECT_EQ(probe->Start(Spec(), 1 << 30, "").status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ProcessMemoryProbeTest, AProbeRunsInACgroupOfItsOwnThatGoesWithItAndWhatItStarted) {
+  ThrowawayCgroups throwaway("probe");
+  if (!throwaway.available()) GTEST_SKIP() << throwaway.why();
+  // A probe that leaves a daemon behind (setsid, its parent gone), as a script's probe could.
+  const std::string seen = (std::filesystem::path(TestDir()) / "probe_cgroup.txt").string();
+  const std::string daemon_pid = (std::filesystem::path(TestDir()) / "probe_daemon.pid").string();
+  std::filesystem::remove(seen);
+  std::filesystem::remove(daemon_pid);
+  const std::string worker = FakeWorker("probe_cgroup.sh", absl::StrCat(R"(
+grep -E ':(memory|pids):' /proc/self/cgroup > )", seen, R"(
+setsid /bin/sh -c 'sleep 300 & echo $! > )", daemon_pid, R"('
+echo '{"model_state_bytes": 100, "train_samples": 1000}'
+while read b; do echo "{\"batch\": $b, \"peak_bytes\": 1000, \"backward_peak_bytes\": 1000, \"other_peak_bytes\": 0}"; done)"));
+  ProcessMemoryProbe::Options options = OptionsFor(worker);
+  options.cgroups = throwaway.cgroups();
+  options.nice = 0;
+  auto probe = *ProcessMemoryProbe::Create(options);
+  fitrun::v1::JobSpec spec = Spec();
+  spec.mutable_resources()->set_max_processes(40);
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(spec, 1 << 30, "");
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ(*(*session)->MeasurePeak(4), 1000);
+  const std::string name = absl::StrCat("probe-", getpid(), "-0");
+  absl::StatusOr<std::unique_ptr<JobCgroup>> cgroup = throwaway.cgroups()->Open(name);
+  ASSERT_TRUE(cgroup.ok()) << cgroup.status();
+  // Bounded as a rank of the job: its budget plus what a process needs beside it, the spec's tasks.
+  EXPECT_EQ((*cgroup)->ReadLimits()->memory_bytes, (int64_t{1} << 30) + (int64_t{2} << 30));
+  EXPECT_EQ((*cgroup)->ReadLimits()->max_tasks, 40);
+  std::ifstream in(seen);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("/" + name + "\n")) << "the probe did not run in its cgroup";
+  std::string pid_text;
+  for (int i = 0; i < 500 && pid_text.empty(); ++i) {
+    std::ifstream pid_in(daemon_pid);
+    std::getline(pid_in, pid_text);
+    if (pid_text.empty()) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_FALSE(pid_text.empty());
+  const int daemon = std::stoi(pid_text);
+  EXPECT_EQ(kill(daemon, 0), 0);
+
+  session->reset();
+  // The daemon went with the probe (reaped by init, or a zombie awaiting it), and so did its cgroup.
+  std::ifstream stat(absl::StrCat("/proc/", daemon, "/stat"));
+  const std::string state((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(state.empty() || state.find(") Z ") != std::string::npos) << state;
+  EXPECT_EQ(throwaway.Leftovers(), std::vector<std::string>{});
 }
 
 }  // namespace

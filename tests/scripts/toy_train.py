@@ -21,6 +21,11 @@ parser.add_argument("--oom_at_step", type=int, default=0, help="on attempt 1, al
 parser.add_argument("--step_seconds", type=float, default=0.0)
 parser.add_argument("--own_checkpoints", action="store_true",
                     help="save to $FITRUN_CHECKPOINT_DIR itself each step, as a torchrun script saves to a given folder")
+parser.add_argument("--leave_daemon", default="",
+                    help="rank 0 starts a daemon (setsid, its parent gone) that outlives the script; its pid goes here")
+parser.add_argument("--host_hog_mib", type=int, default=0,
+                    help="rank 0, on attempt 1, fills this much host memory (outside torch) at --host_hog_at_step")
+parser.add_argument("--host_hog_at_step", type=int, default=2)
 args = parser.parse_args()
 own_checkpoints = os.environ["FITRUN_CHECKPOINT_DIR"] if args.own_checkpoints else None
 
@@ -28,6 +33,10 @@ run = fitrun.init()
 torch.manual_seed(0)
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
+if args.leave_daemon and dist.get_rank() == 0 and not run.probe:
+    import subprocess
+    subprocess.run(["/usr/bin/setsid", "/bin/sh", "-c",
+                    f"sleep 600 </dev/null >/dev/null 2>&1 & echo $! > {args.leave_daemon}"], check=True)
 batch = args.batch_size if args.ignore_fitrun_batch else (run.per_device_batch or args.batch_size)
 steps = run.max_steps or args.steps
 
@@ -48,6 +57,10 @@ for step in range(start + 1, steps + 1):
         # Just past the device's cap: the preloaded allocator refuses it as a full GPU would.
         memory = run.memory()
         torch.empty(memory["cap"] - memory["live"] + (1 << 20), dtype=torch.uint8)
+    if (args.host_hog_mib and step == args.host_hog_at_step and run.attempt <= 1 and not run.probe and
+            dist.get_rank() == 0):
+        print(f"filling {args.host_hog_mib} MiB of host memory", flush=True)
+        hog = b"\x01" * (args.host_hog_mib << 20)
     optimizer.zero_grad()
     for micro in range(run.grad_accum_steps):
         x = torch.randn(batch, 256)

@@ -9,12 +9,28 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/contract/launch_contract.h"
+#include "server/core/specs/job_specs.h"
+#include "server/core/units.h"
 #include "fitrun/v1/worker.pb.h"
 
 namespace fitrun::server {
 
 namespace launch = fitrun::contract::launch;
 
+
+int64_t HostMemoryPerRank(const fitrun::v1::JobSpec& spec, const fitrun::v1::Device& device) {
+  if (!spec.resources().host_memory().empty()) {
+    // Validated at submit.
+    absl::StatusOr<int64_t> bytes = ParseByteSize(spec.resources().host_memory());
+    if (bytes.ok()) return *bytes;
+  }
+  if (device.kind() == fitrun::v1::DEVICE_KIND_CUDA) return kGpuRankHostBytes;
+  return device.total_bytes() + kRankProcessHostBytes;
+}
+
+int64_t ProcessesPerRank(const fitrun::v1::JobSpec& spec) {
+  return spec.resources().max_processes() > 0 ? spec.resources().max_processes() : kDefaultProcessesPerRank;
+}
 
 absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const std::string& token, int attempt,
                                               const fitrun::v1::Plan& plan,
@@ -84,10 +100,18 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
     const fitrun::v1::Device& first = by_id[plan.device_ids(0)];
     launches.cpus_per_rank = std::max(1, first.cpu_threads());
     launches.gpu_per_rank = first.kind() == fitrun::v1::DEVICE_KIND_CUDA;
-    // A virtual CPU device's memory is host memory.
+    // A virtual CPU device's memory is host memory; the spec's host memory, when it says, is what
+    // a rank asks for.
     if (first.kind() == fitrun::v1::DEVICE_KIND_CPU) launches.memory_per_rank_bytes = first.total_bytes();
+    if (!job.spec().resources().host_memory().empty()) {
+      launches.memory_per_rank_bytes = HostMemoryPerRank(job.spec(), first);
+    }
   }
   const int world_size = plan.device_ids_size();
+  for (const std::string& id : plan.device_ids()) {
+    launches.host_memory_limit_bytes += HostMemoryPerRank(job.spec(), by_id[id]);
+    launches.max_processes += ProcessesPerRank(job.spec());
+  }
   for (int rank = 0; rank < world_size; ++rank) {
     WorkerLaunch launch;
     launch.job_id = job.id();

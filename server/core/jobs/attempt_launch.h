@@ -28,12 +28,20 @@ struct AttemptLaunchSettings {
   std::string script_binary;
 };
 
+// The host memory one rank on `device` may use (spec.resources.host_memory): the spec's, or by
+// default a CPU device's memory (host memory, which the rank's tensors fill) plus
+// kRankProcessHostBytes for the process itself, and kGpuRankHostBytes for a rank on a GPU.
+int64_t HostMemoryPerRank(const fitrun::v1::JobSpec& spec, const fitrun::v1::Device& device);
+// Tasks (processes and threads) one rank may have: spec.resources.max_processes, 512 when unset.
+int64_t ProcessesPerRank(const fitrun::v1::JobSpec& spec);
+
 // Writes <job_dir>/attempt-<attempt>/assignment.textproto (creating the attempt's and the
 // checkpoints' directories; for a job that runs as its owner's account (Job.run_as) the job's
 // directory and everything in it belong to that account, mode 0700, and its ranks' decoded datasets
 // go to a cache directory of the account's own) and returns the attempt to launch: one launch per rank of `plan`, and
 // what a launcher asking a scheduler for nodes needs (the plan's nodes, each rank's threads, GPU and
-// host memory, the spec's time limit). `devices` is the inventory (for each rank's cap and threads);
+// host memory, the spec's time limit), and what a launcher confining the attempt bounds (its ranks'
+// host memory and tasks together). `devices` is the inventory (for each rank's cap and threads);
 // `token` the job's secret its ranks present. The allocation callback is the caller's to set.
 absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const std::string& token,
                                                           int attempt, const fitrun::v1::Plan& plan,

@@ -49,6 +49,10 @@ TEST(AttemptLaunchTest, EveryRankGetsTheContractAndTheAssignmentSaysWhatEachMayU
   EXPECT_FALSE(attempt->gpu_per_rank);
   EXPECT_EQ(attempt->memory_per_rank_bytes, 2LL << 30);
   EXPECT_EQ(attempt->time_limit_minutes, 90);
+  // What the attempt's processes may use together: per rank its CPU device's memory and 2 GiB for
+  // the process, 512 tasks.
+  EXPECT_EQ(attempt->host_memory_limit_bytes, (2LL << 30) + (2LL << 30) + (1LL << 30) + (2LL << 30));
+  EXPECT_EQ(attempt->max_processes, 2 * 512);
   const std::vector<WorkerLaunch>* launches = &attempt->ranks;
   ASSERT_EQ(launches->size(), 2u);
   const std::string assignment_path = job_dir + "/attempt-3/assignment.textproto";
@@ -132,6 +136,38 @@ TEST(AttemptLaunchTest, AScriptJobsRanksRunTheSupervisorAndOthersTheWorker) {
   EXPECT_EQ(AssembleAttempt(job, "secret", 1, plan, {device}, job_dir, settings)->ranks[0].argv[0],
             "/opt/fitrun-worker")
       << "without a supervisor installed, the worker supervises";
+  std::filesystem::remove_all(job_dir);
+}
+
+TEST(AttemptLaunchTest, TheSpecsHostMemoryAndProcessesBoundTheAttemptPerRank) {
+  const std::string job_dir = absl::StrCat(::testing::TempDir(), "/attempt-launch-limits-", getpid());
+  fitrun::v1::Job job;
+  job.set_id("j-000010");
+  fitrun::v1::Plan plan;
+  plan.add_device_ids("cuda:0");
+  plan.add_device_ids("cuda:1");
+  std::vector<fitrun::v1::Device> gpus(2);
+  for (int i = 0; i < 2; ++i) {
+    gpus[i].set_id(absl::StrCat("cuda:", i));
+    gpus[i].set_kind(fitrun::v1::DEVICE_KIND_CUDA);
+    gpus[i].set_total_bytes(80LL << 30);
+  }
+  AttemptLaunchSettings settings;
+  settings.worker_binary = "/opt/fitrun-worker";
+  // On GPUs a rank's host memory is not its device's: 4 GiB each by default.
+  absl::StatusOr<AttemptLaunch> attempt = AssembleAttempt(job, "secret", 1, plan, gpus, job_dir, settings);
+  ASSERT_TRUE(attempt.ok()) << attempt.status();
+  EXPECT_EQ(attempt->host_memory_limit_bytes, 2 * (4LL << 30));
+  EXPECT_EQ(attempt->max_processes, 2 * 512);
+  EXPECT_EQ(attempt->memory_per_rank_bytes, 0) << "a scheduler is not asked for host memory nobody named";
+
+  job.mutable_spec()->mutable_resources()->set_host_memory("1.5GiB");
+  job.mutable_spec()->mutable_resources()->set_max_processes(100);
+  attempt = AssembleAttempt(job, "secret", 1, plan, gpus, job_dir, settings);
+  ASSERT_TRUE(attempt.ok()) << attempt.status();
+  EXPECT_EQ(attempt->host_memory_limit_bytes, 2 * (3LL << 29));
+  EXPECT_EQ(attempt->max_processes, 200);
+  EXPECT_EQ(attempt->memory_per_rank_bytes, 3LL << 29) << "what the spec names is what a rank asks for";
   std::filesystem::remove_all(job_dir);
 }
 

@@ -445,6 +445,8 @@ void JobManager::MaybeReleaseAttempt(JobEntry& entry) {
   const JobState state = entry.record.job.state();
   if (!IsTerminal(state) && state != fitrun::v1::JOB_STATE_RESTARTING) return;
   RecordAttemptMemory(entry);
+  // Whatever the ranks left behind (a script's daemon) goes with the attempt.
+  if (!entry.active->launch_handle.empty()) launcher_->Release(entry.active->launch_handle);
   for (const std::string& device : entry.active->device_ids) device_owner_.erase(device);
   Job& job = entry.record.job;
   if (!job.attempt_history().empty()) {

@@ -193,6 +193,10 @@ class JobManager {
   // What ended an attempt early, which decides whether and how the job is tried again.
   enum class FailureKind {
     kOutOfMemory,  // re-plan with a smaller per-device batch (spec.fault_tolerance.max_oom_retries)
+    // The attempt reached its host memory limit (spec.resources.host_memory) and the kernel's OOM
+    // killer stopped a process: re-plan as for kOutOfMemory where a smaller batch needs less host
+    // memory (CPU devices, the batch not fixed), otherwise fail naming the limit.
+    kHostOutOfMemory,
     kCrash,        // restart the group as it was (spec.fault_tolerance.max_restarts)
     kHang,         // a rank went silent: restart the group (max_restarts)
     kBadConfig,    // the worker refused the job's configuration: trying again cannot help
@@ -228,6 +232,14 @@ class JobManager {
   void HandleAttemptFailure(JobEntry& entry, FailureKind kind, const std::string& headline,
                             const std::string& details = "") ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnOutOfMemoryLocked(JobEntry& entry, const fitrun::v1::OutOfMemory& oom) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a rank's exit said about the attempt's host memory: the HostMemoryOom event, and the
+  // headline's words (empty when the OOM killer had not struck).
+  std::string OnHostMemoryOomLocked(JobEntry& entry, const WorkerKey& key, const WorkerExit& exit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "raise spec.resources.host_memory (each rank may use 2.25 GiB now, the default)".
+  std::string RaiseHostMemoryAdvice(const JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the job's current attempt runs on GPUs (where host memory does not follow the batch).
+  bool RunsOnGpus(const JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails over every running attempt with a rank silent past its heartbeat timeout; returns when the
   // next rank would time out (InfiniteFuture if none can).
   absl::Time CheckHeartbeats(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -96,6 +96,29 @@ TEST_F(JobManagerGpuTest, ASlicesRanksAreCappedToTheSliceAndItsPlanHoldsTheAlloc
   }
 }
 
+TEST_F(JobManagerGpuTest, AHostMemoryOomOnAGpuFailsNamingTheHostMemoryToRaise) {
+  Start(FakeDeviceInventory::Gpus(1, 80 * kGiB, kH100));
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("gpu-host-oom", 256, 10, 1, 1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(launcher_.attempts().size(), 1u);
+  EXPECT_EQ(launcher_.attempts()[0].host_memory_limit_bytes, 4 * kGiB) << "a rank on a GPU gets 4 GiB of host memory";
+  WorkerExit exit;
+  exit.exit_code = -1;
+  exit.signal = 9;
+  exit.host_memory_oom = true;
+  exit.host_memory_limit_bytes = 4 * kGiB;
+  launcher_.ExitWith(0, exit);
+  // The batch lives on the GPU: a smaller one would not need less host memory.
+  const fitrun::v1::Job failed = WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("host memory limit of 4.00 GiB"));
+  EXPECT_THAT(failed.failure_reason(),
+              HasSubstr("on a GPU a rank's host memory does not shrink with its per-device batch; raise "
+                        "spec.resources.host_memory (each rank may use 4.00 GiB now, the default)"));
+  EXPECT_EQ(failed.oom_replans(), 0);
+}
+
 TEST_F(JobManagerGpuTest, AScriptsOwnAllocatorSettingsArePlannedWith) {
   Start(FakeDeviceInventory::Gpus(1, 80 * kGiB, kH100));
   fitrun::v1::JobSpec spec;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "proto/contract/launch_contract.h"
+#include "server/core/jobs/attempt_launch.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/core/jobs/proto_time.h"
 #include "server/core/specs/job_specs.h"
@@ -53,6 +54,7 @@ void JobManager::RecordAttemptOutcome(JobEntry& entry, const std::string& outcom
 const char* JobManager::FailureKindLabel(FailureKind kind) {
   switch (kind) {
     case FailureKind::kOutOfMemory: return "out_of_memory";
+    case FailureKind::kHostOutOfMemory: return "host_out_of_memory";
     case FailureKind::kCrash: return "crash";
     case FailureKind::kHang: return "hang";
     case FailureKind::kBadConfig: return "bad_config";
@@ -84,6 +86,8 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
     }
   }
 
+  // The OOM killer struck before this exit: said first, as it happened first.
+  const std::string host_oom = OnHostMemoryOomLocked(entry, key, exit);
   JobEvent event;
   auto* exited = event.mutable_rank_exited();
   exited->set_rank(key.rank);
@@ -106,7 +110,18 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
       const std::string details =
           exited->log_tail().empty() ? "" : absl::StrCat("\nlast lines of its log:\n", exited->log_tail());
       FailureKind kind = FailureKind::kCrash;
-      if (exit.status_known && exit.signal == 0 && exit.exit_code == fitrun::contract::launch::kExitOutOfMemory) {
+      if (!host_oom.empty()) {
+        kind = FailureKind::kHostOutOfMemory;
+        absl::StrAppend(&headline, ": ", host_oom);
+        entry.active->out_of_memory = true;
+        // The batch it ran is known not to fit in the host memory it had.
+        fitrun::v1::OutOfMemory oom;
+        oom.set_rank(key.rank);
+        oom.set_per_device_batch(entry.record.job.plan().per_device_batch());
+        oom.set_host_limit_bytes(std::max<int64_t>(1, exit.host_memory_limit_bytes));
+        entry.record.job.mutable_oom_history()->Add(std::move(oom));
+      } else if (exit.status_known && exit.signal == 0 &&
+                 exit.exit_code == fitrun::contract::launch::kExitOutOfMemory) {
         kind = FailureKind::kOutOfMemory;
         entry.active->out_of_memory = true;
         // The rank's OutOfMemory report did not arrive: the batch it ran is still known not to fit.
@@ -242,6 +257,29 @@ void JobManager::HandleAttemptFailure(JobEntry& entry, FailureKind kind, const s
                                 job.oom_replans(), " of ", tolerance.max_oom_retries(), ")");
       }
       break;
+    case FailureKind::kHostOutOfMemory: {
+      const std::string raise = RaiseHostMemoryAdvice(entry);
+      if (job.spec().resources().per_device_batch() > 0) {
+        decision = absl::StrCat("spec.resources.per_device_batch fixes the batch at ",
+                                job.spec().resources().per_device_batch(),
+                                ", so fitrun cannot try a smaller one; ", raise);
+      } else if (RunsOnGpus(entry)) {
+        decision = absl::StrCat("on a GPU a rank's host memory does not shrink with its per-device batch; ", raise);
+      } else if (!job.oom_history().empty() && job.oom_history(job.oom_history_size() - 1).per_device_batch() <= 1) {
+        decision = absl::StrCat("even a per-device batch of 1 does not fit; ", raise);
+      } else if (job.oom_replans() >= tolerance.max_oom_retries()) {
+        decision = absl::StrCat("giving up after ", job.oom_replans(),
+                                " re-plan(s) (spec.fault_tolerance.max_oom_retries ", tolerance.max_oom_retries(),
+                                "); ", raise);
+      } else {
+        job.set_oom_replans(job.oom_replans() + 1);
+        retry = true;
+        decision = absl::StrCat("re-planning with a smaller per-device batch and more accumulation (the same global "
+                                "batch) and resuming from the last checkpoint (re-plan ",
+                                job.oom_replans(), " of ", tolerance.max_oom_retries(), "); should it recur, ", raise);
+      }
+      break;
+    }
     case FailureKind::kCrash:
     case FailureKind::kHang:
       if (job.restarts() >= tolerance.max_restarts()) {
@@ -269,6 +307,49 @@ void JobManager::HandleAttemptFailure(JobEntry& entry, FailureKind kind, const s
     (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, job.failure_reason());
   }
   StopRanks(entry, headline);
+}
+
+std::string JobManager::OnHostMemoryOomLocked(JobEntry& entry, const WorkerKey& key, const WorkerExit& exit) {
+  if (!exit.host_memory_oom) return "";
+  JobEvent event;
+  fitrun::v1::HostMemoryOom* oom = event.mutable_host_memory_oom();
+  oom->set_rank(key.rank);
+  oom->set_attempt(key.attempt);
+  oom->set_limit_bytes(exit.host_memory_limit_bytes);
+  oom->set_peak_bytes(exit.host_memory_peak_bytes);
+  oom->set_per_device_batch(entry.record.job.plan().per_device_batch());
+  PublishLocked(entry, std::move(event));
+  std::string words = "the attempt's processes reached their host memory limit";
+  if (exit.host_memory_limit_bytes > 0) absl::StrAppend(&words, " of ", FormatBytes(exit.host_memory_limit_bytes));
+  if (exit.host_memory_peak_bytes > 0) absl::StrAppend(&words, " (peak ", FormatBytes(exit.host_memory_peak_bytes), ")");
+  absl::StrAppend(&words, " and the kernel's OOM killer stopped one");
+  return words;
+}
+
+std::string JobManager::RaiseHostMemoryAdvice(const JobEntry& entry) {
+  const fitrun::v1::JobSpec& spec = entry.record.job.spec();
+  int64_t per_rank = 0;
+  if (entry.active) {
+    for (const fitrun::v1::Device& device : devices_->Snapshot()) {
+      if (!entry.active->device_ids.empty() && device.id() == entry.active->device_ids.front()) {
+        per_rank = HostMemoryPerRank(spec, device);
+      }
+    }
+  }
+  std::string advice = "raise spec.resources.host_memory";
+  if (per_rank > 0) {
+    absl::StrAppend(&advice, " (each rank may use ", FormatBytes(per_rank), " now",
+                    spec.resources().host_memory().empty() ? ", the default" : "", ")");
+  }
+  return advice;
+}
+
+bool JobManager::RunsOnGpus(const JobEntry& entry) {
+  if (!entry.active || entry.active->device_ids.empty()) return false;
+  for (const fitrun::v1::Device& device : devices_->Snapshot()) {
+    if (device.id() == entry.active->device_ids.front()) return device.kind() == fitrun::v1::DEVICE_KIND_CUDA;
+  }
+  return false;
 }
 
 absl::Time JobManager::CheckHeartbeats(absl::Time now) {

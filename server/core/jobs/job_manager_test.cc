@@ -258,6 +258,13 @@ TEST_F(JobManagerTest, CancelStopsRanksAndEndsCancelled) {
   EXPECT_EQ(cancelled->state(), fitrun::v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(launcher_.stopped().size(), 2u);
   EXPECT_EQ(manager_->Cancel(job->id(), "").status().code(), absl::StatusCode::kFailedPrecondition);
+  // The attempt is released once, when its last rank is gone: whatever they left is the launcher's
+  // to kill.
+  EXPECT_TRUE(launcher_.released().empty());
+  launcher_.Exit(0, -1, 15);
+  EXPECT_TRUE(launcher_.released().empty());
+  launcher_.Exit(1, -1, 15);
+  EXPECT_EQ(launcher_.released(), std::vector<std::string>{"fake:0"});
 }
 
 TEST_F(JobManagerTest, QueuedJobWaitsForDevicesAndRunsInPriorityOrder) {
@@ -631,6 +638,7 @@ TEST_F(JobManagerTest, OutOfMemoryExitWithoutAReportStillBoundsTheBatch) {
   ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
   WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(AssignedPlan(launcher_.launches()[2]).per_device_batch(), 64);
+  EXPECT_EQ(manager_->Get(id)->oom_history(0).host_limit_bytes(), 0) << "the device's memory ran out, not the host's";
 }
 
 TEST_F(JobManagerTest, OutOfMemoryWithAFixedBatchFailsAndSaysWhy) {
@@ -667,6 +675,83 @@ TEST_F(JobManagerTest, OutOfMemoryRetriesStopAtTheSpecLimit) {
   fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 1 re-plan(s)"));
   EXPECT_EQ(failed.oom_history_size(), 2);
+}
+
+// A rank's exit after the kernel's OOM killer struck in the attempt's cgroup, as the launcher says it.
+WorkerExit HostMemoryOomExit(int64_t limit, int64_t peak) {
+  WorkerExit exit;
+  exit.exit_code = -1;
+  exit.signal = 9;
+  exit.host_memory_oom = true;
+  exit.host_memory_limit_bytes = limit;
+  exit.host_memory_peak_bytes = peak;
+  return exit;
+}
+
+TEST_F(JobManagerTest, AHostMemoryOomIsReportedAndReplansASmallerBatchOnCpuDevices) {
+  const std::string id = SubmitAndWaitRunning(Spec(2, 2), 2);
+  // The attempt's processes may use, per rank, its device's 4 GiB and 2 GiB for the process, and
+  // 512 tasks.
+  ASSERT_EQ(launcher_.attempts().size(), 1u);
+  EXPECT_EQ(launcher_.attempts()[0].host_memory_limit_bytes, 2 * (6LL << 30));
+  EXPECT_EQ(launcher_.attempts()[0].max_processes, 1024);
+  ASSERT_EQ(AssignedPlan(launcher_.launches()[0]).per_device_batch(), 128);
+
+  launcher_.ExitWith(1, HostMemoryOomExit(12LL << 30, (12LL << 30) - 4096));
+  fitrun::v1::Job restarting = WaitForState(id, fitrun::v1::JOB_STATE_RESTARTING);
+  EXPECT_EQ(launcher_.stopped(), std::vector<int>{0});
+  EXPECT_EQ(restarting.oom_replans(), 1);
+  ASSERT_EQ(restarting.oom_history_size(), 1);
+  EXPECT_EQ(restarting.oom_history(0).host_limit_bytes(), 12LL << 30) << "its host memory ran out, not its device's";
+  EXPECT_EQ(metrics_.restarts("host_out_of_memory"), 1);
+  EXPECT_THAT(restarting.attempt_history(0).outcome(),
+              HasSubstr("rank 1 was killed by signal 9 (attempt 1): the attempt's processes reached their host "
+                        "memory limit of 12.00 GiB (peak 12.00 GiB) and the kernel's OOM killer stopped one"));
+  // Its own event, before the rank's exit, with the limit, the peak and the batch it ran.
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = manager_->ReadEvents(id, 1, 1000);
+  ASSERT_TRUE(events.ok());
+  int host_oom = -1, exited = -1;
+  for (size_t i = 0; i < events->size(); ++i) {
+    if ((*events)[i].has_host_memory_oom() && host_oom < 0) host_oom = static_cast<int>(i);
+    if ((*events)[i].has_rank_exited() && exited < 0) exited = static_cast<int>(i);
+  }
+  ASSERT_GE(host_oom, 0);
+  EXPECT_LT(host_oom, exited);
+  const fitrun::v1::HostMemoryOom& oom = (*events)[host_oom].host_memory_oom();
+  EXPECT_EQ(oom.rank(), 1);
+  EXPECT_EQ(oom.attempt(), 1);
+  EXPECT_EQ(oom.limit_bytes(), 12LL << 30);
+  EXPECT_EQ(oom.peak_bytes(), (12LL << 30) - 4096);
+  EXPECT_EQ(oom.per_device_batch(), 128);
+
+  launcher_.Exit(0, -1, 15);
+  EXPECT_EQ(launcher_.released(), std::vector<std::string>{"fake:0"});
+  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
+  WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(AssignedPlan(launcher_.launches()[2]).per_device_batch(), 64);
+}
+
+TEST_F(JobManagerTest, AHostMemoryOomTheBatchCannotHelpFailsNamingTheLimitToRaise) {
+  fitrun::v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_resources()->set_per_device_batch(128);
+  std::string id = SubmitAndWaitRunning(spec, 2);
+  launcher_.ExitWith(0, HostMemoryOomExit(12LL << 30, 12LL << 30));
+  fitrun::v1::Job failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("host memory limit of 12.00 GiB"));
+  EXPECT_THAT(failed.failure_reason(),
+              HasSubstr("spec.resources.per_device_batch fixes the batch at 128, so fitrun cannot try a smaller one; "
+                        "raise spec.resources.host_memory (each rank may use 6.00 GiB now, the default)"));
+  launcher_.Exit(1, -1, 15);
+
+  // Past the re-plans the spec allows, the same.
+  spec = Spec(1, 1);
+  spec.mutable_resources()->set_host_memory("5GiB");
+  spec.mutable_fault_tolerance()->set_max_oom_retries(0);
+  id = SubmitAndWaitRunning(spec, 3);
+  launcher_.ExitWith(2, HostMemoryOomExit(5LL << 30, 5LL << 30));
+  failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 0 re-plan(s) (spec.fault_tolerance.max_oom_retries 0); "
+                                                 "raise spec.resources.host_memory (each rank may use 5.00 GiB now)"));
 }
 
 TEST_F(JobManagerTest, SilentRankIsTakenAsHungAndTheGroupRestarts) {

@@ -35,6 +35,16 @@ std::optional<int> ScriptFileIndex(const fitrun::v1::ScriptSpec& script);
 // dataset's files exist where data.path says.
 absl::Status ValidateJobSpec(const fitrun::v1::JobSpec& spec);
 
+// spec.resources.host_memory and max_processes per rank: the least a rank's process needs, and the
+// tasks (processes and threads) a rank gets when the spec does not say. A rank's host memory by
+// default depends on its device: a CPU device's memory (which its tensors fill) plus
+// kRankProcessHostBytes for the process itself, kGpuRankHostBytes on a GPU.
+inline constexpr int64_t kMinHostMemoryPerRank = int64_t{64} << 20;
+inline constexpr int kMinProcessesPerRank = 32;
+inline constexpr int kDefaultProcessesPerRank = 512;
+inline constexpr int64_t kRankProcessHostBytes = int64_t{2} << 30;
+inline constexpr int64_t kGpuRankHostBytes = int64_t{4} << 30;
+
 // Fills every optional field with its documented default so that a stored spec is explicit.
 void ApplyJobSpecDefaults(fitrun::v1::JobSpec& spec);
 

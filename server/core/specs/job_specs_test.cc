@@ -117,6 +117,35 @@ TEST(JobSpecTest, MaxDevicesBelowMinDevicesIsRejected) {
   EXPECT_THAT(spec.status().message(), HasSubstr("spec.resources.max_devices: must be >= min_devices (got 1 < 2)"));
 }
 
+TEST(JobSpecTest, HostMemoryAndMaxProcessesAreReadPerRankWithNamedErrors) {
+  auto with = [](const std::string& resources) {
+    std::string yaml = kValidYaml;
+    yaml.replace(yaml.find("{min_devices: 1, max_devices: 2}"), 32, resources);
+    return Normalize(yaml);
+  };
+  absl::StatusOr<fitrun::v1::JobSpec> spec = with("{max_devices: 2, host_memory: 6GiB, max_processes: 64}");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->resources().host_memory(), "6GiB");
+  EXPECT_EQ(spec->resources().max_processes(), 64);
+  // Left out: the host memory depends on the device (the launch decides it); 512 tasks per rank.
+  spec = with("{max_devices: 2}");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->resources().host_memory(), "");
+  EXPECT_EQ(spec->resources().max_processes(), 512);
+
+  for (const auto& [resources, error] : std::vector<std::pair<std::string, std::string>>{
+           {"{host_memory: 8GB}", "spec.resources.host_memory: '8GB' is not a size; write a positive number with B, "
+                                  "KiB, MiB, GiB or TiB, e.g. 4GiB"},
+           {"{host_memory: 8}", "spec.resources.host_memory: '8' is not a size"},
+           {"{host_memory: 16MiB}", "spec.resources.host_memory: must be at least 64.0 MiB per rank"},
+           {"{host_memory: [1]}", "spec.resources.host_memory: expected a string"},
+           {"{max_processes: 4}", "spec.resources.max_processes: must be at least 32 (a rank's own threads count)"},
+           {"{max_processes: -1}", "spec.resources.max_processes: must be at least 32"},
+       }) {
+    EXPECT_THAT(with(resources).status().message(), HasSubstr(error)) << resources;
+  }
+}
+
 TEST(JobSpecTest, UnknownModelIsRejected) {
   std::string yaml = kValidYaml;
   yaml.replace(yaml.find("builtin: mlp"), 12, "builtin: resnet");

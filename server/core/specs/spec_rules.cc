@@ -17,6 +17,7 @@
 #include "server/core/errors.h"
 #include "server/core/specs/spec_names.h"
 #include "server/core/specs/workloads.h"
+#include "server/core/units.h"
 
 namespace fitrun::server {
 namespace launch = fitrun::contract::launch;
@@ -248,6 +249,22 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                       absl::StrCat("must be >= 1, or leave it out for no limit (got ", resources.time_limit_minutes(),
                                    ")"));
   }
+  if (!resources.host_memory().empty()) {
+    absl::StatusOr<int64_t> bytes = ParseByteSize(resources.host_memory());
+    if (!bytes.ok()) return FieldError("spec.resources.host_memory", bytes.status().message());
+    if (*bytes < kMinHostMemoryPerRank) {
+      return FieldError("spec.resources.host_memory",
+                        absl::StrCat("must be at least ", FormatBytes(kMinHostMemoryPerRank),
+                                     " per rank, which a rank's process alone needs (got ", resources.host_memory(),
+                                     ")"));
+    }
+  }
+  if (resources.max_processes() < 0 || (resources.max_processes() > 0 && resources.max_processes() < kMinProcessesPerRank)) {
+    return FieldError("spec.resources.max_processes",
+                      absl::StrCat("must be at least ", kMinProcessesPerRank,
+                                   " (a rank's own threads count), or leave it out for 512 (got ",
+                                   resources.max_processes(), ")"));
+  }
 
   if (spec.checkpoint().every_steps() < 0) {
     return FieldError("spec.checkpoint.every_steps", absl::StrCat("must be >= 0 (got ", spec.checkpoint().every_steps(), ")"));
@@ -300,6 +317,7 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   auto* resources = spec.mutable_resources();
   if (resources->min_devices() == 0) resources->set_min_devices(1);
   if (resources->memory_headroom() == 0) resources->set_memory_headroom(0.1);
+  if (resources->max_processes() == 0) resources->set_max_processes(kDefaultProcessesPerRank);
   if (spec.checkpoint().keep_last() == 0) spec.mutable_checkpoint()->set_keep_last(2);
   auto* ddp = spec.mutable_ddp();
   if (ddp->bucket_cap_mb() == 0) ddp->set_bucket_cap_mb(25);

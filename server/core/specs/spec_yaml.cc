@@ -310,6 +310,10 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
                  {"max_nodes", Int([&](int64_t v) { resources->set_max_nodes(static_cast<int32_t>(v)); })},
                  {"time_limit_minutes",
                   Int([&](int64_t v) { resources->set_time_limit_minutes(static_cast<int32_t>(v)); })},
+                 {"host_memory", String([&](const std::string& v) { resources->set_host_memory(v); })},
+                 {"max_processes", Int([&](int64_t v) {
+                    resources->set_max_processes(static_cast<int32_t>(std::clamp<int64_t>(v, -1, INT32_MAX)));
+                  })},
              })},
             {"checkpoint",
              Mapping({
