@@ -167,6 +167,13 @@ class UsersTest(unittest.TestCase):
             with self.assertRaises(ClientError) as raised:
                 call()
             self.assertEqual(raised.exception.code, "NOT_FOUND")  # not PERMISSION_DENIED: not even revealed
+        # Word for word what a job that does not exist gets.
+        with self.assertRaises(ClientError) as someone_elses:
+            bob.get(running)
+        with self.assertRaises(ClientError) as nobodys:
+            bob.get("j-999999")
+        self.assertEqual(str(someone_elses.exception).replace(running, "ID"),
+                         str(nobodys.exception).replace("j-999999", "ID"))
         self.assertEqual(state_name(alice.get(running)), "RUNNING")
         self.assertIn(running, [j.id for j in root.list()])
         root.cancel(running, "an admin stops it")

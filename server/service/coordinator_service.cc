@@ -120,7 +120,8 @@ absl::StatusOr<std::string> CoordinatorService::RunAs(const Caller& caller) cons
 absl::StatusOr<fitrun::v1::Job> CoordinatorService::VisibleJob(const Caller& caller, const std::string& job_id) const {
   absl::StatusOr<fitrun::v1::Job> job = manager_->Get(job_id);
   if (!job.ok()) return job.status();
-  if (!caller.MayAccess(job->owner())) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  // Word for word what a job that does not exist gets, so another user's job is not revealed.
+  if (!caller.MayAccess(job->owner())) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
   return job;
 }
 
