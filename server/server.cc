@@ -261,7 +261,12 @@ void RunningServer::Shutdown(bool stop_workers) {
   if (grpc_server) grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   web.reset();
   if (manager) manager->Shutdown();
-  if (!stop_workers) return;
+  if (!stop_workers) {
+    // Running attempts keep their cgroups for the next fitrund; this coordinator's directory goes
+    // only when none is left (rmdir refuses one that is not empty).
+    if (cgroups) (void)cgroups->RemoveDirectories();
+    return;
+  }
   launcher.reset();  // kills stragglers and joins; their exit callbacks still reach the manager
   manager.reset();
 }

@@ -224,6 +224,23 @@ class JobCgroupsTest(unittest.TestCase):
         self.assertLess(last.per_device_batch, first.per_device_batch)
         wait_for(lambda: self.attempt_cgroup_gone(job.id), 15, f"the cgroups of {job.id} to be removed")
 
+    def test_job_cgroups_on_refuses_to_start_without_them_and_says_why(self):
+        for flags, said in [
+            (["--job_cgroups=on", "--cgroup_parent=../elsewhere"],
+             "--job_cgroups=on: this machine cannot confine jobs: --cgroup_parent: '../elsewhere' is not a cgroup path"),
+            (["--job_cgroups=maybe"], "--job_cgroups: expected auto, on or off (got 'maybe')"),
+        ]:
+            refused = Fitrund(os.path.join(self.work, "refused"), ["--devices=cpu:1x256MiB", *flags])
+            try:
+                self.assertIsNone(refused.address, "fitrund started")
+                self.assertNotEqual(refused.process.wait(timeout=30), 0)
+                self.assertIn(said, refused.log())
+            finally:
+                refused.stop()
+        # What a running fitrund says it uses.
+        self.assertIn(f"job cgroups: cgroup v", self.daemon.log())
+        self.assertIn(f"/{PARENT}/fitrund-", self.daemon.log())
+
     def test_after_fitrund_is_killed_and_restarted_a_cancel_still_kills_the_daemon(self):
         state = os.path.join(self.work, "restarted")
         first = self.start(state)
