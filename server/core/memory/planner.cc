@@ -42,21 +42,21 @@ const char* ScalingName(fitrun::v1::LrScaling scaling) {
 constexpr double kBf16ActivationRatio = 0.6;
 
 // What would fit when nothing does: the smallest batch's need, fewer devices, bf16.
-std::string WhatWouldFit(const JobSpec& spec, const ModelProfile& model, const std::vector<DeviceCapacity>& sorted,
+std::string WhatWouldFit(const JobSpec& spec, const ModelProfile& model, const std::vector<const DeviceCapacity*>& sorted,
                          const EstimatorOptions& estimator, double headroom, int min_devices) {
   const auto usable = [headroom](int64_t free_bytes) {
     return static_cast<int64_t>(static_cast<double>(free_bytes) * (1.0 - headroom));
   };
-  const DeviceCosts costs = sorted.empty() ? DeviceCosts{} : sorted[0].costs;
+  const DeviceCosts costs = sorted.empty() ? DeviceCosts{} : sorted[0]->costs;
   const int64_t need = ChargedBytes(EstimateRankMemory(model, spec, 1, estimator, costs), costs);
   std::string out = absl::StrCat("; what would fit: per-device batch 1 (the smallest) needs ", FormatBytes(need),
                                  ", so devices with ",
                                  FormatBytes(static_cast<int64_t>(std::ceil(need / (1.0 - headroom)))),
                                  " free each (at ", absl::StrFormat("%.0f%%", headroom * 100), " headroom)");
   int fitting = 0;  // how many of the roomiest devices fit batch 1
-  while (fitting < static_cast<int>(sorted.size()) && usable(sorted[fitting].free_bytes) >= need) ++fitting;
+  while (fitting < static_cast<int>(sorted.size()) && usable(sorted[fitting]->free_bytes) >= need) ++fitting;
   if (fitting > 0 && fitting < min_devices) {
-    absl::StrAppend(&out, "; or fewer devices: ", fitting, " device(s) (", sorted[0].id,
+    absl::StrAppend(&out, "; or fewer devices: ", fitting, " device(s) (", sorted[0]->id,
                     fitting > 1 ? ", ..." : "", ") fit batch 1, so spec.resources.min_devices: ", fitting);
   }
   const bool fp32 = spec.precision() == fitrun::v1::PRECISION_FP32 ||
@@ -77,7 +77,7 @@ std::string WhatWouldFit(const JobSpec& spec, const ModelProfile& model, const s
     JobSpec bf16_spec = spec;
     bf16_spec.set_precision(fitrun::v1::PRECISION_BF16);
     // The largest per-device batch bf16 would fit on the roomiest device.
-    const int64_t budget = sorted.empty() ? 0 : usable(sorted[0].free_bytes);
+    const int64_t budget = sorted.empty() ? 0 : usable(sorted[0]->free_bytes);
     const int64_t per_rank = spec.global_batch_size() / std::max(1, min_devices);
     int64_t best = 0;
     for (int64_t b : DivisorsDescending(per_rank)) {
@@ -99,7 +99,9 @@ std::string WhatWouldFit(const JobSpec& spec, const ModelProfile& model, const s
 struct Layout {
   int nodes = 1;
   int per_node = 0;
-  std::vector<DeviceCapacity> devices;
+  // Pointers into the caller's devices: a DeviceCapacity carries its GPU costs, and copying them for
+  // every layout of every pass made planning twice as slow.
+  std::vector<const DeviceCapacity*> devices;
   std::vector<std::string> node_names;
 };
 
@@ -107,13 +109,13 @@ struct Layout {
 // nodes. Each node takes the same number of ranks (as torchrun's --nproc-per-node and Slurm's
 // --ntasks-per-node do), its roomiest devices; of the nodes that can, those whose roomiest devices
 // are roomiest. `devices` is sorted roomiest first.
-std::vector<Layout> LayoutsByPreference(const std::vector<DeviceCapacity>& devices, int min_devices, int max_devices,
+std::vector<Layout> LayoutsByPreference(const std::vector<const DeviceCapacity*>& devices, int min_devices, int max_devices,
                                         int min_nodes, int max_nodes) {
   std::vector<std::string> node_order;
-  std::map<std::string, std::vector<DeviceCapacity>> by_node;  // each roomiest first (devices is)
-  for (const DeviceCapacity& device : devices) {
-    auto [it, inserted] = by_node.try_emplace(device.node);
-    if (inserted) node_order.push_back(device.node);
+  std::map<std::string, std::vector<const DeviceCapacity*>> by_node;  // each roomiest first (devices is)
+  for (const DeviceCapacity* device : devices) {
+    auto [it, inserted] = by_node.try_emplace(device->node);
+    if (inserted) node_order.push_back(device->node);
     it->second.push_back(device);
   }
   const int node_count = static_cast<int>(node_order.size());
@@ -130,7 +132,7 @@ std::vector<Layout> LayoutsByPreference(const std::vector<DeviceCapacity>& devic
       // The k nodes whose d-th roomiest device is roomiest, kept in the order the inventory lists them.
       std::vector<std::string> ranked = eligible;
       std::stable_sort(ranked.begin(), ranked.end(), [&](const std::string& a, const std::string& b) {
-        return by_node[a][d - 1].free_bytes > by_node[b][d - 1].free_bytes;
+        return by_node[a][d - 1]->free_bytes > by_node[b][d - 1]->free_bytes;
       });
       ranked.resize(k);
       Layout layout;
@@ -199,9 +201,11 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
   }
 
   // The roomiest devices first, so n devices means the n with the most memory.
-  std::vector<DeviceCapacity> sorted = devices;
+  std::vector<const DeviceCapacity*> sorted;
+  sorted.reserve(devices.size());
+  for (const DeviceCapacity& device : devices) sorted.push_back(&device);
   std::stable_sort(sorted.begin(), sorted.end(),
-                   [](const DeviceCapacity& a, const DeviceCapacity& b) { return a.free_bytes > b.free_bytes; });
+                   [](const DeviceCapacity* a, const DeviceCapacity* b) { return a->free_bytes > b->free_bytes; });
   const std::vector<Layout> layouts = LayoutsByPreference(sorted, min_devices, max_devices, min_nodes, max_nodes);
   if (layouts.empty()) {
     return absl::UnavailableError(absl::StrCat("needs ", min_devices, " free device(s) on ", min_nodes,
@@ -219,9 +223,9 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       continue;
     }
     const int64_t per_rank = global_batch / n;
-    const DeviceCapacity& tightest = *std::min_element(
+    const DeviceCapacity& tightest = **std::min_element(
         layout.devices.begin(), layout.devices.end(),
-        [](const DeviceCapacity& a, const DeviceCapacity& b) { return a.free_bytes < b.free_bytes; });
+        [](const DeviceCapacity* a, const DeviceCapacity* b) { return a->free_bytes < b->free_bytes; });
     const int64_t free_bytes = tightest.free_bytes;
     const int64_t budget = static_cast<int64_t>(static_cast<double>(free_bytes) * (1.0 - headroom));
     const DeviceCosts& costs = tightest.costs;
@@ -269,7 +273,7 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     }
 
     Plan plan;
-    for (const DeviceCapacity& device : layout.devices) plan.add_device_ids(device.id);
+    for (const DeviceCapacity* device : layout.devices) plan.add_device_ids(device->id);
     if (cluster) {
       for (const std::string& node : layout.node_names) plan.add_nodes(node);
       plan.set_devices_per_node(layout.per_node);
