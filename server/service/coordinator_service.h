@@ -37,8 +37,8 @@ class CoordinatorService final
   CoordinatorService(JobManager* manager, Options options)
       : manager_(manager),
         authenticator_(options.authenticator),
-        max_streams_per_user_(options.max_streams_per_user),
         run_jobs_as_owners_(options.run_jobs_as_owners),
+        max_streams_per_user_(options.max_streams_per_user),
         fanout_(options.fanout) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context, const fitrun::v1::SubmitJobRequest* request,
