@@ -21,8 +21,8 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (HOST:PORT; port 0 picks a free one)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "HTTP address of /metrics, the web page (/) and its JSON API (HOST:PORT; port 0 picks one). With "
-          "--auth_tokens it takes the same users as --listen. Plain HTTP only (no TLS): off loopback it needs "
-          "--insecure");
+          "--auth_tokens it takes the same users as --listen. HTTPS with --tls_cert (and client certificates with "
+          "--tls_client_ca), as --listen; plain HTTP without, which off loopback needs --insecure");
 ABSL_FLAG(std::string, state_dir, "fitrun-state",
           "Directory for the job store, job logs, checkpoints and decoded datasets (datasets/)");
 ABSL_FLAG(std::string, devices, "auto",
@@ -38,7 +38,7 @@ ABSL_FLAG(bool, memory_probe, true,
           "the state directory); false: analytic estimates only");
 ABSL_FLAG(std::string, worker_binary, "", "fitrun-worker to launch (default: the one built beside fitrund)");
 ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate chain: serve both gRPC services over TLS (with --tls_key; not the metrics port)");
+          "PEM certificate chain: serve the gRPC services and the metrics port over TLS (with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA for mutual TLS: a client certificate it signed identifies its holder by its common name");
@@ -139,8 +139,10 @@ int main(int argc, char** argv) {
     fprintf(stderr, "fitrund: %s\n", std::string(server.status().message()).c_str());
     return 1;
   }
-  fprintf(stderr, "fitrund: serving on %s, metrics on http://%s/metrics, web page on http://%s/, state in %s%s\n",
-          (*server)->address.c_str(), (*server)->metrics_address.c_str(), (*server)->metrics_address.c_str(),
+  const char* web_scheme = options.tls_cert.empty() ? "http" : "https";
+  fprintf(stderr, "fitrund: serving on %s, metrics on %s://%s/metrics, web page on %s://%s/, state in %s%s\n",
+          (*server)->address.c_str(), web_scheme, (*server)->metrics_address.c_str(), web_scheme,
+          (*server)->metrics_address.c_str(),
           options.state_dir.c_str(),
           !(*server)->authenticator->secured() ? ""
           : options.metrics_public       ? " (the page and its API for users only; /metrics for anyone)"

@@ -116,8 +116,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
 }
 
 // The metrics port carries what the gRPC port does (every job in local mode; tokens and session
-// cookies when secured), and it serves plain HTTP only (server/web/web_server.h says why civetweb
-// cannot do TLS here), so off loopback it needs --insecure, --tls_cert or not.
+// cookies when secured). With --tls_cert it serves HTTPS with the same certificate (and client
+// certificates with --tls_client_ca); without, plain HTTP, which off loopback needs --insecure.
 absl::Status CheckMetricsListen(const ServerOptions& options) {
   const size_t colon = options.metrics_listen.rfind(':');
   if (colon == std::string::npos) {
@@ -125,13 +125,11 @@ absl::Status CheckMetricsListen(const ServerOptions& options) {
                                                    options.metrics_listen, "')"));
   }
   const std::string host = options.metrics_listen.substr(0, colon);
-  if (IsLoopback(host) || options.insecure) return absl::OkStatus();
+  if (!options.tls_cert.empty() || IsLoopback(host) || options.insecure) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "--metrics_listen: ", host, " is not a loopback address, and the metrics port serves plain HTTP only (",
-      options.tls_cert.empty() ? "" : "--tls_cert covers --listen alone: ",
-      "Debian 12's civetweb cannot serve TLS), so anyone on the way would read the page's tokens and session "
-      "cookies, and the jobs it shows: keep it on loopback behind a TLS-terminating proxy, or pass --insecure to "
-      "serve it anyway"));
+      "--metrics_listen: ", host, " is not a loopback address, and without TLS anyone on the way would read the "
+      "page's tokens and session cookies, and the jobs it shows: give --tls_cert and --tls_key (both ports then "
+      "serve TLS), or pass --insecure to serve it anyway"));
 }
 
 // --cluster=slurm: the cluster's devices, the Slurm launcher, and where jobs' files go. Every flag
@@ -481,6 +479,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   if (absl::Status status = CheckMetricsListen(options); !status.ok()) return status;
   web_options.authenticator = server->authenticator.get();
   web_options.metrics_public = options.metrics_public;
+  web_options.tls = WebTls{options.tls_cert, options.tls_key, options.tls_client_ca};
   absl::StatusOr<std::unique_ptr<WebServer>> web = WebServer::Start(
       web_options, server->manager.get(), {server->registry, std::make_shared<LiveMetrics>(server->manager.get())});
   if (!web.ok()) return web.status();

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The relocatable bundle (tools/bundle.sh) from this build's fitrund and fitrun: packed, unpacked into
 # another folder, every library that is not glibc's or the compiler runtime's resolves inside its lib/
-# (ldd, LD_LIBRARY_PATH unset), and the unpacked fitrund serves on OS-chosen ports with `fitrun devices`
-# answering from the unpacked CLI; the daemon is stopped and no process from the bundle is left.
+# (ldd, LD_LIBRARY_PATH unset), and the unpacked fitrund serves on OS-chosen ports over TLS (a
+# self-signed certificate made here) with `fitrun devices` answering the unpacked CLI and /metrics
+# answering over HTTPS (civetweb with the bundle's OpenSSL, through the bundled shim); the daemon is
+# stopped and no process from the bundle is left.
 #   bundle_test.sh BUNDLE_SH FITRUND FITRUN
 set -euo pipefail
 
@@ -39,7 +41,7 @@ libs=$(ls "$root/lib" | wc -l)
 
 # 3. Every non-system library of the binaries and of the libraries themselves resolves inside lib/.
 checked=0
-for object in "$root/bin/fitrund" "$root/bin/fitrun" "$root"/lib/*; do
+for object in "$root/bin/fitrund" "$root/bin/fitrun" "$root/bin/libfitrun-civetweb-ssl.so" "$root"/lib/*; do
   while read -r name arrow path _; do
     [[ "$arrow" == "=>" ]] || continue
     is_system_library "$name" && continue
@@ -74,8 +76,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$work/tls.key" \
+  -out "$work/tls.pem" -days 1 -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 2>/dev/null
 # --devices=cpu:... keeps the test the same on a machine with a GPU; the worker is never started.
 "$root/bin/fitrund" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --state_dir="$state" \
+  --tls_cert="$work/tls.pem" --tls_key="$work/tls.key" \
   --devices=cpu:2x1GiB --worker_binary=/bin/false --memory_probe=false >"$work/fitrund.log" 2>&1 &
 daemon=$!
 for _ in $(seq 1 300); do
@@ -87,9 +92,18 @@ address=$(cat "$state/fitrund.address" 2>/dev/null || true)
 [[ -n "$address" ]] || { cat "$work/fitrund.log"; fail "fitrund did not write its address in 30 s"; }
 echo "fitrund from the bundle serves on $address"
 
-devices=$("$root/bin/fitrun" --coordinator="$address" devices) || fail "fitrun devices failed: $devices"
+devices=$("$root/bin/fitrun" --coordinator="$address" --ca="$work/tls.pem" devices) || fail "fitrun devices failed: $devices"
 echo "$devices"
 [[ "$devices" == *"cpu:0"* && "$devices" == *"cpu:1"* ]] || fail "fitrun devices does not list cpu:0 and cpu:1"
+metrics=$(/usr/bin/python3 - "$(cat "$state/fitrund.metrics_address")" "$work/tls.pem" <<'PY'
+import ssl, sys, urllib.request
+context = ssl.create_default_context(cafile=sys.argv[2])
+print(urllib.request.urlopen(f"https://{sys.argv[1]}/metrics", timeout=10, context=context).read().decode())
+PY
+) || { cat "$work/fitrund.log"; fail "https /metrics from the bundle's fitrund failed"; }
+[[ "$metrics" == *fitrun_build_info* ]] || fail "https /metrics has no fitrun_build_info"
+kill -0 "$daemon" 2>/dev/null || { cat "$work/fitrund.log"; fail "fitrund from the bundle exited after an HTTPS request"; }
+echo "https /metrics from the bundle: $(grep -c '^fitrun_' <<<"$metrics") series"
 
 # 5. Stop it and leave nothing behind.
 kill -TERM "$daemon"

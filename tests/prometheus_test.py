@@ -3,10 +3,11 @@ with a config made from deploy/prometheus/prometheus.yml and its alerts.yml, whi
 on two virtual CPU devices. Every expression of every panel of deploy/grafana/fitrun-dashboard.json must
 return data, and every alert rule must evaluate without error.
 
-A second, short case scrapes a fitrund with users (--auth_tokens), as a shared one is: /metrics answers
-only its users, so that config has prometheus.yml's authorization block uncommented, with the token of a
-"prometheus" user in the file it names, exactly as deploy/ tells an operator to; Prometheus must reach
-it and store its series. (The long case stays in local mode: as root, a fitrund with users runs each
+A second, short case scrapes a fitrund with users (--auth_tokens) and TLS (--tls_cert), as a shared one
+is: /metrics answers only its users and over HTTPS only, so that config has prometheus.yml's
+authorization and HTTPS blocks uncommented, with the token of a "prometheus" user in the file it names
+and the certificate as its CA, exactly as deploy/ tells an operator to; Prometheus must reach it and
+store its series. (The long case stays in local mode: as root, a fitrund with users runs each
 job as its owner's Unix account, which a test user does not have; tests/owners_test covers that.)
 
 Alerts firing and resolving are promtool's unit tests (deploy/prometheus/alerts_test.yml, run by
@@ -22,6 +23,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -64,12 +66,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def prometheus_config(template, target, rules, credentials_file=None):
+def prometheus_config(template, target, rules, credentials_file=None, ca_file=None):
     """deploy/prometheus/prometheus.yml edited as text (no YAML library in the standard one): scrape
     and evaluate every second, scrape `target`, and load the rule file at the absolute path `rules`;
     with `credentials_file`, the template's commented authorization block uncommented to send the
-    bearer token in that file. Each edit must apply exactly once, so a reshaped template fails here
-    rather than being ignored."""
+    bearer token in that file; with `ca_file`, its HTTPS block, trusting that CA. Each edit must apply
+    exactly once, so a reshaped template fails here rather than being ignored."""
     edits = [
         (r"(?m)^(\s*)scrape_interval:.*$", r"\1scrape_interval: 1s"),
         (r"(?m)^(\s*)evaluation_interval:.*$", r"\1evaluation_interval: 1s"),
@@ -82,6 +84,12 @@ def prometheus_config(template, target, rules, credentials_file=None):
             (r"(?m)^(\s*)#   type: Bearer\s*$", r"\1  type: Bearer"),
             (r"(?m)^(\s*)#   credentials_file: .*$",
              lambda m: f"{m.group(1)}  credentials_file: {json.dumps(credentials_file)}"),
+        ]
+    if ca_file is not None:
+        edits += [
+            (r"(?m)^(\s*)# scheme: https\s*$", r"\1scheme: https"),
+            (r"(?m)^(\s*)# tls_config:\s*$", r"\1tls_config:"),
+            (r"(?m)^(\s*)#   ca_file: .*$", lambda m: f"{m.group(1)}  ca_file: {json.dumps(ca_file)}"),
         ]
     for pattern, replacement in edits:
         template, count = re.subn(pattern, replacement, template)
@@ -309,9 +317,10 @@ class PrometheusTest(unittest.TestCase):
 
 
 class SecuredScrapeTest(unittest.TestCase):
-    """Prometheus with prometheus.yml's authorization block on, scraping a fitrund with --auth_tokens."""
+    """Prometheus with prometheus.yml's authorization and HTTPS blocks on, scraping a fitrund with
+    --auth_tokens and --tls_cert (a self-signed certificate for 127.0.0.1 made here by openssl)."""
 
-    def test_prometheus_scrapes_with_its_own_users_token(self):
+    def test_prometheus_scrapes_over_https_with_its_own_users_token(self):
         work = tempfile.mkdtemp(dir=WORK)
         token = "prometheus-scrape-token"
         tokens = os.path.join(work, "tokens")
@@ -321,32 +330,41 @@ class SecuredScrapeTest(unittest.TestCase):
         with open(credentials, "w") as f:
             f.write(token)
         os.chmod(credentials, 0o600)
-        fitrund = Fitrund(os.path.join(work, "fitrund"), DAEMON + [f"--auth_tokens={tokens}"])
+        cert, key = os.path.join(work, "fitrund.pem"), os.path.join(work, "fitrund.key")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost",
+                        "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        fitrund = Fitrund(os.path.join(work, "fitrund"),
+                          DAEMON + [f"--auth_tokens={tokens}", f"--tls_cert={cert}", f"--tls_key={key}"])
         self.addCleanup(fitrund.stop)
         self.assertTrue(fitrund.address, fitrund.log())
         with open(os.path.join(fitrund.state_dir, "fitrund.metrics_address")) as f:
             address = f.read().strip()
         # Without the token, fitrund refuses the scrape.
         with self.assertRaises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(f"http://{address}/metrics", timeout=10)
+            urllib.request.urlopen(f"https://{address}/metrics", timeout=10,
+                                   context=ssl.create_default_context(cafile=cert))
         self.assertEqual(refused.exception.code, 401)
 
         with open(os.path.join(DEPLOY, "prometheus/prometheus.yml")) as f:
-            config = prometheus_config(f.read(), address, os.path.join(DEPLOY, "prometheus/alerts.yml"), credentials)
+            config = prometheus_config(f.read(), address, os.path.join(DEPLOY, "prometheus/alerts.yml"), credentials,
+                                       ca_file=cert)
         self.assertIn(f"credentials_file: {json.dumps(credentials)}", config)
+        self.assertIn("scheme: https", config)
         prometheus = Prometheus(os.path.join(work, "prometheus"), config)
         self.addCleanup(prometheus.stop)
         try:
             targets = wait_for(lambda: [t for t in prometheus.api("targets")["activeTargets"]
-                                        if t["scrapeUrl"] == f"http://{address}/metrics" and t["health"] == "up"],
-                               30, f"Prometheus to scrape fitrund at {address} with the token")
+                                        if t["scrapeUrl"] == f"https://{address}/metrics" and t["health"] == "up"],
+                               30, f"Prometheus to scrape fitrund at https://{address} with the token")
             series = wait_for(lambda: prometheus.query('fitrun_build_info{job="fitrund"}'), 30,
                               "fitrun_build_info in Prometheus")
         except AssertionError:
             print(f"---- prometheus.log (last 40 lines)\n{''.join(prometheus.log().splitlines(True)[-40:])}")
             raise
         self.assertEqual(len(series), 1)
-        print(f"\nPrometheus scraped the secured fitrund at {address} with its token: {targets[0]['health']}, "
+        print(f"\nPrometheus scraped the secured fitrund at https://{address} with its token: {targets[0]['health']}, "
               f"{series[0]['metric']}", flush=True)
 
 

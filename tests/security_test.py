@@ -1,20 +1,22 @@
 """A fitrund people can share, with real daemons, real ranks and real certificates: TLS on both
 services (the ranks dial back over it), plain text refused, the loopback rule (the metrics port's
 too), users with bearer tokens who see and stop only their own jobs, tokens reloaded on SIGHUP, and
-mutual TLS naming the job's owner. The metrics port over real HTTP: its API and /metrics for the same
-users (each seeing their own jobs), a web session that a SIGHUP removing its token ends, and
---metrics_public. The CA and certificates are made by openssl for this run.
+mutual TLS naming the job's owner. The metrics port over real HTTP and HTTPS: its API and /metrics
+for the same users (each seeing their own jobs), a web session that a SIGHUP removing its token ends,
+--metrics_public, and TLS with the gRPC port's certificates (a client certificate naming its holder). The CA and certificates are made by openssl for this run.
 """
 
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
 import unittest
 import urllib.error
 import urllib.request
+from http.client import HTTPException
 
 from fitrun.client import Client, ClientError
 from jobs import Fitrund, run_to_end, state_name, wait_for
@@ -61,10 +63,19 @@ def tiny_job(name, steps=3):
     }
 
 
-def http(address, path, token=None, cookie=None, method="GET", json_body=None):
-    """(status, headers, body) of one request to fitrund's metrics port at `address`."""
+def https_context(cert=None):
+    """An HTTPS client's context trusting the test CA, presenting `cert` (a name: <cert>.pem/.key) if given."""
+    context = ssl.create_default_context(cafile=path("ca.pem"))
+    if cert:
+        context.load_cert_chain(path(f"{cert}.pem"), path(f"{cert}.key"))
+    return context
+
+
+def http(address, path, token=None, cookie=None, method="GET", json_body=None, tls=None):
+    """(status, headers, body) of one request to fitrund's metrics port at `address`; over HTTPS with
+    the ssl.SSLContext `tls`."""
     data = json.dumps(json_body).encode() if json_body is not None else None
-    request = urllib.request.Request(f"http://{address}{path}", data=data, method=method)
+    request = urllib.request.Request(f"{'https' if tls else 'http'}://{address}{path}", data=data, method=method)
     if data is not None:
         request.add_header("Content-Type", "application/json")
     if token:
@@ -72,7 +83,7 @@ def http(address, path, token=None, cookie=None, method="GET", json_body=None):
     if cookie:
         request.add_header("Cookie", cookie)
     try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
+        with urllib.request.urlopen(request, timeout=10, context=tls) as reply:
             return reply.status, reply.headers, reply.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.headers, e.read().decode()
@@ -115,20 +126,72 @@ class TlsTest(unittest.TestCase):
         with Fitrund(path("open-tls"), DAEMON + TLS, listen="0.0.0.0:0") as daemon:
             self.assertIsNotNone(daemon.address, daemon.log())
 
-    def test_a_non_loopback_metrics_port_needs_insecure_tls_or_not(self):
-        # The metrics port is plain HTTP whatever --tls_cert says (Debian 12's civetweb cannot do TLS).
-        for name, flags in (("metrics-open", DAEMON), ("metrics-open-tls", DAEMON + TLS)):
-            refused = Fitrund(path(name), flags + ["--metrics_listen=0.0.0.0:0"])
-            self.assertIsNone(refused.address)
-            self.assertNotEqual(refused.process.wait(timeout=10), 0)
-            self.assertIn("--metrics_listen: 0.0.0.0 is not a loopback address", refused.log())
-            self.assertIn("plain HTTP only", refused.log())
-            self.assertIn("--insecure", refused.log())
-            refused.stop()
+    def test_a_non_loopback_metrics_port_needs_tls_or_insecure(self):
+        refused = Fitrund(path("metrics-open"), DAEMON + ["--metrics_listen=0.0.0.0:0"])
+        self.assertIsNone(refused.address)
+        self.assertNotEqual(refused.process.wait(timeout=10), 0)
+        self.assertIn("--metrics_listen: 0.0.0.0 is not a loopback address", refused.log())
+        self.assertIn("give --tls_cert and --tls_key", refused.log())
+        self.assertIn("--insecure", refused.log())
+        refused.stop()
         with Fitrund(path("metrics-open-insecure"), DAEMON + ["--metrics_listen=0.0.0.0:0", "--insecure"]) as daemon:
             self.assertIsNotNone(daemon.address, daemon.log())
             port = metrics_address(daemon).rsplit(":", 1)[1]
             self.assertEqual(http(f"127.0.0.1:{port}", "/api/session")[0], 200)
+        with Fitrund(path("metrics-open-tls"), DAEMON + TLS + ["--metrics_listen=0.0.0.0:0"]) as daemon:
+            self.assertIsNotNone(daemon.address, daemon.log())
+            port = metrics_address(daemon).rsplit(":", 1)[1]
+            self.assertEqual(http(f"127.0.0.1:{port}", "/api/session", tls=https_context())[0], 200)
+
+
+class MetricsTlsTest(unittest.TestCase):
+    """The metrics port over HTTPS with the gRPC port's certificate flags: no plain HTTP, the users'
+    tokens and cookies over TLS only, and with --tls_client_ca a verified client certificate naming
+    its holder, as on the gRPC port."""
+
+    def test_with_tls_cert_the_metrics_port_speaks_https_only_and_its_cookie_is_secure(self):
+        tokens = path("tls-web-tokens")
+        with open(tokens, "w") as f:
+            f.write(token_line("bob", "user", "bob-tls"))
+        with Fitrund(path("metrics-tls"), DAEMON + AS_FITRUND + TLS + [f"--tls_client_ca={path('ca.pem')}",
+                                                                      f"--auth_tokens={tokens}"]) as daemon:
+            self.assertIsNotNone(daemon.address, daemon.log())
+            self.assertIn(f"web page on https://{metrics_address(daemon)}/", daemon.log())
+            address = metrics_address(daemon)
+            status, _, body = http(address, "/api/session", tls=https_context())
+            self.assertEqual(status, 401, body)
+            status, _, body = http(address, "/api/session", token="bob-tls", tls=https_context())
+            self.assertEqual((status, json.loads(body)["user"]), (200, "bob"), body)
+            status, headers, body = http(address, "/api/session", method="POST", json_body={"token": "bob-tls"},
+                                         tls=https_context())
+            self.assertEqual(status, 200, body)
+            self.assertIn("; Secure", headers["Set-Cookie"])
+            # Plain HTTP on the TLS port is no answer at all, so nothing crosses it in the clear.
+            with self.assertRaises((urllib.error.URLError, ConnectionError, HTTPException)):
+                http(address, "/api/session", token="bob-tls")
+            # fitrund is still serving after that, and after handshakes with and without a certificate.
+            self.assertEqual(http(address, "/metrics", token="bob-tls", tls=https_context())[0], 200)
+
+    def test_a_verified_client_certificate_names_its_holder_and_an_unverified_one_is_refused(self):
+        flags = DAEMON + AS_FITRUND + TLS + [f"--tls_client_ca={path('ca.pem')}"]
+        with Fitrund(path("metrics-mtls"), flags) as daemon:
+            self.assertIsNotNone(daemon.address, daemon.log())
+            alice = Client(daemon.address, ca=path("ca.pem"), cert=path("alice.pem"), key=path("alice.key"))
+            job, _ = run_to_end(alice, tiny_job("seen-over-https"))
+            address = metrics_address(daemon)
+            status, _, body = http(address, "/api/jobs", tls=https_context("alice"))
+            self.assertEqual(status, 200, body)
+            self.assertEqual([j["id"] for j in json.loads(body)["jobs"]], [job.id])
+            self.assertEqual(http(address, "/api/session", tls=https_context("alice"))[2],
+                             '{"user":"alice","admin":false,"secured":true}')
+            # Without a certificate (or a token) the page's API refuses.
+            self.assertEqual(http(address, "/api/jobs", tls=https_context())[0], 401)
+            # A certificate for "alice" that the CA did not sign ends the handshake.
+            openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", "mallory.key", "-out", "mallory.pem", "-days", "2", "-subj", "/CN=alice")
+            with self.assertRaises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+                http(address, "/api/jobs", tls=https_context("mallory"))
+            self.assertEqual(http(address, "/api/jobs", tls=https_context("alice"))[0], 200)
 
 
 class UsersTest(unittest.TestCase):

@@ -7,10 +7,13 @@
 #
 # OUT defaults to fitrun-bundle.tar.gz. The tarball holds one folder, fitrun/:
 #   bin/fitrund, bin/fitrun   with DT_RPATH $ORIGIN/../lib
+#   bin/libfitrun-civetweb-ssl.so   what TLS on the metrics port loads (server/web/civetweb_ssl_shim.cc),
+#                             beside fitrund where it looks for it
 #   lib/                      every shared library `ldd` lists for them except glibc's own and the
 #                             compiler runtime (libstdc++, libgcc_s), which every Linux has in a newer
 #                             version: Abseil, gRPC, protobuf, OpenSSL, re2, c-ares, civetweb,
-#                             prometheus-cpp, SQLite, yaml-cpp, zlib (each with DT_RPATH $ORIGIN)
+#                             prometheus-cpp, SQLite, yaml-cpp, zlib (each with DT_RPATH $ORIGIN), and
+#                             libcrypto.so -> libcrypto.so.3, the name civetweb loads it by
 #   README                    how to start it
 # fitrund needs no other file at run time: the web page and the Slurm rank shim are compiled in. The
 # worker is not in the bundle: it links a LibTorch, so it is built where that LibTorch is (the CMake
@@ -70,7 +73,14 @@ root=$stage/fitrun
 mkdir -p "$root/bin" "$root/lib"
 cp -L "$fitrund" "$root/bin/fitrund"
 cp -L "$fitrun" "$root/bin/fitrun"
-chmod 0755 "$root/bin/fitrund" "$root/bin/fitrun"
+# Beside fitrund when installed, in web/ beneath it in Bazel's output tree.
+ssl_shim=libfitrun-civetweb-ssl.so
+fitrund_dir=$(dirname "$(readlink -f "$fitrund")")
+for candidate in "$fitrund_dir/$ssl_shim" "$fitrund_dir/web/$ssl_shim" ""; do
+  [[ -z "$candidate" ]] && { echo "bundle: $ssl_shim is not beside $fitrund (nor in web/): bazel build //server:fitrund" >&2; exit 1; }
+  [[ -e "$candidate" ]] && { cp -L "$candidate" "$root/bin/$ssl_shim"; break; }
+done
+chmod 0755 "$root/bin/fitrund" "$root/bin/fitrun" "$root/bin/$ssl_shim"
 
 # ldd resolves the whole closure (libraries' own dependencies too), as the loader would here.
 copied=0
@@ -85,17 +95,21 @@ while read -r name path; do
     chmod 0644 "$root/lib/$name"
     copied=$((copied + 1))
   fi
-done < <(env -u LD_LIBRARY_PATH ldd "$root/bin/fitrund" "$root/bin/fitrun" |
+done < <(env -u LD_LIBRARY_PATH ldd "$root/bin/fitrund" "$root/bin/fitrun" "$root/bin/$ssl_shim" |
   awk '$2 == "=>" { print $1, $3 }' | sort -u)
 
-patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$root/bin/fitrund" "$root/bin/fitrun"
+patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$root/bin/fitrund" "$root/bin/fitrun" "$root/bin/$ssl_shim"
 for lib in "$root"/lib/*; do
   patchelf --force-rpath --set-rpath '$ORIGIN' "$lib"
 done
+# civetweb dlopens OpenSSL by its development names: libssl.so is the shim fitrund loads first, and
+# libcrypto.so is found through civetweb's DT_RPATH here.
+[[ -e "$root/lib/libcrypto.so.3" ]] || { echo "bundle: libcrypto.so.3 is not in lib/ (ldd of fitrund)" >&2; exit 1; }
+ln -s libcrypto.so.3 "$root/lib/libcrypto.so"
 
 # The copy must resolve every non-system library inside itself before it is packed.
 # (ldd prints the path as the loader built it, bin/../lib/...: compared once resolved.)
-unresolved=$(env -u LD_LIBRARY_PATH ldd "$root/bin/fitrund" "$root/bin/fitrun" "$root"/lib/* 2>&1 |
+unresolved=$(env -u LD_LIBRARY_PATH ldd "$root/bin/fitrund" "$root/bin/fitrun" "$root/bin/$ssl_shim" "$root"/lib/* 2>&1 |
   awk '$2 == "=>" { print $1, $3 }' |
   while read -r name path; do
     is_system_library "$name" && continue

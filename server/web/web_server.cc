@@ -115,9 +115,10 @@ void RespondNoJob(mg_connection* connection, const std::string& job_id) {
   RespondError(connection, 404, absl::StrCat("job_id: no job '", job_id, "'"));
 }
 
-// Whether the browser reached this server over HTTPS: through a TLS-terminating proxy that says so
-// (this server itself serves plain HTTP only). Trusting the header can only make the cookie stricter.
+// Whether the browser reached this server over HTTPS: this server's own, or a TLS-terminating proxy
+// in front that says so. Trusting the header can only make the cookie stricter.
 bool OverHttps(mg_connection* connection) {
+  if (mg_get_request_info(connection)->is_ssl) return true;
   const char* proto = mg_get_header(connection, "X-Forwarded-Proto");
   return proto != nullptr && absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(proto), "https");
 }
@@ -200,6 +201,7 @@ struct WebServer::CivetContext {
   absl::Mutex mu;
   bool started ABSL_GUARDED_BY(mu) = false;
   std::string startup_error ABSL_GUARDED_BY(mu);
+  WebTls tls;  // set before civetweb starts, read by its init_ssl step
 
   static CivetContext* Of(void* civet_server) {
     return static_cast<CivetContext*>(const_cast<void*>(static_cast<CivetServer*>(civet_server)->getUserContext()));
@@ -214,6 +216,16 @@ struct WebServer::CivetContext {
     absl::MutexLock lock(&self->mu);
     if (!self->started && self->startup_error.empty()) self->startup_error = message;
     return 1;
+  }
+
+  // civetweb's init_ssl: 1 (the context is set up), or -1 with the reason kept for Start's answer.
+  static int InitSsl(void* ssl_context, void* civet_server) {
+    CivetContext* self = Of(civet_server);
+    const absl::Status status = ConfigureTlsContext(ssl_context, self->tls);
+    if (status.ok()) return 1;
+    absl::MutexLock lock(&self->mu);
+    if (self->startup_error.empty()) self->startup_error = std::string(status.message());
+    return -1;
   }
 };
 
@@ -316,6 +328,11 @@ class WebServer::Handler : public CivetHandler {
     }
     if (const char* cookie = mg_get_header(connection, "Cookie"); cookie != nullptr) {
       credentials.session_id = WebSessions::SessionCookie(cookie);
+    }
+    // civetweb hands over any certificate the handshake took; only one a client CA verified names anyone.
+    const mg_request_info* request = mg_get_request_info(connection);
+    if (!options_.tls.client_ca.empty() && request->client_cert != nullptr) {
+      credentials.certificate_name = CertificateCommonName(request->client_cert->peer_cert);
     }
     return credentials;
   }
@@ -552,13 +569,20 @@ absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics_listen: expected HOST:PORT, e.g. 127.0.0.1:9464 (got '", options.listen, "')"));
   }
+  const bool https = !options.tls.cert.empty();
+  if (https) {
+    if (absl::Status prepared = PrepareCivetwebForOpenSsl3(); !prepared.ok()) return prepared;
+  }
   std::unique_ptr<WebServer> server(new WebServer());
   server->context_ = std::make_unique<CivetContext>();
+  server->context_->tls = options.tls;
   const int threads = options.max_event_streams + 8;  // every event stream holds one; the rest serve requests
-  const std::vector<std::string> civet_options = {"listening_ports", options.listen, "num_threads",
-                                                  absl::StrCat(threads)};
+  // civetweb's "s" suffix: this port speaks TLS only.
+  const std::vector<std::string> civet_options = {"listening_ports", absl::StrCat(options.listen, https ? "s" : ""),
+                                                  "num_threads", absl::StrCat(threads)};
   CivetCallbacks callbacks;
   callbacks.log_message = &CivetContext::Log;
+  if (https) callbacks.init_ssl = &CivetContext::InitSsl;
   server->handler_ = std::make_unique<Handler>(options, manager, std::move(collectables));
   try {
     server->civet_ = std::make_unique<CivetServer>(civet_options, &callbacks, server->context_.get());

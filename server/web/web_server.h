@@ -29,11 +29,11 @@
 // Event streams follow a job the way WatchJob does: a WatchCursor woken through the WatchFanout; a
 // stream whose credential stops being valid (signed out, expired, token removed) ends.
 //
-// Plain HTTP only: Debian 12's civetweb (1.15) cannot serve TLS. It is built for OpenSSL 1.1's API,
-// loads libssl at run time, and after every TLS handshake calls SSL_get_peer_certificate, which
-// OpenSSL 3 no longer exports: the first HTTPS request crashes the process. So no client
-// certificates here either; fitrund refuses a non-loopback --metrics_listen without --insecure
-// (server.cc), and the cookie is Secure when a TLS-terminating proxy says X-Forwarded-Proto: https.
+// With Options::tls (fitrund's --tls_cert and --tls_key) the port serves HTTPS only, and with a
+// client CA a verified client certificate names its holder as on the gRPC port (civetweb_tls.h says
+// what Debian 12's civetweb needs for it). Without, it is plain HTTP, which fitrund keeps on loopback
+// unless --insecure (server.cc); the cookie is Secure over HTTPS, or when a TLS-terminating proxy in
+// front says X-Forwarded-Proto: https.
 #ifndef FITRUN_SERVER_WEB_WEB_SERVER_H_
 #define FITRUN_SERVER_WEB_WEB_SERVER_H_
 
@@ -48,6 +48,7 @@
 #include "server/auth/authenticator.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/watch/watch_fanout.h"
+#include "server/web/civetweb_tls.h"
 
 class CivetServer;
 
@@ -58,6 +59,9 @@ class WebServer {
   struct Options {
     // HOST:PORT; port 0 picks a free one.
     std::string listen = "127.0.0.1:9464";
+    // HTTPS with this certificate and key (and client certificates from tls.client_ca); empty cert:
+    // plain HTTP.
+    WebTls tls;
     // Event streams open at once (each holds one of the server's threads); more get 503.
     int max_event_streams = 32;
     // An idle event stream sends a comment this often, so a closed page is noticed.

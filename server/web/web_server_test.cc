@@ -282,6 +282,18 @@ TEST_F(WebServerTest, ServerStopsWithAStreamOpen) {
   EXPECT_TRUE(stream.ReadUntil(""));
 }
 
+TEST_F(WebServerTest, HttpsWithACertificateItCannotUseDoesNotStartAndNamesTheFlag) {
+  // The TLS context is made at start, so a bad file stops fitrund at once, not at the first request.
+  WebServer::Options web;
+  web.listen = "127.0.0.1:0";
+  web.tls = WebTls{dir_ + "/missing.pem", dir_ + "/missing.key", ""};
+  auto server = WebServer::Start(web, manager_.get(), {registry_});
+  ASSERT_FALSE(server.ok());
+  EXPECT_TRUE(absl::StrContains(server.status().message(), "--tls_cert: cannot use " + dir_ + "/missing.pem"))
+      << server.status();
+  EXPECT_TRUE(absl::StrContains(server.status().message(), "--metrics_listen")) << server.status();
+}
+
 TEST_F(WebServerTest, LocalModeIsTheLocalAdminAndNeedsNoSignIn) {
   const std::string me = Get(server_->address(), "/api/session");
   EXPECT_TRUE(absl::StartsWith(me, "HTTP/1.1 200")) << me;

@@ -38,6 +38,10 @@ absl::StatusOr<Caller> WebSessions::Identify(const WebCredentials& credentials) 
     if (!caller.ok()) return absl::UnauthenticatedError(kUnknownToken);
     return caller;
   }
+  if (!credentials.certificate_name.empty()) {
+    absl::StatusOr<Caller> caller = authenticator_->Identify("", credentials.certificate_name);
+    if (caller.ok()) return caller;
+  }
   bool session_ended = false;
   if (!credentials.session_id.empty()) {
     const std::string key = Authenticator::Sha256Hex(credentials.session_id);

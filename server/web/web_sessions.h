@@ -1,11 +1,10 @@
 // Who is asking, on fitrund's metrics port: the web page, its JSON API and /metrics answer the same
 // users as the gRPC API (server/auth/Authenticator). Plain C++: web_server.cc hands it what a request
-// carried (WebCredentials, read from the Authorization and Cookie headers) and gets a Caller or
-// UNAUTHENTICATED.
+// carried (WebCredentials, read from the Authorization and Cookie headers and the TLS handshake) and
+// gets a Caller or UNAUTHENTICATED.
 //
-// A request is its bearer token's user, else its session's. (Not a client certificate's: the metrics
-// port cannot serve TLS, see web_server.h, so a fitrund secured by mutual TLS alone has no credential
-// the page can take; its users need tokens too.)
+// A request is its bearer token's user, else its verified client certificate's (with mutual TLS, as
+// on the gRPC port), else its session's.
 // A session is what the page holds instead of a token (a browser's EventSource cannot send headers):
 // StartSession takes a token the user pasted once and returns a random 256-bit id (OpenSSL's CSPRNG)
 // for the fitrun_session cookie. The table keeps, per session, the token's SHA-256 (never the token)
@@ -42,6 +41,7 @@ namespace fitrun::server {
 struct WebCredentials {
   std::string bearer_token;      // after "Bearer " in the Authorization header
   std::string session_id;        // the fitrun_session cookie
+  std::string certificate_name;  // the common name of a client certificate the TLS handshake verified
 };
 
 class WebSessions {
@@ -66,7 +66,8 @@ class WebSessions {
   bool secured() const { return authenticator_ != nullptr && authenticator_->secured(); }
 
   // The caller the request speaks for, or UNAUTHENTICATED saying what to send. A bearer token that
-  // is wrong is refused even beside a good session: what a client sends explicitly is what counts.
+  // is wrong is refused even beside a good session or certificate: what a client sends explicitly is
+  // what counts. Then a verified client certificate (as on the gRPC port), then the session.
   absl::StatusOr<Caller> Identify(const WebCredentials& credentials);
   // OK when the request may read /metrics.
   absl::Status MayScrape(const WebCredentials& credentials);

@@ -64,6 +64,21 @@ TEST_F(WebSessionsTest, ABearerTokenIdentifiesItsUserAndNothingElseGetsIn) {
   EXPECT_EQ(sessions_->Identify({"guess", ""}).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
+TEST_F(WebSessionsTest, AVerifiedCertificateNamesItsHolderOnlyWithMutualTlsAndAWrongTokenStillFails) {
+  const WebCredentials certificate{"", "", "alice"};
+  // Without --tls_client_ca the Authenticator takes no certificate names.
+  EXPECT_EQ(sessions_->Identify(certificate).status().code(), absl::StatusCode::kUnauthenticated);
+  Start(Line("alice", "user", "alice-token") + Line("root", "admin", "root-token"), {}, /*certificates=*/true);
+  absl::StatusOr<Caller> alice = sessions_->Identify(certificate);
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  EXPECT_EQ(alice->user, "alice");
+  EXPECT_FALSE(alice->admin);
+  EXPECT_TRUE(sessions_->Identify({"", "", "root"})->admin);
+  // What the client sends explicitly counts: a wrong token beside a good certificate is refused.
+  EXPECT_EQ(sessions_->Identify({"guess", "", "alice"}).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(sessions_->Identify({"root-token", "", "alice"})->user, "root");
+}
+
 TEST_F(WebSessionsTest, ALoginStartsASessionItsCookieIdentifies) {
   absl::StatusOr<WebSessions::NewSession> login = sessions_->StartSession("alice-token");
   ASSERT_TRUE(login.ok()) << login.status();
