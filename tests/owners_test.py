@@ -5,47 +5,22 @@ a spec naming a file its owner cannot read is refused at submit though fitrund (
 it; job directories are their owners' (0700) and fitrund's state its own.
 
 The accounts are made with useradd and removed at the end; the binaries the ranks run are copied
-where the accounts can reach them (Bazel's output lies under /root, 0700), as an installed fitrun
-would lie under /usr or /opt. Skipped, and reported as skipped, when not run as root.
+where the accounts can reach them (tests/accounts.py). Skipped, and reported as skipped, when not run as root.
 """
 
 import glob
-import hashlib
 import os
 import shutil
 import stat
-import subprocess
 import tempfile
 import unittest
 
+from accounts import install_for_accounts, token_line, useradd, userdel, world_readable
 from fitrun.client import Client, ClientError
 from jobs import Fitrund, run_to_end, state_name
 import junit_main
 
-RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "fitrun"))
 TESTS = os.path.dirname(os.path.abspath(__file__))
-
-
-def useradd(name):
-    subprocess.run(["/usr/sbin/useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return int(subprocess.run(["id", "-u", name], check=True, capture_output=True, text=True).stdout)
-
-
-def userdel(name):
-    subprocess.run(["/usr/sbin/userdel", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def world_readable(top):
-    for directory, dirs, files in os.walk(top):
-        os.chmod(directory, 0o755)
-        for name in files:
-            path = os.path.join(directory, name)
-            os.chmod(path, 0o755 if os.access(path, os.X_OK) else 0o644)
-
-
-def token_line(user, token, account=None):
-    return f"{user} user {hashlib.sha256(token.encode()).hexdigest()}{' ' + account if account else ''}\n"
 
 
 class OwnersTest(unittest.TestCase):
@@ -64,20 +39,11 @@ class OwnersTest(unittest.TestCase):
         cls.accounts.append(cls.bob)
 
         # What ranks run, where every account can reach it.
-        install = os.path.join(cls.work, "install")
-        os.makedirs(os.path.join(install, "worker", "memory"))
-        for binary in ("fitrun-worker", "fitrun-supervisor"):
-            shutil.copy(os.path.join(RUNFILES, "worker", binary), os.path.join(install, "worker", binary))
-        memory_library = os.path.join(RUNFILES, "worker", "memory", "libfitrun_memory.so")
-        if os.path.exists(memory_library):
-            shutil.copy(memory_library, os.path.join(install, "worker", "memory"))
-        shutil.copytree(os.path.join(RUNFILES, "client", "python", "fitrun"),
-                        os.path.join(install, "client", "python", "fitrun"))
+        worker = install_for_accounts(os.path.join(cls.work, "install"))
         scripts = os.path.join(cls.work, "scripts")
         os.makedirs(scripts)
         for script in ("toy_train.py", "owner_check.py"):
             shutil.copy(os.path.join(TESTS, "scripts", script), scripts)
-        world_readable(install)
         world_readable(scripts)
 
         # Bob's own data, his alone; and a script of his.
@@ -102,7 +68,7 @@ class OwnersTest(unittest.TestCase):
         cls.state = os.path.join(cls.work, "state")
         cls.scripts = scripts
         cls.daemon = Fitrund(cls.state, ["--devices=cpu:2x512MiB", f"--auth_tokens={tokens}"],
-                             worker=os.path.join(install, "worker", "fitrun-worker"),
+                             worker=worker,
                              data_roots=f"{cls.data},{scripts},/usr/share/datasets")
         if cls.daemon.address is None:
             raise AssertionError(f"fitrund did not start:\n{cls.daemon.log()}")

@@ -122,6 +122,12 @@ absl::StatusOr<std::string> SlurmLauncher::BatchScript(const AttemptLaunch& atte
       "set -u\n",
       "# The time limit is near (sbatch --signal=B:USR2@...): the ranks keep their periodic checkpoints.\n",
       "trap 'echo \"fitrun: Slurm gave notice (SIGUSR2): the allocation ends soon\" >&2' USR2\n");
+  if (first.run_as.has_value()) {
+    // What a login of the account would set, over fitrund's own.
+    shared.emplace("HOME", first.run_as->home);
+    shared.emplace("USER", first.run_as->name);
+    shared.emplace("LOGNAME", first.run_as->name);
+  }
   for (const auto& [name, value] : shared) absl::StrAppend(&script, "export ", name, "=", ShellQuote(value), "\n");
   absl::StrAppend(&script, "export ", kExitDirVariable, "=", ShellQuote(attempt_dir), "\n");
   absl::StrAppend(
@@ -173,6 +179,15 @@ std::vector<std::string> SlurmLauncher::SbatchArgv(const AttemptLaunch& attempt,
   if (attempt.time_limit_minutes > 0) argv.push_back(absl::StrCat("--time=", attempt.time_limit_minutes));
   if (!options_.partition.empty()) argv.push_back(absl::StrCat("--partition=", options_.partition));
   if (!options_.account.empty()) argv.push_back(absl::StrCat("--account=", options_.account));
+  // A job that runs as its owner: fitrund (root) submits it as that account, so slurmd starts the
+  // batch step and every rank with the account's ids, and Slurm accounts the job to it. (sbatch
+  // passes it fitrund's environment, as for every job here: the batch script sets the account's
+  // HOME, USER and LOGNAME over it.)
+  if (!attempt.ranks.empty() && attempt.ranks.front().run_as.has_value()) {
+    const UnixAccount& owner = *attempt.ranks.front().run_as;
+    argv.push_back(absl::StrCat("--uid=", owner.uid));
+    argv.push_back(absl::StrCat("--gid=", owner.gid));
+  }
   argv.insert(argv.end(), options_.extra_sbatch_args.begin(), options_.extra_sbatch_args.end());
   argv.push_back(script);
   return argv;
@@ -301,8 +316,9 @@ std::vector<bool> SlurmLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
 void SlurmLauncher::ReleaseUnowned(const std::vector<std::string>& owned_handles) {
   if (options_.coordinator_tag.empty()) return;
   const std::set<std::string> owned(owned_handles.begin(), owned_handles.end());
-  absl::StatusOr<std::string> listed = options_.runner(
-      {"squeue", "--noheader", absl::StrCat("--user=", getuid()), "--format=%i|%k"});
+  // Every user's jobs: those that run as their owners are submitted under the owners' ids. The tag
+  // in the comment is this coordinator's own.
+  absl::StatusOr<std::string> listed = options_.runner({"squeue", "--noheader", "--all", "--format=%i|%k"});
   if (!listed.ok()) {
     std::fprintf(stderr, "fitrund: listing Slurm jobs to cancel orphans: %s\n",
                  std::string(listed.status().message()).c_str());

@@ -207,6 +207,32 @@ TEST_F(SlurmLauncherTest, SbatchAsksForThePlansNodesRanksAndLimits) {
   EXPECT_THAT(launcher.SbatchArgv(attempt, "/s.sh"), Contains("--gpus-per-task=1"));
 }
 
+TEST_F(SlurmLauncherTest, AJobThatRunsAsItsOwnerIsSubmittedWithTheOwnersIds) {
+  SlurmLauncher launcher(Options());
+  AttemptLaunch attempt = Attempt();
+  const std::vector<std::string> as_fitrund = launcher.SbatchArgv(attempt, "/s.sh");
+  for (const std::string& arg : as_fitrund) {
+    EXPECT_FALSE(absl::StartsWith(arg, "--uid=") || absl::StartsWith(arg, "--gid=")) << arg;
+  }
+  UnixAccount owner;
+  owner.name = "alice";
+  owner.uid = 1234;
+  owner.gid = 5678;
+  owner.home = "/home/alice";
+  for (WorkerLaunch& rank : attempt.ranks) rank.run_as = owner;
+  const std::vector<std::string> as_owner = launcher.SbatchArgv(attempt, "/s.sh");
+  EXPECT_THAT(as_owner, Contains("--uid=1234"));
+  EXPECT_THAT(as_owner, Contains("--gid=5678"));
+  // The script says who the account is, over fitrund's environment.
+  EXPECT_EQ(as_owner.back(), "/s.sh");
+  absl::StatusOr<std::string> script = SlurmLauncher::BatchScript(attempt, "/shim.sh");
+  ASSERT_TRUE(script.ok()) << script.status();
+  for (const char* line : {"export HOME=", "export USER=", "export LOGNAME="}) {
+    EXPECT_TRUE(absl::StrContains(*script, line)) << line << " in\n" << *script;
+  }
+  EXPECT_TRUE(absl::StrContains(*script, "/home/alice")) << *script;
+}
+
 TEST_F(SlurmLauncherTest, BatchScriptSharesTheEnvironmentAndLeavesTheRanksToTheShim) {
   absl::StatusOr<std::string> script = SlurmLauncher::BatchScript(Attempt(), "/shared/rank_shim.sh");
   ASSERT_TRUE(script.ok()) << script.status();
@@ -335,6 +361,8 @@ TEST_F(SlurmLauncherTest, ReleasesOnlyThisCoordinatorsUnownedAllocations) {
   slurm_.SetListing("7|fitrund-tag\n8|fitrund-tag\n9|fitrund-other\n10|(null)\n");
   SlurmLauncher launcher(Options());
   launcher.ReleaseUnowned({"slurm:7", "pids:3"});
+  // Every user's jobs are listed: those that ran as their owners were submitted under their ids.
+  EXPECT_EQ(slurm_.Count("squeue --noheader --all --format=%i|%k"), 1);
   EXPECT_EQ(slurm_.Count("scancel 8"), 1);
   for (const char* spared : {"scancel 7", "scancel 9", "scancel 10"}) EXPECT_EQ(slurm_.Count(spared), 0) << spared;
 }

@@ -9,6 +9,8 @@ and three slurmd on this machine), with real fitrun-worker ranks started by sbat
 - a job Slurm keeps pending shows Slurm's reason (the API and `fitrun get`), then runs when it can;
 - a SIGKILLed fitrund, restarted on its state directory and address, re-adopts its Slurm job;
 - `scancel` from outside fails the attempt and the job resumes from its checkpoint in a new one;
+- as root with users, a user's job is submitted as their Unix account (a throwaway one): Slurm runs
+  it as that account, whose files in the shared directory are its own;
 - start-up errors: a bad --slurm_virtual_devices, an unreachable slurmctld, and a multi-node spec
   without --shared_dir.
 
@@ -32,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
+from accounts import install_for_accounts, token_line, useradd, userdel  # noqa: E402
 from cluster import SlurmCluster, free_port, pid_alive, short_directory, skip_unless_installed  # noqa: E402
 from fitrun.client import Client, ClientError, FINAL_STATES  # noqa: E402
 from jobs import Fitrund, state_name, wait_for  # noqa: E402
@@ -116,13 +119,15 @@ class FitrundOnSlurmTest(unittest.TestCase):
         self.started = time.monotonic()
         self.shared = short_directory("fitrun-")
         self.daemons = []
+        self.accounts = []  # throwaway accounts whose Slurm jobs tearDown cancels too
 
     def tearDown(self):
         for daemon in self.daemons:
             daemon.stop()
             keep(daemon.log_path, f"{self.id().rsplit('.', 1)[-1]}-fitrund.log")
         # Whatever a failed test left: no later test may find it.
-        self.cluster.run(["scancel", "--user", str(os.getuid())], check=False)
+        for user in [str(os.getuid()), *self.accounts]:
+            self.cluster.run(["scancel", "--user", user], check=False)
         wait_for(lambda: not self.queue(), 30, "the Slurm queue to empty")
         self.cluster.wait_idle()
         shutil.rmtree(self.shared, ignore_errors=True)
@@ -130,13 +135,13 @@ class FitrundOnSlurmTest(unittest.TestCase):
 
     # --- Helpers --------------------------------------------------------------------------------
 
-    def start_fitrund(self, flags=(), shared=True, listen="127.0.0.1:0", env=None, state_dir=None):
+    def start_fitrund(self, flags=(), shared=True, listen="127.0.0.1:0", env=None, state_dir=None, worker=None):
         """A fitrund on this cluster with the test's shared directory (or none); None address when it
         exited instead of serving."""
         state_dir = state_dir or os.path.join(self.shared, "state")
         daemon = Fitrund(state_dir, [*SLURM_FLAGS, *([f"--shared_dir={self.shared}"] if shared else []), *flags],
                          listen=listen, env=env or self.cluster.env, jobs_dir=os.path.join(self.shared, "jobs"),
-                         data_roots=f"{FASHION_MNIST},{SCRIPTS}")
+                         data_roots=f"{FASHION_MNIST},{SCRIPTS}", worker=worker)
         self.daemons.append(daemon)
         return daemon
 
@@ -397,6 +402,40 @@ class FitrundOnSlurmTest(unittest.TestCase):
         print(f"scancel of Slurm job {first} at checkpoint step {saved.step}: "
               f"{job.attempt_history[0].outcome}; resumed from step {resumed[0]}", file=sys.stderr)
         self.assert_nothing_left(job_id)
+
+    def test_a_users_job_is_submitted_as_their_unix_account_and_its_files_are_theirs(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root: fitrund submits jobs as their owners' accounts only as root")
+        account = f"frs{os.getpid()}"
+        uid = useradd(account)
+        self.addCleanup(userdel, account)  # after tearDown, which cancels its Slurm jobs
+        self.accounts.append(account)
+        os.chmod(self.shared, 0o755)
+        worker = install_for_accounts(os.path.join(self.shared, "install"))
+        tokens = os.path.join(self.shared, "tokens")
+        with open(tokens, "w") as f:
+            f.write(token_line("alice", "alice-token", account))
+        daemon = self.start_fitrund([f"--auth_tokens={tokens}"], worker=worker)
+        self.assertIsNotNone(daemon.address, daemon.log())
+        client = Client(daemon.address, timeout=30, token="alice-token")
+        job, _ = self.run_job(client, mlp_spec("as-its-owner", 4, max_steps=10))
+        self.assertEqual(state_name(job), "SUCCEEDED", self.explain(daemon, job))
+        self.assertEqual(job.owner, "alice")
+        slurm_jobs = self.slurm_jobs_of(job.id)
+        self.assertEqual(len(slurm_jobs), 1, slurm_jobs)
+        shown = self.cluster.run(["scontrol", "show", "job", slurm_jobs[0][0]]).stdout
+        self.assertIn(f"UserId={account}({uid})", shown)
+        # What the ranks wrote is the account's: the rank logs, the batch log, the checkpoints.
+        job_dir = os.path.join(self.shared, "jobs", job.id)
+        self.assertEqual((os.stat(job_dir).st_uid, os.stat(job_dir).st_mode & 0o777), (uid, 0o700))
+        attempt = os.path.join(job_dir, "attempt-1")
+        written = [os.path.join(attempt, name) for name in os.listdir(attempt)
+                   if name.startswith("rank-") and name.endswith(".log")] + [os.path.join(attempt, "slurm-batch.log")]
+        self.assertEqual(len(written), 5, os.listdir(attempt))
+        self.assertEqual({path: os.stat(path).st_uid for path in written}, {path: uid for path in written})
+        checkpoints = os.path.join(job_dir, "checkpoints")
+        self.assertEqual({os.stat(os.path.join(checkpoints, n)).st_uid for n in os.listdir(checkpoints)}, {uid})
+        self.assert_nothing_left(job.id, [i for i, _ in slurm_jobs])
 
     def test_a_bad_virtual_devices_flag_stops_fitrund_at_start(self):
         daemon = self.start_fitrund(["--slurm_virtual_devices=2xlots"])
