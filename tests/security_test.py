@@ -146,8 +146,7 @@ class TlsTest(unittest.TestCase):
 
 class MetricsTlsTest(unittest.TestCase):
     """The metrics port over HTTPS with the gRPC port's certificate flags: no plain HTTP, the users'
-    tokens and cookies over TLS only, and with --tls_client_ca a verified client certificate naming
-    its holder, as on the gRPC port."""
+    tokens and cookies over TLS only. (A client certificate naming its holder there: MutualTlsTest.)"""
 
     def test_with_tls_cert_the_metrics_port_speaks_https_only_and_its_cookie_is_secure(self):
         tokens = path("tls-web-tokens")
@@ -171,27 +170,6 @@ class MetricsTlsTest(unittest.TestCase):
                 http(address, "/api/session", token="bob-tls")
             # fitrund is still serving after that, and after handshakes with and without a certificate.
             self.assertEqual(http(address, "/metrics", token="bob-tls", tls=https_context())[0], 200)
-
-    def test_a_verified_client_certificate_names_its_holder_and_an_unverified_one_is_refused(self):
-        flags = DAEMON + AS_FITRUND + TLS + [f"--tls_client_ca={path('ca.pem')}"]
-        with Fitrund(path("metrics-mtls"), flags) as daemon:
-            self.assertIsNotNone(daemon.address, daemon.log())
-            alice = Client(daemon.address, ca=path("ca.pem"), cert=path("alice.pem"), key=path("alice.key"))
-            job, _ = run_to_end(alice, tiny_job("seen-over-https"))
-            address = metrics_address(daemon)
-            status, _, body = http(address, "/api/jobs", tls=https_context("alice"))
-            self.assertEqual(status, 200, body)
-            self.assertEqual([j["id"] for j in json.loads(body)["jobs"]], [job.id])
-            self.assertEqual(http(address, "/api/session", tls=https_context("alice"))[2],
-                             '{"user":"alice","admin":false,"secured":true}')
-            # Without a certificate (or a token) the page's API refuses.
-            self.assertEqual(http(address, "/api/jobs", tls=https_context())[0], 401)
-            # A certificate for "alice" that the CA did not sign ends the handshake.
-            openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", "mallory.key", "-out", "mallory.pem", "-days", "2", "-subj", "/CN=alice")
-            with self.assertRaises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
-                http(address, "/api/jobs", tls=https_context("mallory"))
-            self.assertEqual(http(address, "/api/jobs", tls=https_context("alice"))[0], 200)
 
 
 class UsersTest(unittest.TestCase):
@@ -374,7 +352,7 @@ class DataRootsTest(unittest.TestCase):
 
 
 class MutualTlsTest(unittest.TestCase):
-    def test_a_client_certificate_names_the_jobs_owner(self):
+    def test_a_client_certificate_names_the_jobs_owner_on_both_ports(self):
         flags = DAEMON + AS_FITRUND + TLS + [f"--tls_client_ca={path('ca.pem')}"]
         with Fitrund(path("mtls"), flags) as daemon:
             self.assertIsNotNone(daemon.address, daemon.log())
@@ -385,6 +363,22 @@ class MutualTlsTest(unittest.TestCase):
             with self.assertRaises(ClientError) as anonymous:
                 Client(daemon.address, ca=path("ca.pem")).list()
             self.assertEqual(anonymous.exception.code, "UNAUTHENTICATED")
+
+            # The metrics port over HTTPS: the same certificate names alice there, who sees her job.
+            address = metrics_address(daemon)
+            status, _, body = http(address, "/api/jobs", tls=https_context("alice"))
+            self.assertEqual(status, 200, body)
+            self.assertEqual([j["id"] for j in json.loads(body)["jobs"]], [job.id])
+            self.assertEqual(http(address, "/api/session", tls=https_context("alice"))[2],
+                             '{"user":"alice","admin":false,"secured":true}')
+            # Without a certificate (or a token) the page's API refuses.
+            self.assertEqual(http(address, "/api/jobs", tls=https_context())[0], 401)
+            # A certificate for "alice" that the CA did not sign ends the handshake.
+            openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", "mallory.key", "-out", "mallory.pem", "-days", "2", "-subj", "/CN=alice")
+            with self.assertRaises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+                http(address, "/api/jobs", tls=https_context("mallory"))
+            self.assertEqual(http(address, "/api/jobs", tls=https_context("alice"))[0], 200)
 
 
 if __name__ == "__main__":
