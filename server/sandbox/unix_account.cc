@@ -9,7 +9,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 
@@ -64,15 +63,6 @@ absl::Status GiveToAccount(const std::string& path, const UnixAccount& account, 
         absl::StrCat("cannot give ", path, " to Unix account ", account.name, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> AccountSubdirectory(const std::string& parent, const UnixAccount& account) {
-  const std::string dir = absl::StrCat(parent, "/", account.name);
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message()));
-  if (absl::Status given = GiveToAccount(dir, account, 0700); !given.ok()) return given;
-  return dir;
 }
 
 FileAccessAs::FileAccessAs(const UnixAccount& account) {

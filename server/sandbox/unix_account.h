@@ -35,12 +35,9 @@ absl::StatusOr<UnixAccount> LookUpUnixAccount(const std::string& name);
 bool CanRunAsOtherAccounts();
 
 // Gives the file or directory to the account (owner and group) with `mode`; INTERNAL naming the
-// path otherwise.
+// path otherwise. Only for paths no account can change (in fitrund's own directories): inside a
+// directory an account controls, use OwnedDirectory (owned_directory.h).
 absl::Status GiveToAccount(const std::string& path, const UnixAccount& account, unsigned mode);
-
-// <parent>/<account name>, created if missing and the account's alone (0700): where a cache shared
-// by one account's jobs (decoded datasets) lives, so no account reads or plants another's.
-absl::StatusOr<std::string> AccountSubdirectory(const std::string& parent, const UnixAccount& account);
 
 // While alive, the calling thread opens, stats and lists files with `account`'s rights (file-system
 // uid and gid and supplementary groups, which Linux keeps per thread), and the thread's file-system
