@@ -58,6 +58,11 @@ using AllocationCallback = std::function<void(const AllocationStatus&)>;
 struct AttemptLaunch {
   std::string job_id;
   int attempt = 0;
+  // The job's directory and, inside it, the attempt's (every rank's working directory). The job's
+  // processes control what is in them: a launcher touches files there only through an
+  // OwnedDirectory (server/sandbox/owned_directory.h) as the ranks' account.
+  std::string job_dir;
+  std::string attempt_dir_name;
   std::vector<WorkerLaunch> ranks;  // rank r at index r
   // What a launcher that asks a scheduler for the ranks' nodes asks for: the plan's nodes (empty on
   // one machine) with ranks_per_node each; per rank its CPU threads, a GPU or not, and its host memory
@@ -97,6 +102,10 @@ struct RecordedAttempt {
   std::vector<int> pids;
   std::vector<bool> maybe_running;
   AllocationCallback on_allocation;  // as AttemptLaunch's
+  // As AttemptLaunch's, and the account its ranks run as (unset: fitrund's own user).
+  std::string job_dir;
+  std::string attempt_dir_name;
+  std::optional<UnixAccount> run_as;
 };
 
 // The handle of ranks started as local processes: "pids:<rank 0's pid>,<rank 1's>,...". Attempts

@@ -6,7 +6,6 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -18,7 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "proto/contract/launch_contract.h"
-#include "proto/contract/atomic_file.h"
+#include "server/sandbox/owned_directory.h"
 #include "server/slurm/slurm_text.h"
 
 namespace fitrun::server {
@@ -55,13 +54,17 @@ std::string ShellQuote(const std::string& value) {
   return out + "'";
 }
 
-// A rank's exit status as the shim recorded it, if it has.
-std::optional<int> ReadExitFile(const std::string& attempt_dir, int rank) {
-  std::ifstream in(fs::path(attempt_dir) / absl::StrCat("rank-", rank, ".exit"));
-  std::string text;
-  if (!std::getline(in, text)) return std::nullopt;
+// A rank's exit status as the shim recorded it, if it has: read as the ranks' account, through no
+// symlink, a few bytes of a regular file at most (the ranks may have put anything there).
+std::optional<int> ReadExitFile(const std::string& job_dir, const std::string& attempt_dir_name,
+                                const std::optional<UnixAccount>& run_as, int rank) {
+  absl::StatusOr<OwnedDirectory> dir = OwnedDirectory::Open(job_dir, run_as, /*create=*/false);
+  if (!dir.ok()) return std::nullopt;
+  absl::StatusOr<UntrustedFile> file = dir->OpenForReading(absl::StrCat(attempt_dir_name, "/rank-", rank, ".exit"));
+  if (!file.ok()) return std::nullopt;
+  absl::StatusOr<std::string> text = file->ReadAt(0, 32);
   int code = 0;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &code)) return std::nullopt;
+  if (!text.ok() || !absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &code)) return std::nullopt;
   return code;
 }
 
@@ -214,13 +217,23 @@ absl::StatusOr<LaunchedAttempt> SlurmLauncher::Launch(const AttemptLaunch& attem
   const fs::path shim = attempt_dir / "rank_shim.sh";
   absl::StatusOr<std::string> script = BatchScript(attempt, shim.string());
   if (!script.ok()) return script.status();
-  // The script holds the job's token: only its owner reads it.
-  if (absl::Status status = contract::WriteFileAtomically(shim.string(), kRankShim, 0755); !status.ok()) return status;
+  // The attempt's directory is the ranks' account's: what goes there is written as it, through no
+  // symlink. The script holds the job's token: only its owner reads it.
+  const std::optional<UnixAccount>& run_as = attempt.ranks.front().run_as;
+  absl::StatusOr<OwnedDirectory> job_dir = OwnedDirectory::Open(attempt.job_dir, run_as, /*create=*/false);
+  if (!job_dir.ok()) return job_dir.status();
+  const std::string in_attempt = attempt.attempt_dir_name + "/";
+  if (absl::Status status = job_dir->WriteFile(in_attempt + "rank_shim.sh", kRankShim, 0755); !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = job_dir->WriteFile(in_attempt + "slurm-batch.sh", *script, 0700); !status.ok()) {
+    return status;
+  }
   const fs::path script_path = attempt_dir / "slurm-batch.sh";
-  if (absl::Status status = contract::WriteFileAtomically(script_path.string(), *script, 0700); !status.ok()) return status;
   for (int rank = 0; rank < static_cast<int>(attempt.ranks.size()); ++rank) {
-    std::error_code ignored;
-    fs::remove(attempt_dir / absl::StrCat("rank-", rank, ".exit"), ignored);
+    if (absl::Status status = job_dir->RemoveFile(absl::StrCat(in_attempt, "rank-", rank, ".exit")); !status.ok()) {
+      return status;
+    }
   }
 
   absl::StatusOr<std::string> submitted = options_.runner(SbatchArgv(attempt, script_path.string()));
@@ -237,7 +250,9 @@ absl::StatusOr<LaunchedAttempt> SlurmLauncher::Launch(const AttemptLaunch& attem
   if (!job_id.ok()) return job_id.status();
 
   Tracked tracked;
-  tracked.attempt_dir = attempt_dir.string();
+  tracked.job_dir = attempt.job_dir;
+  tracked.attempt_dir_name = attempt.attempt_dir_name;
+  tracked.run_as = run_as;
   tracked.world_size = static_cast<int>(attempt.ranks.size());
   tracked.on_exit = std::move(on_exit);
   tracked.on_allocation = attempt.on_allocation;
@@ -307,8 +322,9 @@ std::vector<bool> SlurmLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
     adopted[rank] = attempt.maybe_running[rank];
     tracked.reported[rank] = !adopted[rank];  // nothing to report for a rank not taken over
   }
-  // The batch job runs in the attempt's directory (sbatch --chdir), where the shim's exit files are.
-  tracked.attempt_dir = slurm::ParseOneliner(*shown)["WorkDir"];
+  tracked.job_dir = attempt.job_dir;
+  tracked.attempt_dir_name = attempt.attempt_dir_name;
+  tracked.run_as = attempt.run_as;
   Track(*job_id, std::move(tracked));
   return adopted;
 }
@@ -488,7 +504,9 @@ bool SlurmLauncher::PollOnce() {
         for (int rank = 0; rank < tracked.world_size; ++rank) {
           if (tracked.reported[rank]) continue;
           std::optional<int> code =
-              tracked.attempt_dir.empty() ? std::nullopt : ReadExitFile(tracked.attempt_dir, rank);
+              tracked.job_dir.empty()
+                  ? std::nullopt
+                  : ReadExitFile(tracked.job_dir, tracked.attempt_dir_name, tracked.run_as, rank);
           WorkerExit exit;
           if (code.has_value()) {
             exit.exit_code = *code;

@@ -84,7 +84,10 @@ class SlurmLauncher : public WorkerLauncher {
 
  private:
   struct Tracked {
-    std::string attempt_dir;
+    // Where the shim's exit files are: <job_dir>/<attempt_dir_name>, the run_as account's.
+    std::string job_dir;
+    std::string attempt_dir_name;
+    std::optional<UnixAccount> run_as;
     int world_size = 0;
     RankExitCallback on_exit;
     AllocationCallback on_allocation;

@@ -3,6 +3,8 @@
 // and which scancel it sends when. The real cluster is tests/slurm/fitrund_slurm_test.py's.
 #include "server/launcher/slurm_launcher.h"
 
+#include <sys/stat.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -153,6 +155,8 @@ class SlurmLauncherTest : public ::testing::Test {
     AttemptLaunch attempt;
     attempt.job_id = "j1";
     attempt.attempt = 1;
+    attempt.job_dir = attempt_dir_.parent_path().string();
+    attempt.attempt_dir_name = "attempt-1";
     for (int rank = 0; rank < 4; ++rank) {
       WorkerLaunch launch;
       launch.job_id = "j1";
@@ -274,6 +278,31 @@ TEST_F(SlurmLauncherTest, LaunchWritesTheScriptAndTheShimAndReturnsTheSlurmJob) 
   EXPECT_THAT(slurm_.Commands().front(), HasSubstr("sbatch --parsable"));
 }
 
+TEST_F(SlurmLauncherTest, WhatTheRanksPlantedInTheAttemptsDirectoryIsNeitherFollowedNorRead) {
+  // A victim outside the job's directory, and the ranks' traps inside it: the script's name a
+  // symlink to the victim, an exit file a symlink to a file saying 0, another a FIFO.
+  const std::filesystem::path victim = attempt_dir_.parent_path().parent_path() / "victim";
+  std::ofstream(victim) << "0\n";
+  std::filesystem::create_symlink(victim, attempt_dir_ / "slurm-batch.sh");
+  SlurmLauncher launcher(Options());
+  ASSERT_TRUE(launcher.Launch(Attempt(), reports_.OnExit()).ok());
+  EXPECT_FALSE(std::filesystem::is_symlink(attempt_dir_ / "slurm-batch.sh")) << "the link was replaced";
+  std::ifstream victim_in(victim);
+  std::string victim_text((std::istreambuf_iterator<char>(victim_in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(victim_text, "0\n") << "the victim was not written through the link";
+  slurm_.Set("RUNNING");
+  std::filesystem::create_symlink(victim, attempt_dir_ / "rank-0.exit");
+  ASSERT_EQ(mkfifo((attempt_dir_ / "rank-1.exit").c_str(), 0644), 0);
+  WriteExitFile(2, 0);
+  EXPECT_TRUE(reports_.WaitFor([](const auto&, const auto& exits) { return exits.size() == 1; }));
+  // Polls go on (the FIFO never blocked them); the allocation's end reports the other three as killed.
+  slurm_.Set("CANCELLED");
+  EXPECT_TRUE(reports_.WaitFor([](const auto&, const auto& exits) { return exits.size() == 4; }));
+  EXPECT_THAT(reports_.Exits(), Contains("rank 0 code -1 signal 9"));
+  EXPECT_THAT(reports_.Exits(), Contains("rank 1 code -1 signal 9"));
+  EXPECT_THAT(reports_.Exits(), Contains("rank 2 code 0 signal 0"));
+}
+
 TEST_F(SlurmLauncherTest, ReportsTheWaitThenTheAllocationThenEachRanksOwnExit) {
   slurm_.Set("PENDING", "Resources");
   SlurmLauncher launcher(Options());
@@ -344,9 +373,10 @@ TEST_F(SlurmLauncherTest, StoppingAWaitingAllocationCancelsItAtOnce) {
 TEST_F(SlurmLauncherTest, AdoptsAJobSlurmStillRunsAndNotOneThatEnded) {
   slurm_.Set("RUNNING");
   SlurmLauncher launcher(Options());
-  RecordedAttempt recorded{"j1", 1, "slurm:42", {0, 0, 0, 0}, {true, true, false, true}, reports_.OnAllocation()};
+  RecordedAttempt recorded{"j1", 1, "slurm:42", {0, 0, 0, 0}, {true, true, false, true}, reports_.OnAllocation(),
+                           attempt_dir_.parent_path().string(), "attempt-1"};
   EXPECT_EQ(launcher.Adopt(recorded, reports_.OnExit()), (std::vector<bool>{true, true, false, true}));
-  // Its exit files are found in Slurm's WorkDir for the job.
+  // Its exit files are found in the attempt's directory on record.
   for (int rank : {0, 1, 3}) WriteExitFile(rank, 0);
   EXPECT_TRUE(reports_.WaitFor([](const auto&, const auto& exits) { return exits.size() == 3; }));
 

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "server/core/calibration/memory_calibration.h"
 #include "server/sandbox/job_cgroup.h"
+#include "server/sandbox/owned_directory.h"
 
 namespace fitrun::server {
 

@@ -1,9 +1,9 @@
 #include "server/service/log_stream.h"
 
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "server/core/jobs/job_directory.h"
 #include "server/service/grpc_status.h"
 
 namespace fitrun::server {
@@ -69,16 +69,29 @@ LogStreamReactor::Step LogStreamReactor::Next(fitrun::v1::LogChunk* next, grpc::
     absl::StatusOr<JobManager::LogFile> now = manager_->RankLog(request_.job_id(), request_.rank(), log_.attempt);
     running = now.ok() && now->attempt_running;
   }
+  // The log is the job's file, which its ranks may replace with anything: it is opened once it
+  // exists, as the job's account, and only as a regular file; then read in bounded chunks from the
+  // file opened, whatever its name points to later.
+  if (!file_.has_value()) {
+    absl::StatusOr<UntrustedFile> opened = OpenRankLog(log_.job_dir, log_.run_as, log_.attempt, log_.rank);
+    if (opened.ok()) {
+      file_.emplace(*std::move(opened));
+    } else if (!absl::IsNotFound(opened.status())) {
+      *status = ToGrpcStatus(opened.status());
+      return Step::kFinish;
+    }
+  }
   std::string data;
-  std::ifstream in(log_.path, std::ios::binary);
-  if (in) {
-    in.seekg(offset_);
-    data.resize(kChunk);
-    in.read(data.data(), kChunk);
-    data.resize(static_cast<size_t>(in.gcount()));
+  if (file_.has_value()) {
+    absl::StatusOr<std::string> read = file_->ReadAt(offset_, kChunk);
+    if (!read.ok()) {
+      *status = ToGrpcStatus(read.status());
+      return Step::kFinish;
+    }
+    data = *std::move(read);
   }
   if (!data.empty()) {
-    offset_ += static_cast<std::streamoff>(data.size());
+    offset_ += static_cast<int64_t>(data.size());
     next->set_attempt(log_.attempt);
     next->set_rank(request_.rank());
     next->set_data(std::move(data));

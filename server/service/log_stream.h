@@ -8,14 +8,15 @@
 
 #include <cstdint>
 #include <functional>
-#include <ios>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "fitrun/v1/coordinator.grpc.pb.h"
 #include "server/core/jobs/job_manager.h"
+#include "server/sandbox/owned_directory.h"
 #include "server/service/polled_write_reactor.h"
 
 namespace fitrun::server {
@@ -60,7 +61,8 @@ class LogStreamReactor : public PolledWriteReactor<fitrun::v1::LogChunk> {
   bool ticking_ = false;
   int64_t tick_ = 0;
   JobManager::LogFile log_ ABSL_GUARDED_BY(mu_);
-  std::streamoff offset_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<UntrustedFile> file_ ABSL_GUARDED_BY(mu_);
+  int64_t offset_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace fitrun::server

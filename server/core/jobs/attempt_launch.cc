@@ -4,13 +4,14 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "proto/contract/launch_contract.h"
+#include "server/core/jobs/job_directory.h"
 #include "server/core/specs/job_specs.h"
 #include "server/core/units.h"
+#include "server/sandbox/owned_directory.h"
 #include "fitrun/v1/worker.pb.h"
 
 namespace fitrun::server {
@@ -37,26 +38,26 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
                                               const std::vector<fitrun::v1::Device>& devices,
                                               const std::string& job_dir, const AttemptLaunchSettings& settings) {
   namespace fs = std::filesystem;
-  const fs::path attempt_dir = fs::path(job_dir) / absl::StrCat("attempt-", attempt);
-  std::error_code error;
-  fs::create_directories(attempt_dir, error);
-  if (error) return absl::InternalError(absl::StrCat("cannot create ", attempt_dir.string(), ": ", error.message()));
-  fs::create_directories(fs::path(job_dir) / "checkpoints", error);
+  const std::string attempt_name = AttemptDirectoryName(attempt);
+  const fs::path attempt_dir = fs::path(job_dir) / attempt_name;
   std::optional<UnixAccount> run_as;
   std::string dataset_cache_dir = settings.dataset_cache_dir;
   if (!job.run_as().empty()) {
     absl::StatusOr<UnixAccount> account = LookUpUnixAccount(job.run_as());
     if (!account.ok()) return account.status();
     run_as = *account;
-    // Nobody else's ranks may read or plant what this job's read, write and run.
-    for (const fs::path& dir : {fs::path(job_dir), attempt_dir, fs::path(job_dir) / "checkpoints"}) {
-      if (absl::Status given = GiveToAccount(dir.string(), *account, 0700); !given.ok()) return given;
-    }
     if (!dataset_cache_dir.empty()) {
       absl::StatusOr<std::string> own = AccountSubdirectory(dataset_cache_dir, *account);
       if (!own.ok()) return own.status();
       dataset_cache_dir = *own;
     }
+  }
+  // The job's directory is its owner's (0700) from its first attempt on, and whatever its processes
+  // left there is theirs: every name below is made and written as the owner, through no symlink.
+  absl::StatusOr<OwnedDirectory> directory = OwnedDirectory::Open(job_dir, run_as, /*create=*/true);
+  if (!directory.ok()) return directory.status();
+  for (const char* dir : {attempt_name.c_str(), kCheckpointsDirectoryName}) {
+    if (absl::Status made = directory->MakeDirectory(dir); !made.ok()) return made;
   }
 
   // Devices by id, for each rank's memory cap and thread share.
@@ -68,7 +69,7 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
   assignment.set_attempt(attempt);
   *assignment.mutable_spec() = job.spec();
   *assignment.mutable_plan() = plan;
-  assignment.set_checkpoint_dir((fs::path(job_dir) / "checkpoints").string());
+  assignment.set_checkpoint_dir((fs::path(job_dir) / kCheckpointsDirectoryName).string());
   assignment.set_dataset_cache_dir(dataset_cache_dir);
   for (const std::string& id : plan.device_ids()) {
     const fitrun::v1::Device& device = by_id[id];
@@ -80,19 +81,17 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
   }
   std::string assignment_text;
   google::protobuf::TextFormat::PrintToString(assignment, &assignment_text);
-  const fs::path assignment_path = attempt_dir / "assignment.textproto";
-  {
-    std::ofstream out(assignment_path);
-    out << assignment_text;
-    if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", assignment_path.string()));
+  const std::string assignment_name = absl::StrCat(attempt_name, "/", kAssignmentFileName);
+  if (absl::Status written = directory->WriteFile(assignment_name, assignment_text, 0600); !written.ok()) {
+    return written;
   }
-  if (run_as.has_value()) {
-    if (absl::Status given = GiveToAccount(assignment_path.string(), *run_as, 0600); !given.ok()) return given;
-  }
+  const fs::path assignment_path = fs::path(job_dir) / assignment_name;
 
   AttemptLaunch launches;
   launches.job_id = job.id();
   launches.attempt = attempt;
+  launches.job_dir = job_dir;
+  launches.attempt_dir_name = attempt_name;
   launches.nodes.assign(plan.nodes().begin(), plan.nodes().end());
   launches.ranks_per_node = plan.devices_per_node();
   launches.time_limit_minutes = job.spec().resources().time_limit_minutes();
@@ -120,7 +119,7 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
     launch.argv = {job.spec().has_script() && !settings.script_binary.empty() ? settings.script_binary
                                                                              : settings.worker_binary};
     launch.working_dir = attempt_dir.string();
-    launch.log_path = (attempt_dir / absl::StrCat("rank-", rank, ".log")).string();
+    launch.log_path = (fs::path(job_dir) / RankLogName(attempt, rank)).string();
     launch.run_as = run_as;
     launch.env = {
         {launch::kRank, absl::StrCat(rank)},

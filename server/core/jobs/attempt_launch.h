@@ -37,8 +37,8 @@ int64_t ProcessesPerRank(const fitrun::v1::JobSpec& spec);
 
 // Writes <job_dir>/attempt-<attempt>/assignment.textproto (creating the attempt's and the
 // checkpoints' directories; for a job that runs as its owner's account (Job.run_as) the job's
-// directory and everything in it belong to that account, mode 0700, and its ranks' decoded datasets
-// go to a cache directory of the account's own) and returns the attempt to launch: one launch per rank of `plan`, and
+// directory and everything in it belong to that account, mode 0700, made and written as it through
+// OwnedDirectory, and its ranks' decoded datasets go to a cache directory of the account's own) and returns the attempt to launch: one launch per rank of `plan`, and
 // what a launcher asking a scheduler for nodes needs (the plan's nodes, each rank's threads, GPU and
 // host memory, the spec's time limit), and what a launcher confining the attempt bounds (its ranks'
 // host memory and tasks together). `devices` is the inventory (for each rank's cap and threads);

@@ -48,7 +48,6 @@ struct RankState {
   // The rank reported an out-of-memory error and exits on its own with its own code and last
   // report; stopping the group does not SIGTERM it.
   bool exiting_on_its_own = false;
-  std::string log_path;
   std::weak_ptr<WorkerConnection> connection;
   // When the coordinator last heard from the rank (launch, adoption, any report): a rank silent
   // past spec.fault_tolerance.heartbeat_timeout_seconds is taken as hung.

@@ -160,9 +160,13 @@ class JobManager {
   EventHub& events() { return hub_; }
 
   // Where a rank's log is, for the given attempt (0: the latest), and whether that attempt still runs.
+  // The job's processes control the file: open it with OpenRankLog (job_directory.h), as run_as,
+  // never under a lock.
   struct LogFile {
-    std::string path;
+    std::string job_dir;
+    std::string run_as;
     int attempt = 0;
+    int rank = 0;
     bool attempt_running = false;
   };
   absl::StatusOr<LogFile> RankLog(const std::string& job_id, int rank, int attempt);
@@ -213,7 +217,10 @@ class JobManager {
   void RequestSchedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { schedule_requested_ = true; }
   // Launches every rank of the job on the plan's devices; on failure stops those started.
   absl::Status LaunchAttempt(JobEntry& entry, const fitrun::v1::Plan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnWorkerExit(const WorkerKey& key, const WorkerExit& exit);
+  // What the launcher calls when a rank of the job's attempt exits: reads the rank's log tail, when
+  // the exit may be a failure, before it takes the lock (the file is the job's), then OnWorkerExit.
+  WorkerLauncher::RankExitCallback ExitCallbackFor(const fitrun::v1::Job& job, int attempt);
+  void OnWorkerExit(const WorkerKey& key, const WorkerExit& exit, const std::string& log_tail);
   // The launcher's word on an attempt's allocation (a cluster scheduler's PENDING and its reason).
   void OnAllocation(const std::string& job_id, int attempt, const AllocationStatus& status);
   AllocationCallback AllocationCallbackFor(const std::string& job_id, int attempt);

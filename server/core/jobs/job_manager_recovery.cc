@@ -4,7 +4,6 @@
 // same mutex as job_manager.cc; split only so that each file reads as one concern.
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "proto/contract/launch_contract.h"
 #include "server/core/jobs/attempt_launch.h"
+#include "server/core/jobs/job_directory.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/core/jobs/proto_time.h"
 #include "server/core/specs/job_specs.h"
@@ -26,21 +26,6 @@ namespace {
 
 using fitrun::v1::Job;
 using fitrun::v1::JobEvent;
-
-// The last lines of a rank's log, for failure reasons: what a user needs to see first.
-std::string LogTail(const std::string& path, size_t max_lines = 12, size_t max_bytes = 2048) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  const std::streamoff start = std::max<std::streamoff>(0, size - static_cast<std::streamoff>(max_bytes));
-  in.seekg(start);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
-  if (start > 0 && !lines.empty()) lines.erase(lines.begin());  // first line is cut
-  if (lines.size() > max_lines) lines.erase(lines.begin(), lines.end() - static_cast<long>(max_lines));
-  return absl::StrJoin(lines, "\n");
-}
 
 }  // namespace
 
@@ -62,7 +47,17 @@ const char* JobManager::FailureKindLabel(FailureKind kind) {
   return "crash";
 }
 
-void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
+WorkerLauncher::RankExitCallback JobManager::ExitCallbackFor(const Job& job, int attempt) {
+  return [this, job_id = job.id(), attempt, job_dir = JobDir(job.id()), run_as = job.run_as()](
+             int rank, const WorkerExit& exit) {
+    // A known clean exit has nothing to show; an adopted rank's is not known yet.
+    const bool maybe_failed = !exit.status_known || exit.exit_code != 0 || exit.signal != 0;
+    const std::string log_tail = maybe_failed ? RankLogTail(job_dir, run_as, attempt, rank) : "";
+    OnWorkerExit(WorkerKey{job_id, attempt, rank}, exit, log_tail);
+  };
+}
+
+void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit, const std::string& log_tail) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(key.job_id);
   if (it == jobs_.end()) return;
@@ -93,7 +88,7 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit) {
   exited->set_rank(key.rank);
   exited->set_exit_code(rank.exit.exit_code);
   exited->set_signal(rank.exit.signal);
-  if (!clean) exited->set_log_tail(LogTail(rank.log_path));
+  if (!clean) exited->set_log_tail(log_tail);
   PublishLocked(entry, event);
 
   if (entry.record.job.state() == fitrun::v1::JOB_STATE_RUNNING) {
@@ -155,20 +150,20 @@ int JobManager::AdoptLastAttempt(JobEntry& entry) {
   active.launch_handle = record.launch_handle().empty() ? LocalLaunchHandle(pids) : record.launch_handle();
   active.device_ids.assign(record.device_ids().begin(), record.device_ids().end());
   active.ranks.resize(record.ranks_size());
-  const std::string attempt_dir = (std::filesystem::path(JobDir(job.id())) / absl::StrCat("attempt-", record.attempt())).string();
   RecordedAttempt recorded{job.id(), record.attempt(), active.launch_handle, pids, {},
                            AllocationCallbackFor(job.id(), record.attempt())};
   for (const fitrun::v1::RankOutcome& outcome : record.ranks()) recorded.maybe_running.push_back(!outcome.exited());
-  const std::string job_id = job.id();
-  const int attempt = record.attempt();
-  const std::vector<bool> alive = launcher_->Adopt(recorded, [this, job_id, attempt](int rank, const WorkerExit& exit) {
-    OnWorkerExit(WorkerKey{job_id, attempt, rank}, exit);
-  });
+  recorded.job_dir = JobDir(job.id());
+  recorded.attempt_dir_name = AttemptDirectoryName(record.attempt());
+  if (!job.run_as().empty()) {
+    absl::StatusOr<UnixAccount> account = LookUpUnixAccount(job.run_as());
+    if (account.ok()) recorded.run_as = *account;
+  }
+  const std::vector<bool> alive = launcher_->Adopt(recorded, ExitCallbackFor(job, record.attempt()));
   const absl::Time now = options_.clock();
   int adopted = 0;
   for (fitrun::v1::RankOutcome& outcome : *record.mutable_ranks()) {
     RankState& rank = active.ranks[outcome.rank()];
-    rank.log_path = attempt_dir + absl::StrCat("/rank-", outcome.rank(), ".log");
     rank.pid = outcome.pid();
     rank.exited = true;  // until adopted
     if (outcome.exited()) continue;

@@ -139,11 +139,7 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
   if (!assembled.ok()) return assembled.status();
   AttemptLaunch& attempt = *assembled;
   attempt.on_allocation = AllocationCallbackFor(job.id(), attempt_number);
-  const std::string job_id = job.id();
-  absl::StatusOr<LaunchedAttempt> launched =
-      launcher_->Launch(attempt, [this, job_id, attempt_number](int rank, const WorkerExit& exit) {
-        OnWorkerExit(WorkerKey{job_id, attempt_number, rank}, exit);
-      });
+  absl::StatusOr<LaunchedAttempt> launched = launcher_->Launch(attempt, ExitCallbackFor(job, attempt_number));
   if (!launched.ok()) return absl::InternalError(absl::StrCat("launching the ranks: ", launched.status().message()));
 
   const int world_size = plan.device_ids_size();
@@ -155,7 +151,6 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
   active.ranks.resize(world_size);
   for (int rank = 0; rank < world_size; ++rank) {
     device_owner_[active.device_ids[rank]] = {job.id(), rank};
-    active.ranks[rank].log_path = attempt.ranks[rank].log_path;
     active.ranks[rank].pid = rank < static_cast<int>(launched->pids.size()) ? launched->pids[rank] : 0;
     active.ranks[rank].last_heard = options_.clock();
   }

@@ -2,7 +2,6 @@
 // them, an attempt's ranks with their planned and peak memory, their logs and the events. Same class,
 // same mutex as job_manager.cc; read-only but for nothing (paging and views change no job).
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <set>
 
@@ -90,9 +89,10 @@ absl::StatusOr<JobManager::LogFile> JobManager::RankLog(const std::string& job_i
     return absl::InvalidArgumentError(absl::StrCat("rank: job ", job_id, " has ranks 0..", std::max(1, world) - 1));
   }
   LogFile log;
+  log.job_dir = JobDir(job_id);
+  log.run_as = job.run_as();
   log.attempt = chosen;
-  log.path = (std::filesystem::path(JobDir(job_id)) / absl::StrCat("attempt-", chosen) / absl::StrCat("rank-", rank, ".log"))
-                 .string();
+  log.rank = rank;
   const auto& active = it->second.active;
   log.attempt_running = active && active->attempt == chosen && !active->ranks.at(rank).exited;
   return log;
