@@ -1,5 +1,6 @@
 #include "proto/contract/find_command.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -11,9 +12,12 @@
 namespace fitrun::contract::launch {
 namespace {
 
+// AT_EACCESS: checked with the thread's effective (file-system) ids, so that a thread reading as a
+// job's account (server/sandbox FileAccessAs) asks whether that account may run it; access()
+// would ask whether root may.
 bool IsExecutableFile(const std::string& path) {
   std::error_code error;
-  return std::filesystem::is_regular_file(path, error) && access(path.c_str(), X_OK) == 0;
+  return std::filesystem::is_regular_file(path, error) && faccessat(AT_FDCWD, path.c_str(), X_OK, AT_EACCESS) == 0;
 }
 
 }  // namespace

@@ -99,7 +99,8 @@ std::string CalibrationKey(const fitrun::v1::JobSpec& spec) {
     const fitrun::v1::ScriptSpec& script = spec.script();
     absl::StrAppend(&key, "script ", script.ShortDebugString());
     if (std::optional<int> file = ScriptFileIndex(script); file.has_value()) {
-      absl::StrAppend(&key, " file ", FileVersion(absl::StrCat(script.working_dir(), "/", script.command(*file))));
+      absl::StrAppend(&key, " file ",
+                      RecordedVersion(spec, (std::filesystem::path(script.working_dir()) / script.command(*file)).string()));
     }
     return OneField(key);
   }

@@ -24,6 +24,7 @@ absl::StatusOr<fitrun::v1::JobSpec> Admission::CheckSpec(fitrun::v1::JobSpec spe
     }
   }
   // Before anything the spec names is opened (validation reads headers and sizes).
+  if (absl::Status allowed = RefuseKernelPaths(spec); !allowed.ok()) return allowed;
   if (options_.data_roots.has_value()) {
     if (absl::Status allowed = options_.data_roots->Check(spec); !allowed.ok()) return allowed;
   }

@@ -128,6 +128,14 @@ void JobManager::Shutdown() {
 absl::Status JobManager::LoadStoredJobs() {
   absl::StatusOr<std::vector<JobRecord>> records = store_->LoadJobs();
   if (!records.ok()) return records.status();
+  // Jobs stored before specs carried what was read of their files: read it now, once, as at submit
+  // (as the owner, before any lock). A job whose files are gone keeps none, and its plan says so.
+  for (JobRecord& record : *records) {
+    JobSpec& spec = *record.job.mutable_spec();
+    if (IsTerminal(record.job.state()) || spec.has_file_facts()) continue;
+    absl::StatusOr<JobSpec> read = admission_.CheckSpec(spec, record.job.run_as());
+    if (read.ok()) *spec.mutable_file_facts() = read->file_facts();
+  }
   absl::MutexLock lock(&mu_);
   for (JobRecord& record : *records) {
     const std::string id = record.job.id();

@@ -24,16 +24,17 @@ bool Under(const std::string& path, const std::string& root) {
   return path.compare(0, prefix.size(), prefix) == 0;
 }
 
-}  // namespace
-
-DataRoots::DataRoots(const std::vector<std::string>& roots) {
-  for (const std::string& root : roots) {
-    if (!root.empty()) roots_.push_back(Resolved(std::filesystem::absolute(root).string()));
+bool UnderKernelTree(const std::string& path) {
+  for (const char* tree : {"/proc", "/sys", "/dev"}) {
+    if (Under(path, tree)) return true;
   }
+  return false;
 }
 
-absl::Status DataRoots::Check(const fitrun::v1::JobSpec& spec) const {
-  std::vector<std::pair<std::string, std::string>> paths;  // field, path
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> SpecPaths(const fitrun::v1::JobSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> paths;
   if (spec.has_model() && spec.model().kind_case() == fitrun::v1::ModelSpec::kTorchscript) {
     paths.emplace_back("spec.model.torchscript", spec.model().torchscript());
   }
@@ -49,6 +50,31 @@ absl::Status DataRoots::Check(const fitrun::v1::JobSpec& spec) const {
                          (std::filesystem::path(script.working_dir()) / script.command(*file)).string());
     }
   }
+  return paths;
+}
+
+absl::Status RefuseKernelPaths(const fitrun::v1::JobSpec& spec) {
+  for (const auto& [field, path] : SpecPaths(spec)) {
+    if (path.empty()) continue;
+    const std::string written = std::filesystem::path(path).lexically_normal().string();
+    const std::string resolved = Resolved(path);
+    if (UnderKernelTree(written) || UnderKernelTree(resolved)) {
+      return FieldError(field, absl::StrCat("'", path, "'", resolved != path ? absl::StrCat(" (", resolved, ")") : "",
+                                            " is a kernel or device file; fitrund reads a spec's data from regular "
+                                            "files only"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+DataRoots::DataRoots(const std::vector<std::string>& roots) {
+  for (const std::string& root : roots) {
+    if (!root.empty()) roots_.push_back(Resolved(std::filesystem::absolute(root).string()));
+  }
+}
+
+absl::Status DataRoots::Check(const fitrun::v1::JobSpec& spec) const {
+  const std::vector<std::pair<std::string, std::string>> paths = SpecPaths(spec);
   for (const auto& [field, path] : paths) {
     if (path.empty()) continue;
     const std::string resolved = Resolved(path);

@@ -6,6 +6,7 @@
 #define FITRUN_SERVER_CORE_SPECS_DATA_ROOTS_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -13,6 +14,15 @@
 #include "fitrun/v1/job.pb.h"
 
 namespace fitrun::server {
+
+// Every path a spec names, with its field: the TorchScript file, the data and test paths, the
+// script's working directory and file.
+std::vector<std::pair<std::string, std::string>> SpecPaths(const fitrun::v1::JobSpec& spec);
+
+// INVALID_ARGUMENT naming the field when a path the spec names lies under /proc, /sys or /dev, as
+// written or once resolved, whatever the data roots: kernel and device files are never a spec's
+// data (and /proc's magic links lead wherever a process points them).
+absl::Status RefuseKernelPaths(const fitrun::v1::JobSpec& spec);
 
 class DataRoots {
  public:

@@ -32,8 +32,9 @@ absl::Status ResolveClientPaths(fitrun::v1::JobSpec& spec, const std::string& cl
 std::optional<int> ScriptFileIndex(const fitrun::v1::ScriptSpec& script);
 
 // Checks ranges and cross-field rules (INVALID_ARGUMENT naming the field), including that the
-// dataset's files exist where data.path says.
-absl::Status ValidateJobSpec(const fitrun::v1::JobSpec& spec);
+// dataset's files exist where data.path says; what planning needs of the files it reads goes to
+// `facts` when given (spec_files.h says how they are read).
+absl::Status ValidateJobSpec(const fitrun::v1::JobSpec& spec, fitrun::v1::SpecFileFacts* facts = nullptr);
 
 // spec.resources.host_memory and max_processes per rank: the least a rank's process needs, and the
 // tasks (processes and threads) a rank gets when the spec does not say. A rank's host memory by
@@ -48,7 +49,9 @@ inline constexpr int64_t kGpuRankHostBytes = int64_t{4} << 30;
 // Fills every optional field with its documented default so that a stored spec is explicit.
 void ApplyJobSpecDefaults(fitrun::v1::JobSpec& spec);
 
-// Parse (when YAML), validate and default: what SubmitJob and PlanJob accept.
+// Validate and default, with the spec's file_facts read anew (any it came with are dropped): what
+// SubmitJob and PlanJob accept. Reads the spec's files: call it as the job's owner, never under a
+// lock.
 absl::StatusOr<fitrun::v1::JobSpec> NormalizeJobSpec(fitrun::v1::JobSpec spec);
 
 // Names used in YAML and in messages ("sgd", "fp32", "fashion_mnist", ...).

@@ -16,6 +16,7 @@
 #include "proto/contract/launch_contract.h"
 #include "server/core/errors.h"
 #include "server/core/specs/spec_names.h"
+#include "server/core/specs/spec_files.h"
 #include "server/core/specs/workloads.h"
 #include "server/core/units.h"
 
@@ -59,7 +60,7 @@ absl::Status ValidateCommHook(const JobSpec& spec) {
 }
 
 // A script job: its command must run on this machine as the ranks will run it.
-absl::Status ValidateScript(const JobSpec& spec) {
+absl::Status ValidateScript(const JobSpec& spec, fitrun::v1::SpecFileFacts* facts) {
   if (spec.has_model() || spec.has_data()) {
     return FieldError("spec.script", "a job runs either a script or a model on data; remove spec.model and spec.data");
   }
@@ -82,12 +83,17 @@ absl::Status ValidateScript(const JobSpec& spec) {
     return FieldError("spec.script.command[0]", found.status().message());
   }
   if (std::optional<int> index = ScriptFileIndex(script); index.has_value()) {
-    const std::filesystem::path file = std::filesystem::path(dir) / script.command(*index);
-    if (!std::filesystem::is_regular_file(file, error)) {
+    const std::string file = (std::filesystem::path(dir) / script.command(*index)).string();
+    absl::StatusOr<SpecFile> opened = SpecFile::Open(file);
+    if (!opened.ok()) {
       return FieldError(absl::StrCat("spec.script.command[", *index, "]"),
-                        absl::StrCat("no file '", script.command(*index), "' in spec.script.working_dir '", dir,
-                                     "'"));
+                        absl::IsNotFound(opened.status())
+                            ? absl::StrCat("no file '", script.command(*index), "' in spec.script.working_dir '", dir,
+                                           "'")
+                            : std::string(opened.status().message()));
     }
+    // A rewritten script is another workload to measure (part of its calibration key).
+    (*facts->mutable_versions())[file] = opened->version();
   }
   if (!script.batch_flag().empty() && script.batch_flag()[0] != '-') {
     return FieldError("spec.script.batch_flag",
@@ -150,7 +156,9 @@ absl::Status ResolveClientPaths(JobSpec& spec, const std::string& client_dir) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateJobSpec(const JobSpec& spec) {
+absl::Status ValidateJobSpec(const JobSpec& spec, fitrun::v1::SpecFileFacts* facts) {
+  fitrun::v1::SpecFileFacts ignored;
+  if (facts == nullptr) facts = &ignored;
   const std::string& name = spec.name();
   if (name.empty()) return FieldError("spec.name", "required; give the job a short name such as fashion-mnist-mlp");
   if (name.size() > 63) return FieldError("spec.name", absl::StrCat("at most 63 characters (got ", name.size(), ")"));
@@ -161,7 +169,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
 
   const bool script = spec.has_script();
-  if (absl::Status s = script ? ValidateScript(spec) : ValidateModelAndData(spec); !s.ok()) return s;
+  if (absl::Status s = script ? ValidateScript(spec, facts) : ValidateModelAndData(spec, facts); !s.ok()) return s;
 
   if (spec.global_batch_size() <= 0) {
     return FieldError("spec.global_batch_size",
@@ -347,8 +355,12 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
 }
 
 absl::StatusOr<JobSpec> NormalizeJobSpec(JobSpec spec) {
-  if (absl::Status status = ValidateJobSpec(spec); !status.ok()) return status;
+  // What fitrund read of the files is its own record, never the submitter's word.
+  spec.clear_file_facts();
+  fitrun::v1::SpecFileFacts facts;
+  if (absl::Status status = ValidateJobSpec(spec, &facts); !status.ok()) return status;
   ApplyJobSpecDefaults(spec);
+  *spec.mutable_file_facts() = std::move(facts);
   return spec;
 }
 

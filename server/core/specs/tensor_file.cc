@@ -635,8 +635,16 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ParseTensorDict(absl::string_v
   return ParseArchive(MemorySource(file));
 }
 
+absl::StatusOr<std::map<std::string, TensorInfo>> ReadTensorDict(int fd, uint64_t size) {
+  const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return absl::InternalError(absl::StrCat("dup: ", std::strerror(errno)));
+  FileSource source(own, size);
+  return ParseArchive(source);
+}
+
 absl::StatusOr<std::map<std::string, TensorInfo>> ReadTensorDict(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking: a FIFO would otherwise hold the open until a writer came.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open '", path, "': ", std::strerror(errno)));
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -39,6 +39,8 @@ struct TensorInfo {
 // else: not a zip (or the legacy format), a pickle that is not a dict of str -> tensor, a tensor
 // whose bytes are missing. NOT_FOUND when the file cannot be opened.
 absl::StatusOr<std::map<std::string, TensorInfo>> ReadTensorDict(const std::string& path);
+// The same, from an open regular file's first `size` bytes (the descriptor stays the caller's).
+absl::StatusOr<std::map<std::string, TensorInfo>> ReadTensorDict(int fd, uint64_t size);
 
 // The same from the bytes of a whole file (for tests and the fuzzer).
 absl::StatusOr<std::map<std::string, TensorInfo>> ParseTensorDict(absl::string_view file);

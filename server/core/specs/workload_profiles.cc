@@ -1,17 +1,10 @@
 #include "server/core/specs/workload_profiles.h"
 
 #include <algorithm>
-#include <filesystem>
-#include <map>
-#include <fstream>
 #include <string>
-#include <unordered_map>
-#include <unordered_set>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "proto/contract/data_contract.h"
-#include "server/core/specs/tensor_file.h"
 
 namespace fitrun::server {
 namespace {
@@ -43,41 +36,11 @@ ModelProfile GptWithVocabulary(const fitrun::v1::GptConfig& c, int64_t vocabular
   return p;
 }
 
-// What sizes a ratings workload: the items (the embedding) and the users with at least three
-// ratings (the training samples, worker/data/movielens.h). The file is scanned once: about 0.1 s
-// for MovieLens-1M's million lines, and only when a job is planned.
-struct RatingsCounts {
-  int64_t items = 0;
-  int64_t trainable_users = 0;
-};
-absl::StatusOr<RatingsCounts> CountRatings(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) return absl::InvalidArgumentError(absl::StrCat("spec.data.path: cannot read '", path, "'"));
-  std::unordered_set<int64_t> items;
-  std::unordered_map<int64_t, int64_t> ratings_per_user;
-  std::string line;
-  int64_t line_number = 0;
-  while (std::getline(file, line)) {
-    ++line_number;
-    if (line.empty() || line == "\r") continue;
-    const size_t first = line.find("::");
-    const size_t second = first == std::string::npos ? first : line.find("::", first + 2);
-    int64_t user = 0;
-    int64_t item = 0;
-    if (second == std::string::npos || !absl::SimpleAtoi(line.substr(0, first), &user) ||
-        !absl::SimpleAtoi(line.substr(first + 2, second - first - 2), &item)) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.data.path: '", path, "' line ",
-                                                     line_number, " is not user::item::rating::timestamp"));
-    }
-    items.insert(item);
-    ++ratings_per_user[user];
-  }
-  RatingsCounts counts;
-  counts.items = static_cast<int64_t>(items.size());
-  for (const auto& [user, count] : ratings_per_user) {
-    if (count >= 3) ++counts.trainable_users;
-  }
-  return counts;
+// The facts a profile needs, read from the spec's files at submit (JobSpec.file_facts); a spec
+// without them (never admitted) cannot be profiled.
+absl::Status MissingFacts(const std::string& field, const std::string& what) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      field, ": ", what, " was not read at submit (spec.file_facts is empty); submit the spec to fitrund"));
 }
 
 }  // namespace
@@ -121,41 +84,37 @@ absl::StatusOr<ModelProfile> GptProfile(const fitrun::v1::JobSpec& spec) {
   ModelProfile p = GptWithVocabulary(spec.model().gpt(), kByteVocabulary);
   p.input_bytes_per_sample = 2 * s;  // uint8 window and its shifted targets
   // As worker/data/text.h: windows of context + 1 bytes every context bytes over the first 90%.
-  std::error_code error;
-  const int64_t bytes = static_cast<int64_t>(std::filesystem::file_size(spec.data().path(), error));
-  if (error) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.data.path: cannot read the size of '", spec.data().path(), "': ", error.message()));
-  }
+  const int64_t bytes = spec.file_facts().data_bytes();
+  if (bytes <= 0) return MissingFacts("spec.data.path", "the text file's size");
   const int64_t train_bytes = bytes * 9 / 10;
   p.train_samples = train_bytes < 1 ? 0 : (train_bytes - 1) / s;
   return p;
 }
 
-// sasrec: see worker/models/sasrec.h; sized by its ratings file (CountRatings).
+// sasrec: see worker/models/sasrec.h; sized by its ratings file (its items and trainable users).
 absl::StatusOr<ModelProfile> SasRecProfile(const fitrun::v1::JobSpec& spec) {
-  absl::StatusOr<RatingsCounts> ratings = CountRatings(spec.data().path());
-  if (!ratings.ok()) return ratings.status();
+  const fitrun::v1::SpecFileFacts& ratings = spec.file_facts();
+  if (ratings.ratings_trainable_users() <= 0) return MissingFacts("spec.data.path", "the ratings file's counts");
   const fitrun::v1::SasRecConfig& c = spec.model().sasrec();
   const int64_t d = c.hidden();
   const int64_t s = c.max_len();
   ModelProfile p;
-  p.parameter_count = (ratings->items + 1) * d + s * d + c.blocks() * (6 * d * d + 10 * d) + 2 * d;
+  p.parameter_count = (ratings.ratings_items() + 1) * d + s * d + c.blocks() * (6 * d * d + 10 * d) + 2 * d;
   // The blocks, plus the sequence, positive and negative embeddings and their gradients.
   p.activation_bytes_per_sample = c.blocks() * TransformerLayerActivationBytes(s, d, c.heads()) + 6 * s * d * kFloat;
   p.input_bytes_per_sample = 2 * s * 8;  // int64 item sequence and next items
-  p.train_samples = ratings->trainable_users;
+  p.train_samples = ratings.ratings_trainable_users();
   return p;
 }
 
 // The gpt recommender (worker/models/gpt.h, CreateGptRecommender): the gpt over a vocabulary of the
 // ratings file's items plus padding, one sample per user with 3 or more ratings.
 absl::StatusOr<ModelProfile> GptRecommenderProfile(const fitrun::v1::JobSpec& spec) {
-  absl::StatusOr<RatingsCounts> ratings = CountRatings(spec.data().path());
-  if (!ratings.ok()) return ratings.status();
-  ModelProfile p = GptWithVocabulary(spec.model().gpt(), ratings->items + 1);
+  const fitrun::v1::SpecFileFacts& ratings = spec.file_facts();
+  if (ratings.ratings_trainable_users() <= 0) return MissingFacts("spec.data.path", "the ratings file's counts");
+  ModelProfile p = GptWithVocabulary(spec.model().gpt(), ratings.ratings_items() + 1);
   p.input_bytes_per_sample = 2 * int64_t{spec.model().gpt().context()} * 8;  // int64 items and next items
-  p.train_samples = ratings->trainable_users;
+  p.train_samples = ratings.ratings_trainable_users();
   return p;
 }
 
@@ -166,21 +125,9 @@ absl::StatusOr<ModelProfile> GptRecommenderProfile(const fitrun::v1::JobSpec& sp
 absl::StatusOr<ModelProfile> TorchScriptOnTensorsProfile(const fitrun::v1::JobSpec& spec) {
   absl::StatusOr<ModelProfile> p = TorchScriptProfile(spec);
   if (!p.ok()) return p.status();
-  absl::StatusOr<std::map<std::string, TensorInfo>> tensors = ReadTensorDict(spec.data().path());
-  if (!tensors.ok()) return absl::InvalidArgumentError(absl::StrCat("spec.data.path: ", tensors.status().message()));
-  int64_t n = 0;
-  int64_t sample_bytes = 0;
-  for (const auto& [key, info] : *tensors) {
-    if (info.shape.empty()) continue;
-    n = std::max(n, info.shape[0]);
-    int64_t elements = 1;
-    for (size_t d = 1; d < info.shape.size(); ++d) elements *= info.shape[d];
-    const int64_t element_bytes = info.dtype == "float64" || info.dtype == "int64"                                   ? 8
-                                  : info.dtype == "float32" || info.dtype == "int32"                                 ? 4
-                                  : info.dtype == "float16" || info.dtype == "bfloat16" || info.dtype == "int16" ? 2
-                                                                                                                  : 1;
-    sample_bytes += elements * element_bytes;
-  }
+  const int64_t n = spec.file_facts().tensor_samples();
+  const int64_t sample_bytes = spec.file_facts().tensor_sample_bytes();
+  if (n <= 0) return MissingFacts("spec.data.path", "the tensors file's shapes");
   p->input_bytes_per_sample = sample_bytes;
   p->activation_bytes_per_sample = std::max(p->activation_bytes_per_sample, 64 * sample_bytes);
   p->train_samples = spec.data().test_path().empty()
@@ -197,12 +144,8 @@ absl::StatusOr<ModelProfile> TorchScriptOnTensorsProfile(const fitrun::v1::JobSp
 // in the file's zip archive beside small code and pickle entries, so size / 4 bounds the float32
 // parameter count from above; activations are unknown and taken as the builtin cnn's.
 absl::StatusOr<ModelProfile> TorchScriptProfile(const fitrun::v1::JobSpec& spec) {
-  std::error_code error;
-  const int64_t bytes = static_cast<int64_t>(std::filesystem::file_size(spec.model().torchscript(), error));
-  if (error) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.model.torchscript: cannot read the size of '",
-                                                   spec.model().torchscript(), "': ", error.message()));
-  }
+  const int64_t bytes = spec.file_facts().torchscript_bytes();
+  if (bytes <= 0) return MissingFacts("spec.model.torchscript", "the TorchScript file's size");
   ModelProfile p = CnnProfile();
   p.parameter_count = bytes / kFloat;
   p.memory_source = "analytic: parameters bounded by the TorchScript file's size, activations taken as the cnn's";

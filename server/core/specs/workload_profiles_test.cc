@@ -1,6 +1,9 @@
 #include "server/core/specs/workload_profiles.h"
 #include "server/core/specs/workloads.h"
 
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -20,6 +23,14 @@ std::string WriteTempFile(const std::string& name, const std::string& bytes) {
   return path;
 }
 
+// The spec with what its checks read of its files (as admission records it at submit).
+absl::StatusOr<fitrun::v1::JobSpec> Admitted(fitrun::v1::JobSpec spec) {
+  fitrun::v1::SpecFileFacts facts;
+  if (absl::Status valid = ValidateModelAndData(spec, &facts); !valid.ok()) return valid;
+  *spec.mutable_file_facts() = facts;
+  return spec;
+}
+
 fitrun::v1::JobSpec GptSpec(const std::string& path, bool tied) {
   fitrun::v1::JobSpec spec;
   spec.mutable_model()->set_builtin("gpt");
@@ -36,11 +47,11 @@ fitrun::v1::JobSpec GptSpec(const std::string& path, bool tied) {
 
 TEST(ModelProfileTest, GptCountsParametersActivationsAndWindows) {
   const std::string path = WriteTempFile("corpus.txt", std::string(10000, 'x'));
-  absl::StatusOr<ModelProfile> untied = ProfileFor(GptSpec(path, false));
+  absl::StatusOr<ModelProfile> untied = ProfileFor(*Admitted(GptSpec(path, false)));
   ASSERT_TRUE(untied.ok()) << untied.status();
   // Embeddings 256*128 + 64*128, two blocks of 12*128^2 + 13*128, the final LayerNorm, the head.
   EXPECT_EQ(untied->parameter_count, 256 * 128 + 64 * 128 + 2 * (12 * 128 * 128 + 13 * 128) + 256 + 256 * 128);
-  absl::StatusOr<ModelProfile> tied = ProfileFor(GptSpec(path, true));
+  absl::StatusOr<ModelProfile> tied = ProfileFor(*Admitted(GptSpec(path, true)));
   ASSERT_TRUE(tied.ok()) << tied.status();
   EXPECT_EQ(untied->parameter_count - tied->parameter_count, 256 * 128);
   // Per layer 2 * (s*h*34 + 5*a*s^2) bytes (fp32), plus embeddings and logits.
@@ -66,24 +77,50 @@ TEST(ModelProfileTest, SasRecScansTheRatingsForItemsAndUsers) {
   sasrec->set_heads(1);
   spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_MOVIELENS);
   spec.mutable_data()->set_path(path);
-  absl::StatusOr<ModelProfile> profile = ProfileFor(spec);
+  absl::StatusOr<fitrun::v1::JobSpec> admitted = Admitted(spec);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  absl::StatusOr<ModelProfile> profile = ProfileFor(*admitted);
   ASSERT_TRUE(profile.ok()) << profile.status();
   EXPECT_EQ(profile->parameter_count, 5 * 64 + 50 * 64 + 2 * (6 * 64 * 64 + 10 * 64) + 128);
   EXPECT_EQ(profile->train_samples, 2);
 
   spec.mutable_data()->set_path(WriteTempFile("bad.dat", "1::10::5::1\nnot a rating\n"));
-  EXPECT_THAT(ProfileFor(spec).status().message(), HasSubstr("line 2 is not user::item::rating::timestamp"));
+  EXPECT_THAT(Admitted(spec).status().message(), HasSubstr("line 2 is not user::item::rating::timestamp"));
+  spec.mutable_data()->set_path(WriteTempFile("long.dat", std::string(5000, '1') + "\n"));
+  EXPECT_THAT(Admitted(spec).status().message(), HasSubstr("line 1 is longer than 4096 bytes"));
+}
+
+TEST(ModelProfileTest, PlansUseWhatWasReadAtSubmitAndNeverOpenTheFilesAgain) {
+  const std::string path = WriteTempFile("swapped.txt", std::string(10000, 'x'));
+  absl::StatusOr<fitrun::v1::JobSpec> admitted = Admitted(GptSpec(path, false));
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_THAT(admitted->file_facts().versions().at(path), HasSubstr(path + "@"));
+  // The owner swaps the file for a FIFO after submit: profiles still come from the facts, at once.
+  std::remove(path.c_str());
+  ASSERT_EQ(mkfifo(path.c_str(), 0644), 0);
+  absl::StatusOr<ModelProfile> profile = ProfileFor(*admitted);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->train_samples, 140);
+  // A FIFO named at submit is refused, not waited on.
+  absl::StatusOr<fitrun::v1::JobSpec> fifo = Admitted(GptSpec(path, false));
+  EXPECT_THAT(fifo.status().message(), HasSubstr("is a FIFO"));
+  // A spec that never went through admission has no facts to plan with, and says so.
+  EXPECT_THAT(ProfileFor(GptSpec(path, false)).status().message(), HasSubstr("spec.file_facts is empty"));
 }
 
 TEST(ModelProfileTest, TorchScriptIsBoundedByItsFileSize) {
   fitrun::v1::JobSpec spec;
   spec.mutable_model()->set_torchscript(WriteTempFile("model.pt", std::string(4000, '\0')));
-  absl::StatusOr<ModelProfile> profile = ProfileFor(spec);
+  spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
+  spec.mutable_data()->set_path("/usr/share/datasets/fashion-mnist");
+  absl::StatusOr<fitrun::v1::JobSpec> admitted = Admitted(spec);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  absl::StatusOr<ModelProfile> profile = ProfileFor(*admitted);
   ASSERT_TRUE(profile.ok()) << profile.status();
   EXPECT_EQ(profile->parameter_count, 1000);
   EXPECT_EQ(profile->train_samples, 60000);
   spec.mutable_model()->set_torchscript("/nonexistent/model.pt");
-  EXPECT_THAT(ProfileFor(spec).status().message(), HasSubstr("spec.model.torchscript"));
+  EXPECT_THAT(Admitted(spec).status().message(), HasSubstr("spec.model.torchscript"));
 }
 
 }  // namespace

@@ -9,12 +9,14 @@
 #include "absl/strings/str_join.h"
 #include "proto/contract/data_contract.h"
 #include "server/core/errors.h"
+#include "server/core/specs/spec_files.h"
 #include "server/core/specs/tensor_file.h"
 
 namespace fitrun::server {
 namespace {
 
 using fitrun::v1::JobSpec;
+using fitrun::v1::SpecFileFacts;
 
 std::string ModelKindName(const fitrun::v1::ModelSpec& model) {
   return model.kind_case() == fitrun::v1::ModelSpec::kTorchscript ? "torchscript" : model.builtin();
@@ -36,13 +38,32 @@ absl::Status RequirePositive(const std::string& path, int64_t value) {
   return FieldError(path, absl::StrCat("must be >= 1 (got ", value, ")"));
 }
 
-absl::Status RequireFile(const std::string& path, const std::string& field, absl::string_view what) {
-  std::error_code error;
+// The file a field names, opened as spec_files.h opens them, its version recorded in `facts`.
+absl::StatusOr<SpecFile> RequireFile(const std::string& path, const std::string& field, absl::string_view what,
+                                     SpecFileFacts* facts) {
   if (path.empty()) return FieldError(field, absl::StrCat("required; ", what));
-  if (!std::filesystem::is_regular_file(path, error)) {
+  absl::StatusOr<SpecFile> file = SpecFile::Open(path);
+  if (absl::IsNotFound(file.status())) {
     return FieldError(field, absl::StrCat("no file '", path, "' on the coordinator's machine; ", what));
   }
-  return absl::OkStatus();
+  if (!file.ok()) return FieldError(field, file.status().message());
+  (*facts->mutable_versions())[path] = file->version();
+  return file;
+}
+
+// The bytes one sample of a tensors file takes over every tensor (its shape past dimension 0).
+int64_t SampleBytes(const std::map<std::string, TensorInfo>& tensors) {
+  int64_t sample_bytes = 0;
+  for (const auto& [key, info] : tensors) {
+    int64_t elements = 1;
+    for (size_t d = 1; d < info.shape.size(); ++d) elements *= info.shape[d];
+    const int64_t element_bytes = info.dtype == "float64" || info.dtype == "int64"                                   ? 8
+                                  : info.dtype == "float32" || info.dtype == "int32"                                 ? 4
+                                  : info.dtype == "float16" || info.dtype == "bfloat16" || info.dtype == "int16" ? 2
+                                                                                                                  : 1;
+    sample_bytes += elements * element_bytes;
+  }
+  return sample_bytes;
 }
 
 // ---- models' configs ------------------------------------------------------------------------------
@@ -83,9 +104,12 @@ absl::Status ValidateSasRecConfig(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateTorchScriptFile(const JobSpec& spec) {
-  return RequireFile(spec.model().torchscript(), "spec.model.torchscript",
-                     "a file saved by torch.jit.script(module).save(path)");
+absl::Status ValidateTorchScriptFile(const JobSpec& spec, SpecFileFacts* facts) {
+  absl::StatusOr<SpecFile> file = RequireFile(spec.model().torchscript(), "spec.model.torchscript",
+                                              "a file saved by torch.jit.script(module).save(path)", facts);
+  if (!file.ok()) return file.status();
+  facts->set_torchscript_bytes(file->size());
+  return absl::OkStatus();
 }
 
 // ---- data ---------------------------------------------------------------------------------------
@@ -112,37 +136,48 @@ absl::Status ValidateFashionMnistDir(const JobSpec& spec) {
 }
 
 // The worker's test split is the last 10% of the file and needs one window of context + 1 bytes.
-absl::Status ValidateTextFile(const JobSpec& spec, int64_t context) {
-  if (absl::Status s = RequireFile(spec.data().path(), "spec.data.path", "the text file to train on"); !s.ok()) {
-    return s;
-  }
-  std::error_code error;
-  const int64_t bytes = static_cast<int64_t>(std::filesystem::file_size(spec.data().path(), error));
+absl::Status ValidateTextFile(const JobSpec& spec, int64_t context, SpecFileFacts* facts) {
+  absl::StatusOr<SpecFile> file = RequireFile(spec.data().path(), "spec.data.path", "the text file to train on", facts);
+  if (!file.ok()) return file.status();
   const int64_t needed = 10 * (context + 1) + 10;
-  if (error || bytes < needed) {
-    return FieldError("spec.data.path", absl::StrCat("'", spec.data().path(), "' has ", error ? 0 : bytes,
+  if (file->size() < needed) {
+    return FieldError("spec.data.path", absl::StrCat("'", spec.data().path(), "' has ", file->size(),
                                                      " bytes; a context of ", context, " needs at least ", needed,
                                                      " (its last 10% is the test split)"));
   }
+  facts->set_data_bytes(file->size());
   return absl::OkStatus();
 }
 
-absl::Status ValidateRatingsFile(const JobSpec& spec) {
-  return RequireFile(spec.data().path(), "spec.data.path",
-                     "a ratings file in MovieLens-1M format (user::item::rating::timestamp per line), such as "
-                     "ml-1m/ratings.dat or one written by tools/make_movielens_sample.py");
+// Its items size the model's embedding, its users with 3 or more ratings are the samples: counted
+// once here, about 0.1 s for MovieLens-1M's million lines.
+absl::Status ValidateRatingsFile(const JobSpec& spec, SpecFileFacts* facts) {
+  absl::StatusOr<SpecFile> file =
+      RequireFile(spec.data().path(), "spec.data.path",
+                  "a ratings file in MovieLens-1M format (user::item::rating::timestamp per line), such as "
+                  "ml-1m/ratings.dat or one written by tools/make_movielens_sample.py",
+                  facts);
+  if (!file.ok()) return file.status();
+  absl::StatusOr<RatingsCounts> counts = CountRatings(*file, spec.data().path());
+  if (!counts.ok()) return FieldError("spec.data.path", counts.status().message());
+  if (counts->trainable_users < 1) {
+    return FieldError("spec.data.path", absl::StrCat("'", spec.data().path(),
+                                                     "' has no user with 3 or more ratings: nothing to train on"));
+  }
+  facts->set_ratings_items(counts->items);
+  facts->set_ratings_trainable_users(counts->trainable_users);
+  return absl::OkStatus();
 }
 
 // A tensors dataset at submit, read with server/core/specs/tensor_file.h: the keys the spec names, one
 // sample count, a test split, and a target the spec's loss can compare.
-absl::Status ValidateTensorsData(const JobSpec& spec) {
+absl::Status ValidateTensorsData(const JobSpec& spec, SpecFileFacts* facts) {
   const fitrun::v1::DataSpec& data = spec.data();
-  if (absl::Status s = RequireFile(data.path(), "spec.data.path",
-                                   "a file written by torch.save({\"inputs\": x, \"target\": y}, path)");
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<std::map<std::string, TensorInfo>> tensors = ReadTensorDict(data.path());
+  absl::StatusOr<SpecFile> file = RequireFile(
+      data.path(), "spec.data.path", "a file written by torch.save({\"inputs\": x, \"target\": y}, path)", facts);
+  if (!file.ok()) return file.status();
+  absl::StatusOr<std::map<std::string, TensorInfo>> tensors =
+      ReadTensorDict(file->fd(), static_cast<uint64_t>(file->size()));
   if (!tensors.ok()) return FieldError("spec.data.path", absl::StrCat("'", data.path(), "': ", tensors.status().message()));
   std::vector<std::string> found;
   for (const auto& [key, info] : *tensors) found.push_back(absl::StrCat(key, " ", info.Describe()));
@@ -187,7 +222,10 @@ absl::Status ValidateTensorsData(const JobSpec& spec) {
     if (data.has_test_fraction()) {
       return FieldError("spec.data.test_fraction", "give either test_fraction or test_path, not both");
     }
-    absl::StatusOr<std::map<std::string, TensorInfo>> test = ReadTensorDict(data.test_path());
+    absl::StatusOr<SpecFile> test_file = SpecFile::Open(data.test_path());
+    absl::StatusOr<std::map<std::string, TensorInfo>> test =
+        test_file.ok() ? ReadTensorDict(test_file->fd(), static_cast<uint64_t>(test_file->size()))
+                       : absl::StatusOr<std::map<std::string, TensorInfo>>(test_file.status());
     if (!test.ok()) {
       return FieldError("spec.data.test_path", absl::StrCat("'", data.test_path(), "': ", test.status().message()));
     }
@@ -220,6 +258,9 @@ absl::Status ValidateTensorsData(const JobSpec& spec) {
     }
     if (n - test_samples < 1) return FieldError("spec.data.test_fraction", absl::StrCat("leaves no training sample of ", n));
   }
+  // What plans need of it: every tensor is batched along dimension 0 (checked above).
+  facts->set_tensor_samples(n);
+  facts->set_tensor_sample_bytes(SampleBytes(*tensors));
   // The target against the loss (the worker checks the output too, on two samples, before training).
   const fitrun::v1::LossKind loss = spec.loss().kind();
   if ((loss == fitrun::v1::LOSS_KIND_UNSPECIFIED || loss == fitrun::v1::LOSS_KIND_CROSS_ENTROPY) &&
@@ -249,20 +290,20 @@ absl::Status ValidateLoss(const JobSpec& spec) {
 
 // ---- the pairs ----------------------------------------------------------------------------------
 
-absl::Status ValidateImageClassifier(const JobSpec& spec) { return ValidateFashionMnistDir(spec); }
+absl::Status ValidateImageClassifier(const JobSpec& spec, SpecFileFacts*) { return ValidateFashionMnistDir(spec); }
 
-absl::Status ValidateGptOnText(const JobSpec& spec) {
+absl::Status ValidateGptOnText(const JobSpec& spec, SpecFileFacts* facts) {
   if (absl::Status s = ValidateGptConfig(spec); !s.ok()) return s;
-  return ValidateTextFile(spec, spec.model().gpt().context());
+  return ValidateTextFile(spec, spec.model().gpt().context(), facts);
 }
 
-absl::Status ValidateSasRecOnRatings(const JobSpec& spec) {
+absl::Status ValidateSasRecOnRatings(const JobSpec& spec, SpecFileFacts* facts) {
   if (absl::Status s = ValidateSasRecConfig(spec); !s.ok()) return s;
-  return ValidateRatingsFile(spec);
+  return ValidateRatingsFile(spec, facts);
 }
 
-absl::Status ValidateTorchScriptOnImages(const JobSpec& spec) {
-  if (absl::Status s = ValidateTorchScriptFile(spec); !s.ok()) return s;
+absl::Status ValidateTorchScriptOnImages(const JobSpec& spec, SpecFileFacts* facts) {
+  if (absl::Status s = ValidateTorchScriptFile(spec, facts); !s.ok()) return s;
   const fitrun::v1::LossKind loss = spec.loss().kind();
   if (loss != fitrun::v1::LOSS_KIND_UNSPECIFIED && loss != fitrun::v1::LOSS_KIND_CROSS_ENTROPY &&
       loss != fitrun::v1::LOSS_KIND_MODULE) {
@@ -272,33 +313,33 @@ absl::Status ValidateTorchScriptOnImages(const JobSpec& spec) {
   return ValidateFashionMnistDir(spec);
 }
 
-absl::Status ValidateTorchScriptOnTensors(const JobSpec& spec) {
-  if (absl::Status s = ValidateTorchScriptFile(spec); !s.ok()) return s;
+absl::Status ValidateTorchScriptOnTensors(const JobSpec& spec, SpecFileFacts* facts) {
+  if (absl::Status s = ValidateTorchScriptFile(spec, facts); !s.ok()) return s;
   if (absl::Status s = ValidateLoss(spec); !s.ok()) return s;
-  return ValidateTensorsData(spec);
+  return ValidateTensorsData(spec, facts);
 }
 
-absl::Status ValidateGptOnRatings(const JobSpec& spec) {
+absl::Status ValidateGptOnRatings(const JobSpec& spec, SpecFileFacts* facts) {
   if (absl::Status s = ValidateGptConfig(spec); !s.ok()) return s;
-  return ValidateRatingsFile(spec);
+  return ValidateRatingsFile(spec, facts);
 }
 
 std::string BuiltinKey(const JobSpec& spec) { return spec.model().builtin(); }
 std::string GptKey(const JobSpec& spec) { return absl::StrCat("gpt ", spec.model().gpt().ShortDebugString()); }
 // The item count, read from the ratings file, sizes the embedding.
 std::string SasRecKey(const JobSpec& spec) {
-  return absl::StrCat("sasrec ", spec.model().sasrec().ShortDebugString(), " data ", FileVersion(spec.data().path()));
+  return absl::StrCat("sasrec ", spec.model().sasrec().ShortDebugString(), " data ", RecordedVersion(spec, spec.data().path()));
 }
 std::string TorchScriptKey(const JobSpec& spec) {
-  return absl::StrCat("torchscript ", FileVersion(spec.model().torchscript()));
+  return absl::StrCat("torchscript ", RecordedVersion(spec, spec.model().torchscript()));
 }
 // The recommender's vocabulary is the ratings file's items.
 std::string GptRecommenderKey(const JobSpec& spec) {
-  return absl::StrCat(GptKey(spec), " recommender data ", FileVersion(spec.data().path()));
+  return absl::StrCat(GptKey(spec), " recommender data ", RecordedVersion(spec, spec.data().path()));
 }
 // The samples' shapes (and so the activations) come from the tensors file; the loss is part of the step.
 std::string TorchScriptOnTensorsKey(const JobSpec& spec) {
-  return absl::StrCat(TorchScriptKey(spec), " data ", FileVersion(spec.data().path()), " ",
+  return absl::StrCat(TorchScriptKey(spec), " data ", RecordedVersion(spec, spec.data().path()), " ",
                       spec.data().ShortDebugString(), " loss ", spec.loss().ShortDebugString());
 }
 
@@ -349,7 +390,7 @@ absl::StatusOr<const WorkloadKind*> FindWorkload(const JobSpec& spec) {
                                                    " data; set kind: ", data_kinds.front()));
 }
 
-absl::Status ValidateModelAndData(const JobSpec& spec) {
+absl::Status ValidateModelAndData(const JobSpec& spec, SpecFileFacts* facts) {
   const fitrun::v1::ModelSpec& model = spec.model();
   const bool builtin = model.kind_case() == fitrun::v1::ModelSpec::kBuiltin;
   if (model.has_gpt() && !(builtin && model.builtin() == "gpt")) return FieldError("spec.model.gpt", "only for builtin gpt");
@@ -365,7 +406,7 @@ absl::Status ValidateModelAndData(const JobSpec& spec) {
   }
   absl::StatusOr<const WorkloadKind*> kind = FindWorkload(spec);
   if (!kind.ok()) return kind.status();
-  return (*kind)->validate(spec);
+  return (*kind)->validate(spec, facts);
 }
 
 absl::StatusOr<ModelProfile> ProfileFor(const JobSpec& spec) {
@@ -385,12 +426,9 @@ absl::StatusOr<ModelProfile> ProfileFor(const JobSpec& spec) {
   return profile;
 }
 
-std::string FileVersion(const std::string& path) {
-  std::error_code error;
-  const auto mtime = std::filesystem::last_write_time(path, error);
-  if (error) return absl::StrCat(path, "@missing");
-  const auto size = std::filesystem::file_size(path, error);
-  return absl::StrCat(path, "@", mtime.time_since_epoch().count(), ":", error ? 0 : static_cast<int64_t>(size));
+std::string RecordedVersion(const JobSpec& spec, const std::string& path) {
+  auto version = spec.file_facts().versions().find(path);
+  return version != spec.file_facts().versions().end() ? version->second : absl::StrCat(path, "@unread");
 }
 
 bool AnalyticEstimateIsUpperBound(const JobSpec& spec) {

@@ -20,8 +20,10 @@ namespace fitrun::server {
 struct WorkloadKind {
   std::string model;  // "mlp", "cnn", "gpt", "sasrec", or "torchscript" for a TorchScript file
   fitrun::v1::DataKind data;
-  // The model's config and the data the spec names (files present, shapes), field paths in errors.
-  absl::Status (*validate)(const fitrun::v1::JobSpec& spec);
+  // The model's config and the data the spec names (files present, shapes), field paths in errors;
+  // records in `facts` what planning needs of those files (the one time they are read).
+  absl::Status (*validate)(const fitrun::v1::JobSpec& spec, fitrun::v1::SpecFileFacts* facts);
+  // From the spec and its file_facts alone: no file is opened.
   absl::StatusOr<ModelProfile> (*profile)(const fitrun::v1::JobSpec& spec);
   // The model's config and whatever else sizes its memory (a file's version), for calibration keys.
   std::string (*memory_key)(const fitrun::v1::JobSpec& spec);
@@ -35,11 +37,12 @@ const std::vector<WorkloadKind>& WorkloadKinds();
 // The spec's entry, or INVALID_ARGUMENT naming spec.model or spec.data.kind and what would do.
 absl::StatusOr<const WorkloadKind*> FindWorkload(const fitrun::v1::JobSpec& spec);
 
-// Checks the model and data of a spec that has no script: the pair exists, and its entry's checks.
-absl::Status ValidateModelAndData(const fitrun::v1::JobSpec& spec);
+// Checks the model and data of a spec that has no script: the pair exists, and its entry's checks,
+// which record what planning needs of the spec's files in `facts`.
+absl::Status ValidateModelAndData(const fitrun::v1::JobSpec& spec, fitrun::v1::SpecFileFacts* facts);
 
 // The analytic profile of a spec's model on its dataset (a script's is empty until its probe
-// measures it); errors name the spec field.
+// measures it), from the spec and its file_facts alone; errors name the spec field.
 absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec);
 
 // Whether the spec's analytic profile is a checked upper bound (never for a script).
@@ -48,8 +51,9 @@ bool AnalyticEstimateIsUpperBound(const fitrun::v1::JobSpec& spec);
 // The entry's memory key for the spec (its model's config and what else sizes its memory).
 std::string WorkloadMemoryKey(const fitrun::v1::JobSpec& spec);
 
-// "<path>@<mtime ns>:<size>", or "<path>@missing": a rewritten file is a new model or dataset.
-std::string FileVersion(const std::string& path);
+// The version of `path` recorded in spec.file_facts at submit ("<path>@<mtime ns>:<size>"), or
+// "<path>@unread": a rewritten file is a new model or dataset.
+std::string RecordedVersion(const fitrun::v1::JobSpec& spec, const std::string& path);
 
 }  // namespace fitrun::server
 
