@@ -68,7 +68,17 @@ ABSL_FLAG(std::string, cgroup_parent, "fitrun",
           "(<parent>/<this fitrund's tag>/<job>-a<attempt>)");
 ABSL_FLAG(std::vector<std::string>, data_roots, {},
           "Comma-separated folders that specs may name files in (data, TorchScript, scripts); default: "
-          "/usr/share/datasets, <state_dir>/uploads and the directory fitrund starts in");
+          "/usr/share/datasets and <state_dir>/uploads. Never '/': /proc, /sys and /dev are refused anyway");
+ABSL_FLAG(std::string, host_memory, "",
+          "Host memory the jobs running on this machine may be promised together (the sum of their ranks' "
+          "spec.resources.host_memory, or each rank's default), e.g. 48GiB; default: the machine's memory. Plans "
+          "take fewer devices, or wait, beyond it (--cluster=local only: Slurm bounds its nodes itself)");
+ABSL_FLAG(std::string, max_rank_host_memory, "",
+          "The most spec.resources.host_memory one rank may ask for (default: the machine's memory); a spec "
+          "asking for more is refused");
+ABSL_FLAG(int64_t, max_rank_processes, 0,
+          "The most spec.resources.max_processes one rank may ask for (default: a quarter of the machine's task "
+          "limit, kernel.threads-max and pid_max, at most 32768); a spec asking for more is refused");
 ABSL_FLAG(int, max_jobs_per_user, 10000, "Jobs one user may have queued or running at once");
 ABSL_FLAG(int, max_streams_per_user, 1000, "Watch and log streams one user may have open at once");
 ABSL_FLAG(std::string, cluster, "local",
@@ -114,6 +124,9 @@ int main(int argc, char** argv) {
   options.job_cgroups = absl::GetFlag(FLAGS_job_cgroups);
   options.cgroup_parent = absl::GetFlag(FLAGS_cgroup_parent);
   options.data_roots = absl::GetFlag(FLAGS_data_roots);
+  options.host_memory = absl::GetFlag(FLAGS_host_memory);
+  options.max_rank_host_memory = absl::GetFlag(FLAGS_max_rank_host_memory);
+  options.max_rank_processes = absl::GetFlag(FLAGS_max_rank_processes);
   options.max_jobs_per_user = absl::GetFlag(FLAGS_max_jobs_per_user);
   options.max_streams_per_user = absl::GetFlag(FLAGS_max_streams_per_user);
   options.cluster = absl::GetFlag(FLAGS_cluster);

@@ -14,11 +14,14 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "proto/contract/atomic_file.h"
+#include "server/core/specs/job_specs.h"
+#include "server/core/units.h"
 #include "server/devices/gpu_offer.h"
 #include "server/devices/nvml_devices.h"
 #include "server/devices/virtual_cpu_devices.h"
@@ -197,6 +200,51 @@ absl::Status StartSlurm(const ServerOptions& options, RunningServer* server, Job
   return absl::OkStatus();
 }
 
+// The machine's task limit: the smaller of kernel.threads-max and pid_max (0 when unreadable).
+int64_t MachineTaskLimit() {
+  int64_t limit = 0;
+  for (const char* path : {"/proc/sys/kernel/threads-max", "/proc/sys/kernel/pid_max"}) {
+    std::ifstream in(path);
+    int64_t value = 0;
+    if (in >> value && value > 0) limit = limit == 0 ? value : std::min(limit, value);
+  }
+  return limit;
+}
+
+// --host_memory, --max_rank_host_memory and --max_rank_processes, with their defaults from the
+// machine (`memory`: its physical memory).
+absl::Status SetRankCeilings(const ServerOptions& options, int64_t memory, JobManager::Options& manager) {
+  for (const auto& [flag, value, out] :
+       {std::tuple<const char*, const std::string&, int64_t*>{"--host_memory", options.host_memory,
+                                                              &manager.host_memory_bytes},
+        {"--max_rank_host_memory", options.max_rank_host_memory, &manager.max_rank_host_memory_bytes}}) {
+    if (value.empty()) {
+      *out = memory;
+      continue;
+    }
+    absl::StatusOr<int64_t> bytes = ParseByteSize(value);
+    if (!bytes.ok() || *bytes < kMinHostMemoryPerRank) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": expected a size of at least ",
+                                                     FormatBytes(kMinHostMemoryPerRank), " such as 48GiB (got '",
+                                                     value, "')"));
+    }
+    *out = *bytes;
+  }
+  // A Slurm cluster's nodes are bounded by Slurm (sbatch --mem), not by this machine's memory.
+  if (options.cluster != "local") manager.host_memory_bytes = 0;
+  if (options.max_rank_processes < 0 ||
+      (options.max_rank_processes > 0 && options.max_rank_processes < kMinProcessesPerRank)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_rank_processes: at least ", kMinProcessesPerRank,
+                                                   ", or 0 for the default (got ", options.max_rank_processes, ")"));
+  }
+  const int64_t tasks = MachineTaskLimit();
+  manager.max_rank_processes =
+      options.max_rank_processes > 0
+          ? options.max_rank_processes
+          : std::max<int64_t>(kDefaultProcessesPerRank, std::min<int64_t>(32768, tasks > 0 ? tasks / 4 : 32768));
+  return absl::OkStatus();
+}
+
 // chmod 0711: its owner's, and a way through for others to what lies inside and is theirs.
 absl::Status OnlyTraversable(const std::string& dir) {
   std::error_code error;
@@ -276,17 +324,23 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
         absl::StrCat("--unix_accounts: expected listed, same_name or none (got '", options.unix_accounts, "')"));
   }
   const bool as_owners = RunsJobsAsOwners(options);
-  if (as_owners) {
-    // Everything fitrund writes (its database, logs of its own, caches) is its alone unless it
-    // says otherwise below; the job directories it gives to their owners.
-    umask(077);
-  }
+  // Everything fitrund writes (its database with every job's spec and rank token, logs of its own,
+  // caches) is its alone unless it says otherwise below, whoever runs it; the job directories it
+  // gives to their owners.
+  umask(077);
   std::error_code error;
   std::filesystem::create_directories(options.state_dir, error);
   if (error) return absl::FailedPreconditionError(absl::StrCat("--state_dir: cannot create ", options.state_dir, ": ", error.message()));
   if (as_owners) {
     // Owners pass through to their own job directories (jobs/<id>, theirs, 0700) but list nothing.
     if (absl::Status traversable = OnlyTraversable(options.state_dir); !traversable.ok()) return traversable;
+  } else {
+    // Its ranks run as fitrund's own user: nobody else needs a way in.
+    std::filesystem::permissions(options.state_dir, std::filesystem::perms::owner_all, error);
+    if (error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--state_dir: cannot set the mode of ", options.state_dir, ": ", error.message()));
+    }
   }
   absl::StatusOr<int> lock = LockStateDir(options.state_dir);
   if (!lock.ok()) return lock.status();
@@ -391,10 +445,18 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
     std::filesystem::create_directories(uploads, error);
     // A data root: what users may read there, their own rights decide.
     if (as_owners) std::filesystem::permissions(uploads, std::filesystem::perms(0755), error);
-    data_roots = {"/usr/share/datasets", uploads.string(), std::filesystem::current_path(error).string()};
+    data_roots = {"/usr/share/datasets", uploads.string()};
+  }
+  for (const std::string& root : data_roots) {
+    if (std::filesystem::path(root).lexically_normal() == "/") {
+      return absl::InvalidArgumentError(
+          "--data_roots: '/' would let specs name any file fitrund's users can read; name the folders that hold "
+          "datasets, models and scripts");
+    }
   }
   manager_options.data_roots.emplace(data_roots);
   manager_options.max_open_jobs_per_owner = options.max_jobs_per_user;
+  if (absl::Status ceilings = SetRankCeilings(options, memory, manager_options); !ceilings.ok()) return ceilings;
   if (!options.tls_cert.empty()) {
     manager_options.worker_tls_ca = std::filesystem::absolute(options.tls_ca.empty() ? options.tls_cert : options.tls_ca);
   }

@@ -64,8 +64,14 @@ struct ServerOptions {
   std::string job_cgroups = "auto";
   std::string cgroup_parent = "fitrun";
   // The folders specs may name files in (server/core/specs/data_roots.h). Empty: Debian's datasets
-  // (/usr/share/datasets), <state_dir>/uploads and the directory fitrund starts in.
+  // (/usr/share/datasets) and <state_dir>/uploads.
   std::vector<std::string> data_roots;
+  // The host memory this machine's running jobs may be promised together, and the most one rank
+  // may ask for (sizes such as 48GiB; empty: the machine's memory); the most tasks one rank may ask
+  // for (0: a quarter of the machine's task limit, at most 32768).
+  std::string host_memory;
+  std::string max_rank_host_memory;
+  int64_t max_rank_processes = 0;
   // Per user: jobs queued or running at once, and watch and log streams open at once.
   int max_jobs_per_user = 10000;
   int max_streams_per_user = 1000;

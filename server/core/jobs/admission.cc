@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "server/core/errors.h"
+#include "server/core/units.h"
 #include "server/sandbox/unix_account.h"
 #include "server/core/specs/job_specs.h"
 
@@ -30,11 +31,30 @@ absl::StatusOr<fitrun::v1::JobSpec> Admission::CheckSpec(fitrun::v1::JobSpec spe
   }
   absl::StatusOr<fitrun::v1::JobSpec> normalized = NormalizeJobSpec(std::move(spec));
   if (!normalized.ok()) return normalized.status();
+  if (absl::Status within = WithinCeilings(normalized->resources()); !within.ok()) return within;
   if (options_.max_nodes > 0 && normalized->resources().min_nodes() > options_.max_nodes) {
     return absl::InvalidArgumentError(absl::StrCat("spec.resources.min_nodes: ", normalized->resources().min_nodes(),
                                                    " nodes, but ", options_.max_nodes_reason));
   }
   return normalized;
+}
+
+absl::Status Admission::WithinCeilings(const fitrun::v1::Resources& resources) const {
+  if (options_.max_rank_host_memory_bytes > 0 && !resources.host_memory().empty()) {
+    absl::StatusOr<int64_t> bytes = ParseByteSize(resources.host_memory());  // validated already
+    if (bytes.ok() && *bytes > options_.max_rank_host_memory_bytes) {
+      return FieldError("spec.resources.host_memory",
+                        absl::StrCat(resources.host_memory(), " per rank is more than this fitrund lets a rank have (",
+                                     FormatBytes(options_.max_rank_host_memory_bytes),
+                                     ", its --max_rank_host_memory); ask for at most that"));
+    }
+  }
+  if (options_.max_rank_processes > 0 && resources.max_processes() > options_.max_rank_processes) {
+    return FieldError("spec.resources.max_processes",
+                      absl::StrCat(resources.max_processes(), " per rank is more than this fitrund lets a rank have (",
+                                   options_.max_rank_processes, ", its --max_rank_processes); ask for at most that"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Admission::CheckRequestId(const std::string& request_id) {

@@ -8,6 +8,7 @@
 #ifndef FITRUN_SERVER_CORE_JOBS_ADMISSION_H_
 #define FITRUN_SERVER_CORE_JOBS_ADMISSION_H_
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -30,11 +31,16 @@ class Admission {
     std::string max_nodes_reason;
     // Jobs one owner may have queued or running at once (RESOURCE_EXHAUSTED beyond); 0: no limit.
     int max_open_jobs_per_owner = 0;
+    // The operator's ceilings on what a spec may ask for one rank (spec.resources.host_memory and
+    // max_processes); 0: none.
+    int64_t max_rank_host_memory_bytes = 0;
+    int64_t max_rank_processes = 0;
   };
   explicit Admission(Options options) : options_(std::move(options)) {}
 
   // The spec as it would be stored: INVALID_ARGUMENT naming the field when a file lies outside the
-  // data roots, the spec is invalid, or it needs more nodes than the coordinator spans. With a
+  // data roots (or under /proc, /sys or /dev), the spec is invalid, asks for more than the
+  // operator's ceilings (naming the flag), or needs more nodes than the coordinator spans. With a
   // `run_as` account (fitrund root, the owner's account) the spec's files are resolved and read with
   // that account's rights, so nobody has fitrund read for them what they could not read themselves;
   // FAILED_PRECONDITION when the account does not exist here.
@@ -62,6 +68,9 @@ class Admission {
   void Closed(const std::string& owner);
 
  private:
+  // INVALID_ARGUMENT naming the field and the flag when a rank asks for more than the ceilings.
+  absl::Status WithinCeilings(const fitrun::v1::Resources& resources) const;
+
   const Options options_;
   // Job ids by (owner, request_id), for idempotent submits.
   std::map<std::pair<std::string, std::string>, std::string> ids_by_request_;

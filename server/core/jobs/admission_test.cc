@@ -36,6 +36,40 @@ TEST(AdmissionTest, ASpecNamingAFileOutsideTheDataRootsIsRefusedNamingTheField) 
   EXPECT_THAT(spec.status().message(), HasSubstr("spec.data.path"));
 }
 
+TEST(AdmissionTest, ARankAskingForMoreThanTheOperatorsCeilingsIsRefusedNamingTheFlag) {
+  Admission::Options options;
+  options.max_rank_host_memory_bytes = int64_t{8} << 30;
+  options.max_rank_processes = 1024;
+  const Admission admission(options);
+  fitrun::v1::JobSpec spec = MlpTestSpec();
+  spec.mutable_resources()->set_host_memory("60GiB");
+  absl::Status refused = admission.CheckSpec(spec).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("spec.resources.host_memory"));
+  EXPECT_THAT(refused.message(), HasSubstr("--max_rank_host_memory"));
+  spec.mutable_resources()->set_host_memory("8GiB");
+  spec.mutable_resources()->set_max_processes(100000);
+  refused = admission.CheckSpec(spec).status();
+  EXPECT_THAT(refused.message(), HasSubstr("spec.resources.max_processes"));
+  EXPECT_THAT(refused.message(), HasSubstr("--max_rank_processes"));
+  spec.mutable_resources()->set_max_processes(1024);
+  EXPECT_TRUE(admission.CheckSpec(spec).ok()) << "at the ceilings is allowed";
+}
+
+TEST(AdmissionTest, KernelAndDeviceFilesAreRefusedByNameWhateverTheDataRoots) {
+  Admission::Options options;
+  options.data_roots = DataRoots({"/usr/share/datasets", "/proc", "/dev"});
+  const Admission admission(options);
+  for (const char* path : {"/proc/self/root/usr/share/datasets/fashion-mnist", "/proc/1/fd/0", "/dev/zero",
+                           "/sys/kernel", "/usr/share/datasets/../../../proc/self"}) {
+    fitrun::v1::JobSpec spec = MlpTestSpec();
+    spec.mutable_data()->set_path(path);
+    const absl::Status refused = admission.CheckSpec(spec).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << path;
+    EXPECT_THAT(refused.message(), HasSubstr("kernel or device file")) << path;
+  }
+}
+
 TEST(AdmissionTest, AValidSpecComesBackDefaultedAndAnInvalidOneNamesItsField) {
   const Admission admission({});
   fitrun::v1::JobSpec bare = MlpTestSpec();

@@ -19,12 +19,16 @@ namespace fitrun::server {
 namespace launch = fitrun::contract::launch;
 
 
-int64_t HostMemoryPerRank(const fitrun::v1::JobSpec& spec, const fitrun::v1::Device& device) {
+int64_t HostMemoryPerRank(const fitrun::v1::JobSpec& spec, int64_t default_bytes, int64_t ceiling) {
   if (!spec.resources().host_memory().empty()) {
-    // Validated at submit.
+    // Validated at submit, against the ceiling too.
     absl::StatusOr<int64_t> bytes = ParseByteSize(spec.resources().host_memory());
     if (bytes.ok()) return *bytes;
   }
+  return ceiling > 0 ? std::min(default_bytes, ceiling) : default_bytes;
+}
+
+int64_t DefaultRankHostMemory(const fitrun::v1::Device& device) {
   if (device.kind() == fitrun::v1::DEVICE_KIND_CUDA) return kGpuRankHostBytes;
   return device.total_bytes() + kRankProcessHostBytes;
 }
@@ -103,12 +107,14 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
     // a rank asks for.
     if (first.kind() == fitrun::v1::DEVICE_KIND_CPU) launches.memory_per_rank_bytes = first.total_bytes();
     if (!job.spec().resources().host_memory().empty()) {
-      launches.memory_per_rank_bytes = HostMemoryPerRank(job.spec(), first);
+      launches.memory_per_rank_bytes =
+          HostMemoryPerRank(job.spec(), DefaultRankHostMemory(first), settings.max_rank_host_memory_bytes);
     }
   }
   const int world_size = plan.device_ids_size();
   for (const std::string& id : plan.device_ids()) {
-    launches.host_memory_limit_bytes += HostMemoryPerRank(job.spec(), by_id[id]);
+    launches.host_memory_limit_bytes +=
+        HostMemoryPerRank(job.spec(), DefaultRankHostMemory(by_id[id]), settings.max_rank_host_memory_bytes);
     launches.max_processes += ProcessesPerRank(job.spec());
   }
   for (int rank = 0; rank < world_size; ++rank) {

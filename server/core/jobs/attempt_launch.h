@@ -26,12 +26,17 @@ struct AttemptLaunchSettings {
   // What a script job's ranks run: fitrun-supervisor (no LibTorch beside the script's); empty:
   // worker_binary.
   std::string script_binary;
+  // The most host memory a rank may have (--max_rank_host_memory; 0: no ceiling): a rank's default
+  // stays under it (a spec above it is refused at submit).
+  int64_t max_rank_host_memory_bytes = 0;
 };
 
-// The host memory one rank on `device` may use (spec.resources.host_memory): the spec's, or by
-// default a CPU device's memory (host memory, which the rank's tensors fill) plus
-// kRankProcessHostBytes for the process itself, and kGpuRankHostBytes for a rank on a GPU.
-int64_t HostMemoryPerRank(const fitrun::v1::JobSpec& spec, const fitrun::v1::Device& device);
+// The host memory one rank may use (spec.resources.host_memory): the spec's, or by default
+// `default_bytes` (DefaultRankHostMemory) but no more than `ceiling` (0: none).
+int64_t HostMemoryPerRank(const fitrun::v1::JobSpec& spec, int64_t default_bytes, int64_t ceiling);
+// What a rank on the device takes by default: a CPU device's memory (host memory, which the rank's
+// tensors fill) plus kRankProcessHostBytes for the process itself; kGpuRankHostBytes on a GPU.
+int64_t DefaultRankHostMemory(const fitrun::v1::Device& device);
 // Tasks (processes and threads) one rank may have: spec.resources.max_processes, 512 when unset.
 int64_t ProcessesPerRank(const fitrun::v1::JobSpec& spec);
 

@@ -70,6 +70,13 @@ class JobManager {
     std::optional<DataRoots> data_roots;
     // Jobs one owner may have queued or running at once (RESOURCE_EXHAUSTED beyond); 0: no limit.
     int max_open_jobs_per_owner = 0;
+    // The operator's ceilings on one rank's host memory and tasks (specs above them are refused; a
+    // rank's default host memory stays under), and the host memory every running job's ranks may be
+    // promised together on this host (plans take fewer devices, or wait, beyond it); 0: none, as on
+    // a cluster whose scheduler bounds its nodes.
+    int64_t max_rank_host_memory_bytes = 0;
+    int64_t max_rank_processes = 0;
+    int64_t host_memory_bytes = 0;
     // How long a stopped rank has between SIGTERM and SIGKILL.
     absl::Duration stop_grace = absl::Seconds(2);
     // After every rank exited 0, how long to wait for reports still in flight before finishing.
@@ -278,21 +285,34 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The plan for a queued or restarting job on `devices`, with what its earlier attempts' out-of-memory
   // errors taught (a smaller per-device batch, a corrected per-sample cost).
-  absl::StatusOr<fitrun::v1::Plan> PlanForJob(const fitrun::v1::Job& job, const std::vector<DeviceCapacity>& devices)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `host_room`: the host memory its ranks may still be promised (-1: unbounded).
+  absl::StatusOr<fitrun::v1::Plan> PlanForJob(const fitrun::v1::Job& job, const std::vector<DeviceCapacity>& devices,
+                                              int64_t host_room) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string JobDir(const std::string& job_id) const;
   // The spec's model profile, calibrated when the memory probe has measured it. A member of the same
   // name as workloads.h's free function, so every plan the manager makes uses it.
   absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec) const;
   // Every device with its whole memory, as if idle (what a plan gets once the devices free up).
   std::vector<DeviceCapacity> EveryDeviceAsIfIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The host memory not yet promised to running attempts' ranks (Plan.host_memory_bytes), or -1
+  // when the host's is not bounded (Options.host_memory_bytes 0).
+  int64_t UnpromisedHostMemory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PlanJob within the host memory `host_room` (-1: unbounded): as many devices as their ranks'
+  // host memory fits in (PlanLimits.max_devices), and the plan's host_memory_bytes set.
+  absl::StatusOr<fitrun::v1::Plan> PlanWithinHost(const fitrun::v1::JobSpec& spec, const ModelProfile& profile,
+                                                  const std::vector<DeviceCapacity>& devices, PlanLimits limits,
+                                                  int64_t host_room) const;
   // A device as the planner sees it: `bytes` it may use, and on a GPU what a rank's process holds
   // there beyond its tensors with the allocator settings `allocator_config`.
   DeviceCapacity CapacityOf(const fitrun::v1::Device& device, int64_t bytes, const std::string& allocator_config) const;
   // The allocator settings a job's ranks run with on GPUs: its script's own, or fitrund's.
   std::string AllocatorConfigFor(const fitrun::v1::JobSpec& spec) const;
-  // The planning gate's view of this manager: PlanForJob under the lock the caller holds.
+  // The planning gate's view of this manager: PlanForJob under the lock the caller holds, on devices
+  // as if the host were idle (its whole host memory).
   PlanningGate::Planner GatePlanner() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Placement's, for one scheduling pass: PlanForJob within the host memory not yet promised to
+  // running attempts nor to jobs placed earlier in the pass.
+  PlanningGate::Planner PlacementPlanner() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the job's watchers what it waits for in PLANNING (a state change into PLANNING, or a log
   // line when it is there already); nothing when that has not changed.
   void WaitInPlanning(JobEntry& entry, const std::string& waiting_for) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -327,7 +327,7 @@ std::string JobManager::RaiseHostMemoryAdvice(const JobEntry& entry) {
   if (entry.active) {
     for (const fitrun::v1::Device& device : devices_->Snapshot()) {
       if (!entry.active->device_ids.empty() && device.id() == entry.active->device_ids.front()) {
-        per_rank = HostMemoryPerRank(spec, device);
+        per_rank = HostMemoryPerRank(spec, DefaultRankHostMemory(device), options_.max_rank_host_memory_bytes);
       }
     }
   }

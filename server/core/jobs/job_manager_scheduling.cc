@@ -3,6 +3,8 @@
 // what they wait for, then launch each placed job's attempt. Same class, same mutex as
 // job_manager.cc.
 #include <algorithm>
+#include <memory>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,7 @@
 #include "server/core/jobs/placement.h"
 #include "server/core/memory/memory_feedback.h"
 #include "server/core/specs/workloads.h"
+#include "server/core/units.h"
 
 namespace fitrun::server {
 
@@ -79,7 +82,7 @@ JobManager::SchedulingPassTimes JobManager::SchedulePass() {
   int64_t roomiest = 0;
   for (const DeviceCapacity& device : every_device) roomiest = std::max(roomiest, device.free_bytes);
   PlanningGate::Pass gate(&gate_, every_device, roomiest, GatePlanner());
-  std::vector<Placement> placements = PlaceQueuedJobs(queued, std::move(free_devices), gate, GatePlanner());
+  std::vector<Placement> placements = PlaceQueuedJobs(queued, std::move(free_devices), gate, PlacementPlanner());
   const absl::Time placed = absl::Now();
   times.placing = placed - start;
   for (Placement& placement : placements) {
@@ -134,6 +137,7 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
   settings.worker_channel_address = options_.worker_channel_address;
   settings.worker_tls_ca = options_.worker_tls_ca;
   settings.dataset_cache_dir = options_.dataset_cache_dir;
+  settings.max_rank_host_memory_bytes = options_.max_rank_host_memory_bytes;
   absl::StatusOr<AttemptLaunch> assembled = AssembleAttempt(job, entry.record.token, attempt_number, plan,
                                                             devices_->Snapshot(), JobDir(job.id()), settings);
   if (!assembled.ok()) return assembled.status();
@@ -188,10 +192,65 @@ absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, bool only_free_devi
     const int64_t bytes = only_free_devices ? device.free_bytes() : device.total_bytes();
     capacities.push_back(CapacityOf(device, bytes, AllocatorConfigFor(spec)));
   }
-  return PlanJob(spec, *profile, capacities, options_.estimator, NodeLimits());
+  const int64_t host_room = only_free_devices            ? UnpromisedHostMemory()
+                            : options_.host_memory_bytes > 0 ? options_.host_memory_bytes
+                                                             : -1;
+  return PlanWithinHost(spec, *profile, capacities, NodeLimits(), host_room);
 }
 
-absl::StatusOr<Plan> JobManager::PlanForJob(const Job& job, const std::vector<DeviceCapacity>& devices) {
+absl::StatusOr<Plan> JobManager::PlanWithinHost(const JobSpec& spec, const ModelProfile& profile,
+                                                const std::vector<DeviceCapacity>& devices, PlanLimits limits,
+                                                int64_t host_room) const {
+  auto rank_bytes = [&](const DeviceCapacity& device) {
+    return HostMemoryPerRank(spec, device.rank_host_bytes, options_.max_rank_host_memory_bytes);
+  };
+  if (host_room >= 0) {
+    int64_t per_rank = 0;
+    for (const DeviceCapacity& device : devices) per_rank = std::max(per_rank, rank_bytes(device));
+    const int min_devices = std::max(1, spec.resources().min_devices());
+    if (per_rank > 0 && host_room == options_.host_memory_bytes && host_room / per_rank < min_devices) {
+      // Not even an idle host holds it: waiting cannot help.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.resources.host_memory: ", min_devices, " rank(s) of ", FormatBytes(per_rank), " need more than the ",
+          FormatBytes(host_room), " of host memory this fitrund promises its jobs (--host_memory); ask for less per "
+          "rank (spec.resources.host_memory) or fewer devices (min_devices)"));
+    }
+    if (per_rank > 0) {
+      limits.max_devices = static_cast<int>(std::min<int64_t>(host_room / per_rank, devices.size()));
+      limits.max_devices_reason =
+          absl::StrCat("their ranks' host memory (", FormatBytes(per_rank), " each, spec.resources.host_memory) ",
+                       host_room == options_.host_memory_bytes ? "must fit in the host's " : "must fit in the ",
+                       FormatBytes(host_room),
+                       host_room == options_.host_memory_bytes ? " (fitrund --host_memory)"
+                                                               : " the host has not promised to running jobs");
+    }
+  }
+  absl::StatusOr<Plan> plan = PlanJob(spec, profile, devices, options_.estimator, limits);
+  if (!plan.ok()) return plan;
+  int64_t host_bytes = 0;
+  for (const std::string& id : plan->device_ids()) {
+    for (const DeviceCapacity& device : devices) {
+      if (device.id == id) host_bytes += rank_bytes(device);
+    }
+  }
+  plan->set_host_memory_bytes(host_bytes);
+  return plan;
+}
+
+int64_t JobManager::UnpromisedHostMemory() {
+  if (options_.host_memory_bytes <= 0) return -1;
+  std::set<std::string> running;
+  for (const auto& [device, owner] : device_owner_) running.insert(owner.first);
+  int64_t promised = 0;
+  for (const std::string& id : running) {
+    const JobEntry& entry = jobs_.at(id);
+    if (entry.active) promised += entry.record.job.plan().host_memory_bytes();
+  }
+  return std::max<int64_t>(0, options_.host_memory_bytes - promised);
+}
+
+absl::StatusOr<Plan> JobManager::PlanForJob(const Job& job, const std::vector<DeviceCapacity>& devices,
+                                            int64_t host_room) {
   absl::StatusOr<ModelProfile> profile = ProfileFor(job.spec());
   if (!profile.ok()) return profile.status();
   const ModelProfile corrected = ProfileAfterOutOfMemory(*profile, job.spec(), job.oom_history(), options_.estimator);
@@ -202,7 +261,7 @@ absl::StatusOr<Plan> JobManager::PlanForJob(const Job& job, const std::vector<De
   // A script that sets its own allocator settings is planned with what they imply on its GPUs.
   const std::string allocator_config = AllocatorConfigFor(job.spec());
   if (allocator_config == options_.cuda_allocator_config) {
-    return PlanJob(job.spec(), corrected, devices, options_.estimator, limits);
+    return PlanWithinHost(job.spec(), corrected, devices, limits, host_room);
   }
   std::vector<DeviceCapacity> with_config = devices;
   for (DeviceCapacity& device : with_config) {
@@ -212,12 +271,13 @@ absl::StatusOr<Plan> JobManager::PlanForJob(const Job& job, const std::vector<De
                                                     : DefaultCudaCosts(allocator_config);
     device.costs.capacity_binds_allocator_only = slice;
   }
-  return PlanJob(job.spec(), corrected, with_config, options_.estimator, limits);
+  return PlanWithinHost(job.spec(), corrected, with_config, limits, host_room);
 }
 
 DeviceCapacity JobManager::CapacityOf(const fitrun::v1::Device& device, int64_t bytes,
                                       const std::string& allocator_config) const {
   DeviceCapacity capacity{device.id(), bytes, device.node()};
+  capacity.rank_host_bytes = DefaultRankHostMemory(device);
   if (device.kind() != fitrun::v1::DEVICE_KIND_CUDA) return capacity;
   capacity.gpu_model = device.name();
   capacity.costs = options_.device_costs != nullptr ? options_.device_costs->CostsFor(device.name(), allocator_config)
@@ -256,8 +316,19 @@ std::vector<DeviceCapacity> JobManager::EveryDeviceAsIfIdle() {
 
 PlanningGate::Planner JobManager::GatePlanner() {
   // Called back only from the gate's and placement's calls, which run under mu_ (held here).
-  return [this](const Job& job, const std::vector<DeviceCapacity>& devices) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return PlanForJob(job, devices);
+  const int64_t host = options_.host_memory_bytes > 0 ? options_.host_memory_bytes : -1;
+  return [this, host](const Job& job, const std::vector<DeviceCapacity>& devices) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return PlanForJob(job, devices, host);
+  };
+}
+
+PlanningGate::Planner JobManager::PlacementPlanner() {
+  // Jobs placed earlier in the pass have taken their share (as their devices), though not launched.
+  auto room = std::make_shared<int64_t>(UnpromisedHostMemory());
+  return [this, room](const Job& job, const std::vector<DeviceCapacity>& devices) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    absl::StatusOr<Plan> plan = PlanForJob(job, devices, *room);
+    if (plan.ok() && *room >= 0) *room = std::max<int64_t>(0, *room - plan->host_memory_bytes());
+    return plan;
   };
 }
 

@@ -10,6 +10,7 @@
 
 #include <google/protobuf/text_format.h>
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 
 #include "server/core/fakes.h"
 #include "server/core/specs/job_specs.h"
@@ -195,6 +196,49 @@ TEST_F(JobManagerTest, JobSucceedsWhenEveryRankFinishesAndFreesItsDevices) {
   EXPECT_GE(metrics_.ended()[0].duration, metrics_.ended()[0].queue_wait);
   ASSERT_TRUE(manager_->Ranks(job->id()).ok());
   EXPECT_EQ(manager_->Ranks(job->id())->size(), 2u);
+}
+
+// The host's memory bounds what running jobs' ranks are promised together: a CPU device's rank
+// takes its device's 4 GiB plus 2 GiB for its process by default, so a 14 GiB host holds two ranks.
+TEST(JobManagerHostMemoryTest, PlansTakeFewerDevicesOrWaitSoTheHostIsNeverPromisedMoreThanItHas) {
+  const std::filesystem::path state_dir = std::filesystem::path(::testing::TempDir()) / "host-memory";
+  std::filesystem::remove_all(state_dir);
+  FakeJobStore store;
+  FakeDeviceInventory devices{4, 4LL << 30};
+  FakeWorkerLauncher launcher;
+  RecordingMetrics metrics;
+  JobManager::Options options;
+  options.state_dir = state_dir.string();
+  options.worker_binary = "/bin/fitrun-worker";
+  options.worker_channel_address = "127.0.0.1:1";
+  options.host_memory_bytes = 14LL << 30;
+  absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(options, &store, &devices, &launcher, &metrics);
+  ASSERT_TRUE(manager.ok()) << manager.status();
+  // Up to four devices allowed; the host holds two ranks.
+  absl::StatusOr<fitrun::v1::Job> first = (*manager)->Submit(Spec(1, 4));
+  ASSERT_TRUE(first.ok()) << first.status();
+  const fitrun::v1::Job running = WaitForState(**manager, first->id(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(running.plan().device_ids_size(), 2);
+  EXPECT_EQ(running.plan().host_memory_bytes(), 12LL << 30);
+  EXPECT_THAT(absl::StrJoin(running.plan().reasons(), "\n"), HasSubstr("host memory"));
+  // Two devices are free, but not the host memory their ranks would need: the next job waits.
+  absl::StatusOr<fitrun::v1::Job> second = (*manager)->Submit(Spec(1, 1));
+  ASSERT_TRUE(second.ok()) << second.status();
+  (*manager)->RunSchedulingPass();
+  EXPECT_EQ((*manager)->Get(second->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(launcher.launches().size(), 2u);
+  // The first ends: the second runs.
+  launcher.Exit(0, 3);
+  launcher.Exit(1, 3);
+  WaitForState(**manager, first->id(), fitrun::v1::JOB_STATE_RESTARTING);
+  // Cancelled, so it does not take the host again before the second.
+  ASSERT_TRUE((*manager)->Cancel(first->id(), "test").ok());
+  WaitForState(**manager, second->id(), fitrun::v1::JOB_STATE_RUNNING);
+  // A job whose one rank could never fit on this host is refused at submit, naming the flag.
+  fitrun::v1::JobSpec huge = Spec(1, 1);
+  huge.mutable_resources()->set_host_memory("20GiB");
+  absl::Status refused = (*manager)->Submit(huge).status();
+  EXPECT_THAT(refused.message(), HasSubstr("--host_memory")) << refused;
 }
 
 TEST_F(JobManagerTest, ExitWithoutFinalReportStillSucceedsAfterTheWait) {

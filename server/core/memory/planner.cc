@@ -175,7 +175,14 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
   const int64_t global_batch = spec.global_batch_size();
   const auto& resources = spec.resources();
   const int min_devices = std::max(1, resources.min_devices());
-  const int max_devices = resources.max_devices() > 0 ? resources.max_devices() : static_cast<int>(devices.size());
+  int max_devices = resources.max_devices() > 0 ? resources.max_devices() : static_cast<int>(devices.size());
+  if (limits.max_devices >= 0) {
+    if (limits.max_devices < min_devices) {
+      return absl::UnavailableError(absl::StrCat("needs ", min_devices, " device(s) (spec.resources.min_devices), but ",
+                                                 limits.max_devices_reason));
+    }
+    max_devices = std::min(max_devices, limits.max_devices);
+  }
   const double headroom = resources.memory_headroom();
 
   const bool cluster = std::any_of(devices.begin(), devices.end(), [](const DeviceCapacity& d) { return !d.node.empty(); });
@@ -303,6 +310,9 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       if (limits.max_nodes > 0 && !limits.max_nodes_reason.empty()) {
         absl::StrAppend(&why_devices, "; at most ", limits.max_nodes, " node(s): ", limits.max_nodes_reason);
       }
+    }
+    if (limits.max_devices >= 0 && n == limits.max_devices && n < static_cast<int>(sorted.size())) {
+      absl::StrAppend(&why_devices, "; at most ", limits.max_devices, " now: ", limits.max_devices_reason);
     }
     for (const std::string& r : rejected) absl::StrAppend(&why_devices, "; not ", r);
     plan.add_reasons(why_devices);

@@ -31,6 +31,9 @@ struct DeviceCapacity {
   // for a GPU its model's name, by which runs' lessons about those costs are kept.
   DeviceCosts costs;
   std::string gpu_model;
+  // What a rank on it takes of its host's memory unless its spec says (a CPU device's memory is
+  // host memory); 0 where nobody counts it.
+  int64_t rank_host_bytes = 0;
 };
 
 // Bounds the coordinator adds to a spec, on top of what the spec itself allows.
@@ -41,6 +44,10 @@ struct PlanLimits {
   // (e.g. "multi-node plans need storage every node sees: start fitrund with --shared_dir").
   int max_nodes = 0;
   std::string max_nodes_reason;
+  // The most devices a plan may take now besides the spec's bound (-1: no bound), and why (e.g. the
+  // host memory their ranks would need); fewer than the spec's min_devices waits (UNAVAILABLE).
+  int max_devices = -1;
+  std::string max_devices_reason;
 };
 
 // Errors: UNAVAILABLE when fewer than min_devices are given, or fewer than min_nodes nodes with a free

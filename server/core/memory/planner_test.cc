@@ -2,6 +2,8 @@
 #include "server/core/specs/workloads.h"
 
 #include <gmock/gmock.h>
+
+#include "absl/strings/str_join.h"
 #include <gtest/gtest.h>
 
 #include "server/core/specs/job_specs.h"
@@ -87,6 +89,22 @@ TEST(PlannerTest, MaxDevicesCapsTheDeviceCount) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->device_ids_size(), 1);
   EXPECT_EQ(plan->per_device_batch(), 256);
+}
+
+TEST(PlannerTest, TheCoordinatorsDeviceBoundTakesFewerDevicesOrWaits) {
+  const fitrun::v1::JobSpec spec = MlpSpec(256, 1, 4);
+  PlanLimits limits;
+  limits.max_devices = 2;
+  limits.max_devices_reason = "their ranks' host memory must fit in the host's";
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(4, 4096 * kMiB), {}, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 2);
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"), HasSubstr("at most 2 now: their ranks' host memory"));
+  // Below the spec's minimum: wait (UNAVAILABLE), saying why.
+  limits.max_devices = 0;
+  plan = PlanJob(spec, Profile(spec), Devices(4, 4096 * kMiB), {}, limits);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(plan.status().message(), HasSubstr("host memory"));
 }
 
 TEST(PlannerTest, SmallDevicesGetASmallerBatchAndAccumulation) {
