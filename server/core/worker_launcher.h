@@ -36,7 +36,8 @@ struct WorkerExit {
   bool status_known = true;
   // The kernel's OOM killer stopped a process of the attempt since the last exit the launcher
   // reported (its cgroup's OOM kill count rose): the attempt reached its host memory limit. With
-  // that limit and the highest usage the cgroup saw (0 where unknown).
+  // every exit of a confined attempt: that limit and the highest usage its cgroup saw so far (0
+  // where unknown), which fitrund measured itself.
   bool host_memory_oom = false;
   int64_t host_memory_limit_bytes = 0;
   int64_t host_memory_peak_bytes = 0;

@@ -153,12 +153,13 @@ std::vector<bool> LocalLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
 void LocalLauncher::NoteHostMemory(AttemptCgroup& attempt, WorkerExit& exit) {
   absl::StatusOr<HostMemoryStats> memory = attempt.cgroup->HostMemory();
   if (!memory.ok()) return;
+  // What fitrund measured itself, whatever the ranks report (it bounds their peaks).
+  exit.host_memory_limit_bytes = memory->limit_bytes;
+  exit.host_memory_peak_bytes = memory->peak_bytes;
   absl::MutexLock lock(&attempt.mu);
   if (memory->oom_kills <= attempt.oom_kills_reported) return;
   attempt.oom_kills_reported = memory->oom_kills;
   exit.host_memory_oom = true;
-  exit.host_memory_limit_bytes = memory->limit_bytes;
-  exit.host_memory_peak_bytes = memory->peak_bytes;
 }
 
 void LocalLauncher::Release(const std::string& handle) {

@@ -33,16 +33,17 @@ absl::StatusOr<std::unique_ptr<DeviceCostsBook>> DeviceCostsBook::Create(std::st
   std::ifstream in(book->path_);
   std::string line;
   absl::MutexLock lock(&book->mu_);
-  // "run <device name> <allocator config> <allocated> <reserved> <device>"; a line that does not
-  // read so (a torn last line after a crash) is skipped.
+  // "run <device name> <allocator config> <allocated> <reserved> <device> [<account>]"; a line that
+  // does not read so (a torn last line after a crash) is skipped.
   while (std::getline(in, line)) {
     std::vector<std::string> fields = absl::StrSplit(line, '\t');
     GpuRunPeaks peaks;
-    if (fields.size() != 6 || fields[0] != "run" || !absl::SimpleAtoi(fields[3], &peaks.allocated_bytes) ||
-        !absl::SimpleAtoi(fields[4], &peaks.reserved_bytes) || !absl::SimpleAtoi(fields[5], &peaks.device_bytes)) {
+    if ((fields.size() != 6 && fields.size() != 7) || fields[0] != "run" ||
+        !absl::SimpleAtoi(fields[3], &peaks.allocated_bytes) || !absl::SimpleAtoi(fields[4], &peaks.reserved_bytes) ||
+        !absl::SimpleAtoi(fields[5], &peaks.device_bytes)) {
       continue;
     }
-    book->RememberLocked({fields[1], fields[2]}, peaks);
+    book->RememberLocked({fields.size() == 7 ? fields[6] : "", fields[1], fields[2]}, peaks);
   }
   return book;
 }
@@ -53,28 +54,30 @@ void DeviceCostsBook::RememberLocked(const Key& key, const GpuRunPeaks& peaks) {
   while (runs.size() > kRunsKept) runs.pop_front();
 }
 
-void DeviceCostsBook::RecordRun(const std::string& device_name, const std::string& allocator_config,
-                                const GpuRunPeaks& peaks) {
+void DeviceCostsBook::RecordRun(const std::string& run_as, const std::string& device_name,
+                                const std::string& allocator_config, const GpuRunPeaks& peaks) {
   if (peaks.allocated_bytes <= 0 || peaks.reserved_bytes < peaks.allocated_bytes ||
       peaks.device_bytes < peaks.reserved_bytes) {
     return;
   }
   absl::MutexLock lock(&mu_);
-  RememberLocked({device_name, allocator_config}, peaks);
+  RememberLocked({run_as, device_name, allocator_config}, peaks);
   if (path_.empty()) return;
   // One appended line per run: a crash tears at most the last, which the reader skips.
   if (FILE* file = std::fopen(path_.c_str(), "a")) {
-    std::fprintf(file, "run\t%s\t%s\t%lld\t%lld\t%lld\n", Field(device_name).c_str(), Field(allocator_config).c_str(),
-                 static_cast<long long>(peaks.allocated_bytes), static_cast<long long>(peaks.reserved_bytes),
-                 static_cast<long long>(peaks.device_bytes));
+    std::fprintf(file, "run\t%s\t%s\t%lld\t%lld\t%lld\t%s\n", Field(device_name).c_str(),
+                 Field(allocator_config).c_str(), static_cast<long long>(peaks.allocated_bytes),
+                 static_cast<long long>(peaks.reserved_bytes), static_cast<long long>(peaks.device_bytes),
+                 Field(run_as).c_str());
     std::fclose(file);
   }
 }
 
-DeviceCosts DeviceCostsBook::CostsFor(const std::string& device_name, const std::string& allocator_config) const {
+DeviceCosts DeviceCostsBook::CostsFor(const std::string& run_as, const std::string& device_name,
+                                      const std::string& allocator_config) const {
   DeviceCosts costs = DefaultCudaCosts(allocator_config);
   absl::MutexLock lock(&mu_);
-  auto it = runs_.find({device_name, allocator_config});
+  auto it = runs_.find({run_as, device_name, allocator_config});
   if (it == runs_.end() || it->second.empty()) return costs;
   double ratio = 1.0;
   int64_t outside = 0;

@@ -1,7 +1,8 @@
 // What GPU runs taught about a GPU model's costs beyond the tensors (memory/device_costs.h): for each
 // GPU model and caching-allocator setting, the reserve its allocator kept over its allocated peak and
 // what the process held outside the allocator (context, libraries, collectives), as ranks reported
-// them. Plans on that GPU model start from these instead of the defaults measured on an H100, so each
+// them. Kept per Unix account the ranks ran as (Job.run_as; "": fitrund's own user): a rank's report
+// is its account's word, so it teaches that account's plans and no other's. Plans on that GPU model start from these instead of the defaults measured on an H100, so each
 // run corrects the next plan; the runs are kept in a file so a restarted fitrund keeps them.
 //
 // Thread-safety: every method may be called from any thread.
@@ -13,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -38,14 +40,16 @@ class DeviceCostsBook {
   // The costs a plan on a GPU named `device_name` with `allocator_config` assumes: the defaults until
   // runs are recorded, then the highest reserve ratio and outside-the-allocator footprint the runs
   // showed, 3% above.
-  DeviceCosts CostsFor(const std::string& device_name, const std::string& allocator_config) const;
+  DeviceCosts CostsFor(const std::string& run_as, const std::string& device_name,
+                       const std::string& allocator_config) const;
 
   // A finished run's highest peaks on such a device (peaks of 0 teach nothing and are ignored).
-  void RecordRun(const std::string& device_name, const std::string& allocator_config, const GpuRunPeaks& peaks);
+  void RecordRun(const std::string& run_as, const std::string& device_name, const std::string& allocator_config,
+                 const GpuRunPeaks& peaks);
 
  private:
   explicit DeviceCostsBook(std::string path) : path_(std::move(path)) {}
-  using Key = std::pair<std::string, std::string>;  // (device name, allocator config)
+  using Key = std::tuple<std::string, std::string, std::string>;  // (account, device name, allocator config)
   void RememberLocked(const Key& key, const GpuRunPeaks& peaks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;

@@ -90,7 +90,8 @@ std::string BatchIgnoredBy(const MemoryCurve& curve) {
                       "or fix spec.resources.per_device_batch to the batch it uses");
 }
 
-std::string CalibrationKey(const fitrun::v1::JobSpec& spec) {
+// The workload alone, whoever measured it.
+static std::string WorkloadCalibrationKey(const fitrun::v1::JobSpec& spec) {
   // "v4": sweeps that measure to within 4x of the largest batch a plan can take; the sweeps of
   // earlier versions, which could stop far below it, are not reused.
   std::string key = "v4 ";
@@ -114,6 +115,13 @@ std::string CalibrationKey(const fitrun::v1::JobSpec& spec) {
                                                  : spec.precision()));
   return OneField(key);
 }
+
+std::string CalibrationKey(const fitrun::v1::JobSpec& spec, const std::string& run_as) {
+  std::string key = WorkloadCalibrationKey(spec);
+  if (!run_as.empty()) absl::StrAppend(&key, " | account ", run_as);
+  return OneField(key);
+}
+
 
 double Calibration::RunCorrection(double tolerance) const {
   if (measured.empty() || runs.empty()) return 1.0;
@@ -241,8 +249,8 @@ void MemoryCalibrator::RewriteCache() {
   cache_lines_ = lines;
 }
 
-MemoryCalibrator::Lookup MemoryCalibrator::Find(const fitrun::v1::JobSpec& spec) {
-  const std::string key = CalibrationKey(spec);
+MemoryCalibrator::Lookup MemoryCalibrator::Find(const fitrun::v1::JobSpec& spec, const std::string& run_as) {
+  const std::string key = CalibrationKey(spec, run_as);
   absl::MutexLock lock(&mu_);
   Lookup lookup;
   if (auto it = done_.find(key); it != done_.end()) {
@@ -259,9 +267,9 @@ MemoryCalibrator::Lookup MemoryCalibrator::Find(const fitrun::v1::JobSpec& spec)
   return lookup;
 }
 
-bool MemoryCalibrator::StartCalibration(const fitrun::v1::JobSpec& spec, int64_t max_batch, int64_t max_bytes,
-                                        std::function<void()> on_done, const std::string& run_as) {
-  const std::string key = CalibrationKey(spec);
+bool MemoryCalibrator::StartCalibration(const fitrun::v1::JobSpec& spec, const std::string& run_as, int64_t max_batch,
+                                        int64_t max_bytes, std::function<void()> on_done) {
+  const std::string key = CalibrationKey(spec, run_as);
   absl::MutexLock lock(&mu_);
   if (stopping_ || done_.count(key) > 0 || sweeping_.count(key) > 0) return false;
   sweeping_.insert(key);
@@ -273,9 +281,9 @@ bool MemoryCalibrator::StartCalibration(const fitrun::v1::JobSpec& spec, int64_t
   return true;
 }
 
-bool MemoryCalibrator::StartMeasurement(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t max_bytes,
-                                        std::function<void()> on_done, const std::string& run_as) {
-  const std::string key = CalibrationKey(spec);
+bool MemoryCalibrator::StartMeasurement(const fitrun::v1::JobSpec& spec, const std::string& run_as, int64_t batch,
+                                        int64_t max_bytes, std::function<void()> on_done) {
+  const std::string key = CalibrationKey(spec, run_as);
   absl::MutexLock lock(&mu_);
   auto it = done_.find(key);
   if (stopping_ || batch < 1 || it == done_.end() || !it->second.ok() || it->second->measured.Measured(batch) ||
@@ -289,15 +297,16 @@ bool MemoryCalibrator::StartMeasurement(const fitrun::v1::JobSpec& spec, int64_t
   return true;
 }
 
-bool MemoryCalibrator::Measuring(const fitrun::v1::JobSpec& spec, int64_t batch) {
-  const std::string key = CalibrationKey(spec);
+bool MemoryCalibrator::Measuring(const fitrun::v1::JobSpec& spec, const std::string& run_as, int64_t batch) {
+  const std::string key = CalibrationKey(spec, run_as);
   absl::MutexLock lock(&mu_);
   return measuring_.count({key, batch}) > 0;
 }
 
-void MemoryCalibrator::RecordRun(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t peak_bytes) {
+void MemoryCalibrator::RecordRun(const fitrun::v1::JobSpec& spec, const std::string& run_as, int64_t batch,
+                                 int64_t peak_bytes) {
   if (batch < 1 || peak_bytes <= 0) return;
-  const std::string key = CalibrationKey(spec);
+  const std::string key = CalibrationKey(spec, run_as);
   absl::MutexLock lock(&mu_);
   auto it = done_.find(key);
   const bool swept = it != done_.end() && it->second.ok();
@@ -411,21 +420,22 @@ absl::StatusOr<Calibration> MemoryCalibrator::StoreSweep(const std::string& key,
   return stored;
 }
 
-absl::StatusOr<Calibration> MemoryCalibrator::CalibrateNow(const fitrun::v1::JobSpec& spec, const SweepLimits& limits) {
-  const std::string key = CalibrationKey(spec);
+absl::StatusOr<Calibration> MemoryCalibrator::CalibrateNow(const fitrun::v1::JobSpec& spec, const SweepLimits& limits,
+                                                           const std::string& run_as) {
+  const std::string key = CalibrationKey(spec, run_as);
   {
     absl::MutexLock lock(&mu_);
     if (auto it = done_.find(key); it != done_.end()) return it->second;
     ++probes_run_;
   }
-  Task task{key, spec, 0, limits, nullptr, ""};
+  Task task{key, spec, 0, limits, nullptr, run_as};
   return StoreSweep(key, Sweep(task));
 }
 
-absl::StatusOr<ModelProfile> MemoryCalibrator::ProfileFor(const fitrun::v1::JobSpec& spec) {
+absl::StatusOr<ModelProfile> MemoryCalibrator::ProfileFor(const fitrun::v1::JobSpec& spec, const std::string& run_as) {
   absl::StatusOr<ModelProfile> analytic = fitrun::server::ProfileFor(spec);
   if (!analytic.ok()) return analytic.status();
-  const Lookup lookup = Find(spec);
+  const Lookup lookup = Find(spec, run_as);
   if (lookup.state == State::kReady) {
     ModelProfile calibrated = CalibratedProfile(*std::move(analytic), lookup.calibration, options_.run_tolerance);
     if (spec.has_script()) calibrated.batch_not_plannable = BatchIgnoredBy(lookup.calibration.measured);

@@ -62,8 +62,11 @@ class MemoryProbe {
 // What a calibration depends on: the model (builtin and its config, or the TorchScript file and its
 // modification time), the dataset where it sizes the model (SASRec's item count), the optimizer's
 // state (kind, momentum, weight decay) and the precision; for a script, its command, directory,
-// environment and the script file's version. Not the batch, devices or steps.
-std::string CalibrationKey(const fitrun::v1::JobSpec& spec);
+// environment and the script file's version. Not the batch, devices or steps. And whose processes
+// measured it: `run_as`, the Unix account a job's probes and ranks run as ("": fitrund's own user).
+// Every figure comes from processes that account controls (a script can print any peak; a rank's
+// report is its word), so it calibrates that account's plans and no other's.
+std::string CalibrationKey(const fitrun::v1::JobSpec& spec, const std::string& run_as);
 
 // Empty when the measured peaks follow the batch; otherwise why a script's batch cannot be planned
 // (the same peak, to 0.01%, from micro-batch 1 to at least 8) and the fix.
@@ -122,32 +125,34 @@ class MemoryCalibrator {
     Calibration calibration;  // kReady
     absl::Status error;       // kFailed
   };
-  // Never blocks on a probe.
-  Lookup Find(const fitrun::v1::JobSpec& spec);
+  // Never blocks on a probe. `run_as` everywhere below: whose calibration (CalibrationKey), and the
+  // Unix account probes run as.
+  Lookup Find(const fitrun::v1::JobSpec& spec, const std::string& run_as);
 
   // Queues a sweep of the spec's workload unless it is calibrated or queued already (then returns
   // false), measuring micro-batches up to `max_batch` (the most a rank of the asking job takes) and
-  // peaks up to `max_bytes` (its roomiest device). `on_done` runs when the result is in. The probe
-  // runs as the Unix account `run_as` (the asking job's; "": fitrund's own user).
-  bool StartCalibration(const fitrun::v1::JobSpec& spec, int64_t max_batch, int64_t max_bytes,
-                        std::function<void()> on_done, const std::string& run_as = "");
+  // peaks up to `max_bytes` (its roomiest device). `on_done` runs when the result is in.
+  bool StartCalibration(const fitrun::v1::JobSpec& spec, const std::string& run_as, int64_t max_batch,
+                        int64_t max_bytes, std::function<void()> on_done);
   // Queues one measurement at `batch` of a calibrated workload (a plan's batch beyond the measured
   // ones, or a tight one); the peak joins the curve, or, past `max_bytes`, a point just above it
   // does. False when that batch is measured or queued already, or the workload is not calibrated.
-  bool StartMeasurement(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t max_bytes,
-                        std::function<void()> on_done, const std::string& run_as = "");
+  bool StartMeasurement(const fitrun::v1::JobSpec& spec, const std::string& run_as, int64_t batch, int64_t max_bytes,
+                        std::function<void()> on_done);
   // Whether a measurement of `batch` for the spec's workload is queued or running.
-  bool Measuring(const fitrun::v1::JobSpec& spec, int64_t batch);
+  bool Measuring(const fitrun::v1::JobSpec& spec, const std::string& run_as, int64_t batch);
   // What a real run measured: the largest peak of an attempt's ranks at its per-device batch. Runs
   // of a workload not swept yet (one that launched on its analytic estimate) are kept for its sweep,
   // whose curve they then correct like any later run.
-  void RecordRun(const fitrun::v1::JobSpec& spec, int64_t batch, int64_t peak_bytes);
+  void RecordRun(const fitrun::v1::JobSpec& spec, const std::string& run_as, int64_t batch, int64_t peak_bytes);
 
   // Sweeps now on the caller's thread (or returns the cached calibration): for benchmarks and tools.
-  absl::StatusOr<Calibration> CalibrateNow(const fitrun::v1::JobSpec& spec, const SweepLimits& limits);
+  absl::StatusOr<Calibration> CalibrateNow(const fitrun::v1::JobSpec& spec, const SweepLimits& limits,
+                                           const std::string& run_as = "");
 
-  // The spec's profile for planning: analytic, calibrated when its workload is. Never probes.
-  absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec);
+  // The spec's profile for planning: analytic, calibrated when its workload is (for `run_as`).
+  // Never probes.
+  absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec, const std::string& run_as);
 
   // Probe sessions started so far (sweeps and single measurements).
   int64_t probes_run();

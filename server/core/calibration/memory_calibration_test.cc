@@ -40,11 +40,11 @@ Calibration MlpCalibration() {
 // Waits until the calibrator has the spec's workload ready (or failed).
 MemoryCalibrator::Lookup WaitUntilMeasured(MemoryCalibrator& calibrator, const fitrun::v1::JobSpec& spec) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  MemoryCalibrator::Lookup lookup = calibrator.Find(spec);
+  MemoryCalibrator::Lookup lookup = calibrator.Find(spec, "");
   while ((lookup.state == MemoryCalibrator::State::kMeasuring || lookup.state == MemoryCalibrator::State::kMissing) &&
          absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
-    lookup = calibrator.Find(spec);
+    lookup = calibrator.Find(spec, "");
   }
   return lookup;
 }
@@ -60,7 +60,7 @@ TEST(CalibrationKeyTest, ChangesWithWhatChangesMemoryOnly) {
   other_batch.set_global_batch_size(512);
   other_batch.mutable_resources()->set_max_devices(1);
   other_batch.set_max_steps(3);
-  EXPECT_EQ(CalibrationKey(base), CalibrationKey(other_batch));
+  EXPECT_EQ(CalibrationKey(base, ""), CalibrationKey(other_batch, ""));
 
   fitrun::v1::JobSpec adam = base;
   adam.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_ADAM);
@@ -71,7 +71,7 @@ TEST(CalibrationKeyTest, ChangesWithWhatChangesMemoryOnly) {
   fitrun::v1::JobSpec cnn = base;
   cnn.mutable_model()->set_builtin("cnn");
   for (const auto& changed : {adam, no_momentum, bf16, cnn}) {
-    EXPECT_NE(CalibrationKey(base), CalibrationKey(changed)) << CalibrationKey(changed);
+    EXPECT_NE(CalibrationKey(base, ""), CalibrationKey(changed, "")) << CalibrationKey(changed, "");
   }
 
   fitrun::v1::JobSpec gpt = base;
@@ -80,7 +80,7 @@ TEST(CalibrationKeyTest, ChangesWithWhatChangesMemoryOnly) {
   gpt.mutable_model()->mutable_gpt()->set_hidden(64);
   fitrun::v1::JobSpec wider = gpt;
   wider.mutable_model()->mutable_gpt()->set_hidden(128);
-  EXPECT_NE(CalibrationKey(gpt), CalibrationKey(wider));
+  EXPECT_NE(CalibrationKey(gpt, ""), CalibrationKey(wider, ""));
 }
 
 TEST(CalibrationKeyTest, ARewrittenTorchScriptFileIsANewModelWhenSubmittedAgain) {
@@ -92,10 +92,10 @@ TEST(CalibrationKeyTest, ARewrittenTorchScriptFileIsANewModelWhenSubmittedAgain)
   ASSERT_TRUE(before.ok()) << before.status();
   { std::ofstream(path) << "a longer model"; }
   // The key of a submitted spec is what was read at submit: rewriting the file changes nothing of it.
-  EXPECT_EQ(CalibrationKey(*before), CalibrationKey(*before));
+  EXPECT_EQ(CalibrationKey(*before, ""), CalibrationKey(*before, ""));
   absl::StatusOr<fitrun::v1::JobSpec> after = NormalizeJobSpec(spec);
   ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_NE(CalibrationKey(*before), CalibrationKey(*after));
+  EXPECT_NE(CalibrationKey(*before, ""), CalibrationKey(*after, ""));
 }
 
 TEST(CalibratedProfileTest, TheEstimateFollowsTheMeasuredCurveWithItsBreakdown) {
@@ -155,16 +155,16 @@ TEST(MemoryCalibratorTest, SweepsInTheBackgroundOnceAndServesTheResult) {
   auto calibrator = *MemoryCalibrator::Create({}, &probe);
   fitrun::v1::JobSpec spec = MlpSpec();
   spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_ADAM);
-  EXPECT_EQ(calibrator->Find(spec).state, MemoryCalibrator::State::kMissing);
+  EXPECT_EQ(calibrator->Find(spec, "").state, MemoryCalibrator::State::kMissing);
   probe.Hold();
   absl::Notification done;
-  ASSERT_TRUE(calibrator->StartCalibration(spec, /*max_batch=*/60000, /*max_bytes=*/int64_t{2} << 30,
+  ASSERT_TRUE(calibrator->StartCalibration(spec, "", /*max_batch=*/60000, /*max_bytes=*/int64_t{2} << 30,
                                            [&done] { done.Notify(); }));
-  EXPECT_EQ(calibrator->Find(spec).state, MemoryCalibrator::State::kMeasuring);
-  EXPECT_FALSE(calibrator->StartCalibration(spec, 60000, int64_t{2} << 30, nullptr));  // queued already
+  EXPECT_EQ(calibrator->Find(spec, "").state, MemoryCalibrator::State::kMeasuring);
+  EXPECT_FALSE(calibrator->StartCalibration(spec, "", 60000, int64_t{2} << 30, nullptr));  // queued already
   probe.Release();
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  const MemoryCalibrator::Lookup lookup = calibrator->Find(spec);
+  const MemoryCalibrator::Lookup lookup = calibrator->Find(spec, "");
   ASSERT_EQ(lookup.state, MemoryCalibrator::State::kReady);
   EXPECT_EQ(probe.calls(), 1);  // one session, every batch in it
   // Adam's flat start did not stop it: it measured well into the steady slope.
@@ -177,7 +177,7 @@ TEST(MemoryCalibratorTest, SweepsInTheBackgroundOnceAndServesTheResult) {
     EXPECT_GE(estimate, AdamMlpPeakBytes(b)) << b;
     EXPECT_LE(estimate, 1.04 * AdamMlpPeakBytes(b) + 1) << b;
   }
-  EXPECT_FALSE(calibrator->StartCalibration(spec, 60000, int64_t{2} << 30, nullptr));
+  EXPECT_FALSE(calibrator->StartCalibration(spec, "", 60000, int64_t{2} << 30, nullptr));
 }
 
 TEST(MemoryCalibratorTest, TheSweepStopsAtTheAskingJobsLargestBatch) {
@@ -193,31 +193,31 @@ TEST(MemoryCalibratorTest, AMeasurementJoinsTheCurveAndAFailedOneIsNotRepeated) 
   FakeMemoryProbe probe(MlpPeakBytes);
   auto calibrator = *MemoryCalibrator::Create({}, &probe);
   const fitrun::v1::JobSpec spec = MlpSpec();
-  EXPECT_FALSE(calibrator->StartMeasurement(spec, 5000, 1 << 30, nullptr)) << "not calibrated yet";
+  EXPECT_FALSE(calibrator->StartMeasurement(spec, "", 5000, 1 << 30, nullptr)) << "not calibrated yet";
   ASSERT_TRUE(calibrator->CalibrateNow(spec, SweepLimits{.max_batch = 2048}).ok());
 
   absl::Notification measured;
-  ASSERT_TRUE(calibrator->StartMeasurement(spec, 5000, 1 << 30, [&measured] { measured.Notify(); }));
-  EXPECT_FALSE(calibrator->StartMeasurement(spec, 5000, 1 << 30, nullptr));
+  ASSERT_TRUE(calibrator->StartMeasurement(spec, "", 5000, 1 << 30, [&measured] { measured.Notify(); }));
+  EXPECT_FALSE(calibrator->StartMeasurement(spec, "", 5000, 1 << 30, nullptr));
   ASSERT_TRUE(measured.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_FALSE(calibrator->Measuring(spec, 5000));
-  const MemoryCurve curve = calibrator->Find(spec).calibration.measured;
+  EXPECT_FALSE(calibrator->Measuring(spec, "", 5000));
+  const MemoryCurve curve = calibrator->Find(spec, "").calibration.measured;
   EXPECT_TRUE(curve.Measured(5000));
   EXPECT_EQ(curve.PeakAt(5000), MlpPeakBytes(5000));
-  EXPECT_FALSE(calibrator->StartMeasurement(spec, 5000, 1 << 30, nullptr)) << "measured already";
+  EXPECT_FALSE(calibrator->StartMeasurement(spec, "", 5000, 1 << 30, nullptr)) << "measured already";
 
   // Past the budget: a point just above it, so no plan takes that batch.
   absl::Notification refused;
-  ASSERT_TRUE(calibrator->StartMeasurement(spec, 50000, 100 << 20, [&refused] { refused.Notify(); }));
+  ASSERT_TRUE(calibrator->StartMeasurement(spec, "", 50000, 100 << 20, [&refused] { refused.Notify(); }));
   ASSERT_TRUE(refused.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_GT(calibrator->Find(spec).calibration.measured.PeakAt(50000), 100 << 20);
+  EXPECT_GT(calibrator->Find(spec, "").calibration.measured.PeakAt(50000), 100 << 20);
 
   probe.Fail(absl::InternalError("the probe broke"));
   absl::Notification failed;
-  ASSERT_TRUE(calibrator->StartMeasurement(spec, 3000, 1 << 30, [&failed] { failed.Notify(); }));
+  ASSERT_TRUE(calibrator->StartMeasurement(spec, "", 3000, 1 << 30, [&failed] { failed.Notify(); }));
   ASSERT_TRUE(failed.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_FALSE(calibrator->Measuring(spec, 3000));
-  EXPECT_FALSE(calibrator->StartMeasurement(spec, 3000, 1 << 30, nullptr));
+  EXPECT_FALSE(calibrator->Measuring(spec, "", 3000));
+  EXPECT_FALSE(calibrator->StartMeasurement(spec, "", 3000, 1 << 30, nullptr));
 }
 
 TEST(MemoryCalibratorTest, TheCacheFileSurvivesARestartWithPointsAndRuns) {
@@ -229,13 +229,13 @@ TEST(MemoryCalibratorTest, TheCacheFileSurvivesARestartWithPointsAndRuns) {
     auto calibrator = *MemoryCalibrator::Create({.cache_path = path}, &probe);
     ASSERT_TRUE(calibrator->CalibrateNow(spec, SweepLimits{.max_batch = 1024}).ok());
     absl::Notification measured;
-    ASSERT_TRUE(calibrator->StartMeasurement(spec, 3000, 1 << 30, [&measured] { measured.Notify(); }));
+    ASSERT_TRUE(calibrator->StartMeasurement(spec, "", 3000, 1 << 30, [&measured] { measured.Notify(); }));
     ASSERT_TRUE(measured.WaitForNotificationWithTimeout(absl::Seconds(10)));
-    calibrator->RecordRun(spec, 512, MlpPeakBytes(512) * 2);
+    calibrator->RecordRun(spec, "", 512, MlpPeakBytes(512) * 2);
   }
   FakeMemoryProbe probe(MlpPeakBytes);
   auto restarted = *MemoryCalibrator::Create({.cache_path = path}, &probe);
-  const MemoryCalibrator::Lookup lookup = restarted->Find(spec);
+  const MemoryCalibrator::Lookup lookup = restarted->Find(spec, "");
   ASSERT_EQ(lookup.state, MemoryCalibrator::State::kReady);
   EXPECT_TRUE(lookup.calibration.measured.Measured(1024));
   EXPECT_TRUE(lookup.calibration.measured.Measured(3000));
@@ -252,19 +252,19 @@ TEST(MemoryCalibratorTest, RunsBeforeTheFirstSweepSurviveARestartAndCorrectThatS
   {
     FakeMemoryProbe probe(MlpPeakBytes);
     auto calibrator = *MemoryCalibrator::Create({.cache_path = path}, &probe);
-    calibrator->RecordRun(spec, 512, MlpPeakBytes(512) * 2);
-    EXPECT_EQ(calibrator->Find(spec).state, MemoryCalibrator::State::kMissing);
+    calibrator->RecordRun(spec, "", 512, MlpPeakBytes(512) * 2);
+    EXPECT_EQ(calibrator->Find(spec, "").state, MemoryCalibrator::State::kMissing);
   }
   FakeMemoryProbe probe(MlpPeakBytes);
   auto restarted = *MemoryCalibrator::Create({.cache_path = path}, &probe);
-  EXPECT_EQ(restarted->Find(spec).state, MemoryCalibrator::State::kMissing);
+  EXPECT_EQ(restarted->Find(spec, "").state, MemoryCalibrator::State::kMissing);
   const absl::StatusOr<Calibration> swept = restarted->CalibrateNow(spec, SweepLimits{.max_batch = 1024});
   ASSERT_TRUE(swept.ok()) << swept.status();
   ASSERT_EQ(swept->runs.size(), 1u);
   EXPECT_NEAR(swept->RunCorrection(0.03), 2.0, 1e-3);
   // And once more after a restart, now from the sweep's line and the run's.
   auto again = *MemoryCalibrator::Create({.cache_path = path}, &probe);
-  ASSERT_EQ(again->Find(spec).calibration.runs.size(), 1u);
+  ASSERT_EQ(again->Find(spec, "").calibration.runs.size(), 1u);
 }
 
 TEST(MemoryCalibratorTest, ATornOrOldLineIsSkippedAndTheFileIsCompacted) {
@@ -273,14 +273,14 @@ TEST(MemoryCalibratorTest, ATornOrOldLineIsSkippedAndTheFileIsCompacted) {
   {
     std::ofstream out(path, std::ios::trunc);
     out << "v2 mlp | optimizer OPTIMIZER_KIND_SGD momentum | PRECISION_FP32\t1\t2\t3\t4\t5\t6\t7\n";
-    out << "sweep\t" << CalibrationKey(spec) << "\t2678824\t1:100,2:200\tnote\n";
-    for (int i = 0; i < 200; ++i) out << "run\t" << CalibrationKey(spec) << "\t2\t" << 200 + i << "\n";
-    out << "point\t" << CalibrationKey(spec) << "\t4";  // torn
+    out << "sweep\t" << CalibrationKey(spec, "") << "\t2678824\t1:100,2:200\tnote\n";
+    for (int i = 0; i < 200; ++i) out << "run\t" << CalibrationKey(spec, "") << "\t2\t" << 200 + i << "\n";
+    out << "point\t" << CalibrationKey(spec, "") << "\t4";  // torn
   }
   FakeMemoryProbe probe(MlpPeakBytes);
   {
     auto calibrator = *MemoryCalibrator::Create({.cache_path = path}, &probe);
-    const MemoryCalibrator::Lookup lookup = calibrator->Find(spec);
+    const MemoryCalibrator::Lookup lookup = calibrator->Find(spec, "");
     ASSERT_EQ(lookup.state, MemoryCalibrator::State::kReady);
     EXPECT_EQ(lookup.calibration.measured.largest_batch(), 2);
     EXPECT_EQ(lookup.calibration.runs.size(), 16u);  // the newest
@@ -298,14 +298,14 @@ TEST(MemoryCalibratorTest, AFailedSweepFallsBackToTheAnalyticProfileAndIsNotRepe
   auto calibrator = *MemoryCalibrator::Create({}, &probe);
   const fitrun::v1::JobSpec spec = MlpSpec();
   absl::Notification done;
-  ASSERT_TRUE(calibrator->StartCalibration(spec, 256, 1 << 30, [&done] { done.Notify(); }));
+  ASSERT_TRUE(calibrator->StartCalibration(spec, "", 256, 1 << 30, [&done] { done.Notify(); }));
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_EQ(calibrator->Find(spec).state, MemoryCalibrator::State::kFailed);
-  absl::StatusOr<ModelProfile> profile = calibrator->ProfileFor(spec);
+  EXPECT_EQ(calibrator->Find(spec, "").state, MemoryCalibrator::State::kFailed);
+  absl::StatusOr<ModelProfile> profile = calibrator->ProfileFor(spec, "");
   ASSERT_TRUE(profile.ok());
   EXPECT_FALSE(profile->measured.has_value());
   EXPECT_THAT(profile->memory_source, HasSubstr("the memory probe failed: spec.model.torchscript: not a module"));
-  EXPECT_FALSE(calibrator->StartCalibration(spec, 256, 1 << 30, nullptr));
+  EXPECT_FALSE(calibrator->StartCalibration(spec, "", 256, 1 << 30, nullptr));
   EXPECT_EQ(probe.calls(), 1);
 }
 
@@ -318,7 +318,7 @@ TEST(MemoryCalibratorTest, ProbesOfDifferentWorkloadsQueueAndEachRuns) {
     fitrun::v1::JobSpec spec = MlpSpec();
     spec.mutable_optimizer()->set_kind(kind);
     specs.push_back(spec);
-    ASSERT_TRUE(calibrator->StartCalibration(spec, 64, 1 << 30, [&finished] { ++finished; }));
+    ASSERT_TRUE(calibrator->StartCalibration(spec, "", 64, 1 << 30, [&finished] { ++finished; }));
   }
   for (const auto& spec : specs) EXPECT_EQ(WaitUntilMeasured(*calibrator, spec).state, MemoryCalibrator::State::kReady);
   const absl::Time deadline = absl::Now() + absl::Seconds(5);

@@ -15,16 +15,16 @@ bool NotMeasuredYet(MemoryCalibrator::State state) {
 
 bool IsTight(const fitrun::v1::Plan& plan) { return plan.predicted().total_bytes() > plan.usable_bytes() / 2; }
 
-bool PlanningGate::Settled(const fitrun::v1::JobSpec& spec) const {
+bool PlanningGate::Settled(const fitrun::v1::JobSpec& spec, const std::string& run_as) const {
   if (calibrator_ == nullptr) return true;
-  return !NotMeasuredYet(calibrator_->Find(spec).state);
+  return !NotMeasuredYet(calibrator_->Find(spec, run_as).state);
 }
 
 std::string PlanningGate::LaunchesWithoutProbe(const fitrun::v1::Job& job,
                                                const std::vector<DeviceCapacity>& every_device,
                                                const Planner& planner) const {
   if (calibrator_ == nullptr) return "";
-  if (!NotMeasuredYet(calibrator_->Find(job.spec()).state)) return "";
+  if (!NotMeasuredYet(calibrator_->Find(job.spec(), job.run_as()).state)) return "";
   if (!AnalyticEstimateIsUpperBound(job.spec())) return "";
   absl::StatusOr<fitrun::v1::Plan> plan = planner(job, every_device);
   if (!plan.ok() || IsTight(*plan)) return "";
@@ -36,11 +36,11 @@ std::string PlanningGate::LaunchesWithoutProbe(const fitrun::v1::Job& job,
 
 std::string PlanningGate::AwaitCalibration(const fitrun::v1::JobSpec& spec, int64_t roomiest_bytes,
                                            const std::string& run_as) {
-  if (calibrator_ == nullptr || !NotMeasuredYet(calibrator_->Find(spec).state)) return "";
+  if (calibrator_ == nullptr || !NotMeasuredYet(calibrator_->Find(spec, run_as).state)) return "";
   const int64_t per_rank = spec.resources().per_device_batch() > 0
                                ? spec.resources().per_device_batch()
                                : spec.global_batch_size() / std::max(1, spec.resources().min_devices());
-  calibrator_->StartCalibration(spec, per_rank, roomiest_bytes, on_measured_, run_as);
+  calibrator_->StartCalibration(spec, run_as, per_rank, roomiest_bytes, on_measured_);
   return absl::StrCat("measuring memory: fitrun-worker --probe runs the workload at growing micro-batches, up to ",
                       per_rank, " or ", FormatBytes(roomiest_bytes));
 }
@@ -49,7 +49,7 @@ std::string PlanningGate::AwaitPlanMeasurement(const fitrun::v1::JobSpec& spec, 
                                                const std::string& run_as) {
   if (calibrator_ == nullptr) return "";
   if (spec.resources().per_device_batch() > 0) return "";  // a fixed batch is the user's call
-  absl::StatusOr<ModelProfile> profile = calibrator_->ProfileFor(spec);
+  absl::StatusOr<ModelProfile> profile = calibrator_->ProfileFor(spec, run_as);
   if (!profile.ok() || !profile->measured.has_value()) return "";
   const int64_t batch = plan.per_device_batch();
   const MemoryCurve& curve = *profile->measured;
@@ -57,8 +57,8 @@ std::string PlanningGate::AwaitPlanMeasurement(const fitrun::v1::JobSpec& spec, 
   const bool beyond = batch > curve.largest_batch();
   const bool tight = IsTight(plan);
   if (!beyond && !tight) return "";
-  const bool queued = calibrator_->StartMeasurement(spec, batch, plan.usable_bytes(), on_measured_, run_as);
-  if (!queued && !calibrator_->Measuring(spec, batch)) return "";  // it failed: go ahead
+  const bool queued = calibrator_->StartMeasurement(spec, run_as, batch, plan.usable_bytes(), on_measured_);
+  if (!queued && !calibrator_->Measuring(spec, run_as, batch)) return "";  // it failed: go ahead
   return absl::StrCat("measuring the peak at per-device batch ", batch, " before launch (predicted ",
                       FormatBytes(plan.predicted().total_bytes()), " of ", FormatBytes(plan.usable_bytes()),
                       " usable, ", beyond ? curve.HowEstimated(batch) : "over half of it", ")");

@@ -42,7 +42,7 @@ class PlanningGate {
 
   // Whether the workload's memory is settled: measured, or its measurement failed (its analytic
   // verdict then stands). Only a settled workload's "does not fit" is final at submit.
-  bool Settled(const fitrun::v1::JobSpec& spec) const;
+  bool Settled(const fitrun::v1::JobSpec& spec, const std::string& run_as) const;
 
   // Why the job launches on its analytic estimate without waiting for its workload's probe, or
   // empty when it waits: it does when the workload is measured already, when its analytic estimate
@@ -53,7 +53,8 @@ class PlanningGate {
 
   // What the job's workload still needs measured before it can be planned, with the sweep started
   // (up to the most one rank of the job takes in a micro-batch, and `roomiest_bytes`); empty when
-  // nothing. `run_as`: the Unix account the probe runs as (the job's Job.run_as; "" fitrund's).
+  // nothing. `run_as` here and below: the job's Job.run_as ("": fitrund's user), whose calibration
+  // it is and whose account the probe runs as.
   std::string AwaitCalibration(const fitrun::v1::JobSpec& spec, int64_t roomiest_bytes, const std::string& run_as);
 
   // What the plan still needs measured before it launches: its batch, when its predicted peak is

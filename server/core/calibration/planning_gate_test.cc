@@ -39,7 +39,7 @@ class PlanningGateTest : public ::testing::Test {
 
   PlanningGate::Planner planner_ = [this](const fitrun::v1::Job& job, const std::vector<DeviceCapacity>& devices) {
     ++plans_;
-    return PlanJob(job.spec(), *calibrator_->ProfileFor(job.spec()), devices);
+    return PlanJob(job.spec(), *calibrator_->ProfileFor(job.spec(), job.run_as()), devices);
   };
   std::atomic<int> plans_{0};
   FakeMemoryProbe probe_;
@@ -49,7 +49,7 @@ class PlanningGateTest : public ::testing::Test {
 TEST_F(PlanningGateTest, WithoutACalibratorNothingWaits) {
   PlanningGate gate(nullptr, [] {});
   EXPECT_FALSE(gate.measures());
-  EXPECT_TRUE(gate.Settled(MlpTestSpec()));
+  EXPECT_TRUE(gate.Settled(MlpTestSpec(), ""));
   EXPECT_EQ(gate.AwaitCalibration(MlpTestSpec(), 1LL << 30, ""), "");
   PlanningGate::Pass pass(&gate, Devices(2, 1LL << 20), 1LL << 20, planner_);
   const PlanningGate::BeforePlanning before = pass.Check(JobOf(MlpTestSpec()), "key", false);
@@ -61,14 +61,14 @@ TEST_F(PlanningGateTest, AnUnmeasuredWorkloadWithATightPlanWaitsForItsSweepWhich
   absl::Notification measured;
   PlanningGate gate(calibrator_.get(), [&] { measured.Notify(); });
   const fitrun::v1::JobSpec spec = MlpTestSpec(1024, 1, 2);
-  EXPECT_FALSE(gate.Settled(spec));
+  EXPECT_FALSE(gate.Settled(spec, ""));
   // 16 MiB: the analytic estimate's fixed overheads alone fill it, so the plan is not roomy.
   EXPECT_EQ(gate.LaunchesWithoutProbe(JobOf(spec), Devices(2, 16LL << 20), planner_), "");
   const std::string waiting = gate.AwaitCalibration(spec, 16LL << 20, "");
   EXPECT_THAT(waiting, HasSubstr("measuring memory: fitrun-worker --probe runs the workload at growing "
                                  "micro-batches, up to 1024 or 16.0 MiB"));
   ASSERT_TRUE(measured.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_TRUE(gate.Settled(spec));
+  EXPECT_TRUE(gate.Settled(spec, ""));
   EXPECT_EQ(gate.AwaitCalibration(spec, 16LL << 20, ""), "") << "measured: nothing left to wait for";
   EXPECT_EQ(probe_.calls(), 1);
 }
@@ -81,7 +81,7 @@ TEST_F(PlanningGateTest, ARoomyPlanOnAnUpperBoundLaunchesWithoutAProbeAndSaysWhy
   EXPECT_THAT(why, HasSubstr("no memory probe: the analytic estimate, an upper bound, predicts"));
   EXPECT_THAT(why, HasSubstr("under half"));
   PlanningGate::Pass pass(&gate, Devices(2, 4LL << 30), 4LL << 30, planner_);
-  EXPECT_EQ(pass.Check(JobOf(spec), CalibrationKey(spec), false).without_probe, why);
+  EXPECT_EQ(pass.Check(JobOf(spec), CalibrationKey(spec, ""), false).without_probe, why);
   EXPECT_EQ(probe_.calls(), 0);
 }
 
@@ -89,7 +89,7 @@ TEST_F(PlanningGateTest, OneJobPerWorkloadIsShownInPlanningAndEachShapeIsPlanned
   probe_.Hold();
   PlanningGate gate(calibrator_.get(), [] {});
   const fitrun::v1::JobSpec spec = MlpTestSpec(1024, 1, 2);
-  const std::string key = CalibrationKey(spec);
+  const std::string key = CalibrationKey(spec, "");
   PlanningGate::Pass pass(&gate, Devices(2, 16LL << 20), 16LL << 20, planner_);
   const PlanningGate::BeforePlanning first = pass.Check(JobOf(spec), key, false);
   EXPECT_FALSE(first.waiting_for.empty());

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "server/core/jobs/proto_time.h"
 #include "server/core/specs/job_specs.h"
+#include "server/core/units.h"
 
 namespace fitrun::server {
 namespace {
@@ -202,11 +203,11 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, c
   // A job that could never run on this node is refused now rather than queued forever. Its memory
   // is judged here only when its workload is measured: the analytic estimate is an upper bound, so
   // "does not fit" from it waits for the measurement, which runs off this call's path.
-  const bool settled = gate_.Settled(*normalized);
+  const bool settled = gate_.Settled(*normalized, run_as);
   Job unplanned;
   *unplanned.mutable_spec() = *normalized;
   const bool probe_first = !settled && gate_.LaunchesWithoutProbe(unplanned, EveryDeviceAsIfIdle(), GatePlanner()).empty();
-  absl::StatusOr<Plan> feasible = PlanOn(*normalized, /*only_free_devices=*/false);
+  absl::StatusOr<Plan> feasible = PlanOn(*normalized, run_as, /*only_free_devices=*/false);
   if (!feasible.ok()) {
     if (absl::IsUnavailable(feasible.status())) {
       return absl::InvalidArgumentError(absl::StrCat("spec.resources.min_devices: ", feasible.status().message(),
@@ -256,10 +257,10 @@ absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec, co
   int64_t roomiest = 0;
   for (const DeviceCapacity& device : EveryDeviceAsIfIdle()) roomiest = std::max(roomiest, device.free_bytes);
   const std::string calibrating = without_probe.empty() ? gate_.AwaitCalibration(*normalized, roomiest, run_as) : "";
-  absl::StatusOr<Plan> plan = PlanOn(*normalized, /*only_free_devices=*/true);
+  absl::StatusOr<Plan> plan = PlanOn(*normalized, run_as, /*only_free_devices=*/true);
   if (absl::IsUnavailable(plan.status())) {
     // Busy devices: show the plan it gets once they free up.
-    plan = PlanOn(*normalized, /*only_free_devices=*/false);
+    plan = PlanOn(*normalized, run_as, /*only_free_devices=*/false);
     if (plan.ok()) plan->add_reasons("queued: not enough devices are free now; this is the plan once they are");
   }
   const std::string pending = absl::StrCat(
@@ -576,16 +577,51 @@ void JobManager::RecordAttemptMemory(JobEntry& entry) {
   record.set_measured_peak_bytes(measured);
   record.set_measured_reserved_peak_bytes(gpu.reserved_bytes);
   record.set_measured_device_peak_bytes(gpu.device_bytes);
+  // The figures are the ranks' word: what fitrund measured itself bounds them, and what passes
+  // teaches only plans of the same account (CalibrationKey, DeviceCostsBook).
+  if (const std::string impossible = ImpossiblePeak(entry, std::max(measured, gpu.device_bytes)); !impossible.empty()) {
+    JobEvent event;
+    event.mutable_log()->set_rank(-1);
+    event.mutable_log()->set_text(absl::StrCat("memory: ", impossible, "; this attempt's peaks are not learned from"));
+    PublishLocked(entry, std::move(event));
+    return;
+  }
   if (options_.memory_calibrator != nullptr) {
-    options_.memory_calibrator->RecordRun(job.spec(), record.per_device_batch(), measured);
+    options_.memory_calibrator->RecordRun(job.spec(), job.run_as(), record.per_device_batch(), measured);
   }
   gpu.allocated_bytes = measured;
   if (options_.device_costs != nullptr && gpu.device_bytes > 0 && record.device_ids_size() > 0) {
     for (const fitrun::v1::Device& device : devices_->Snapshot()) {
       if (device.id() != record.device_ids(0) || device.kind() != fitrun::v1::DEVICE_KIND_CUDA) continue;
-      options_.device_costs->RecordRun(device.name(), job.plan().cuda_allocator_config(), gpu);
+      options_.device_costs->RecordRun(job.run_as(), device.name(), job.plan().cuda_allocator_config(), gpu);
     }
   }
+}
+
+std::string JobManager::ImpossiblePeak(const JobEntry& entry, int64_t reported) {
+  // The attempt's cgroup saw every byte its processes held (on the host: a CPU device's tensors too).
+  int64_t host_peak = 0;
+  for (const RankState& rank : entry.active->ranks) host_peak = std::max(host_peak, rank.exit.host_memory_peak_bytes);
+  bool on_cpu = false;
+  int64_t device_bytes = 0;
+  for (const fitrun::v1::Device& device : devices_->Snapshot()) {
+    if (std::find(entry.active->device_ids.begin(), entry.active->device_ids.end(), device.id()) ==
+        entry.active->device_ids.end()) {
+      continue;
+    }
+    on_cpu |= device.kind() == fitrun::v1::DEVICE_KIND_CPU;
+    device_bytes = std::max(device_bytes, device.total_bytes());
+  }
+  if (device_bytes > 0 && reported > device_bytes) {
+    return absl::StrCat("a rank reported a peak of ", FormatBytes(reported), ", more than its device has (",
+                        FormatBytes(device_bytes), ")");
+  }
+  if (on_cpu && host_peak > 0 && reported > host_peak) {
+    return absl::StrCat("a rank reported a peak of ", FormatBytes(reported),
+                        ", more than the attempt's processes held together (", FormatBytes(host_peak),
+                        " by its cgroup)");
+  }
+  return "";
 }
 
 std::string JobManager::JobDir(const std::string& job_id) const {

@@ -281,7 +281,8 @@ class JobManager {
   // and peak bytes.
   std::vector<fitrun::v1::Device> DevicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<RankView> RanksLocked(const JobEntry& entry) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<fitrun::v1::Plan> PlanOn(const fitrun::v1::JobSpec& spec, bool only_free_devices)
+  absl::StatusOr<fitrun::v1::Plan> PlanOn(const fitrun::v1::JobSpec& spec, const std::string& run_as,
+                                          bool only_free_devices)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The plan for a queued or restarting job on `devices`, with what its earlier attempts' out-of-memory
   // errors taught (a smaller per-device batch, a corrected per-sample cost).
@@ -291,7 +292,8 @@ class JobManager {
   std::string JobDir(const std::string& job_id) const;
   // The spec's model profile, calibrated when the memory probe has measured it. A member of the same
   // name as workloads.h's free function, so every plan the manager makes uses it.
-  absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec) const;
+  // `run_as`: the job's account, whose calibration it is.
+  absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec, const std::string& run_as) const;
   // Every device with its whole memory, as if idle (what a plan gets once the devices free up).
   std::vector<DeviceCapacity> EveryDeviceAsIfIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The host memory not yet promised to running attempts' ranks (Plan.host_memory_bytes), or -1
@@ -304,7 +306,11 @@ class JobManager {
                                                   int64_t host_room) const;
   // A device as the planner sees it: `bytes` it may use, and on a GPU what a rank's process holds
   // there beyond its tensors with the allocator settings `allocator_config`.
-  DeviceCapacity CapacityOf(const fitrun::v1::Device& device, int64_t bytes, const std::string& allocator_config) const;
+  DeviceCapacity CapacityOf(const fitrun::v1::Device& device, int64_t bytes, const std::string& allocator_config,
+                            const std::string& run_as = "") const;
+  // A GPU model's costs beyond the tensors with `allocator_config`, as `run_as`'s runs taught them.
+  DeviceCosts GpuCosts(const std::string& gpu_model, const std::string& allocator_config,
+                       const std::string& run_as) const;
   // The allocator settings a job's ranks run with on GPUs: its script's own, or fitrund's.
   std::string AllocatorConfigFor(const fitrun::v1::JobSpec& spec) const;
   // The planning gate's view of this manager: PlanForJob under the lock the caller holds, on devices
@@ -319,6 +325,9 @@ class JobManager {
   // The memory a finished attempt's ranks reported against its plan: recorded on the attempt, in the
   // metrics, and with the calibrator, which corrects the workload's curve from it.
   void RecordAttemptMemory(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a peak the attempt's ranks reported cannot be true, by what fitrund measured itself (the
+  // devices' memory; on CPU devices the attempt's cgroup peak); empty when it may be.
+  std::string ImpossiblePeak(const JobEntry& entry, int64_t reported) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   JobStore* const store_;

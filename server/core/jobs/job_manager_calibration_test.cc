@@ -160,7 +160,7 @@ TEST_F(JobManagerCalibrationTest, DryRunNeverWaitsAndSaysItIsCalibrating) {
   EXPECT_THAT(reasons, HasSubstr("analytic estimate, an upper bound"));
   probe_->Release();
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (calibrator_->Find(MlpSpec()).state != MemoryCalibrator::State::kReady && absl::Now() < deadline) {
+  while (calibrator_->Find(MlpSpec(), "").state != MemoryCalibrator::State::kReady && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   plan = manager_->DryRunPlan(MlpSpec());
@@ -238,7 +238,7 @@ TEST_F(JobManagerCalibrationTest, AWrongStoredCalibrationIsCorrectedByOneRun) {
   const fitrun::v1::JobSpec spec = MlpSpec(512);
   {
     std::ofstream out(state_dir_ / "memory_calibration.tsv");
-    out << "sweep\t" << CalibrationKey(spec) << "\t2678824\t";
+    out << "sweep\t" << CalibrationKey(spec, "") << "\t2678824\t";
     for (int64_t b = 1; b <= 1024; b *= 2) out << (b > 1 ? "," : "") << b << ":" << MlpPeakBytes(b) / 2;
     out << "\tdoctored\n";
   }
@@ -301,8 +301,8 @@ TEST_F(JobManagerCalibrationTest, ARankThatReportsNoProgressIsMeasuredByItsFinis
   }
   EXPECT_EQ(manager_->Get(id)->attempt_history(0).measured_peak_bytes(), MlpPeakBytes(batch) + 1);
   EXPECT_EQ(metrics_.prediction_ratios().size(), 2u);
-  ASSERT_EQ(calibrator_->Find(MlpSpec(512)).calibration.runs.size(), 1u);
-  EXPECT_EQ(calibrator_->Find(MlpSpec(512)).calibration.runs[0].peak_bytes, MlpPeakBytes(batch) + 1);
+  ASSERT_EQ(calibrator_->Find(MlpSpec(512), "").calibration.runs.size(), 1u);
+  EXPECT_EQ(calibrator_->Find(MlpSpec(512), "").calibration.runs[0].peak_bytes, MlpPeakBytes(batch) + 1);
 }
 
 TEST_F(JobManagerCalibrationTest, AnAttemptThatRanOutOfMemoryTeachesNothingAboutWhatFits) {
@@ -324,7 +324,55 @@ TEST_F(JobManagerCalibrationTest, AnAttemptThatRanOutOfMemoryTeachesNothingAbout
   WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);  // re-planned and launched again
   EXPECT_EQ(manager_->Get(id)->attempt_history(0).measured_peak_bytes(), 0);
   EXPECT_TRUE(metrics_.prediction_ratios().empty());
-  EXPECT_TRUE(calibrator_->Find(MlpSpec(512)).calibration.runs.empty());
+  EXPECT_TRUE(calibrator_->Find(MlpSpec(512), "").calibration.runs.empty());
+}
+
+// A rank's figures are its account's word: what fitrund measured itself bounds them, and what
+// passes calibrates that account's plans, never another's. "nobody" stands for a user's account.
+TEST_F(JobManagerCalibrationTest, ReportedPeaksTeachOnlyTheirOwnAccountAndNeverBeyondWhatFitrundMeasured) {
+  Start(4LL << 30);
+  const SweepLimits limits{.max_batch = 256, .max_bytes = 4LL << 30};
+  ASSERT_TRUE(calibrator_->CalibrateNow(MlpSpec(512), limits).ok());
+  ASSERT_TRUE(calibrator_->CalibrateNow(MlpSpec(512), limits, "nobody").ok());
+  auto run_as_nobody = [this](int first_handle, int64_t peak, int64_t cgroup_peak) {
+    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec(512), "mallory", "", "nobody");
+    EXPECT_TRUE(job.ok()) << job.status();
+    EXPECT_TRUE(launcher_.WaitForLaunches(first_handle + 2, absl::Seconds(5)));
+    WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+    for (int rank = 0; rank < 2; ++rank) {
+      fitrun::v1::WorkerReport progress;
+      progress.mutable_progress()->set_step(10);
+      progress.mutable_progress()->set_total_steps(10);
+      progress.mutable_progress()->set_peak_bytes(peak);
+      manager_->OnWorkerReport(WorkerKey{job->id(), 1, rank}, progress);
+      fitrun::v1::WorkerReport finished;
+      finished.mutable_finished()->set_steps(10);
+      manager_->OnWorkerReport(WorkerKey{job->id(), 1, rank}, finished);
+      WorkerExit exit;
+      exit.host_memory_peak_bytes = cgroup_peak;
+      launcher_.ExitWith(first_handle + rank, exit);
+    }
+    WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+    return job->id();
+  };
+  // A forged 60 GB peak on a 4 GiB device, and 3 GiB where the attempt's cgroup saw 1 GiB in all.
+  const std::string forged = run_as_nobody(0, 60LL << 30, 8LL << 30);
+  EXPECT_THAT(Events(forged), HasSubstr("more than its device has"));
+  const std::string beyond_cgroup = run_as_nobody(2, 3LL << 30, 1LL << 30);
+  EXPECT_THAT(Events(beyond_cgroup), HasSubstr("more than the attempt's processes held together"));
+  EXPECT_TRUE(calibrator_->Find(MlpSpec(512), "nobody").calibration.runs.empty()) << "neither was learned from";
+  // A possible peak, twice the probe's: nobody's next plans take it; everyone else's do not.
+  const int64_t batch = manager_->Get(forged)->plan().per_device_batch();
+  run_as_nobody(4, 2 * MlpPeakBytes(batch), 8LL << 30);
+  EXPECT_EQ(calibrator_->Find(MlpSpec(512), "nobody").calibration.runs.size(), 1u);
+  EXPECT_TRUE(calibrator_->Find(MlpSpec(512), "").calibration.runs.empty());
+  auto reasons = [this](const std::string& run_as) {
+    absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> plan = manager_->DryRunPlan(MlpSpec(512), run_as);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? absl::StrJoin(plan->second.reasons(), "\n") : "";
+  };
+  EXPECT_THAT(reasons("nobody"), HasSubstr("real runs peaked at up to"));
+  EXPECT_THAT(reasons(""), ::testing::Not(HasSubstr("real runs peaked")));
 }
 
 }  // namespace

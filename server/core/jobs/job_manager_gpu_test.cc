@@ -163,7 +163,7 @@ TEST_F(JobManagerGpuTest, ARunsPeaksAreKeptAndCorrectTheNextPlanOnThatGpuModel) 
   EXPECT_EQ(ended.attempt_history(0).measured_peak_bytes(), 100 * kMiB);
   EXPECT_EQ(ended.attempt_history(0).measured_reserved_peak_bytes(), 110 * kMiB);
   EXPECT_EQ(ended.attempt_history(0).measured_device_peak_bytes(), 1000 * kMiB);
-  const DeviceCosts learned = book_->CostsFor(kH100, "expandable_segments:True");
+  const DeviceCosts learned = book_->CostsFor("", kH100, "expandable_segments:True");
   EXPECT_NEAR(learned.reserve_ratio, 1.1 * 1.03, 1e-9);
   absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> next = manager_->DryRunPlan(MlpSpec("next", 64, 10, 1, 1));
   ASSERT_TRUE(next.ok());

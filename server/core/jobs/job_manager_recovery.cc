@@ -69,7 +69,10 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit, cons
   rank.exit = exit;
   // An adopted worker's status is unknown; its final report says whether it finished.
   const bool clean = exit.status_known ? (exit.exit_code == 0 && exit.signal == 0) : rank.finished.has_value();
-  if (!exit.status_known) rank.exit = WorkerExit{clean ? 0 : -1, 0, false};
+  if (!exit.status_known) {
+    rank.exit.exit_code = clean ? 0 : -1;
+    rank.exit.signal = 0;
+  }
   Job& job = entry.record.job;
   if (!job.attempt_history().empty()) {
     fitrun::v1::AttemptRecord* record = job.mutable_attempt_history(job.attempt_history_size() - 1);

@@ -182,15 +182,15 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
                     absl::StrCat("launched ", world_size, " rank(s) on ", absl::StrJoin(active.device_ids, ", ")));
 }
 
-absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, bool only_free_devices) {
-  absl::StatusOr<ModelProfile> profile = ProfileFor(spec);
+absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, const std::string& run_as, bool only_free_devices) {
+  absl::StatusOr<ModelProfile> profile = ProfileFor(spec, run_as);
   if (!profile.ok()) return profile.status();
   std::vector<DeviceCapacity> capacities;
   for (const fitrun::v1::Device& device : DevicesLocked()) {
     if (only_free_devices && !device.job_id().empty()) continue;
     // A free device's whole memory is the rank's; a busy one is planned as if idle.
     const int64_t bytes = only_free_devices ? device.free_bytes() : device.total_bytes();
-    capacities.push_back(CapacityOf(device, bytes, AllocatorConfigFor(spec)));
+    capacities.push_back(CapacityOf(device, bytes, AllocatorConfigFor(spec), run_as));
   }
   const int64_t host_room = only_free_devices            ? UnpromisedHostMemory()
                             : options_.host_memory_bytes > 0 ? options_.host_memory_bytes
@@ -251,37 +251,39 @@ int64_t JobManager::UnpromisedHostMemory() {
 
 absl::StatusOr<Plan> JobManager::PlanForJob(const Job& job, const std::vector<DeviceCapacity>& devices,
                                             int64_t host_room) {
-  absl::StatusOr<ModelProfile> profile = ProfileFor(job.spec());
+  absl::StatusOr<ModelProfile> profile = ProfileFor(job.spec(), job.run_as());
   if (!profile.ok()) return profile.status();
   const ModelProfile corrected = ProfileAfterOutOfMemory(*profile, job.spec(), job.oom_history(), options_.estimator);
   PlanLimits limits = LimitsAfterOutOfMemory(job.oom_history());
   const PlanLimits nodes = NodeLimits();
   limits.max_nodes = nodes.max_nodes;
   limits.max_nodes_reason = nodes.max_nodes_reason;
-  // A script that sets its own allocator settings is planned with what they imply on its GPUs.
+  // A GPU's costs as this job's account's runs taught them, with the allocator settings its ranks
+  // run with (a script may set its own).
   const std::string allocator_config = AllocatorConfigFor(job.spec());
-  if (allocator_config == options_.cuda_allocator_config) {
-    return PlanWithinHost(job.spec(), corrected, devices, limits, host_room);
-  }
-  std::vector<DeviceCapacity> with_config = devices;
-  for (DeviceCapacity& device : with_config) {
+  std::vector<DeviceCapacity> with_costs = devices;
+  for (DeviceCapacity& device : with_costs) {
     if (device.gpu_model.empty()) continue;
     const bool slice = device.costs.capacity_binds_allocator_only;
-    device.costs = options_.device_costs != nullptr ? options_.device_costs->CostsFor(device.gpu_model, allocator_config)
-                                                    : DefaultCudaCosts(allocator_config);
+    device.costs = GpuCosts(device.gpu_model, allocator_config, job.run_as());
     device.costs.capacity_binds_allocator_only = slice;
   }
-  return PlanWithinHost(job.spec(), corrected, with_config, limits, host_room);
+  return PlanWithinHost(job.spec(), corrected, with_costs, limits, host_room);
+}
+
+DeviceCosts JobManager::GpuCosts(const std::string& gpu_model, const std::string& allocator_config,
+                                 const std::string& run_as) const {
+  return options_.device_costs != nullptr ? options_.device_costs->CostsFor(run_as, gpu_model, allocator_config)
+                                          : DefaultCudaCosts(allocator_config);
 }
 
 DeviceCapacity JobManager::CapacityOf(const fitrun::v1::Device& device, int64_t bytes,
-                                      const std::string& allocator_config) const {
+                                      const std::string& allocator_config, const std::string& run_as) const {
   DeviceCapacity capacity{device.id(), bytes, device.node()};
   capacity.rank_host_bytes = DefaultRankHostMemory(device);
   if (device.kind() != fitrun::v1::DEVICE_KIND_CUDA) return capacity;
   capacity.gpu_model = device.name();
-  capacity.costs = options_.device_costs != nullptr ? options_.device_costs->CostsFor(device.name(), allocator_config)
-                                                    : DefaultCudaCosts(allocator_config);
+  capacity.costs = GpuCosts(device.name(), allocator_config, run_as);
   capacity.costs.capacity_binds_allocator_only = device.slice_bytes() > 0;
   return capacity;
 }
@@ -301,9 +303,9 @@ PlanLimits JobManager::NodeLimits() const {
   return limits;
 }
 
-absl::StatusOr<ModelProfile> JobManager::ProfileFor(const JobSpec& spec) const {
+absl::StatusOr<ModelProfile> JobManager::ProfileFor(const JobSpec& spec, const std::string& run_as) const {
   if (options_.memory_calibrator == nullptr) return fitrun::server::ProfileFor(spec);
-  return options_.memory_calibrator->ProfileFor(spec);
+  return options_.memory_calibrator->ProfileFor(spec, run_as);
 }
 
 std::vector<DeviceCapacity> JobManager::EveryDeviceAsIfIdle() {

@@ -14,7 +14,7 @@ std::vector<Placement> PlaceQueuedJobs(const std::vector<JobEntry*>& queued, std
   for (JobEntry* entry : queued) {
     const fitrun::v1::Job& job = entry->record.job;
     const bool in_planning = job.state() == fitrun::v1::JOB_STATE_PLANNING;
-    if (gate.measures() && entry->calibration_key.empty()) entry->calibration_key = CalibrationKey(job.spec());
+    if (gate.measures() && entry->calibration_key.empty()) entry->calibration_key = CalibrationKey(job.spec(), job.run_as());
     const PlanningGate::BeforePlanning before = gate.Check(job, entry->calibration_key, in_planning);
     if (!before.waiting_for.empty()) {
       if (before.wait_in_planning) placements.push_back({entry, absl::UnknownError(""), before.waiting_for});
