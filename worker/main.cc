@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
                  "                         (without --probe_batches: one size per line on stdin)\n"
                  "Configured by the environment: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,\n"
                  "MASTER_PORT, FITRUN_ASSIGNMENT, and optionally FITRUN_COORDINATOR, FITRUN_JOB_ID,\n"
-                 "FITRUN_ATTEMPT, FITRUN_JOB_TOKEN. The probe reads only FITRUN_ASSIGNMENT.\n",
+                 "FITRUN_ATTEMPT, FITRUN_JOB_TOKEN_FD (or FITRUN_JOB_TOKEN). The probe reads only FITRUN_ASSIGNMENT.\n",
                  std::string(command_line.status().message()).c_str(), argv[0], argv[0]);
     return kBadConfiguration;
   }
@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
       fitrun::worker::WorkerOptionsFromEnvironment(fitrun::worker::GetEnv);
   if (!options.ok()) {
     std::fprintf(stderr, "fitrun-worker: %s\n", std::string(options.status().message()).c_str());
+    return kBadConfiguration;
+  }
+  if (absl::Status token = fitrun::worker::TakeJobToken(*options); !token.ok()) {
+    std::fprintf(stderr, "fitrun-worker: %s\n", std::string(token.message()).c_str());
     return kBadConfiguration;
   }
   // A script job's rank supervises the user's script; any other trains a built-in workload. An

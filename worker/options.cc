@@ -1,5 +1,11 @@
 #include "worker/options.h"
 
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
@@ -100,6 +106,11 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromEnvironment(const EnvLookup& look
   options.tls_ca = Optional(lookup, launch::kTlsCa);
   options.job_id = Optional(lookup, launch::kJobId);
   options.job_token = Optional(lookup, launch::kJobToken);
+  if (const std::string fd = Optional(lookup, launch::kJobTokenFd); !fd.empty()) {
+    absl::StatusOr<int> v = ParseInt(launch::kJobTokenFd, fd, 0, 1 << 20);
+    if (!v.ok()) return v.status();
+    options.job_token_fd = *v;
+  }
   options.initial_state_dump_dir = Optional(lookup, launch::kDumpInitialState);
   const std::string attempt = Optional(lookup, launch::kAttempt);
   if (!attempt.empty()) {
@@ -108,6 +119,29 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromEnvironment(const EnvLookup& look
     options.attempt = *v;
   }
   return options;
+}
+
+absl::Status TakeJobToken(WorkerOptions& options) {
+  if (options.job_token_fd < 0) return absl::OkStatus();
+  // Before the token is in memory: from here on only root may look inside this process.
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  std::string token;
+  char buffer[256];
+  ssize_t n;
+  while ((n = read(options.job_token_fd, buffer, sizeof(buffer))) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || token.size() > 4096) break;
+    token.append(buffer, static_cast<size_t>(n));
+  }
+  close(options.job_token_fd);
+  options.job_token_fd = -1;
+  unsetenv(launch::kJobTokenFd);
+  if (n != 0 || token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(launch::kJobTokenFd, ": no job token could be read from its descriptor"));
+  }
+  options.job_token = std::move(token);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<fitrun::v1::WorkerAssignment> LoadAssignment(const std::string& path) {

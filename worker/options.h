@@ -29,7 +29,10 @@ struct WorkerOptions {
   std::string tls_ca;
   std::string job_id;     // FITRUN_JOB_ID
   int attempt = 0;        // FITRUN_ATTEMPT
-  std::string job_token;  // FITRUN_JOB_TOKEN
+  // The job's secret the rank presents to fitrund: read from descriptor job_token_fd
+  // (FITRUN_JOB_TOKEN_FD) by TakeJobToken, or FITRUN_JOB_TOKEN where a launcher could only set that.
+  std::string job_token;
+  int job_token_fd = -1;
   // FITRUN_DUMP_INITIAL_STATE: a directory where rank 0 writes the parameters it trains from (after
   // the broadcast) and the sample order, so that another implementation (PyTorch's DDP in the parity
   // test and the benchmark) can start from exactly the same point. Empty: nothing is written.
@@ -54,6 +57,13 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string& na
 
 // Reads and checks the variables. Errors name the variable and what was wrong with it.
 absl::StatusOr<WorkerOptions> WorkerOptionsFromEnvironment(const EnvLookup& lookup);
+
+// When the job token comes by descriptor (options.job_token_fd; the rank runs as its owner's
+// account): makes this process unreadable to the job's other processes, which run as the same
+// account (not dumpable: none may ptrace it or read its /proc/<pid>/environ or memory), then reads
+// the token and closes the descriptor. A rank calls it first thing; INVALID_ARGUMENT naming the
+// variable when the descriptor holds no token.
+absl::Status TakeJobToken(WorkerOptions& options);
 
 // Parses a text-format fitrun.v1.WorkerAssignment; errors carry the file, line and column.
 absl::StatusOr<fitrun::v1::WorkerAssignment> LoadAssignment(const std::string& path);

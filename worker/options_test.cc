@@ -1,5 +1,9 @@
 #include "worker/options.h"
 
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -40,6 +44,28 @@ TEST_F(OptionsTest, ReadsTheContract) {
   EXPECT_EQ(options->job_id, "job-1");
   EXPECT_EQ(options->attempt, 3);
   EXPECT_EQ(options->job_token, "t");
+}
+
+TEST_F(OptionsTest, ATokenByDescriptorIsReadThenTheDescriptorClosedAndTheProcessUndumpable) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  ASSERT_EQ(write(fds[1], "from-the-pipe", 13), 13);
+  close(fds[1]);
+  env_.erase("FITRUN_JOB_TOKEN");
+  env_["FITRUN_JOB_TOKEN_FD"] = std::to_string(fds[0]);
+  absl::StatusOr<WorkerOptions> options = WorkerOptionsFromEnvironment(Lookup());
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->job_token_fd, fds[0]);
+  ASSERT_TRUE(TakeJobToken(*options).ok());
+  EXPECT_EQ(options->job_token, "from-the-pipe");
+  EXPECT_EQ(fcntl(fds[0], F_GETFD), -1) << "the descriptor is closed";
+  EXPECT_EQ(prctl(PR_GET_DUMPABLE, 0, 0, 0, 0), 0) << "the job's other processes cannot read this one";
+  // An empty pipe holds no token: the rank cannot speak for the job.
+  ASSERT_EQ(pipe(fds), 0);
+  close(fds[1]);
+  options->job_token_fd = fds[0];
+  options->job_token.clear();
+  EXPECT_NE(TakeJobToken(*options).message().find("FITRUN_JOB_TOKEN_FD"), std::string::npos);
 }
 
 TEST_F(OptionsTest, CoordinatorIsOptional) {

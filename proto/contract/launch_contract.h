@@ -21,7 +21,16 @@ inline constexpr char kMasterPort[] = "MASTER_PORT";
 inline constexpr char kCoordinator[] = "FITRUN_COORDINATOR";
 inline constexpr char kJobId[] = "FITRUN_JOB_ID";
 inline constexpr char kAttempt[] = "FITRUN_ATTEMPT";
+// The token is a secret of fitrund's and the rank's: the job's own code (a script, whatever a user
+// starts beside it) must not be able to speak for the rank. A rank run as its owner's account is
+// handed it through a pipe it inherits as descriptor kJobTokenDescriptor (named by
+// FITRUN_JOB_TOKEN_FD), which it reads and closes before it makes itself undumpable, so the job's
+// other processes (the same account) can read it neither in /proc/<pid>/environ nor in its memory.
+// A rank run as fitrund's own user, or by a launcher that cannot hand a descriptor (a Slurm batch
+// script), gets FITRUN_JOB_TOKEN: the former shares fitrund's user anyway.
 inline constexpr char kJobToken[] = "FITRUN_JOB_TOKEN";
+inline constexpr char kJobTokenFd[] = "FITRUN_JOB_TOKEN_FD";
+inline constexpr int kJobTokenDescriptor = 3;
 inline constexpr char kAssignment[] = "FITRUN_ASSIGNMENT";
 // When fitrund serves TLS: the PEM file of the CA its certificate chains to, for the rank to verify
 // fitrund when it dials back (the rank authenticates with its job token).

@@ -379,11 +379,7 @@ void BenchmarkIngestAndLatency(const BenchOptions& bench) {
            job.ok() ? "no launch within 60 s" : std::string(job.status().message()).c_str());
     return;
   }
-  std::string token;
-  const std::vector<WorkerLaunch> launches = launcher.launches();
-  for (const auto& [key, value] : launches[0].env) {
-    if (key == "FITRUN_JOB_TOKEN") token = value;
-  }
+  const std::string token = launcher.launches()[0].job_token;
   const int64_t first_sequence = (*manager)->events().LastSequence(job->id()) + 1;
 
   // Watchers, each on its own connection, following from the next event.

@@ -26,6 +26,9 @@ struct WorkerLaunch {
   std::string log_path;  // stdout and stderr go here
   // The Unix account the rank runs as (the job's owner's); unset: fitrund's own user.
   std::optional<UnixAccount> run_as;
+  // The job's secret the rank presents to fitrund (its Hello): never in `env`; each launcher hands
+  // it over as launch_contract.h's kJobToken says.
+  std::string job_token;
 };
 
 struct WorkerExit {

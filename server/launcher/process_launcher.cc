@@ -19,9 +19,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "proto/contract/launch_contract.h"
 #include "server/spawn/spawn.h"
 
 namespace fitrun::server {
+
+namespace launch = fitrun::contract::launch;
 
 ProcessLauncher::ProcessLauncher() {
   killer_ = std::thread([this] { KillerLoop(); });
@@ -50,10 +53,31 @@ absl::StatusOr<int> ProcessLauncher::Launch(const WorkerLaunch& launch, ExitCall
   spawn.own_process_group = true;
   spawn.run_as = launch.run_as;
   spawn.cgroup_procs_files = cgroup_procs_files;
+  spawn.rank_limits = true;
+  // The job token as launch_contract.h says: to a rank run as another account through a pipe only
+  // it holds (a pipe's buffer takes the token whole, so the write never waits for the reader).
+  Pipe token{};
+  if (!launch.job_token.empty() && !launch.run_as.has_value()) {
+    spawn.env.emplace_back(launch::kJobToken, launch.job_token);
+  } else if (!launch.job_token.empty()) {
+    absl::StatusOr<Pipe> pipe = MakePipe();
+    if (!pipe.ok()) return pipe.status();
+    token = *pipe;
+    const bool written = write(token.write_end, launch.job_token.data(), launch.job_token.size()) ==
+                         static_cast<ssize_t>(launch.job_token.size());
+    CloseFd(&token.write_end);
+    if (!written) {
+      CloseFd(&token.read_end);
+      return absl::InternalError("cannot hand the rank its job token (a pipe write failed)");
+    }
+    spawn.secret_fd = token.read_end;
+    spawn.secret_target = launch::kJobTokenDescriptor;
+    spawn.env.emplace_back(launch::kJobTokenFd, absl::StrCat(launch::kJobTokenDescriptor));
+  }
 
   absl::MutexLock lock(&mu_);
-  if (stopping_) return absl::UnavailableError("the launcher is shutting down");
-  absl::StatusOr<pid_t> pid = Spawn(spawn);
+  absl::StatusOr<pid_t> pid = stopping_ ? absl::UnavailableError("the launcher is shutting down") : Spawn(spawn);
+  CloseFd(&token.read_end);
   if (!pid.ok()) return pid.status();
   alive_[*pid] = true;
   StartWaiter([this, pid = *pid, on_exit = std::move(on_exit)](int64_t waiter) { Wait(pid, waiter, on_exit); });

@@ -112,7 +112,8 @@ absl::StatusOr<std::string> SlurmLauncher::BatchScript(const AttemptLaunch& atte
     for (const auto& [name, value] : rank.env) {
       if (!SetByShim(name)) env[name] = value;
     }
-    if (env != shared || rank.argv != first.argv || rank.working_dir != first.working_dir) {
+    if (env != shared || rank.argv != first.argv || rank.working_dir != first.working_dir ||
+        rank.job_token != first.job_token) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", rank.rank, " differs from rank 0 in more than its torchrun variables; one srun step runs them all"));
     }
@@ -125,6 +126,10 @@ absl::StatusOr<std::string> SlurmLauncher::BatchScript(const AttemptLaunch& atte
       "set -u\n",
       "# The time limit is near (sbatch --signal=B:USR2@...): the ranks keep their periodic checkpoints.\n",
       "trap 'echo \"fitrun: Slurm gave notice (SIGUSR2): the allocation ends soon\" >&2' USR2\n");
+  // A batch script can hand the token over only in the environment (launch_contract.h): the script
+  // and the allocation's processes are the job's account's, so this job's peaks teach only that
+  // account's plans (memory_calibration.h).
+  if (!first.job_token.empty()) shared[launch::kJobToken] = first.job_token;
   if (first.run_as.has_value()) {
     // What a login of the account would set, over fitrund's own.
     shared.emplace("HOME", first.run_as->home);

@@ -167,8 +167,8 @@ class SlurmLauncherTest : public ::testing::Test {
       launch.log_path = (attempt_dir_ / absl::StrCat("rank-", rank, ".log")).string();
       launch.env = {{"RANK", absl::StrCat(rank)},       {"LOCAL_RANK", absl::StrCat(rank)},
                     {"WORLD_SIZE", "4"},                 {"LOCAL_WORLD_SIZE", "4"},
-                    {"FITRUN_JOB_ID", "j1"},             {"FITRUN_JOB_TOKEN", "it's secret"},
-                    {"FITRUN_COORDINATOR", "10.0.0.1:7070"}};
+                    {"FITRUN_JOB_ID", "j1"},             {"FITRUN_COORDINATOR", "10.0.0.1:7070"}};
+      launch.job_token = "it's secret";
       attempt.ranks.push_back(launch);
     }
     attempt.nodes = {"n1", "n2"};

@@ -57,10 +57,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     ASSERT_TRUE(job.ok()) << job.status();
     job_id_ = job->id();
     ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(10)));
-    const std::vector<WorkerLaunch> launches = launcher_.launches();
-    for (const auto& [key, value] : launches[0].env) {
-      if (key == "FITRUN_JOB_TOKEN") token_ = value;
-    }
+    token_ = launcher_.launches()[0].job_token;
   }
 
   void TearDown() override {

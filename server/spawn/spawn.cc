@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -139,6 +140,8 @@ enum ChildStep : int {
   kWorkingDir,
   kOutputFile,
   kDescriptors,
+  kSecret,
+  kLimits,
   kExec,
 };
 const char* DescribeStep(int step) {
@@ -154,6 +157,8 @@ const char* DescribeStep(int step) {
     case kWorkingDir: return "entering its working directory";
     case kOutputFile: return "opening its output file";
     case kDescriptors: return "closing fitrund's descriptors";
+    case kSecret: return "taking its secret's descriptor";
+    case kLimits: return "setting its resource limits";
     default: return "exec";
   }
 }
@@ -182,6 +187,19 @@ absl::StatusOr<pid_t> ForkExec(const SpawnOptions& options, char* const argv[], 
     close_cgroups();
     return report.status();
   }
+  // Above the descriptor the secret goes to, which the child's dup2 would otherwise close.
+  for (int* end : {&report->read_end, &report->write_end}) {
+    const int moved = fcntl(*end, F_DUPFD_CLOEXEC, std::max(options.secret_target, 2) + 1);
+    if (moved >= 0) {
+      close(*end);
+      *end = moved;
+    }
+  }
+  struct rlimit open_files_now {};
+  getrlimit(RLIMIT_NOFILE, &open_files_now);
+  const rlim_t rank_open_files = open_files_now.rlim_max == RLIM_INFINITY
+                                     ? static_cast<rlim_t>(kRankOpenFiles)
+                                     : std::min<rlim_t>(open_files_now.rlim_max, kRankOpenFiles);
   const UnixAccount* account = options.run_as.has_value() ? &*options.run_as : nullptr;
   const bool new_session = account != nullptr || options.own_process_group;
   struct rlimit files {};
@@ -216,6 +234,18 @@ absl::StatusOr<pid_t> ForkExec(const SpawnOptions& options, char* const argv[], 
       if (options.stdout_fd >= 0 && dup2(options.stdout_fd, 1) < 0) fail(kStreams);
       if (options.stderr_fd >= 0 && dup2(options.stderr_fd, 2) < 0) fail(kStreams);
     }
+    if (options.secret_fd >= 0) {
+      // dup2 onto itself would keep close-on-exec; the copy never has it.
+      const int kept = options.secret_fd == options.secret_target
+                           ? fcntl(options.secret_target, F_SETFD, 0)
+                           : dup2(options.secret_fd, options.secret_target);
+      if (kept < 0) fail(kSecret);
+    }
+    if (options.rank_limits) {
+      const struct rlimit no_core {0, 0};
+      const struct rlimit open_files {rank_open_files, rank_open_files};
+      if (setrlimit(RLIMIT_CORE, &no_core) != 0 || setrlimit(RLIMIT_NOFILE, &open_files) != 0) fail(kLimits);
+    }
     if (account != nullptr) {
       if (setgroups(account->groups.size(), account->groups.data()) != 0) fail(kGroups);
       if (setresgid(account->gid, account->gid, account->gid) != 0) fail(kGid);
@@ -232,7 +262,7 @@ absl::StatusOr<pid_t> ForkExec(const SpawnOptions& options, char* const argv[], 
     // Nothing of fitrund's beyond the standard streams survives the exec, whether or not it was
     // opened close-on-exec (the report pipe must stay open until the exec: it is close-on-exec).
     for (int fd = 3; fd < max_fd; ++fd) {
-      if (fd != report_fd) fcntl(fd, F_SETFD, FD_CLOEXEC);
+      if (fd != report_fd && !(options.secret_fd >= 0 && fd == options.secret_target)) fcntl(fd, F_SETFD, FD_CLOEXEC);
     }
     execve(argv[0], argv, envp);
     fail(kExec);
@@ -266,8 +296,10 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
   std::vector<char*> envp = Pointers(env_strings);
   std::vector<std::string> args = options.argv;
   std::vector<char*> argv = Pointers(args);
-  // posix_spawn (vfork underneath) is the fast path; only an account switch or a cgroup needs fork.
-  if (options.run_as.has_value() || !options.cgroup_procs_files.empty()) {
+  // posix_spawn (vfork underneath) is the fast path; an account switch, a cgroup, a secret's
+  // descriptor or a rank's limits need fork.
+  if (options.run_as.has_value() || !options.cgroup_procs_files.empty() || options.secret_fd >= 0 ||
+      options.rank_limits) {
     return ForkExec(options, argv.data(), envp.data());
   }
   return PosixSpawn(options, argv.data(), envp.data());

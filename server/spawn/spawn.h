@@ -45,7 +45,18 @@ struct SpawnOptions {
   // The cgroup.procs files of the cgroups the child joins (it writes 0 to each) before it execs, so
   // nothing it starts escapes them.
   std::vector<std::string> cgroup_procs_files;
+  // A descriptor the child gets as descriptor `secret_target` (kept across the exec): the read end
+  // of a pipe holding a secret only that process may read (a rank's job token). -1: none.
+  int secret_fd = -1;
+  int secret_target = 3;
+  // A rank's limits instead of fitrund's (which may be root's): no core dumps (a dump would hold the
+  // job token and the rank's data) and kRankOpenFiles descriptors, as a login session has.
+  bool rank_limits = false;
 };
+
+// Open files a rank may have (RLIMIT_NOFILE, soft and hard, at most fitrund's own hard limit):
+// systemd's hard limit for a login session, enough for data loaders and collectives.
+inline constexpr int kRankOpenFiles = 524288;
 
 // Starts the child. Descriptors fitrund opened close-on-exec (all of its own) stay out of it;
 // the signals fitrund takes synchronously (it blocks them on every thread) are unblocked and back to

@@ -5,9 +5,11 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -74,6 +76,32 @@ TEST(SpawnTest, OutputPathTakesStdoutAndStderrAppended) {
   std::stringstream log;
   log << std::ifstream(path).rdbuf();
   EXPECT_EQ(log.str(), "before\nout\nerr\n");
+}
+
+TEST(SpawnTest, ASecretReachesOnlyTheChildOnItsDescriptor) {
+  absl::StatusOr<Pipe> secret = MakePipe();
+  ASSERT_TRUE(secret.ok());
+  ASSERT_EQ(write(secret->write_end, "token-123", 9), 9);
+  CloseFd(&secret->write_end);
+  SpawnOptions options;
+  options.secret_fd = secret->read_end;
+  options.secret_target = 3;
+  auto [printed, exit] = RunShell("cat <&3; echo; env | grep -c token-123", options);
+  CloseFd(&secret->read_end);
+  EXPECT_EQ(printed, "token-123\n0\n") << "on descriptor 3, and nowhere in the environment";
+  EXPECT_EQ(exit.exit_code, 1) << "grep -c found nothing";
+}
+
+TEST(SpawnTest, ARanksLimitsAreItsOwnNotFitrunds) {
+  SpawnOptions options;
+  options.rank_limits = true;
+  auto [printed, exit] = RunShell("ulimit -c; ulimit -n; ulimit -Hn", options);
+  struct rlimit files {};
+  getrlimit(RLIMIT_NOFILE, &files);
+  const uint64_t expected =
+      files.rlim_max == RLIM_INFINITY ? kRankOpenFiles : std::min<uint64_t>(files.rlim_max, kRankOpenFiles);
+  EXPECT_EQ(printed, absl::StrCat("0\n", expected, "\n", expected, "\n"));
+  EXPECT_EQ(exit.exit_code, 0);
 }
 
 TEST(SpawnTest, OwnProcessGroupOrFitrunds) {

@@ -104,6 +104,7 @@ absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, 
   // The supervisor reports for the script; the script needs neither the address nor the token.
   env.erase(launch::kCoordinator);
   env.erase(launch::kJobToken);
+  env.erase(launch::kJobTokenFd);
   for (const auto& [key, value] : script.env()) env[key] = value;
   for (const auto& [key, value] : settings.extra_env) env[key] = value;
   env[launch::kRank] = absl::StrCat(settings.rank);

@@ -127,6 +127,7 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
     launch.working_dir = attempt_dir.string();
     launch.log_path = (fs::path(job_dir) / RankLogName(attempt, rank)).string();
     launch.run_as = run_as;
+    launch.job_token = token;
     launch.env = {
         {launch::kRank, absl::StrCat(rank)},
         {launch::kLocalRank, absl::StrCat(rank)},
@@ -135,7 +136,6 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
         {launch::kCoordinator, settings.worker_channel_address},
         {launch::kJobId, job.id()},
         {launch::kAttempt, absl::StrCat(attempt)},
-        {launch::kJobToken, token},
         {launch::kAssignment, assignment_path.string()},
     };
     if (!settings.worker_tls_ca.empty()) launch.env.emplace_back(launch::kTlsCa, settings.worker_tls_ca);

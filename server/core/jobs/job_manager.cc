@@ -300,15 +300,27 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id, const std::str
 // ---------------------------------------------------------------------------------------------------
 // Workers
 
+bool SameSecret(const std::string& given, const std::string& secret) {
+  // Every byte of the longer is looked at, whatever differs first.
+  const size_t n = std::max(given.size(), secret.size());
+  unsigned char differ = given.size() == secret.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char a = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+    const unsigned char b = i < secret.size() ? static_cast<unsigned char>(secret[i]) : 0;
+    differ |= static_cast<unsigned char>(a ^ b);
+  }
+  return differ == 0 && !secret.empty();
+}
+
 absl::StatusOr<WorkerKey> JobManager::AttachWorker(const fitrun::v1::Hello& hello,
                                                    std::weak_ptr<WorkerConnection> connection) {
   absl::MutexLock lock(&mu_);
+  // A missing job and a wrong token get one answer, and the comparison takes as long whatever the
+  // token: a caller learns neither which jobs exist nor how much of a token it guessed.
   auto it = jobs_.find(hello.job_id());
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("hello.job_id: no job '", hello.job_id(), "'"));
+  const bool matches = it != jobs_.end() && SameSecret(hello.job_token(), it->second.record.token);
+  if (!matches) return absl::PermissionDeniedError("hello: no job with this job_id and job_token");
   JobEntry& entry = it->second;
-  if (hello.job_token() != entry.record.token) {
-    return absl::PermissionDeniedError("hello.job_token: does not match the job's token");
-  }
   if (!entry.active || entry.active->attempt != hello.attempt()) {
     return absl::FailedPreconditionError(absl::StrCat("hello.attempt: attempt ", hello.attempt(), " of job ",
                                                       hello.job_id(), " is not running"));
