@@ -49,6 +49,10 @@ ABSL_FLAG(bool, insecure, false, "Serve a non-loopback --listen or --metrics_lis
 ABSL_FLAG(bool, metrics_public, false,
           "With --auth_tokens or --tls_client_ca: /metrics answers anyone, not only users (Prometheus on a trusted "
           "network without a token); the web page and its API still need a user");
+ABSL_FLAG(std::vector<std::string>, metrics_hosts, {},
+          "Comma-separated host names the metrics port answers to besides its IP addresses, localhost and the "
+          "--metrics_listen host (e.g. a reverse proxy's name); a request for any other Host is refused, so that a "
+          "web page cannot reach it by rebinding its own name to this machine");
 ABSL_FLAG(std::string, auth_tokens, "",
           "Users: lines of '<user> <admin|user> <sha256 hex of the token> [<unix account>|=]'; reloaded on SIGHUP. "
           "They are the users of the gRPC API, the web page and /metrics alike. Without it and --tls_client_ca every "
@@ -59,6 +63,9 @@ ABSL_FLAG(std::string, unix_accounts, "listed",
           "of the user's --auth_tokens line; a user without one cannot submit), 'same_name' (that field, else the "
           "account named like the user) or 'none' (every job runs as fitrund's own user: only where every user may "
           "do what fitrund's user can)");
+ABSL_FLAG(int64_t, min_account_uid, 1000,
+          "The lowest uid a job's Unix account may have: a user mapped to an account below it (a system account: "
+          "www-data, postgres, fitrun itself) cannot submit, whatever --auth_tokens or a certificate says");
 ABSL_FLAG(std::string, job_cgroups, "auto",
           "Each attempt's processes in a cgroup of its own, bounded by spec.resources.host_memory and "
           "max_processes and killed whole when the attempt ends: auto (when fitrund is root and the memory and pids "
@@ -119,8 +126,10 @@ int main(int argc, char** argv) {
   options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   options.insecure = absl::GetFlag(FLAGS_insecure);
   options.metrics_public = absl::GetFlag(FLAGS_metrics_public);
+  options.metrics_hosts = absl::GetFlag(FLAGS_metrics_hosts);
   options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
   options.unix_accounts = absl::GetFlag(FLAGS_unix_accounts);
+  options.min_account_uid = absl::GetFlag(FLAGS_min_account_uid);
   options.job_cgroups = absl::GetFlag(FLAGS_job_cgroups);
   options.cgroup_parent = absl::GetFlag(FLAGS_cgroup_parent);
   options.data_roots = absl::GetFlag(FLAGS_data_roots);

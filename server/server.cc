@@ -456,6 +456,11 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   }
   manager_options.data_roots.emplace(data_roots);
   manager_options.max_open_jobs_per_owner = options.max_jobs_per_user;
+  if (options.min_account_uid < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--min_account_uid: at least 1, root's jobs never run as root (got ",
+                                                   options.min_account_uid, ")"));
+  }
+  manager_options.min_account_uid = static_cast<uid_t>(options.min_account_uid);
   if (absl::Status ceilings = SetRankCeilings(options, memory, manager_options); !ceilings.ok()) return ceilings;
   if (!options.tls_cert.empty()) {
     manager_options.worker_tls_ca = std::filesystem::absolute(options.tls_ca.empty() ? options.tls_cert : options.tls_ca);
@@ -541,9 +546,10 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   if (absl::Status status = CheckMetricsListen(options); !status.ok()) return status;
   web_options.authenticator = server->authenticator.get();
   web_options.metrics_public = options.metrics_public;
+  web_options.hosts = options.metrics_hosts;
   web_options.tls = WebTls{options.tls_cert, options.tls_key, options.tls_client_ca};
   absl::StatusOr<std::unique_ptr<WebServer>> web = WebServer::Start(
-      web_options, server->manager.get(), {server->registry, std::make_shared<LiveMetrics>(server->manager.get())});
+      web_options, server->manager.get(), {server->registry});
   if (!web.ok()) return web.status();
   server->web = *std::move(web);
   server->metrics_address = server->web->address();

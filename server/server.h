@@ -54,11 +54,16 @@ struct ServerOptions {
   // Secured: /metrics answers anyone, not only users (Prometheus on a trusted network without a
   // token); the page and its API still need a user.
   bool metrics_public = false;
+  // Names the metrics port answers to besides its addresses, localhost and its listen host (a
+  // reverse proxy's): a request for any other Host is refused (DNS rebinding).
+  std::vector<std::string> metrics_hosts;
   // Users' bearer tokens (server/auth/authenticator.h); with tls_client_ca, certificates too.
   std::string auth_tokens;
   // "listed" or "same_name": the Unix account of a user the tokens file gives none; "none": jobs
   // run as fitrund's own user even as root (every user trusted with it). See RunsJobsAsOwners.
   std::string unix_accounts = "listed";
+  // The lowest uid a job's account may have: system accounts below never run a user's job.
+  int64_t min_account_uid = 1000;
   // "auto", "on" or "off": each attempt's processes in a cgroup of their own (--job_cgroups), made
   // under cgroup_parent (relative to fitrund's own cgroup, or absolute).
   std::string job_cgroups = "auto";

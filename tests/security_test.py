@@ -203,6 +203,13 @@ class UsersTest(unittest.TestCase):
         wait_for(lambda: state_name(alice.get(running)) == "RUNNING", 60, "the long job to run")
         self.assertIn(running, [j.id for j in alice.list()])
         self.assertNotIn(running, [j.id for j in bob.list()])
+        # ListDevices: the devices alice's job holds are shown to bob as another user's, never by id.
+        held = {d.id: d.job_id for d in alice.devices() if d.job_id}
+        self.assertEqual(set(held.values()), {running})
+        seen_by_bob = {d.id: d for d in bob.devices()}
+        for device in held:
+            self.assertEqual((seen_by_bob[device].job_id, seen_by_bob[device].held_by_another_user), ("", True))
+        self.assertEqual({d.id: d.job_id for d in root.devices() if d.job_id}, held)
         for call in (lambda: bob.get(running), lambda: bob.cancel(running), lambda: list(bob.watch(running)),
                      lambda: list(bob.logs(running))):
             with self.assertRaises(ClientError) as raised:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing, builds everything, runs the tests, and ends
 # with one line `tests: N passed, N failed` (individual test cases, counted from Bazel's reports; a
-# skipped case is named on its own line and counted as "N skipped, " in front).
+# skipped case is named on its own line and counted as "N skipped, " in front). The full tier reruns
+# every test (no cached results) and each test tagged "timing" 20 times; a case that fails in any
+# run fails.
 #
 #   bash tools/test.sh           every test: what CI runs
 #   bash tools/test.sh --quick   the unit tests, for the inner loop: no test tagged e2e (real daemons,
@@ -45,9 +47,20 @@ if [[ $mode != asan ]] && ! bazel build //...; then
   fail "build failed"
 fi
 
+# Every run of the full tier runs every test: a result Bazel kept from an earlier run (its disk
+# state survives a clean clone on the same machine) would let a flaky test that passed once stand.
+# And the tests tagged "timing" (threads, waits, streams) run 20 times each, so a race shows before
+# it lands.
+runs=()
+if [[ $mode == full ]]; then
+  runs+=(--nocache_test_results)
+  timing=$(bazel query 'attr(tags, "timing", tests(//...))' 2>/dev/null | sed 's/$/$/' | paste -sd, -)
+  if [[ -n $timing ]]; then runs+=("--runs_per_test=$timing@20"); fi
+fi
+
 log=$(mktemp)
 # shellcheck disable=SC2086  # one target per word
-bazel test "${config[@]}" --test_output=errors $targets 2>&1 | tee "$log"
+bazel test "${config[@]}" "${runs[@]}" --test_output=errors $targets 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 
 /usr/bin/python3 tools/test_summary.py "$log" "${config[@]}" $targets

@@ -4,8 +4,10 @@ Usage: test_summary.py BAZEL_TEST_OUTPUT [--config=NAME] TARGET... (the targets 
 given; their reports are read from the test logs of that configuration). Prints one line per failed case and a last line
 `tests: N passed, N failed`. A target Bazel did not pass without a failed case in its report (a
 crash, a timeout, no report at all) counts as one failure, so a crash is never counted as a pass.
-Exits non-zero when anything failed.
+A target run several times (--runs_per_test) has a report per run: each case counts once, and
+fails when it failed in any run (a flaky case is a failed one). Exits non-zero when anything failed.
 """
+import glob
 import os
 import re
 import subprocess
@@ -35,23 +37,45 @@ def main():
     for target in targets:
         package, name = target.lstrip("/").split(":")
         directory = os.path.join(testlogs, package, name)
-        report = os.path.join(directory, "test.xml")
-        cases_failed = cases_passed = cases_skipped = 0
-        try:
-            root = ET.parse(report).getroot()
+        # Reports of earlier invocations (one run, or another number of runs) may linger beside this
+        # one's: the newest set is this invocation's.
+        sets = {}
+        for report in glob.glob(os.path.join(directory, "run_*_of_*", "test.xml")):
+            sets.setdefault(report.split("_of_")[-1], []).append(report)
+        single = os.path.join(directory, "test.xml")
+        if os.path.exists(single):
+            sets["single"] = [single]
+        newest = max(sets.values(), key=lambda reports: max(map(os.path.getmtime, reports)), default=[single])
+        runs = newest if newest != [single] else []
+        reports = newest
+        cases = {}  # name -> "passed" | "skipped" | [failed runs]
+        skipped_why = {}
+        for report in reports:
+            try:
+                root = ET.parse(report).getroot()
+            except (OSError, ET.ParseError):
+                continue
             for case in root.iter("testcase"):
                 name = f"{case.get('classname')}.{case.get('name')}"
                 if case.find("failure") is not None or case.find("error") is not None:
-                    cases_failed += 1
-                    print(f"FAILED {target}: {name}")
+                    failures = cases.get(name)
+                    cases[name] = (failures if isinstance(failures, list) else []) + [report]
                 elif case.find("skipped") is not None or case.get("result") == "skipped":
-                    cases_skipped += 1
                     why = case.find("skipped")
-                    print(f"SKIPPED {target}: {name}: {why.get('message', '') if why is not None else ''}")
+                    skipped_why[name] = why.get("message", "") if why is not None else ""
+                    cases.setdefault(name, "skipped")
                 elif case.get("status", "run") != "notrun":
-                    cases_passed += 1
-        except (OSError, ET.ParseError):
-            pass
+                    cases.setdefault(name, "passed")
+        cases_failed = cases_passed = cases_skipped = 0
+        for name, outcome in cases.items():
+            if isinstance(outcome, list):
+                cases_failed += 1
+                print(f"FAILED {target}: {name}" + (f" (in {len(outcome)} of {len(runs)} runs)" if runs else ""))
+            elif outcome == "skipped":
+                cases_skipped += 1
+                print(f"SKIPPED {target}: {name}: {skipped_why.get(name, '')}")
+            else:
+                cases_passed += 1
         verdict = statuses.get(target, "NO STATUS")
         if verdict != "PASSED" and cases_failed == 0:
             log = os.path.join(directory, "test.log")

@@ -18,25 +18,38 @@ namespace fitrun::server {
 namespace launch = fitrun::contract::launch;
 
 LocalLauncher::LocalLauncher(std::function<absl::StatusOr<int>()> pick_master_port)
-    : LocalLauncher(Options{std::move(pick_master_port), nullptr}) {}
+    : LocalLauncher([&] {
+        Options options;
+        options.pick_master_port = std::move(pick_master_port);
+        return options;
+      }()) {}
 
 LocalLauncher::LocalLauncher(Options options) : options_(std::move(options)) {
   if (options_.cgroups != nullptr) releaser_ = std::thread([this] { ReleaserLoop(); });
 }
 
 LocalLauncher::~LocalLauncher() {
-  std::deque<std::shared_ptr<AttemptCgroup>> left;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+  }
+  if (releaser_.joinable()) releaser_.join();
+  // What the releaser had not done, or must try again, and every attempt still held.
+  std::deque<std::shared_ptr<AttemptCgroup>> left;
+  {
+    absl::MutexLock lock(&mu_);
     left.swap(to_release_);
     for (auto& [handle, attempt] : cgroups_) left.push_back(attempt);
     cgroups_.clear();
   }
-  if (releaser_.joinable()) releaser_.join();
   // Everything the attempts started goes with fitrund (the ranks themselves too: ProcessLauncher's
-  // waiters then reap them).
-  for (const std::shared_ptr<AttemptCgroup>& attempt : left) KillAndRemove(*attempt->cgroup);
+  // waiters then reap them). What cannot be emptied now stays for the next fitrund's
+  // ReleaseUnowned.
+  for (const std::shared_ptr<AttemptCgroup>& attempt : left) {
+    if (absl::Status released = options_.kill_and_remove(*attempt->cgroup); !released.ok()) {
+      std::fprintf(stderr, "fitrund: %s; the next fitrund removes it\n", std::string(released.message()).c_str());
+    }
+  }
   if (options_.cgroups != nullptr && options_.cgroups->List().empty()) (void)options_.cgroups->RemoveDirectories();
 }
 
@@ -200,12 +213,16 @@ void LocalLauncher::Queue(std::shared_ptr<AttemptCgroup> attempt) {
   {
     absl::MutexLock lock(&mu_);
     if (!stopping_ && releaser_.joinable()) {
+      attempt->release_at = absl::InfinitePast();
+      attempt->backoff = options_.retry_after;
       to_release_.push_back(std::move(attempt));
       return;
     }
   }
-  // Stopping: released here and now.
-  KillAndRemove(*attempt->cgroup);
+  // Stopping: released here and now, once.
+  if (absl::Status released = options_.kill_and_remove(*attempt->cgroup); !released.ok()) {
+    std::fprintf(stderr, "fitrund: %s\n", std::string(released.message()).c_str());
+  }
 }
 
 void LocalLauncher::ReleaserLoop() {
@@ -213,24 +230,42 @@ void LocalLauncher::ReleaserLoop() {
     std::shared_ptr<AttemptCgroup> next;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !to_release_.empty(); };
-      mu_.Await(absl::Condition(&ready));
-      if (to_release_.empty()) return;  // stopping
-      next = std::move(to_release_.front());
-      to_release_.pop_front();
+      while (next == nullptr) {
+        if (stopping_) return;  // the destructor releases what is left
+        const absl::Time now = absl::Now();
+        absl::Time wake = absl::InfiniteFuture();
+        for (auto it = to_release_.begin(); it != to_release_.end(); ++it) {
+          if ((*it)->release_at <= now) {
+            next = std::move(*it);
+            to_release_.erase(it);
+            break;
+          }
+          wake = std::min(wake, (*it)->release_at);
+        }
+        if (next != nullptr) break;
+        const size_t queued = to_release_.size();
+        auto changed = [this, queued]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+          return stopping_ || to_release_.size() != queued;
+        };
+        mu_.AwaitWithDeadline(absl::Condition(&changed), wake);
+      }
     }
-    KillAndRemove(*next->cgroup);
+    const absl::Status released = options_.kill_and_remove(*next->cgroup);
+    if (released.ok()) continue;
+    // Not empty yet (a process stuck in the kernel, a fork racing the kill): tried again later,
+    // until it is gone.
+    std::fprintf(stderr, "fitrund: %s; trying again in %s\n", std::string(released.message()).c_str(),
+                 absl::FormatDuration(next->backoff).c_str());
+    absl::MutexLock lock(&mu_);
+    next->release_at = absl::Now() + next->backoff;
+    next->backoff = std::min(next->backoff * 2, options_.max_retry_after);
+    to_release_.push_back(std::move(next));
   }
 }
 
-void LocalLauncher::KillAndRemove(JobCgroup& cgroup) {
-  if (absl::Status killed = cgroup.KillAll(); !killed.ok()) {
-    std::fprintf(stderr, "fitrund: %s\n", std::string(killed.message()).c_str());
-    return;
-  }
-  if (absl::Status removed = cgroup.Remove(); !removed.ok()) {
-    std::fprintf(stderr, "fitrund: %s\n", std::string(removed.message()).c_str());
-  }
+absl::Status LocalLauncher::KillAndRemove(JobCgroup& cgroup) {
+  if (absl::Status killed = cgroup.KillAll(); !killed.ok()) return killed;
+  return cgroup.Remove();
 }
 
 }  // namespace fitrun::server

@@ -36,6 +36,12 @@ class LocalLauncher : public WorkerLauncher {
     // Where attempts' cgroups are made (fitrund --job_cgroups); nullptr: ranks stay in fitrund's.
     // Must outlive the launcher.
     JobCgroups* cgroups = nullptr;
+    // How a released cgroup is emptied and removed (KillAll, then Remove); tests put a failing one
+    // here. A failure is tried again after retry_after, doubling up to max_retry_after, until the
+    // cgroup is gone: nothing an attempt started outlives it for good.
+    std::function<absl::Status(JobCgroup&)> kill_and_remove = KillAndRemove;
+    absl::Duration retry_after = absl::Seconds(1);
+    absl::Duration max_retry_after = absl::Minutes(1);
   };
   explicit LocalLauncher(std::function<absl::StatusOr<int>()> pick_master_port = PickFreeTcpPort);
   explicit LocalLauncher(Options options);
@@ -58,18 +64,25 @@ class LocalLauncher : public WorkerLauncher {
   void ReleaseUnowned(const std::vector<std::string>& owned_handles) override;
 
  private:
-  // An attempt's cgroup, and the OOM kills in it that exits have reported so far.
+  // An attempt's cgroup, the OOM kills in it that exits have reported so far, and, once released,
+  // when its release is tried next (the releaser's, under the launcher's mu_).
   struct AttemptCgroup {
     std::unique_ptr<JobCgroup> cgroup;
     absl::Mutex mu;
     int64_t oom_kills_reported ABSL_GUARDED_BY(mu) = 0;
+    absl::Time release_at = absl::InfinitePast();
+    absl::Duration backoff;
   };
+
+ public:
+  // Kills what is in the cgroup and removes it (the default Options::kill_and_remove).
+  static absl::Status KillAndRemove(JobCgroup& cgroup);
+
+ private:
   // The pid of `rank` in `handle`, or 0 (with a log line) for a handle that is not this launcher's.
   static int PidOf(const std::string& handle, int rank);
   // Marks `exit` as a host memory OOM when the cgroup's OOM kills rose since the last exit.
   static void NoteHostMemory(AttemptCgroup& attempt, WorkerExit& exit);
-  // Kills what is in it and removes it, saying what failed on fitrund's log.
-  static void KillAndRemove(JobCgroup& cgroup);
   void Queue(std::shared_ptr<AttemptCgroup> attempt) ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaserLoop();
 

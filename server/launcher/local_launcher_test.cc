@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -208,6 +209,28 @@ class LocalLauncherCgroupTest : public ::testing::Test {
   ThrowawayCgroups throwaway_{"launcher"};
   std::vector<int> stray_;
 };
+
+TEST_F(LocalLauncherCgroupTest, AReleaseThatFailsIsTriedAgainUntilTheCgroupIsGone) {
+  // The first two tries fail, as a kill that left a process behind would.
+  std::atomic<int> tries{0};
+  LocalLauncher::Options options = WithCgroups(29500);
+  options.retry_after = absl::Milliseconds(50);
+  options.kill_and_remove = [&tries](JobCgroup& cgroup) -> absl::Status {
+    if (++tries <= 2) return absl::DeadlineExceededError("still has processes after 10s of killing");
+    return LocalLauncher::KillAndRemove(cgroup);
+  };
+  LocalLauncher launcher(options);
+  AttemptLaunch attempt = Attempt("cgroup-retry", {{"/bin/sleep", "300"}});
+  attempt.host_memory_limit_bytes = 256 << 20;
+  attempt.max_processes = 64;
+  Exits exits;
+  absl::StatusOr<LaunchedAttempt> launched = launcher.Launch(attempt, exits.Callback());
+  ASSERT_TRUE(launched.ok()) << launched.status();
+  launcher.Release(launched->handle);
+  EXPECT_TRUE(WaitUntil([&] { return Released(); }));
+  EXPECT_EQ(tries.load(), 3);
+  ASSERT_TRUE(exits.WaitFor(1, absl::Seconds(10))) << "the rank was killed with its cgroup";
+}
 
 TEST_F(LocalLauncherCgroupTest, RanksRunInTheAttemptsCgroupWithItsLimitsAndReleaseKillsWhatTheyLeft) {
   Exits exits;

@@ -26,6 +26,10 @@ void Add(prometheus::MetricFamily& family, std::vector<prometheus::ClientMetric:
 }  // namespace
 
 std::vector<prometheus::MetricFamily> LiveMetrics::Collect() const {
+  return CollectFor([](const fitrun::v1::Job&) { return true; });
+}
+
+std::vector<prometheus::MetricFamily> LiveMetrics::CollectFor(const Visible& visible) const {
   prometheus::MetricFamily total = Gauge("fitrun_device_memory_total_bytes", "Each device's memory.");
   prometheus::MetricFamily free =
       Gauge("fitrun_device_memory_free_bytes", "Each device's memory not in use.");
@@ -35,7 +39,7 @@ std::vector<prometheus::MetricFamily> LiveMetrics::Collect() const {
                                         "The highest peak the rank holding the device has reported (0: idle).");
   prometheus::MetricFamily holder =
       Gauge("fitrun_device_job_info", "1 for the job and rank holding each busy device.");
-  for (const fitrun::v1::Device& device : devices_()) {
+  for (const fitrun::v1::Device& device : devices_(visible)) {
     const std::vector<prometheus::ClientMetric::Label> labels = {{"device", device.id()}};
     Add(total, labels, static_cast<double>(device.total_bytes()));
     Add(free, labels, static_cast<double>(device.free_bytes()));
@@ -62,6 +66,7 @@ std::vector<prometheus::MetricFamily> LiveMetrics::Collect() const {
       Gauge("fitrun_job_grad_accum_steps", "Each running job's micro-batches per optimizer step.");
   for (const JobManager::RunningJob& running : running_()) {
     const fitrun::v1::Job& job = running.job;
+    if (!visible(job)) continue;
     const std::vector<prometheus::ClientMetric::Label> labels = {{"job_id", job.id()}};
     Add(info, {{"job_id", job.id()}, {"name", job.spec().name()}, {"owner", job.owner()}}, 1);
     double samples_per_second = 0;

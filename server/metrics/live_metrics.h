@@ -22,17 +22,24 @@
 
 namespace fitrun::server {
 
+// Who sees a job's series: a scrape shows only the jobs its caller may see (their own; an admin's:
+// every one), and a device held by another's job without that job.
 class LiveMetrics : public prometheus::Collectable {
  public:
-  using DevicesSource = std::function<std::vector<fitrun::v1::Device>()>;
+  using Visible = std::function<bool(const fitrun::v1::Job&)>;
+  using DevicesSource = std::function<std::vector<fitrun::v1::Device>(const Visible&)>;
   using RunningSource = std::function<std::vector<JobManager::RunningJob>()>;
   LiveMetrics(DevicesSource devices, RunningSource running)
       : devices_(std::move(devices)), running_(std::move(running)) {}
   // Reads the manager's Devices() and Running(); it must outlive this.
   explicit LiveMetrics(JobManager* manager)
-      : LiveMetrics([manager] { return manager->Devices(); }, [manager] { return manager->Running(); }) {}
+      : LiveMetrics([manager](const Visible& visible) { return manager->Devices(visible); },
+                    [manager] { return manager->Running(); }) {}
 
+  // Every series, as an admin sees them.
   std::vector<prometheus::MetricFamily> Collect() const override;
+  // The series of the jobs `visible` accepts (and every device, without the others' jobs).
+  std::vector<prometheus::MetricFamily> CollectFor(const Visible& visible) const;
 
  private:
   const DevicesSource devices_;

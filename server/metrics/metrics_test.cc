@@ -94,8 +94,17 @@ TEST(LiveMetricsTest, DevicesAndRunningJobsAsTheyAreNow) {
   starting.job.set_id("j2");
   starting.ranks = {JobManager::RankView{0, "cpu:0", 0, 0, {}}};
 
-  LiveMetrics live([&] { return std::vector<fitrun::v1::Device>{busy, idle}; },
-                   [&] { return std::vector<JobManager::RunningJob>{job, starting}; });
+  // As the job manager's Devices(visible): another's job is not named.
+  auto devices = [&](const LiveMetrics::Visible& visible) {
+    fitrun::v1::Device shown = busy;
+    if (!visible(job.job)) {
+      shown.clear_job_id();
+      shown.clear_rank();
+      shown.set_held_by_another_user(true);
+    }
+    return std::vector<fitrun::v1::Device>{shown, idle};
+  };
+  LiveMetrics live(devices, [&] { return std::vector<JobManager::RunningJob>{job, starting}; });
   const std::string text = Text(live);
   EXPECT_TRUE(absl::StrContains(text, "# TYPE fitrun_device_memory_total_bytes gauge"));
   EXPECT_TRUE(absl::StrContains(text, "fitrun_device_memory_total_bytes{device=\"cuda:0\"} 25769803776"));
@@ -118,6 +127,35 @@ TEST(LiveMetricsTest, DevicesAndRunningJobsAsTheyAreNow) {
   EXPECT_TRUE(absl::StrContains(text, "fitrun_job_grad_accum_steps{job_id=\"j1\"} 4"));
   EXPECT_TRUE(absl::StrContains(text, "fitrun_job_exposed_communication_ratio{job_id=\"j2\"} 0"));
   EXPECT_TRUE(absl::StrContains(text, "fitrun_job_step{job_id=\"j2\"} 0"));
+}
+
+TEST(LiveMetricsTest, AScraperSeesOnlyTheJobsItMaySee) {
+  fitrun::v1::Device busy;
+  busy.set_id("cpu:0");
+  busy.set_job_id("j1");
+  JobManager::RunningJob adas;
+  adas.job.set_id("j1");
+  adas.job.set_owner("ada");
+  adas.job.mutable_spec()->set_name("secret-project");
+  JobManager::RunningJob bobs;
+  bobs.job.set_id("j2");
+  bobs.job.set_owner("bob");
+  LiveMetrics live(
+      [&](const LiveMetrics::Visible& visible) {
+        fitrun::v1::Device shown = busy;
+        if (!visible(adas.job)) shown.clear_job_id();
+        return std::vector<fitrun::v1::Device>{shown};
+      },
+      [&] { return std::vector<JobManager::RunningJob>{adas, bobs}; });
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(
+      out, live.CollectFor([](const fitrun::v1::Job& job) { return job.owner() == "bob"; }));
+  const std::string bob_sees = out.str();
+  EXPECT_FALSE(absl::StrContains(bob_sees, "j1")) << bob_sees;
+  EXPECT_FALSE(absl::StrContains(bob_sees, "secret-project"));
+  EXPECT_TRUE(absl::StrContains(bob_sees, "fitrun_job_info{job_id=\"j2\",name=\"\",owner=\"bob\"} 1"));
+  EXPECT_TRUE(absl::StrContains(bob_sees, "fitrun_device_memory_total_bytes{device=\"cpu:0\"}")) << "devices are everyone's";
+  EXPECT_TRUE(absl::StrContains(Text(live), "j1")) << "an admin's scrape (Collect) sees every job";
 }
 
 }  // namespace

@@ -204,8 +204,9 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::ListDevices(grpc::CallbackServerContext* context,
                                                           const fitrun::v1::ListDevicesRequest* request,
                                                           fitrun::v1::ListDevicesResponse* response) {
-  return Unary(context, [&](const Caller&) -> absl::Status {
-    for (fitrun::v1::Device& device : manager_->Devices()) *response->add_devices() = std::move(device);
+  return Unary(context, [&](const Caller& caller) -> absl::Status {
+    const auto visible = [&caller](const fitrun::v1::Job& job) { return caller.MayAccess(job.owner()); };
+    for (fitrun::v1::Device& device : manager_->Devices(visible)) *response->add_devices() = std::move(device);
     return absl::OkStatus();
   });
 }

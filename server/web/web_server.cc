@@ -1,5 +1,7 @@
 #include "server/web/web_server.h"
 
+#include <arpa/inet.h>
+
 #include <CivetServer.h>
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
@@ -20,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "server/metrics/live_metrics.h"
 #include "server/watch/watch_cursor.h"
 #include "server/web/web_sessions.h"
 
@@ -133,6 +136,19 @@ bool SameOrigin(mg_connection* connection) {
   return host != nullptr && (origin == absl::StrCat("http://", host) || origin == absl::StrCat("https://", host));
 }
 
+// The name of a Host header ("127.0.0.1:9464" -> "127.0.0.1", "[::1]:9464" -> "::1"), lowercased.
+std::string HostName(absl::string_view host) {
+  if (absl::ConsumePrefix(&host, "[")) return std::string(host.substr(0, host.find(']')));
+  const size_t colon = host.rfind(':');
+  if (colon != absl::string_view::npos && host.find(':') == colon) host = host.substr(0, colon);
+  return absl::AsciiStrToLower(host);
+}
+
+bool IsIpLiteral(const std::string& name) {
+  in6_addr address{};
+  return inet_pton(AF_INET, name.c_str(), &address) == 1 || inet_pton(AF_INET6, name.c_str(), &address) == 1;
+}
+
 // The body, or nullopt when it is longer than `limit`.
 std::optional<std::string> ReadBody(mg_connection* connection, const mg_request_info* request, size_t limit) {
   if (request->content_length > static_cast<long long>(limit)) return std::nullopt;
@@ -189,6 +205,7 @@ WebSessions::Options SessionOptions(const WebServer::Options& options) {
   WebSessions::Options sessions;
   sessions.lifetime = options.session_lifetime;
   sessions.max_sessions = options.max_sessions;
+  sessions.max_sessions_per_user = options.max_sessions_per_user;
   sessions.metrics_public = options.metrics_public;
   return sessions;
 }
@@ -235,6 +252,7 @@ class WebServer::Handler : public CivetHandler {
       : options_(std::move(options)),
         manager_(manager),
         collectables_(std::move(collectables)),
+        live_(manager),
         sessions_(SessionOptions(options_), options_.authenticator) {}
 
   // Ends every open event stream; the server's threads then return.
@@ -244,16 +262,36 @@ class WebServer::Handler : public CivetHandler {
     for (const auto& [id, wake] : wakes_) wake->Wake();
   }
 
+  // A request whose Host is a name this server does not go by is answered 421 and nothing else: a
+  // page that rebinds its own domain name to 127.0.0.1 (DNS rebinding) would otherwise read the
+  // local admin's API. An IP address, localhost, the --metrics_listen host and Options::hosts are
+  // this server's names; a request without Host (no browser sends one) is let through.
+  bool KnownHost(mg_connection* connection) {
+    const char* host = mg_get_header(connection, "Host");
+    if (host == nullptr) return true;
+    const std::string name = HostName(host);
+    if (name == "localhost" || IsIpLiteral(name) || name == HostName(options_.listen)) return true;
+    for (const std::string& allowed : options_.hosts) {
+      if (name == absl::AsciiStrToLower(allowed)) return true;
+    }
+    RespondError(connection, 421,
+                 absl::StrCat("Host '", name, "' is not a name this server goes by; use its address, localhost, or a "
+                              "name fitrund's --metrics_hosts lists"));
+    return false;
+  }
+
   bool handleGet(CivetServer*, mg_connection* connection) override {
+    if (!KnownHost(connection)) return true;
     const mg_request_info* request = mg_get_request_info(connection);
     const absl::string_view path = request->local_uri != nullptr ? request->local_uri : "/";
     const WebCredentials credentials = CredentialsOf(connection);
     if (path == "/metrics") {
-      if (absl::Status scrape = sessions_.MayScrape(credentials); !scrape.ok()) {
-        RespondUnauthenticated(connection, scrape);
+      absl::StatusOr<std::optional<Caller>> scraper = sessions_.MayScrape(credentials);
+      if (!scraper.ok()) {
+        RespondUnauthenticated(connection, scraper.status());
         return true;
       }
-      return ServeMetrics(connection);
+      return ServeMetrics(connection, *scraper);
     }
     if (path == "/" || path == "/index.html") {
       // Secured and signed out: the sign-in page, which comes back here once it has a session.
@@ -290,6 +328,7 @@ class WebServer::Handler : public CivetHandler {
   }
 
   bool handlePost(CivetServer*, mg_connection* connection) override {
+    if (!KnownHost(connection)) return true;
     const mg_request_info* request = mg_get_request_info(connection);
     const absl::string_view path = request->local_uri != nullptr ? request->local_uri : "/";
     if (path != "/api/session" && path != "/api/logout") {
@@ -306,6 +345,7 @@ class WebServer::Handler : public CivetHandler {
   }
 
   bool handleDelete(CivetServer*, mg_connection* connection) override {
+    if (!KnownHost(connection)) return true;
     const mg_request_info* request = mg_get_request_info(connection);
     const absl::string_view path = request->local_uri != nullptr ? request->local_uri : "/";
     if (path != "/api/session" && path != "/api/logout") {
@@ -379,12 +419,18 @@ class WebServer::Handler : public CivetHandler {
     return true;
   }
 
-  bool ServeMetrics(mg_connection* connection) {
+  // The registry's series (no job in their labels), then the devices and the jobs the scraper may
+  // see: an admin's every job, a user's their own, an anonymous scrape's (--metrics_public) none.
+  bool ServeMetrics(mg_connection* connection, const std::optional<Caller>& scraper) {
     std::vector<prometheus::MetricFamily> families;
     for (const auto& collectable : collectables_) {
       std::vector<prometheus::MetricFamily> more = collectable->Collect();
       families.insert(families.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
     }
+    std::vector<prometheus::MetricFamily> live = live_.CollectFor([&scraper](const fitrun::v1::Job& job) {
+      return scraper.has_value() && scraper->MayAccess(job.owner());
+    });
+    families.insert(families.end(), std::make_move_iterator(live.begin()), std::make_move_iterator(live.end()));
     std::ostringstream out;
     prometheus::TextSerializer().Serialize(out, families);
     Respond(connection, 200, "text/plain; version=0.0.4; charset=utf-8", out.str());
@@ -406,24 +452,12 @@ class WebServer::Handler : public CivetHandler {
 
   // Every device, with its memory; which job holds it only when the caller may see that job.
   bool ServeDevices(mg_connection* connection, const Caller& caller) {
+    const auto visible = [&caller](const fitrun::v1::Job& job) { return caller.MayAccess(job.owner()); };
     std::string json = "{\"devices\":[";
     bool first = true;
-    for (fitrun::v1::Device& device : manager_->Devices()) {
+    for (const fitrun::v1::Device& device : manager_->Devices(visible)) {
       if (!std::exchange(first, false)) json += ",";
-      bool hidden = false;
-      if (!device.job_id().empty() && !caller.admin) {
-        absl::StatusOr<fitrun::v1::Job> holder = manager_->Get(device.job_id());
-        hidden = !holder.ok() || !caller.MayAccess(holder->owner());
-      }
-      if (!hidden) {
-        json += ToJson(device);
-        continue;
-      }
-      device.clear_job_id();
-      device.clear_rank();
-      std::string shown = ToJson(device);
-      shown.pop_back();  // the closing brace
-      absl::StrAppend(&json, shown, ",\"held_by_another_user\":true}");
+      json += ToJson(device);
     }
     RespondJson(connection, 200, json + "]}");
     return true;
@@ -488,6 +522,14 @@ class WebServer::Handler : public CivetHandler {
         RespondError(connection, 503, absl::StrCat(options_.max_event_streams, " event streams are open, the limit"));
         return true;
       }
+      // One user's streams leave room for everyone else's.
+      if (streams_by_user_[caller.user] >= options_.max_event_streams_per_user) {
+        RespondError(connection, 429,
+                     absl::StrCat(caller.user, " has ", options_.max_event_streams_per_user,
+                                  " event streams open, the most one user may; close one (a page's tab) first"));
+        return true;
+      }
+      ++streams_by_user_[caller.user];
       stream_id = next_stream_++;
       wakes_[stream_id] = wake;
     }
@@ -548,17 +590,20 @@ class WebServer::Handler : public CivetHandler {
     manager_->events().Unsubscribe(subscription);
     absl::MutexLock lock(&mu_);
     wakes_.erase(stream_id);
+    if (--streams_by_user_[caller.user] <= 0) streams_by_user_.erase(caller.user);
     return true;
   }
 
   const Options options_;
   JobManager* const manager_;
   const std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
+  const LiveMetrics live_;
   WebSessions sessions_;
   WatchFanout fanout_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<int64_t, std::shared_ptr<StreamWake>> wakes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> streams_by_user_ ABSL_GUARDED_BY(mu_);
   int64_t next_stream_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

@@ -3,8 +3,11 @@
 // file or mutual TLS; docs/security.md). Who a request is, and the web sessions, are WebSessions'
 // decision (web_sessions.h); this file reads the headers and answers.
 //
-//   GET /metrics                    Prometheus text format: every collectable given. Secured: any
-//                                    user's credential, or anyone with Options::metrics_public
+//   GET /metrics                    Prometheus text format: every collectable given (no job in their
+//                                    labels), the devices and the running jobs' series (live_metrics.h)
+//                                    of the jobs the caller may see (an admin's: every job; local
+//                                    mode: every job). Secured: any user's credential, or anyone
+//                                    with Options::metrics_public (no job's series then)
 //   GET /                           the page (server/web/page.html, built in; no external assets);
 //                                    secured and without a credential, the sign-in page (login.html)
 //   GET /api/session                who the request is: {"user", "admin", "secured"}
@@ -24,7 +27,9 @@
 // Secured, /api/... without a credential is 401 with {"error": what to send}; another user's job is
 // 404 with the same answer as a job that does not exist. A credential is a bearer token
 // (Authorization: Bearer) or the session cookie (what the page and its EventSource use). A POST or
-// DELETE whose Origin is not this server is refused (403).
+// DELETE whose Origin is not this server is refused (403), and any request whose Host is not a name
+// of this server's (421: DNS rebinding). One user holds at most Options::max_event_streams_per_user
+// event streams (429 beyond) and max_sessions_per_user sessions.
 // Messages are protobuf's JSON mapping with the .proto field names (int64 values as strings).
 // Event streams follow a job the way WatchJob does: a WatchCursor woken through the WatchFanout; a
 // stream whose credential stops being valid (signed out, expired, token removed) ends.
@@ -62,8 +67,12 @@ class WebServer {
     // HTTPS with this certificate and key (and client certificates from tls.client_ca); empty cert:
     // plain HTTP.
     WebTls tls;
-    // Event streams open at once (each holds one of the server's threads); more get 503.
+    // Event streams open at once (each holds one of the server's threads); more get 503. Of one
+    // user's: more get 429.
     int max_event_streams = 32;
+    int max_event_streams_per_user = 8;
+    // Names this server goes by besides its addresses, localhost and the listen host (a proxy's).
+    std::vector<std::string> hosts;
     // An idle event stream sends a comment this often, so a closed page is noticed.
     absl::Duration keepalive = absl::Seconds(15);
     // Who may read what: the gRPC API's users. nullptr, or an Authenticator that is not secured:
@@ -74,10 +83,13 @@ class WebServer {
     // Web sessions: how long one lasts, and how many are held at once (the oldest go first).
     absl::Duration session_lifetime = absl::Hours(12);
     int max_sessions = 4096;
+    int max_sessions_per_user = 16;
   };
   static constexpr int kMaxListedJobs = 200;
 
-  // Serves until destroyed. `manager` and the collectables must outlive the server.
+  // Serves until destroyed. `manager` and the collectables must outlive the server. The collectables
+  // are shown to every scraper: none may name a job (the devices' and jobs' series are the
+  // server's own, per caller).
   static absl::StatusOr<std::unique_ptr<WebServer>> Start(
       Options options, JobManager* manager, std::vector<std::shared_ptr<prometheus::Collectable>> collectables);
   ~WebServer();

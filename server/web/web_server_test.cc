@@ -52,7 +52,8 @@ class HttpGet {
     inet_pton(AF_INET, "127.0.0.1", &peer.sin_addr);
     EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&peer), sizeof(peer)), 0);
     const std::string request =
-        absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: localhost\r\n", extra_headers,
+        absl::StrCat(method, " ", path, " HTTP/1.1\r\n",
+                     absl::StrContains(extra_headers, "Host:") ? "" : "Host: localhost\r\n", extra_headers,
                      body.empty() && method == "GET" ? "" : absl::StrCat("Content-Length: ", body.size(), "\r\n"),
                      "Connection: close\r\n\r\n", body);
     EXPECT_EQ(write(fd_, request.data(), request.size()), static_cast<ssize_t>(request.size()));
@@ -137,7 +138,7 @@ class WebServerTest : public ::testing::Test {
     web.listen = "127.0.0.1:0";
     web.keepalive = absl::Milliseconds(200);
     Configure(&web);
-    auto server = WebServer::Start(web, manager_.get(), {registry_, std::make_shared<LiveMetrics>(manager_.get())});
+    auto server = WebServer::Start(web, manager_.get(), {registry_});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
 
@@ -211,6 +212,23 @@ TEST_F(WebServerTest, MetricsShowTheDevicesAndTheRunningJobThenDropTheJobWhenItE
   const std::string ended = Get(server_->address(), "/metrics");
   EXPECT_FALSE(absl::StrContains(ended, job_id_)) << "per-job series outlive the job";
   EXPECT_TRUE(absl::StrContains(ended, "fitrun_device_memory_peak_bytes{device=\"cpu:0\"} 0"));
+}
+
+TEST_F(WebServerTest, ARequestForAHostNameThisServerDoesNotGoByIsRefused) {
+  const std::string port = server_->address().substr(server_->address().rfind(':') + 1);
+  // A page that rebound its own name to 127.0.0.1 asks for its name: the local admin's API stays shut.
+  for (const std::string& host : std::vector<std::string>{"rebound.example", absl::StrCat("rebound.example:", port)}) {
+    const std::string refused = Get(server_->address(), "/api/jobs", absl::StrCat("Host: ", host, "\r\n"));
+    EXPECT_TRUE(absl::StartsWith(refused, "HTTP/1.1 421")) << refused;
+    EXPECT_FALSE(absl::StrContains(refused, job_id_));
+    EXPECT_TRUE(absl::StartsWith(
+        Send(server_->address(), "DELETE", "/api/session", absl::StrCat("Host: ", host, "\r\n")), "HTTP/1.1 421"));
+  }
+  for (const std::string& host : std::vector<std::string>{absl::StrCat("127.0.0.1:", port), "localhost", absl::StrCat("[::1]:", port),
+                                 "LOCALHOST:1"}) {
+    const std::string answered = Get(server_->address(), "/api/jobs", absl::StrCat("Host: ", host, "\r\n"));
+    EXPECT_TRUE(absl::StartsWith(answered, "HTTP/1.1 200")) << host << ": " << answered;
+  }
 }
 
 TEST_F(WebServerTest, ServesThePageWithNothingFromElsewhere) {
@@ -320,6 +338,7 @@ class SecuredWebServerTest : public WebServerTest {
     authenticator_ = *std::move(authenticator);
     web->authenticator = authenticator_.get();
     web->metrics_public = metrics_public_;
+    web->max_event_streams_per_user = 2;
   }
   std::string FirstJobOwner() override { return "bob"; }
 
@@ -406,7 +425,7 @@ TEST_F(SecuredWebServerTest, EachUserSeesTheirOwnJobsAndAnAdminEveryJob) {
   EXPECT_TRUE(absl::StrContains(devices, "\"held_by_another_user\":true")) << devices;
   const std::string every = Get(server_->address(), "/api/devices", Bearer("root-token"));
   EXPECT_TRUE(absl::StrContains(every, bobs));
-  EXPECT_FALSE(absl::StrContains(every, "held_by_another_user"));
+  EXPECT_FALSE(absl::StrContains(every, "\"held_by_another_user\":true"));
 }
 
 TEST_F(SecuredWebServerTest, SigningInGivesACookieForTheApiThePageAndTheEventStream) {
@@ -492,6 +511,30 @@ TEST_F(SecuredWebServerTest, SignInTakesAFormOrABearerHeaderAndRefusesAnythingEl
   EXPECT_TRUE(absl::StartsWith(Get(server_->address(), "/api/jobs", cookie), "HTTP/1.1 401"));
 }
 
+TEST_F(SecuredWebServerTest, EachUserSeesTheSeriesOfTheirOwnJobsAndAnAdminEveryJobs) {
+  const std::string alices = SubmitAlicesJob();
+  const std::string alice_sees = Get(server_->address(), "/metrics", Bearer("alice-token"));
+  EXPECT_TRUE(absl::StrContains(alice_sees, absl::StrCat("fitrun_job_info{job_id=\"", alices, "\"")));
+  EXPECT_FALSE(absl::StrContains(alice_sees, job_id_)) << "bob's job, in no label of alice's scrape";
+  EXPECT_TRUE(absl::StrContains(alice_sees, "fitrun_device_memory_total_bytes{device=\"cpu:0\"}"));
+  const std::string root_sees = Get(server_->address(), "/metrics", Bearer("root-token"));
+  EXPECT_TRUE(absl::StrContains(root_sees, alices));
+  EXPECT_TRUE(absl::StrContains(root_sees, job_id_));
+}
+
+TEST_F(SecuredWebServerTest, OneUserTakesAtMostTheirShareOfEventStreams) {
+  const std::string alices = SubmitAlicesJob();
+  HttpGet first(server_->address(), absl::StrCat("/api/jobs/", alices, "/events"), Bearer("alice-token"));
+  HttpGet second(server_->address(), absl::StrCat("/api/jobs/", alices, "/events"), Bearer("alice-token"));
+  ASSERT_TRUE(first.ReadUntil("text/event-stream"));
+  ASSERT_TRUE(second.ReadUntil("text/event-stream"));
+  const std::string third = Get(server_->address(), absl::StrCat("/api/jobs/", alices, "/events"), Bearer("alice-token"));
+  EXPECT_TRUE(absl::StartsWith(third, "HTTP/1.1 429")) << third;
+  EXPECT_TRUE(absl::StrContains(third, "alice has 2 event streams open"));
+  HttpGet bobs(server_->address(), absl::StrCat("/api/jobs/", job_id_, "/events"), Bearer("bob-token"));
+  EXPECT_TRUE(bobs.ReadUntil("text/event-stream")) << "bob's stream opens beside alice's";
+}
+
 TEST_F(SecuredWebServerTest, MetricsNeedAUsersCredential) {
   const std::string anonymous = Get(server_->address(), "/metrics");
   EXPECT_TRUE(absl::StartsWith(anonymous, "HTTP/1.1 401")) << anonymous;
@@ -516,6 +559,7 @@ TEST_F(PublicMetricsWebServerTest, MetricsAreOpenAndTheApiIsNot) {
   const std::string scraped = Get(server_->address(), "/metrics");
   EXPECT_TRUE(absl::StartsWith(scraped, "HTTP/1.1 200")) << scraped;
   EXPECT_TRUE(absl::StrContains(scraped, "fitrun_build_info"));
+  EXPECT_FALSE(absl::StrContains(scraped, job_id_)) << "an anonymous scrape names no job";
   EXPECT_TRUE(absl::StartsWith(Get(server_->address(), "/api/jobs"), "HTTP/1.1 401"));
   EXPECT_TRUE(absl::StrContains(Get(server_->address(), "/"), "Sign in to fitrund"));
 }

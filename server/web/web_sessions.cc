@@ -3,6 +3,7 @@
 #include <openssl/rand.h>
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -67,10 +68,10 @@ absl::StatusOr<Caller> WebSessions::Identify(const WebCredentials& credentials) 
   return absl::UnauthenticatedError(session_ended ? kSessionEnded : kNoCredential);
 }
 
-absl::Status WebSessions::MayScrape(const WebCredentials& credentials) {
-  if (options_.metrics_public || !secured()) return absl::OkStatus();
+absl::StatusOr<std::optional<Caller>> WebSessions::MayScrape(const WebCredentials& credentials) {
   absl::StatusOr<Caller> caller = Identify(credentials);
-  if (caller.ok()) return absl::OkStatus();
+  if (caller.ok()) return std::optional<Caller>(*caller);
+  if (options_.metrics_public) return std::optional<Caller>();
   return absl::UnauthenticatedError(absl::StrCat(
       caller.status().message(), ". Prometheus: a scrape config with authorization: {type: Bearer, "
                                  "credentials_file: ...} holding the token of a user in --auth_tokens"));
@@ -96,6 +97,13 @@ absl::StatusOr<WebSessions::NewSession> WebSessions::StartSession(const std::str
   const std::string key = Authenticator::Sha256Hex(id);
   absl::MutexLock lock(&mu_);
   SweepLocked(now);
+  // The user's own oldest first, then anyone's: one user signing in again and again pushes out
+  // only their own sessions.
+  std::vector<std::string> own;  // oldest first
+  for (const auto& [age, key] : by_age_) {
+    if (sessions_.at(key).user == caller->user) own.push_back(key);
+  }
+  for (size_t i = 0; i + options_.max_sessions_per_user <= own.size(); ++i) EraseLocked(own[i]);
   while (!by_age_.empty() && static_cast<int>(sessions_.size()) >= options_.max_sessions) {
     EraseLocked(by_age_.begin()->second);
   }

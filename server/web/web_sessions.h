@@ -11,11 +11,14 @@
 // and checks it against the Authenticator on every request, so a token that a reload removed, or
 // gave to another user, ends its sessions at once, and a changed role applies at once. A session
 // lasts Options::lifetime from its start; at most Options::max_sessions are held, the oldest evicted
-// first. Only a token fitrund knows starts one, so strangers cannot grow the table.
+// first, and at most Options::max_sessions_per_user of one user's, that user's oldest evicted first
+// (so one user cannot evict everyone's). Only a token fitrund knows starts one, so strangers cannot
+// grow the table.
 //
 // Local mode (an unsecured Authenticator, or none): every request is the local admin, as on the gRPC
 // port, and no session is made. /metrics is open in local mode and with Options::metrics_public;
 // otherwise any user's credential may read it (Prometheus scrapes with a token of its own user).
+// Which jobs' series a scrape shows is the caller's (MayScrape says who it is).
 //
 // Thread-safe: every method may be called from any of the HTTP server's threads.
 #ifndef FITRUN_SERVER_WEB_WEB_SESSIONS_H_
@@ -24,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -51,8 +55,10 @@ class WebSessions {
   struct Options {
     // How long a session lasts from its start (not renewed by use).
     absl::Duration lifetime = absl::Hours(12);
-    // Sessions held at once; the oldest is evicted to make room.
+    // Sessions held at once, and of one user; the oldest (of all, of that user's) is evicted to
+    // make room.
     int max_sessions = 4096;
+    int max_sessions_per_user = 16;
     // /metrics answers anyone (Prometheus on a trusted network), not only users.
     bool metrics_public = false;
     std::function<absl::Time()> clock = [] { return absl::Now(); };
@@ -69,8 +75,10 @@ class WebSessions {
   // is wrong is refused even beside a good session or certificate: what a client sends explicitly is
   // what counts. Then a verified client certificate (as on the gRPC port), then the session.
   absl::StatusOr<Caller> Identify(const WebCredentials& credentials);
-  // OK when the request may read /metrics.
-  absl::Status MayScrape(const WebCredentials& credentials);
+  // Who a /metrics scrape is: the caller its credential names (the local admin in local mode), or
+  // nullopt for an anonymous scrape Options::metrics_public lets in (it sees no job's series);
+  // UNAUTHENTICATED otherwise.
+  absl::StatusOr<std::optional<Caller>> MayScrape(const WebCredentials& credentials);
 
   struct NewSession {
     std::string id;  // for the cookie; empty in local mode (no session is needed)

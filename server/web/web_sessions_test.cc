@@ -184,17 +184,36 @@ TEST_F(WebSessionsTest, MutualTlsAloneIsSecuredAndOnlyItsTokenUsersGetIn) {
   EXPECT_EQ(sessions_->Identify({"alice-token", ""})->user, "alice");
 }
 
-TEST_F(WebSessionsTest, MetricsNeedAnyUserUnlessPublic) {
-  EXPECT_EQ(sessions_->MayScrape({}).code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_THAT(sessions_->MayScrape({}).message(), HasSubstr("credentials_file"));
+TEST_F(WebSessionsTest, MetricsNeedAnyUserUnlessPublicAndSayWhoScrapes) {
+  EXPECT_EQ(sessions_->MayScrape({}).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(sessions_->MayScrape({}).status().message(), HasSubstr("credentials_file"));
   EXPECT_FALSE(sessions_->MayScrape({"guess", ""}).ok());
-  EXPECT_TRUE(sessions_->MayScrape({"alice-token", ""}).ok());
+  absl::StatusOr<std::optional<Caller>> alice = sessions_->MayScrape({"alice-token", ""});
+  ASSERT_TRUE(alice.ok() && alice->has_value());
+  EXPECT_EQ((*alice)->user, "alice");
   EXPECT_TRUE(sessions_->MayScrape(Cookie(sessions_->StartSession("alice-token")->id)).ok());
   WebSessions::Options options;
   options.metrics_public = true;
   Start(Line("alice", "user", "alice-token"), options);
-  EXPECT_TRUE(sessions_->MayScrape({}).ok());
+  absl::StatusOr<std::optional<Caller>> anyone = sessions_->MayScrape({});
+  ASSERT_TRUE(anyone.ok());
+  EXPECT_FALSE(anyone->has_value()) << "an anonymous scrape is nobody's: it sees no job";
+  EXPECT_TRUE((*sessions_->MayScrape({"alice-token", ""}))->user == "alice") << "a user is still themselves";
   EXPECT_FALSE(sessions_->Identify({}).ok()) << "--metrics_public opens /metrics only";
+}
+
+TEST_F(WebSessionsTest, OneUserSigningInAgainAndAgainEvictsOnlyTheirOwnSessions) {
+  WebSessions::Options options;
+  options.max_sessions = 8;
+  options.max_sessions_per_user = 3;
+  Start(Line("alice", "user", "alice-token") + Line("bob", "user", "bob-token"), options);
+  const std::string bobs = sessions_->StartSession("bob-token")->id;
+  std::vector<std::string> alices;
+  for (int i = 0; i < 20; ++i) alices.push_back(sessions_->StartSession("alice-token")->id);
+  EXPECT_TRUE(sessions_->Identify(Cookie(bobs)).ok()) << "bob's session survives alice's twenty";
+  EXPECT_EQ(sessions_->size(), 4);
+  for (int i = 0; i < 17; ++i) EXPECT_FALSE(sessions_->Identify(Cookie(alices[i])).ok()) << i;
+  for (int i = 17; i < 20; ++i) EXPECT_TRUE(sessions_->Identify(Cookie(alices[i])).ok()) << i;
 }
 
 TEST(WebSessionsLocalTest, LocalModeIsTheLocalAdminWithoutSessions) {
@@ -207,7 +226,9 @@ TEST(WebSessionsLocalTest, LocalModeIsTheLocalAdminWithoutSessions) {
     ASSERT_TRUE(caller.ok());
     EXPECT_EQ(caller->user, "local");
     EXPECT_TRUE(caller->admin);
-    EXPECT_TRUE(sessions.MayScrape({}).ok());
+    absl::StatusOr<std::optional<Caller>> scraper = sessions.MayScrape({});
+    ASSERT_TRUE(scraper.ok() && scraper->has_value());
+    EXPECT_TRUE((*scraper)->admin) << "local mode: the local admin, every job";
     absl::StatusOr<WebSessions::NewSession> login = sessions.StartSession("anything");
     ASSERT_TRUE(login.ok());
     EXPECT_TRUE(login->id.empty());

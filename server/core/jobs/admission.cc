@@ -18,6 +18,13 @@ absl::StatusOr<fitrun::v1::JobSpec> Admission::CheckSpec(fitrun::v1::JobSpec spe
           absl::StrCat("this user's jobs run as Unix account '", run_as, "': ", account.status().message(),
                        "; an operator fixes the account or the user's line in --auth_tokens"));
     }
+    if (account->uid < options_.min_account_uid || account->gid == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this user's jobs would run as Unix account '", run_as, "' (uid ", account->uid, ", gid ", account->gid,
+          "), a system account: jobs run only as accounts with uid ", options_.min_account_uid,
+          " or above (fitrund --min_account_uid) and a group other than root's; an operator maps the user to "
+          "their own account"));
+    }
     // Only when fitrund may switch (it is root); otherwise it reads with its own rights, as ranks run.
     if (CanRunAsOtherAccounts()) {
       as_owner.emplace(*account);

@@ -8,6 +8,8 @@
 #ifndef FITRUN_SERVER_CORE_JOBS_ADMISSION_H_
 #define FITRUN_SERVER_CORE_JOBS_ADMISSION_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -35,6 +37,9 @@ class Admission {
     // max_processes); 0: none.
     int64_t max_rank_host_memory_bytes = 0;
     int64_t max_rank_processes = 0;
+    // The lowest uid a job's Unix account may have: below are system accounts (daemons, services),
+    // whose rights no user's job may take, whatever a token file or certificate maps to them.
+    uid_t min_account_uid = 1000;
   };
   explicit Admission(Options options) : options_(std::move(options)) {}
 

@@ -56,6 +56,19 @@ TEST(AdmissionTest, ARankAskingForMoreThanTheOperatorsCeilingsIsRefusedNamingThe
   EXPECT_TRUE(admission.CheckSpec(spec).ok()) << "at the ceilings is allowed";
 }
 
+TEST(AdmissionTest, ASystemAccountNeverRunsAUsersJob) {
+  // "daemon" (uid 1) and "nobody" (65534) are in every Debian password database.
+  const Admission admission({});
+  const absl::Status refused = admission.CheckSpec(MlpTestSpec(), "daemon").status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("--min_account_uid"));
+  EXPECT_THAT(refused.message(), HasSubstr("'daemon' (uid 1"));
+  EXPECT_TRUE(admission.CheckSpec(MlpTestSpec(), "nobody").ok());
+  Admission::Options options;
+  options.min_account_uid = 1;
+  EXPECT_TRUE(Admission(options).CheckSpec(MlpTestSpec(), "daemon").ok()) << "the operator's flag decides";
+}
+
 TEST(AdmissionTest, KernelAndDeviceFilesAreRefusedByNameWhateverTheDataRoots) {
   Admission::Options options;
   options.data_roots = DataRoots({"/usr/share/datasets", "/proc", "/dev"});

@@ -73,7 +73,7 @@ JobManager::JobManager(Options options, JobStore* store, DeviceInventory* device
       metrics_(metrics),
       admission_(Admission::Options{options_.data_roots, options_.max_nodes, options_.max_nodes_reason,
                                     options_.max_open_jobs_per_owner, options_.max_rank_host_memory_bytes,
-                                    options_.max_rank_processes}),
+                                    options_.max_rank_processes, options_.min_account_uid}),
       ingest_(metrics, options_.clock),
       gate_(options_.memory_calibrator, calibration_callbacks_.Wrap([this] {
               absl::MutexLock lock(&mu_);

@@ -81,6 +81,8 @@ class JobManager {
     int64_t max_rank_host_memory_bytes = 0;
     int64_t max_rank_processes = 0;
     int64_t host_memory_bytes = 0;
+    // The lowest uid a job's Unix account may have (Admission::Options).
+    uid_t min_account_uid = 1000;
     // How long a stopped rank has between SIGTERM and SIGKILL.
     absl::Duration stop_grace = absl::Seconds(2);
     // After every rank exited 0, how long to wait for reports still in flight before finishing.
@@ -144,6 +146,9 @@ class JobManager {
   absl::StatusOr<fitrun::v1::Job> Cancel(const std::string& job_id, const std::string& reason);
   // Every device, with the job and rank holding it and that rank's planned and peak bytes.
   std::vector<fitrun::v1::Device> Devices();
+  // The same as a caller sees them: a device held by a job `visible` rejects shows neither the job
+  // nor the rank, only Device.held_by_another_user.
+  std::vector<fitrun::v1::Device> Devices(const std::function<bool(const fitrun::v1::Job&)>& visible);
 
   // ---- monitoring (metrics scrapes, the web page) ----
   // One rank of an attempt: where it runs, the plan's predicted peak for it, the highest peak it

@@ -61,6 +61,20 @@ std::vector<fitrun::v1::Device> JobManager::Devices() {
   return DevicesLocked();
 }
 
+std::vector<fitrun::v1::Device> JobManager::Devices(const std::function<bool(const Job&)>& visible) {
+  absl::MutexLock lock(&mu_);
+  std::vector<fitrun::v1::Device> devices = DevicesLocked();
+  for (fitrun::v1::Device& device : devices) {
+    if (device.job_id().empty()) continue;
+    auto holder = jobs_.find(device.job_id());
+    if (holder != jobs_.end() && visible(holder->second.record.job)) continue;
+    device.clear_job_id();
+    device.clear_rank();
+    device.set_held_by_another_user(true);
+  }
+  return devices;
+}
+
 absl::StatusOr<std::vector<JobEvent>> JobManager::ReadEvents(const std::string& job_id, int64_t from_sequence,
                                                              int limit) {
   from_sequence = std::max<int64_t>(1, from_sequence);
