@@ -37,8 +37,8 @@ class Fitrund:
 
     Its binaries come from the test's runfiles unless `fitrund` and `worker` name them (as the
     benchmarks do). It reads files under the test's temporary directory and Debian's datasets, or, with
-    `data_roots=None`, fitrund's own default roots (starting in `cwd`). `flags` are added to the
-    defaults; `address` is where it serves once started. `env` replaces the environment it inherits
+    `data_roots=None`, fitrund's own default roots (Debian's datasets and its uploads folder). `flags` are
+    added to the defaults; `address` is where it serves once started. `env` replaces the environment it inherits
     (a Slurm cluster's SLURM_CONF, say). stop() (or leaving a `with` block) SIGTERMs it and SIGKILLs any
     rank it left, found by its state directory or by `jobs_dir` (where its jobs' files go when that is
     elsewhere: fitrund --shared_dir's jobs/).
