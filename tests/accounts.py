@@ -11,7 +11,16 @@ RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_
 
 
 def useradd(name):
-    """Makes account `name` (no home, no login shell, a group of its own); returns its uid."""
+    """Makes account `name` (no home, no login shell, a group of its own); returns its uid. Tests name
+    accounts <prefix><pid>: accounts of the same prefix whose process is gone (a test killed before
+    its teardown) are removed first, so none outlives the next run."""
+    prefix = name.rstrip("0123456789")
+    with open("/etc/passwd") as f:
+        for line in f:
+            other = line.split(":", 1)[0]
+            pid = other[len(prefix):]
+            if other.startswith(prefix) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                userdel(other)
     subprocess.run(["/usr/sbin/useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return int(subprocess.run(["id", "-u", name], check=True, capture_output=True, text=True).stdout)

@@ -110,6 +110,36 @@ class Fitrund:
             except OSError:
                 pass
         self._log.close()
+        self.remove_cgroups()
+
+    def remove_cgroups(self):
+        """Removes the cgroup directories fitrund made (its log says where), once nothing is in them: a
+        fitrund that had to be killed cannot, and a test leaves nothing behind on the machine."""
+        import errno
+        import os
+        import re
+        import time
+
+        with open(self.log_path) as f:
+            said = re.findall(r"job cgroups: cgroup v\d \([^)]*\): each attempt's cgroups? under (.+)", f.read())
+        for bases in said:
+            for base in bases.split(", "):
+                for directory, _, _ in list(os.walk(base, topdown=False)):
+                    # The kernel lets a killed rank's cgroup go a moment after its last task: wait
+                    # that moment, not for a cgroup another fitrund on this state directory uses.
+                    deadline = time.monotonic() + 2
+                    while True:
+                        try:
+                            os.rmdir(directory)
+                        except OSError as error:
+                            if error.errno == errno.EBUSY and time.monotonic() < deadline:
+                                time.sleep(0.05)
+                                continue
+                        break
+                try:
+                    os.rmdir(os.path.dirname(base))  # the parent, when no other fitrund's is in it
+                except OSError:
+                    pass
 
     def __enter__(self):
         return self

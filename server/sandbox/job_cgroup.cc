@@ -631,11 +631,14 @@ std::vector<std::string> JobCgroups::List() const {
 }
 
 absl::Status JobCgroups::RemoveDirectories() const {
+  // Every hierarchy's, whatever one of them says: a directory left in one is still left.
+  absl::Status status;
   for (const std::string& base : base_dirs_) {
-    if (rmdir(base.c_str()) != 0 && errno != ENOENT) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot remove the cgroup ", base, ": ", ErrnoText(errno)));
+    if (rmdir(base.c_str()) != 0 && errno != ENOENT && status.ok()) {
+      status = absl::FailedPreconditionError(absl::StrCat("cannot remove the cgroup ", base, ": ", ErrnoText(errno)));
     }
   }
+  if (!status.ok()) return status;
   // Another coordinator's directory keeps the parent (rmdir then fails, which is fine).
   for (const std::string& parent : parent_dirs_) rmdir(parent.c_str());
   return absl::OkStatus();
