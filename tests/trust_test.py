@@ -193,7 +193,8 @@ class TrustTest(unittest.TestCase):
                                 "data": {"kind": "fashion_mnist", "path": "/usr/share/datasets/fashion-mnist"},
                                 "optimizer": {"kind": "sgd", "lr": 0.05}, "global_batch_size": 64,
                                 "max_steps": 100000, "resources": {"min_devices": 2, "max_devices": 2}})
-        wait_for(lambda: state_name(alice.get(blocker)) == "RUNNING", 60, "the blocker to run")
+        # Its built-in ranks report: they took their job token off its descriptor as alice's account.
+        wait_for(lambda: alice.get(blocker).last_progress.step > 0, 120, "the blocker's ranks to report")
         queued = alice.submit({"name": "on-text", "model": {"builtin": "gpt", "gpt": {"layers": 1, "heads": 2,
                                                                                        "hidden": 32, "context": 16}},
                                "data": {"kind": "text", "path": text}, "optimizer": {"kind": "adamw", "lr": 0.001},

@@ -56,10 +56,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fitrun-worker: %s\n", std::string(options.status().message()).c_str());
     return kBadConfiguration;
   }
-  if (absl::Status token = fitrun::worker::TakeJobToken(*options); !token.ok()) {
-    std::fprintf(stderr, "fitrun-worker: %s\n", std::string(token.message()).c_str());
-    return kBadConfiguration;
-  }
   // A script job's rank supervises the user's script; any other trains a built-in workload. An
   // assignment that cannot be read is the built-in program's to report.
   absl::StatusOr<fitrun::v1::WorkerAssignment> assignment = fitrun::worker::LoadAssignment(options->assignment_path);

@@ -59,10 +59,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fitrun-supervisor: %s\n", std::string(options.status().message()).c_str());
     return kBadConfiguration;
   }
-  if (absl::Status token = fitrun::worker::TakeJobToken(*options); !token.ok()) {
-    std::fprintf(stderr, "fitrun-supervisor: %s\n", std::string(token.message()).c_str());
-    return kBadConfiguration;
-  }
   absl::StatusOr<fitrun::v1::WorkerAssignment> assignment = fitrun::worker::LoadAssignment(options->assignment_path);
   if (!assignment.ok() || !assignment->spec().has_script()) {
     std::fprintf(stderr, "fitrun-supervisor: %s\n",

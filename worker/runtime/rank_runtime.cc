@@ -138,7 +138,14 @@ int RankRuntime::Stopped() {
 bool RankRuntime::StoppedMeanwhile() { return reporter_ != nullptr && stop_.WaitForStop(timing_.stop_race); }
 
 int RunRank(const WorkerOptions& options, TrainingProgram& program) {
-  RankRuntime runtime(options);
+  // First thing: the token off its descriptor (which nothing this rank starts may inherit), this
+  // process closed to the job's other processes.
+  WorkerOptions with_token = options;
+  if (absl::Status taken = TakeJobToken(with_token); !taken.ok()) {
+    std::fprintf(stderr, "fitrun rank %d: %s\n", options.rank, std::string(taken.message()).c_str());
+    return fitrun::contract::launch::kExitBadConfiguration;
+  }
+  RankRuntime runtime(with_token);
   if (absl::Status s = runtime.Start(); !s.ok()) {
     return runtime.Fail(fitrun::contract::launch::kExitBadConfiguration, s);
   }

@@ -132,7 +132,8 @@ class TrainingProgram {
   virtual int Run(RankRuntime& runtime) = 0;
 };
 
-// Starts the runtime and runs `program` in it; the process's exit code.
+// Takes the job token off its descriptor (TakeJobToken), starts the runtime and runs `program` in it;
+// the process's exit code.
 int RunRank(const WorkerOptions& options, TrainingProgram& program);
 
 }  // namespace fitrun::worker
