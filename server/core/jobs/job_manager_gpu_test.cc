@@ -82,18 +82,56 @@ TEST_F(JobManagerGpuTest, APlanOnAGpuCountsTheProcessBeyondItsTensorsAndTheRanks
 }
 
 TEST_F(JobManagerGpuTest, ASlicesRanksAreCappedToTheSliceAndItsPlanHoldsTheAllocatorAlone) {
+  // Two slices of one GPU: a job each.
   Start(FakeDeviceInventory::Gpus(2, 80 * kGiB, kH100, /*slice_bytes=*/kGiB));
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("slices", 256, 10, 2, 2));
-  ASSERT_TRUE(job.ok()) << job.status();
+  for (const char* name : {"slice-a", "slice-b"}) {
+    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec(name, 256, 10, 1, 1));
+    ASSERT_TRUE(job.ok()) << job.status();
+    WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  }
   ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
-  const fitrun::v1::Job running = WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const fitrun::v1::Job running = *manager_->Get(launcher_.launches()[0].job_id);
   EXPECT_EQ(running.plan().device_ids(0), "cuda:0#0");
+  EXPECT_EQ(manager_->Get(launcher_.launches()[1].job_id)->plan().device_ids(0), "cuda:0#1");
   EXPECT_LE(running.plan().predicted().allocator_bytes(), kGiB);
   EXPECT_GT(running.plan().predicted().total_bytes(), kGiB) << "the context lies outside the slice";
   EXPECT_THAT(absl::StrJoin(running.plan().reasons(), "\n"), HasSubstr("the slice's cap binds the allocator alone"));
   for (const WorkerLaunch& launch : launcher_.launches()) {
     EXPECT_EQ(AssignmentOf(launch).memory_cap_bytes(launch.rank), kGiB);
   }
+}
+
+TEST_F(JobManagerGpuTest, TwoRanksOfAJobOnOneGpuAreRefusedAtSubmitNamingWhy) {
+  // NCCL refuses two ranks on one GPU and the CUDA worker has no Gloo: a plan never puts them there.
+  Start(FakeDeviceInventory::Gpus(2, 80 * kGiB, kH100, /*slice_bytes=*/kGiB));
+  const absl::Status refused = manager_->Submit(MlpSpec("two-on-one", 256, 10, 2, 2)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("spec.resources.min_devices"));
+  EXPECT_THAT(refused.message(), HasSubstr("one rank per GPU"));
+  EXPECT_THAT(refused.message(), HasSubstr("NCCL refuses them"));
+  // Up to two devices allowed: it takes one slice.
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("one-of-two", 256, 10, 1, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING).plan().device_ids_size(), 1);
+}
+
+TEST_F(JobManagerGpuTest, Fp16IsPlannedOnGpus) {
+  Start(FakeDeviceInventory::Gpus(1, 80 * kGiB, kH100));
+  fitrun::v1::JobSpec spec = MlpSpec("fp16", 256, 10, 1, 1);
+  spec.set_precision(fitrun::v1::PRECISION_FP16);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(JobManagerGpuTest, Fp16IsRefusedOnCpusNamingWhy) {
+  Start(FakeDeviceInventory(2, 4 * kGiB));
+  fitrun::v1::JobSpec spec = MlpSpec("fp16", 256, 10, 1, 1);
+  spec.set_precision(fitrun::v1::PRECISION_FP16);
+  const absl::Status refused = manager_->Submit(spec).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("spec.precision: fp16 needs CUDA devices"));
+  EXPECT_THAT(refused.message(), HasSubstr("use bf16"));
 }
 
 TEST_F(JobManagerGpuTest, AHostMemoryOomOnAGpuFailsNamingTheHostMemoryToRaise) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -158,6 +159,11 @@ std::string DescribeLayout(const Layout& layout, bool cluster) {
 
 }  // namespace
 
+std::string GpuOf(const DeviceCapacity& device) {
+  if (device.gpu_model.empty()) return "";
+  return device.id.substr(0, device.id.find('#'));
+}
+
 double ScaledLearningRate(const fitrun::v1::OptimizerSpec& optimizer, int64_t global_batch_size) {
   const int64_t reference =
       optimizer.reference_batch_size() > 0 ? optimizer.reference_batch_size() : global_batch_size;
@@ -210,9 +216,32 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
   // The roomiest devices first, so n devices means the n with the most memory.
   std::vector<const DeviceCapacity*> sorted;
   sorted.reserve(devices.size());
-  for (const DeviceCapacity& device : devices) sorted.push_back(&device);
+  const bool fp16 = spec.precision() == fitrun::v1::PRECISION_FP16;
+  for (const DeviceCapacity& device : devices) {
+    if (!fp16 || !device.gpu_model.empty()) sorted.push_back(&device);
+  }
+  if (fp16 && sorted.empty() && !devices.empty()) {
+    return absl::InvalidArgumentError(
+        "spec.precision: fp16 needs CUDA devices (it trains with autocast to float16 and a gradient scaler, which "
+        "CPUs do not have), and this fitrund's devices are CPUs; use bf16 (autocast on CPUs) or fp32");
+  }
   std::stable_sort(sorted.begin(), sorted.end(),
                    [](const DeviceCapacity* a, const DeviceCapacity* b) { return a->free_bytes > b->free_bytes; });
+  {
+    // One rank per GPU: of a GPU's slices, its roomiest.
+    std::set<std::string> gpus;
+    const size_t offered = sorted.size();
+    sorted.erase(std::remove_if(sorted.begin(), sorted.end(),
+                                [&gpus](const DeviceCapacity* d) {
+                                  const std::string gpu = GpuOf(*d);
+                                  return !gpu.empty() && !gpus.insert(gpu).second;
+                                }),
+                 sorted.end());
+    if (static_cast<int>(sorted.size()) < min_devices && sorted.size() < offered) {
+      return absl::UnavailableError(absl::StrCat("needs ", min_devices, " devices, but with one rank per GPU ",
+                                                 sorted.size(), " are free (", kOneRankPerGpu, ")"));
+    }
+  }
   const std::vector<Layout> layouts = LayoutsByPreference(sorted, min_devices, max_devices, min_nodes, max_nodes);
   if (layouts.empty()) {
     return absl::UnavailableError(absl::StrCat("needs ", min_devices, " free device(s) on ", min_nodes,

@@ -50,7 +50,18 @@ struct PlanLimits {
   std::string max_devices_reason;
 };
 
-// Errors: UNAVAILABLE when fewer than min_devices are given, or fewer than min_nodes nodes with a free
+// Why a job's ranks take one GPU each, whatever slices of it (--devices=cuda:N@SIZExCOUNT) are free:
+// two ranks of a job on one GPU need a collective backend for it, which the CUDA worker lacks.
+inline constexpr char kOneRankPerGpu[] =
+    "two ranks of a job on one GPU need a collective backend that allows it: NCCL refuses them, and the "
+    "CUDA worker's LibTorch (pip's) has no Gloo";
+
+// The GPU a CUDA device is on ("cuda:0" for its slice "cuda:0#1", "n1/cuda:0" on a node); empty for a
+// CPU device.
+std::string GpuOf(const DeviceCapacity& device);
+
+// fp16 plans on CUDA devices only (INVALID_ARGUMENT naming spec.precision when there are none), one
+// rank per GPU (kOneRankPerGpu). Errors: UNAVAILABLE when fewer than min_devices are given, or fewer than min_nodes nodes with a free
 // device (wait for devices to free up); FAILED_PRECONDITION when the spec needs more nodes than
 // `limits` allow;
 // RESOURCE_EXHAUSTED when no per-device batch fits even on the roomiest devices, with what would;

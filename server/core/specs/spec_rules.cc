@@ -206,10 +206,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec, fitrun::v1::SpecFileFacts* fac
                       absl::StrCat("must be >= 0 (got ", optimizer.reference_batch_size(), ")"));
   }
 
-  // bf16 runs as autocast on CPU devices; fp16 needs CUDA's loss scaling, and devices here are CPUs.
-  if (spec.precision() == fitrun::v1::PRECISION_FP16) {
-    return FieldError("spec.precision", "fp16 needs CUDA devices (AMP with a gradient scaler); use bf16 or fp32");
-  }
+  // fp16 needs CUDA devices (autocast with a gradient scaler): the planner, which knows the devices,
+  // refuses it on CPU ones.
 
   const auto& resources = spec.resources();
   if (resources.min_devices() < 0) {
