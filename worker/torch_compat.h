@@ -23,12 +23,14 @@
 //    and not in 2.x: include it where the guard is used.
 //  - The pip wheel ships no Gloo headers (gloo/*.h), so ProcessGroupGloo.hpp cannot be compiled
 //    there. third_party/libtorch/libtorch.bzl defines USE_C10D_GLOO only where Gloo's headers are,
-//    as it defines USE_C10D_NCCL and FITRUN_WITH_CUDA only for a LibTorch with libtorch_cuda.so;
+//    as it defines USE_C10D_NCCL and FITRUN_WITH_CUDA only for a LibTorch with libtorch_cuda.so
+//    (worker/CMakeLists.txt likewise, and takes USE_C10D_GLOO off the torch_cpu target, which
+//    defines it for every user of a LibTorch built with Gloo);
 //    code that needs a backend itself tests those macros (worker/ddp/process_group.cc), and a
 //    worker without Gloo refuses CPU jobs with a configuration error instead of failing to link.
 //  - A 2.x LibTorch's include/ carries protobuf 3.13's headers; the worker's protos and gRPC are
-//    Debian's protobuf 3.21, whose headers must win: libtorch.bzl leaves include/google out, and
-//    the syntax test puts Debian's first.
+//    Debian's protobuf 3.21, whose headers must win: libtorch.bzl and worker/CMakeLists.txt leave
+//    include/google out, and the syntax test puts Debian's first.
 //
 // Kept light (libfitrun_memory.so, preloaded into every script rank, includes it through the
 // capped allocator): c10d's classes are only declared here, and ProcessGroupOver is defined in

@@ -9,6 +9,11 @@
 #endif
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+// ProcessGroupNCCL's layout depends on the NCCL version: the nccl.h the compiler found must be the one
+// worker/CMakeLists.txt checked against LibTorch's NCCL, not another one earlier on the include path.
+#if defined(FITRUN_NCCL_VERSION_CODE) && NCCL_VERSION_CODE != FITRUN_NCCL_VERSION_CODE
+#error "nccl.h is not the NCCL version LibTorch was built with (see worker/CMakeLists.txt)"
+#endif
 #endif
 
 #include <netdb.h>
