@@ -227,7 +227,9 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
   }
   std::stable_sort(sorted.begin(), sorted.end(),
                    [](const DeviceCapacity* a, const DeviceCapacity* b) { return a->free_bytes > b->free_bytes; });
-  {
+  // A script brings its own PyTorch, whose Gloo carries CUDA tensors between ranks on one GPU; the
+  // built-in worker has no backend for them.
+  if (!spec.has_script()) {
     // One rank per GPU: of a GPU's slices, its roomiest.
     std::set<std::string> gpus;
     const size_t offered = sorted.size();

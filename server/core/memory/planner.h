@@ -50,8 +50,9 @@ struct PlanLimits {
   std::string max_devices_reason;
 };
 
-// Why a job's ranks take one GPU each, whatever slices of it (--devices=cuda:N@SIZExCOUNT) are free:
-// two ranks of a job on one GPU need a collective backend for it, which the CUDA worker lacks.
+// Why a built-in job's ranks take one GPU each, whatever slices of it (--devices=cuda:N@SIZExCOUNT) are
+// free: two ranks of a job on one GPU need a collective backend for it, which the CUDA worker lacks
+// (a script's own PyTorch has Gloo, which carries CUDA tensors: its ranks may share a GPU).
 inline constexpr char kOneRankPerGpu[] =
     "two ranks of a job on one GPU need a collective backend that allows it: NCCL refuses them, and the "
     "CUDA worker's LibTorch (pip's) has no Gloo";
@@ -61,7 +62,7 @@ inline constexpr char kOneRankPerGpu[] =
 std::string GpuOf(const DeviceCapacity& device);
 
 // fp16 plans on CUDA devices only (INVALID_ARGUMENT naming spec.precision when there are none), one
-// rank per GPU (kOneRankPerGpu). Errors: UNAVAILABLE when fewer than min_devices are given, or fewer than min_nodes nodes with a free
+// rank of a built-in job per GPU (kOneRankPerGpu). Errors: UNAVAILABLE when fewer than min_devices are given, or fewer than min_nodes nodes with a free
 // device (wait for devices to free up); FAILED_PRECONDITION when the spec needs more nodes than
 // `limits` allow;
 // RESOURCE_EXHAUSTED when no per-device batch fits even on the roomiest devices, with what would;

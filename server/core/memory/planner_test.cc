@@ -3,6 +3,8 @@
 
 #include <gmock/gmock.h>
 
+#include <set>
+
 #include "absl/strings/str_join.h"
 #include <gtest/gtest.h>
 
@@ -105,6 +107,34 @@ TEST(PlannerTest, TheCoordinatorsDeviceBoundTakesFewerDevicesOrWaits) {
   plan = PlanJob(spec, Profile(spec), Devices(4, 4096 * kMiB), {}, limits);
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(plan.status().message(), HasSubstr("host memory"));
+}
+
+TEST(PlannerTest, ABuiltInJobTakesOneSliceOfEachGpuAndAScriptMayShareOne) {
+  // Two slices of one GPU and a whole second GPU.
+  std::vector<DeviceCapacity> gpus;
+  for (const char* id : {"cuda:0#0", "cuda:0#1", "cuda:1"}) {
+    DeviceCapacity device{id, 4096 * kMiB};
+    device.gpu_model = "NVIDIA H100 80GB HBM3";
+    gpus.push_back(device);
+  }
+  fitrun::v1::JobSpec builtin = MlpSpec(384, 2, 3);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(builtin, Profile(builtin), gpus);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 2);
+  EXPECT_NE(GpuOf(gpus[0]), "");
+  const std::set<std::string> used = {plan->device_ids(0).substr(0, 6), plan->device_ids(1).substr(0, 6)};
+  EXPECT_EQ(used, (std::set<std::string>{"cuda:0", "cuda:1"})) << "one rank per GPU";
+  builtin.mutable_resources()->set_min_devices(3);
+  EXPECT_THAT(PlanJob(builtin, Profile(builtin), gpus).status().message(), HasSubstr("NCCL refuses them"));
+  // A script's own PyTorch has Gloo, which carries CUDA tensors between ranks on one GPU.
+  fitrun::v1::JobSpec script = builtin;
+  script.clear_model();
+  script.clear_data();
+  script.mutable_script()->add_command("/usr/bin/python3");
+  ModelProfile measured = Profile(builtin);
+  plan = PlanJob(script, measured, gpus);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 3);
 }
 
 TEST(PlannerTest, SmallDevicesGetASmallerBatchAndAccumulation) {
