@@ -28,9 +28,10 @@ packages=(
   python3-grpcio python3-protobuf python3-venv
   # the Slurm tests: a real slurmctld and slurmd per node on this machine, authenticated by munge
   slurm-wlm munge
-  # the relocatable bundle (tools/bundle.sh rewrites the copies' rpath) and the worker's CMake build for
-  # GPU machines without Bazel (tools/gpu/), tried here against Debian's LibTorch
-  patchelf cmake ninja-build
+  # the relocatable bundle and the GPU kit (tools/bundle.sh and tools/gpu/kit.sh rewrite the copies'
+  # rpath), and the CUDA worker's CMake build (tools/gpu/build-worker.sh; ccache keeps its objects
+  # between clean clones)
+  patchelf cmake ninja-build ccache xz-utils
 )
 
 missing=()
