@@ -89,8 +89,8 @@ TEST(CliTest, EachSubcommandIsDispatchedToItsOwnEntry) {
     EXPECT_EQ(parsed.line.command, &subcommand) << subcommand.name << ": " << parsed.err;
     EXPECT_EQ(parsed.line.exit_code, kExitOk);
   }
-  EXPECT_EQ(names, (std::set<std::string>{"submit", "watch", "get", "list", "logs", "cancel", "plan", "devices",
-                                          "top"}));
+  EXPECT_EQ(names, (std::set<std::string>{"submit", "watch", "events", "get", "list", "logs", "cancel", "plan",
+                                          "devices", "top"}));
 }
 
 TEST(CliTest, ArgumentsAndGlobalFlagsReachTheirOptions) {
@@ -165,6 +165,8 @@ TEST(CliTest, EachHandlerRunsItsCommandWithTheParsedArguments) {
   EXPECT_EQ(coordinator.watches[0].first, "j-1");
   run({"get", "j-2"});
   EXPECT_THAT(coordinator.got_job_ids, testing::Contains("j-2"));
+  run({"events", "j-5"});
+  EXPECT_THAT(coordinator.got_job_ids, testing::Contains("j-5"));
   run({"list", "--state", "running"});
   EXPECT_EQ(coordinator.list_jobs_calls, 1);
   EXPECT_THAT(coordinator.listed_states, ElementsAre(v1::JOB_STATE_RUNNING));

@@ -191,6 +191,25 @@ int RunGet(const CommandEnv& env, const std::string& job_id, bool json) {
   return kExitOk;
 }
 
+int RunEvents(const CommandEnv& env, const std::string& job_id) {
+  absl::StatusOr<v1::Job> job = env.coordinator->GetJob(job_id);
+  if (!job.ok()) return ReportRpcError(env, job.status());
+  if (job->last_sequence() == 0) return kExitOk;
+  absl::Status printed;
+  const absl::Status read = env.coordinator->ReadJobEvents(job_id, 1, job->last_sequence(), [&](const v1::JobEvent& event) {
+    absl::StatusOr<std::string> line = ToJson(event, /*one_line=*/true);
+    if (!line.ok()) {
+      printed.Update(line.status());
+      return;
+    }
+    *env.out << *line;
+  });
+  env.out->flush();
+  if (!read.ok()) return ReportRpcError(env, read);
+  if (!printed.ok()) return ReportLocalError(env, printed);
+  return kExitOk;
+}
+
 int RunList(const CommandEnv& env, bool json, const std::vector<std::string>& states) {
   std::vector<v1::JobState> wanted;
   for (const std::string& name : states) {

@@ -70,6 +70,9 @@ struct TopOptions {
 int RunSubmit(const CommandEnv& env, const std::string& spec_path, bool watch);
 int RunWatch(const CommandEnv& env, const std::string& job_id);
 int RunGet(const CommandEnv& env, const std::string& job_id, bool json);
+// Prints the job's stored events so far, one JSON object per line (the JobEvent's JSON mapping, with
+// its time): what a script reads of a job's history.
+int RunEvents(const CommandEnv& env, const std::string& job_id);
 // `states`: only jobs in these states (names as printed, case-insensitive: running, queued, ...).
 int RunList(const CommandEnv& env, bool json, const std::vector<std::string>& states = {});
 // Prints a rank's log; with follow, keeps printing until the attempt ends.

@@ -116,6 +116,23 @@ TEST_F(CommandsTest, SubmitWithWatchFollowsTheNewJob) {
   EXPECT_EQ(out_.str(), "submitted job j-8\nstate: QUEUED\njob j-8 CANCELLED\n");
 }
 
+TEST_F(CommandsTest, EventsPrintsTheStoredHistoryOneJsonObjectPerLine) {
+  v1::Job done = JobInState("j-1", v1::JOB_STATE_SUCCEEDED);
+  done.set_last_sequence(3);
+  coordinator_.get_reply = done;
+  coordinator_.watch_events = {
+      StateEvent(1, v1::JOB_STATE_UNSPECIFIED, v1::JOB_STATE_RUNNING),
+      ProgressEvent(2, 0, 10),
+      StateEvent(3, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED),
+  };
+  EXPECT_EQ(RunEvents(env_, "j-1"), kExitOk);
+  const std::vector<std::string> lines = absl::StrSplit(out_.str(), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u) << out_.str();
+  EXPECT_THAT(lines[1], HasSubstr("\"sequence\":\"2\""));
+  EXPECT_THAT(lines[1], HasSubstr("\"progress\":{"));
+  EXPECT_THAT(lines[2], HasSubstr("JOB_STATE_SUCCEEDED"));
+}
+
 TEST_F(CommandsTest, WatchReplaysFromTheStartAndPrintsTheResult) {
   v1::Job done = JobInState("j-1", v1::JOB_STATE_SUCCEEDED);
   done.mutable_result()->set_test_accuracy(0.8412);

@@ -53,9 +53,9 @@ bool HasProgress(const v1::Job& job) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message, bool one_line) {
   google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
+  options.add_whitespace = !one_line;
   options.always_print_primitive_fields = true;
   std::string json;
   const auto status = google::protobuf::util::MessageToJsonString(message, &json, options);

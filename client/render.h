@@ -22,9 +22,9 @@ struct RenderContext {
   absl::TimeZone zone;
 };
 
-// The proto's canonical JSON mapping, indented, every field present (a 0 loss is printed, not
-// dropped) so scripts can rely on keys existing. Ends with a newline.
-absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message);
+// The proto's canonical JSON mapping, indented (or on one line: a JSON-lines record), every field
+// present (a 0 loss is printed, not dropped) so scripts can rely on keys existing. Ends with a newline.
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message, bool one_line = false);
 
 // `fitrun get`: one "key: value" line per fact the job has; with `loss_curve` (rank 0's loss over
 // the steps, see LossCurve), a sparkline of it below the progress.

@@ -35,9 +35,13 @@ PROBE = "FITRUN_PROBE"
 REPORT_FD = "FITRUN_REPORT_FD"
 CONTROL_FD = "FITRUN_CONTROL_FD"
 
-# The preloaded allocator (libfitrun_memory.so).
+# The preloaded allocator (libfitrun_memory.so); on a GPU, the probe's peak file is this module's.
 MEMORY_CAP_BYTES = "FITRUN_MEMORY_CAP_BYTES"
 MEMORY_PEAK_FILE = "FITRUN_MEMORY_PEAK_FILE"
+# The kind of device the rank runs on: "cpu" or "cuda".
+DEVICE_KIND = "FITRUN_DEVICE_KIND"
+DEVICE_KIND_CPU = "cpu"
+DEVICE_KIND_CUDA = "cuda"
 
 # How a rank ends.
 EXIT_SUCCESS = 0
