@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -32,6 +33,11 @@ class ProcessMemoryProbe : public MemoryProbe {
     // What probes a script job's workload: fitrun-supervisor, which loads no LibTorch beside the
     // script's own; empty: worker_binary.
     std::string script_binary;
+    // Where a script's probe runs: a GPU of the offer ("cuda:0", or a slice "cuda:0#1") puts the
+    // script's one probe rank on that GPU, where the fitrun module measures torch.cuda's allocated
+    // peak (a script keeps its tensors on its GPU, where the host's preloaded allocator sees none of
+    // them); empty: the host. Built-in workloads are always measured on the host.
+    std::string script_device_id;
     // Where the probes' assignment files go (created if missing).
     std::string work_dir;
     // The ranks' decoded-dataset cache (WorkerAssignment.dataset_cache_dir): the probe usually loads a
@@ -62,6 +68,11 @@ class ProcessMemoryProbe : public MemoryProbe {
   const Options options_;
   std::atomic<int64_t> next_id_{0};
 };
+
+// Where a script's probe runs among the devices offered (ProcessMemoryProbe::Options::script_device_id):
+// the GPU on this machine with the most memory (a cluster node's GPUs, "n1/cuda:0", are not this
+// machine's), or empty when this machine offers none.
+std::string ScriptProbeDeviceOf(const std::vector<fitrun::v1::Device>& offered);
 
 // One line of fitrun-worker --probe's output, read.
 struct ProbeLine {
