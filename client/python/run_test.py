@@ -6,7 +6,9 @@ import os
 import re
 import sys
 import tempfile
+import types
 import unittest
+from unittest import mock
 
 from fitrun import contract
 from fitrun.run import Run
@@ -89,6 +91,108 @@ class RunTest(unittest.TestCase):
         self.assertEqual(rank1.load_latest_checkpoint(), ({"step": 10}, 10))
         probe = Supervised(**{contract.RANK: "0", contract.CHECKPOINT_DIR: directory, contract.PROBE: "1"}).run
         self.assertIsNone(probe.save_checkpoint({"step": 99}, 99))  # a memory probe leaves no checkpoint
+
+
+class FakeCuda:
+    """torch.cuda as the module reads it: GPUs whose allocator figures a test sets."""
+
+    OutOfMemoryError = type("OutOfMemoryError", (RuntimeError,), {})
+
+    def __init__(self, devices=1):
+        self.devices = devices
+        self.peak = 0
+        self.live = 0
+        self.fraction = None
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return True
+
+    def device_count(self):
+        return self.devices
+
+    def current_device(self):
+        return 0
+
+    def max_memory_allocated(self, device=None):
+        return self.peak
+
+    def memory_allocated(self, device=None):
+        return self.live
+
+    def memory_stats(self, device=None):
+        return {"allocated_bytes.all.current": self.live, "allocated_bytes.all.peak": self.peak,
+                "reserved_bytes.all.peak": 2 * self.peak}
+
+    def mem_get_info(self, device=None):
+        return (1 << 30, 80 << 30)
+
+    def get_device_properties(self, device):
+        return types.SimpleNamespace(total_memory=80 << 30)
+
+    def set_per_process_memory_fraction(self, fraction, device):
+        self.fraction = (fraction, device)
+
+
+def fake_torch(cuda):
+    return types.SimpleNamespace(cuda=cuda, __file__="fake torch")
+
+
+class GpuTest(unittest.TestCase):
+    """The module on a GPU, with a fake torch.cuda in sys.modules."""
+
+    def setUp(self):
+        self.cuda = FakeCuda()
+        patcher = mock.patch.dict(sys.modules, {"torch": fake_torch(self.cuda)})
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        self.peak_file = os.path.join(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")), "peak")
+
+    def probe(self, device_kind):
+        return Supervised(**{contract.RANK: "0", contract.WORLD_SIZE: "1", contract.PROBE: "1",
+                             contract.DEVICE_KIND: device_kind, contract.MEMORY_PEAK_FILE: self.peak_file}).run
+
+    def read_peak_file(self):
+        with open(self.peak_file) as f:
+            return [int(x) for x in f.read().split()]
+
+    def test_a_probe_on_a_gpu_writes_torch_cudas_allocated_peak(self):
+        run = self.probe(contract.DEVICE_KIND_CUDA)
+        self.cuda.peak, self.cuda.live = 300 << 20, 40 << 20
+        run.report(1, loss=1.0, samples=8)
+        self.cuda.peak, self.cuda.live = 200 << 20, 50 << 20  # the script reset torch.cuda's peak itself
+        run.write_probe_peak()
+        self.assertEqual(self.read_peak_file(), [300 << 20, 50 << 20])
+        self.cuda.peak = 900 << 20
+        run.write_probe_peak()  # at exit again: the figure stands
+        self.assertEqual(self.read_peak_file(), [300 << 20, 50 << 20])
+
+    def test_an_out_of_memory_in_a_gpu_probe_writes_the_refused_request(self):
+        run = self.probe(contract.DEVICE_KIND_CUDA)
+        self.cuda.peak, self.cuda.live = 700 << 20, 600 << 20
+        run.write_probe_peak(requested=256 << 20)
+        self.assertEqual(self.read_peak_file(), [700 << 20, 600 << 20, 256 << 20, 600 << 20])
+
+    def test_a_probe_on_the_host_leaves_the_peak_file_to_the_preloaded_allocator(self):
+        run = self.probe(contract.DEVICE_KIND_CPU)
+        self.cuda.peak = 300 << 20
+        run.report(1)
+        run.write_probe_peak()
+        self.assertFalse(os.path.exists(self.peak_file))
+        training = Supervised(**{contract.DEVICE_KIND: contract.DEVICE_KIND_CUDA,
+                                 contract.MEMORY_PEAK_FILE: self.peak_file}).run
+        training.write_probe_peak()  # not a probe: the job's own run reports its progress instead
+        self.assertFalse(os.path.exists(self.peak_file))
+
+    def test_a_slices_cap_binds_the_ranks_own_gpu_among_those_it_sees(self):
+        self.cuda.devices = 2  # fitrun-worker leaves the job's GPUs visible, in local-rank order
+        Supervised(**{contract.LOCAL_RANK: "1", contract.MEMORY_CAP_BYTES: str(20 << 30)})
+        self.assertEqual(self.cuda.fraction, (0.25, 1))
+        self.cuda.devices = 1  # ranks sharing a GPU see only their own
+        Supervised(**{contract.LOCAL_RANK: "1", contract.MEMORY_CAP_BYTES: str(20 << 30)})
+        self.assertEqual(self.cuda.fraction, (0.25, 0))
 
 
 class ContractTest(unittest.TestCase):

@@ -60,9 +60,15 @@ inline constexpr char kProbe[] = "FITRUN_PROBE";
 inline constexpr char kReportFd[] = "FITRUN_REPORT_FD";
 inline constexpr char kControlFd[] = "FITRUN_CONTROL_FD";
 // Read by the preloaded allocator (libfitrun_memory.so): the device's cap in bytes (0: count only),
-// and a file where it writes "<peak bytes> <live bytes>" when the process exits.
+// and a file where it writes "<peak bytes> <live bytes>" when the process exits. On a GPU nothing is
+// preloaded: the cap binds torch.cuda's allocator, and in a probe the fitrun module writes the file,
+// with torch.cuda's allocated peak.
 inline constexpr char kMemoryCapBytes[] = "FITRUN_MEMORY_CAP_BYTES";
 inline constexpr char kMemoryPeakFile[] = "FITRUN_MEMORY_PEAK_FILE";
+// The kind of device a script rank (or its probe) runs on: where its memory is counted.
+inline constexpr char kDeviceKind[] = "FITRUN_DEVICE_KIND";
+inline constexpr char kDeviceKindCpu[] = "cpu";
+inline constexpr char kDeviceKindCuda[] = "cuda";
 
 // How a rank ends.
 enum ExitCode : int {

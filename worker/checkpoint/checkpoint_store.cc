@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "worker/memory/oom_error.h"
 
 namespace fitrun::worker {
 namespace {
@@ -333,6 +334,9 @@ absl::StatusOr<TrainingPosition> CheckpointStore::Load(int64_t step, torch::nn::
     generator.set_state(rng_state);
     return position;
   } catch (const std::exception& e) {
+    // The device that cannot hold the state is not a damaged file: the rank reports an OOM instead
+    // of falling back to an older checkpoint, which would not fit either.
+    if (IsOutOfMemory(e)) return StatusFromTorchException(e, absl::StrCat("loading ", path));
     return absl::DataLossError(absl::StrCat("loading ", path, ": ", e.what()));
   }
 }
@@ -343,6 +347,7 @@ absl::StatusOr<std::optional<TrainingPosition>> CheckpointStore::LoadLatest(
   for (int64_t step : Steps()) {
     absl::StatusOr<TrainingPosition> position = Load(step, model, optimizer);
     if (position.ok()) return std::optional<TrainingPosition>(*position);
+    if (absl::IsResourceExhausted(position.status())) return position.status();  // an older one is no smaller
     absl::StrAppend(&skipped, skipped.empty() ? "" : "; ", position.status().message());
   }
   if (!skipped.empty()) return absl::DataLossError(absl::StrCat("no checkpoint loads: ", skipped));

@@ -61,11 +61,13 @@ class CheckpointStore {
 
   // Loads the checkpoint of `step` into `model` and `optimizer` and restores the generator state.
   // Every tensor is read onto the device of `model`'s parameters: move the model to its device first.
+  // DataLoss for a file that does not load; ResourceExhausted when the device's memory ran out.
   absl::StatusOr<TrainingPosition> Load(int64_t step, torch::nn::Module& model,
                                         torch::optim::Optimizer& optimizer) const;
 
   // The newest checkpoint that loads, or nullopt when there is none. Unreadable newer files are
-  // skipped (they are reported in the returned status only when nothing loads).
+  // skipped (they are reported in the returned status only when nothing loads); running out of the
+  // device's memory ends the search (ResourceExhausted).
   absl::StatusOr<std::optional<TrainingPosition>> LoadLatest(torch::nn::Module& model,
                                                              torch::optim::Optimizer& optimizer) const;
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "worker/ddp/c10d_status.h"
+#include "worker/memory/oom_error.h"
 
 namespace fitrun::worker {
 
@@ -83,30 +84,40 @@ absl::StatusOr<std::unique_ptr<BucketedReducer>> BucketedReducer::Create(
   }
   // A model without trained parameters still needs a bucket for the loss.
   if (buckets.empty()) buckets.emplace_back();
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    int64_t elements = 0;
-    for (int i : buckets[b].parameters) elements += trained[i].numel();
-    if (b + 1 == buckets.size()) elements += 1;  // the loss
-    buckets[b].flat = at::zeros({elements}, bucket_options);
-    buckets[b].pending = static_cast<int>(buckets[b].parameters.size());
-    const at::Tensor& flat = buckets[b].flat;
-    const int64_t gradient_elements = b + 1 == buckets.size() ? elements - 1 : elements;
-    GradBucket& view = buckets[b].view;
-    view.index = static_cast<int>(b);
-    view.is_last = b + 1 == buckets.size();
-    view.flat = flat;
-    view.buffer = flat.narrow(0, 0, gradient_elements);
-    view.exact = flat.narrow(0, gradient_elements, elements - gradient_elements);
-    for (size_t j = 0; j < buckets[b].parameters.size(); ++j) {
-      const at::Tensor& p = trained[buckets[b].parameters[j]];
-      reducer->slots_[buckets[b].parameters[j]].grad_view =
-          at::empty({0}, flat.options())
-              .set_(flat.storage(), flat.storage_offset() + buckets[b].offsets[j], p.sizes());
-      view.gradients.push_back(view.buffer.narrow(0, buckets[b].offsets[j], p.numel()).view(p.sizes()));
+  int64_t bucket_elements = 1;  // the loss
+  for (const at::Tensor& p : trained) bucket_elements += p.numel();
+  // The buckets are the size of the gradients, allocated on the device now: on a full device this is
+  // where a rank first runs out, which it must report as an OOM (ResourceExhausted), not a crash.
+  try {
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      int64_t elements = 0;
+      for (int i : buckets[b].parameters) elements += trained[i].numel();
+      if (b + 1 == buckets.size()) elements += 1;  // the loss
+      buckets[b].flat = at::zeros({elements}, bucket_options);
+      buckets[b].pending = static_cast<int>(buckets[b].parameters.size());
+      const at::Tensor& flat = buckets[b].flat;
+      const int64_t gradient_elements = b + 1 == buckets.size() ? elements - 1 : elements;
+      GradBucket& view = buckets[b].view;
+      view.index = static_cast<int>(b);
+      view.is_last = b + 1 == buckets.size();
+      view.flat = flat;
+      view.buffer = flat.narrow(0, 0, gradient_elements);
+      view.exact = flat.narrow(0, gradient_elements, elements - gradient_elements);
+      for (size_t j = 0; j < buckets[b].parameters.size(); ++j) {
+        const at::Tensor& p = trained[buckets[b].parameters[j]];
+        reducer->slots_[buckets[b].parameters[j]].grad_view =
+            at::empty({0}, flat.options())
+                .set_(flat.storage(), flat.storage_offset() + buckets[b].offsets[j], p.sizes());
+        view.gradients.push_back(view.buffer.narrow(0, buckets[b].offsets[j], p.numel()).view(p.sizes()));
+      }
     }
+    // Every gradient is its slot from the start (see the class comment).
+    for (size_t i = 0; i < trained.size(); ++i) reducer->MoveGradientIntoBucket(static_cast<int>(i));
+  } catch (const std::exception& e) {
+    return StatusFromTorchException(
+        e, absl::StrCat("allocating the gradient buckets (", bucket_elements * static_cast<int64_t>(sizeof(float)),
+                        " bytes on ", bucket_options.device().str(), ")"));
   }
-  // Every gradient is its slot from the start (see the class comment).
-  for (size_t i = 0; i < trained.size(); ++i) reducer->MoveGradientIntoBucket(static_cast<int>(i));
 
   try {
     for (size_t i = 0; i < trained.size(); ++i) {
@@ -133,6 +144,14 @@ BucketedReducer::~BucketedReducer() {
 void BucketedReducer::BeforeBackward(bool last_micro_batch) {
   absl::MutexLock lock(&mu_);
   sync_this_backward_ = last_micro_batch;
+  // A zero_grad that set the gradients to None (LibTorch 2.x's default) or code that replaced them
+  // would have backward allocate each gradient anew beside its bucket, held through the step's
+  // micro-batches; pointed at its slot again now, autograd accumulates into the bucket in place.
+  try {
+    for (size_t i = 0; i < parameters_.size(); ++i) MoveGradientIntoBucket(static_cast<int>(i));
+  } catch (...) {
+    if (!hook_error_) hook_error_ = std::current_exception();
+  }
 }
 
 void BucketedReducer::MarkReady(int index) {

@@ -35,7 +35,8 @@ namespace fitrun::worker {
 //    cores that backward already fills, and mid-backward collectives wait on the scheduler.)
 //  - Gradients are views into their bucket (DDP's gradient_as_bucket_view): every parameter's .grad
 //    is its bucket slot from the start (a gradient it already had is copied in), so AccumulateGrad
-//    adds into the bucket in place (the optimizer's zero_grad zeroes it in place), and no gradient is
+//    adds into the bucket in place (the trainer's zero_grad keeps the tensors and zeroes them in place;
+//    a gradient set to None is pointed at its slot again before backward), and no gradient is
 //    copied into a bucket or back out of it, nor held beside it: pointing .grad at the slot only once
 //    the first gradient arrived would keep a second copy of every gradient through the first step's
 //    accumulation micro-batches, a peak the memory probe does not see. A post-hook on each
@@ -77,14 +78,19 @@ class BucketedReducer final : public GradientSynchronizer {
   // `parameters` in registration order, the same on every rank; those that do not require gradients
   // are skipped. All must be float32 leaves on one device, where the buckets are then allocated: move
   // the model to its device before creating the reducer (moving it later would leave the buckets
-  // and the hooks behind). INVALID_ARGUMENT for bad options, naming the spec field.
+  // and the hooks behind). INVALID_ARGUMENT for bad options, naming the spec field;
+  // RESOURCE_EXHAUSTED when the buckets do not fit the device's memory.
   static absl::StatusOr<std::unique_ptr<BucketedReducer>> Create(
       c10::intrusive_ptr<c10d::ProcessGroup> group, const std::vector<at::Tensor>& parameters,
       const Options& options);
   // Removes the autograd hooks.
   ~BucketedReducer() override;
 
+  // Also points every gradient that is not its bucket slot (set to None by a zero_grad, or replaced)
+  // at the slot again, so that backward accumulates into the buckets in place.
   void BeforeBackward(bool last_micro_batch) override;
+  // RESOURCE_EXHAUSTED when the device's memory ran out in a hook or a collective (worker/memory/
+  // oom_error.h); otherwise as GradientSynchronizer says.
   absl::StatusOr<double> Synchronize(double local_loss) override;
 
   // Parameter indices (into the Create() list of trained parameters) of each bucket, in launch order.

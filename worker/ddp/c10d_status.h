@@ -8,9 +8,10 @@
 
 namespace fitrun::worker {
 
-// c10d and Gloo report failures as exceptions; the worker's code speaks Status. A timed-out wait
-// becomes DeadlineExceeded, anything else (peer gone, connection refused) Unavailable. `what` says
-// which operation failed.
+// c10d and Gloo report failures as exceptions; the worker's code speaks Status. The device's memory
+// running out (worker/memory/oom_error.h) becomes ResourceExhausted, a timed-out wait
+// DeadlineExceeded, anything else (peer gone, connection refused) Unavailable. `what` says which
+// operation failed.
 absl::Status StatusFromC10dException(const std::exception& e, const std::string& what);
 
 }  // namespace fitrun::worker

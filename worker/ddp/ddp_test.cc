@@ -93,6 +93,7 @@ TEST(BroadcastTest, EveryRankEndsWithRankZerosParameters) {
 }
 
 TEST(ConnectProcessGroupTest, RendezvousOverTcpStore) {
+  SkipUnlessCpuRanks(kWorld);
   const int port = FreeLoopbackPort();
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
@@ -120,6 +121,40 @@ TEST(ConnectProcessGroupTest, RejectsBadRankAndPort) {
   EXPECT_EQ(ConnectProcessGroup({"127.0.0.1", 1234, 2, 2, kTimeout, kTimeout}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ConnectProcessGroup({"127.0.0.1", 0, 0, 2, kTimeout, kTimeout}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SingleRankGroupTest, EachCollectiveIsWhatItIsOverOneRank) {
+  c10::intrusive_ptr<c10d::ProcessGroup> group = CreateSingleRankProcessGroup();
+  EXPECT_EQ(group->getRank(), 0);
+  EXPECT_EQ(group->getSize(), 1);
+  std::vector<at::Tensor> summed = {at::arange(4, at::kFloat)};
+  group->allreduce(summed)->wait();
+  EXPECT_TRUE(at::equal(summed[0], at::arange(4, at::kFloat)));
+  std::vector<at::Tensor> broadcast = {at::full({2}, 7.0f)};
+  group->broadcast(broadcast)->wait();
+  EXPECT_TRUE(at::equal(broadcast[0], at::full({2}, 7.0f)));
+  std::vector<at::Tensor> inputs = {at::full({3}, 5.0f)};
+  std::vector<std::vector<at::Tensor>> outputs = {{at::zeros({3})}};
+  group->allgather(outputs, inputs)->wait();
+  EXPECT_TRUE(at::equal(outputs[0][0], at::full({3}, 5.0f))) << "an all-gather over one rank is a copy";
+  group->barrier()->wait();
+  EXPECT_EQ(*BroadcastInt64(*group, 42, at::Device(at::kCPU)), 42);
+}
+
+TEST(SingleRankGroupTest, ACpuRankAloneNeedsNoGlooAndSeveralDo) {
+  EXPECT_EQ(BackendFor(/*on_cuda=*/false, /*shares_its_gpu=*/false, 1), CollectiveBackend::kSingleRank);
+  EXPECT_EQ(BackendFor(false, false, 2), CollectiveBackend::kGloo);
+  EXPECT_EQ(BackendFor(true, false, 1), CollectiveBackend::kNccl);
+  EXPECT_EQ(BackendFor(true, true, 2), CollectiveBackend::kGloo) << "NCCL refuses two ranks on one GPU";
+  EXPECT_TRUE(CollectiveBackendAvailable(CollectiveBackend::kSingleRank).ok());
+  // No rendezvous: no port to bind, no peer to wait for.
+  auto alone = ConnectProcessGroup({"127.0.0.1", 0, 0, 1, kTimeout, kTimeout, CollectiveBackend::kSingleRank});
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ((*alone)->getSize(), 1);
+  EXPECT_EQ(ConnectProcessGroup({"127.0.0.1", 0, 0, 2, kTimeout, kTimeout, CollectiveBackend::kSingleRank})
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
 }
 

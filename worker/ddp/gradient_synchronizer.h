@@ -25,7 +25,8 @@ class GradientSynchronizer {
   // Called after the step's last backward. Replaces every gradient with its mean over ranks (as the
   // communication hook computes it: a compressing hook's is approximate, the same on every rank) and
   // returns the exact mean over ranks of `local_loss` (this rank's mean loss for the step). An error means
-  // a collective failed (a peer died or timed out); the process group is not usable afterwards.
+  // a collective failed (a peer died or timed out; the process group is not usable afterwards), or,
+  // ResourceExhausted, that the device's memory ran out.
   virtual absl::StatusOr<double> Synchronize(double local_loss) = 0;
 };
 

@@ -2,7 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 // Each backend only where the LibTorch ships it (third_party/libtorch/libtorch.bzl sets the macros).
 #ifdef USE_C10D_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -67,11 +70,56 @@ void WaitUntilAccepting(const std::string& host, int port, absl::Time deadline) 
   while (!Accepting(host, port) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
 }
 
+// The collectives the worker issues, for a group of one rank (CreateSingleRankProcessGroup).
+class SingleRankBackend final : public torch_compat::C10dBackend {
+ public:
+  SingleRankBackend() : torch_compat::C10dBackend(/*rank=*/0, /*size=*/1) {}
+
+  const std::string getBackendName() const override { return "single-rank"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& /*opts*/) override {
+    return Done(tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& /*opts*/) override {
+    return Done(tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& /*opts*/) override {
+    TORCH_CHECK(outputs.size() == inputs.size(), "all-gather: one output list per input");
+    std::vector<at::Tensor> gathered;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      TORCH_CHECK(outputs[i].size() == 1, "a group of one rank gathers one tensor per input");
+      outputs[i][0].copy_(inputs[i]);
+      gathered.push_back(outputs[i][0]);
+    }
+    return Done(gathered);
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& /*opts*/) override { return Done({}); }
+
+ private:
+  static c10::intrusive_ptr<c10d::Work> Done(const std::vector<at::Tensor>& tensors) {
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+    future->markCompleted(c10::IValue(tensors));
+    return c10d::Work::create_from_future(future);
+  }
+};
+
 }  // namespace
 
-CollectiveBackend BackendForDevice(const std::string& device_id) {
-  return device_id.rfind("cuda", 0) == 0 || device_id.rfind("gpu", 0) == 0 ? CollectiveBackend::kNccl
-                                                                            : CollectiveBackend::kGloo;
+c10::intrusive_ptr<c10d::ProcessGroup> CreateSingleRankProcessGroup() {
+  return torch_compat::ProcessGroupOver(c10::make_intrusive<SingleRankBackend>(), c10::make_intrusive<c10d::HashStore>(),
+                                        c10::kCPU);
+}
+
+CollectiveBackend BackendFor(bool on_cuda, bool shares_its_gpu, int world_size) {
+  if (on_cuda && !shares_its_gpu) return CollectiveBackend::kNccl;
+  return world_size == 1 && !on_cuda ? CollectiveBackend::kSingleRank : CollectiveBackend::kGloo;
 }
 
 absl::Status CollectiveBackendAvailable(CollectiveBackend backend) {
@@ -81,9 +129,10 @@ absl::Status CollectiveBackendAvailable(CollectiveBackend backend) {
       return absl::OkStatus();
 #else
       return absl::UnimplementedError(
-          "CPU devices need Gloo, and this fitrun-worker was built against a LibTorch without Gloo's "
-          "headers (as the CUDA pip wheel's): run the job on CUDA devices, or CPU jobs with a worker "
-          "built against Debian's LibTorch");
+          "several CPU ranks, or ranks sharing a GPU, talk over Gloo, and this fitrun-worker was built "
+          "against a LibTorch without Gloo's headers (as the CUDA pip wheel's): give the job one CPU rank "
+          "(resources.max_devices: 1) or a GPU per rank, or run it with a worker built against Debian's "
+          "LibTorch");
 #endif
     case CollectiveBackend::kNccl:
 #ifdef USE_C10D_NCCL
@@ -93,6 +142,8 @@ absl::Status CollectiveBackendAvailable(CollectiveBackend backend) {
           "NCCL needs a CUDA build of fitrun-worker (LIBTORCH_HOME pointing at a LibTorch with "
           "libtorch_cuda.so)");
 #endif
+    case CollectiveBackend::kSingleRank:
+      return absl::OkStatus();
   }
   return absl::InvalidArgumentError("unknown collective backend");
 }
@@ -148,6 +199,13 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> ConnectProcessGroup(
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", options.rank, " is not in a world of ", options.world_size));
+  }
+  if (options.backend == CollectiveBackend::kSingleRank) {
+    if (options.world_size != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a single-rank group for a world of ", options.world_size, " ranks"));
+    }
+    return CreateSingleRankProcessGroup();
   }
   if (options.master_port <= 0 || options.master_port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT ", options.master_port, " is not a port"));

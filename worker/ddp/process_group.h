@@ -15,14 +15,16 @@
 
 namespace fitrun::worker {
 
-// Which c10d backend carries the collectives; chosen from the device kind.
+// Which c10d backend carries the collectives; chosen from the device kind and the world size.
 enum class CollectiveBackend {
-  kGloo,  // CPU tensors; only in builds with USE_C10D_GLOO (a LibTorch that ships Gloo's headers)
-  kNccl,  // CUDA tensors; only in builds with USE_C10D_NCCL (a CUDA LibTorch)
+  kGloo,        // CPU tensors; only in builds with USE_C10D_GLOO (a LibTorch that ships Gloo's headers)
+  kNccl,        // CUDA tensors; only in builds with USE_C10D_NCCL (a CUDA LibTorch)
+  kSingleRank,  // a CPU rank alone in its job: each collective is the identity; in every build
 };
 
-// The backend for a plan device id ("cpu:0" -> Gloo, "cuda:0"/"gpu:0" -> NCCL).
-CollectiveBackend BackendForDevice(const std::string& device_id);
+// The backend a rank uses: NCCL for a GPU of its own, Gloo for CPU ranks and for GPUs shared by
+// several ranks of the job (NCCL refuses two ranks on one GPU), none to reach for a CPU rank alone.
+CollectiveBackend BackendFor(bool on_cuda, bool shares_its_gpu, int world_size);
 
 // OkStatus when this build of the worker has `backend`; otherwise Unimplemented, saying which build
 // does. Lets a rank refuse its device before it loads data, as a configuration error.
@@ -44,14 +46,20 @@ struct ProcessGroupOptions {
 };
 
 // Rendezvous through a c10d::TCPStore (rank 0 hosts it at master_addr:master_port), waits until all
-// ranks have joined, then builds the process group of the options' backend. Fails with
-// DeadlineExceeded when the peers do not show up within the rendezvous timeout.
+// ranks have joined, then builds the process group of the options' backend (kSingleRank: no
+// rendezvous, CreateSingleRankProcessGroup). Fails with DeadlineExceeded when the peers do not show
+// up within the rendezvous timeout.
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> ConnectProcessGroup(
     const ProcessGroupOptions& options);
 
 // An NCCL process group over an existing store. Unimplemented in builds without USE_C10D_NCCL.
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateNcclProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, absl::Duration timeout);
+
+// The group of a job's only rank: each collective leaves the rank's tensors as they are (their sum,
+// average or broadcast over one rank) or copies them (an all-gather over one rank), finished at once.
+// A CPU job of one rank needs no peers and no Gloo (which the CUDA pip wheels lack).
+c10::intrusive_ptr<c10d::ProcessGroup> CreateSingleRankProcessGroup();
 
 // A Gloo process group over an existing store (tests use a FileStore). `hostname` is the address the
 // rank's Gloo device binds; ranks on one machine use the loopback address. Unimplemented in builds

@@ -1,6 +1,7 @@
 #include "worker/ddp/thread_ranks.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/version.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,31 @@
 #include "worker/ddp/process_group.h"
 
 namespace fitrun::worker {
+namespace {
+
+// One rank's group is the worker's own single-rank group, in every build; several ranks talk over Gloo.
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                                   int rank, int world, absl::Duration timeout) {
+  if (world == 1) return CreateSingleRankProcessGroup();
+  return CreateGlooProcessGroup(store, rank, world, timeout);
+}
+
+}  // namespace
+
+bool CpuRanksAvailable(int world) {
+#if defined(USE_C10D_GLOO)
+  return world >= 1;
+#else
+  return world == 1;
+#endif
+}
+
+void SkipUnlessCpuRanks(int world) {
+  if (CpuRanksAvailable(world)) return;
+  [world] { GTEST_SKIP() << kNoCpuRanksReason << " (this test needs " << world << ")"; }();
+  throw ::testing::AssertionException(
+      ::testing::TestPartResult(::testing::TestPartResult::kSkip, __FILE__, __LINE__, kNoCpuRanksReason));
+}
 
 std::string FreshTestPath(const std::string& name) {
   const char* root = std::getenv("TEST_TMPDIR");
@@ -23,6 +49,7 @@ std::string FreshTestPath(const std::string& name) {
 void RunRanksAsThreads(int world, const std::string& store_name,
                        const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& body,
                        absl::Duration timeout) {
+  SkipUnlessCpuRanks(world);
   const std::string path = FreshTestPath(store_name);
   // Every rank's group is complete before any body runs: a body that leaves at once (a dead peer)
   // must not close its connections while another rank is still finishing the handshake.
@@ -31,7 +58,7 @@ void RunRanksAsThreads(int world, const std::string& store_name,
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       auto store = c10::make_intrusive<c10d::FileStore>(path, world);
-      auto group = CreateGlooProcessGroup(store, rank, world, timeout);
+      auto group = CreateGroup(store, rank, world, timeout);
       groups_ready.Block();
       ASSERT_TRUE(group.ok()) << group.status();
       body(rank, *group);

@@ -36,7 +36,11 @@ int64_t RequestedBytesInOutOfMemory(const std::string& line) {
 bool LooksLikeOutOfMemory(const std::string& line) {
   return absl::StrContains(line, "OutOfMemoryError") || absl::StrContains(line, "CUDA out of memory") ||
          absl::StrContains(line, "memory cap exceeded") || absl::StrContains(line, "can't allocate memory") ||
-         absl::StartsWith(absl::StripLeadingAsciiWhitespace(line), "MemoryError");
+         absl::StartsWith(absl::StripLeadingAsciiWhitespace(line), "MemoryError") ||
+         // Allocations outside the caching allocator: the CUDA runtime's own (C10_CUDA_CHECK), as
+         // NCCL words it, and cuBLAS's and cuDNN's handles and workspaces.
+         absl::StrContains(line, "CUDA error: out of memory") || absl::StrContains(line, "Cuda failure 'out of memory'") ||
+         absl::StrContains(line, "CUBLAS_STATUS_ALLOC_FAILED") || absl::StrContains(line, "CUDNN_STATUS_ALLOC_FAILED");
 }
 
 }  // namespace fitrun::worker

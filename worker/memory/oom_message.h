@@ -8,8 +8,9 @@
 
 namespace fitrun::worker {
 
-// True when a stderr line reads as an out-of-memory error (PyTorch on CUDA or the capped CPU
-// allocator, the CPU allocator's own refusal, Python's MemoryError).
+// True when a stderr line or an exception's text reads as an out-of-memory error (PyTorch on CUDA or
+// the capped CPU allocator, the CPU allocator's own refusal, Python's MemoryError, a CUDA, NCCL,
+// cuBLAS or cuDNN allocation that failed).
 bool LooksLikeOutOfMemory(const std::string& line);
 
 // The size an out-of-memory line says was asked for, as the script saw it: PyTorch's "Tried to

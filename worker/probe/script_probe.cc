@@ -42,32 +42,62 @@ absl::StatusOr<int> FreePort() {
 
 }  // namespace
 
+absl::StatusOr<PlanDevice> ScriptProbeDevice(const fitrun::v1::WorkerAssignment& assignment) {
+  if (assignment.plan().device_ids_size() == 0) return PlanDevice{};
+  return ParsePlanDevice(assignment.plan().device_ids(0), "plan.device_ids[0]");
+}
+
+ScriptRunSettings ScriptProbeRunSettings(const fitrun::v1::WorkerAssignment& assignment, const PlanDevice& device,
+                                         int64_t batch) {
+  ScriptRunSettings settings;
+  settings.per_device_batch = batch;
+  settings.grad_accum_steps = 1;
+  settings.learning_rate = assignment.spec().optimizer().lr();
+  settings.global_batch_size = batch;
+  settings.max_steps = ScriptProbe::kSteps;
+  settings.probe = true;
+  settings.memory_cap_bytes = ProbeResourcesOf(assignment).memory_cap_bytes;
+  const bool on_gpu = device.kind == PlanDevice::Kind::kCuda;
+  settings.preload_allocator = !on_gpu;
+  settings.extra_env = {{launch::kLocalRank, "0"},
+                        {launch::kLocalWorldSize, "1"},
+                        {launch::kMasterAddr, "127.0.0.1"},
+                        {launch::kJobId, assignment.job_id().empty() ? "probe" : assignment.job_id()},
+                        {launch::kAttempt, "0"},
+                        {launch::kDeviceKind, on_gpu ? launch::kDeviceKindCuda : launch::kDeviceKindCpu}};
+  if (on_gpu) settings.extra_env["CUDA_VISIBLE_DEVICES"] = absl::StrCat(device.index);
+  return settings;
+}
+
 absl::StatusOr<std::unique_ptr<ScriptProbe>> ScriptProbe::Create(const fitrun::v1::WorkerAssignment& assignment) {
+  return Create(assignment, FindSupportFiles());
+}
+
+absl::StatusOr<std::unique_ptr<ScriptProbe>> ScriptProbe::Create(const fitrun::v1::WorkerAssignment& assignment,
+                                                                 SupportFiles support) {
   if (!assignment.spec().has_script()) return absl::InvalidArgumentError("spec.script: not a script job");
-  SupportFiles support = FindSupportFiles();
-  if (support.memory_library.empty()) {
+  absl::StatusOr<PlanDevice> device = ScriptProbeDevice(assignment);
+  if (!device.ok()) return device.status();
+  if (device->kind == PlanDevice::Kind::kCpu && support.memory_library.empty()) {
     return absl::FailedPreconditionError(
         "libfitrun_memory.so is not beside fitrun-worker: without it a script's memory cannot be counted");
+  }
+  if (device->kind == PlanDevice::Kind::kCuda && support.python_path.empty()) {
+    return absl::FailedPreconditionError(
+        "the fitrun Python module is not beside fitrun-worker: on a GPU it is what counts a script's memory");
   }
   // The command must resolve before anything runs.
   if (absl::StatusOr<ScriptCommand> command = ScriptCommandFor(assignment.spec(), ScriptRunSettings{}, support);
       !command.ok()) {
     return command.status();
   }
-  return std::unique_ptr<ScriptProbe>(new ScriptProbe(assignment, std::move(support)));
+  return std::unique_ptr<ScriptProbe>(new ScriptProbe(assignment, *device, std::move(support)));
 }
 
 absl::StatusOr<ProbePeak> ScriptProbe::Measure(int64_t batch) {
   absl::StatusOr<int> port = FreePort();
   if (!port.ok()) return port.status();
-  ScriptRunSettings settings;
-  settings.per_device_batch = batch;
-  settings.grad_accum_steps = 1;
-  settings.learning_rate = assignment_.spec().optimizer().lr();
-  settings.global_batch_size = batch;
-  settings.max_steps = kSteps;
-  settings.probe = true;
-  settings.memory_cap_bytes = ProbeResourcesOf(assignment_).memory_cap_bytes;
+  ScriptRunSettings settings = ScriptProbeRunSettings(assignment_, device_, batch);
   settings.memory_peak_file = absl::StrCat("/tmp/fitrun-probe-peak-", getpid(), "-", batch);
   // Every variable of the launch contract a rank gets, so a script runs in the probe as it runs in
   // its job: a checkpoint directory of its own (a scratch one, gone after the measurement), and the
@@ -84,12 +114,7 @@ absl::StatusOr<ProbePeak> ScriptProbe::Measure(int64_t batch) {
       std::filesystem::remove_all(path, ignored);
     }
   } remove_scratch{scratch};
-  settings.extra_env = {{launch::kLocalRank, "0"},
-                        {launch::kLocalWorldSize, "1"},
-                        {launch::kMasterAddr, "127.0.0.1"},
-                        {launch::kMasterPort, absl::StrCat(*port)},
-                        {launch::kJobId, assignment_.job_id().empty() ? "probe" : assignment_.job_id()},
-                        {launch::kAttempt, "0"}};
+  settings.extra_env[launch::kMasterPort] = absl::StrCat(*port);
   absl::StatusOr<ScriptCommand> command = ScriptCommandFor(assignment_.spec(), settings, support_);
   if (!command.ok()) return command.status();
   // The probe's stdout is its answer to fitrund; the script's own output goes to stderr.
@@ -137,8 +162,11 @@ absl::StatusOr<ProbePeak> ScriptProbe::Measure(int64_t batch) {
                                             exit.code, "; its stderr ended with:\n", tail));
   }
   if (!have_peak) {
-    return absl::InternalError(absl::StrCat("the script at micro-batch ", batch,
-                                            " left no peak figure (did it end with os._exit?)"));
+    return absl::InternalError(absl::StrCat(
+        "the script at micro-batch ", batch, " left no peak figure (did it end with os._exit?",
+        device_.kind == PlanDevice::Kind::kCuda
+            ? " On a GPU the fitrun module measures it: the script must import fitrun and call fitrun.init())"
+            : ")"));
   }
   return peak;
 }

@@ -5,8 +5,10 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #endif
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -28,7 +30,9 @@
 #include "worker/ddp/bucketed_reducer.h"
 #include "worker/ddp/process_group.h"
 #include "worker/memory/capped_allocator.h"
+#include "worker/memory/oom_error.h"
 #include "worker/memory/oom_message.h"
+#include "worker/memory/process_gpu_memory.h"
 #include "worker/models/model.h"
 #include "worker/models/workload.h"
 #include "worker/torch_compat.h"
@@ -44,19 +48,45 @@ constexpr int kDefaultCollectiveTimeoutSeconds = 60;
 constexpr absl::Duration kMinRendezvousTimeout = absl::Seconds(60);
 
 #ifdef FITRUN_WITH_CUDA
-// The caching allocator's allocated (live and peak) and reserved (peak) bytes, and the device's
-// memory in use as the driver counts it (the whole device: this process's context and libraries, and
-// any other process on the GPU).
-MemoryFigures CudaMemoryFigures(c10::DeviceIndex index) {
+struct CudaFreeAndTotal {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
+// The free and total memory of GPU `index` as the driver counts it (every process's use). Guarded:
+// cudaMemGetInfo answers for the current device, which need not be this rank's.
+absl::StatusOr<CudaFreeAndTotal> CudaMemoryInfo(c10::DeviceIndex index) {
+  const c10::cuda::CUDAGuard guard(index);
+  size_t free = 0;
+  size_t total = 0;
+  if (const cudaError_t error = cudaMemGetInfo(&free, &total); error != cudaSuccess) {
+    (void)cudaGetLastError();  // a failed query must not be taken for a kernel's error later
+    return absl::UnavailableError(absl::StrCat("cudaMemGetInfo(cuda:", static_cast<int>(index), "): ", cudaGetErrorString(error)));
+  }
+  return CudaFreeAndTotal{static_cast<int64_t>(free), static_cast<int64_t>(total)};
+}
+
+// The PCI bus id NVML knows GPU `index` by ("0000:17:00.0"); empty when CUDA cannot say.
+std::string CudaPciBusId(c10::DeviceIndex index) {
+  char id[32] = {};
+  if (cudaDeviceGetPCIBusId(id, sizeof(id), index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  return id;
+}
+
+// The caching allocator's allocated (live and peak) and reserved (peak) bytes, and this process's
+// whole footprint on the device now (`gauge`: NVML's figure for this process, context and libraries
+// included; the whole device's used memory where NVML cannot say).
+MemoryFigures CudaMemoryFigures(c10::DeviceIndex index, DeviceMemoryGauge* gauge) {
   const torch_compat::CudaDeviceStats stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
   const size_t aggregate = static_cast<size_t>(torch_compat::CudaStatType::AGGREGATE);
   MemoryFigures figures;
   figures.live_bytes = stats.allocated_bytes[aggregate].current;
   figures.peak_bytes = stats.allocated_bytes[aggregate].peak;
   figures.reserved_peak_bytes = stats.reserved_bytes[aggregate].peak;
-  size_t free = 0;
-  size_t total = 0;
-  if (cudaMemGetInfo(&free, &total) == cudaSuccess) figures.device_bytes = static_cast<int64_t>(total - free);
+  if (gauge != nullptr) figures.device_bytes = gauge->Sample();
   return figures;
 }
 #endif
@@ -179,12 +209,18 @@ class BuiltinTraining final : public TrainingProgram {
   int Run(RankRuntime& runtime) override {
     runtime_ = &runtime;
     sink_ = &runtime.sink();
-    for (const auto& phase : {&BuiltinTraining::UseAssignedDevice, &BuiltinTraining::LoadData,
-                              &BuiltinTraining::SetUpMemory, &BuiltinTraining::JoinGroup,
-                              &BuiltinTraining::BuildTrainer, &BuiltinTraining::ResumeOrDump}) {
-      if (std::optional<int> exit = (this->*phase)(); exit.has_value()) return *exit;
+    // The phases turn what they expect to fail into Statuses; whatever LibTorch throws past them
+    // still ends the rank through Fail (the device's memory running out as an OOM), not as an abort.
+    try {
+      for (const auto& phase : {&BuiltinTraining::UseAssignedDevice, &BuiltinTraining::LoadData,
+                                &BuiltinTraining::SetUpMemory, &BuiltinTraining::JoinGroup,
+                                &BuiltinTraining::BuildTrainer, &BuiltinTraining::ResumeOrDump}) {
+        if (std::optional<int> exit = (this->*phase)(); exit.has_value()) return *exit;
+      }
+      return Train();
+    } catch (const std::exception& e) {
+      return Fail(kTrainingFailed, StatusFromTorchException(e, "fitrun-worker"));
     }
-    return Train();
   }
 
  private:
@@ -202,10 +238,11 @@ class BuiltinTraining final : public TrainingProgram {
     absl::StatusOr<c10::Device> device = UseDevice(resources_.device, resources_.device_field, resources_.device_id);
     if (!device.ok()) return Fail(kBadConfiguration, device.status());
     device_ = *device;
-    // NCCL refuses two ranks on one GPU (slices of it): such ranks talk over Gloo. A LibTorch without
-    // the backend a job needs (no Gloo in the CUDA pip wheel) cannot run it: said now, as a
-    // configuration error, not after the data has loaded.
-    backend_ = device_.is_cuda() && !SharesItsGpu() ? CollectiveBackend::kNccl : CollectiveBackend::kGloo;
+    // NCCL refuses two ranks on one GPU (slices of it): such ranks talk over Gloo, as CPU ranks do
+    // (BackendFor). A LibTorch without the backend a job needs (no Gloo in the CUDA pip wheel, for a
+    // CPU job of several ranks) cannot run it: said now, as a configuration error, not after the data
+    // has loaded.
+    backend_ = BackendFor(device_.is_cuda(), SharesItsGpu(), options_.world_size);
     if (absl::Status s = CollectiveBackendAvailable(backend_); !s.ok()) {
       return Fail(kBadConfiguration,
                   absl::Status(s.code(), absl::StrCat(resources_.device_field, " is ", resources_.device_id,
@@ -268,8 +305,8 @@ class BuiltinTraining final : public TrainingProgram {
       try {
         MoveModuleStateIntoAllocator(*workload_.model);
       } catch (const std::exception& e) {
-        return Fail(kBadConfiguration, absl::ResourceExhaustedError(absl::StrCat(
-                                           "the model's parameters do not fit the memory cap: ", e.what())));
+        return Fail(kBadConfiguration,
+                    StatusFromTorchException(e, absl::StrCat("moving the model's state into the ", cap, "-byte cap")));
       }
       trainer_options_.exhaust_memory = [memory = memory_] {
         // More than the cap leaves: the capped allocator refuses it, exactly as a full device would.
@@ -286,8 +323,7 @@ class BuiltinTraining final : public TrainingProgram {
     try {
       workload_.model->to(device_);
     } catch (const std::exception& e) {
-      return Fail(kBadConfiguration, absl::ResourceExhaustedError(absl::StrCat(
-                                         "moving the model to ", device_.str(), ": ", e.what())));
+      return Fail(kBadConfiguration, StatusFromTorchException(e, absl::StrCat("moving the model to ", device_.str())));
     }
 #ifdef FITRUN_WITH_CUDA
     if (device_.is_cuda()) {
@@ -304,7 +340,23 @@ class BuiltinTraining final : public TrainingProgram {
         // More than the limit: the caching allocator refuses it with a real OutOfMemoryError.
         (void)torch::empty({limit + (1LL << 20)}, torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA, index));
       };
-      memory_sink_ = std::make_unique<MemoryStampingSink>(sink_, [index] { return CudaMemoryFigures(index); });
+      // This process's own footprint on its GPU, from NVML when the driver has it: the whole device's
+      // used memory would count every other process on a shared GPU.
+      absl::StatusOr<std::unique_ptr<NvmlProcessMemory>> nvml = NvmlProcessMemory::Create({});
+      if (nvml.ok()) {
+        nvml_ = *std::move(nvml);
+      } else {
+        sink_->OnLog(absl::StrCat("device memory: NVML unavailable (", nvml.status().message(),
+                                  "); reporting the whole device's used memory"));
+      }
+      device_gauge_ = std::make_unique<DeviceMemoryGauge>(
+          nvml_.get(), CudaPciBusId(index), static_cast<int64_t>(getpid()), [index]() -> absl::StatusOr<int64_t> {
+            absl::StatusOr<CudaFreeAndTotal> info = CudaMemoryInfo(index);
+            if (!info.ok()) return info.status();
+            return info->total_bytes - info->free_bytes;
+          });
+      memory_sink_ = std::make_unique<MemoryStampingSink>(
+          sink_, [index, gauge = device_gauge_.get()] { return CudaMemoryFigures(index, gauge); });
       trainer_sink_ = memory_sink_.get();
       sink_->OnLog(absl::StrCat("model on ", device_.str(), cap > 0 ? absl::StrCat("; slice of ", cap, " bytes: the caching allocator's limit") : "",
                                 ", PYTORCH_CUDA_ALLOC_CONF=", std::getenv("PYTORCH_CUDA_ALLOC_CONF") != nullptr
@@ -431,6 +483,8 @@ class BuiltinTraining final : public TrainingProgram {
           step = candidate;
           break;
         }
+        // Out of memory is no damaged file: an older checkpoint would not fit either.
+        if (absl::IsResourceExhausted(s)) return s;
         sink_->OnLog(absl::StrCat("skipping checkpoint of step ", candidate, ": ", s.message()));
       }
     }
@@ -478,16 +532,30 @@ class BuiltinTraining final : public TrainingProgram {
     if (memory_ != nullptr) finished.set_peak_bytes(memory_->Peak());
 #ifdef FITRUN_WITH_CUDA
     if (device_.is_cuda()) {
-      const MemoryFigures figures = CudaMemoryFigures(device_.index());
+      const MemoryFigures figures = CudaMemoryFigures(device_.index(), device_gauge_.get());  // a last sample
       finished.set_peak_bytes(figures.peak_bytes);
       finished.set_reserved_peak_bytes(figures.reserved_peak_bytes);
-      finished.set_device_peak_bytes(figures.device_bytes);
+      // The highest sample of the run (one per progress report), not this last one.
+      if (device_gauge_ != nullptr) {
+        finished.set_device_peak_bytes(device_gauge_->peak());
+        runtime_->console().OnLog(absl::StrCat("device memory peak ", device_gauge_->peak(), " bytes: ",
+                                               device_gauge_->Describe()));
+      }
     }
 #endif
     return runtime_->Finish(finished, summary);
   }
 
-  int Fail(ExitCode code, const absl::Status& status) { return runtime_->Fail(code, status); }
+  // How a phase ends the rank when it fails: the device's memory running out (ResourceExhausted,
+  // wherever it came from: moving the model, the buckets, a hook, a step) as an OOM, exit 3;
+  // anything else with `code`.
+  int Fail(ExitCode code, const absl::Status& status) {
+    if (absl::IsResourceExhausted(status)) {
+      return OutOfMemory(trainer_ != nullptr ? trainer_->current_step() : 0, trainer_options_.per_device_batch,
+                         status);
+    }
+    return runtime_->Fail(code, status);
+  }
 
 
   // The device's cap was hit: the OutOfMemory event carries what the coordinator needs to replan
@@ -508,7 +576,7 @@ class BuiltinTraining final : public TrainingProgram {
 #ifdef FITRUN_WITH_CUDA
     if (device_.is_cuda()) {
       try {
-        const MemoryFigures figures = CudaMemoryFigures(device_.index());
+        const MemoryFigures figures = CudaMemoryFigures(device_.index(), /*gauge=*/nullptr);
         const int64_t total = static_cast<int64_t>(at::cuda::getDeviceProperties(device_.index())->totalGlobalMem);
         oom.set_live_bytes(figures.live_bytes);
         oom.set_peak_bytes(figures.peak_bytes);
@@ -516,7 +584,10 @@ class BuiltinTraining final : public TrainingProgram {
         oom.set_requested_bytes(RequestedBytesInOutOfMemory(std::string(status.message())));
         const torch_compat::CudaDeviceStats stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
         oom.set_reserved_bytes(stats.reserved_bytes[static_cast<size_t>(torch_compat::CudaStatType::AGGREGATE)].current);
-        oom.set_device_free_bytes(total - figures.device_bytes);
+        // The whole device's, as the driver saw it: what other processes left is part of why.
+        if (absl::StatusOr<CudaFreeAndTotal> info = CudaMemoryInfo(device_.index()); info.ok()) {
+          oom.set_device_free_bytes(info->free_bytes);
+        }
         oom.set_device_total_bytes(total);
       } catch (const std::exception& e) {
         runtime_->console().OnLog(absl::StrCat("reading CUDA memory statistics: ", e.what()));
@@ -543,6 +614,9 @@ class BuiltinTraining final : public TrainingProgram {
   TrainerOptions trainer_options_;
   CappedCpuAllocator* memory_ = nullptr;  // see SetUpMemory(): deliberately never freed
   std::unique_ptr<MemoryStampingSink> memory_sink_;
+  // On a GPU: NVML (null where the driver's library is missing) and this rank's footprint from it.
+  std::unique_ptr<NvmlProcessMemory> nvml_;
+  std::unique_ptr<DeviceMemoryGauge> device_gauge_;
   ProgressSink* trainer_sink_ = nullptr;  // progress stamped with the device's memory where it is counted
   std::unique_ptr<CheckpointStore> checkpoints_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;

@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -95,9 +97,14 @@ class ScriptRank final : public TrainingProgram {
     settings.memory_cap_bytes = resources->memory_cap_bytes;
     settings.preload_allocator = device.kind == PlanDevice::Kind::kCpu;
     settings.memory_peak_file = absl::StrCat("/tmp/fitrun-script-peak-", getpid());
-    if (device.kind == PlanDevice::Kind::kCuda) {
-      settings.extra_env["CUDA_VISIBLE_DEVICES"] = absl::StrCat(device.index);
+    // fitrun's placement wins over a CUDA_VISIBLE_DEVICES in spec.script.env, as every variable it sets
+    // does (ScriptCommandFor): the plan, not the script, says which GPUs the job holds.
+    if (std::optional<std::string> visible = ScriptCudaVisibleDevices(plan, options_.rank); visible.has_value()) {
+      settings.extra_env["CUDA_VISIBLE_DEVICES"] = *visible;
     }
+    settings.extra_env[fitrun::contract::launch::kDeviceKind] =
+        device.kind == PlanDevice::Kind::kCuda ? fitrun::contract::launch::kDeviceKindCuda
+                                               : fitrun::contract::launch::kDeviceKindCpu;
     settings.extra_env[fitrun::contract::launch::kLocalRank] = absl::StrCat(options_.local_rank);
     absl::StatusOr<ScriptCommand> command = ScriptCommandFor(assignment->spec(), settings, FindSupportFiles());
     if (!command.ok()) return runtime.Fail(kBadConfiguration, command.status());
@@ -254,6 +261,26 @@ class ScriptRank final : public TrainingProgram {
 };
 
 }  // namespace
+
+std::optional<std::string> ScriptCudaVisibleDevices(const fitrun::v1::Plan& plan, int rank) {
+  if (rank < 0 || rank >= plan.device_ids_size()) return std::nullopt;
+  const std::string& own_id = plan.device_ids(rank);
+  absl::StatusOr<PlanDevice> own = ParsePlanDevice(own_id, "plan.device_ids");
+  if (!own.ok() || own->kind != PlanDevice::Kind::kCuda) return std::nullopt;
+  if (own_id.find('/') != std::string::npos) return std::nullopt;
+  const std::string alone = absl::StrCat(own->index);
+  // The ranks on this machine, in rank order: on a single machine (no node prefix), all of them.
+  std::vector<int> gpus;
+  for (const std::string& id : plan.device_ids()) {
+    if (id.find('/') != std::string::npos) continue;
+    absl::StatusOr<PlanDevice> device = ParsePlanDevice(id, "plan.device_ids");
+    if (!device.ok() || device->kind != PlanDevice::Kind::kCuda) return alone;
+    // CUDA takes a GPU once: two ranks on one GPU cannot each be index LOCAL_RANK.
+    if (std::find(gpus.begin(), gpus.end(), device->index) != gpus.end()) return alone;
+    gpus.push_back(device->index);
+  }
+  return absl::StrJoin(gpus, ",");
+}
 
 std::unique_ptr<TrainingProgram> MakeScriptRank(const WorkerOptions& options) {
   return std::make_unique<ScriptRank>(options);

@@ -4,7 +4,10 @@
 #define FITRUN_WORKER_PROGRAMS_SCRIPT_RANK_H_
 
 #include <memory>
+#include <optional>
+#include <string>
 
+#include "fitrun/v1/job.pb.h"
 #include "worker/options.h"
 #include "worker/runtime/rank_runtime.h"
 
@@ -16,6 +19,15 @@ namespace fitrun::worker {
 // 0 finishes, an out-of-memory error (reported, exit 3, or read on stderr) is an OutOfMemory, exit 2
 // a configuration error, anything else a failure carrying the tail of its stderr.
 std::unique_ptr<TrainingProgram> MakeScriptRank(const WorkerOptions& options);
+
+// The CUDA_VISIBLE_DEVICES of rank `rank`'s script, as torchrun leaves it: every GPU of the job on
+// this machine, in local-rank order (the plan's ranks on it in rank order; a slice "cuda:0#1" is on
+// GPU 0), so that a script's torch.cuda.set_device(LOCAL_RANK) takes the rank's own GPU. Where
+// LOCAL_RANK cannot index them (ranks sharing a GPU, or beside a CPU rank), only the rank's own GPU,
+// as index 0. nullopt where the variable is not fitrun's to set: a CPU rank, or a rank on a cluster
+// node ("n1/cuda:0"), whose scheduler binds it to its GPU (Slurm's --gpus-per-task) and hides the
+// node's other GPUs from it.
+std::optional<std::string> ScriptCudaVisibleDevices(const fitrun::v1::Plan& plan, int rank);
 
 }  // namespace fitrun::worker
 

@@ -128,6 +128,11 @@ absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, 
     env[launch::kMemoryCapBytes] = absl::StrCat(settings.memory_cap_bytes);
     if (!settings.memory_peak_file.empty()) env[launch::kMemoryPeakFile] = settings.memory_peak_file;
   }
+  // Nothing preloaded (a GPU): a probe's peak file is the fitrun module's to write, with torch.cuda's
+  // allocated peak.
+  if (!settings.preload_allocator && settings.probe && !settings.memory_peak_file.empty()) {
+    env[launch::kMemoryPeakFile] = settings.memory_peak_file;
+  }
   if (!support.python_path.empty()) {
     const auto path = env.find("PYTHONPATH");
     env["PYTHONPATH"] = path == env.end() || path->second.empty()

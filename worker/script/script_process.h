@@ -39,7 +39,8 @@ struct ScriptRunSettings {
   int64_t memory_cap_bytes = 0;  // 0: counted, not capped
   // Whether the script gets the capped CPU allocator preloaded (virtual CPU devices only).
   bool preload_allocator = true;
-  std::string memory_peak_file;  // where the preloaded allocator writes its peak at exit
+  // Where the preloaded allocator writes its peak at exit; without one, in a probe, the fitrun module.
+  std::string memory_peak_file;
   // The torchrun variables that are not in this process's own environment (the probe sets them).
   std::map<std::string, std::string> extra_env;
 };

@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "worker/memory/oom_error.h"
+#include "worker/torch_compat.h"
 
 namespace fitrun::worker {
 namespace {
@@ -232,7 +234,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options,
   try {
     optimizer = CreateOptimizer(options, model->parameters());
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("creating the optimizer: ", e.what()));
+    return StatusFromTorchException(e, "creating the optimizer");
   }
   if (!optimizer.ok()) return optimizer.status();
 
@@ -278,10 +280,10 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   // LibTorch and c10d throw; nothing above this line should have to know.
   try {
     return RunUnchecked();
-  } catch (const c10::OutOfMemoryError& e) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("step ", current_step_, ": out of device memory: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
+    // Wherever the device's memory ran out (the caching allocator, a CUDA or cuBLAS allocation of
+    // its own, a gradient hook rethrown by autograd), it is an OOM in this step.
+    if (IsOutOfMemory(e)) return StatusFromTorchException(e, absl::StrCat("step ", current_step_));
     return absl::InternalError(absl::StrCat("training failed: ", e.what()));
   }
 }
@@ -384,7 +386,8 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
       phase += now - mark;
       mark = now;
     };
-    optimizer_->zero_grad();
+    // In place: the reducer's gradients are views into its buckets (torch_compat.h says why).
+    torch_compat::ZeroGradKeepingTensors(*optimizer_);
     charge(times.optimizer);
     double local_loss = 0;
     for (int m = 0; m < k; ++m) {

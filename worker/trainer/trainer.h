@@ -122,8 +122,9 @@ class Trainer {
   ~Trainer();
 
   // Trains to total_steps. Cancelled after RequestStop(); Unavailable/DeadlineExceeded when a
-  // collective fails; ResourceExhausted when the device's memory ran out (c10::OutOfMemoryError, in
-  // step current_step()); Internal for another LibTorch error or a non-finite loss.
+  // collective fails; ResourceExhausted when the device's memory ran out (c10::OutOfMemoryError, or a
+  // CUDA allocation outside the caching allocator: worker/memory/oom_error.h; in step
+  // current_step()); Internal for another LibTorch error or a non-finite loss.
   absl::StatusOr<TrainResult> Run();
 
   // Loads the checkpoint of `step` (model, optimizer, RNG) so that Run() continues after it exactly

@@ -72,6 +72,16 @@ class _Memory:
         free, total = torch.cuda.mem_get_info(device)
         return (torch.cuda.memory_stats(device).get("reserved_bytes.all.peak", 0), total - free)
 
+    def cuda_allocated(self):
+        """(peak, live) bytes torch.cuda's caching allocator handed out over every GPU this process
+        sees; None where torch.cuda is not in use."""
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return None
+        devices = range(torch.cuda.device_count())
+        return (sum(torch.cuda.max_memory_allocated(d) for d in devices),
+                sum(torch.cuda.memory_allocated(d) for d in devices))
+
     def figures(self):
         """(live, peak, cap, refused request, live at the refusal) in bytes; zeros where unknown."""
         if self._lib is not None:
@@ -120,10 +130,19 @@ class Run:
         self.max_steps = _int(env, contract.MAX_STEPS)
         self.checkpoint_dir = env.get(contract.CHECKPOINT_DIR) or None
         self.probe = env.get(contract.PROBE) == "1"
+        self.device_kind = env.get(contract.DEVICE_KIND) or None
         self.job_id = env.get(contract.JOB_ID) or None
         self.attempt = _int(env, contract.ATTEMPT, 0)
         self._memory = _Memory()
         self._memory_cap = _int(env, contract.MEMORY_CAP_BYTES, 0)
+        # A probe on a GPU: nothing is preloaded to count the script's tensors (they are CUDA tensors
+        # the CPU allocator never sees), so its peak file is this module's, with torch.cuda's
+        # allocated peak. Each micro-batch is a run of its own, so the peak is that batch's.
+        self._cuda_peak_file = None
+        self._cuda_peak = 0
+        if self.probe and self.device_kind == contract.DEVICE_KIND_CUDA and env.get(contract.MEMORY_PEAK_FILE):
+            self._cuda_peak_file = env[contract.MEMORY_PEAK_FILE]
+            atexit.register(self.write_probe_peak)
         self._stop_reason = None
         self._step = 0
         self._last_report = None
@@ -167,6 +186,7 @@ class Run:
         # A report of no new samples (a final evaluation's metrics) keeps the rate of the last one.
         rate = self._rate
         self._step = step
+        self._sample_cuda_peak()
         live, peak = self._memory.figures()[:2]
         progress = {"rank": self.rank, "step": int(step), "liveBytes": live, "peakBytes": peak,
                     "samplesPerSecond": rate}
@@ -275,7 +295,10 @@ class Run:
             except ImportError:
                 return
         if torch.cuda.is_available():
-            device = torch.cuda.current_device()
+            # The rank's own GPU: index LOCAL_RANK among the job's GPUs that fitrun-worker leaves
+            # visible, or the one GPU it sees when it sees only its own.
+            count = torch.cuda.device_count()
+            device = self.local_rank if 0 <= self.local_rank < count else torch.cuda.current_device()
             total = torch.cuda.get_device_properties(device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, self._memory_cap / total), device)
             return
@@ -298,6 +321,7 @@ class Run:
             previous(kind, error, traceback)
             if _is_out_of_memory(error):
                 self.report_out_of_memory(error)
+                self.write_probe_peak(requested=_requested_bytes(str(error)))
                 self.flush()
                 sys.stderr.flush()
                 os._exit(contract.EXIT_OUT_OF_MEMORY)
@@ -316,6 +340,33 @@ class Run:
                             "peakBytes": peak, "capBytes": cap}})
         if error is not None:
             self.log(f"out of memory: {error}")
+
+    # A probe's figure on a GPU.
+
+    def _sample_cuda_peak(self):
+        allocated = self._memory.cuda_allocated() if self._cuda_peak_file else None
+        if allocated is not None:
+            # Sampled at each report too: a script may reset torch.cuda's peak statistics itself.
+            self._cuda_peak = max(self._cuda_peak, allocated[0])
+        return allocated
+
+    def write_probe_peak(self, requested=0):
+        """In a probe on a GPU: writes "<peak> <live>" (and, after an out-of-memory error, "<refused
+        request> <live then>") bytes of torch.cuda's allocator to the peak file, as the preloaded
+        allocator does on the host. Once; at exit unless an out-of-memory error came first."""
+        if not self._cuda_peak_file:
+            return
+        allocated = self._sample_cuda_peak()
+        live = allocated[1] if allocated is not None else 0
+        figures = [self._cuda_peak, live] + ([requested, live] if requested else [])
+        partial = self._cuda_peak_file + ".partial"
+        try:
+            with open(partial, "w") as f:
+                f.write(" ".join(str(int(x)) for x in figures) + "\n")
+            os.replace(partial, self._cuda_peak_file)
+        except OSError as error:
+            print(f"fitrun: cannot write the probe's peak to {self._cuda_peak_file}: {error}", file=sys.stderr)
+        self._cuda_peak_file = None
 
     # The writer.
 
