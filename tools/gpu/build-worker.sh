@@ -19,7 +19,12 @@ torch_dir=$PWD/.venv-torch/lib/python3.11/site-packages/torch
 [[ -x /usr/local/cuda/bin/nvcc ]] || { echo "build-worker: no CUDA toolkit at /usr/local/cuda" >&2; exit 1; }
 mkdir -p "$build"
 launcher=()
-if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  # Paths under the clone are hashed relative to it, so a fresh clone (its BUILD_DIR and .venv-torch
+  # inside it, at the same places) hits the objects an earlier clone compiled.
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+fi
 cmake -S worker -B "$build" -G Ninja -Wno-dev \
   -DCMAKE_PREFIX_PATH="$torch_dir/share/cmake" -DFITRUN_DEPS_PREFIX=/ -DCUDAToolkit_ROOT=/usr/local/cuda \
   -DFITRUN_TORCH_PYTHON="$PWD/.venv-torch/bin/python" "${launcher[@]}" "$@" >"$build/cmake.log" 2>&1 ||

@@ -1,5 +1,6 @@
 // TorchScript models on a user's own tensors (spec.data.kind: tensors): files written by the real
-// torch.save and torch.jit.script (Debian's python3-torch), loaded and trained by the worker.
+// torch.save and torch.jit.script (Debian's python3-torch; in worker/CMakeLists.txt's build, the
+// FITRUN_TEST_PYTHON whose torch is the LibTorch the worker links), loaded and trained by the worker.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 
@@ -17,6 +18,7 @@
 #include "worker/data/test_files.h"
 #include "worker/ddp/bucketed_reducer.h"
 #include "worker/ddp/process_group.h"
+#include "worker/ddp/thread_ranks.h"
 #include "worker/models/workload.h"
 #include "worker/trainer/fake_progress_sink.h"
 #include "worker/trainer/trainer.h"
@@ -63,7 +65,9 @@ torch.jit.script(TwoInputs()).save(d + "/two_inputs_model.pt")
 )PY";
     const std::string path = *dir_ + "/write.py";
     std::ofstream(path) << script;
-    const std::string command = absl::StrCat("/usr/bin/python3 ", path, " ", *dir_);
+    const char* python = std::getenv("FITRUN_TEST_PYTHON");
+    const std::string command =
+        absl::StrCat(python != nullptr ? python : "/usr/bin/python3", " ", path, " ", *dir_);
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
   }
 
@@ -197,6 +201,7 @@ TEST_F(TensorsWorkloadTest, TheLossMustFitTheOutputAndTheModulesOwnLossIsUsed) {
 // The issue's definition of correct data parallelism, for a user's model on a user's tensors: 2
 // ranks x B/2 end with the parameters of 1 rank x B.
 TEST_F(TensorsWorkloadTest, TwoRanksMatchOneRankWithTheWholeBatch) {
+  SkipUnlessCpuRanks(2);
   const fitrun::v1::JobSpec spec = Spec();
   absl::StatusOr<Workload> alone = LoadWorkload(spec, false);
   ASSERT_TRUE(alone.ok()) << alone.status();

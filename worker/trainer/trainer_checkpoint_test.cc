@@ -168,12 +168,22 @@ TEST(TrainerCheckpointTest, Bf16AutocastTrains) {
   EXPECT_NEAR(runs[0][1], runs[1][1], 0.05);
 }
 
+// fp16 needs a CUDA device: every build refuses a trainer for a model on the CPU, and a CPU build of
+// the worker refuses fp16 already in ValidateTrainerOptions, before a rank loads anything (a CUDA build,
+// worker/CMakeLists.txt's, leaves that to the device the plan gives the rank).
 TEST(TrainerCheckpointTest, Fp16OnCpuIsRejected) {
   TrainerOptions options = Options(nullptr);
   options.precision = fitrun::v1::PRECISION_FP16;
-  absl::Status status = ValidateTrainerOptions(options, 256);
+  LocalGradientSynchronizer local;
+  FakeProgressSink sink;
+  absl::Status status = Trainer::Create(options, Mlp(1), SyntheticSet(256), std::nullopt, &local, &sink).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("spec.precision"), absl::string_view::npos) << status;
+#ifndef FITRUN_WITH_CUDA
+  status = ValidateTrainerOptions(options, 256);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("spec.precision"), absl::string_view::npos) << status;
+#endif
 }
 
 }  // namespace

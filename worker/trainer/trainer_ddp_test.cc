@@ -1,5 +1,6 @@
 // Two ranks as threads of one process over a real Gloo group and FileStore: the training loop,
-// the broadcast and the gradient all-reduce together, without processes or the network.
+// the broadcast and the gradient all-reduce together, without processes or the network. Without Gloo
+// (thread_ranks.h) only the one-rank test runs; the others skip.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 
@@ -15,6 +16,7 @@
 #include "worker/ddp/bucketed_reducer.h"
 #include "worker/ddp/flat_all_reduce.h"
 #include "worker/ddp/process_group.h"
+#include "worker/ddp/thread_ranks.h"
 #include "worker/trainer/fake_progress_sink.h"
 #include "worker/trainer/trainer.h"
 
@@ -41,6 +43,7 @@ std::string FreshPath(const std::string& name) {
 }
 
 TEST(TrainerDdpTest, RanksEndBitwiseEqualWithOneGlobalLoss) {
+  SkipUnlessCpuRanks(kWorld);
   const std::string store_path = FreshPath("trainer_ddp_store");
   const TensorDataset train = SyntheticSet(512);
   const TensorDataset test = SyntheticSet(100);
@@ -181,6 +184,7 @@ double MaxAbsDifference(const torch::nn::Module& a, const torch::nn::Module& b) 
 // The definition of correct data parallelism: 2 ranks x B/2, 1 rank x B and 1 rank x 2
 // accumulated micro-batches of B/2 see the same samples per step and end with the same parameters.
 TEST(TrainerDdpTest, TwoRanksMatchOneRankAndAccumulation) {
+  SkipUnlessCpuRanks(kWorld);
   constexpr int64_t kGlobalBatch = 32;
   const TensorDataset train = SyntheticSet(512);
   const std::shared_ptr<Model> whole_batch = TrainAlone(train, kGlobalBatch, 1);
@@ -194,8 +198,40 @@ TEST(TrainerDdpTest, TwoRanksMatchOneRankAndAccumulation) {
   EXPECT_EQ(ParameterChecksum(*ranks[0]), ParameterChecksum(*ranks[1]));
 }
 
+// One rank over a process group trains as one rank alone: the broadcast, the bucketed reducer's
+// bucket views and hooks, and the all-reduce of one rank leave the gradients backward made. What a
+// single rank tests of the data-parallel loop, so it runs wherever one CPU rank can (thread_ranks.h),
+// without Gloo too.
+TEST(TrainerDdpTest, OneRankOverAGroupMatchesTrainingAlone) {
+  const TensorDataset train = SyntheticSet(512);
+  const std::shared_ptr<Model> alone = TrainAlone(train, 16, 2);
+  const std::shared_ptr<Model> model = MlpFromSeed(42);
+  RunRanksAsThreads(
+      1, "one_rank_store",
+      [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+        ASSERT_TRUE(BroadcastModuleState(*group, *model).ok());
+        BucketedReducer::Options buckets;
+        buckets.first_bucket_cap_bytes = 16 << 10;
+        buckets.bucket_cap_bytes = 512 << 10;
+        auto reducer = BucketedReducer::Create(group, model->parameters(), buckets);
+        ASSERT_TRUE(reducer.ok()) << reducer.status();
+        ASSERT_GT((*reducer)->BucketLayout().size(), 2u);
+        FakeProgressSink sink;
+        auto trainer = Trainer::Create(EquivalenceOptions(rank, 1, 16, 2), model, train, std::nullopt,
+                                       reducer->get(), &sink);
+        ASSERT_TRUE(trainer.ok()) << trainer.status();
+        absl::StatusOr<TrainResult> result = (*trainer)->Run();
+        ASSERT_TRUE(result.ok()) << result.status();
+        EXPECT_EQ((*reducer)->comm_stats().synchronized_steps, 8);
+      },
+      absl::Seconds(20));
+  EXPECT_GT(MaxAbsDifference(*alone, *MlpFromSeed(42)), 1e-3);
+  EXPECT_LE(MaxAbsDifference(*model, *alone), 1e-6);
+}
+
 // Accumulation across ranks (no_sync on the first micro-batch) matches one rank with the whole batch.
 TEST(TrainerDdpTest, TwoRanksWithAccumulationMatchOneRank) {
+  SkipUnlessCpuRanks(kWorld);
   const TensorDataset train = SyntheticSet(512);
   const std::shared_ptr<Model> whole_batch = TrainAlone(train, 32, 1);
   const std::vector<std::shared_ptr<Model>> ranks = TrainTwoRanks(train, 8, 2, "equiv_accum_store");
@@ -207,6 +243,7 @@ TEST(TrainerDdpTest, TwoRanksWithAccumulationMatchOneRank) {
 // (a rank left waiting would fail with the process group's 20 s collective timeout, and TrainTwoRanks
 // checks that each rank ran and synchronized all 20 steps).
 TEST(TrainerDdpTest, UnevenDatasetAcrossEpochsDoesNotHang) {
+  SkipUnlessCpuRanks(kWorld);
   const TensorDataset train = SyntheticSet(517);
   const std::vector<std::shared_ptr<Model>> ranks = TrainTwoRanks(train, 16, 1, "uneven_store", 20);
   EXPECT_EQ(ParameterChecksum(*ranks[0]), ParameterChecksum(*ranks[1]));
@@ -216,6 +253,7 @@ TEST(TrainerDdpTest, UnevenDatasetAcrossEpochsDoesNotHang) {
 // before the broadcast, the bucketed reducer's buckets and the trainer's micro-batches and test set
 // follow it, and rank 0's final checkpoint loads into a fresh model with the trained parameters.
 TEST(TrainerDdpTest, ExplicitDeviceWithTheBucketedReducerSavesALoadableCheckpoint) {
+  SkipUnlessCpuRanks(kWorld);
   const std::string store_path = FreshPath("device_store");
   const std::string checkpoint_dir = FreshPath("device_checkpoints");
   absl::StatusOr<std::unique_ptr<CheckpointStore>> checkpoints = CheckpointStore::Create({checkpoint_dir, 2});
