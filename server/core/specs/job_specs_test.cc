@@ -1,4 +1,5 @@
 #include "server/core/specs/job_specs.h"
+#include "server/core/specs/workloads.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -7,6 +8,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 namespace fitrun::server {
 namespace {
@@ -489,6 +491,66 @@ TEST(JobSpecTest, RelativeDataAndModelPathsAreTheClients) {
   fitrun::v1::JobSpec relative = *ParseJobSpecYaml("name: t\ndata: {kind: tensors, path: x.pt}\n");
   EXPECT_THAT(ResolveClientPaths(relative, "").message(),
               HasSubstr("spec.data.path: 'x.pt' is relative and the request gave no client_dir"));
+}
+
+// A gzipped IDX file of `dims` holding only its header (admission reads no further), or `raw` as is.
+void WriteGzipped(const std::string& path, int type_code, const std::vector<uint32_t>& dims, const std::string& raw = "") {
+  std::string bytes = raw;
+  if (raw.empty()) {
+    bytes = {0, 0, static_cast<char>(type_code), static_cast<char>(dims.size())};
+    for (uint32_t d : dims) {
+      for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>((d >> shift) & 0xff));
+    }
+  }
+  gzFile out = gzopen(path.c_str(), "wb");
+  ASSERT_NE(out, nullptr);
+  ASSERT_EQ(gzwrite(out, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  gzclose(out);
+}
+
+// A Fashion-MNIST directory of `train` and `test` images (and as many labels, unless told otherwise).
+std::string FashionMnistDir(const std::string& name, uint32_t train, uint32_t test, uint32_t train_labels = 0) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+  std::filesystem::create_directories(dir);
+  WriteGzipped(dir + "/train-images-idx3-ubyte.gz", 0x08, {train, 28, 28});
+  WriteGzipped(dir + "/train-labels-idx1-ubyte.gz", 0x08, {train_labels > 0 ? train_labels : train});
+  WriteGzipped(dir + "/t10k-images-idx3-ubyte.gz", 0x08, {test, 28, 28});
+  WriteGzipped(dir + "/t10k-labels-idx1-ubyte.gz", 0x08, {test});
+  return dir;
+}
+
+absl::StatusOr<fitrun::v1::JobSpec> OnImagesAt(const std::string& dir) {
+  std::string yaml = kValidYaml;
+  yaml.replace(yaml.find("/usr/share/datasets/fashion-mnist"), 33, dir);
+  return Normalize(yaml);
+}
+
+TEST(JobSpecTest, TheTrainingImagesAreCountedFromTheirIdxHeader) {
+  absl::StatusOr<fitrun::v1::JobSpec> full = Normalize(kValidYaml);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(full->file_facts().image_samples(), 60000) << "Debian's dataset-fashion-mnist";
+  // A subset (the GPU kit carries 20,000 of the images) is an epoch of its own size.
+  absl::StatusOr<fitrun::v1::JobSpec> subset = OnImagesAt(FashionMnistDir("subset", 20000, 1000));
+  ASSERT_TRUE(subset.ok()) << subset.status();
+  EXPECT_EQ(subset->file_facts().image_samples(), 20000);
+  EXPECT_EQ(ProfileFor(*subset)->train_samples, 20000);
+}
+
+TEST(JobSpecTest, FashionMnistFilesThatAreNotItsIdxAreRefusedNamingTheFile) {
+  EXPECT_THAT(OnImagesAt(FashionMnistDir("labels", 20000, 1000, /*train_labels=*/19999)).status().message(),
+              HasSubstr("the train images file has 20000 images and its labels file 19999 labels"));
+  const std::string wrong_shape = FashionMnistDir("shape", 100, 10);
+  WriteGzipped(wrong_shape + "/train-images-idx3-ubyte.gz", 0x08, {100, 32, 32});
+  EXPECT_THAT(OnImagesAt(wrong_shape).status().message(),
+              HasSubstr("train-images-idx3-ubyte.gz' is not Fashion-MNIST's images (unsigned bytes, N x 28 x 28): its "
+                        "IDX header says type 0x8, dimensions 100 x 32 x 32"));
+  const std::string text = FashionMnistDir("text", 100, 10);
+  WriteGzipped(text + "/t10k-labels-idx1-ubyte.gz", 0, {}, "user::item::rating\n");
+  EXPECT_THAT(OnImagesAt(text).status().message(), HasSubstr("t10k-labels-idx1-ubyte.gz' is not an IDX file"));
+  const std::string plain = FashionMnistDir("plain", 100, 10);
+  std::ofstream(plain + "/train-labels-idx1-ubyte.gz") << "not gzip at all";
+  EXPECT_THAT(OnImagesAt(plain).status().message(), HasSubstr("spec.data.path: '"));
+  EXPECT_THAT(OnImagesAt(plain).status().message(), HasSubstr("train-labels-idx1-ubyte.gz' is not"));
 }
 
 }  // namespace

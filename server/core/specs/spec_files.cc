@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <unordered_map>
@@ -114,6 +116,48 @@ absl::StatusOr<RatingsCounts> CountRatings(const SpecFile& file, const std::stri
     if (count >= 3) ++counts.trainable_users;
   }
   return counts;
+}
+
+absl::StatusOr<IdxHeader> ReadGzippedIdxHeader(const SpecFile& file, const std::string& path) {
+  // IDX: two zero bytes, the type code, the number of dimensions, then each dimension as a big-endian
+  // 32-bit count. Three dimensions at most here (images: count, rows, columns).
+  constexpr int kMaxDims = 3;
+  constexpr int64_t kMaxCompressedRead = 64 << 10;
+  unsigned char header[4 + 4 * kMaxDims] = {};
+  std::string compressed(static_cast<size_t>(std::min<int64_t>(file.size(), kMaxCompressedRead)), '\0');
+  size_t have = 0;
+  while (have < compressed.size()) {
+    const ssize_t n = pread(file.fd(), compressed.data() + have, compressed.size() - have, static_cast<off_t>(have));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    have += static_cast<size_t>(n);
+  }
+  z_stream stream{};
+  if (inflateInit2(&stream, 16 + MAX_WBITS) != Z_OK) return absl::InternalError("zlib: inflateInit2 failed");
+  stream.next_in = reinterpret_cast<Bytef*>(compressed.data());
+  stream.avail_in = static_cast<uInt>(have);
+  stream.next_out = header;
+  stream.avail_out = sizeof(header);
+  int result = Z_OK;
+  while (stream.avail_out > 0 && result == Z_OK) result = inflate(&stream, Z_NO_FLUSH);
+  const size_t inflated = sizeof(header) - stream.avail_out;
+  inflateEnd(&stream);
+  auto refused = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' ", why));
+  };
+  if (inflated < 4 && result != Z_OK && result != Z_STREAM_END) return refused("is not a gzipped file");
+  if (inflated < 4 || header[0] != 0 || header[1] != 0) return refused("is not an IDX file (gzipped)");
+  const int dims = header[3];
+  if (dims < 1 || dims > kMaxDims || inflated < static_cast<size_t>(4 + 4 * dims)) {
+    return refused(absl::StrCat("has an IDX header of ", dims, " dimensions; expected 1 to ", kMaxDims));
+  }
+  IdxHeader idx;
+  idx.type_code = header[2];
+  for (int d = 0; d < dims; ++d) {
+    const unsigned char* b = header + 4 + 4 * d;
+    idx.dims.push_back((int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | int64_t{b[3]});
+  }
+  return idx;
 }
 
 }  // namespace fitrun::server

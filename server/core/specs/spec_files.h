@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -49,6 +50,16 @@ struct RatingsCounts {
 inline constexpr int64_t kMaxRatingsFileBytes = int64_t{1} << 30;
 inline constexpr size_t kMaxRatingsIds = 10'000'000;
 absl::StatusOr<RatingsCounts> CountRatings(const SpecFile& file, const std::string& path);
+
+// The header of a gzipped IDX file (Fashion-MNIST's train-images-idx3-ubyte.gz and the like): its
+// element type code (0x08: unsigned bytes) and dimensions, the first being the item count. Only the
+// header is inflated, from at most the file's first 64 KiB; INVALID_ARGUMENT naming the path when the
+// file is not gzip or its header is not IDX's.
+struct IdxHeader {
+  int type_code = 0;
+  std::vector<int64_t> dims;
+};
+absl::StatusOr<IdxHeader> ReadGzippedIdxHeader(const SpecFile& file, const std::string& path);
 
 }  // namespace fitrun::server
 

@@ -76,6 +76,12 @@ ModelProfile CnnProfile() {
   return p;
 }
 
+absl::StatusOr<ModelProfile> OnFashionMnist(ModelProfile profile, const fitrun::v1::JobSpec& spec) {
+  const int64_t images = spec.file_facts().image_samples();
+  if (images <= 0) return MissingFacts("spec.data.path", "the training images' count");
+  profile.train_samples = images;
+  return profile;
+}
 
 // gpt: see worker/models/gpt.h. Parameters as GptParameterCount there; activations are the layers'
 // plus the embedding sum and the 256-way logits with their log-softmax and gradient.

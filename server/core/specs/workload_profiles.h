@@ -11,8 +11,11 @@
 
 namespace fitrun::server {
 
+// The built-in image models on Fashion-MNIST's 60,000 training images.
 ModelProfile MlpProfile();
 ModelProfile CnnProfile();
+// `profile` on the images the spec's Fashion-MNIST files hold (SpecFileFacts.image_samples).
+absl::StatusOr<ModelProfile> OnFashionMnist(ModelProfile profile, const fitrun::v1::JobSpec& spec);
 absl::StatusOr<ModelProfile> GptProfile(const fitrun::v1::JobSpec& spec);
 absl::StatusOr<ModelProfile> SasRecProfile(const fitrun::v1::JobSpec& spec);
 absl::StatusOr<ModelProfile> TorchScriptProfile(const fitrun::v1::JobSpec& spec);

@@ -114,7 +114,9 @@ absl::Status ValidateTorchScriptFile(const JobSpec& spec, SpecFileFacts* facts) 
 
 // ---- data ---------------------------------------------------------------------------------------
 
-absl::Status ValidateFashionMnistDir(const JobSpec& spec) {
+// The four IDX files the worker reads; the training images' count is the epoch's samples (a subset of
+// Fashion-MNIST has fewer than its 60,000).
+absl::Status ValidateFashionMnistDir(const JobSpec& spec, SpecFileFacts* facts) {
   if (spec.data().path().empty()) {
     return FieldError("spec.data.path", "required; the directory holding the dataset's files, e.g. "
                                         "/usr/share/datasets/fashion-mnist");
@@ -125,13 +127,42 @@ absl::Status ValidateFashionMnistDir(const JobSpec& spec) {
                                                      "' on the coordinator's machine; install "
                                                      "dataset-fashion-mnist or point it at a copy"));
   }
-  for (const char* file : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-                           "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
-    if (!std::filesystem::exists(std::filesystem::path(spec.data().path()) / file, error)) {
-      return FieldError("spec.data.path", absl::StrCat("'", spec.data().path(), "' has no ", file,
+  struct Expected {
+    const char* file;
+    size_t dims;
+  };
+  std::vector<int64_t> counts;
+  for (const Expected& expected : {Expected{"train-images-idx3-ubyte.gz", 3}, Expected{"train-labels-idx1-ubyte.gz", 1},
+                                   Expected{"t10k-images-idx3-ubyte.gz", 3}, Expected{"t10k-labels-idx1-ubyte.gz", 1}}) {
+    const std::string path = (std::filesystem::path(spec.data().path()) / expected.file).string();
+    absl::StatusOr<SpecFile> file = SpecFile::Open(path);
+    if (absl::IsNotFound(file.status())) {
+      return FieldError("spec.data.path", absl::StrCat("'", spec.data().path(), "' has no ", expected.file,
                                                        "; it must hold Fashion-MNIST's four IDX .gz files"));
     }
+    if (!file.ok()) return FieldError("spec.data.path", file.status().message());
+    (*facts->mutable_versions())[path] = file->version();
+    absl::StatusOr<IdxHeader> header = ReadGzippedIdxHeader(*file, path);
+    if (!header.ok()) return FieldError("spec.data.path", header.status().message());
+    const bool images = expected.dims == 3;
+    if (header->type_code != 0x08 || header->dims.size() != expected.dims ||
+        (images && (header->dims[1] != 28 || header->dims[2] != 28)) || header->dims[0] < 1) {
+      return FieldError("spec.data.path",
+                        absl::StrCat("'", path, "' is not Fashion-MNIST's ",
+                                     images ? "images (unsigned bytes, N x 28 x 28)" : "labels (unsigned bytes, N)",
+                                     ": its IDX header says type 0x", absl::Hex(header->type_code), ", dimensions ",
+                                     absl::StrJoin(header->dims, " x ")));
+    }
+    counts.push_back(header->dims[0]);
   }
+  for (size_t split = 0; split < 4; split += 2) {
+    if (counts[split] != counts[split + 1]) {
+      return FieldError("spec.data.path", absl::StrCat("'", spec.data().path(), "': the ", split == 0 ? "train" : "t10k",
+                                                       " images file has ", counts[split], " images and its labels file ",
+                                                       counts[split + 1], " labels"));
+    }
+  }
+  facts->set_image_samples(counts[0]);
   return absl::OkStatus();
 }
 
@@ -290,7 +321,9 @@ absl::Status ValidateLoss(const JobSpec& spec) {
 
 // ---- the pairs ----------------------------------------------------------------------------------
 
-absl::Status ValidateImageClassifier(const JobSpec& spec, SpecFileFacts*) { return ValidateFashionMnistDir(spec); }
+absl::Status ValidateImageClassifier(const JobSpec& spec, SpecFileFacts* facts) {
+  return ValidateFashionMnistDir(spec, facts);
+}
 
 absl::Status ValidateGptOnText(const JobSpec& spec, SpecFileFacts* facts) {
   if (absl::Status s = ValidateGptConfig(spec); !s.ok()) return s;
@@ -310,7 +343,7 @@ absl::Status ValidateTorchScriptOnImages(const JobSpec& spec, SpecFileFacts* fac
     return FieldError("spec.loss", "a Fashion-MNIST classifier trains with cross_entropy (or its own module loss)");
   }
   if (absl::Status s = ValidateLoss(spec); !s.ok()) return s;
-  return ValidateFashionMnistDir(spec);
+  return ValidateFashionMnistDir(spec, facts);
 }
 
 absl::Status ValidateTorchScriptOnTensors(const JobSpec& spec, SpecFileFacts* facts) {
@@ -343,8 +376,13 @@ std::string TorchScriptOnTensorsKey(const JobSpec& spec) {
                       spec.data().ShortDebugString(), " loss ", spec.loss().ShortDebugString());
 }
 
-absl::StatusOr<ModelProfile> Mlp(const JobSpec&) { return MlpProfile(); }
-absl::StatusOr<ModelProfile> Cnn(const JobSpec&) { return CnnProfile(); }
+absl::StatusOr<ModelProfile> Mlp(const JobSpec& spec) { return OnFashionMnist(MlpProfile(), spec); }
+absl::StatusOr<ModelProfile> Cnn(const JobSpec& spec) { return OnFashionMnist(CnnProfile(), spec); }
+absl::StatusOr<ModelProfile> TorchScriptOnImages(const JobSpec& spec) {
+  absl::StatusOr<ModelProfile> profile = TorchScriptProfile(spec);
+  if (!profile.ok()) return profile.status();
+  return OnFashionMnist(*std::move(profile), spec);
+}
 
 }  // namespace
 
@@ -356,7 +394,7 @@ const std::vector<WorkloadKind>& WorkloadKinds() {
       {"gpt", fitrun::v1::DATA_KIND_TEXT, ValidateGptOnText, GptProfile, GptKey, true},
       {"gpt", fitrun::v1::DATA_KIND_MOVIELENS, ValidateGptOnRatings, GptRecommenderProfile, GptRecommenderKey},
       {"sasrec", fitrun::v1::DATA_KIND_MOVIELENS, ValidateSasRecOnRatings, SasRecProfile, SasRecKey, true},
-      {"torchscript", fitrun::v1::DATA_KIND_FASHION_MNIST, ValidateTorchScriptOnImages, TorchScriptProfile,
+      {"torchscript", fitrun::v1::DATA_KIND_FASHION_MNIST, ValidateTorchScriptOnImages, TorchScriptOnImages,
        TorchScriptKey},
       {"torchscript", fitrun::v1::DATA_KIND_TENSORS, ValidateTorchScriptOnTensors, TorchScriptOnTensorsProfile,
        TorchScriptOnTensorsKey},
