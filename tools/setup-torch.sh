@@ -16,8 +16,21 @@ requirements=tools/gpu/torch-requirements.txt
 wanted=$(sed -n 's/^torch==//p' "$requirements")
 [[ -n "$wanted" ]] || { echo "setup-torch: no torch==VERSION line in $requirements" >&2; exit 1; }
 
-have=$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
-if [[ "$have" == "$wanted" ]]; then
+# Installed means every pinned package at its pinned version.
+pinned_installed() {
+  "$venv/bin/python" - "$requirements" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if "==" in line:
+        name, pinned = line.split("==")
+        if version(name).split("+")[0] != pinned:
+            sys.exit(1)
+PY
+}
+have=$("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
+if pinned_installed; then
   echo "setup-torch: .venv-torch has torch $have"
   exit 0
 fi
@@ -27,7 +40,7 @@ if [[ ! -x "$venv/bin/python" ]]; then
     exit 1
   }
 fi
-echo "setup-torch: installing torch $wanted into .venv-torch (about 2.6 GB the first time)"
+echo "setup-torch: installing $(grep -v '^#' "$requirements" | tr '\n' ' ')into .venv-torch (about 2.6 GB the first time)"
 PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/python" -m pip install --quiet -r "$requirements"
 have=$("$venv/bin/python" -c 'import torch; print(torch.__version__)')
 echo "setup-torch: .venv-torch has torch $have"

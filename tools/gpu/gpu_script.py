@@ -1,6 +1,8 @@
-"""A small DDP script for the GPU check (tools/gpu/check.sh): the machine's own PyTorch, on the rank's
-GPU when there is one, over Gloo (which carries CUDA tensors, so two ranks may share one GPU, where
-NCCL refuses them), reporting through the fitrun module, checkpointing in the folder it is given."""
+"""A small DDP script for the GPU check (tools/gpu/check.sh): the machine's own PyTorch, over Gloo
+(which carries CUDA tensors, so two ranks may share one GPU where NCCL refuses them), reporting
+through the fitrun module, checkpointing in the folder it is given. Its GPU is chosen the torchrun
+way, torch.cuda.set_device(LOCAL_RANK): fitrun makes the job's GPUs on this node visible in
+local-rank order. Two ranks on slices of one GPU see that one GPU."""
 import os
 import sys
 
@@ -12,11 +14,16 @@ import fitrun
 
 run = fitrun.init()
 dist.init_process_group("gloo")
-device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+if torch.cuda.is_available():
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank if local_rank < torch.cuda.device_count() else 0)
+    device = torch.device("cuda", torch.cuda.current_device())
+else:
+    device = torch.device("cpu")
 torch.manual_seed(0)
 model = DistributedDataParallel(
     torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10)).to(device),
-    device_ids=[0] if device.type == "cuda" else None)
+    device_ids=[device.index] if device.type == "cuda" else None)
 optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr or 1e-3)
 batch = run.per_device_batch or 64
 steps = run.max_steps or 20

@@ -1,0 +1,205 @@
+"""The GPU check's figures (tools/gpu/check.sh), each read back from fitrund's own record of a job and
+held against its goal: one results.tsv row per figure (part, step, figure, value, goal, verdict), and
+an exit status that fails when any figure misses its goal or is missing. Standard library only: it
+runs with the GPU machine's own Python.
+
+  figures.py job     ROW_PREFIX JOB.json EVENTS.jsonl [--nvml SAMPLES.csv] [--accuracy-floor X]
+                     [--metric NAME:FLOOR] [--rehearsal]
+  figures.py compare ROW_PREFIX REFERENCE.json JOB.json --within X [--floor X]
+  figures.py slice   ROW_PREFIX JOB.json CAP_BYTES --fill X [--nvml SAMPLES.csv] [--rehearsal]
+  figures.py oom     ROW_PREFIX JOB.json EVENTS.jsonl
+  figures.py script  ROW_PREFIX JOB.json LOG_DIR --ranks N --device-word WORD
+
+ROW_PREFIX is "part<TAB>step<TAB>what" (the job's name); every row adds figure, value, goal, verdict.
+With --rehearsal (CPU devices, no NVML) the figures only a GPU gives are rows marked SKIP with why.
+"""
+import argparse
+import csv
+import json
+import os
+import re
+import sys
+from datetime import datetime, timezone
+
+MIB = 1 << 20
+failed = False
+
+
+def row(prefix, figure, value, goal, ok, skip_reason=None):
+    global failed
+    if skip_reason:
+        verdict = f"SKIP ({skip_reason})"
+    elif value is None:
+        verdict, value = "FAIL (missing)", "-"
+        failed = True
+    else:
+        verdict = "PASS" if ok else "FAIL"
+        failed |= not ok
+    print("\t".join([prefix, figure, str(value), goal, verdict]), flush=True)
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def events(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def when(text):
+    # RFC 3339 with nanoseconds and a Z: Python reads microseconds.
+    text = re.sub(r"(\.\d{6})\d*", r"\1", text.replace("Z", "+00:00"))
+    return datetime.fromisoformat(text)
+
+
+def last_attempt(job):
+    return (job.get("attemptHistory") or [{}])[-1]
+
+
+def nvml_peak(samples, pids):
+    """The highest per-process device memory NVML reported for any of `pids` (bytes), or None."""
+    if not samples or not os.path.exists(samples):
+        return None
+    peak = None
+    with open(samples) as f:
+        for fields in csv.reader(f):
+            if len(fields) < 2:
+                continue
+            try:
+                pid, used = int(fields[0].strip()), int(fields[1].strip())
+            except ValueError:
+                continue
+            if pid in pids:
+                peak = max(peak or 0, used * MIB)
+    return peak
+
+
+def state_row(prefix, job):
+    state = job.get("state", "")
+    row(prefix, "state", state.replace("JOB_STATE_", ""), "SUCCEEDED", state == "JOB_STATE_SUCCEEDED")
+
+
+def cmd_job(a):
+    job = load(a.job)
+    state_row(a.prefix, job)
+    attempt = last_attempt(job)
+    predicted = int(attempt.get("predictedPeakBytes", 0)) or None
+    pids = {int(r.get("pid", 0)) for r in attempt.get("ranks", []) if int(r.get("pid", 0)) > 0}
+    # Submit to the first step, from the job's own timestamps: its creation, its first progress.
+    history = events(a.events)
+    first = next((e for e in history if "progress" in e), None)
+    seconds = None
+    if first is not None and job.get("createdAt"):
+        seconds = round((when(first["time"]) - when(job["createdAt"])).total_seconds(), 2)
+    row(a.prefix, "submit_to_first_step_s", seconds, "recorded (PyTorch DDP's first step there: 9.1-11.1 s)",
+        seconds is not None)
+    if a.rehearsal:
+        row(a.prefix, "predicted_over_nvml_measured", "-", "1.00-1.15", True, "rehearsal: NVML needs a GPU")
+        allocated = int(attempt.get("measuredPeakBytes", 0)) or None
+        row(a.prefix, "predicted_over_reported_peak", None if not (predicted and allocated) else
+            round(predicted / allocated, 3), ">= 1.00", bool(predicted and allocated and predicted >= allocated))
+    else:
+        measured = nvml_peak(a.nvml, pids)
+        ratio = round(predicted / measured, 3) if predicted and measured else None
+        row(a.prefix, "predicted_over_nvml_measured", ratio, "1.00-1.15", ratio is not None and 1.0 <= ratio <= 1.15)
+        row(a.prefix, "nvml_peak_mib", round(measured / MIB) if measured else None, "sampled every 0.1 s",
+            measured is not None)
+    result = job.get("result", {})
+    if a.accuracy_floor is not None:
+        accuracy = result.get("testAccuracy") if result.get("hasTestAccuracy") else None
+        row(a.prefix, "test_accuracy", accuracy, f">= {a.accuracy_floor}",
+            accuracy is not None and accuracy >= a.accuracy_floor)
+    for spec in a.metric:
+        name, floor = spec.split(":")
+        value = result.get("metrics", {}).get(name)
+        row(a.prefix, name, value, f">= {floor}", value is not None and value >= float(floor))
+
+
+def cmd_compare(a):
+    reference, job = load(a.reference), load(a.job)
+    state_row(a.prefix, job)
+
+    def accuracy(j):
+        r = j.get("result", {})
+        return r.get("testAccuracy") if r.get("hasTestAccuracy") else None
+
+    ref, got = accuracy(reference), accuracy(job)
+    if a.floor is not None:
+        row(a.prefix, "reference_accuracy", ref, f">= {a.floor} (fp32)", ref is not None and ref >= a.floor)
+    gap = round(abs(got - ref), 4) if ref is not None and got is not None else None
+    row(a.prefix, "accuracy_gap_to_fp32", gap, f"<= {a.within}", gap is not None and gap <= a.within)
+
+
+def cmd_slice(a):
+    job = load(a.job)
+    state_row(a.prefix, job)
+    ooms = len(job.get("oomHistory", []))
+    row(a.prefix, "out_of_memory_errors", ooms, "0", ooms == 0)
+    allocated = int(last_attempt(job).get("measuredPeakBytes", 0)) or None
+    fill = round(allocated / a.cap, 3) if allocated else None
+    row(a.prefix, "allocated_peak_over_cap", fill, f">= {a.fill}", fill is not None and fill >= a.fill)
+    if not a.rehearsal:
+        pids = {int(r.get("pid", 0)) for r in last_attempt(job).get("ranks", [])}
+        measured = nvml_peak(a.nvml, pids)
+        row(a.prefix, "nvml_peak_mib", round(measured / MIB) if measured else None, "recorded", measured is not None)
+
+
+def cmd_oom(a):
+    job = load(a.job)
+    state_row(a.prefix, job)
+    history = events(a.events)
+    oom = [e for e in history if "oom" in e]
+    row(a.prefix, "oom_events", len(oom), ">= 1", len(oom) >= 1)
+    attempts = job.get("attemptHistory", [])
+    batches = [int(x.get("perDeviceBatch", 0)) for x in attempts]
+    smaller = len(batches) >= 2 and 0 < batches[-1] < batches[0]
+    row(a.prefix, "per_device_batch_by_attempt", "/".join(map(str, batches)) or None, "attempt 2 smaller", smaller)
+    logs = " ".join(e.get("log", {}).get("text", "") for e in history)
+    resumed = re.search(r"resumed from the checkpoint of step (\d+)", logs)
+    row(a.prefix, "resumed_from_step", int(resumed.group(1)) if resumed else None, ">= 1",
+        bool(resumed) and int(resumed.group(1)) >= 1)
+
+
+def cmd_script(a):
+    job = load(a.job)
+    state_row(a.prefix, job)
+    text = ""
+    for name in sorted(os.listdir(a.logs)) if os.path.isdir(a.logs) else []:
+        with open(os.path.join(a.logs, name), errors="replace") as f:
+            text += f.read()
+    ranks = sorted(set(re.findall(rf"rank (\d+): \d+ steps on {a.device_word}", text)))
+    row(a.prefix, f"ranks_on_{a.device_word.split(':')[0]}", len(ranks), str(a.ranks), len(ranks) == a.ranks)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("job")
+    p.add_argument("prefix"), p.add_argument("job"), p.add_argument("events")
+    p.add_argument("--nvml"), p.add_argument("--accuracy-floor", type=float)
+    p.add_argument("--metric", action="append", default=[]), p.add_argument("--rehearsal", action="store_true")
+    p = sub.add_parser("compare")
+    p.add_argument("prefix"), p.add_argument("reference"), p.add_argument("job")
+    p.add_argument("--within", type=float, required=True), p.add_argument("--floor", type=float)
+    p = sub.add_parser("slice")
+    p.add_argument("prefix"), p.add_argument("job"), p.add_argument("cap", type=int)
+    p.add_argument("--fill", type=float, required=True), p.add_argument("--nvml")
+    p.add_argument("--rehearsal", action="store_true")
+    p = sub.add_parser("oom")
+    p.add_argument("prefix"), p.add_argument("job"), p.add_argument("events")
+    p = sub.add_parser("script")
+    p.add_argument("prefix"), p.add_argument("job"), p.add_argument("logs")
+    p.add_argument("--ranks", type=int, required=True), p.add_argument("--device-word", required=True)
+    a = parser.parse_args()
+    try:
+        {"job": cmd_job, "compare": cmd_compare, "slice": cmd_slice, "oom": cmd_oom, "script": cmd_script}[a.command](a)
+    except (OSError, ValueError, KeyError) as error:
+        print("\t".join([a.prefix, "read", "-", "a job record", f"FAIL ({error})"]), flush=True)
+        return 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
