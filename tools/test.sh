@@ -3,7 +3,9 @@
 # with one line `tests: N passed, N failed` (individual test cases, counted from Bazel's reports; a
 # skipped case is named on its own line and counted as "N skipped, " in front). The full tier reruns
 # every test (no cached results) and each test tagged "timing" 20 times; a case that fails in any
-# run fails.
+# run fails. The full tier then proves the GPU path as far as a machine without a GPU can
+# (tools/gpu/rehearse.sh: the CUDA worker built against the GPU machines' torch 2.11, its unit tests
+# on CPU, the kit, the GPU check rehearsed on CPU devices), and counts its cases with Bazel's.
 #
 #   bash tools/test.sh           every test: what CI runs
 #   bash tools/test.sh --quick   the unit tests, for the inner loop: no test tagged e2e (real daemons,
@@ -63,7 +65,13 @@ log=$(mktemp)
 bazel test "${config[@]}" "${runs[@]}" --test_output=errors $targets 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 
-/usr/bin/python3 tools/test_summary.py "$log" "${config[@]}" $targets
+gpu_reports=()
+if [[ $mode == full ]]; then
+  bash tools/gpu/rehearse.sh gpu-work/reports
+  gpu_reports=(--junit=gpu-work/reports)
+fi
+
+/usr/bin/python3 tools/test_summary.py "$log" "${config[@]}" "${gpu_reports[@]}" $targets
 summary=$?
 rm -f "$log"
 if [[ $status -ne 0 || $summary -ne 0 ]]; then exit 1; fi

@@ -9,6 +9,8 @@ runs with the GPU machine's own Python.
   figures.py slice   ROW_PREFIX JOB.json CAP_BYTES --fill X [--nvml SAMPLES.csv] [--rehearsal]
   figures.py oom     ROW_PREFIX JOB.json EVENTS.jsonl
   figures.py script  ROW_PREFIX JOB.json LOG_DIR --ranks N --device-word WORD
+  figures.py junit   RESULTS.tsv OUT.xml     results.tsv as a JUnit report, one case per figure (a
+                                             SKIP row a skipped case), for tools/test.sh to count
 
 ROW_PREFIX is "part<TAB>step<TAB>what" (the job's name); every row adds figure, value, goal, verdict.
 With --rehearsal (CPU devices, no NVML) the figures only a GPU gives are rows marked SKIP with why.
@@ -173,6 +175,24 @@ def cmd_script(a):
     row(a.prefix, f"ranks_on_{a.device_word.split(':')[0]}", len(ranks), str(a.ranks), len(ranks) == a.ranks)
 
 
+def cmd_junit(a):
+    import junit
+    cases = []
+    with open(a.results, newline="") as f:
+        for r in csv.DictReader(f, delimiter="\t"):
+            name = f"{r['what']}.{r['figure']}" if r["what"] != "-" else r["figure"]
+            verdict = r["verdict"]
+            if verdict == "PASS":
+                outcome, why = junit.PASSED, None
+            elif verdict.startswith("SKIP ("):
+                outcome, why = junit.SKIPPED, verdict[len("SKIP ("):-1]
+            else:
+                outcome, why = junit.FAILED, f"{r['figure']} = {r['value']}, goal {r['goal']}: {verdict}"
+            cases.append((f"gpu_check.part{r['part']}.{r['step']}", name, outcome, why))
+    junit.write(a.out, "gpu_check", cases)
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -192,7 +212,11 @@ def main():
     p = sub.add_parser("script")
     p.add_argument("prefix"), p.add_argument("job"), p.add_argument("logs")
     p.add_argument("--ranks", type=int, required=True), p.add_argument("--device-word", required=True)
+    p = sub.add_parser("junit")
+    p.add_argument("results"), p.add_argument("out")
     a = parser.parse_args()
+    if a.command == "junit":
+        return cmd_junit(a)
     try:
         {"job": cmd_job, "compare": cmd_compare, "slice": cmd_slice, "oom": cmd_oom, "script": cmd_script}[a.command](a)
     except (OSError, ValueError, KeyError) as error:

@@ -19,6 +19,8 @@ build=$(realpath -m "$1")
 reports=$build/test-reports
 
 bash tools/gpu/build-worker.sh "$build" -DFITRUN_BUILD_TESTS=ON -DFITRUN_TEST_REPORTS="$reports"
+# Only this run's reports: a test that wrote none (it crashed) must not be read from an earlier run's.
+rm -rf "$reports"
 # One test at a time, as the timing tests (collective timeouts, dead peers) assume an idle machine.
 status=0
 ctest --test-dir "$build" --output-on-failure >"$build/ctest.log" 2>&1 || status=1
