@@ -5,7 +5,9 @@
 // that changed the API is known, on a header's presence where that is the exact test.
 //
 // Checked: 1.13 by the Bazel build and tests; 2.11 by //worker:libtorch_2_11_syntax_test, which
-// compiles every worker source against 2.11's headers with CUDA and NCCL on and Gloo off. Releases
+// compiles every worker source against 2.11's headers with CUDA and NCCL on and Gloo off, and by
+// tools/gpu/worker_tests.sh, which builds the worker and its tests with CMake against the 2.11 CUDA
+// wheel and runs them on CPU (tools/test.sh's full tier). Releases
 // between them take the 2.x branches and have not been compiled: ProcessGroupOver is written
 // against 2.11's c10d::ProcessGroup, and another 2.x may need a branch of its own there.
 //
@@ -29,7 +31,8 @@
 //    (worker/CMakeLists.txt likewise, and takes USE_C10D_GLOO off the torch_cpu target, which
 //    defines it for every user of a LibTorch built with Gloo);
 //    code that needs a backend itself tests those macros (worker/ddp/process_group.cc), and a
-//    worker without Gloo refuses CPU jobs with a configuration error instead of failing to link.
+//    worker without Gloo refuses a job of several CPU ranks, or of ranks sharing a GPU, with a
+//    configuration error instead of failing to link (a CPU rank alone needs no backend).
 //  - A 2.x LibTorch's include/ carries protobuf 3.13's headers; the worker's protos and gRPC are
 //    Debian's protobuf 3.21, whose headers must win: libtorch.bzl and worker/CMakeLists.txt leave
 //    include/google out, and the syntax test puts Debian's first.
