@@ -5,10 +5,12 @@
 #   bash tools/gpu/rehearse.sh REPORTS_DIR
 #
 # 1. .venv-torch: the GPU machines' torch (tools/setup-torch.sh; pip's CUDA 13 wheels, once).
-# 2. The CUDA worker and its unit tests built with CMake against that torch, the tests run on CPU
+# 2. Gloo for the 2.x build: the wheel's libtorch_cpu.so against Debian's Gloo headers, by the ABI
+#    (tools/gpu/gloo_abi_check.sh).
+# 3. The CUDA worker and its unit tests built with CMake against that torch, the tests run on CPU
 #    (tools/gpu/worker_tests.sh build-cuda): one JUnit report per test binary.
-# 3. The kit a GPU machine is carried (tools/gpu/kit.sh), within what a device call carries.
-# 4. The GPU check, both parts, on CPU devices with the kit's worker (tools/gpu/check.sh --rehearse):
+# 4. The kit a GPU machine is carried (tools/gpu/kit.sh), within what a device call carries.
+# 5. The GPU check, both parts, on CPU devices with the kit's worker (tools/gpu/check.sh --rehearse):
 #    a case per figure, the figures only a GPU gives skipped by name.
 #
 # Out: REPORTS_DIR/*.xml (JUnit, the format of Bazel's test.xml) and REPORTS_DIR/*.log. A stage that
@@ -41,6 +43,10 @@ stage() {
 
 stage setup_torch bash tools/setup-torch.sh || exit 1
 
+# Why the CUDA worker has no Gloo, held by the ABI of the wheel's library (see the script).
+stage gloo_abi bash tools/gpu/gloo_abi_check.sh
+gloo_status=$?
+
 # The worker and its tests built (a failed build is one failed case), then the tests run: each case
 # counts from the test's own report, and a test that left none (it crashed) is a failed case.
 stage worker_build bash tools/gpu/build-worker.sh build-cuda -DFITRUN_BUILD_TESTS=ON \
@@ -67,4 +73,4 @@ status=$?
 if [[ -s gpu-work/rehearsal/results.tsv ]]; then
   /usr/bin/python3 tools/gpu/figures.py junit gpu-work/rehearsal/results.tsv "$reports/check_figures.xml"
 fi
-exit $((status != 0 || tests_status != 0 || ${#missing[@]} != 0))
+exit $((status != 0 || gloo_status != 0 || tests_status != 0 || ${#missing[@]} != 0))
