@@ -11,7 +11,7 @@ In a training script started by fitrun (or by torchrun)::
 
 From a notebook::
 
-    client = fitrun.Client("127.0.0.1:50051")
+    client = fitrun.Client("127.0.0.1:7070")
     job_id = client.submit({"name": "mlp", ...})
     for event in client.watch(job_id): ...
 
