@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "proto/contract/atomic_file.h"
+#include "proto/contract/install_layout.h"
 #include "server/core/specs/job_specs.h"
 #include "server/core/units.h"
 #include "server/devices/gpu_offer.h"
@@ -32,16 +33,16 @@
 namespace fitrun::server {
 namespace {
 
+// --worker_binary's default: worker/fitrun-worker under fitrund's layout root (proto/contract/install_layout.h:
+// bazel-bin/ for bazel-bin/server/fitrund, /usr/lib/fitrun/ for the package's /usr/bin/fitrund).
 std::string DefaultWorkerBinary() {
+  namespace layout = fitrun::contract::layout;
   std::error_code error;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
   if (error) return "fitrun-worker";
-  // Installed side by side, or in Bazel's output tree (bazel-bin/server/fitrund, bazel-bin/worker/...).
-  for (const auto& candidate : {self.parent_path() / "fitrun-worker",
-                                self.parent_path().parent_path() / "worker" / "fitrun-worker"}) {
-    if (std::filesystem::exists(candidate, error)) return candidate.string();
-  }
-  return (self.parent_path() / "fitrun-worker").string();
+  const std::vector<std::string> roots = layout::RootsOf(self.string(), /*from_worker=*/false);
+  const std::string found = layout::FindUnder(roots, layout::kWorker);
+  return found.empty() ? roots.front() + "/" + layout::kWorker : found;
 }
 
 // Takes <state_dir>/fitrund.lock for this process and writes its pid there, or says who holds it.

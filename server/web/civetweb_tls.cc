@@ -12,6 +12,7 @@
 #include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proto/contract/install_layout.h"
 
 namespace fitrun::server {
 namespace {
@@ -31,9 +32,13 @@ std::string OpenSslError() {
 absl::Status LoadShim() {
   std::error_code error;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
-  // Installed beside fitrund, or in Bazel's output tree (bazel-bin/server/fitrund, .../server/web/).
-  const std::vector<std::filesystem::path> candidates = {self.parent_path() / kShimName,
-                                                         self.parent_path() / "web" / kShimName};
+  // Under fitrund's layout root (proto/contract/install_layout.h: bazel-bin/server/web/ for Bazel's
+  // fitrund, /usr/lib/fitrun/server/web/ for the package's), or beside fitrund (tools/bundle.sh's bin/).
+  std::vector<std::filesystem::path> candidates;
+  for (const std::string& root : fitrun::contract::layout::RootsOf(self.string(), /*from_worker=*/false)) {
+    candidates.push_back(std::filesystem::path(root) / fitrun::contract::layout::kCivetwebSslShim);
+  }
+  candidates.push_back(self.parent_path() / kShimName);
   std::vector<std::string> tried;
   for (const std::filesystem::path& candidate : candidates) {
     if (!std::filesystem::exists(candidate, error)) {

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "proto/contract/find_command.h"
+#include "proto/contract/install_layout.h"
 #include "proto/contract/launch_contract.h"
 
 extern char** environ;
@@ -31,11 +32,6 @@ namespace launch = fitrun::contract::launch;
 namespace {
 
 constexpr size_t kStderrTailBytes = 4096;
-
-bool IsFile(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 std::string Dirname(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -58,17 +54,15 @@ std::string OwnArgv0() {
 }  // namespace
 
 SupportFiles FindSupportFiles() {
-  const std::string self = OwnArgv0();
-  // bazel-bin/worker/fitrun-worker with its runfiles, or a runfiles tree's worker/fitrun-worker.
-  const std::vector<std::string> roots = {self + ".runfiles/fitrun", Dirname(self) + "/.."};
+  namespace layout = fitrun::contract::layout;
+  // Under this program's layout root (proto/contract/install_layout.h): its runfiles, or the folder
+  // above worker/ (bazel-bin/, a runfiles tree, the package's /usr/lib/fitrun/).
+  const std::vector<std::string> roots = layout::RootsOf(OwnArgv0(), /*from_worker=*/true);
   SupportFiles files;
-  for (const std::string& root : roots) {
-    if (files.memory_library.empty() && IsFile(root + "/worker/memory/libfitrun_memory.so")) {
-      files.memory_library = root + "/worker/memory/libfitrun_memory.so";
-    }
-    if (files.python_path.empty() && IsFile(root + "/client/python/fitrun/__init__.py")) {
-      files.python_path = root + "/client/python";
-    }
+  files.memory_library = layout::FindUnder(roots, layout::kMemoryLibrary);
+  const std::string module = layout::FindUnder(roots, layout::kPythonModule);
+  if (!module.empty()) {
+    files.python_path = Dirname(Dirname(module));  // client/python, above fitrun/__init__.py
   }
   return files;
 }
