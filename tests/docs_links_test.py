@@ -20,7 +20,15 @@ or a renamed file is checked without declaring it in a BUILD file (and the test 
 "external" so that Bazel never answers from its cache). Outside Bazel it checks the tree it lives
 in:   /usr/bin/python3 tests/docs_links_test.py [ROOT]
 
-Before the real tree it checks a small made-up one with known faults, so a checker that stopped
+It also checks the names the pages use against the code (docs_names.py): every fitrund and fitrun
+flag, spec field, `fitrun` subcommand and FITRUN_ variable a page names exists, read from the sources
+the BUILD file passes (--fitrund, --cli, --spec_proto, --env, --other; by hand, DEFAULT_SOURCES
+under ROOT), and every one the code defines is documented in README.md or docs/. A name whose page
+another owner has yet to write is listed in docs_names_pending.txt (--pending): printed as pending,
+and a failure once documented, so the list only shrinks.
+
+Before the real tree it checks a small made-up one with known faults, and made-up sources and pages
+for the names (a made-up flag and field in a page, an undocumented flag), so a checker that stopped
 finding them fails too.
 """
 import fnmatch
@@ -29,6 +37,8 @@ import os
 import re
 import sys
 import tempfile
+
+import docs_names
 
 # What a path in code must start with to count as a repository path. A new top-level folder
 # needs a line here.
@@ -350,24 +360,260 @@ def self_test():
         assert len(found) == len(expected), "self-test: more than expected:\n%s" % "\n".join(found)
 
 
-def source_root():
-    if len(sys.argv) > 1:
-        return os.path.abspath(sys.argv[1])
-    runfiles = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "fitrun"))
+def names_self_test():
+    """The names check against made-up sources and pages: a made-up flag, field, subcommand and
+    variable in a page are found, so are an undocumented flag, field, subcommand and variable,
+    and what is right passes."""
+    with tempfile.TemporaryDirectory() as root:
+        def write(path, text):
+            os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
+            with open(os.path.join(root, path), "w", encoding="utf-8") as f:
+                f.write(text)
+            return os.path.join(root, path)
+        main_cc = write("server/main.cc", "\n".join([
+            'ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address");',
+            'ABSL_FLAG(std::vector<std::string>, data_roots, {},',
+            '          "folders a spec may read");',
+            'ABSL_FLAG(bool, secret_switch, false, "nobody wrote about this one");',
+        ]))
+        cli_cc = write("client/cli.cc", "\n".join([
+            'const CliArg kJson{"--json", "print JSON", &CliOptions::json};',
+            '      {"submit",',
+            '       "submit a job spec",',
+            '       {kSpec, {"--watch", "then follow it", &CliOptions::watch}},',
+            '      {"logs",',
+            '       "print a log",',
+            '       {kJobId, {"--follow,-f", "keep printing", &CliOptions::follow}},',
+            '      {"forgotten",',
+            '       "a subcommand no page names",',
+            '       {kJobId}},',
+            'app.add_option("--coordinator", options.coordinator, "HOST:PORT")->envname("FITRUN_COORDINATOR");',
+        ]))
+        proto = write("proto/job.proto", "\n".join([
+            "message JobSpec {",
+            "  string name = 1;",
+            "  // A comment naming a field: int32 ghost = 9;",
+            "  Resources resources = 2;",
+            "  ScriptSpec script = 3;",
+            "  FaultTolerance fault_tolerance = 4;",
+            "}",
+            "message Resources {",
+            "  int32 max_devices = 1;",
+            "  optional int64 per_device_batch = 2;",
+            "  int32 hidden_knob = 3;",
+            "}",
+            "message ScriptSpec {",
+            "  repeated string command = 1;",
+            "  map<string, string> env = 2;",
+            "}",
+            "message FaultTolerance {",
+            "  oneof limit { int32 max_restarts = 1; }",
+            "  enum Kind { KIND_UNSPECIFIED = 0; }",
+            "  double stop_grace_seconds = 2;",
+            "}",
+        ]))
+        contract = write("proto/contract.h", "\n".join([
+            "#ifndef FITRUN_PROTO_CONTRACT_H_",
+            'inline constexpr char kJobId[] = "FITRUN_JOB_ID";',
+            'inline constexpr char kUnsaid[] = "FITRUN_UNSAID";',
+        ]))
+        cmake = write("worker/CMakeLists.txt", "option(FITRUN_WITH_CUDA \"CUDA\" OFF)\n")
+        bench = write("server/bench/bench.cc", "// --repeat N runs it N times\n")
+        defs = docs_names.Definitions([main_cc], [cli_cc], proto, [contract, cli_cc, cmake], [bench])
+        assert defs.fitrund_flags == {"listen", "data_roots", "secret_switch"}, defs.fitrund_flags
+        assert defs.cli_flags == {"json", "watch", "follow", "coordinator"}, defs.cli_flags
+        assert defs.subcommands == {"submit", "logs", "forgotten"}, defs.subcommands
+        assert set(defs.spec_fields) == {
+            "name", "resources", "resources.max_devices", "resources.per_device_batch",
+            "resources.hidden_knob", "script", "script.command", "script.env", "fault_tolerance",
+            "fault_tolerance.max_restarts", "fault_tolerance.stop_grace_seconds"}, defs.spec_fields
+        assert defs.variables == {"FITRUN_JOB_ID", "FITRUN_UNSAID", "FITRUN_COORDINATOR"}, defs.variables
+        page = "\n".join([
+            "# Page",
+            "fitrund's `--listen` and `--data_roots=/srv`, `--repeat 3`, sbatch's `--partition` and `--account`,",
+            "`--gpus-per-task`, a `spec.resources.max_devices` and `resources.per_device_batch`, `model.pt`,",
+            "`fault_tolerance: {max_restarts, stop_grace_seconds}` `fitrun submit job.yaml --watch`",
+            "`fitrun logs ID -f --follow` and FITRUN_JOB_ID, FITRUN_WITH_CUDA, `fitrun --coordinator=h:1 --json` (FITRUN_COORDINATOR)",
+            "",
+            "```yaml",
+            "name: x",
+            "resources:",
+            "  max_devices: 2        # a comment: bogus: 1",
+            "script: {command: [a, b], env: {ANY_NAME: 1}}",
+            "```",
+            "",
+            "```sh",
+            "fitrund --listen=0.0.0.0:7070 \\",
+            "  --data_roots=/srv",
+            "```",
+            "",
+            "Wrong: fitrund's `--made_up_flag`, `resources.gpu_count`, `spec.resources.imaginary`,",
+            "`fault_tolerance: {max_restarts, retries}` `fitrun frobnicate 1` `fitrun get 1 --colour`",
+            "and FITRUN_NO_SUCH_THING.",
+            "",
+            "```yaml",
+            "resources: {max_devices: 2, devices_wanted: 3}",
+            "made_up_field: 1",
+            "```",
+            "",
+            "```sh",
+            "fitrund --listen=:7070 \\",
+            "  --bogus_flag=1",
+            "```",
+        ])
+        texts = [("docs/page.md", page)]
+        found = ["%s:%d: %s" % p for p in docs_names.names_in_pages(defs, texts, split_page, CODE_SPAN)]
+        expected = [
+            "docs/page.md:19: --made_up_flag",
+            "docs/page.md:19: spec field resources.gpu_count",
+            "docs/page.md:19: spec field resources.imaginary",
+            "docs/page.md:20: spec field fault_tolerance.retries",
+            "docs/page.md:20: fitrun frobnicate",
+            "docs/page.md:20: fitrun get",
+            "docs/page.md:20: fitrun --colour",
+            "docs/page.md:21: FITRUN_NO_SUCH_THING",
+            "docs/page.md:24: spec field resources.devices_wanted",
+            "docs/page.md:24: spec field made_up_field",
+            "docs/page.md:29: fitrund --bogus_flag",
+        ]
+        for e in expected:
+            assert any(f.startswith(e) for f in found), "names self-test: not found: %s\nfound:\n%s" % (
+                e, "\n".join(found))
+        assert len(found) == len(expected), "names self-test: more than expected:\n%s" % "\n".join(found)
+        missing = docs_names.undocumented(defs, texts, split_page, CODE_SPAN)
+        assert missing == [
+            "fitrund's flag --secret_switch",
+            "the subcommand `fitrun forgotten`",
+            "the spec field resources.hidden_knob",
+            "the variable FITRUN_UNSAID",
+        ], "names self-test: undocumented:\n%s" % "\n".join(missing)
+        hyphenated = docs_names.Definitions(
+            [main_cc], [cli_cc, write("client/more.cc", '{"--dry-run", "only say", &CliOptions::dry},')],
+            proto, [contract], [])
+        assert hyphenated.problems() and "--dry-run" in hyphenated.problems()[0], hyphenated.problems()
+
+
+# The sources the names are read from (docs_names), by kind: as the BUILD file passes them
+# ("--fitrund PATH... --cli PATH... ..."), relative to the runfiles; by hand, these from ROOT.
+SOURCE_KINDS = ("fitrund", "cli", "spec_proto", "env", "other", "pending")
+DEFAULT_SOURCES = {
+    "fitrund": ["server/main.cc"],
+    "cli": ["client/cli.cc"],
+    "spec_proto": ["proto/fitrun/v1/job.proto"],
+    "env": ["proto/contract/launch_contract.h", "client/cli.cc", "client/python/fitrun/client.py",
+            "client/python/fitrun/contract.py", "server/launcher/slurm_launcher.cc",
+            "worker/slurm/rank_shim.sh", "worker/CMakeLists.txt", "tools/demo.sh"],
+    "other": ["server/bench/*.cc", "server/bench/*/*.cc", "worker/options.cc", "tools/bench/*.py",
+              ".bazelrc"],
+    "pending": ["tests/docs_names_pending.txt"],
+}
+
+
+def parse_args(argv):
+    """[ROOT] [--KIND PATH...]...: the source tree, and the sources of each kind."""
+    root = None
+    sources = {}
+    kind = None
+    for arg in argv:
+        if arg.startswith("--") and arg[2:] in SOURCE_KINDS:
+            kind = arg[2:]
+            sources.setdefault(kind, [])
+        elif kind:
+            sources[kind].append(arg)
+        else:
+            root = arg
+    return root, sources
+
+
+def runfiles_dir():
+    if os.environ.get("TEST_SRCDIR"):
+        return os.path.join(os.environ["TEST_SRCDIR"], os.environ.get("TEST_WORKSPACE", "fitrun"))
+    return None
+
+
+def source_root(root_arg=None):
+    if root_arg:
+        return os.path.abspath(root_arg)
+    runfiles = runfiles_dir() or ""
     readme = os.path.join(runfiles, "README.md")
     if os.environ.get("TEST_SRCDIR") and os.path.exists(readme):
         return os.path.dirname(os.path.realpath(readme))
     return os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
+def resolve_sources(root, sources):
+    """{kind: [absolute path]}: the given ones (relative to the runfiles under Bazel), else the defaults."""
+    resolved = {}
+    base = runfiles_dir() or os.getcwd()
+    for kind in SOURCE_KINDS:
+        if kind in sources:
+            resolved[kind] = [p if os.path.isabs(p) else os.path.join(base, p) for p in sources[kind]]
+        else:
+            resolved[kind] = sorted(f for pattern in DEFAULT_SOURCES[kind]
+                                    for f in glob.glob(os.path.join(root, pattern)))
+    return resolved
+
+
+def load_definitions(sources):
+    return docs_names.Definitions(sources["fitrund"], sources["cli"], sources["spec_proto"][0],
+                                  sources["env"], sources["other"])
+
+
+def read_pending(path):
+    """{what: page} from the pending list (docs_names_pending.txt), and its malformed lines."""
+    pending, malformed = {}, []
+    if not path:
+        return pending, malformed
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            page, sep, what = line.partition(": ")
+            if not sep or not page.endswith(".md") or not what:
+                malformed.append("%s:%d: not PAGE: WHAT" % (os.path.basename(path), number))
+            else:
+                pending[what] = page
+    return pending, malformed
+
+
+def check_names(root, defs, pending_path=None):
+    """The names the pages use against the definitions, and the definitions no page documents
+    (those on the pending list are printed as pending, for the page's owner)."""
+    texts = []
+    for page in pages(root):
+        with open(page, encoding="utf-8") as f:
+            texts.append((os.path.relpath(page, root), f.read()))
+    problems = ["%s:%d: %s" % p for p in docs_names.names_in_pages(defs, texts, split_page, CODE_SPAN)]
+    problems += defs.problems()
+    pending, malformed = read_pending(pending_path)
+    problems += malformed
+    missing = docs_names.undocumented(defs, texts, split_page, CODE_SPAN)
+    for m in missing:
+        if m in pending:
+            print("pending: %s, for %s (docs_names_pending.txt)" % (m, pending[m]))
+        else:
+            problems.append("undocumented: %s (README.md and docs/ never name it)" % m)
+    problems += ["docs_names_pending.txt: %s is documented now (or no longer defined): remove the line" % m
+                 for m in pending if m not in missing]
+    return problems
+
+
 def main():
+    root_arg, given = parse_args(sys.argv[1:])
     self_test()
-    root = source_root()
+    names_self_test()
+    root = source_root(root_arg)
     if not os.path.isfile(os.path.join(root, "WORKSPACE")):
         print("docs_links_test: %s is not the source tree (no WORKSPACE): the README in the runfiles "
               "was not a link into it" % root)
         return 1
-    problems = check_tree(root)
+    sources = resolve_sources(root, given)
+    missing = [p for kind in SOURCE_KINDS for p in sources[kind] if not os.path.isfile(p)]
+    if missing or not all(sources[kind] for kind in SOURCE_KINDS):
+        print("docs_links_test: sources missing: %s" % (missing or [k for k in SOURCE_KINDS if not sources[k]]))
+        return 1
+    problems = check_tree(root) + check_names(root, load_definitions(sources), sources["pending"][0])
     checked = pages(root)
     for p in problems:
         print(p)
