@@ -32,6 +32,8 @@ packages=(
   # rpath), and the CUDA worker's CMake build (tools/gpu/build-worker.sh; ccache keeps its objects
   # between clean clones)
   patchelf cmake ninja-build ccache xz-utils
+  # the Debian package (tools/package.sh: dpkg-shlibdeps, lintian) and its test (systemd-analyze verify)
+  dpkg-dev lintian systemd
 )
 
 missing=()
