@@ -253,7 +253,8 @@ def flow_keys(text, base):
             i += 1
         else:
             m = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(:(?=\s|\{|$)|(?=\s*[,}]))").match(text, i)
-            if m and expecting_key and len(stack) > 1 or (m and m.group(2) == ":" and expecting_key):
+            # A key: "name:" anywhere, or a bare name inside braces ({max_restarts, heads}).
+            if m and expecting_key and (m.group(2) == ":" or len(stack) > 1):
                 keys.append(stack[-1] + (m.group(1),))
                 last_key = m.group(1)
                 expecting_key = False
@@ -352,7 +353,7 @@ def _program(word):
 # The two checks.
 
 def names_in_pages(defs, page_texts, split_page, code_span):
-    """Problems with the names each page uses, and the text all pages show (for the coverage)."""
+    """(page, line, what is wrong) for each name a page uses that the code does not define."""
     problems = []
     top = defs.top_level_fields()
     all_flags = defs.fitrund_flags | defs.cli_flags | defs.other_flags
@@ -400,9 +401,9 @@ def names_in_pages(defs, page_texts, split_page, code_span):
                 program = _program(words[0])
                 if program == "fitrund":
                     for w in words[1:]:
-                        for flag in FLAG.findall(w.split("=")[0]) if w.startswith("--") else []:
-                            if flag not in defs.fitrund_flags and not _LIBRARY_FLAGS_RE.match(flag):
-                                problem("fitrund --%s: no such flag" % flag)
+                        flag = w[2:].split("=")[0] if w.startswith("--") else None
+                        if flag and flag not in defs.fitrund_flags and not _LIBRARY_FLAGS_RE.match(flag):
+                            problem("fitrund --%s: no such flag" % flag)
                 elif program == "fitrun" and (kind == "block" or len(words) > 1):
                     rest = words[1:]
                     sub = next((w for w in rest if not w.startswith("-")), None)
@@ -439,14 +440,13 @@ def undocumented(defs, page_texts, split_page, code_span):
     for _, page_text in page_texts:
         for piece in code_pieces(page_text, split_page, code_span):
             code.append(piece[1])
-            if piece[2] == "yaml":
-                yaml_paths |= set(yaml_keys(piece[1]))
-            else:
-                yaml_paths |= set(yaml_keys(piece[1]))
+            yaml_paths |= set(yaml_keys(piece[1]))
+            if piece[2] != "yaml":
                 for m in re.finditer(r"(?:^|[\s(])([a-z_]+:\s*)?(\{.*\})", piece[1], re.S):
                     base = (m.group(1).rstrip(": "),) if m.group(1) else ()
                     yaml_paths |= set(flow_keys(m.group(2), base))
     code_text = "\n".join(code)
+    whole_spans = {c.strip() for c in code}
     missing = []
     for who, flags in (("fitrund", defs.fitrund_flags), ("fitrun", defs.cli_flags)):
         for flag in sorted(flags):
@@ -463,8 +463,9 @@ def undocumented(defs, page_texts, split_page, code_span):
         parent = parts[-2] if len(parts) > 1 else None
         if (parent, parts[-1]) in pairs or tuple(parts) in yaml_paths:
             continue
-        if parent is None and re.search(r"(?<![\w.])(spec\.)?%s(?![\w])" % re.escape(path), code_text):
-            continue
+        if parent is None and (path in whole_spans or re.search(r"(?<![\w.])spec\.%s(?![\w])" % re.escape(path),
+                                                                code_text)):
+            continue  # `seed`, spec.seed
         missing.append("the spec field %s" % path)
     for name in sorted(defs.variables):
         if not re.search(r"\b%s\b" % re.escape(name), text):
