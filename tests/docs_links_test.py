@@ -23,9 +23,7 @@ in:   /usr/bin/python3 tests/docs_links_test.py [ROOT]
 It also checks the names the pages use against the code (docs_names.py): every fitrund and fitrun
 flag, spec field, `fitrun` subcommand and FITRUN_ variable a page names exists, read from the sources
 the BUILD file passes (--fitrund, --cli, --spec_proto, --env, --other; by hand, DEFAULT_SOURCES
-under ROOT), and every one the code defines is documented in README.md or docs/. A name whose page
-another owner has yet to write is listed in docs_names_pending.txt (--pending): printed as pending,
-and a failure once documented, so the list only shrinks.
+under ROOT), and every one the code defines is documented in README.md or docs/.
 
 Before the real tree it checks a small made-up one with known faults, and made-up sources and pages
 for the names (a made-up flag and field in a page, an undocumented flag), so a checker that stopped
@@ -495,7 +493,7 @@ def names_self_test():
 
 # The sources the names are read from (docs_names), by kind: as the BUILD file passes them
 # ("--fitrund PATH... --cli PATH... ..."), relative to the runfiles; by hand, these from ROOT.
-SOURCE_KINDS = ("fitrund", "cli", "spec_proto", "env", "other", "pending")
+SOURCE_KINDS = ("fitrund", "cli", "spec_proto", "env", "other")
 DEFAULT_SOURCES = {
     "fitrund": ["server/main.cc"],
     "cli": ["client/cli.cc"],
@@ -505,7 +503,6 @@ DEFAULT_SOURCES = {
             "worker/slurm/rank_shim.sh", "worker/CMakeLists.txt", "tools/demo.sh"],
     "other": ["server/bench/*.cc", "server/bench/*/*.cc", "worker/options.cc", "tools/bench/*.py",
               ".bazelrc"],
-    "pending": ["tests/docs_names_pending.txt"],
 }
 
 
@@ -559,43 +556,16 @@ def load_definitions(sources):
                                   sources["env"], sources["other"])
 
 
-def read_pending(path):
-    """{what: page} from the pending list (docs_names_pending.txt), and its malformed lines."""
-    pending, malformed = {}, []
-    if not path:
-        return pending, malformed
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            page, sep, what = line.partition(": ")
-            if not sep or not page.endswith(".md") or not what:
-                malformed.append("%s:%d: not PAGE: WHAT" % (os.path.basename(path), number))
-            else:
-                pending[what] = page
-    return pending, malformed
-
-
-def check_names(root, defs, pending_path=None):
-    """The names the pages use against the definitions, and the definitions no page documents
-    (those on the pending list are printed as pending, for the page's owner)."""
+def check_names(root, defs):
+    """The names the pages use against the definitions, and the definitions no page documents."""
     texts = []
     for page in pages(root):
         with open(page, encoding="utf-8") as f:
             texts.append((os.path.relpath(page, root), f.read()))
     problems = ["%s:%d: %s" % p for p in docs_names.names_in_pages(defs, texts, split_page, CODE_SPAN)]
     problems += defs.problems()
-    pending, malformed = read_pending(pending_path)
-    problems += malformed
-    missing = docs_names.undocumented(defs, texts, split_page, CODE_SPAN)
-    for m in missing:
-        if m in pending:
-            print("pending: %s, for %s (docs_names_pending.txt)" % (m, pending[m]))
-        else:
-            problems.append("undocumented: %s (README.md and docs/ never name it)" % m)
-    problems += ["docs_names_pending.txt: %s is documented now (or no longer defined): remove the line" % m
-                 for m in pending if m not in missing]
+    problems += ["undocumented: %s (README.md and docs/ never name it)" % m
+                 for m in docs_names.undocumented(defs, texts, split_page, CODE_SPAN)]
     return problems
 
 
@@ -613,7 +583,7 @@ def main():
     if missing or not all(sources[kind] for kind in SOURCE_KINDS):
         print("docs_links_test: sources missing: %s" % (missing or [k for k in SOURCE_KINDS if not sources[k]]))
         return 1
-    problems = check_tree(root) + check_names(root, load_definitions(sources), sources["pending"][0])
+    problems = check_tree(root) + check_names(root, load_definitions(sources))
     checked = pages(root)
     for p in problems:
         print(p)
