@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the Debian package fitrun_<version>_amd64.deb from the tree, with Debian's own tools
-# (dpkg-shlibdeps for Depends, dpkg-deb to pack, lintian to check):
+# (dpkg-shlibdeps for Depends, dpkg-deb to pack, lintian to check), and the Python package's wheel
+# fitrun-<version>-py3-none-any.whl (pip wheel with its in-tree backend, no package index):
 #
-#   bash tools/package.sh [OUT_DIR]          # bazel build the programs, pack into OUT_DIR (default .)
-#   bash tools/package.sh --bin DIR [--build N] [--no-lintian] [OUT_DIR]
+#   bash tools/package.sh [OUT_DIR]          # bazel build the programs, pack both into OUT_DIR (default .)
+#   bash tools/package.sh --bin DIR [--build N] [--no-lintian] [--no-wheel] [OUT_DIR]
 #
 # --bin DIR takes the programs from DIR, a tree laid out as Bazel's output tree (bazel-bin, or a
 # genrule's $(BINDIR): tests/BUILD's package test) instead of running Bazel. The version is the Python
@@ -24,13 +25,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bin="" build="" lintian=1 out=""
+bin="" build="" lintian=1 wheel=1 out=""
 while (($#)); do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --no-lintian) lintian=0; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --no-wheel) wheel=0; shift ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     -*) echo "package: unknown flag $1 (see $0 --help)" >&2; exit 2 ;;
     *) out=$1; shift ;;
   esac
@@ -150,4 +152,11 @@ if ((lintian)); then
   else
     echo "package: lintian is not installed (tools/install-deps.sh installs it): not checked"
   fi
+fi
+
+# The wheel pip installs anywhere (pip install fitrun-*.whl pulls grpcio and protobuf from the index):
+# the same module /usr/lib/fitrun/client/python holds, tested by //tests:wheel_test.
+if ((wheel)); then
+  PIP_DISABLE_PIP_VERSION_CHECK=1 /usr/bin/python3 -m pip wheel --quiet --no-deps --no-index -w "$out" ./client/python
+  echo "package: $(ls "$out"/fitrun-"$upstream"-py3-none-any.whl)"
 fi
