@@ -58,6 +58,13 @@ class CoordinatorServiceTest : public ::testing::Test {
     job_id_ = job->id();
     ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(10)));
     token_ = launcher_.launches()[0].job_token;
+    // The launcher returns before the manager records the job RUNNING, an event of its own: the tests
+    // count the events after it.
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (manager_->Get(job_id_).value().state() != fitrun::v1::JOB_STATE_RUNNING) {
+      ASSERT_LT(absl::Now(), deadline) << "the job never became RUNNING";
+      absl::SleepFor(absl::Milliseconds(2));
+    }
   }
 
   void TearDown() override {
