@@ -573,6 +573,9 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 120000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  // gRPC binds with SO_REUSEPORT by default, which would let a second fitrund share the port and take
+  // half of the first one's connections: a port in use must stop the start instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int bound_port = 0;
   builder.AddListeningPort(server->address, *credentials, &bound_port);
   builder.RegisterService(server->coordinator_service.get());

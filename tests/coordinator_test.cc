@@ -189,6 +189,20 @@ TEST(CoordinatorTest, StoreFromANewerSchemaIsRefusedAtStart) {
   EXPECT_THAT(result.err, HasSubstr("run a newer fitrund"));
 }
 
+TEST(CoordinatorTest, ASecondCoordinatorOnAPortInUseRefusesToStart) {
+  RunningCoordinator first("port-held", "cpu:1x1GiB");
+  ASSERT_TRUE(first.ok()) << ReadFile(first.log_path());
+  const std::string dir = FreshTestDir("port-taken");
+  CommandResult second = RunCommand({Runfile("server/fitrund"), "--listen=" + first.address(),
+                                     "--metrics_listen=127.0.0.1:0", "--state_dir=" + dir, "--devices=cpu:1x1GiB"},
+                                    absl::Seconds(30));
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_THAT(second.err, HasSubstr("--listen: cannot listen on " + first.address()));
+  grpc::ClientContext context;
+  fitrun::v1::ListJobsResponse jobs;
+  EXPECT_TRUE(first.stub().ListJobs(&context, fitrun::v1::ListJobsRequest(), &jobs).ok());
+}
+
 TEST(CoordinatorTest, ASecondCoordinatorOnAHeldStateDirectoryRefusesAndStartsOnceTheFirstIsKilled) {
   RunningCoordinator first("held-state", "cpu:1x1GiB");
   ASSERT_TRUE(first.ok()) << ReadFile(first.log_path());

@@ -67,7 +67,7 @@ absl::Status Authenticator::Reload() {
     const std::string hash = absl::AsciiStrToLower(fields[2]);
     if (hash.size() != 64 || hash.find_first_not_of("0123456789abcdef") != std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat(where, "the third field is the token's SHA-256 in hex (64 digits), "
-                                                            "never the token: printf '%s' \"$TOKEN\" | sha256sum"));
+                                                            "never the token: printf '%s' \"$TOKEN\" | sha256sum | cut -d' ' -f1"));
     }
     by_hash[hash] = {fields[0], admin, ""};
   }
