@@ -3,8 +3,6 @@
 // failed collective. Ranks are threads over a real Gloo group; the OOM cases use one rank, since the
 // capped allocator that stands in for a full device is the whole process's.
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
-#include <torch/nn/module.h>
 
 #include <functional>
 #include <vector>
@@ -17,18 +15,6 @@
 namespace fitrun::worker {
 namespace {
 
-// Three linear maps in a chain, 4 -> 8 -> 8 -> 2, with weights of their own generator (ranks are
-// threads, and must not race on the global one).
-struct Chain : torch::nn::Module {
-  Chain() {
-    at::Generator generator = at::detail::createCPUGenerator(/*seed_val=*/1);
-    w1 = register_parameter("w1", at::randn({8, 4}, generator));
-    w2 = register_parameter("w2", at::randn({8, 8}, generator));
-    w3 = register_parameter("w3", at::randn({2, 8}, generator));
-  }
-  at::Tensor Forward(const at::Tensor& x) { return at::matmul(at::matmul(at::matmul(x, w1.t()), w2.t()), w3.t()); }
-  at::Tensor w1, w2, w3;
-};
 
 BucketedReducer::Options OneParameterPerBucket() {
   BucketedReducer::Options options;
@@ -53,14 +39,14 @@ TEST(BucketedReducerMemoryTest, GradientsSetToNoneGoBackIntoTheirBucketsBeforeBa
   const at::Tensor inputs = at::randn({kWorld, kMicroBatches, 3, 4});
   at::Tensor expected;  // w2's gradient: the mean over ranks of the sum over micro-batches
   {
-    Chain chain;
+    LinearChain chain;
     for (int rank = 0; rank < kWorld; ++rank) {
       for (int m = 0; m < kMicroBatches; ++m) chain.Forward(inputs[rank][m]).pow(2).mean().backward();
     }
     expected = chain.w2.grad() / kWorld;
   }
   RunRanksAsThreads(kWorld, "set_to_none_store", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
-    Chain chain;
+    LinearChain chain;
     const std::vector<at::Tensor> parameters = chain.parameters();
     auto reducer = BucketedReducer::Create(group, parameters, OneParameterPerBucket());
     ASSERT_TRUE(reducer.ok()) << reducer.status();
@@ -85,7 +71,7 @@ TEST(BucketedReducerMemoryTest, GradientsSetToNoneGoBackIntoTheirBucketsBeforeBa
 // full device that is an OOM for the rank to report, not an exception that ends it.
 TEST(BucketedReducerMemoryTest, BucketsThatDoNotFitTheDeviceAreResourceExhausted) {
   RunRanksAsThreads(1, "buckets_oom_store", [](int, c10::intrusive_ptr<c10d::ProcessGroup> group) {
-    Chain chain;  // its weights are allocated before the cap, so only the buckets count
+    LinearChain chain;  // its weights are allocated before the cap, so only the buckets count
     CappedCpuAllocator device(/*cap_bytes=*/16);
     device.Install();
     absl::StatusOr<std::unique_ptr<BucketedReducer>> reducer =

@@ -1,11 +1,9 @@
 // Two ranks as two threads of one process over a real Gloo group, as PyTorch's c10d tests do.
 #include "worker/ddp/bucketed_reducer.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/nn/module.h>
 #include <torch/optim/sgd.h>
 
 #include <cstdio>
@@ -29,19 +27,6 @@ void RunRanks(const std::string& store_name,
   RunRanksAsThreads(kWorld, store_name, body, timeout);
 }
 
-// Three linear maps in a chain: 4 -> 8 -> 8 -> 2, registered first to last.
-// Ranks are threads here, so the weights come from a generator of the chain's own: the global one
-// is shared, and two ranks drawing from it at once would start from different weights.
-struct Chain : torch::nn::Module {
-  Chain() {
-    at::Generator generator = at::detail::createCPUGenerator(/*seed_val=*/1);
-    w1 = register_parameter("w1", at::randn({8, 4}, generator));
-    w2 = register_parameter("w2", at::randn({8, 8}, generator));
-    w3 = register_parameter("w3", at::randn({2, 8}, generator));
-  }
-  at::Tensor Forward(const at::Tensor& x) { return at::matmul(at::matmul(at::matmul(x, w1.t()), w2.t()), w3.t()); }
-  at::Tensor w1, w2, w3;
-};
 
 BucketedReducer::Options SmallBuckets() {
   BucketedReducer::Options options;
@@ -54,7 +39,7 @@ BucketedReducer::Options SmallBuckets() {
 TEST(BucketedReducerTest, BucketsFollowReverseRegistrationOrderAndCaps) {
   RunRanks("layout_store", [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
     at::manual_seed(1);
-    Chain chain;
+    LinearChain chain;
     auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
     ASSERT_TRUE(reducer.ok()) << reducer.status();
     EXPECT_EQ((*reducer)->BucketLayout(), (std::vector<std::vector<int>>{{2}, {1}, {0}}));
@@ -71,7 +56,7 @@ TEST(BucketedReducerTest, BucketsFollowReverseRegistrationOrderAndCaps) {
 // The built-in mlp's first bucket is fc3 and fc2 (1.07 MB past 1 MiB), as PyTorch's.
 TEST(BucketedReducerTest, BucketsCloseOnceTheyReachTheirCapAsPyTorchDoes) {
   RunRanks("cap_store", [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
-    Chain chain;
+    LinearChain chain;
     BucketedReducer::Options options;
     options.first_bucket_cap_bytes = 100;
     options.bucket_cap_bytes = 100;
@@ -89,14 +74,14 @@ TEST(BucketedReducerTest, AveragesGradientsLikeOneProcessWithTheWholeBatch) {
   at::Tensor expected_w1, expected_w3;
   {
     at::manual_seed(1);
-    Chain chain;
+    LinearChain chain;
     chain.Forward(inputs).pow(2).mean().backward();
     expected_w1 = chain.w1.grad().clone();
     expected_w3 = chain.w3.grad().clone();
   }
   RunRanks("average_store", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
     at::manual_seed(1);
-    Chain chain;
+    LinearChain chain;
     auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
     ASSERT_TRUE(reducer.ok()) << reducer.status();
     for (int step = 0; step < 2; ++step) {  // the second step checks the state reset
@@ -121,7 +106,7 @@ TEST(BucketedReducerTest, BucketsLiveOnTheParametersDevice) {
   const c10::Device device(c10::kCPU);
   RunRanks("device_store", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
     at::manual_seed(1);
-    Chain chain;
+    LinearChain chain;
     chain.to(device);
     auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
     ASSERT_TRUE(reducer.ok()) << reducer.status();
@@ -152,7 +137,7 @@ TEST(BucketedReducerTest, GradientsStayBucketViewsAcrossSteps) {
   std::vector<at::Tensor> expected;
   {
     at::manual_seed(1);
-    Chain chain;
+    LinearChain chain;
     for (int step = 0; step < 2; ++step) {
       chain.w2.mutable_grad() = at::Tensor();
       chain.Forward(inputs[step]).pow(2).mean().backward();
@@ -161,7 +146,7 @@ TEST(BucketedReducerTest, GradientsStayBucketViewsAcrossSteps) {
   }
   RunRanks("views_store", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
     at::manual_seed(1);
-    Chain chain;
+    LinearChain chain;
     auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
     ASSERT_TRUE(reducer.ok()) << reducer.status();
     torch::optim::SGD optimizer(chain.parameters(), torch::optim::SGDOptions(0.1));
@@ -190,13 +175,13 @@ TEST(BucketedReducerTest, AccumulatesEarlierMicroBatchesWithoutCommunicating) {
   at::Tensor expected;
   {
     at::manual_seed(1);
-    Chain chain;
+    LinearChain chain;
     chain.Forward(inputs).pow(2).mean().backward();
     expected = chain.w2.grad().clone();
   }
   RunRanks("accumulate_store", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
     at::manual_seed(1);
-    Chain chain;
+    LinearChain chain;
     auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
     ASSERT_TRUE(reducer.ok()) << reducer.status();
     for (int m = 0; m < 2; ++m) {
@@ -216,7 +201,7 @@ TEST(BucketedReducerTest, CommHooksReduceEveryBucketAndKeepTheLossExact) {
   const at::Tensor inputs = at::randn({4, 6, 4});
   std::vector<at::Tensor> expected;
   {
-    Chain chain;
+    LinearChain chain;
     for (int step = 0; step < 4; ++step) {
       chain.w2.mutable_grad() = at::Tensor();
       chain.Forward(inputs[step]).pow(2).mean().backward();
@@ -228,7 +213,7 @@ TEST(BucketedReducerTest, CommHooksReduceEveryBucketAndKeepTheLossExact) {
     const int kind_number = static_cast<int>(kind);
     std::vector<std::vector<at::Tensor>> grads(kWorld);
     RunRanks("hooks_store_" + std::to_string(kind_number), [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
-      Chain chain;
+      LinearChain chain;
       BucketedReducer::Options options = SmallBuckets();
       options.comm_hook.kind = kind;
       options.comm_hook.powersgd_start_iter = 2;
@@ -259,7 +244,7 @@ TEST(BucketedReducerTest, CommHooksReduceEveryBucketAndKeepTheLossExact) {
 TEST(BucketedReducerTest, UnreachedParameterCountsAsZero) {
   RunRanks("unused_store", [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
     at::manual_seed(1);
-    Chain chain;
+    LinearChain chain;
     auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
     ASSERT_TRUE(reducer.ok()) << reducer.status();
     (*reducer)->BeforeBackward(true);
@@ -282,7 +267,7 @@ TEST(BucketedReducerTest, PeerThatStopsParticipatingTimesOut) {
       "timeout_store",
       [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
         at::manual_seed(1);
-        Chain chain;
+        LinearChain chain;
         auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
         ASSERT_TRUE(reducer.ok()) << reducer.status();
         if (rank == 1) {

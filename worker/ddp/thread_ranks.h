@@ -8,7 +8,10 @@
 #ifndef FITRUN_WORKER_DDP_THREAD_RANKS_H_
 #define FITRUN_WORKER_DDP_THREAD_RANKS_H_
 
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/nn/module.h>
 
 #include <functional>
 #include <string>
@@ -39,6 +42,20 @@ std::string FreshTestPath(const std::string& name);
 void RunRanksAsThreads(int world, const std::string& store_name,
                        const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& body,
                        absl::Duration timeout = absl::Seconds(10));
+
+// Three linear maps in a chain, 4 -> 8 -> 8 -> 2, registered first to last: the model the reducer's
+// tests train. Its weights come from a generator of its own: ranks are threads here, and two ranks
+// drawing from the shared global generator at once would start from different weights.
+struct LinearChain : torch::nn::Module {
+  LinearChain() {
+    at::Generator generator = at::detail::createCPUGenerator(/*seed_val=*/1);
+    w1 = register_parameter("w1", at::randn({8, 4}, generator));
+    w2 = register_parameter("w2", at::randn({8, 8}, generator));
+    w3 = register_parameter("w3", at::randn({2, 8}, generator));
+  }
+  at::Tensor Forward(const at::Tensor& x) { return at::matmul(at::matmul(at::matmul(x, w1.t()), w2.t()), w3.t()); }
+  at::Tensor w1, w2, w3;
+};
 
 }  // namespace fitrun::worker
 
