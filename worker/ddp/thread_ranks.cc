@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/version.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -50,6 +51,9 @@ void RunRanksAsThreads(int world, const std::string& store_name,
                        const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& body,
                        absl::Duration timeout) {
   SkipUnlessCpuRanks(world);
+  // As in the worker's main: a rank that leaves (a dead-peer test) makes Gloo's next write to it fail
+  // with EPIPE, which the surviving rank must see as a failed collective, not die of SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   const std::string path = FreshTestPath(store_name);
   // Every rank's group is complete before any body runs: a body that leaves at once (a dead peer)
   // must not close its connections while another rank is still finishing the handshake.
