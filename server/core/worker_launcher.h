@@ -86,6 +86,13 @@ struct AttemptLaunch {
   AllocationCallback on_allocation;
 };
 
+// One step of starting an attempt and how long it took, as the RUNNING event reports it (the
+// launch-phase benchmark reads them there).
+struct LaunchPhase {
+  std::string name;
+  absl::Duration took;
+};
+
 // What the launcher started. `handle` is opaque to the job manager, which stores it with the attempt
 // and hands it back to stop or re-adopt the ranks (the ranks' pids locally; a scheduler's job id
 // elsewhere). `pids` has each rank's pid where the launcher knows it (0 where it does not).
@@ -94,6 +101,8 @@ struct LaunchedAttempt {
   std::vector<int> pids;
   std::string master_addr;
   int master_port = 0;
+  // Where the launch's time went, in order (empty where the launcher does not time its steps).
+  std::vector<LaunchPhase> phases;
 };
 
 // An attempt an earlier coordinator launched, as its record says.

@@ -56,9 +56,11 @@ LocalLauncher::~LocalLauncher() {
 absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attempt, RankExitCallback on_exit) {
   absl::StatusOr<int> port = options_.pick_master_port();
   if (!port.ok()) return port.status();
+  LaunchedAttempt launched;
   std::shared_ptr<AttemptCgroup> cgroup;
   std::vector<std::string> procs_files;
   if (options_.cgroups != nullptr) {
+    const absl::Time cgroup_start = absl::Now();
     absl::StatusOr<std::unique_ptr<JobCgroup>> made = options_.cgroups->Make(
         AttemptCgroupName(attempt.job_id, attempt.attempt), {attempt.host_memory_limit_bytes, attempt.max_processes});
     if (!made.ok()) {
@@ -71,8 +73,9 @@ absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attem
     absl::MutexLock lock(&cgroup->mu);
     cgroup->oom_kills_reported = kills.ok() ? *kills : 0;
     procs_files = cgroup->cgroup->ProcsFiles();
+    launched.phases.push_back({"cgroup", absl::Now() - cgroup_start});
   }
-  LaunchedAttempt launched;
+  const absl::Time spawn_start = absl::Now();
   launched.master_addr = "127.0.0.1";
   launched.master_port = *port;
   // Set when the attempt could not start whole: the ranks already started are killed and their
@@ -99,6 +102,8 @@ absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attem
     }
     launched.pids.push_back(*pid);
   }
+  // Each rank's fork, its switch to the job's account and its exec, as ProcessLauncher waits for them.
+  launched.phases.push_back({"spawn", absl::Now() - spawn_start});
   launched.handle = LocalLaunchHandle(launched.pids);
   if (cgroup != nullptr) {
     absl::MutexLock lock(&mu_);

@@ -1,17 +1,45 @@
 #include "worker/runtime/rank_runtime.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "proto/contract/launch_contract.h"
 
 namespace fitrun::worker {
+namespace {
+
+// How long ago this process was forked, by the kernel's record (/proc/self/stat's starttime, in
+// clock ticks since boot): the launcher's switch to the job's account, the exec and the loading of
+// the binary's shared libraries all lie in it. Unset where /proc cannot say.
+std::optional<absl::Duration> SinceFork() {
+  std::ifstream in("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t name_end = stat.rfind(')');  // the command's name may hold spaces and parentheses
+  if (name_end == std::string::npos) return std::nullopt;
+  const std::vector<std::string> fields = absl::StrSplit(stat.substr(name_end + 2), ' ');
+  constexpr size_t kStartTime = 22 - 3;  // field 22 of stat(5), counted from field 3 (state)
+  int64_t ticks = 0;
+  timespec now{};
+  if (fields.size() <= kStartTime || !absl::SimpleAtoi(fields[kStartTime], &ticks) ||
+      clock_gettime(CLOCK_BOOTTIME, &now) != 0) {
+    return std::nullopt;
+  }
+  return absl::DurationFromTimespec(now) - absl::Seconds(static_cast<double>(ticks) / sysconf(_SC_CLK_TCK));
+}
+
+}  // namespace
 
 void StopSwitch::Stop(const std::string& reason) {
   absl::MutexLock lock(&mu_);
@@ -94,6 +122,10 @@ absl::Status RankRuntime::Start() {
   if (!reporter.ok()) return reporter.status();
   reporter_ = *std::move(reporter);
   sink_ = std::make_unique<TeeSink>(std::vector<ProgressSink*>{&console_, reporter_.get()});
+  if (std::optional<absl::Duration> up = SinceFork(); up.has_value()) {
+    sink_->OnLog(absl::StrFormat("process up %.0f ms after its fork (account switch, exec, shared libraries)",
+                                 absl::ToDoubleMilliseconds(*up)));
+  }
   return absl::OkStatus();
 }
 

@@ -39,6 +39,7 @@
 #include "server/core/jobs/admission.h"
 #include "server/core/jobs/event_hub.h"
 #include "server/core/jobs/job_entry.h"
+#include "server/core/jobs/placement.h"
 #include "server/core/jobs/report_ingest.h"
 #include "server/core/memory/estimator.h"
 #include "server/core/memory/planner.h"
@@ -232,7 +233,8 @@ class JobManager {
   SchedulingPassTimes SchedulePass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RequestSchedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { schedule_requested_ = true; }
   // Launches every rank of the job on the plan's devices; on failure stops those started.
-  absl::Status LaunchAttempt(JobEntry& entry, const fitrun::v1::Plan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `placement`: the job's plan in this pass and when and how long it was made.
+  absl::Status LaunchAttempt(JobEntry& entry, const Placement& placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the launcher calls when a rank of the job's attempt exits: reads the rank's log tail, when
   // the exit may be a failure, before it takes the lock (the file is the job's), then OnWorkerExit.
   WorkerLauncher::RankExitCallback ExitCallbackFor(const fitrun::v1::Job& job, int attempt);

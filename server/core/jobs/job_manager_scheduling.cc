@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "server/core/jobs/attempt_launch.h"
 #include "server/core/jobs/job_manager.h"
@@ -24,6 +25,21 @@ using fitrun::v1::Job;
 using fitrun::v1::JobEvent;
 using fitrun::v1::JobSpec;
 using fitrun::v1::Plan;
+
+namespace {
+
+// "in 9.8 ms: plan 0.2 ms, job directory 1.1 ms, spawn 8.5 ms": where launching an attempt went.
+std::string FormatLaunchPhases(const std::vector<LaunchPhase>& phases) {
+  absl::Duration total;
+  std::vector<std::string> parts;
+  for (const LaunchPhase& phase : phases) {
+    total += phase.took;
+    parts.push_back(absl::StrFormat("%s %.1f ms", phase.name, absl::ToDoubleMilliseconds(phase.took)));
+  }
+  return absl::StrFormat("in %.1f ms: %s", absl::ToDoubleMilliseconds(total), absl::StrJoin(parts, ", "));
+}
+
+}  // namespace
 
 void JobManager::SchedulerLoop() {
   absl::MutexLock lock(&mu_);
@@ -108,7 +124,7 @@ JobManager::SchedulingPassTimes JobManager::SchedulePass() {
       (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, entry.record.job.failure_reason());
       continue;
     }
-    if (absl::Status status = LaunchAttempt(entry, *placement.plan); !status.ok()) {
+    if (absl::Status status = LaunchAttempt(entry, placement); !status.ok()) {
       entry.record.job.set_failure_reason(absl::StrCat("launch failed: ", status.message()));
       (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, entry.record.job.failure_reason());
       MaybeReleaseAttempt(entry);
@@ -120,8 +136,17 @@ JobManager::SchedulingPassTimes JobManager::SchedulePass() {
   return times;
 }
 
-absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
+absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Placement& placement) {
+  const Plan& plan = *placement.plan;
   Job& job = entry.record.job;
+  // A first attempt's wait counts from the submit; a later one's from its previous attempt's end is
+  // the recovery's business, not the launch's.
+  std::vector<LaunchPhase> phases;
+  if (job.attempts() == 0 && job.has_created_at()) {
+    const absl::Duration waited = options_.clock() - FromProto(job.created_at()) - placement.planning;
+    if (waited > absl::ZeroDuration()) phases.push_back({"queue", waited});
+  }
+  phases.push_back({"plan", placement.planning});
   const int attempt_number = job.attempts() + 1;
   job.set_attempts(attempt_number);
   *job.mutable_plan() = plan;
@@ -138,13 +163,16 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
   settings.worker_tls_ca = options_.worker_tls_ca;
   settings.dataset_cache_dir = options_.dataset_cache_dir;
   settings.max_rank_host_memory_bytes = options_.max_rank_host_memory_bytes;
+  const absl::Time assembly_start = absl::Now();
   absl::StatusOr<AttemptLaunch> assembled = AssembleAttempt(job, entry.record.token, attempt_number, plan,
                                                             devices_->Snapshot(), JobDir(job.id()), settings);
   if (!assembled.ok()) return assembled.status();
+  phases.push_back({"job directory", absl::Now() - assembly_start});
   AttemptLaunch& attempt = *assembled;
   attempt.on_allocation = AllocationCallbackFor(job.id(), attempt_number);
   absl::StatusOr<LaunchedAttempt> launched = launcher_->Launch(attempt, ExitCallbackFor(job, attempt_number));
   if (!launched.ok()) return absl::InternalError(absl::StrCat("launching the ranks: ", launched.status().message()));
+  phases.insert(phases.end(), launched->phases.begin(), launched->phases.end());
 
   const int world_size = plan.device_ids_size();
   entry.active.emplace();
@@ -179,7 +207,8 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Plan& plan) {
     }
   }
   return Transition(entry, fitrun::v1::JOB_STATE_RUNNING,
-                    absl::StrCat("launched ", world_size, " rank(s) on ", absl::StrJoin(active.device_ids, ", ")));
+                    absl::StrCat("launched ", world_size, " rank(s) on ", absl::StrJoin(active.device_ids, ", "), "; ",
+                                 FormatLaunchPhases(phases)));
 }
 
 absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, const std::string& run_as, bool only_free_devices) {

@@ -4,6 +4,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "server/core/calibration/memory_calibration.h"
 
 namespace fitrun::server {
@@ -20,9 +21,11 @@ std::vector<Placement> PlaceQueuedJobs(const std::vector<JobEntry*>& queued, std
       if (before.wait_in_planning) placements.push_back({entry, absl::UnknownError(""), before.waiting_for});
       continue;
     }
+    const absl::Time planning_start = absl::Now();
     absl::StatusOr<fitrun::v1::Plan> plan = planner(job, free_devices);
+    const absl::Duration planning = absl::Now() - planning_start;
     if (absl::IsUnavailable(plan.status())) {
-      if (in_planning) placements.push_back({entry, std::move(plan), "", /*back_to_queue=*/true});
+      if (in_planning) placements.push_back({entry, std::move(plan), "", /*back_to_queue=*/true, planning});
       break;
     }
     std::string waiting;
@@ -36,7 +39,7 @@ std::vector<Placement> PlaceQueuedJobs(const std::vector<JobEntry*>& queued, std
       waiting = gate.BeforeLaunch(job, *plan);
       if (!before.without_probe.empty()) plan->add_reasons(before.without_probe);
     }
-    placements.push_back({entry, std::move(plan), std::move(waiting)});
+    placements.push_back({entry, std::move(plan), std::move(waiting), /*back_to_queue=*/false, planning});
   }
   return placements;
 }

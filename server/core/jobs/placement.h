@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "fitrun/v1/job.pb.h"
 #include "server/core/calibration/planning_gate.h"
 #include "server/core/jobs/job_entry.h"
@@ -29,6 +30,8 @@ struct Placement {
   absl::StatusOr<fitrun::v1::Plan> plan;
   std::string waiting_for;
   bool back_to_queue = false;
+  // How long planning it took in this pass.
+  absl::Duration planning;
 };
 
 // `queued`: the jobs waiting for placement, in queue order. `free_devices`: the devices no rank
