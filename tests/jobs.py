@@ -2,12 +2,11 @@
 
 import time
 
-from fitrun.client import FINAL_STATES
-from fitrun.v1 import job_pb2
-
 
 def state_name(job):
     """"SUCCEEDED" rather than JOB_STATE_SUCCEEDED's number."""
+    from fitrun.v1 import job_pb2  # here, not above: Fitrund alone serves Pythons without the client's stubs
+
     return job_pb2.JobState.Name(job.state).replace("JOB_STATE_", "")
 
 
@@ -25,6 +24,8 @@ def wait_for(condition, timeout, what):
 
 def run_to_end(client, spec, timeout=300):
     """Submits `spec`, follows its events to the end, and returns (the ended Job, its events)."""
+    from fitrun.client import FINAL_STATES
+
     job_id = client.submit(spec)
     events = list(client.watch(job_id))
     job = wait_for(lambda: (lambda j: j if j.state in FINAL_STATES else None)(client.get(job_id)), timeout,

@@ -6,7 +6,10 @@ Fashion-MNIST gz files, trains one epoch (global batch 256, SGD with momentum 0.
 checkpoint and evaluates on the test split on rank 0, as a fitrun job does.
 
 Rank 0 prints `first step done` right after its first optimizer step, then one JSON line with its
-training seconds, samples/s and test accuracy. tools/bench/time_to_train.py starts it.
+training seconds, samples/s and test accuracy; with --print-phases, before those, `phase NAME SECONDS` as
+each phase of its start ends (imported: from the process's fork to `import torch` done; joined: the
+process group and DDP's broadcast; data: reading the training split). tools/bench/time_to_train.py and
+tools/bench/launch_phases.py start it.
 """
 import argparse
 import json
@@ -14,7 +17,15 @@ import os
 import sys
 import time
 
-import torch
+
+def since_fork():
+    """Seconds since the kernel started this process (/proc/self/stat's starttime, clock ticks since boot)."""
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+import torch  # noqa: E402  after since_fork, which times it
 import torch.distributed as dist
 import torch.nn.functional as F
 
@@ -29,19 +40,33 @@ def main():
     parser.add_argument("--global-batch", type=int, default=256)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: one epoch)")
+    parser.add_argument("--print-phases", action="store_true")
     args = parser.parse_args()
+    imported = since_fork()
 
+    def phase(name, seconds):
+        if args.print_phases and int(os.environ["RANK"]) == 0:
+            print(f"phase {name} {seconds:.4f}", flush=True)
+
+    phase("imported", imported)
     torch.set_num_threads(1)
     torch.manual_seed(1)
+    began = time.perf_counter()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    images, labels = load(args.data, "train")
     model = torch.nn.parallel.DistributedDataParallel(Mlp() if args.model == "mlp" else Cnn())
+    phase("joined", time.perf_counter() - began)
+    began = time.perf_counter()
+    images, labels = load(args.data, "train")
+    phase("data", time.perf_counter() - began)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sampler = torch.utils.data.DistributedSampler(torch.utils.data.TensorDataset(images, labels), seed=1)
     batch = args.global_batch // world
     order = torch.tensor(list(iter(sampler)))
     steps = len(order) // batch
+    if args.max_steps > 0:
+        steps = min(steps, args.max_steps)
 
     start = time.perf_counter()
     for step in range(steps):
