@@ -103,6 +103,8 @@ struct LaunchedAttempt {
   int master_port = 0;
   // Where the launch's time went, in order (empty where the launcher does not time its steps).
   std::vector<LaunchPhase> phases;
+  // How many of the ranks were warm ranks (started before the job, handed it).
+  int warm_ranks = 0;
 };
 
 // An attempt an earlier coordinator launched, as its record says.
@@ -121,11 +123,15 @@ struct RecordedAttempt {
   std::optional<UnixAccount> run_as;
 };
 
-// The handle of ranks started as local processes: "pids:<rank 0's pid>,<rank 1's>,...". Attempts
-// recorded before handles were stored were all local, so their handle is made from their pids.
-std::string LocalLaunchHandle(const std::vector<int>& pids);
+// The handle of ranks started as local processes: "pids:<rank 0's pid>,<rank 1's>,...", a warm
+// rank's pid followed by "~<its FITRUN_WARM_RANK>" (`warm_ids`: per rank, empty for one started for
+// its job; none: every rank). Attempts recorded before handles were stored were all local, so their
+// handle is made from their pids.
+std::string LocalLaunchHandle(const std::vector<int>& pids, const std::vector<std::string>& warm_ids = {});
 // The pids in a LocalLaunchHandle; INVALID_ARGUMENT for any other handle.
 absl::StatusOr<std::vector<int>> PidsInLocalLaunchHandle(const std::string& handle);
+// Per rank of a LocalLaunchHandle, its warm rank's id, empty for a rank started for its job.
+absl::StatusOr<std::vector<std::string>> WarmIdsInLocalLaunchHandle(const std::string& handle);
 
 // Implementations are thread-safe. `on_exit` runs once per rank launched or adopted, on a launcher
 // thread, and must not block for long.
@@ -153,6 +159,11 @@ class WorkerLauncher {
   // was cancelled or stopped for a restart): whatever the ranks started that still runs is killed
   // and what the attempt held (its cgroup) is freed. Must not block: the work may happen later.
   virtual void Release(const std::string& handle) { (void)handle; }
+  // Host memory the launcher's own idle processes hold (warm ranks waiting for a job), which no job
+  // may be promised.
+  virtual int64_t IdleHostBytes() const { return 0; }
+  // fitrund is stopping: the launcher's idle processes go now, before the rest of the shutdown.
+  virtual void ReleaseIdle() {}
 };
 
 }  // namespace fitrun::server

@@ -327,6 +327,16 @@ TEST_F(LocalLauncherCgroupTest, ARestartedLauncherReopensTheCgroupOfTheRanksItAd
   stray_.clear();
 }
 
+TEST(LocalLaunchHandleTest, AWarmRanksIdFollowsItsPidAndBothComeBack) {
+  const std::string handle = LocalLaunchHandle({101, 102, 103}, {"", "9f3a", ""});
+  EXPECT_EQ(handle, "pids:101,102~9f3a,103");
+  EXPECT_EQ(*PidsInLocalLaunchHandle(handle), (std::vector<int>{101, 102, 103}));
+  EXPECT_EQ(*WarmIdsInLocalLaunchHandle(handle), (std::vector<std::string>{"", "9f3a", ""}));
+  EXPECT_EQ(LocalLaunchHandle({7, 8}), "pids:7,8") << "no warm rank: the handle as it always was";
+  EXPECT_FALSE(PidsInLocalLaunchHandle("pids:x~1").ok());
+  EXPECT_FALSE(WarmIdsInLocalLaunchHandle("slurm:42").ok());
+}
+
 TEST_F(LocalLauncherCgroupTest, ReleaseUnownedRemovesOnlyCgroupsNoAttemptHolds) {
   // A stale attempt's cgroup with a process still in it, and a live probe of this fitrund's.
   absl::StatusOr<std::unique_ptr<JobCgroup>> stale = throwaway_.cgroups()->Make("j-000009-a1", {});

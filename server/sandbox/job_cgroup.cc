@@ -296,6 +296,13 @@ std::vector<std::string> JobCgroup::ProcsFiles() const {
   return files;
 }
 
+absl::Status JobCgroup::MoveIn(int pid) const {
+  for (const std::string& file : ProcsFiles()) {
+    if (absl::Status moved = WriteFile(file, absl::StrCat(pid)); !moved.ok()) return moved;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<int>> JobCgroup::Pids() const {
   std::set<int> pids;
   for (const std::string& file : ProcsFiles()) {

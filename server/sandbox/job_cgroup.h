@@ -74,6 +74,8 @@ class JobCgroup {
   const std::vector<std::string>& directories() const { return directories_; }
   // The cgroup.procs files a child writes 0 to before it execs (SpawnOptions::cgroup_procs_files).
   std::vector<std::string> ProcsFiles() const;
+  // Moves the running process `pid` (every thread of it) into this cgroup: a warm rank taking a job.
+  absl::Status MoveIn(int pid) const;
   // Every process in it, in any of its directories.
   absl::StatusOr<std::vector<int>> Pids() const;
   // The limits as the kernel holds them (rounded to its pages).
