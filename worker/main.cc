@@ -36,6 +36,14 @@ std::optional<std::string> GetEnv(const std::string& name) {
 
 int main(int argc, char** argv) {
   constexpr int kBadConfiguration = fitrun::contract::launch::kExitBadConfiguration;
+  // A warm rank idles here, its libraries loaded, until fitrund hands it a job. Failing to take one
+  // is not the job's configuration (exit 1, a crash: the attempt is retried).
+  if (absl::Status warm = fitrun::worker::AwaitWarmIdentity(); absl::IsCancelled(warm)) {
+    return 0;
+  } else if (!warm.ok()) {
+    std::fprintf(stderr, "fitrun-worker: warm rank: %s\n", std::string(warm.message()).c_str());
+    return 1;
+  }
   absl::StatusOr<fitrun::worker::CommandLine> command_line = fitrun::worker::ParseCommandLine(argc, argv);
   if (!command_line.ok()) {
     std::fprintf(stderr,

@@ -1,10 +1,12 @@
 #include "worker/options.h"
 
+#include <fcntl.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
@@ -14,6 +16,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -141,6 +144,64 @@ absl::Status TakeJobToken(WorkerOptions& options) {
         absl::StrCat(launch::kJobTokenFd, ": no job token could be read from its descriptor"));
   }
   options.job_token = std::move(token);
+  return absl::OkStatus();
+}
+
+namespace {
+std::optional<absl::Time> warm_identity_taken_at;
+}  // namespace
+
+std::optional<absl::Time> WarmIdentityTakenAt() { return warm_identity_taken_at; }
+
+absl::Status AwaitWarmIdentity() {
+  const char* descriptor = std::getenv(launch::kWarmFd);
+  if (descriptor == nullptr) return absl::OkStatus();
+  const std::string descriptor_text = descriptor;
+  int fd = -1;
+  if (!absl::SimpleAtoi(descriptor_text, &fd) || fd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(launch::kWarmFd, "=", descriptor_text, ": not a descriptor"));
+  }
+  unsetenv(launch::kWarmFd);
+  // A byte at a time: what follows the identity is the token, TakeJobToken's to read.
+  constexpr size_t kMaxEntry = 64 * 1024;
+  std::vector<std::string> entries;
+  std::string entry;
+  while (true) {
+    char c;
+    const ssize_t n = read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (entries.empty() && entry.empty()) return absl::CancelledError("fitrund let this warm rank go");
+      return absl::DataLossError(absl::StrCat(launch::kWarmFd, ": the identity ended before its last entry"));
+    }
+    if (c != '\0') {
+      if (entry.size() >= kMaxEntry) return absl::InvalidArgumentError(absl::StrCat(launch::kWarmFd, ": an entry too long"));
+      entry.push_back(c);
+    } else if (entry.empty()) {
+      break;
+    } else {
+      entries.push_back(std::move(entry));
+      entry.clear();
+    }
+  }
+  if (entries.size() < 2) return absl::InvalidArgumentError(absl::StrCat(launch::kWarmFd, ": no working directory and log"));
+  const int log = open(entries[1].c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (log < 0) return absl::FailedPreconditionError(absl::StrCat("cannot open the log ", entries[1], ": ", std::strerror(errno)));
+  dup2(log, STDOUT_FILENO);
+  dup2(log, STDERR_FILENO);
+  close(log);
+  if (chdir(entries[0].c_str()) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot enter ", entries[0], ": ", std::strerror(errno)));
+  }
+  for (size_t i = 2; i < entries.size(); ++i) {
+    const size_t equals = entries[i].find('=');
+    if (equals == std::string::npos || equals == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(launch::kWarmFd, ": '", entries[i], "' is not KEY=VALUE"));
+    }
+    setenv(entries[i].substr(0, equals).c_str(), entries[i].substr(equals + 1).c_str(), 1);
+  }
+  setenv(launch::kJobTokenFd, descriptor_text.c_str(), 1);
+  warm_identity_taken_at = absl::Now();
   return absl::OkStatus();
 }
 

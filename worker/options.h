@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "fitrun/v1/worker.pb.h"
 
 namespace fitrun::worker {
@@ -64,6 +65,16 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromEnvironment(const EnvLookup& look
 // the token and closes the descriptor. A rank calls it first thing; INVALID_ARGUMENT naming the
 // variable when the descriptor holds no token.
 absl::Status TakeJobToken(WorkerOptions& options);
+
+// For a rank started warm (FITRUN_WARM_FD set, fitrund --warm_ranks): blocks until fitrund hands it
+// its job on that descriptor as launch_contract.h says, then takes it: its log file as stdout and
+// stderr (opened as this process, which already runs as the job's owner), its working directory,
+// its variables set in the environment and FITRUN_JOB_TOKEN_FD naming the same descriptor, whose
+// rest is the token. OK at once for a rank started for its job; CANCELLED when the descriptor ends
+// before a job came (fitrund stopped or let this rank go); any other error names what was wrong.
+absl::Status AwaitWarmIdentity();
+// When AwaitWarmIdentity took this process's job; unset for a rank started for its job.
+std::optional<absl::Time> WarmIdentityTakenAt();
 
 // Parses a text-format fitrun.v1.WorkerAssignment; errors carry the file, line and column.
 absl::StatusOr<fitrun::v1::WorkerAssignment> LoadAssignment(const std::string& path);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -66,6 +67,76 @@ TEST_F(OptionsTest, ATokenByDescriptorIsReadThenTheDescriptorClosedAndTheProcess
   options->job_token_fd = fds[0];
   options->job_token.clear();
   EXPECT_NE(TakeJobToken(*options).message().find("FITRUN_JOB_TOKEN_FD"), std::string::npos);
+}
+
+// A warm rank's identity as fitrund writes it (launch_contract.h's kWarmFd): entries, an empty one, the token.
+std::string WarmIdentity(const std::vector<std::string>& entries, const std::string& token) {
+  std::string message;
+  for (const std::string& entry : entries) message.append(entry).push_back('\0');
+  message.push_back('\0');
+  return message + token;
+}
+
+// Feeds `message` to AwaitWarmIdentity through a pipe named by FITRUN_WARM_FD, keeping this test
+// process's stdout, stderr and working directory as they were.
+absl::Status AwaitWarm(const std::string& message, int* token_fd) {
+  int fds[2];
+  if (pipe(fds) != 0) return absl::InternalError("pipe");
+  if (write(fds[1], message.data(), message.size()) != static_cast<ssize_t>(message.size())) {
+    return absl::InternalError("write");
+  }
+  close(fds[1]);
+  setenv("FITRUN_WARM_FD", std::to_string(fds[0]).c_str(), 1);
+  const int out = dup(STDOUT_FILENO), err = dup(STDERR_FILENO);
+  char cwd[4096];
+  if (getcwd(cwd, sizeof(cwd)) == nullptr) return absl::InternalError("getcwd");
+  const absl::Status status = AwaitWarmIdentity();
+  std::fflush(stdout);
+  dup2(out, STDOUT_FILENO);
+  dup2(err, STDERR_FILENO);
+  close(out);
+  close(err);
+  if (chdir(cwd) != 0) return absl::InternalError("chdir back");
+  *token_fd = fds[0];
+  return status;
+}
+
+TEST_F(OptionsTest, AWarmRankTakesItsIdentityFromItsPipeAndTheTokenAfterIt) {
+  const std::string dir = std::getenv("TEST_TMPDIR") != nullptr ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::string log = dir + "/warm-rank.log";
+  int fd = -1;
+  ASSERT_TRUE(AwaitWarm(WarmIdentity({dir, log, "RANK=1", "FITRUN_JOB_ID=job-7", "MASTER_ADDR=a=b"}, "secret"), &fd).ok());
+  EXPECT_EQ(std::getenv("FITRUN_WARM_FD"), nullptr) << "taken off the environment";
+  EXPECT_STREQ(std::getenv("RANK"), "1");
+  EXPECT_STREQ(std::getenv("FITRUN_JOB_ID"), "job-7");
+  EXPECT_STREQ(std::getenv("MASTER_ADDR"), "a=b") << "split at the first '='";
+  ASSERT_NE(std::getenv("FITRUN_JOB_TOKEN_FD"), nullptr);
+  EXPECT_EQ(std::string(std::getenv("FITRUN_JOB_TOKEN_FD")), std::to_string(fd));
+  EXPECT_TRUE(WarmIdentityTakenAt().has_value());
+  // The rest of the pipe is the token, as TakeJobToken reads it.
+  WorkerOptions options;
+  options.job_token_fd = fd;
+  ASSERT_TRUE(TakeJobToken(options).ok());
+  EXPECT_EQ(options.job_token, "secret");
+  EXPECT_TRUE(std::filesystem::exists(log)) << "its log opened as its stdout and stderr";
+  unsetenv("FITRUN_JOB_TOKEN_FD");
+}
+
+TEST_F(OptionsTest, AWarmRankWhosePipeEndsBeforeAJobIsLetGo) {
+  int fd = -1;
+  EXPECT_TRUE(absl::IsCancelled(AwaitWarm("", &fd)));
+  close(fd);
+  EXPECT_EQ(AwaitWarm(std::string("/tmp\0/tmp/x.log", 15), &fd).code(), absl::StatusCode::kDataLoss);
+  close(fd);
+  const absl::Status bad = AwaitWarm(WarmIdentity({"/tmp", "/dev/null", "NOEQUALS"}, "t"), &fd);
+  close(fd);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.message(), "NOEQUALS")) << bad;
+}
+
+TEST_F(OptionsTest, ARankStartedForItsJobWaitsForNoIdentity) {
+  unsetenv("FITRUN_WARM_FD");
+  EXPECT_TRUE(AwaitWarmIdentity().ok());
 }
 
 TEST_F(OptionsTest, CoordinatorIsOptional) {

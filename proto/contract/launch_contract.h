@@ -32,6 +32,15 @@ inline constexpr char kJobToken[] = "FITRUN_JOB_TOKEN";
 inline constexpr char kJobTokenFd[] = "FITRUN_JOB_TOKEN_FD";
 inline constexpr int kJobTokenDescriptor = 3;
 inline constexpr char kAssignment[] = "FITRUN_ASSIGNMENT";
+// A warm rank (fitrund --warm_ranks): a fitrun-worker started before its job, LibTorch loaded, that
+// learns who it is from descriptor kJobTokenDescriptor (named by FITRUN_WARM_FD) rather than from
+// its environment: its working directory, its log file and each variable above as NUL-terminated
+// entries ("KEY=VALUE" for a variable), an empty entry, then the job token up to the end of the
+// pipe, which it then reads as FITRUN_JOB_TOKEN_FD's. The pipe's end before any entry (fitrund
+// stopped, or let the rank go) makes it exit 0. FITRUN_WARM_RANK is the id a restarted fitrund
+// recognises it by in /proc/<pid>/environ, since the job's own variables are never there.
+inline constexpr char kWarmFd[] = "FITRUN_WARM_FD";
+inline constexpr char kWarmRank[] = "FITRUN_WARM_RANK";
 // When fitrund serves TLS: the PEM file of the CA its certificate chains to, for the rank to verify
 // fitrund when it dials back (the rank authenticates with its job token).
 inline constexpr char kTlsCa[] = "FITRUN_TLS_CA";

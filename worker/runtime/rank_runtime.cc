@@ -122,7 +122,11 @@ absl::Status RankRuntime::Start() {
   if (!reporter.ok()) return reporter.status();
   reporter_ = *std::move(reporter);
   sink_ = std::make_unique<TeeSink>(std::vector<ProgressSink*>{&console_, reporter_.get()});
-  if (std::optional<absl::Duration> up = SinceFork(); up.has_value()) {
+  if (std::optional<absl::Time> taken = WarmIdentityTakenAt(); taken.has_value()) {
+    sink_->OnLog(absl::StrFormat("warm rank: its job taken %.0f ms ago, %.1f s after its fork",
+                                 absl::ToDoubleMilliseconds(absl::Now() - *taken),
+                                 absl::ToDoubleSeconds(SinceFork().value_or(absl::ZeroDuration()))));
+  } else if (std::optional<absl::Duration> up = SinceFork(); up.has_value()) {
     sink_->OnLog(absl::StrFormat("process up %.0f ms after its fork (account switch, exec, shared libraries)",
                                  absl::ToDoubleMilliseconds(*up)));
   }
