@@ -105,6 +105,10 @@ ABSL_FLAG(std::string, shared_dir, "",
           "checkpoints and decoded datasets (and bin/fitrun-worker, when there); without it plans stay on one node");
 ABSL_FLAG(std::string, advertise_address, "",
           "Where ranks dial fitrund (HOST or HOST:PORT), when the --listen address is not one they can reach");
+ABSL_FLAG(int, warm_ranks, 0,
+          "Keep up to this many fitrun-worker processes started and idle, LibTorch loaded, for the next built-in "
+          "job of a user whose job just launched (each runs as that user's account and takes only that user's "
+          "jobs; they exit with fitrund). 0: every rank starts with its job");
 ABSL_FLAG(bool, stop_workers_on_exit, false,
           "Stop running ranks when fitrund exits (default: leave them training; a restarted fitrund re-adopts them)");
 
@@ -137,6 +141,7 @@ int main(int argc, char** argv) {
   options.max_rank_host_memory = absl::GetFlag(FLAGS_max_rank_host_memory);
   options.max_rank_processes = absl::GetFlag(FLAGS_max_rank_processes);
   options.max_jobs_per_user = absl::GetFlag(FLAGS_max_jobs_per_user);
+  options.warm_ranks = absl::GetFlag(FLAGS_warm_ranks);
   options.max_streams_per_user = absl::GetFlag(FLAGS_max_streams_per_user);
   options.cluster = absl::GetFlag(FLAGS_cluster);
   options.slurm_partition = absl::GetFlag(FLAGS_slurm_partition);

@@ -305,6 +305,7 @@ bool RunsJobsAsOwners(const ServerOptions& options) {
 }
 
 void RunningServer::Shutdown(bool stop_workers) {
+  if (launcher) launcher->ReleaseIdle();  // warm ranks go at once, not after the API's drain
   if (grpc_server) grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   web.reset();
   if (manager) manager->Shutdown();
@@ -435,9 +436,15 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   server->authenticator = *std::move(authenticator);
 
   if (absl::Status status = StartJobCgroups(options, server.get()); !status.ok()) return status;
+  const std::string worker_binary = options.worker_binary.empty() ? DefaultWorkerBinary() : options.worker_binary;
   if (server->launcher == nullptr) {
     LocalLauncher::Options launcher_options;
     launcher_options.cgroups = server->cgroups.get();
+    if (options.warm_ranks < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--warm_ranks: 0 (none) or more (got ", options.warm_ranks, ")"));
+    }
+    launcher_options.warm_ranks = options.warm_ranks;
+    launcher_options.worker_binary = worker_binary;
     server->launcher = std::make_unique<LocalLauncher>(std::move(launcher_options));
   }
   std::vector<std::string> data_roots = options.data_roots;
@@ -470,9 +477,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   if (manager_options.dataset_cache_dir.empty()) {
     manager_options.dataset_cache_dir = (std::filesystem::absolute(options.state_dir, error) / "datasets").string();
   }
-  if (manager_options.worker_binary.empty()) {
-    manager_options.worker_binary = options.worker_binary.empty() ? DefaultWorkerBinary() : options.worker_binary;
-  }
+  if (manager_options.worker_binary.empty()) manager_options.worker_binary = worker_binary;
   // Script jobs run under fitrun-supervisor when it is installed beside the worker: it loads no
   // LibTorch, so a script keeps the machine's own PyTorch to itself.
   {

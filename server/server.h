@@ -79,6 +79,8 @@ struct ServerOptions {
   int64_t max_rank_processes = 0;
   // Per user: jobs queued or running at once, and watch and log streams open at once.
   int max_jobs_per_user = 10000;
+  // Idle warm ranks fitrund keeps at most (server/launcher/warm_ranks.h); 0: none.
+  int warm_ranks = 0;
   int max_streams_per_user = 1000;
   // Where ranks run: "local" (this machine) or "slurm" (a Slurm cluster, the one SLURM_CONF names).
   std::string cluster = "local";

@@ -26,7 +26,18 @@ LocalLauncher::LocalLauncher(std::function<absl::StatusOr<int>()> pick_master_po
 
 LocalLauncher::LocalLauncher(Options options) : options_(std::move(options)) {
   if (options_.cgroups != nullptr) releaser_ = std::thread([this] { ReleaserLoop(); });
+  if (options_.warm_ranks > 0) {
+    warm_ = std::make_unique<WarmRanks>(&processes_, WarmRanks::Options{options_.worker_binary, options_.warm_ranks});
+  }
 }
+
+int64_t LocalLauncher::IdleHostBytes() const { return warm_ != nullptr ? warm_->IdleHostBytes() : 0; }
+
+void LocalLauncher::ReleaseIdle() {
+  if (warm_ != nullptr) warm_->Close();
+}
+
+int LocalLauncher::IdleWarmRanks() const { return warm_ != nullptr ? warm_->Idle() : 0; }
 
 LocalLauncher::~LocalLauncher() {
   {
@@ -81,19 +92,25 @@ absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attem
   // Set when the attempt could not start whole: the ranks already started are killed and their
   // exits are not reported (the caller was told the attempt never started).
   auto abandoned = std::make_shared<std::atomic<bool>>(false);
+  std::vector<std::string> warm_ids(attempt.ranks.size());
   for (size_t rank = 0; rank < attempt.ranks.size(); ++rank) {
     WorkerLaunch one = attempt.ranks[rank];
     one.env.emplace_back(launch::kMasterAddr, launched.master_addr);
     one.env.emplace_back(launch::kMasterPort, absl::StrCat(launched.master_port));
-    absl::StatusOr<int> pid = processes_.Launch(
-        one,
-        [on_exit, abandoned, rank, cgroup](const WorkerExit& exit) {
-          if (abandoned->load()) return;
-          WorkerExit seen = exit;
-          if (cgroup != nullptr) NoteHostMemory(*cgroup, seen);
-          on_exit(static_cast<int>(rank), seen);
-        },
-        procs_files);
+    ProcessLauncher::ExitCallback on_rank_exit = [on_exit, abandoned, rank, cgroup](const WorkerExit& exit) {
+      if (abandoned->load()) return;
+      WorkerExit seen = exit;
+      if (cgroup != nullptr) NoteHostMemory(*cgroup, seen);
+      on_exit(static_cast<int>(rank), seen);
+    };
+    std::optional<WarmRanks::Taken> warm =
+        warm_ != nullptr ? warm_->Take(one, on_rank_exit, cgroup != nullptr ? cgroup->cgroup.get() : nullptr)
+                         : std::nullopt;
+    if (warm.has_value()) {
+      warm_ids[rank] = warm->warm_id;
+      ++launched.warm_ranks;
+    }
+    absl::StatusOr<int> pid = warm.has_value() ? warm->pid : processes_.Launch(one, on_rank_exit, procs_files);
     if (!pid.ok()) {
       abandoned->store(true);
       for (int started : launched.pids) processes_.KillIfStillRunningAfter(started, absl::ZeroDuration());
@@ -104,7 +121,11 @@ absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attem
   }
   // Each rank's fork, its switch to the job's account and its exec, as ProcessLauncher waits for them.
   launched.phases.push_back({"spawn", absl::Now() - spawn_start});
-  launched.handle = LocalLaunchHandle(launched.pids);
+  launched.handle = LocalLaunchHandle(launched.pids, warm_ids);
+  // The next job of this account finds as many ranks warm (built-in jobs only; see warm_ranks.h).
+  if (warm_ != nullptr && !attempt.ranks.empty()) {
+    warm_->Refill(attempt.ranks[0], static_cast<int>(attempt.ranks.size()));
+  }
   if (cgroup != nullptr) {
     absl::MutexLock lock(&mu_);
     cgroups_[launched.handle] = cgroup;
@@ -151,13 +172,17 @@ std::vector<bool> LocalLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
     }
   }
   std::vector<bool> adopted(attempt.pids.size(), false);
+  // A warm rank's environment is the pool's, not its job's: its handle names the id it carries.
+  const std::vector<std::string> warm_ids = WarmIdsInLocalLaunchHandle(attempt.handle).value_or(std::vector<std::string>());
   for (size_t rank = 0; rank < attempt.pids.size(); ++rank) {
     if (rank >= attempt.maybe_running.size() || !attempt.maybe_running[rank] || attempt.pids[rank] <= 0) continue;
+    const bool warm = rank < warm_ids.size() && !warm_ids[rank].empty();
+    std::vector<std::pair<std::string, std::string>> identity = {{launch::kJobId, attempt.job_id},
+                                                                 {launch::kAttempt, absl::StrCat(attempt.attempt)},
+                                                                 {launch::kRank, absl::StrCat(rank)}};
+    if (warm) identity = {{launch::kWarmRank, warm_ids[rank]}};
     absl::StatusOr<int> pid = processes_.Adopt(
-        attempt.pids[rank],
-        {{launch::kJobId, attempt.job_id},
-         {launch::kAttempt, absl::StrCat(attempt.attempt)},
-         {launch::kRank, absl::StrCat(rank)}},
+        attempt.pids[rank], identity,
         [on_exit, rank, cgroup](const WorkerExit& exit) {
           WorkerExit seen = exit;
           if (cgroup != nullptr) NoteHostMemory(*cgroup, seen);

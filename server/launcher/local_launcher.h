@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/core/worker_launcher.h"
 #include "server/launcher/process_launcher.h"
+#include "server/launcher/warm_ranks.h"
 #include "server/sandbox/job_cgroup.h"
 
 namespace fitrun::server {
@@ -42,6 +43,9 @@ class LocalLauncher : public WorkerLauncher {
     std::function<absl::Status(JobCgroup&)> kill_and_remove = KillAndRemove;
     absl::Duration retry_after = absl::Seconds(1);
     absl::Duration max_retry_after = absl::Minutes(1);
+    // Warm ranks (warm_ranks.h): how many may idle at once (0: none) and the binary kept warm.
+    int warm_ranks = 0;
+    std::string worker_binary;
   };
   explicit LocalLauncher(std::function<absl::StatusOr<int>()> pick_master_port = PickFreeTcpPort);
   explicit LocalLauncher(Options options);
@@ -55,13 +59,18 @@ class LocalLauncher : public WorkerLauncher {
   void Stop(const std::string& handle, int rank, absl::Duration grace) override;
   void KillIfStillRunningAfter(const std::string& handle, int rank, absl::Duration grace) override;
   // A rank is adopted when its recorded pid is alive and carries the attempt's FITRUN_JOB_ID,
-  // FITRUN_ATTEMPT and RANK. The attempt's cgroup, when there is one, is re-opened by name.
+  // FITRUN_ATTEMPT and RANK, or, for a warm rank, the FITRUN_WARM_RANK its handle records. The
+  // attempt's cgroup, when there is one, is re-opened by name.
   std::vector<bool> Adopt(const RecordedAttempt& attempt, RankExitCallback on_exit) override;
   // Kills what is left in the attempt's cgroup and removes it (later, on the launcher's thread).
   void Release(const std::string& handle) override;
   // Removes this coordinator's cgroups that no launched or adopted attempt holds (and memory
   // probes' of an earlier fitrund): their attempts ended while no coordinator watched.
   void ReleaseUnowned(const std::vector<std::string>& owned_handles) override;
+  int64_t IdleHostBytes() const override;
+  void ReleaseIdle() override;
+  // Warm ranks idle now.
+  int IdleWarmRanks() const;
 
  private:
   // An attempt's cgroup, the OOM kills in it that exits have reported so far, and, once released,
@@ -94,6 +103,8 @@ class LocalLauncher : public WorkerLauncher {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread releaser_;
   ProcessLauncher processes_;
+  // After processes_, so it lets its ranks go before processes_ reaps them; null without warm ranks.
+  std::unique_ptr<WarmRanks> warm_;
 };
 
 }  // namespace fitrun::server

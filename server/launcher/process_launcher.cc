@@ -84,6 +84,34 @@ absl::StatusOr<int> ProcessLauncher::Launch(const WorkerLaunch& launch, ExitCall
   return static_cast<int>(*pid);
 }
 
+absl::StatusOr<ProcessLauncher::Warm> ProcessLauncher::StartWarm(const std::vector<std::string>& argv,
+                                                                  const std::optional<UnixAccount>& run_as,
+                                                                  const std::string& warm_id, ExitCallback on_exit) {
+  if (argv.empty()) return absl::InvalidArgumentError("argv is empty");
+  absl::StatusOr<Pipe> identity = MakePipe();
+  if (!identity.ok()) return identity.status();
+  SpawnOptions spawn;
+  spawn.argv = argv;
+  spawn.env = {{launch::kWarmFd, absl::StrCat(launch::kJobTokenDescriptor)}, {launch::kWarmRank, warm_id}};
+  spawn.working_dir = "/";
+  spawn.output_path = "/dev/null";  // its job's log is its own to open once it has a job
+  spawn.own_process_group = true;
+  spawn.run_as = run_as;
+  spawn.rank_limits = true;
+  spawn.secret_fd = identity->read_end;
+  spawn.secret_target = launch::kJobTokenDescriptor;
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<pid_t> pid = stopping_ ? absl::UnavailableError("the launcher is shutting down") : Spawn(spawn);
+  CloseFd(&identity->read_end);
+  if (!pid.ok()) {
+    CloseFd(&identity->write_end);
+    return pid.status();
+  }
+  alive_[*pid] = true;
+  StartWaiter([this, pid = *pid, on_exit = std::move(on_exit)](int64_t waiter) { Wait(pid, waiter, on_exit); });
+  return Warm{static_cast<int>(*pid), identity->write_end};
+}
+
 void ProcessLauncher::StartWaiter(std::function<void(int64_t)> body) {
   for (int64_t done : finished_waiters_) {
     auto it = waiters_.find(done);

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <optional>
 #include <map>
 #include <thread>
 #include <vector>
@@ -32,6 +33,15 @@ class ProcessLauncher {
   // returns its pid (and process group id).
   absl::StatusOr<int> Launch(const WorkerLaunch& launch, ExitCallback on_exit,
                              const std::vector<std::string>& cgroup_procs_files = {});
+  // Starts `argv` as a warm rank (launch_contract.h's kWarmFd), as `run_as` (unset: fitrund's user),
+  // its output discarded until it takes a job, recognisable by FITRUN_WARM_RANK=`warm_id`. Returns
+  // its pid and the write end of its identity pipe, close-on-exec, for the caller alone to hold.
+  struct Warm {
+    int pid = 0;
+    int identity_fd = -1;
+  };
+  absl::StatusOr<Warm> StartWarm(const std::vector<std::string>& argv, const std::optional<UnixAccount>& run_as,
+                                 const std::string& warm_id, ExitCallback on_exit);
   // SIGTERM to the worker's process group, SIGKILL if still alive after `grace`.
   void Stop(int pid, absl::Duration grace);
   // No SIGTERM (the worker is sending its last words), but SIGKILL if still alive after `grace`.

@@ -207,8 +207,9 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Placement& placeme
     }
   }
   return Transition(entry, fitrun::v1::JOB_STATE_RUNNING,
-                    absl::StrCat("launched ", world_size, " rank(s) on ", absl::StrJoin(active.device_ids, ", "), "; ",
-                                 FormatLaunchPhases(phases)));
+                    absl::StrCat("launched ", world_size, " rank(s)",
+                                 launched->warm_ranks > 0 ? absl::StrCat(" (", launched->warm_ranks, " warm)") : "",
+                                 " on ", absl::StrJoin(active.device_ids, ", "), "; ", FormatLaunchPhases(phases)));
 }
 
 absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, const std::string& run_as, bool only_free_devices) {
@@ -275,7 +276,7 @@ int64_t JobManager::UnpromisedHostMemory() {
     const JobEntry& entry = jobs_.at(id);
     if (entry.active) promised += entry.record.job.plan().host_memory_bytes();
   }
-  return std::max<int64_t>(0, options_.host_memory_bytes - promised);
+  return std::max<int64_t>(0, options_.host_memory_bytes - promised - launcher_->IdleHostBytes());
 }
 
 absl::StatusOr<Plan> JobManager::PlanForJob(const Job& job, const std::vector<DeviceCapacity>& devices,
