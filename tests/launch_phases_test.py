@@ -32,7 +32,7 @@ def table_after(output, heading):
 class LaunchPhasesTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        settings = "bare,secured" if os.geteuid() == 0 else "bare"
+        settings = "bare,secured,secured+warm" if os.geteuid() == 0 else "bare,bare+warm"
         done = subprocess.run([sys.executable, BENCH, "--short", f"--bin={RUNFILES}", f"--settings={settings}"],
                               capture_output=True, text=True, timeout=600)
         cls.output = done.stdout + done.stderr
@@ -65,18 +65,23 @@ class LaunchPhasesTest(unittest.TestCase):
             for phase in ("plan", "job directory", "spawn", "rank start", "data", "rendezvous"):
                 self.assertGreaterEqual(float(row[phase]), 0.0, f"{side} {phase}: {row}")
             # Only an attempt confined to a cgroup has a cgroup phase.
-            if "secured" in side:
+            if side.startswith("fitrun secured"):
                 self.assertGreaterEqual(float(row["cgroup"]), 0.0, f"{side}: {row}")
             else:
                 self.assertEqual(row["cgroup"], "-", f"{side}: {row}")
             # A rank starts in well under a minute: a figure read in the wrong unit would not.
             self.assertLess(float(row["rank start"]), 60_000, f"{side}: {row}")
 
+    def test_only_a_second_submit_with_warm_ranks_runs_on_them(self):
+        for side in self.fitrun_sides():
+            expected = "2" if side.endswith("+warm, second") else "0"
+            self.assertEqual(self.phases[side]["warm ranks"], expected, f"{side}: {self.phases[side]}")
+
     def test_pytorch_reports_the_phases_it_has(self):
         row = self.phases["PyTorch DDP, direct"]
         for phase in ("rank start", "data", "rendezvous"):
             self.assertGreater(float(row[phase]), 0.0, row)
-        for phase in ("queue", "plan", "job directory", "cgroup", "spawn"):
+        for phase in ("warm ranks", "queue", "plan", "job directory", "cgroup", "spawn"):
             self.assertEqual(row[phase], "-", row)
         self.assertEqual(self.milestones["PyTorch DDP, direct"]["end vs PyTorch"], "1.00x")
 

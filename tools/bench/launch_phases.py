@@ -7,6 +7,8 @@ CPU devices, Gloo) it times, on a fresh fitrund each time:
   - bare: fitrund with no users, no job cgroups, plain-text gRPC;
   - secured (root only): TLS on the API and the ranks' channel, a user whose jobs run as a throwaway Unix
     account, each attempt in a cgroup of its own (--job_cgroups=on);
+  - secured+warm: the same with --warm_ranks=2, so that the second submit runs on ranks started, as the
+    user's account, when the first launched;
 each with a first submit (empty state directory: no dataset cache) and a second submit of the same spec;
 and tools/bench/torch_ddp_direct.py, the same job as a PyTorch user's script, two processes started
 directly.
@@ -14,12 +16,12 @@ directly.
 The phases come from what each side reports as it goes: fitrund's RUNNING event says how long the queue,
 the plan, the job directory (the assignment, written as the owner), the cgroup and the ranks' spawn took;
 each rank says how long after its fork its main() began (the account switch, the exec, the shared
-libraries), how long its data and its rendezvous took. The milestones are the arrival times of those
+libraries; a warm rank: how long after it was handed its job), how long its data and its rendezvous took. The milestones are the arrival times of those
 lines at the watching client, from the moment `fitrun submit` starts; PyTorch's rank 0 prints its own.
 
 A program that prints figures, not a test: nothing is asserted. Usage (from the repository root):
   bazel build -c opt //server:fitrund //worker:fitrun-worker //client:fitrun
-  /usr/bin/python3 tools/bench/launch_phases.py [--runs 3] [--steps 50] [--settings bare,secured]
+  /usr/bin/python3 tools/bench/launch_phases.py [--runs 5] [--steps 50] [--settings bare,secured,secured+warm]
 --short (one run of 3 steps) is what the test suite runs so that the program cannot rot.
 """
 import argparse
@@ -68,11 +70,13 @@ class Setting:
         self.client_flags = []
         self.fitrund_flags = ["--devices=auto"]
         self.worker = os.path.join(bin_dir, "worker", "fitrun-worker")
-        if name == "bare":
+        if name.endswith("+warm"):
+            self.fitrund_flags.append("--warm_ranks=2")
+        if name.startswith("bare"):
             self.fitrund_flags.append("--job_cgroups=off")
             return
         if os.geteuid() != 0:
-            sys.exit("--settings=secured runs jobs as another Unix account and in cgroups: run as root")
+            sys.exit(f"--settings={name} runs jobs as another Unix account and in cgroups: run as root")
         self.account = f"fitrunbench{os.getpid()}"
         accounts.useradd(self.account)
         # The ranks run as the account: their binary and the CA they verify fitrund with must be
@@ -134,12 +138,14 @@ def fitrun_submit(setting, fitrund, spec):
             at["submitted"] = now
         elif launched := re.search(r"-> RUNNING \(launched .*; in [0-9.]+ ms: (.*)\)$", line):
             at["launched"] = now
+            warm = re.search(r"rank\(s\) \(([0-9]+) warm\)", line)
+            phases["warm ranks"] = int(warm.group(1)) if warm else 0
             for part in launched.group(1).split(", "):
                 name, ms = part.rsplit(" ", 2)[0], part.rsplit(" ", 2)[1]
                 phases[name] = float(ms) / 1000
-        elif up := re.search(r"process up ([0-9]+) ms after its fork", line):
+        elif up := re.search(r"process up ([0-9]+) ms after its fork|warm rank: its job taken ([0-9]+) ms ago", line):
             at["ranks up"] = now  # the last rank's line is the one the job waits for
-            phases["rank start"] = max(phases.get("rank start", 0.0), int(up.group(1)) / 1000)
+            phases["rank start"] = max(phases.get("rank start", 0.0), int(up.group(1) or up.group(2)) / 1000)
         elif data := re.search(r"training samples loaded in ([0-9.]+[a-z]+)", line):
             at["data loaded"] = now
             phases["data"] = max(phases.get("data", 0.0), seconds_of(data.group(1)))
@@ -194,9 +200,9 @@ def cell(value, scale=1.0, digits=2):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--settings", default="bare,secured" if os.geteuid() == 0 else "bare")
+    parser.add_argument("--settings", default="bare,secured,secured+warm" if os.geteuid() == 0 else "bare,bare+warm")
     parser.add_argument("--bin", default=os.path.join(ROOT, "bazel-out", "k8-opt", "bin"),
                         help="where server/fitrund, worker/fitrun-worker and client/fitrun are (default: -c opt's)")
     parser.add_argument("--short", action="store_true", help="one run of 3 steps: the test suite's form")
@@ -241,13 +247,14 @@ def main():
         print(f"| {side} | " + " | ".join(cell(median(rows, m, 0)) for m in MILESTONES) +
               f" | {median(rows, 'end', 0) / torch_end:.2f}x |")
     print()
-    phases = FITRUND_PHASES + ["rank start", "data", "rendezvous"]
-    print("phases, milliseconds (rank start: a rank's fork to its main, or `import torch`; data and rendezvous: "
-          "the slowest rank's own figure):")
+    phases = ["warm ranks"] + FITRUND_PHASES + ["rank start", "data", "rendezvous"]
+    print("phases, milliseconds (warm ranks: how many of the 2 were; rank start: a rank's fork to its main, a warm "
+          "rank's job handed to its main, or `import torch`; data and rendezvous: the slowest rank's own figure):")
     print("| side | " + " | ".join(phases) + " |")
     print("| --- | " + " | ".join("---:" for _ in phases) + " |")
     for side, rows in results.items():
-        print(f"| {side} | " + " | ".join(cell(median(rows, p, 1), 1000, 1) for p in phases) + " |")
+        print(f"| {side} | " + " | ".join(cell(median(rows, p, 1), 1, 0) if p == "warm ranks" else
+                                          cell(median(rows, p, 1), 1000, 1) for p in phases) + " |")
 
 
 if __name__ == "__main__":
