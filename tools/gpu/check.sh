@@ -18,8 +18,9 @@
 # by tools/gpu/figures.py and held against its goal in results.tsv (part, step, what, figure, value,
 # goal, verdict); a figure that is missing fails. Device memory is NVML's per process, sampled every
 # 0.1 s during each job (nvidia-smi --query-compute-apps) for the job's rank pids. Every wait is
-# bounded: a job has JOB_SECONDS (default 150) from submit to its end, a part PART_SECONDS (default
-# 450); a job still running then is cancelled and its figures fail.
+# bounded: a job has JOB_SECONDS (default 150; 400 in a rehearsal) from submit to its end, a part
+# PART_SECONDS (default 450; 900 in a rehearsal); a job still running then is cancelled and its
+# figures fail.
 #
 # The worker: the kit's, when the machine's torch is the one the kit was built against (its MANIFEST);
 # worker/ finds the machine's torch through gpu-work/kit/torch-lib and cuda-lib, links made here to
@@ -58,8 +59,15 @@ if ((rehearse)); then
 else
   python=${PYTHON:-python3}
 fi
-job_seconds=${JOB_SECONDS:-150}
-part_seconds=${PART_SECONDS:-450}
+# On the GPU each part fits one device call; a rehearsal's CPU devices are slower and share two cores
+# with whatever else runs, so there the same jobs get longer before they count as hung.
+if ((rehearse)); then
+  job_seconds=${JOB_SECONDS:-400}
+  part_seconds=${PART_SECONDS:-900}
+else
+  job_seconds=${JOB_SECONDS:-150}
+  part_seconds=${PART_SECONDS:-450}
+fi
 logs=$work/logs
 installed=$work/kit        # the kit's worker and bundle, unpacked
 bundle_root=$work/bundle/fitrun
