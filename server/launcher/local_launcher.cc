@@ -122,9 +122,9 @@ absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attem
   // Each rank's fork, its switch to the job's account and its exec, as ProcessLauncher waits for them.
   launched.phases.push_back({"spawn", absl::Now() - spawn_start});
   launched.handle = LocalLaunchHandle(launched.pids, warm_ids);
-  // The next job of this account finds as many ranks warm (built-in jobs only; see warm_ranks.h).
   if (warm_ != nullptr && !attempt.ranks.empty()) {
-    warm_->Refill(attempt.ranks[0], static_cast<int>(attempt.ranks.size()));
+    absl::MutexLock lock(&mu_);
+    refill_on_release_.emplace(launched.handle, std::make_pair(attempt.ranks[0], static_cast<int>(attempt.ranks.size())));
   }
   if (cgroup != nullptr) {
     absl::MutexLock lock(&mu_);
@@ -209,6 +209,12 @@ void LocalLauncher::Release(const std::string& handle) {
   std::shared_ptr<AttemptCgroup> cgroup;
   {
     absl::MutexLock lock(&mu_);
+    // The next job of this account finds as many ranks warm (built-in jobs only; see warm_ranks.h).
+    // Started now, not at launch: loading LibTorch beside a job's starting ranks would slow them.
+    if (auto refill = refill_on_release_.find(handle); refill != refill_on_release_.end()) {
+      warm_->Refill(refill->second.first, refill->second.second);
+      refill_on_release_.erase(refill);
+    }
     auto it = cgroups_.find(handle);
     if (it == cgroups_.end()) return;
     cgroup = std::move(it->second);

@@ -100,6 +100,9 @@ class LocalLauncher : public WorkerLauncher {
   // The cgroups of attempts launched or adopted and not released, by handle.
   std::map<std::string, std::shared_ptr<AttemptCgroup>> cgroups_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<AttemptCgroup>> to_release_ ABSL_GUARDED_BY(mu_);
+  // Per launched attempt with warm ranks on: one of its ranks and how many it had, for the warm ranks
+  // its release starts.
+  std::map<std::string, std::pair<WorkerLaunch, int>> refill_on_release_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread releaser_;
   ProcessLauncher processes_;

@@ -10,8 +10,10 @@
 // idle at once, over every account, the longest idle let go first to make room; and an idle one
 // exits the moment its pipe ends, which fitrund's exit (however it dies) makes happen.
 //
-// After each launch of an account's ranks the pool starts that many again for the account, on a
-// thread of its own, so the next job of a user who submits often finds them warm.
+// When an attempt of an account's built-in job is released (its ranks have all exited), the pool
+// starts as many for the account, on a thread of its own, so the next job of a user who submits
+// often finds them warm; not at launch, where loading LibTorch would compete with the job's own
+// starting ranks for the cores.
 //
 // Thread-safe.
 #ifndef FITRUN_SERVER_LAUNCHER_WARM_RANKS_H_

@@ -8,8 +8,10 @@ CPU devices, Gloo) it times, on a fresh fitrund each time:
   - secured (root only): TLS on the API and the ranks' channel, a user whose jobs run as a throwaway Unix
     account, each attempt in a cgroup of its own (--job_cgroups=on);
   - secured+warm: the same with --warm_ranks=2, so that the second submit runs on ranks started, as the
-    user's account, when the first launched;
-each with a first submit (empty state directory: no dataset cache) and a second submit of the same spec;
+    user's account, when the first one's ranks exited;
+each with a first submit (empty state directory: no dataset cache) and a second submit of the same spec
+--pause seconds after the first ended (a user reading the result; 0: back to back, when the warm ranks
+are still loading LibTorch as the second job takes them);
 and tools/bench/torch_ddp_direct.py, the same job as a PyTorch user's script, two processes started
 directly.
 
@@ -21,7 +23,8 @@ lines at the watching client, from the moment `fitrun submit` starts; PyTorch's 
 
 A program that prints figures, not a test: nothing is asserted. Usage (from the repository root):
   bazel build -c opt //server:fitrund //worker:fitrun-worker //client:fitrun
-  /usr/bin/python3 tools/bench/launch_phases.py [--runs 5] [--steps 50] [--settings bare,secured,secured+warm]
+  /usr/bin/python3 tools/bench/launch_phases.py [--runs 5] [--steps 50] [--pause 2]
+                                                [--settings bare,secured,secured+warm]
 --short (one run of 3 steps) is what the test suite runs so that the program cannot rot.
 """
 import argparse
@@ -205,6 +208,8 @@ def main():
     parser.add_argument("--settings", default="bare,secured,secured+warm" if os.geteuid() == 0 else "bare,bare+warm")
     parser.add_argument("--bin", default=os.path.join(ROOT, "bazel-out", "k8-opt", "bin"),
                         help="where server/fitrund, worker/fitrun-worker and client/fitrun are (default: -c opt's)")
+    parser.add_argument("--pause", type=float, default=2.0,
+                        help="seconds between the first submit's end and the second submit")
     parser.add_argument("--short", action="store_true", help="one run of 3 steps: the test suite's form")
     args = parser.parse_args()
     if args.short:
@@ -230,6 +235,7 @@ def main():
                         if fitrund.address is None:
                             sys.exit(f"fitrund did not start:\n{fitrund.log()}")
                         results.setdefault(f"fitrun {name}, first", []).append(fitrun_submit(setting, fitrund, spec))
+                        time.sleep(args.pause)  # the scenario's think time, the same for every setting
                         results.setdefault(f"fitrun {name}, second", []).append(fitrun_submit(setting, fitrund, spec))
             finally:
                 setting.close()
@@ -237,7 +243,7 @@ def main():
             results.setdefault("PyTorch DDP, direct", []).append(torch_direct(work, args.steps))
 
     print(f"Fashion-MNIST mlp, {args.steps} steps, global batch 256, 2 ranks x 1 thread, Gloo; {os.cpu_count()} "
-          f"cores; median of {args.runs} run(s)")
+          f"cores; second submit {args.pause:g} s after the first ended; median of {args.runs} run(s)")
     print()
     print("milestones, seconds from the start of `fitrun submit --watch` (PyTorch: of its two processes):")
     print("| side | " + " | ".join(MILESTONES) + " | end vs PyTorch |")
