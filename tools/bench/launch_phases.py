@@ -44,10 +44,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import accounts  # noqa: E402  throwaway Unix accounts, as the owners' tests make them
 from jobs import Fitrund  # noqa: E402
-from ddp_bench import free_port  # noqa: E402
+from time_to_train import start_direct_ranks  # noqa: E402
 
 SPEC = os.path.join(ROOT, "deploy", "examples", "fashion-mnist-mlp.yaml")
-DIRECT = os.path.join(ROOT, "tools", "bench", "torch_ddp_direct.py")
 TOKEN = "launch-phases-bench-token"
 
 # fitrund's own phases, as its RUNNING event names them, in order.
@@ -166,16 +165,7 @@ def fitrun_submit(setting, fitrund, spec):
 
 def torch_direct(work, steps):
     """PyTorch's milestones from its ranks' start, and the same phases where it has them."""
-    port = free_port()
-    start = time.monotonic()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen(
-            ["/usr/bin/python3", DIRECT, "--model", "mlp", "--max-steps", str(steps), "--print-phases",
-             "--checkpoint", os.path.join(work, "mlp.pt")],
-            env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=subprocess.STDOUT,
-            text=True))
+    start, procs = start_direct_ranks("mlp", work, "--max-steps", str(steps), "--print-phases")
     at, phases = {}, {}
     for line in procs[0].stdout:
         now = time.monotonic() - start

@@ -103,16 +103,23 @@ def submit_and_watch(fitrund, spec):
     return seen
 
 
-def torch_direct(model, work):
+def start_direct_ranks(model, work, *extra):
+    """torch_ddp_direct.py's two ranks, started as a user would (the torchrun contract by hand); returns
+    when they started and the processes (rank 0's output on a pipe)."""
     port = free_port()
     start = time.monotonic()
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         procs.append(subprocess.Popen(
-            ["/usr/bin/python3", DIRECT, "--model", model, "--checkpoint", os.path.join(work, f"{model}.pt")],
+            ["/usr/bin/python3", DIRECT, "--model", model, "--checkpoint", os.path.join(work, f"{model}.pt"), *extra],
             env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=subprocess.STDOUT,
             text=True))
+    return start, procs
+
+
+def torch_direct(model, work):
+    start, procs = start_direct_ranks(model, work)
     first_step, result = None, None
     for line in procs[0].stdout:
         if line.startswith("first step done"):
