@@ -15,6 +15,7 @@
 #include "worker/data/dataset_cache.h"
 #include "worker/ddp/gradient_synchronizer.h"
 #include "worker/models/workload.h"
+#include "worker/runtime/compute_threads.h"
 #include "worker/trainer/progress_sink.h"
 #include "worker/trainer/trainer.h"
 
@@ -108,8 +109,7 @@ absl::StatusOr<std::unique_ptr<MemoryProbe>> MemoryProbe::Create(const fitrun::v
     return absl::InvalidArgumentError(
         absl::StrCat("cpu_threads[0]: must be >= 0 (got ", assignment.cpu_threads(0), ")"));
   }
-  at::set_num_interop_threads(1);
-  at::set_num_threads(ProbeResourcesOf(assignment).cpu_threads);
+  SetComputeThreads(ProbeResourcesOf(assignment).cpu_threads);
   // Loaded before the allocator is installed, the data stays uncounted as it does in a training run.
   // Through the ranks' dataset cache: the probe is often the first to decode a dataset, and the
   // ranks that follow map what it wrote. Its stdout is the protocol; what the cache says goes to stderr.

@@ -35,6 +35,7 @@
 #include "worker/memory/process_gpu_memory.h"
 #include "worker/models/model.h"
 #include "worker/models/workload.h"
+#include "worker/runtime/compute_threads.h"
 #include "worker/torch_compat.h"
 #include "worker/trainer/trainer.h"
 
@@ -249,8 +250,7 @@ class BuiltinTraining final : public TrainingProgram {
                                                       SharesItsGpu() ? " (a GPU another rank shares)" : "", ": ",
                                                       s.message())));
     }
-    at::set_num_interop_threads(1);
-    at::set_num_threads(resources_.cpu_threads);
+    SetComputeThreads(resources_.cpu_threads);
     return std::nullopt;
   }
 
