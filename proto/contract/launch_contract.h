@@ -40,6 +40,11 @@ inline constexpr char kAssignment[] = "FITRUN_ASSIGNMENT";
 // stopped, or let the rank go) makes it exit 0. FITRUN_WARM_RANK is the id a restarted fitrund
 // recognises it by in /proc/<pid>/environ, since the job's own variables are never there.
 inline constexpr char kWarmFd[] = "FITRUN_WARM_FD";
+// A built-in job's rank: the threads of a threaded OpenBLAS (Debian's LibTorch's BLAS), its
+// device's cpu_threads; read once, when the library loads (1 for a warm rank, which its job then
+// raises at run time). Without it OpenBLAS keeps a thread per core waiting in sched_yield, which cost
+// two ranks on two cores about a tenth of their cnn throughput.
+inline constexpr char kOpenBlasThreads[] = "OPENBLAS_NUM_THREADS";
 inline constexpr char kWarmRank[] = "FITRUN_WARM_RANK";
 // When fitrund serves TLS: the PEM file of the CA its certificate chains to, for the rank to verify
 // fitrund when it dials back (the rank authenticates with its job token).

@@ -92,7 +92,9 @@ absl::StatusOr<ProcessLauncher::Warm> ProcessLauncher::StartWarm(const std::vect
   if (!identity.ok()) return identity.status();
   SpawnOptions spawn;
   spawn.argv = argv;
-  spawn.env = {{launch::kWarmFd, absl::StrCat(launch::kJobTokenDescriptor)}, {launch::kWarmRank, warm_id}};
+  spawn.env = {{launch::kWarmFd, absl::StrCat(launch::kJobTokenDescriptor)},
+               {launch::kWarmRank, warm_id},
+               {launch::kOpenBlasThreads, "1"}};
   spawn.working_dir = "/";
   spawn.output_path = "/dev/null";  // its job's log is its own to open once it has a job
   spawn.own_process_group = true;

@@ -22,6 +22,8 @@ ASSIGNMENT = "FITRUN_ASSIGNMENT"
 # A warm fitrun-worker's pipe and id (fitrund --warm_ranks); never a script's.
 WARM_FD = "FITRUN_WARM_FD"
 WARM_RANK = "FITRUN_WARM_RANK"
+# A built-in job's rank's OpenBLAS threads (its device's share of the cores).
+OPEN_BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 TLS_CA = "FITRUN_TLS_CA"
 CUDA_ALLOCATOR_CONFIG = "PYTORCH_CUDA_ALLOC_CONF"
 

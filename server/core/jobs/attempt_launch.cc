@@ -139,6 +139,10 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
         {launch::kAssignment, assignment_path.string()},
     };
     if (!settings.worker_tls_ca.empty()) launch.env.emplace_back(launch::kTlsCa, settings.worker_tls_ca);
+    // A built-in job's BLAS threads, its device's share of the cores; a script's are the script's.
+    if (!job.spec().has_script()) {
+      launch.env.emplace_back(launch::kOpenBlasThreads, absl::StrCat(std::max(1, by_id[plan.device_ids(rank)].cpu_threads())));
+    }
     // The caching allocator's settings the plan assumed (CUDA devices only).
     if (!plan.cuda_allocator_config().empty()) {
       launch.env.emplace_back(launch::kCudaAllocatorConfig, plan.cuda_allocator_config());

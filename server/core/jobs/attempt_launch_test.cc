@@ -73,6 +73,8 @@ TEST(AttemptLaunchTest, EveryRankGetsTheContractAndTheAssignmentSaysWhatEachMayU
     EXPECT_EQ(launch.job_token, "secret");
     EXPECT_EQ(env.at("FITRUN_ASSIGNMENT"), assignment_path);
     EXPECT_EQ(env.at("FITRUN_TLS_CA"), "/etc/ca.pem");
+    // plan.device_ids[rank]'s threads: cpu:1 has 2, cpu:0 has 1.
+    EXPECT_EQ(env.at("OPENBLAS_NUM_THREADS"), rank == 0 ? "2" : "1");
   }
   std::ifstream in(assignment_path);
   std::stringstream text;
