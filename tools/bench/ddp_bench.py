@@ -114,8 +114,9 @@ def run_ranks(commands, env_extra, timeout):
     procs = []
     try:
         for rank, cmd in enumerate(commands):
+            # OMP_NUM_THREADS=1 as torchrun sets it for several processes a node (OpenBLAS reads it too).
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), **env_extra)
+                       MASTER_PORT=str(port), OMP_NUM_THREADS="1", **env_extra)
             if LINK:
                 env["GLOO_SOCKET_IFNAME"] = "lo"  # the namespace has no other interface
                 cmd = LINK.wrap(cmd)

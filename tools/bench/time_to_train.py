@@ -110,7 +110,9 @@ def start_direct_ranks(model, work, *extra):
     start = time.monotonic()
     procs = []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        # OMP_NUM_THREADS=1 as torchrun sets it for several processes a node (OpenBLAS reads it too).
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen(
             ["/usr/bin/python3", DIRECT, "--model", model, "--checkpoint", os.path.join(work, f"{model}.pt"), *extra],
             env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=subprocess.STDOUT,
