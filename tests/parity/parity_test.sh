@@ -37,7 +37,10 @@ run_pair() {
   shift 2
   port=$(free_port)
   for rank in 0 1; do
-    env RANK=$rank WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@" > "$work/$prefix$rank.log" 2>&1 &
+    # OMP_NUM_THREADS=1 as torchrun sets it: PyTorch's OpenBLAS then computes on one thread, as a fitrun
+    # rank's does (worker/runtime/compute_threads.h), and the sums come out in the same order.
+    env RANK=$rank WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=1 "$@" \
+      > "$work/$prefix$rank.log" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do
