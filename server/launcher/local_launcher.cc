@@ -37,8 +37,6 @@ void LocalLauncher::ReleaseIdle() {
   if (warm_ != nullptr) warm_->Close();
 }
 
-int LocalLauncher::IdleWarmRanks() const { return warm_ != nullptr ? warm_->Idle() : 0; }
-
 LocalLauncher::~LocalLauncher() {
   {
     absl::MutexLock lock(&mu_);

@@ -69,8 +69,6 @@ class LocalLauncher : public WorkerLauncher {
   void ReleaseUnowned(const std::vector<std::string>& owned_handles) override;
   int64_t IdleHostBytes() const override;
   void ReleaseIdle() override;
-  // Warm ranks idle now.
-  int IdleWarmRanks() const;
 
  private:
   // An attempt's cgroup, the OOM kills in it that exits have reported so far, and, once released,

@@ -224,14 +224,4 @@ int64_t WarmRanks::IdleHostBytes() const {
   return bytes;
 }
 
-int WarmRanks::Idle() const {
-  absl::MutexLock lock(&mu_);
-  int idle = 0;
-  for (const std::shared_ptr<Rank>& rank : idle_) {
-    absl::MutexLock rank_lock(&rank->mu);
-    idle += rank->exited ? 0 : 1;
-  }
-  return idle;
-}
-
 }  // namespace fitrun::server

@@ -69,8 +69,6 @@ class WarmRanks {
   void Refill(const WorkerLaunch& launch, int count) ABSL_LOCKS_EXCLUDED(mu_);
   // What the idle ranks hold of the host's memory (their anonymous resident pages), for the plans.
   int64_t IdleHostBytes() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Idle ranks now (those started and not yet handed a job, exited or let go).
-  int Idle() const ABSL_LOCKS_EXCLUDED(mu_);
   // Lets every idle rank go (each reads the end of its pipe and exits at once) and keeps none from
   // now on: fitrund is stopping. Ranks already handed a job are the job's.
   void Close() ABSL_LOCKS_EXCLUDED(mu_);
