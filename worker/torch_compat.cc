@@ -26,4 +26,13 @@ c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupOver(c10::intrusive_ptr<C10dB
 #endif
 }
 
+C10dBackend* BackendOf(c10d::ProcessGroup& group, c10::DeviceType device_type) {
+#if TORCH_VERSION_MAJOR >= 2
+  return group.getBackend(device_type).get();
+#else
+  (void)device_type;
+  return &group;
+#endif
+}
+
 }  // namespace fitrun::worker::torch_compat

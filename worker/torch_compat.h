@@ -101,6 +101,10 @@ c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupOver(c10::intrusive_ptr<C10dB
                                                         const c10::intrusive_ptr<c10d::Store>& store,
                                                         c10::DeviceType device_type);
 
+// The backend that carries `group`'s collectives on `device_type`'s tensors: the group itself in
+// 1.13, the backend ProcessGroupOver set for that device type in 2.x. Owned by the group.
+C10dBackend* BackendOf(c10d::ProcessGroup& group, c10::DeviceType device_type);
+
 // Zeroes every gradient `optimizer` holds in place, keeping the tensors, in every version. The
 // bucketed reducer's gradients are views into its buckets (worker/ddp/bucketed_reducer.h): set to
 // None, they would be allocated anew by the next backward, beside the buckets, every step. A

@@ -12,10 +12,12 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "worker/ddp/flat_all_reduce.h"
 #include "worker/testing/free_port.h"
 #include "worker/ddp/process_group.h"
+#include "worker/ddp/shared_memory_backend.h"
 #include "worker/ddp/thread_ranks.h"
 
 namespace fitrun::worker {
@@ -92,21 +94,65 @@ TEST(BroadcastTest, EveryRankEndsWithRankZerosParameters) {
   });
 }
 
-TEST(ConnectProcessGroupTest, RendezvousOverTcpStore) {
+// Sums over the group's shared memory or over Gloo's sockets, as `shared_memory` asks: the same
+// results either way, for the tensors shared memory carries and for those it leaves to Gloo.
+void RendezvousAndSum(bool shared_memory) {
   SkipUnlessCpuRanks(kWorld);
   const int port = FreeLoopbackPort();
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([port, rank] {
+    threads.emplace_back([port, rank, shared_memory] {
       ProcessGroupOptions options{"127.0.0.1", port, rank, kWorld, kTimeout, kTimeout};
+      options.shared_memory_all_reduce = shared_memory;
       auto group = ConnectProcessGroup(options);
       ASSERT_TRUE(group.ok()) << group.status();
+      EXPECT_EQ(SumsInSharedMemory(**group), shared_memory);
       std::vector<at::Tensor> t = {at::full({3}, static_cast<float>(rank + 1))};
       (*group)->allreduce(t)->wait();
       EXPECT_TRUE(at::equal(t[0], at::full({3}, 3.0f)));
+      std::vector<at::Tensor> d = {at::full({70000}, 0.5 + rank, at::kDouble)};
+      (*group)->allreduce(d)->wait();
+      EXPECT_TRUE(at::equal(d[0], at::full({70000}, 2.0, at::kDouble)));
+      // Not a sum, not float: Gloo's in both cases.
+      std::vector<at::Tensor> m = {at::full({2}, static_cast<float>(rank))};
+      c10d::AllreduceOptions max;
+      max.reduceOp = c10d::ReduceOp::MAX;
+      (*group)->allreduce(m, max)->wait();
+      EXPECT_TRUE(at::equal(m[0], at::full({2}, 1.0f)));
+      std::vector<at::Tensor> n = {at::full({2}, int64_t{rank + 5}, at::kLong)};
+      (*group)->allreduce(n)->wait();
+      EXPECT_TRUE(at::equal(n[0], at::full({2}, int64_t{11}, at::kLong)));
     });
   }
   for (auto& t : threads) t.join();
+}
+
+TEST(ConnectProcessGroupTest, RendezvousOverTcpStoreSumsThroughSharedMemory) { RendezvousAndSum(true); }
+
+TEST(ConnectProcessGroupTest, RendezvousOverTcpStoreSumsOverGlooWhenAsked) { RendezvousAndSum(false); }
+
+// A peer that leaves while the other waits in a shared-memory sum: the survivor's wait throws, as
+// Gloo's does for a closed connection, and the group refuses every later sum.
+TEST(FlatAllReduceTest, APeerLeavingDuringASharedMemorySumFailsIt) {
+  RunRanks(
+      "leaving_peer_store",
+      [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+        ASSERT_TRUE(SumsInSharedMemory(*group));
+        if (rank == 1) {
+          absl::SleepFor(absl::Milliseconds(200));
+          return;  // its group, and the segment's rank 1, go with it
+        }
+        const absl::Time start = absl::Now();
+        TwoParameters module(0.0f);
+        auto synchronizer = FlatAllReduceSynchronizer::Create(group, module.parameters());
+        ASSERT_TRUE(synchronizer.ok()) << synchronizer.status();
+        absl::StatusOr<double> loss = (*synchronizer)->Synchronize(1.0);
+        EXPECT_EQ(loss.status().code(), absl::StatusCode::kUnavailable) << loss.status();
+        EXPECT_TRUE(absl::StrContains(loss.status().message(), "rank 1 left")) << loss.status();
+        EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+        EXPECT_FALSE((*synchronizer)->Synchronize(1.0).ok());
+      },
+      absl::Seconds(30));
 }
 
 TEST(ConnectProcessGroupTest, MissingPeerTimesOutWithAStatus) {

@@ -27,10 +27,12 @@
 #include <chrono>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "worker/ddp/c10d_status.h"
+#include "worker/ddp/shared_memory_backend.h"
 #include "worker/torch_compat.h"
 
 namespace fitrun::worker {
@@ -170,7 +172,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateNcclProcessGroup(
 
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, absl::Duration timeout,
-    const std::string& hostname) {
+    const std::string& hostname, bool shared_memory_all_reduce) {
 #ifdef USE_C10D_GLOO
   try {
     auto options = c10d::ProcessGroupGloo::Options::create(ToChrono(timeout));
@@ -179,8 +181,10 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateGlooProcessGroup(
                                    : c10d::ProcessGroupGloo::createDefaultDevice());
     // One Gloo thread: collectives are issued one at a time and the cores belong to compute.
     options->threads = 1;
-    return torch_compat::ProcessGroupOver(
-        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options), store, c10::kCPU);
+    c10::intrusive_ptr<torch_compat::C10dBackend> backend =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
+    if (shared_memory_all_reduce) backend = WithSharedMemoryAllReduce(std::move(backend), store, rank, world_size, timeout);
+    return torch_compat::ProcessGroupOver(std::move(backend), store, c10::kCPU);
   } catch (const std::exception& e) {
     return StatusFromC10dException(e, absl::StrCat("creating the Gloo process group (rank ", rank, " of ",
                                          world_size, ")"));
@@ -189,6 +193,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateGlooProcessGroup(
   (void)store;
   (void)timeout;
   (void)hostname;
+  (void)shared_memory_all_reduce;
   return absl::UnimplementedError(absl::StrCat(
       "rank ", rank, " of ", world_size, ": ", CollectiveBackendAvailable(CollectiveBackend::kGloo).message()));
 #endif
@@ -251,7 +256,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> ConnectProcessGroup(
     return CreateNcclProcessGroup(store, options.rank, options.world_size, options.collective_timeout);
   }
   return CreateGlooProcessGroup(store, options.rank, options.world_size, options.collective_timeout,
-                                options.master_addr);
+                                options.master_addr, options.shared_memory_all_reduce);
 }
 
 absl::Status BroadcastModuleState(c10d::ProcessGroup& group, const torch::nn::Module& module) {

@@ -43,6 +43,10 @@ struct ProcessGroupOptions {
   // (spec.ddp.collective_timeout_seconds).
   absl::Duration collective_timeout = absl::Seconds(60);
   CollectiveBackend backend = CollectiveBackend::kGloo;
+  // Gloo's sum all-reduces through shared memory when every rank can map one segment (ranks on one
+  // machine; worker/ddp/shared_memory_backend.h). Off (FITRUN_ALL_REDUCE=gloo): over Gloo's sockets,
+  // as ranks on separate machines would be.
+  bool shared_memory_all_reduce = true;
 };
 
 // Rendezvous through a c10d::TCPStore (rank 0 hosts it at master_addr:master_port), waits until all
@@ -62,11 +66,12 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateNcclProcessGroup(
 c10::intrusive_ptr<c10d::ProcessGroup> CreateSingleRankProcessGroup();
 
 // A Gloo process group over an existing store (tests use a FileStore). `hostname` is the address the
-// rank's Gloo device binds; ranks on one machine use the loopback address. Unimplemented in builds
-// without USE_C10D_GLOO.
+// rank's Gloo device binds; ranks on one machine use the loopback address. With
+// `shared_memory_all_reduce`, sums go through shared memory where every rank can map it (see
+// ProcessGroupOptions). Unimplemented in builds without USE_C10D_GLOO.
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateGlooProcessGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, absl::Duration timeout,
-    const std::string& hostname = "127.0.0.1");
+    const std::string& hostname = "127.0.0.1", bool shared_memory_all_reduce = true);
 
 // Overwrites every rank's parameters and buffers with rank 0's in one collective, so ranks start
 // bitwise identical whatever their own initialization did. The flat buffer is built on the device of
