@@ -115,6 +115,14 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromEnvironment(const EnvLookup& look
     options.job_token_fd = *v;
   }
   options.initial_state_dump_dir = Optional(lookup, launch::kDumpInitialState);
+  if (const std::string all_reduce = Optional(lookup, launch::kAllReduce); !all_reduce.empty()) {
+    if (all_reduce != launch::kAllReduceOverGloo) {
+      return absl::InvalidArgumentError(absl::StrCat(launch::kAllReduce, "=", all_reduce, ": the only value is \"",
+                                                     launch::kAllReduceOverGloo,
+                                                     "\" (sums over Gloo's sockets); unset it for shared memory"));
+    }
+    options.shared_memory_all_reduce = false;
+  }
   const std::string attempt = Optional(lookup, launch::kAttempt);
   if (!attempt.empty()) {
     absl::StatusOr<int> v = ParseInt(launch::kAttempt, attempt, 0, 1 << 30);

@@ -38,6 +38,8 @@ struct WorkerOptions {
   // the broadcast) and the sample order, so that another implementation (PyTorch's DDP in the parity
   // test and the benchmark) can start from exactly the same point. Empty: nothing is written.
   std::string initial_state_dump_dir;
+  // FITRUN_ALL_REDUCE=gloo turns this off: sums over Gloo's sockets even on one machine.
+  bool shared_memory_all_reduce = true;
 };
 
 // A rank's device as the plan names it (plan.device_ids[rank]). Plain C++ so that this library needs

@@ -148,10 +148,20 @@ TEST_F(OptionsTest, CoordinatorIsOptional) {
   EXPECT_EQ(options->attempt, 0);
 }
 
+TEST_F(OptionsTest, SumsGoThroughSharedMemoryUnlessGlooIsAsked) {
+  absl::StatusOr<WorkerOptions> options = WorkerOptionsFromEnvironment(Lookup());
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_TRUE(options->shared_memory_all_reduce);
+  env_["FITRUN_ALL_REDUCE"] = "gloo";
+  options = WorkerOptionsFromEnvironment(Lookup());
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_FALSE(options->shared_memory_all_reduce);
+}
+
 TEST_F(OptionsTest, ErrorsNameTheVariable) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"RANK", "2"},        {"RANK", "x"},        {"WORLD_SIZE", "0"}, {"MASTER_PORT", "70000"},
-      {"MASTER_ADDR", ""},  {"LOCAL_RANK", "5"},  {"FITRUN_ATTEMPT", "-1"},
+      {"MASTER_ADDR", ""},  {"LOCAL_RANK", "5"},  {"FITRUN_ATTEMPT", "-1"}, {"FITRUN_ALL_REDUCE", "nccl"},
   };
   for (const auto& [name, value] : cases) {
     auto saved = env_;

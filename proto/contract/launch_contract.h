@@ -51,6 +51,11 @@ inline constexpr char kWarmRank[] = "FITRUN_WARM_RANK";
 inline constexpr char kTlsCa[] = "FITRUN_TLS_CA";
 // For the parity test: where rank 0 writes its initial parameters and sample order.
 inline constexpr char kDumpInitialState[] = "FITRUN_DUMP_INITIAL_STATE";
+// A built-in job's ranks sum their gradients through shared memory when they all share a machine;
+// "gloo" keeps them on Gloo's sockets, as ranks on separate machines are (the DDP benchmark's
+// comparisons and its slowed link). Nothing sets it but a person or a benchmark.
+inline constexpr char kAllReduce[] = "FITRUN_ALL_REDUCE";
+inline constexpr char kAllReduceOverGloo[] = "gloo";
 
 // Ranks on CUDA devices: PyTorch's caching-allocator settings, as the plan assumed them
 // (Plan.cuda_allocator_config; expandable segments unless fitrund's environment or the script's

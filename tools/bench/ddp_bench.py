@@ -20,6 +20,9 @@ Usage (from the repository root):
       where bytes cost time; also prints the bytes each rank put on that loopback per step. The
       namespace is deleted at the end, also on Ctrl-C. Needs root, ip and tc)
       [--link-mtu N] (lo's MTU in that namespace, 9000 by default: jumbo frames, below tbf's 64 KB burst)
+      [--all-reduce shared-memory|gloo] (how fitrun-worker's ranks sum: shared memory, as on one machine,
+      the default; or Gloo over the loopback, FITRUN_ALL_REDUCE=gloo, as between machines. --link-rate
+      always takes gloo, since the slowed link stands in for one between nodes. PyTorch's side is Gloo's)
 
 Prints, per hook, the bytes of gradient payload each rank sends per step, computed from the model's
 parameter count and what the worker logs (float32 4 bytes per element for none, 2 for fp16 and bf16,
@@ -152,8 +155,10 @@ plan {{ device_ids: "cpu:0" device_ids: "cpu:1" per_device_batch: {PER_RANK_BATC
   learning_rate: {lr} total_steps: {steps} steps_per_epoch: {steps_per_epoch} }}
 cpu_threads: 1 cpu_threads: 1
 """)
-    outputs, sent = run_ranks([[worker]] * 2,
-                              {"FITRUN_ASSIGNMENT": assignment, "FITRUN_DUMP_INITIAL_STATE": dump}, timeout=600)
+    env = {"FITRUN_ASSIGNMENT": assignment, "FITRUN_DUMP_INITIAL_STATE": dump}
+    if args.all_reduce == "gloo" or LINK:
+        env["FITRUN_ALL_REDUCE"] = "gloo"
+    outputs, sent = run_ranks([[worker]] * 2, env, timeout=600)
     return outputs[0], sent
 
 
@@ -230,7 +235,7 @@ def epoch_accuracy(args):
                          float(exposed.group(1)) if exposed else float("nan")))
             print(f"{hook}: done", file=sys.stderr, flush=True)
     print(f"fashion-mnist-mlp, 1 epoch ({steps} steps), global batch {2 * PER_RANK_BATCH} on 2 ranks, "
-          f"SGD lr {EXAMPLE_LR} momentum 0.9, seed {EXAMPLE_SEED}, {link_description()}"
+          f"SGD lr {EXAMPLE_LR} momentum 0.9, seed {EXAMPLE_SEED}, {link_description(args)}"
           + (f"; powersgd rank {args.powersgd_rank} from step {args.powersgd_start_iter + 1}"
              if "powersgd" in args.comm_hooks else ""))
     print("| comm hook | test accuracy | vs none | final loss | exposed comm |")
@@ -241,9 +246,10 @@ def epoch_accuracy(args):
         print(f"| {hook} | {accuracy:.4f} ({correct}/{total}) | {delta} | {final:.4f} | {exposed:.1f}% |")
 
 
-def link_description():
+def link_description(args):
     if LINK is None:
-        return "Gloo on loopback"
+        return ("fitrun's sums through shared memory, PyTorch's Gloo on loopback" if args.all_reduce == "shared-memory"
+                else "Gloo on loopback")
     return (f"Gloo on a loopback rate-limited to {LINK.rate} (tc tbf in network namespace {LINK.name}, MTU "
             f"{LINK.mtu}; both directions share it), standing in for a link between nodes")
 
@@ -272,7 +278,7 @@ def run(args):
                         torch_run = t
                 rows.append((model, hook, steps, fitrun, torch_run))
                 print(f"{model} {hook}: done", file=sys.stderr, flush=True)
-    print(f"2 ranks x 1 thread, {link_description()}, global batch {2 * PER_RANK_BATCH}, SGD momentum, "
+    print(f"2 ranks x 1 thread, {link_description(args)}, global batch {2 * PER_RANK_BATCH}, SGD momentum, "
           f"{os.cpu_count()} cores, fastest of {args.repeat} run(s) per side"
           + (f"; powersgd rank {args.powersgd_rank} from step {args.powersgd_start_iter + 1}"
              if "powersgd" in args.comm_hooks else ""))
@@ -314,6 +320,8 @@ def main():
     parser.add_argument("--epoch-accuracy", action="store_true")
     parser.add_argument("--link-rate", help="run the ranks on a loopback rate-limited to this tc rate, e.g. 1gbit")
     parser.add_argument("--link-mtu", type=int, default=9000, help="lo's MTU with --link-rate (jumbo frames)")
+    parser.add_argument("--all-reduce", choices=["shared-memory", "gloo"], default="shared-memory",
+                        help="how fitrun-worker's ranks sum (--link-rate takes gloo)")
     args = parser.parse_args()
     if not os.path.exists(args.worker):
         sys.exit("build first: bazel build -c opt //worker:fitrun-worker")

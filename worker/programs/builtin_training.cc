@@ -29,6 +29,7 @@
 #include "worker/data/sampler.h"
 #include "worker/ddp/bucketed_reducer.h"
 #include "worker/ddp/process_group.h"
+#include "worker/ddp/shared_memory_backend.h"
 #include "worker/memory/capped_allocator.h"
 #include "worker/memory/oom_error.h"
 #include "worker/memory/oom_message.h"
@@ -380,6 +381,7 @@ class BuiltinTraining final : public TrainingProgram {
     group_options.collective_timeout = absl::Seconds(timeout_seconds);
     group_options.rendezvous_timeout = std::max(absl::Seconds(timeout_seconds), kMinRendezvousTimeout);
     group_options.backend = backend_;
+    group_options.shared_memory_all_reduce = options_.shared_memory_all_reduce;
     if (!assignment_.checkpoint_dir().empty()) {
       absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Create(
           {assignment_.checkpoint_dir(), spec.checkpoint().keep_last() > 0 ? spec.checkpoint().keep_last() : 2});
@@ -393,7 +395,8 @@ class BuiltinTraining final : public TrainingProgram {
     group_ = *std::move(group);
     if (absl::Status s = BroadcastModuleState(*group_, *workload_.model); !s.ok()) return Fail(kTrainingFailed, s);
     sink_->OnLog(absl::StrCat("joined the process group at ", options_.master_addr, ":", options_.master_port, " in ",
-                              absl::FormatDuration(absl::Now() - join_start), "; parameters ",
+                              absl::FormatDuration(absl::Now() - join_start),
+                              SumsInSharedMemory(*group_) ? " (sums through shared memory)" : "", "; parameters ",
                               ParameterChecksum(*workload_.model), " after rank 0's broadcast"));
     return std::nullopt;
   }
