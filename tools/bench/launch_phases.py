@@ -3,7 +3,7 @@
 DDP script started directly, in one run.
 
 For deploy/examples/fashion-mnist-mlp.yaml cut to --steps steps (2 ranks on this machine's two virtual
-CPU devices, Gloo) it times, on a fresh fitrund each time:
+CPU devices; their sums through shared memory) it times, on a fresh fitrund each time:
   - bare: fitrund with no users, no job cgroups, plain-text gRPC;
   - secured (root only): TLS on the API and the ranks' channel, a user whose jobs run as a throwaway Unix
     account, each attempt in a cgroup of its own (--job_cgroups=on);
@@ -232,7 +232,7 @@ def main():
         for run in range(args.runs):
             results.setdefault("PyTorch DDP, direct", []).append(torch_direct(work, args.steps))
 
-    print(f"Fashion-MNIST mlp, {args.steps} steps, global batch 256, 2 ranks x 1 thread, Gloo; {os.cpu_count()} "
+    print(f"Fashion-MNIST mlp, {args.steps} steps, global batch 256, 2 ranks x 1 thread; {os.cpu_count()} "
           f"cores; second submit {args.pause:g} s after the first ended; median of {args.runs} run(s)")
     print()
     print("milestones, seconds from the start of `fitrun submit --watch` (PyTorch: of its two processes):")

@@ -2,7 +2,8 @@
 """Time to train: `fitrun submit --watch` against PyTorch DDP launched directly, in one run.
 
 For deploy/examples/fashion-mnist-mlp.yaml and fashion-mnist-cnn.yaml (one epoch, global batch 256, two
-ranks on this machine's two virtual CPU devices, Gloo), it measures
+ranks on this machine's two virtual CPU devices; fitrun's ranks sum through shared memory, PyTorch's over
+Gloo), it measures
   - fitrun, first submit: a fresh fitrund (empty state directory: no calibration, no dataset cache)
     already serving; from starting `fitrun submit SPEC --watch` to its exit at SUCCEEDED;
   - fitrun, second submit of the same spec to the same fitrund (a model seen before);
@@ -175,7 +176,8 @@ def main():
                 results.setdefault((model, "pytorch"), []).append(torch_direct(model, work))
             print(f"run {run + 1}: {model} done", file=sys.stderr, flush=True)
 
-    print(f"one epoch of Fashion-MNIST, global batch 256, 2 ranks x 1 thread, Gloo; {os.cpu_count()} cores; "
+    print(f"one epoch of Fashion-MNIST, global batch 256, 2 ranks x 1 thread (fitrun sums through shared "
+          f"memory, PyTorch over Gloo); {os.cpu_count()} cores; "
           f"median (min-max) of {args.runs} run(s)")
     print("| model | side | submit to end | to first step | samples/s | test accuracy | end vs PyTorch |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
