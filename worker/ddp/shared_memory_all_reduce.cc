@@ -17,8 +17,11 @@
 #include <fstream>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
 namespace fitrun::worker {
@@ -85,6 +88,10 @@ absl::Status CheckOptions(const SharedMemoryAllReduce::Options& options) {
 
 std::string ErrnoText(int error) { return std::strerror(error); }
 
+std::string PathOf(const SharedMemoryAllReduce::Options& options, const std::string& name) {
+  return absl::StrCat(options.directory, "/", name);
+}
+
 }  // namespace
 
 // One cache line per rank, so that a rank's stores do not slow the others' reads.
@@ -117,9 +124,11 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "progress words must b
 
 absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>> SharedMemoryAllReduce::Create(const Options& options) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
-  const std::string name = absl::StrCat("/fitrun-allreduce-", getpid(), "-", absl::Hex(RandomWord(), absl::kZeroPad16));
-  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("creating shared memory ", name, ": ", ErrnoText(errno)));
+  const std::string name = absl::StrCat("fitrun-allreduce-", getpid(), "-", absl::Hex(RandomWord(), absl::kZeroPad16));
+  const std::string path = PathOf(options, name);
+  // As shm_open does it, in a directory of the caller's choosing: never through a link, never an existing file.
+  const int fd = open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("creating shared memory ", path, ": ", ErrnoText(errno)));
   const size_t bytes = SegmentBytes(options);
   void* mapping = MAP_FAILED;
   if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
@@ -128,7 +137,7 @@ absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>> SharedMemoryAllReduce::Cr
   const int error = errno;
   close(fd);
   if (mapping == MAP_FAILED) {
-    shm_unlink(name.c_str());
+    unlink(path.c_str());
     return absl::UnavailableError(absl::StrCat("mapping ", bytes, " bytes of shared memory: ", ErrnoText(error)));
   }
   const uint64_t nonce = RandomWord();
@@ -146,8 +155,12 @@ absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>> SharedMemoryAllReduce::Op
                                                                                    uint64_t nonce,
                                                                                    const Options& options) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("opening shared memory ", name, ": ", ErrnoText(errno)));
+  if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
+    return absl::InvalidArgumentError(absl::StrCat("'", name, "' is not a segment's name"));
+  }
+  const std::string path = PathOf(options, name);
+  const int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("opening shared memory ", path, ": ", ErrnoText(errno)));
   const size_t bytes = SegmentBytes(options);
   struct stat st {};
   std::string wrong;
@@ -164,15 +177,55 @@ absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>> SharedMemoryAllReduce::Op
     if (mapping == MAP_FAILED) wrong = ErrnoText(errno);
   }
   close(fd);
-  if (!wrong.empty()) return absl::UnavailableError(absl::StrCat("opening shared memory ", name, ": ", wrong));
+  if (!wrong.empty()) return absl::UnavailableError(absl::StrCat("opening shared memory ", path, ": ", wrong));
   auto* header = static_cast<Header*>(mapping);
   if (header->magic.load(std::memory_order_acquire) != kMagic || header->nonce != nonce ||
       header->world_size != options.world_size || header->slot_bytes != options.slot_bytes) {
     munmap(mapping, bytes);
-    return absl::UnavailableError(absl::StrCat("shared memory ", name, " is not rank 0's segment for this group"));
+    return absl::UnavailableError(absl::StrCat("shared memory ", path, " is not rank 0's segment for this group"));
   }
   header->ranks[options.rank].pid.store(getpid());
   return std::unique_ptr<SharedMemoryAllReduce>(new SharedMemoryAllReduce(options, name, nonce, mapping, bytes));
+}
+
+absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>> SharedMemoryAllReduce::Join(Rendezvous& rendezvous,
+                                                                                   const std::string& key_prefix,
+                                                                                   const Options& options) {
+  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+  const std::string segment_key = key_prefix + "segment";
+  const std::string tried_key = key_prefix + "tried";
+  const std::string opened_key = key_prefix + "opened";
+  absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>> segment = absl::UnavailableError("not tried");
+  if (options.rank == 0) {
+    segment = Create(options);
+    // An empty value tells the peers there is nothing to open.
+    rendezvous.Set(segment_key, segment.ok() ? absl::StrCat((*segment)->name(), " ", (*segment)->nonce()) : "");
+  } else {
+    const std::vector<std::string> parts = absl::StrSplit(rendezvous.Get(segment_key), ' ');
+    uint64_t nonce = 0;
+    segment = parts.size() == 2 && absl::SimpleAtoi(parts[1], &nonce)
+                  ? Open(parts[0], nonce, options)
+                  : absl::UnavailableError("rank 0 could not create a shared-memory segment");
+  }
+  rendezvous.Add(opened_key, segment.ok() ? 1 : 0);
+  int64_t tried = rendezvous.Add(tried_key, 1);
+  const absl::Time deadline = absl::Now() + options.timeout;
+  while (tried < options.world_size && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+    tried = rendezvous.Add(tried_key, 0);
+  }
+  const int64_t opened = rendezvous.Add(opened_key, 0);
+  // Every rank has the segment mapped or never will: its name is no longer needed.
+  if (segment.ok() && options.rank == 0) (*segment)->Unlink();
+  if (tried < options.world_size) {
+    return absl::UnavailableError(absl::StrCat("only ", tried, " of ", options.world_size,
+                                               " ranks answered within ", absl::FormatDuration(options.timeout)));
+  }
+  if (opened < options.world_size) {
+    return absl::UnavailableError(absl::StrCat(opened, " of ", options.world_size, " ranks could map the segment",
+                                               segment.ok() ? "" : absl::StrCat("; this one: ", segment.status().message())));
+  }
+  return segment;
 }
 
 SharedMemoryAllReduce::SharedMemoryAllReduce(const Options& options, std::string name, uint64_t nonce, void* mapping,
@@ -189,11 +242,11 @@ SharedMemoryAllReduce::~SharedMemoryAllReduce() {
   me.left.store(1);
   Futex(&me.phase, FUTEX_WAKE, INT_MAX, nullptr);
   munmap(mapping_, mapping_bytes_);
-  if (options_.rank == 0 && !unlinked_) shm_unlink(name_.c_str());
+  if (options_.rank == 0 && !unlinked_) unlink(PathOf(options_, name_).c_str());
 }
 
 void SharedMemoryAllReduce::Unlink() {
-  if (!unlinked_) shm_unlink(name_.c_str());
+  if (!unlinked_) unlink(PathOf(options_, name_).c_str());
   unlinked_ = true;
 }
 

@@ -19,9 +19,10 @@ namespace fitrun::worker {
 // machine whose cores the ranks' compute already fills, Gloo over loopback (kernel copies, its own
 // thread to be scheduled on both sides) is most of a small model's step.
 //
-// Rank 0 creates the segment (Create) under a fresh name; the others open it by that name (Open), the
-// two exchanged by the caller (worker/ddp/process_group.cc, through the job's store). Once every rank
-// has opened it, rank 0 unlinks the name (Unlink), so that a rank killed later leaves nothing behind.
+// Ranks join through their group's rendezvous store (Join): rank 0 creates the segment under a fresh
+// name, the others open it by that name, and all take it only when every rank could, so that ranks on
+// several machines fall back to their other transport together. Once every rank has answered, the name
+// is removed, so that a rank killed later leaves nothing behind.
 //
 // A wait fails instead of hanging: when a peer has left (its object destroyed, or its process gone)
 // before reaching the point waited for, or after `timeout`. After a failure every later call fails.
@@ -36,10 +37,31 @@ class SharedMemoryAllReduce {
     // world_size slots (consecutive chunks alternate between two sets, so that a chunk's slots are
     // only written again once every rank has finished reading them).
     int64_t slot_bytes = int64_t{1} << 20;
+    // Where the segment's file lives: a memory file system every rank of one machine sees (/dev/shm,
+    // POSIX shared memory's). Ranks given different directories behave as ranks of different machines.
+    std::string directory = "/dev/shm";
+  };
+
+  // What Join needs of the group's rendezvous store (c10d's Store in the worker, a map in tests).
+  class Rendezvous {
+   public:
+    virtual ~Rendezvous() = default;
+    virtual void Set(const std::string& key, const std::string& value) = 0;
+    // Blocks until `key` is set (the store's own timeout bounds it).
+    virtual std::string Get(const std::string& key) = 0;
+    // Adds `delta` to the counter `key` (0 when unset) and returns the sum.
+    virtual int64_t Add(const std::string& key, int64_t delta) = 0;
   };
 
   // The most ranks a segment serves; more fall back to the caller's other transport.
   static constexpr int kMaxRanks = 64;
+
+  // Every rank of the group calls it once, with the group's rendezvous (keys under `key_prefix`). The
+  // segment when every rank could map it; otherwise UNAVAILABLE on every rank, saying how many could.
+  // Waits at most options.timeout for the others' answers.
+  static absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>> Join(Rendezvous& rendezvous,
+                                                                     const std::string& key_prefix,
+                                                                     const Options& options);
 
   // Rank 0: a new segment under a name no other segment has (O_EXCL), readable by this user only.
   static absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>> Create(const Options& options);

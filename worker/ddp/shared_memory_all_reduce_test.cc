@@ -1,5 +1,6 @@
 #include "worker/ddp/shared_memory_all_reduce.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -7,13 +8,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/barrier.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
@@ -116,7 +120,9 @@ TEST(SharedMemoryAllReduceTest, OpenChecksTheSegmentIsRankZeros) {
   EXPECT_TRUE(SharedMemoryAllReduce::Open(name, (*first)->nonce(), OptionsFor(1, 2)).ok());
   (*first)->Unlink();
   EXPECT_FALSE(SharedMemoryAllReduce::Open(name, (*first)->nonce(), OptionsFor(1, 2)).ok()) << "unlinked";
-  EXPECT_FALSE(SharedMemoryAllReduce::Open("/fitrun-allreduce-none", 0, OptionsFor(1, 2)).ok());
+  EXPECT_FALSE(SharedMemoryAllReduce::Open("fitrun-allreduce-none", 0, OptionsFor(1, 2)).ok());
+  EXPECT_EQ(SharedMemoryAllReduce::Open("../etc/passwd", 0, OptionsFor(1, 2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(SharedMemoryAllReduce::Create(OptionsFor(2, 2)).ok()) << "rank outside the world";
   EXPECT_FALSE(SharedMemoryAllReduce::Create(OptionsFor(0, SharedMemoryAllReduce::kMaxRanks + 1)).ok());
 }
@@ -128,12 +134,110 @@ TEST(SharedMemoryAllReduceTest, TheSegmentIsThisUsersOnlyAndGoneWithRankZero) {
     ASSERT_TRUE(first.ok()) << first.status();
     name = (*first)->name();
     struct stat st {};
-    ASSERT_EQ(stat(("/dev/shm" + name).c_str(), &st), 0);
+    ASSERT_EQ(lstat(("/dev/shm/" + name).c_str(), &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode));
     EXPECT_EQ(st.st_mode & 0777, 0600u);
     EXPECT_EQ(st.st_uid, geteuid());
   }
   // Rank 0 that never saw its peers open the segment removes its name as it goes.
-  EXPECT_LT(shm_open(name.c_str(), O_RDONLY, 0), 0);
+  struct stat st {};
+  EXPECT_NE(lstat(("/dev/shm/" + name).c_str(), &st), 0);
+}
+
+// The group's store, for ranks that are threads: a map, and Get waits for its key.
+class MapRendezvous : public SharedMemoryAllReduce::Rendezvous {
+ public:
+  void Set(const std::string& key, const std::string& value) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    values_[key] = value;
+    set_.notify_all();
+  }
+  std::string Get(const std::string& key) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    set_.wait(lock, [&] { return values_.count(key) > 0; });
+    return values_[key];
+  }
+  int64_t Add(const std::string& key, int64_t delta) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counters_[key] += delta;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable set_;
+  std::map<std::string, std::string> values_;
+  std::map<std::string, int64_t> counters_;
+};
+
+// Each rank joins on a thread of its own, in `directories[rank]`.
+std::vector<absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>>> JoinOnThreads(
+    const std::vector<std::string>& directories) {
+  const int world = static_cast<int>(directories.size());
+  MapRendezvous rendezvous;
+  std::vector<absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>>> joined;
+  for (int rank = 0; rank < world; ++rank) joined.emplace_back(absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      SharedMemoryAllReduce::Options options = OptionsFor(rank, world, 1 << 16, absl::Seconds(10));
+      options.directory = directories[rank];
+      joined[rank] = SharedMemoryAllReduce::Join(rendezvous, "group/", options);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return joined;
+}
+
+std::string FreshDirectory(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
+  mkdir(path.c_str(), 0700);
+  return path;
+}
+
+bool IsEmptyDirectory(const std::string& path) {
+  DIR* dir = opendir(path.c_str());
+  if (dir == nullptr) return false;
+  int entries = 0;
+  while (dirent* entry = readdir(dir)) {
+    if (std::string(entry->d_name) != "." && std::string(entry->d_name) != "..") ++entries;
+  }
+  closedir(dir);
+  return entries == 0;
+}
+
+TEST(SharedMemoryAllReduceJoinTest, RanksOfOneMachineShareTheSegmentAndItsNameIsGone) {
+  const std::string machine = FreshDirectory("one-machine");
+  auto joined = JoinOnThreads({machine, machine, machine});
+  Group group;
+  for (auto& j : joined) {
+    ASSERT_TRUE(j.ok()) << j.status();
+    group.push_back(*std::move(j));
+  }
+  EXPECT_TRUE(IsEmptyDirectory(machine)) << "the segment's name outlived the join";
+  SumOnThreads(group, 50000, 2);
+}
+
+TEST(SharedMemoryAllReduceJoinTest, ARankOnAnotherMachineSendsEveryRankBackToItsOtherTransport) {
+  const std::string first = FreshDirectory("machine-a");
+  const std::string second = FreshDirectory("machine-b");
+  auto joined = JoinOnThreads({first, first, second});
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(joined[rank].status().code(), absl::StatusCode::kUnavailable) << "rank " << rank;
+    EXPECT_NE(joined[rank].status().message().find("2 of 3 ranks could map the segment"), std::string::npos)
+        << joined[rank].status();
+  }
+  EXPECT_NE(joined[2].status().message().find("No such file"), std::string::npos) << joined[2].status();
+  EXPECT_TRUE(IsEmptyDirectory(first));
+  EXPECT_TRUE(IsEmptyDirectory(second));
+}
+
+TEST(SharedMemoryAllReduceJoinTest, NoSegmentFromRankZeroMeansNoneForAnyone) {
+  // Rank 0's directory does not exist: it cannot create, and says so with an empty name.
+  const std::string machine = FreshDirectory("machine-c");
+  auto joined = JoinOnThreads({machine + "/missing", machine});
+  EXPECT_EQ(joined[0].status().code(), absl::StatusCode::kUnavailable) << joined[0].status();
+  EXPECT_NE(joined[1].status().message().find("rank 0 could not create"), std::string::npos) << joined[1].status();
 }
 
 TEST(SharedMemoryAllReduceTest, APeerThatLeftFailsTheSumAtOnce) {

@@ -13,22 +13,28 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "worker/ddp/shared_memory_all_reduce.h"
 
 namespace fitrun::worker {
 namespace {
 
-// The rendezvous keys of the segment, beside the group's own in the job's store.
-constexpr char kSegmentKey[] = "fitrun/shared_memory/segment";
-constexpr char kTriedKey[] = "fitrun/shared_memory/tried";
-constexpr char kOpenedKey[] = "fitrun/shared_memory/opened";
+// The group's rendezvous store, as the segment's join uses it.
+class StoreRendezvous final : public SharedMemoryAllReduce::Rendezvous {
+ public:
+  explicit StoreRendezvous(c10d::Store& store) : store_(store) {}
+  void Set(const std::string& key, const std::string& value) override {
+    store_.set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::string Get(const std::string& key) override {
+    const std::vector<uint8_t> value = store_.get(key);
+    return std::string(value.begin(), value.end());
+  }
+  int64_t Add(const std::string& key, int64_t delta) override { return store_.add(key, delta); }
 
-std::vector<uint8_t> Bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+ private:
+  c10d::Store& store_;
+};
 
 class SharedMemoryBackend final : public torch_compat::C10dBackend {
  public:
@@ -86,24 +92,6 @@ class SharedMemoryBackend final : public torch_compat::C10dBackend {
   std::unique_ptr<SharedMemoryAllReduce> all_reduce_ ABSL_GUARDED_BY(mutex_);
 };
 
-// Rank 0's segment for the group, or why this rank cannot use it; every rank publishes the outcome.
-absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>> JoinSegment(c10d::Store& store,
-                                                                   const SharedMemoryAllReduce::Options& options) {
-  if (options.rank == 0) {
-    absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>> created = SharedMemoryAllReduce::Create(options);
-    // An empty value tells the peers there is nothing to open.
-    store.set(kSegmentKey, Bytes(created.ok() ? absl::StrCat((*created)->name(), " ", (*created)->nonce()) : ""));
-    return created;
-  }
-  const std::vector<uint8_t> value = store.get(kSegmentKey);
-  const std::vector<std::string> parts = absl::StrSplit(std::string(value.begin(), value.end()), ' ');
-  uint64_t nonce = 0;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &nonce)) {
-    return absl::UnavailableError("rank 0 has no shared-memory segment");
-  }
-  return SharedMemoryAllReduce::Open(parts[0], nonce, options);
-}
-
 }  // namespace
 
 c10::intrusive_ptr<torch_compat::C10dBackend> WithSharedMemoryAllReduce(
@@ -114,18 +102,10 @@ c10::intrusive_ptr<torch_compat::C10dBackend> WithSharedMemoryAllReduce(
   options.rank = rank;
   options.world_size = world_size;
   options.timeout = timeout;
-  absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>> segment = JoinSegment(*store, options);
-  store->add(kOpenedKey, segment.ok() ? 1 : 0);
-  int64_t tried = store->add(kTriedKey, 1);
-  const absl::Time deadline = absl::Now() + timeout;
-  while (tried < world_size && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-    tried = store->add(kTriedKey, 0);
-  }
-  const bool everyone = tried == world_size && store->add(kOpenedKey, 0) == world_size;
-  // Every rank has the segment mapped or never will: its name is no longer needed.
-  if (segment.ok() && rank == 0) (*segment)->Unlink();
-  if (!everyone || !segment.ok()) return fallback;
+  StoreRendezvous rendezvous(*store);
+  absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>> segment =
+      SharedMemoryAllReduce::Join(rendezvous, "fitrun/shared_memory/", options);
+  if (!segment.ok()) return fallback;
   return c10::make_intrusive<SharedMemoryBackend>(std::move(fallback), *std::move(segment));
 }
 

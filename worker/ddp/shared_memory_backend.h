@@ -18,10 +18,9 @@ namespace fitrun::worker {
 // can map one segment: ranks on one machine. Every other collective (broadcast, all-gather, barrier,
 // other dtypes and ops) still goes to `fallback`, in the order issued.
 //
-// Joins through `store` (the group's rendezvous store): rank 0 creates the segment and publishes its
-// name, every rank tries it and says whether it could, and all take it only when every rank could, so
-// that ranks on several machines (or in containers that do not share /dev/shm) fall back together.
-// Returns `fallback` itself then, or when world_size is 1. Every rank of the group calls it, once.
+// Joins through `store` (the group's rendezvous store; SharedMemoryAllReduce::Join): ranks on several
+// machines, or in containers that do not share /dev/shm, all keep `fallback` itself, as a group of
+// one rank does. Every rank of the group calls it, once.
 c10::intrusive_ptr<torch_compat::C10dBackend> WithSharedMemoryAllReduce(
     c10::intrusive_ptr<torch_compat::C10dBackend> fallback, const c10::intrusive_ptr<c10d::Store>& store, int rank,
     int world_size, absl::Duration timeout);
