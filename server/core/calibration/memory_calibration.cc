@@ -343,8 +343,11 @@ void MemoryCalibrator::Loop() {
       if (point.ok()) {
         auto calibrated = done_.find(task.key);
         if (calibrated != done_.end() && calibrated->second.ok()) {
-          calibrated->second->measured = calibrated->second->measured.WithPoint(*point);
-          AppendToCache(PairLine(kPoint, task.key, *point));
+          MemoryCurve& curve = calibrated->second->measured;
+          // Past the probe's budget (MeasureOne) is a lower bound, and that budget may be below the
+          // device's memory: the bound must not pull an extrapolation above it down to it.
+          curve = point->peak_bytes > task.limits.max_bytes ? curve.WithLowerBound(*point) : curve.WithPoint(*point);
+          AppendToCache(PairLine(kPoint, task.key, {point->batch, curve.PeakAt(point->batch)}));
         }
       } else {
         // Remembered so the plan goes ahead without it instead of asking again and again.

@@ -206,11 +206,16 @@ TEST(MemoryCalibratorTest, AMeasurementJoinsTheCurveAndAFailedOneIsNotRepeated) 
   EXPECT_EQ(curve.PeakAt(5000), MlpPeakBytes(5000));
   EXPECT_FALSE(calibrator->StartMeasurement(spec, "", 5000, 1 << 30, nullptr)) << "measured already";
 
-  // Past the budget: a point just above it, so no plan takes that batch.
+  // Past the budget: at least just above it, so no plan on a device of that size takes that batch; and
+  // never below the estimate before it, which a budget under the device's memory would otherwise make
+  // of an extrapolation that was right (the probe ran out at 100 MiB, the batch needs ~550 MB).
+  const int64_t extrapolated = calibrator->Find(spec, "").calibration.measured.PeakAt(50000);
+  ASSERT_GT(extrapolated, 100 << 20);
   absl::Notification refused;
   ASSERT_TRUE(calibrator->StartMeasurement(spec, "", 50000, 100 << 20, [&refused] { refused.Notify(); }));
   ASSERT_TRUE(refused.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_GT(calibrator->Find(spec, "").calibration.measured.PeakAt(50000), 100 << 20);
+  EXPECT_EQ(calibrator->Find(spec, "").calibration.measured.PeakAt(50000), extrapolated);
+  EXPECT_GE(extrapolated, MlpPeakBytes(50000));
 
   probe.Fail(absl::InternalError("the probe broke"));
   absl::Notification failed;

@@ -141,6 +141,11 @@ MemoryCurve MemoryCurve::WithPoint(MeasuredPeak point) const {
   return MemoryCurve(std::move(points));
 }
 
+MemoryCurve MemoryCurve::WithLowerBound(MeasuredPeak bound) const {
+  if (!points_.empty()) bound.peak_bytes = std::max(bound.peak_bytes, PeakAt(bound.batch));
+  return WithPoint(bound);
+}
+
 std::string MemoryCurve::Describe() const {
   if (points_.empty()) return "no measured micro-batches";
   std::vector<int64_t> batches;

@@ -57,8 +57,12 @@ class MemoryCurve {
   MemoryCurve Scaled(double factor) const;
   // Every peak's batch-dependent part (what it adds over FixedBytes) times `factor`.
   MemoryCurve ScaledPerSample(double factor) const;
-  // With one more point (an out-of-memory error's lower bound, a confirmation).
+  // With one more point (a confirmation).
   MemoryCurve WithPoint(MeasuredPeak point) const;
+  // With what an out-of-memory error at `bound.batch` says: the peak there is more than
+  // `bound.peak_bytes`. A point at the larger of that and the current estimate, so that a bound below
+  // the estimate (a probe capped under the device's memory) never lowers it.
+  MemoryCurve WithLowerBound(MeasuredPeak bound) const;
 
   // "micro-batches 1, 2, 4, ..., 2048 (13.3 MiB to 33.9 MiB)"
   std::string Describe() const;

@@ -103,6 +103,21 @@ TEST(MemoryCurveTest, ALastPointALittleLowDoesNotFlattenTheExtrapolation) {
   EXPECT_GE(curve.PeakAt(19700), 184757200);  // measured there
 }
 
+TEST(MemoryCurveTest, AnOutOfMemoryBoundRaisesAnEstimateBelowItAndNeverLowersOne) {
+  // The sweep's curve: 100 MB fixed and 1 MB per sample, measured to micro-batch 8.
+  const MemoryCurve curve({{2, 102'000'000}, {4, 104'000'000}, {8, 108'000'000}});
+  ASSERT_EQ(curve.PeakAt(16), 116'000'000);
+  // A probe capped at 110 MB ran out at 16: more than 110 MB, and the extrapolation's 116 MB stands
+  // (this case's plan took the bound as the peak and ran 0.9% above it).
+  const MemoryCurve capped_low = curve.WithLowerBound({16, 110'000'001});
+  EXPECT_EQ(capped_low.PeakAt(16), 116'000'000);
+  EXPECT_TRUE(capped_low.Measured(16));
+  // A probe that ran out at 16 with 130 MB: the peak there is more than the extrapolation said.
+  const MemoryCurve capped_high = curve.WithLowerBound({16, 130'000'001});
+  EXPECT_EQ(capped_high.PeakAt(16), 130'000'001);
+  EXPECT_EQ(MemoryCurve().WithLowerBound({4, 5}).PeakAt(4), 5) << "an empty curve takes the bound";
+}
+
 TEST(MemoryCurveTest, AMeasurementBelowASmallerBatchsIsRaisedToIt) {
   const MemoryCurve curve({{1, 500}, {2, 400}, {4, 800}, {4, 700}});
   EXPECT_EQ(curve.PeakAt(2), 500);
