@@ -75,10 +75,10 @@ AttemptLaunch Attempt(const std::string& name, std::vector<std::vector<std::stri
 }
 
 TEST(LocalLauncherTest, RanksMeetAtTheChosenRendezvousAndExitPerRank) {
+  Exits exits;  // outlives the launcher, as in every test here: its going may still report exits
   LocalLauncher launcher([] { return 29555; });
   const std::vector<std::string> print = {"/bin/sh", "-c", "echo $RANK $MASTER_ADDR:$MASTER_PORT; exit $RANK"};
   AttemptLaunch attempt = Attempt("local-rendezvous", {print, print});
-  Exits exits;
   absl::StatusOr<LaunchedAttempt> launched = launcher.Launch(attempt, exits.Callback());
   ASSERT_TRUE(launched.ok()) << launched.status();
   EXPECT_EQ(launched->master_addr, "127.0.0.1");
@@ -93,9 +93,9 @@ TEST(LocalLauncherTest, RanksMeetAtTheChosenRendezvousAndExitPerRank) {
 }
 
 TEST(LocalLauncherTest, StopsOneRankThroughTheHandle) {
+  Exits exits;
   LocalLauncher launcher([] { return 29556; });
   const std::vector<std::string> sleep = {"/bin/sleep", "60"};
-  Exits exits;
   absl::StatusOr<LaunchedAttempt> launched = launcher.Launch(Attempt("local-stop", {sleep, sleep}), exits.Callback());
   ASSERT_TRUE(launched.ok()) << launched.status();
   launcher.Stop(launched->handle, 1, absl::Seconds(5));
@@ -108,8 +108,8 @@ TEST(LocalLauncherTest, StopsOneRankThroughTheHandle) {
 }
 
 TEST(LocalLauncherTest, AnAttemptThatCannotStartWholeLeavesNothingRunning) {
-  LocalLauncher launcher([] { return 29557; });
   Exits exits;
+  LocalLauncher launcher([] { return 29557; });
   AttemptLaunch attempt = Attempt("local-partial", {{"/bin/sleep", "60"}, {}});  // rank 1 has no argv
   absl::StatusOr<LaunchedAttempt> launched = launcher.Launch(attempt, exits.Callback());
   ASSERT_FALSE(launched.ok());
@@ -136,8 +136,9 @@ TEST(LocalLauncherTest, AnAttemptThatCannotStartWholeLeavesNothingRunning) {
 
 TEST(LocalLauncherTest, AdoptsTheRecordedRanksThatStillRun) {
   const std::vector<std::string> sleep = {"/bin/sleep", "60"};
-  LocalLauncher first([] { return 29558; });
   Exits first_exits;
+  Exits exits;
+  LocalLauncher first([] { return 29558; });
   absl::StatusOr<LaunchedAttempt> launched = first.Launch(Attempt("local-adopt", {sleep, sleep}), first_exits.Callback());
   ASSERT_TRUE(launched.ok()) << launched.status();
   first.Stop(launched->handle, 1, absl::Seconds(5));
@@ -146,7 +147,6 @@ TEST(LocalLauncherTest, AdoptsTheRecordedRanksThatStillRun) {
   // A second launcher (a restarted coordinator) takes over rank 0; rank 1 is gone, and a rank the
   // record says exited is not even looked at.
   LocalLauncher second;
-  Exits exits;
   RecordedAttempt recorded{"j-000001", 2, launched->handle, launched->pids, {true, true}};
   EXPECT_EQ(second.Adopt(recorded, exits.Callback()), (std::vector<bool>{true, false}));
   RecordedAttempt wrong_attempt{"j-000001", 3, launched->handle, launched->pids, {true, false}};
@@ -219,11 +219,11 @@ TEST_F(LocalLauncherCgroupTest, AReleaseThatFailsIsTriedAgainUntilTheCgroupIsGon
     if (++tries <= 2) return absl::DeadlineExceededError("still has processes after 10s of killing");
     return LocalLauncher::KillAndRemove(cgroup);
   };
+  Exits exits;
   LocalLauncher launcher(options);
   AttemptLaunch attempt = Attempt("cgroup-retry", {{"/bin/sleep", "300"}});
   attempt.host_memory_limit_bytes = 256 << 20;
   attempt.max_processes = 64;
-  Exits exits;
   absl::StatusOr<LaunchedAttempt> launched = launcher.Launch(attempt, exits.Callback());
   ASSERT_TRUE(launched.ok()) << launched.status();
   launcher.Release(launched->handle);
