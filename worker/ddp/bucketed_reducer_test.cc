@@ -1,5 +1,6 @@
 // Two ranks as two threads of one process over a real Gloo group, as PyTorch's c10d tests do.
 #include "worker/ddp/bucketed_reducer.h"
+#include "worker/models/recompute.h"
 
 
 #include <ATen/ATen.h>
@@ -96,6 +97,42 @@ TEST(BucketedReducerTest, AveragesGradientsLikeOneProcessWithTheWholeBatch) {
       EXPECT_TRUE(at::allclose(chain.w3.grad(), expected_w3, 1e-5, 1e-6)) << "rank " << rank;
     }
     EXPECT_EQ((*reducer)->comm_stats().synchronized_steps, 2);
+  });
+}
+
+// Activation checkpointing under DDP: the first two layers recomputed in backward (a nested
+// backward inside autograd's) still reach their accumulators, whose hooks fill the buckets.
+TEST(BucketedReducerTest, ARecomputedBlockReducesLikeAPlainOne) {
+  at::manual_seed(3);
+  const at::Tensor inputs = at::randn({6, 4});
+  at::Tensor expected_w1, expected_w2;
+  {
+    at::manual_seed(1);
+    LinearChain chain;
+    chain.Forward(inputs).pow(2).mean().backward();
+    expected_w1 = chain.w1.grad().clone();
+    expected_w2 = chain.w2.grad().clone();
+  }
+  RunRanks("recompute_store", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    at::manual_seed(1);
+    LinearChain chain;
+    auto reducer = BucketedReducer::Create(group, chain.parameters(), SmallBuckets());
+    ASSERT_TRUE(reducer.ok()) << reducer.status();
+    // The input must need a gradient for the block to be recomputed at all (RecomputedInBackward).
+    const at::Tensor x = inputs.narrow(0, 3 * rank, 3).clone().requires_grad_(true);
+    (*reducer)->BeforeBackward(true);
+    int runs = 0;
+    const at::Tensor hidden = RecomputedInBackward(
+        [&chain, &runs](const at::Tensor& in) {
+          ++runs;
+          return at::matmul(at::matmul(in, chain.w1.t()), chain.w2.t());
+        },
+        x);
+    at::matmul(hidden, chain.w3.t()).pow(2).mean().backward();
+    EXPECT_EQ(runs, 2) << "the block runs in forward and again in backward";
+    ASSERT_TRUE((*reducer)->Synchronize(1.0).ok());
+    EXPECT_TRUE(at::allclose(chain.w1.grad(), expected_w1, 1e-5, 1e-6)) << "rank " << rank;
+    EXPECT_TRUE(at::allclose(chain.w2.grad(), expected_w2, 1e-5, 1e-6)) << "rank " << rank;
   });
 }
 
