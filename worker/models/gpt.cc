@@ -1,6 +1,7 @@
 #include "worker/models/gpt.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/models/attention.h"
 #include "worker/models/ranking.h"
+#include "worker/models/recompute.h"
 
 namespace fitrun::worker {
 namespace {
@@ -74,6 +76,7 @@ class Gpt final : public Model {
         vocabulary_(vocabulary),
         task_(task),
         tied_head_(config.tied_head()),
+        recompute_blocks_(config.activation_checkpointing()),
         token_embedding_(register_module("token_embedding", torch::nn::Embedding(vocabulary, config.hidden()))),
         position_embedding_(register_module("position_embedding", torch::nn::Embedding(config.context(), config.hidden()))),
         blocks_(register_module("blocks", torch::nn::ModuleList())),
@@ -97,8 +100,12 @@ class Gpt final : public Model {
     TORCH_CHECK(time <= context_, "gpt: a window of ", time, " bytes is longer than the context ", context_);
     at::Tensor x = token_embedding_->forward(tokens) +
                    position_embedding_->forward(at::arange(time, tokens.options()));
-    for (const std::shared_ptr<torch::nn::Module>& block : *blocks_) {
-      x = std::static_pointer_cast<Block>(block)->forward(x);
+    // Recomputed only where backward will follow: evaluation keeps nothing for backward anyway.
+    const bool recompute = recompute_blocks_ && is_training() && at::GradMode::is_enabled();
+    for (const std::shared_ptr<torch::nn::Module>& module : *blocks_) {
+      Block* block = static_cast<Block*>(module.get());
+      x = recompute ? RecomputedInBackward([block](const at::Tensor& in) { return block->forward(in); }, x)
+                    : block->forward(x);
     }
     x = final_norm_->forward(x);
     return tied_head_ ? at::matmul(x, token_embedding_->weight.t()) : head_->forward(x);
@@ -142,6 +149,8 @@ class Gpt final : public Model {
   int64_t vocabulary_;
   Task task_;
   bool tied_head_;
+  // spec.model.gpt.activation_checkpointing: each block's activations recomputed in backward.
+  bool recompute_blocks_;
   torch::nn::Embedding token_embedding_;
   torch::nn::Embedding position_embedding_;
   torch::nn::ModuleList blocks_;

@@ -241,6 +241,8 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
                              {"hidden", Int([&](int64_t v) { model->mutable_gpt()->set_hidden(static_cast<int32_t>(v)); })},
                              {"context", Int([&](int64_t v) { model->mutable_gpt()->set_context(static_cast<int32_t>(v)); })},
                              {"tied_head", Bool([&](bool v) { model->mutable_gpt()->set_tied_head(v); })},
+                             {"activation_checkpointing",
+                              Bool([&](bool v) { model->mutable_gpt()->set_activation_checkpointing(v); })},
                          })},
                  {"sasrec", Mapping({
                                 {"max_len", Int([&](int64_t v) { model->mutable_sasrec()->set_max_len(static_cast<int32_t>(v)); })},
