@@ -81,6 +81,10 @@ TEST(CalibrationKeyTest, ChangesWithWhatChangesMemoryOnly) {
   fitrun::v1::JobSpec wider = gpt;
   wider.mutable_model()->mutable_gpt()->set_hidden(128);
   EXPECT_NE(CalibrationKey(gpt, ""), CalibrationKey(wider, ""));
+  // Recomputing the blocks in backward changes the activations' memory: measured on its own.
+  fitrun::v1::JobSpec checkpointed = gpt;
+  checkpointed.mutable_model()->mutable_gpt()->set_activation_checkpointing(true);
+  EXPECT_NE(CalibrationKey(gpt, ""), CalibrationKey(checkpointed, ""));
 }
 
 TEST(CalibrationKeyTest, ARewrittenTorchScriptFileIsANewModelWhenSubmittedAgain) {

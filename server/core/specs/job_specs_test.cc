@@ -259,8 +259,10 @@ std::string GptYaml(const std::string& text_path, const std::string& gpt = "{lay
 TEST(JobSpecTest, GptSpecParsesItsConfig) {
   const std::string text = WriteTempFile("gpt.txt", std::string(5000, 'a'));
   absl::StatusOr<fitrun::v1::JobSpec> spec =
-      Normalize(GptYaml(text, "{layers: 3, heads: 4, hidden: 64, context: 32, tied_head: true}"));
+      Normalize(GptYaml(text, "{layers: 3, heads: 4, hidden: 64, context: 32, tied_head: true, "
+                              "activation_checkpointing: true}"));
   ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->model().gpt().activation_checkpointing());
   EXPECT_EQ(spec->model().builtin(), "gpt");
   EXPECT_EQ(spec->model().gpt().layers(), 3);
   EXPECT_EQ(spec->model().gpt().heads(), 4);
@@ -286,6 +288,10 @@ TEST(JobSpecTest, GptConfigErrorsNameTheField) {
                   .status()
                   .message(),
               HasSubstr("spec.model.gpt.tied_head: expected true or false"));
+  EXPECT_THAT(Normalize(GptYaml(text, "{layers: 2, heads: 4, hidden: 128, context: 64, activation_checkpointing: 1x}"))
+                  .status()
+                  .message(),
+              HasSubstr("spec.model.gpt.activation_checkpointing: expected true or false"));
 }
 
 TEST(JobSpecTest, GptDataMustBeAnExistingLargeEnoughTextFile) {
