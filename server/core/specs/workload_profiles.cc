@@ -25,14 +25,16 @@ int64_t TransformerLayerActivationBytes(int64_t s, int64_t h, int64_t a) {
 }
 
 // The gpt's parameters and activations over `vocabulary` tokens: the layers', plus the embedding
-// sum and the logits with their log-softmax and gradient.
+// sum and the logits with their log-softmax and gradient. With activation checkpointing a layer keeps
+// only its input, and backward holds one layer's activations at a time, recomputed.
 ModelProfile GptWithVocabulary(const fitrun::v1::GptConfig& c, int64_t vocabulary) {
   const int64_t h = c.hidden();
   const int64_t s = c.context();
   ModelProfile p;
   p.parameter_count = vocabulary * h + s * h + c.layers() * (12 * h * h + 13 * h) + 2 * h + (c.tied_head() ? 0 : vocabulary * h);
-  p.activation_bytes_per_sample = c.layers() * TransformerLayerActivationBytes(s, h, c.heads()) + 2 * s * h * kFloat +
-                                  3 * s * vocabulary * kFloat;
+  const int64_t layer = TransformerLayerActivationBytes(s, h, c.heads());
+  const int64_t layers = c.activation_checkpointing() ? c.layers() * s * h * kFloat + layer : c.layers() * layer;
+  p.activation_bytes_per_sample = layers + 2 * s * h * kFloat + 3 * s * vocabulary * kFloat;
   return p;
 }
 

@@ -57,6 +57,14 @@ TEST(ModelProfileTest, GptCountsParametersActivationsAndWindows) {
   // Per layer 2 * (s*h*34 + 5*a*s^2) bytes (fp32), plus embeddings and logits.
   const int64_t layer = 2 * (64 * 128 * 34 + 5 * 4 * 64 * 64);
   EXPECT_EQ(untied->activation_bytes_per_sample, 2 * layer + 2 * 64 * 128 * 4 + 3 * 64 * 256 * 4);
+  // Checkpointed: each layer keeps its input (s*h floats), and one layer's activations are recomputed.
+  fitrun::v1::JobSpec checkpointed_spec = GptSpec(path, false);
+  checkpointed_spec.mutable_model()->mutable_gpt()->set_activation_checkpointing(true);
+  absl::StatusOr<ModelProfile> checkpointed = ProfileFor(*Admitted(checkpointed_spec));
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status();
+  EXPECT_EQ(checkpointed->activation_bytes_per_sample,
+            2 * 64 * 128 * 4 + layer + 2 * 64 * 128 * 4 + 3 * 64 * 256 * 4);
+  EXPECT_EQ(checkpointed->parameter_count, untied->parameter_count);
   EXPECT_EQ(untied->input_bytes_per_sample, 128);
   // The first 9000 bytes in windows of 65 every 64: floor(8999 / 64).
   EXPECT_EQ(untied->train_samples, 140);
