@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -67,19 +68,23 @@ TEST(BucketedReducerTest, BucketsCloseOnceTheyReachTheirCapAsPyTorchDoes) {
   });
 }
 
+// The gradients (w1, w2, w3) of the chain's mean squared output over all of `inputs`, on one
+// process: what two ranks with half the inputs each must hold after Synchronize.
+std::vector<at::Tensor> WholeBatchGradients(const at::Tensor& inputs) {
+  at::manual_seed(1);
+  LinearChain chain;
+  chain.Forward(inputs).pow(2).mean().backward();
+  return {chain.w1.grad().clone(), chain.w2.grad().clone(), chain.w3.grad().clone()};
+}
+
 // Each rank's gradients differ (different inputs); after Synchronize both hold the mean, equal to
 // the gradient of the mean loss computed on one process with both ranks' inputs.
 TEST(BucketedReducerTest, AveragesGradientsLikeOneProcessWithTheWholeBatch) {
   at::manual_seed(3);
   const at::Tensor inputs = at::randn({6, 4});
-  at::Tensor expected_w1, expected_w3;
-  {
-    at::manual_seed(1);
-    LinearChain chain;
-    chain.Forward(inputs).pow(2).mean().backward();
-    expected_w1 = chain.w1.grad().clone();
-    expected_w3 = chain.w3.grad().clone();
-  }
+  const std::vector<at::Tensor> expected = WholeBatchGradients(inputs);
+  const at::Tensor& expected_w1 = expected[0];
+  const at::Tensor& expected_w3 = expected[2];
   RunRanks("average_store", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
     at::manual_seed(1);
     LinearChain chain;
@@ -105,14 +110,9 @@ TEST(BucketedReducerTest, AveragesGradientsLikeOneProcessWithTheWholeBatch) {
 TEST(BucketedReducerTest, ARecomputedBlockReducesLikeAPlainOne) {
   at::manual_seed(3);
   const at::Tensor inputs = at::randn({6, 4});
-  at::Tensor expected_w1, expected_w2;
-  {
-    at::manual_seed(1);
-    LinearChain chain;
-    chain.Forward(inputs).pow(2).mean().backward();
-    expected_w1 = chain.w1.grad().clone();
-    expected_w2 = chain.w2.grad().clone();
-  }
+  const std::vector<at::Tensor> expected = WholeBatchGradients(inputs);
+  const at::Tensor& expected_w1 = expected[0];
+  const at::Tensor& expected_w2 = expected[1];
   RunRanks("recompute_store", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
     at::manual_seed(1);
     LinearChain chain;
