@@ -20,8 +20,6 @@
 //    "nccl"): backends are made as C10dBackend and used through ProcessGroupOver.
 //  - The CUDA caching allocator's statistics types moved from c10::cuda::CUDACachingAllocator to
 //    c10::CachingDeviceAllocator (c10/core/CachingDeviceAllocator.h): CudaStatType, CudaDeviceStats.
-//  - torch::optim::Optimizer::zero_grad() zeroes the gradients in place in 1.13; from 2.0 it takes
-//    set_to_none, true by default, and frees them instead: ZeroGradKeepingTensors.
 // What needs no shim, only a spelling or a build setting that holds in both:
 //  - at::NoGradGuard is declared in <ATen/core/grad_mode.h>, which <ATen/ATen.h> includes in 1.13
 //    and not in 2.x: include it where the guard is used.
@@ -104,19 +102,6 @@ c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupOver(c10::intrusive_ptr<C10dB
 // The backend that carries `group`'s collectives on `device_type`'s tensors: the group itself in
 // 1.13, the backend ProcessGroupOver set for that device type in 2.x. Owned by the group.
 C10dBackend* BackendOf(c10d::ProcessGroup& group, c10::DeviceType device_type);
-
-// Zeroes every gradient `optimizer` holds in place, keeping the tensors, in every version. The
-// bucketed reducer's gradients are views into its buckets (worker/ddp/bucketed_reducer.h): set to
-// None, they would be allocated anew by the next backward, beside the buckets, every step. A
-// template so that this header needs no optimizer header (libfitrun_memory.so includes it).
-template <typename Optimizer>
-void ZeroGradKeepingTensors(Optimizer& optimizer) {
-#if TORCH_VERSION_MAJOR >= 2
-  optimizer.zero_grad(/*set_to_none=*/false);
-#else
-  optimizer.zero_grad();
-#endif
-}
 
 #ifdef FITRUN_WITH_CUDA
 // The CUDA caching allocator's statistics (getDeviceStats) and the index into each of their arrays.

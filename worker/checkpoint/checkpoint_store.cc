@@ -76,6 +76,23 @@ absl::Status SyncDirectory(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// Puts `data` at `path` in `dir` atomically and durably: written to a temporary file beside it,
+// fsynced, renamed over `path`, and the directory fsynced, so a crash or a full disk leaves the old
+// file or the new one, never a torn one.
+absl::Status ReplaceDurably(const std::string& dir, const std::string& path, const std::string& data) {
+  const std::string temp = absl::StrCat(path, ".tmp");
+  if (absl::Status s = WriteDurably(temp, data); !s.ok()) {
+    ::unlink(temp.c_str());  // best effort: a full disk should not also keep the partial file
+    return s;
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    absl::Status status = ErrnoError(absl::StrCat("renaming ", temp, " to ", path));
+    ::unlink(temp.c_str());
+    return status;
+  }
+  return SyncDirectory(dir);
+}
+
 // Every checkpoint file ends with a trailer after LibTorch's archive: a magic, the archive's length
 // and its CRC-32 (little-endian). Loading checks it before LibTorch parses a byte, because LibTorch
 // 1.13's reader checks no checksum and can crash, not throw, on a damaged file (its TorchScript type
@@ -279,17 +296,7 @@ absl::StatusOr<SavedCheckpoint> CheckpointStore::Save(const TrainingPosition& po
   }
 
   const std::string path = PathFor(position.step);
-  const std::string temp = absl::StrCat(path, ".tmp");
-  if (absl::Status s = WriteDurably(temp, data); !s.ok()) {
-    ::unlink(temp.c_str());  // best effort: a full disk should not also keep the partial file
-    return s;
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    absl::Status status = ErrnoError(absl::StrCat("renaming ", temp, " to ", path));
-    ::unlink(temp.c_str());
-    return status;
-  }
-  if (absl::Status s = SyncDirectory(options_.dir); !s.ok()) return s;
+  if (absl::Status s = ReplaceDurably(options_.dir, path, data); !s.ok()) return s;
 
   const std::vector<int64_t> steps = Steps();
   for (size_t i = options_.keep_last; i < steps.size(); ++i) ::unlink(PathFor(steps[i]).c_str());

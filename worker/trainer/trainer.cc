@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -120,6 +121,18 @@ ModelInputs InputRowsOn(const TensorDataset& host, const at::Tensor& indices, co
   inputs.reserve(host.inputs.size());
   for (const at::Tensor& input : host.inputs) inputs.push_back(RowsOn(input, indices, device));
   return inputs;
+}
+
+// Zeroes every parameter's gradient, keeping the tensors: the bucketed reducer's gradients are views
+// into its buckets (worker/ddp/bucketed_reducer.h), and set to None (Optimizer::zero_grad's default
+// from LibTorch 2.0) they would be allocated anew by the next backward, beside the buckets, every
+// step. All of the model's parameters, not only those the optimizer steps: with sharded optimizer
+// states a rank steps some of them, and every gradient is still reduced each step.
+void ZeroGradientsInPlace(const std::vector<at::Tensor>& parameters) {
+  at::NoGradGuard no_grad;
+  for (const at::Tensor& p : parameters) {
+    if (p.grad().defined()) const_cast<at::Tensor&>(p).mutable_grad().zero_();
+  }
 }
 
 double Percent(absl::Duration part, double total_seconds) {
@@ -386,8 +399,7 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
       phase += now - mark;
       mark = now;
     };
-    // In place: the reducer's gradients are views into its buckets (torch_compat.h says why).
-    torch_compat::ZeroGradKeepingTensors(*optimizer_);
+    ZeroGradientsInPlace(parameters);
     charge(times.optimizer);
     double local_loss = 0;
     for (int m = 0; m < k; ++m) {
