@@ -1,5 +1,7 @@
 #include "worker/torch_compat.h"
 
+#include <ATen/core/Tensor.h>
+#include <c10/util/C++17.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -32,6 +34,14 @@ C10dBackend* BackendOf(c10d::ProcessGroup& group, c10::DeviceType device_type) {
 #else
   (void)device_type;
   return &group;
+#endif
+}
+
+OptimizerStateKeyType OptimizerStateKey(const at::Tensor& parameter) {
+#if TORCH_VERSION_MAJOR >= 2
+  return parameter.unsafeGetTensorImpl();
+#else
+  return c10::guts::to_string(parameter.unsafeGetTensorImpl());
 #endif
 }
 

@@ -20,6 +20,8 @@
 //    "nccl"): backends are made as C10dBackend and used through ProcessGroupOver.
 //  - The CUDA caching allocator's statistics types moved from c10::cuda::CUDACachingAllocator to
 //    c10::CachingDeviceAllocator (c10/core/CachingDeviceAllocator.h): CudaStatType, CudaDeviceStats.
+//  - torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl address as a string in
+//    1.13 and as the pointer itself in 2.x: OptimizerStateKey.
 // What needs no shim, only a spelling or a build setting that holds in both:
 //  - at::NoGradGuard is declared in <ATen/core/grad_mode.h>, which <ATen/ATen.h> includes in 1.13
 //    and not in 2.x: include it where the guard is used.
@@ -48,6 +50,7 @@
 #include <torch/version.h>
 
 #include <cstddef>
+#include <string>
 
 #ifdef FITRUN_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -59,6 +62,10 @@
 
 #define FITRUN_TORCH_VERSION_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace at {
+class Tensor;
+}  // namespace at
 
 namespace c10d {
 class Backend;
@@ -102,6 +109,14 @@ c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupOver(c10::intrusive_ptr<C10dB
 // The backend that carries `group`'s collectives on `device_type`'s tensors: the group itself in
 // 1.13, the backend ProcessGroupOver set for that device type in 2.x. Owned by the group.
 C10dBackend* BackendOf(c10d::ProcessGroup& group, c10::DeviceType device_type);
+
+// The key of a parameter's entry in torch::optim::Optimizer::state().
+#if TORCH_VERSION_MAJOR >= 2
+using OptimizerStateKeyType = void*;
+#else
+using OptimizerStateKeyType = std::string;
+#endif
+OptimizerStateKeyType OptimizerStateKey(const at::Tensor& parameter);
 
 #ifdef FITRUN_WITH_CUDA
 // The CUDA caching allocator's statistics (getDeviceStats) and the index into each of their arrays.

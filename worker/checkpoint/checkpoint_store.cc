@@ -30,6 +30,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "worker/memory/oom_error.h"
+#include "worker/torch_compat.h"
 
 namespace fitrun::worker {
 namespace {
@@ -217,6 +218,77 @@ std::unique_ptr<torch::optim::Optimizer> OptimizerOnCpu(const torch::optim::Opti
   return nullptr;
 }
 
+// The parameters `optimizer` steps, in its order (its groups' in turn).
+std::vector<at::Tensor> ParametersOf(const torch::optim::Optimizer& optimizer) {
+  std::vector<at::Tensor> parameters;
+  for (const torch::optim::OptimizerParamGroup& group : optimizer.param_groups()) {
+    for (const at::Tensor& p : group.params()) parameters.push_back(p);
+  }
+  return parameters;
+}
+
+// An empty per-parameter state of `optimizer`'s kind, to read one saved state into; nullptr for a
+// kind fitrun does not train with.
+std::unique_ptr<torch::optim::OptimizerParamState> EmptyStateLike(const torch::optim::Optimizer& optimizer) {
+  namespace optim = torch::optim;
+  if (dynamic_cast<const optim::SGD*>(&optimizer) != nullptr) return std::make_unique<optim::SGDParamState>();
+  if (dynamic_cast<const optim::Adam*>(&optimizer) != nullptr) return std::make_unique<optim::AdamParamState>();
+  if (dynamic_cast<const optim::AdamW*>(&optimizer) != nullptr) return std::make_unique<optim::AdamWParamState>();
+  return nullptr;
+}
+
+// An optimizer of `optimizer`'s kind and options over `parameters`; nullptr for another kind.
+std::unique_ptr<torch::optim::Optimizer> SameKindOver(const torch::optim::Optimizer& optimizer,
+                                                      std::vector<at::Tensor> parameters) {
+  namespace optim = torch::optim;
+  if (dynamic_cast<const optim::SGD*>(&optimizer) != nullptr) {
+    return std::make_unique<optim::SGD>(std::move(parameters), static_cast<const optim::SGDOptions&>(optimizer.defaults()));
+  }
+  if (dynamic_cast<const optim::Adam*>(&optimizer) != nullptr) {
+    return std::make_unique<optim::Adam>(std::move(parameters), static_cast<const optim::AdamOptions&>(optimizer.defaults()));
+  }
+  if (dynamic_cast<const optim::AdamW*>(&optimizer) != nullptr) {
+    return std::make_unique<optim::AdamW>(std::move(parameters), static_cast<const optim::AdamWOptions&>(optimizer.defaults()));
+  }
+  return nullptr;
+}
+
+std::string ParameterKey(int model_index) { return absl::StrCat("parameter_", model_index); }
+
+// Reads the states an optimizer shard file holds into `optimizer`, for those of its parameters
+// (model indices `indices`, in its order) that the file has.
+void ReadShardStates(torch::serialize::InputArchive& archive, const std::vector<int>& indices,
+                     torch::optim::Optimizer& optimizer) {
+  const std::vector<at::Tensor> parameters = ParametersOf(optimizer);
+  for (size_t k = 0; k < parameters.size() && k < indices.size(); ++k) {
+    torch::serialize::InputArchive saved;
+    if (!archive.try_read(ParameterKey(indices[k]), saved)) continue;
+    std::unique_ptr<torch::optim::OptimizerParamState> state = EmptyStateLike(optimizer);
+    TORCH_CHECK(state != nullptr, "this optimizer kind has no sharded checkpoint states");
+    state->serialize(saved);
+    optimizer.state()[torch_compat::OptimizerStateKey(parameters[k])] = std::move(state);
+  }
+}
+
+// The model indices of the parameters an unsharded `optimizer` over all of `model`'s steps.
+std::vector<int> AllIndices(const torch::nn::Module& model) {
+  std::vector<int> indices(model.parameters().size());
+  for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int>(i);
+  return indices;
+}
+
+// The archive in the checkpoint file at `path`, its tensors read onto `device`.
+absl::Status ReadArchive(const std::string& path, const at::Device& device, torch::serialize::InputArchive& archive,
+                         std::string& file) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  file.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  absl::StatusOr<absl::string_view> verified = VerifiedArchive(path, file);
+  if (!verified.ok()) return verified.status();
+  archive.load_from(verified->data(), verified->size(), device);
+  return absl::OkStatus();
+}
+
 // Where a checkpoint's tensors go when it is loaded into `model`: where the model already is. A
 // parameter read from another device would be moved (set_data), which would detach it from the
 // reducer's hooks and buckets; read on its own device it keeps its identity.
@@ -249,6 +321,10 @@ std::string CheckpointStore::PathFor(int64_t step) const {
   return absl::StrFormat("%s/%s%010d%s", options_.dir, kPrefix, step, kSuffix);
 }
 
+std::string CheckpointStore::OptimizerShardPathFor(int64_t step, int rank, int world_size) const {
+  return absl::StrFormat("%s.optimizer-%d-of-%d", PathFor(step), rank, world_size);
+}
+
 std::vector<int64_t> CheckpointStore::Steps() const {
   std::vector<int64_t> steps;
   DIR* dir = ::opendir(options_.dir.c_str());
@@ -266,7 +342,8 @@ std::vector<int64_t> CheckpointStore::Steps() const {
 
 absl::StatusOr<SavedCheckpoint> CheckpointStore::Save(const TrainingPosition& position,
                                                       const torch::nn::Module& model,
-                                                      const torch::optim::Optimizer& optimizer) {
+                                                      const torch::optim::Optimizer& optimizer,
+                                                      const OptimizerShard* shard) {
   std::string data;
   try {
     torch::serialize::OutputArchive archive;
@@ -283,10 +360,14 @@ absl::StatusOr<SavedCheckpoint> CheckpointStore::Save(const TrainingPosition& po
     torch::serialize::OutputArchive model_archive;
     SaveModuleOnCpu(model, model_archive);
     archive.write("model", model_archive);
-    torch::serialize::OutputArchive optimizer_archive;
-    const std::unique_ptr<torch::optim::Optimizer> cpu_optimizer = OptimizerOnCpu(optimizer);
-    (cpu_optimizer != nullptr ? *cpu_optimizer : optimizer).save(optimizer_archive);
-    archive.write("optimizer", optimizer_archive);
+    if (shard != nullptr) {
+      archive.write("optimizer_shards", Scalar(shard->world_size));
+    } else {
+      torch::serialize::OutputArchive optimizer_archive;
+      const std::unique_ptr<torch::optim::Optimizer> cpu_optimizer = OptimizerOnCpu(optimizer);
+      (cpu_optimizer != nullptr ? *cpu_optimizer : optimizer).save(optimizer_archive);
+      archive.write("optimizer", optimizer_archive);
+    }
     std::ostringstream out;
     archive.save_to(out);
     data = out.str();
@@ -299,21 +380,71 @@ absl::StatusOr<SavedCheckpoint> CheckpointStore::Save(const TrainingPosition& po
   if (absl::Status s = ReplaceDurably(options_.dir, path, data); !s.ok()) return s;
 
   const std::vector<int64_t> steps = Steps();
-  for (size_t i = options_.keep_last; i < steps.size(); ++i) ::unlink(PathFor(steps[i]).c_str());
+  for (size_t i = options_.keep_last; i < steps.size(); ++i) Remove(steps[i]);
   return SavedCheckpoint{position.step, path, static_cast<int64_t>(data.size())};
 }
 
-absl::StatusOr<TrainingPosition> CheckpointStore::Load(int64_t step, torch::nn::Module& model,
-                                                       torch::optim::Optimizer& optimizer) const {
-  const std::string path = PathFor(step);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  absl::StatusOr<absl::string_view> verified = VerifiedArchive(path, file);
-  if (!verified.ok()) return verified.status();
+absl::StatusOr<SavedCheckpoint> CheckpointStore::SaveOptimizerShard(int64_t step, const OptimizerShard& shard,
+                                                                    const torch::optim::Optimizer& optimizer) {
+  std::string data;
   try {
+    torch::serialize::OutputArchive archive;
+    archive.write("format_version", Scalar(kFormatVersion));
+    archive.write("step", Scalar(step));
+    archive.write("rank", Scalar(shard.rank));
+    archive.write("world_size", Scalar(shard.world_size));
+    // CPU copies of the states, as in Save; keyed by model index, so that any partition reads them.
+    const std::unique_ptr<torch::optim::Optimizer> cpu_optimizer = OptimizerOnCpu(optimizer);
+    const torch::optim::Optimizer& states = cpu_optimizer != nullptr ? *cpu_optimizer : optimizer;
+    const std::vector<at::Tensor> parameters = ParametersOf(states);
+    if (parameters.size() != shard.parameter_indices.size()) {
+      return absl::InternalError(absl::StrCat("optimizer shard of rank ", shard.rank, ": ", parameters.size(),
+                                              " parameters but ", shard.parameter_indices.size(), " indices"));
+    }
+    for (size_t k = 0; k < parameters.size(); ++k) {
+      const auto found = states.state().find(torch_compat::OptimizerStateKey(parameters[k]));
+      if (found == states.state().end()) continue;  // not stepped yet, or a kind without state (plain SGD)
+      torch::serialize::OutputArchive saved(archive.compilation_unit());
+      found->second->serialize(saved);
+      archive.write(ParameterKey(shard.parameter_indices[k]), saved);
+    }
+    std::ostringstream out;
+    archive.save_to(out);
+    data = out.str();
+    AppendTrailer(&data);
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("serializing rank ", shard.rank, "'s optimizer states of step ", step, ": ", e.what()));
+  }
+  const std::string path = OptimizerShardPathFor(step, shard.rank, shard.world_size);
+  if (absl::Status s = ReplaceDurably(options_.dir, path, data); !s.ok()) return s;
+  return SavedCheckpoint{step, path, static_cast<int64_t>(data.size())};
+}
+
+void CheckpointStore::Remove(int64_t step) const {
+  const std::string path = PathFor(step);
+  ::unlink(path.c_str());
+  const std::string shards = absl::StrCat(path.substr(path.rfind('/') + 1), ".optimizer-");
+  DIR* dir = ::opendir(options_.dir.c_str());
+  if (dir == nullptr) return;
+  std::vector<std::string> doomed;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (absl::StartsWith(entry->d_name, shards)) doomed.push_back(absl::StrCat(options_.dir, "/", entry->d_name));
+  }
+  ::closedir(dir);
+  for (const std::string& file : doomed) ::unlink(file.c_str());
+}
+
+absl::StatusOr<TrainingPosition> CheckpointStore::Load(int64_t step, torch::nn::Module& model,
+                                                       torch::optim::Optimizer& optimizer,
+                                                       const OptimizerShard* shard) const {
+  const std::string path = PathFor(step);
+  std::string current;  // the file whose archive is being read, for the error
+  try {
+    current = path;
     torch::serialize::InputArchive archive;
-    archive.load_from(verified->data(), verified->size(), DeviceOf(model));
+    std::string file;
+    if (absl::Status s = ReadArchive(path, DeviceOf(model), archive, file); !s.ok()) return s;
     const int64_t version = ReadScalar(archive, "format_version");
     if (version != kFormatVersion) {
       return absl::FailedPreconditionError(
@@ -331,11 +462,47 @@ absl::StatusOr<TrainingPosition> CheckpointStore::Load(int64_t step, torch::nn::
     rng_state = rng_state.to(at::kCPU);  // mapped to the model's device with everything else
     torch::serialize::InputArchive model_archive;
     archive.read("model", model_archive);
-    torch::serialize::InputArchive optimizer_archive;
-    archive.read("optimizer", optimizer_archive);
+    const std::vector<int> indices = shard != nullptr ? shard->parameter_indices : AllIndices(model);
 
     model.load(model_archive);
-    optimizer.load(optimizer_archive);
+    at::Tensor shards;
+    if (archive.try_read("optimizer_shards", shards)) {
+      // Every rank's file is read: the states this optimizer needs may be in any of them.
+      const int64_t saved_ranks = shards.item<int64_t>();
+      optimizer.state().clear();
+      for (int64_t r = 0; r < saved_ranks; ++r) {
+        current = OptimizerShardPathFor(step, static_cast<int>(r), static_cast<int>(saved_ranks));
+        torch::serialize::InputArchive shard_archive;
+        std::string shard_file;
+        if (absl::Status s = ReadArchive(current, DeviceOf(model), shard_archive, shard_file); !s.ok()) {
+          return absl::DataLossError(absl::StrCat(path, ": its optimizer shard ", s.message()));
+        }
+        if (ReadScalar(shard_archive, "step") != step || ReadScalar(shard_archive, "rank") != r ||
+            ReadScalar(shard_archive, "world_size") != saved_ranks) {
+          return absl::DataLossError(absl::StrCat(current, ": not the optimizer shard of rank ", r, " of ",
+                                                  saved_ranks, " at step ", step));
+        }
+        ReadShardStates(shard_archive, indices, optimizer);
+      }
+      current = path;
+    } else {
+      torch::serialize::InputArchive optimizer_archive;
+      archive.read("optimizer", optimizer_archive);
+      if (shard == nullptr) {
+        optimizer.load(optimizer_archive);
+      } else {
+        // Saved unsharded: read whole into an optimizer over every parameter, then keep this shard's.
+        std::unique_ptr<torch::optim::Optimizer> whole = SameKindOver(optimizer, model.parameters());
+        TORCH_CHECK(whole != nullptr, "this optimizer kind cannot take a share of an unsharded checkpoint");
+        whole->load(optimizer_archive);
+        optimizer.state().clear();
+        for (const at::Tensor& p : ParametersOf(optimizer)) {
+          const auto key = torch_compat::OptimizerStateKey(p);
+          auto found = whole->state().find(key);
+          if (found != whole->state().end()) optimizer.state()[key] = std::move(found->second);
+        }
+      }
+    }
     auto generator = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(rng_state);
@@ -343,8 +510,8 @@ absl::StatusOr<TrainingPosition> CheckpointStore::Load(int64_t step, torch::nn::
   } catch (const std::exception& e) {
     // The device that cannot hold the state is not a damaged file: the rank reports an OOM instead
     // of falling back to an older checkpoint, which would not fit either.
-    if (IsOutOfMemory(e)) return StatusFromTorchException(e, absl::StrCat("loading ", path));
-    return absl::DataLossError(absl::StrCat("loading ", path, ": ", e.what()));
+    if (IsOutOfMemory(e)) return StatusFromTorchException(e, absl::StrCat("loading ", current));
+    return absl::DataLossError(absl::StrCat("loading ", current, ": ", e.what()));
   }
 }
 

@@ -243,9 +243,29 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options,
     };
   }
 
+  // With sharded states, the optimizer sees only the parameters this rank owns.
+  std::optional<OptimizerShard> shard;
+  std::vector<at::Tensor> stepped = model->parameters();
+  if (OptimizerStateSharding* sharding = options.optimizer_state_sharding; sharding != nullptr) {
+    if (sharding->world_size() != options.world_size || sharding->rank() != options.rank ||
+        sharding->owners().size() != stepped.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer state sharding is for rank ", sharding->rank(), " of ", sharding->world_size(), " over ",
+          sharding->owners().size(), " parameters, the trainer is rank ", options.rank, " of ", options.world_size,
+          " over ", stepped.size()));
+    }
+    shard = OptimizerShard{options.rank, options.world_size, {}};
+    std::vector<at::Tensor> owned;
+    for (size_t i = 0; i < stepped.size(); ++i) {
+      if (sharding->owners()[i] != options.rank) continue;
+      owned.push_back(stepped[i]);
+      shard->parameter_indices.push_back(static_cast<int>(i));
+    }
+    stepped = std::move(owned);
+  }
   absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> optimizer;
   try {
-    optimizer = CreateOptimizer(options, model->parameters());
+    optimizer = CreateOptimizer(options, std::move(stepped));
   } catch (const std::exception& e) {
     return StatusFromTorchException(e, "creating the optimizer");
   }
@@ -271,6 +291,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options,
                                                       *std::move(optimizer), synchronizer, sink));
   trainer->on_cuda_ = on_cuda;
   trainer->scaler_ = std::move(scaler);
+  trainer->shard_ = std::move(shard);
   return trainer;
 }
 
@@ -320,7 +341,8 @@ void Trainer::MaybeInjectFault(int64_t step) {
 }
 
 absl::Status Trainer::ResumeFrom(const CheckpointStore& store, int64_t step) {
-  absl::StatusOr<TrainingPosition> position = store.Load(step, *model_, *optimizer_);
+  absl::StatusOr<TrainingPosition> position =
+      store.Load(step, *model_, *optimizer_, shard_.has_value() ? &*shard_ : nullptr);
   if (!position.ok()) return position.status();
   const int64_t every = options_.steps_per_epoch;
   if (position->epoch * every + position->step_in_epoch != position->step) {
@@ -338,15 +360,32 @@ absl::Status Trainer::ResumeFrom(const CheckpointStore& store, int64_t step) {
   return absl::OkStatus();
 }
 
-void Trainer::MaybeCheckpoint(int64_t step) {
+absl::Status Trainer::MaybeCheckpoint(int64_t step) {
   const TrainerOptions& o = options_;
-  if (o.checkpoints == nullptr || o.rank != 0) return;
+  if (o.checkpoints == nullptr) return absl::OkStatus();
   const bool due = step == o.total_steps || (o.checkpoint_every_steps > 0 && step % o.checkpoint_every_steps == 0);
-  if (!due) return;
+  if (!due) return absl::OkStatus();
   const TrainingPosition position{step, step / o.steps_per_epoch, step % o.steps_per_epoch};
   const absl::Time start = absl::Now();
-  absl::StatusOr<SavedCheckpoint> saved = o.checkpoints->Save(position, *model_, *optimizer_);
   CheckpointNotice notice{.rank = o.rank, .step = step};
+  if (shard_.has_value()) {
+    // Every rank's share of the states is durable before rank 0's checkpoint names them.
+    absl::StatusOr<SavedCheckpoint> own = o.checkpoints->SaveOptimizerShard(step, *shard_, *optimizer_);
+    absl::StatusOr<bool> all_saved = o.optimizer_state_sharding->AllRanksSucceeded(own.ok());
+    if (!all_saved.ok()) return all_saved.status();
+    if (o.rank != 0) {
+      if (!own.ok()) sink_->OnLog(absl::StrCat("checkpoint of step ", step, ": ", own.status().message()));
+      return absl::OkStatus();
+    }
+    if (!*all_saved) {
+      notice.error = own.ok() ? "another rank could not save its optimizer states" : std::string(own.status().message());
+      sink_->OnCheckpoint(notice);
+      return absl::OkStatus();
+    }
+  }
+  if (o.rank != 0) return absl::OkStatus();
+  absl::StatusOr<SavedCheckpoint> saved =
+      o.checkpoints->Save(position, *model_, *optimizer_, shard_.has_value() ? &*shard_ : nullptr);
   if (saved.ok()) {
     notice.path = saved->path;
     notice.bytes = saved->bytes;
@@ -355,6 +394,7 @@ void Trainer::MaybeCheckpoint(int64_t step) {
     notice.error = std::string(saved.status().message());
   }
   sink_->OnCheckpoint(notice);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
@@ -435,19 +475,28 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
       return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
                                               " (learning rate ", o.learning_rate, " too high?)"));
     }
+    bool stepped = true;
     if (scaler_ != nullptr) {
       // The gradients are already the means over ranks, so every rank reaches the same verdict.
       const double scale = scaler_->scale();
-      if (!scaler_->UnscaleStepAndUpdate(parameters, [this] { optimizer_->step(); })) {
+      stepped = scaler_->UnscaleStepAndUpdate(parameters, [this] { optimizer_->step(); });
+      if (!stepped) {
         sink_->OnLog(absl::StrCat("step ", step, ": inf/NaN gradients at loss scale ", scale,
                                   "; optimizer step skipped, loss scale now ", scaler_->scale()));
       }
     } else {
       optimizer_->step();
     }
+    if (stepped && o.optimizer_state_sharding != nullptr) {
+      if (absl::Status s = o.optimizer_state_sharding->ShareSteppedParameters(); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
+      }
+    }
     charge(times.optimizer);
     samples_since_report += b * k;
-    MaybeCheckpoint(step);
+    if (absl::Status s = MaybeCheckpoint(step); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("checkpoint of step ", step, ": ", s.message()));
+    }
 
     const absl::Time now = absl::Now();
     if (throttle.ShouldReport(step, o.total_steps, now)) {

@@ -17,6 +17,7 @@
 #include "worker/checkpoint/checkpoint_store.h"
 #include "worker/data/sampler.h"
 #include "worker/ddp/gradient_synchronizer.h"
+#include "worker/ddp/optimizer_state_sharding.h"
 #include "worker/models/model.h"
 #include "worker/trainer/grad_scaler.h"
 #include "worker/trainer/progress_sink.h"
@@ -61,6 +62,10 @@ struct TrainerOptions {
   // end) and after the last step. Must outlive the trainer.
   CheckpointStore* checkpoints = nullptr;
   int64_t checkpoint_every_steps = 0;
+  // Optimizer states sharded over the ranks (ZeRO stage 1; null: every rank keeps them all): this
+  // rank's optimizer steps the parameters it owns, and they reach the other ranks after each step.
+  // Every rank then saves its share of a checkpoint's states. Must outlive the trainer.
+  OptimizerStateSharding* optimizer_state_sharding = nullptr;
   // How a KIND_EXIT fault ends the process; tests replace it.
   std::function<void(int exit_code)> exit_process;
   // How a KIND_OOM fault makes the device refuse an allocation for real: asks the capped allocator
@@ -151,8 +156,9 @@ class Trainer {
   absl::StatusOr<TrainResult> RunUnchecked();
   // Fault injection: ends the process before `step` when the spec says so.
   void MaybeInjectFault(int64_t step);
-  // Rank 0's checkpoint after `step`; a failed write is logged and training goes on.
-  void MaybeCheckpoint(int64_t step);
+  // Rank 0's checkpoint after `step` (with sharded states, every rank's share first); a failed
+  // write is logged and training goes on. An error means a collective failed.
+  absl::Status MaybeCheckpoint(int64_t step);
 
   TrainerOptions options_;
   std::shared_ptr<Model> model_;
@@ -166,6 +172,8 @@ class Trainer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   GradientSynchronizer* synchronizer_;
   ProgressSink* sink_;
+  // With sharded optimizer states: which of the model's parameters this rank's optimizer steps.
+  std::optional<OptimizerShard> shard_;
   std::atomic<bool> stop_requested_{false};
   int64_t start_step_ = 0;
   int64_t current_step_ = 0;
