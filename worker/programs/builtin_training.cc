@@ -28,6 +28,7 @@
 #include "worker/data/dataset_cache.h"
 #include "worker/data/sampler.h"
 #include "worker/ddp/bucketed_reducer.h"
+#include "worker/ddp/c10d_optimizer_state_sharding.h"
 #include "worker/ddp/process_group.h"
 #include "worker/ddp/shared_memory_backend.h"
 #include "worker/memory/capped_allocator.h"
@@ -420,6 +421,22 @@ class BuiltinTraining final : public TrainingProgram {
     sink_->OnLog(absl::StrCat("ddp: ", synchronizer_->BucketLayout().size(), " buckets ",
                               DescribeBuckets(*synchronizer_, *workload_.model), ", comm hook ",
                               synchronizer_->CommHookDescription()));
+    if (assignment_.plan().zero_stage() == 1 && options_.world_size > 1) {
+      absl::StatusOr<std::unique_ptr<C10dOptimizerStateSharding>> sharding =
+          C10dOptimizerStateSharding::Create(group_, workload_.model->parameters());
+      if (!sharding.ok()) return Fail(kBadConfiguration, sharding.status());
+      sharding_ = *std::move(sharding);
+      trainer_options_.optimizer_state_sharding = sharding_.get();
+      int64_t owned = 0;
+      int64_t total = 0;
+      const std::vector<at::Tensor> parameters = workload_.model->parameters();
+      for (size_t i = 0; i < parameters.size(); ++i) {
+        total += parameters[i].numel();
+        if (sharding_->owners()[i] == options_.rank) owned += parameters[i].numel();
+      }
+      sink_->OnLog(absl::StrCat("optimizer states sharded over ", options_.world_size, " ranks (zero stage 1): this rank "
+                                "keeps and steps ", owned, " of ", total, " parameters' states"));
+    }
     train_size_ = workload_.train.size();
     absl::StatusOr<std::unique_ptr<Trainer>> trainer =
         Trainer::Create(trainer_options_, workload_.model, std::move(workload_.train), std::move(workload_.test),
@@ -624,6 +641,7 @@ class BuiltinTraining final : public TrainingProgram {
   std::unique_ptr<CheckpointStore> checkpoints_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::unique_ptr<BucketedReducer> synchronizer_;
+  std::unique_ptr<C10dOptimizerStateSharding> sharding_;
   int64_t train_size_ = 0;
   std::unique_ptr<Trainer> trainer_;
 };

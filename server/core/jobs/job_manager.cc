@@ -599,7 +599,14 @@ void JobManager::RecordAttemptMemory(JobEntry& entry) {
     return;
   }
   if (options_.memory_calibrator != nullptr) {
-    options_.memory_calibrator->RecordRun(job.spec(), job.run_as(), record.per_device_batch(), measured);
+    // The calibration's curve is of ranks that keep every optimizer state; a sharded run's rank kept
+    // its share, and teaches the curve what it would have peaked at with all of them.
+    const int ranks = job.plan().device_ids_size();
+    const int64_t unsharded_equivalent =
+        measured + (job.plan().zero_stage() == 1 && ranks > 1
+                        ? job.plan().predicted().optimizer_state_bytes() * (ranks - 1)
+                        : 0);
+    options_.memory_calibrator->RecordRun(job.spec(), job.run_as(), record.per_device_batch(), unsharded_equivalent);
   }
   gpu.allocated_bytes = measured;
   if (options_.device_costs != nullptr && gpu.device_bytes > 0 && record.device_ids_size() > 0) {

@@ -7,7 +7,7 @@ namespace fitrun::server {
 
 fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const fitrun::v1::JobSpec& spec,
                                                int64_t per_device_batch, const EstimatorOptions& options,
-                                               const DeviceCosts& costs) {
+                                               const DeviceCosts& costs, int optimizer_state_shards) {
   constexpr int64_t kFloat = 4;
   const int64_t param_bytes = model.parameter_count * kFloat;
 
@@ -68,6 +68,13 @@ fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const 
     m.set_activations_bytes(per_device_batch * (model.activation_bytes_per_sample + model.input_bytes_per_sample));
     m.set_workspace_bytes(options.workspace_bytes);
     m.set_framework_overhead_bytes(options.framework_overhead_bytes);
+  }
+  if (optimizer_state_shards > 1) {
+    // A rank keeps its share: the rest leaves the states line (and, for a measured profile, the
+    // measured peak that held all of them). The partition is by whole parameters, largest first
+    // (worker/ddp/optimizer_state_sharding.h), so a model of many similar layers splits within one
+    // small layer of even.
+    m.set_optimizer_state_bytes((m.optimizer_state_bytes() + optimizer_state_shards - 1) / optimizer_state_shards);
   }
 
   const int64_t subtotal = m.weights_bytes() + m.gradients_bytes() + m.optimizer_state_bytes() +

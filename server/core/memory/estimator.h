@@ -37,9 +37,11 @@ struct EstimatorOptions {
 // Per-rank peak memory for `per_device_batch` samples per micro-batch: what the allocator hands out
 // (weights to the margin), and on a GPU what the process holds beyond it (`costs`: the allocator's
 // reserve, the CUDA context, the libraries' workspaces, the collectives' buffers), in total_bytes.
+// With `optimizer_state_shards` ranks sharing the optimizer states (ZeRO stage 1), a rank keeps its
+// share of them; a measured profile, taken from ranks that keep them all, is corrected by the rest.
 fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const fitrun::v1::JobSpec& spec,
                                                int64_t per_device_batch, const EstimatorOptions& options = {},
-                                               const DeviceCosts& costs = {});
+                                               const DeviceCosts& costs = {}, int optimizer_state_shards = 1);
 
 // What a device's capacity is held against: on a CPU device the whole estimate; on a GPU what the
 // caching allocator needs to train (it gives back its cache before it fails) and, unless the device

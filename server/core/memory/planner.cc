@@ -267,9 +267,29 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     const int64_t free_bytes = tightest.free_bytes;
     const int64_t budget = static_cast<int64_t>(static_cast<double>(free_bytes) * (1.0 - headroom));
     const DeviceCosts& costs = tightest.costs;
-    const auto estimate = [&](int64_t b) { return EstimateRankMemory(model, spec, b, estimator, costs); };
+    // Optimizer states sharded over the n ranks (ZeRO stage 1) where the spec allows it: a built-in
+    // job of several ranks, unless spec.ddp.zero_stage is 0.
+    const bool may_shard = n > 1 && !spec.has_script() && !(spec.ddp().has_zero_stage() && spec.ddp().zero_stage() == 0);
+    const bool must_shard = may_shard && spec.ddp().has_zero_stage() && spec.ddp().zero_stage() == 1;
+    const auto estimate_with = [&](int64_t b, bool sharded) {
+      return EstimateRankMemory(model, spec, b, estimator, costs, sharded ? n : 1);
+    };
+    // The largest allowed divisor of the per-rank batch that fits (0: none), with or without sharding.
+    const auto largest_fitting = [&](bool sharded, fitrun::v1::MemoryBreakdown* predicted) -> int64_t {
+      for (int64_t b : DivisorsDescending(per_rank)) {
+        if (limits.max_per_device_batch > 0 && b > limits.max_per_device_batch) continue;
+        fitrun::v1::MemoryBreakdown m = estimate_with(b, sharded);
+        if (ChargedBytes(m, costs) <= budget) {
+          *predicted = m;
+          return b;
+        }
+      }
+      return 0;
+    };
 
     int64_t chosen = 0;
+    bool sharded = must_shard;
+    std::string why_sharding = must_shard ? "spec.ddp.zero_stage is 1" : "";
     fitrun::v1::MemoryBreakdown predicted;
     if (resources.per_device_batch() == 0 && !model.batch_not_plannable.empty()) {
       return absl::FailedPreconditionError(model.batch_not_plannable);
@@ -281,30 +301,53 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
                                         "spec.resources.per_device_batch ", fixed));
         continue;
       }
-      // A fixed batch is the user's call: it is planned even when predicted not to fit, and says so.
+      // A fixed batch is the user's call: it is planned even when predicted not to fit, and says so;
+      // sharding is taken when only it fits.
       chosen = fixed;
-      predicted = estimate(chosen);
+      if (may_shard && !sharded && ChargedBytes(estimate_with(fixed, false), costs) > budget &&
+          ChargedBytes(estimate_with(fixed, true), costs) <= budget) {
+        sharded = true;
+        why_sharding = absl::StrCat("the fixed per-device batch fits only with them (",
+                                    FormatBytes(ChargedBytes(estimate_with(fixed, false), costs)), " unsharded)");
+      }
+      predicted = estimate_with(chosen, sharded);
     } else {
-      for (int64_t b : DivisorsDescending(per_rank)) {
-        if (limits.max_per_device_batch > 0 && b > limits.max_per_device_batch) continue;
-        fitrun::v1::MemoryBreakdown m = estimate(b);
-        if (ChargedBytes(m, costs) <= budget) {
-          chosen = b;
-          predicted = m;
-          break;
-        }
+      fitrun::v1::MemoryBreakdown plain_predicted;
+      fitrun::v1::MemoryBreakdown sharded_predicted;
+      const int64_t plain = must_shard ? 0 : largest_fitting(false, &plain_predicted);
+      const int64_t with_shards = may_shard ? largest_fitting(true, &sharded_predicted) : 0;
+      // Sharding adds a broadcast of every parameter per step; it is taken only for what it buys: a
+      // batch that fits at all, or fewer accumulation passes.
+      if (must_shard) {
+        chosen = with_shards;
+        predicted = sharded_predicted;
+      } else if (with_shards > plain) {
+        chosen = with_shards;
+        predicted = sharded_predicted;
+        sharded = true;
+        why_sharding = plain == 0 ? absl::StrCat("without them even per-device batch 1 needs ",
+                                                 FormatBytes(ChargedBytes(estimate_with(1, false), costs)))
+                                  : absl::StrCat("they fit per-device batch ", with_shards, " where keeping every state "
+                                                 "on every rank fits ", plain, " (", per_rank / with_shards, " instead of ",
+                                                 per_rank / plain, " accumulation passes)");
+      } else {
+        chosen = plain;
+        predicted = plain_predicted;
       }
       if (chosen == 0 && limits.max_per_device_batch > 0 && limits.max_per_device_batch < per_rank &&
-          ChargedBytes(estimate(1), costs) <= budget) {
+          ChargedBytes(estimate_with(1, may_shard), costs) <= budget) {
         rejected.push_back(absl::StrCat(described, ": no divisor of the ", per_rank,
                                         " samples per device per step is at most ", limits.max_per_device_batch,
                                         ", the largest batch below the one that ran out of memory"));
         continue;
       }
       if (chosen == 0) {
-        const auto smallest = estimate(1);
         rejected.push_back(absl::StrCat(described, ": even per-device batch 1 needs ",
-                                        FormatBytes(ChargedBytes(smallest, costs)),
+                                        FormatBytes(ChargedBytes(estimate_with(1, must_shard), costs)),
+                                        may_shard && !must_shard
+                                            ? absl::StrCat(" (", FormatBytes(ChargedBytes(estimate_with(1, true), costs)),
+                                                           " with optimizer states sharded over ", n, " ranks)")
+                                            : "",
                                         ", more than the ", FormatBytes(budget), " usable on ", tightest.id));
         continue;
       }
@@ -323,6 +366,7 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
                                        : free_bytes - costs.outside_allocator_bytes());
     }
     plan.set_per_device_batch(chosen);
+    plan.set_zero_stage(sharded ? 1 : 0);
     plan.set_grad_accum_steps(static_cast<int32_t>(per_rank / chosen));
     plan.set_learning_rate(ScaledLearningRate(spec.optimizer(), global_batch));
     *plan.mutable_predicted() = predicted;
@@ -369,6 +413,11 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
                         " because a larger batch ran out of memory in an earlier attempt");
       }
       plan.add_reasons(why_batch);
+    }
+    if (sharded) {
+      plan.add_reasons(absl::StrCat("zero_stage: 1, optimizer states sharded over the ", n, " ranks (",
+                                    FormatBytes(predicted.optimizer_state_bytes()), " per rank), because ", why_sharding,
+                                    "; each rank steps its share and broadcasts it after the step"));
     }
     plan.add_reasons(absl::StrCat("grad_accum_steps: ", plan.grad_accum_steps(), " so that ", n, " x ", chosen, " x ",
                                   plan.grad_accum_steps(), " = global batch ", global_batch));

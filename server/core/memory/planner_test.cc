@@ -73,6 +73,107 @@ TEST(EstimatorTest, ActivationsGrowLinearlyWithBatch) {
   EXPECT_GT(m8.total_bytes(), m1.total_bytes());
 }
 
+// With the optimizer states sharded over n ranks a rank keeps 1/n of them: the states line shrinks by
+// the rest, and so does the total, for an analytic profile and for a measured one (whose peak held
+// every state).
+TEST(EstimatorTest, ShardedOptimizerStatesAreOneRanksShare) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 4);
+  spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_ADAMW);
+  ModelProfile model = Profile(spec);
+  for (bool measured : {false, true}) {
+    if (measured) model.measured = MemoryCurve({{1, 40 * kMiB}, {256, 300 * kMiB}});
+    const fitrun::v1::MemoryBreakdown whole = EstimateRankMemory(model, spec, 64);
+    for (int shards : {2, 4}) {
+      const fitrun::v1::MemoryBreakdown share = EstimateRankMemory(model, spec, 64, {}, {}, shards);
+      EXPECT_EQ(share.optimizer_state_bytes(), (whole.optimizer_state_bytes() + shards - 1) / shards);
+      const int64_t saved = whole.optimizer_state_bytes() - share.optimizer_state_bytes();
+      EXPECT_EQ(whole.total_bytes() - whole.safety_margin_bytes() - (share.total_bytes() - share.safety_margin_bytes()),
+                saved)
+          << shards << " shards, measured " << measured;
+      EXPECT_EQ(share.activations_bytes(), whole.activations_bytes());
+    }
+  }
+}
+
+// A profile whose AdamW states (16 bytes a parameter with weights and gradients) do not fit one
+// 130 MiB device beside the analytic 40 MiB of workspace and overhead (128 MiB at batch 1 with the
+// margin), but do when two ranks share the moments (107 MiB).
+ModelProfile StateHeavy(const fitrun::v1::JobSpec& spec) {
+  ModelProfile p = Profile(spec);
+  p.parameter_count = 5'000'000;  // 19.1 MiB a copy
+  p.activation_bytes_per_sample = 16 << 10;
+  return p;
+}
+
+fitrun::v1::JobSpec AdamWSpec(int64_t global_batch, int min_devices, int max_devices) {
+  fitrun::v1::JobSpec spec = MlpSpec(global_batch, min_devices, max_devices);
+  spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_ADAMW);
+  spec.mutable_optimizer()->set_momentum(0);
+  return spec;
+}
+
+TEST(PlannerShardingTest, ShardsTheOptimizerStatesWhenOnlyThatFits) {
+  const fitrun::v1::JobSpec spec = AdamWSpec(64, 2, 2);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, StateHeavy(spec), Devices(2, 130 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->zero_stage(), 1);
+  EXPECT_EQ(plan->predicted().optimizer_state_bytes(), 5'000'000 * 4);  // two moments, halved
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"),
+              HasSubstr("zero_stage: 1, optimizer states sharded over the 2 ranks ("));
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"), HasSubstr("because without them even per-device batch 1 needs"));
+
+  // Forbidden, nothing fits, and the refusal says what sharding would have needed.
+  fitrun::v1::JobSpec forbidden = spec;
+  forbidden.mutable_ddp()->set_zero_stage(0);
+  plan = PlanJob(forbidden, StateHeavy(forbidden), Devices(2, 130 * kMiB));
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(plan.status().message(), ::testing::Not(HasSubstr("sharded")));
+  plan = PlanJob(AdamWSpec(64, 2, 2), StateHeavy(spec), Devices(2, 100 * kMiB));
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(plan.status().message(), HasSubstr("with optimizer states sharded over 2 ranks"));
+}
+
+TEST(PlannerShardingTest, KeepsEveryStateOnEveryRankUnlessShardingBuysABatch) {
+  const fitrun::v1::JobSpec spec = AdamWSpec(64, 2, 2);
+  absl::StatusOr<fitrun::v1::Plan> roomy = PlanJob(spec, StateHeavy(spec), Devices(2, 1024 * kMiB));
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  EXPECT_EQ(roomy->zero_stage(), 0);
+  EXPECT_EQ(roomy->per_device_batch(), 32);
+  EXPECT_THAT(absl::StrJoin(roomy->reasons(), "\n"), ::testing::Not(HasSubstr("zero_stage")));
+
+  // Pinned, it shards even where it buys nothing.
+  fitrun::v1::JobSpec pinned = spec;
+  pinned.mutable_ddp()->set_zero_stage(1);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(pinned, StateHeavy(pinned), Devices(2, 1024 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->zero_stage(), 1);
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"), HasSubstr("because spec.ddp.zero_stage is 1"));
+}
+
+// Where halving the momentum fits twice the batch, sharding buys half the accumulation passes.
+TEST(PlannerShardingTest, ShardsWhenThatFitsALargerBatch) {
+  const fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  const ModelProfile model = Profile(spec);
+  const int64_t needed_for_32 = EstimateRankMemory(model, spec, 32).total_bytes();
+  const int64_t needed_for_64 = EstimateRankMemory(model, spec, 64).total_bytes();
+  ASSERT_LE(EstimateRankMemory(model, spec, 64, {}, {}, 2).total_bytes(), (needed_for_32 + needed_for_64) / 2);
+  const int64_t free_bytes = static_cast<int64_t>((needed_for_32 + needed_for_64) / 2 / 0.9);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, model, Devices(2, free_bytes));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->zero_stage(), 1);
+  EXPECT_EQ(plan->per_device_batch(), 64);
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"),
+              HasSubstr("they fit per-device batch 64 where keeping every state on every rank fits 32 (2 instead of 4 "
+                        "accumulation passes)"));
+}
+
+TEST(PlannerShardingTest, OneRankIsNeverSharded) {
+  const fitrun::v1::JobSpec spec = AdamWSpec(64, 1, 1);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, StateHeavy(spec), Devices(1, 130 * kMiB));
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(plan.status().message(), ::testing::Not(HasSubstr("sharded")));
+}
+
 TEST(PlannerTest, UsesEveryAllowedDeviceAndTheWholeBatchWhenItFits) {
   fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
   absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));
@@ -139,6 +240,7 @@ TEST(PlannerTest, ABuiltInJobTakesOneSliceOfEachGpuAndAScriptMayShareOne) {
 
 TEST(PlannerTest, SmallDevicesGetASmallerBatchAndAccumulation) {
   fitrun::v1::JobSpec spec = MlpSpec(256, 2, 2);
+  spec.mutable_ddp()->set_zero_stage(0);  // sharded momentum would fit 64 (PlannerShardingTest)
   const ModelProfile model = Profile(spec);
   // Room for a batch of 32 but not 64, after the 10% headroom.
   const int64_t needed_for_32 = EstimateRankMemory(model, spec, 32).total_bytes();

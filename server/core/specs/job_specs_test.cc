@@ -236,6 +236,20 @@ TEST(JobSpecTest, CommHookErrorsNameTheFieldAndTheAllowedValues) {
               HasSubstr("spec.ddp.comm_hook: unknown value 9; use one of: none, fp16, bf16, powersgd"));
 }
 
+TEST(JobSpecTest, ZeroStageIsZeroOrOneAndLeftOutByDefault) {
+  absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(std::string(kValidYaml));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->ddp().has_zero_stage());  // the planner chooses
+  for (int stage : {0, 1}) {
+    spec = Normalize(std::string(kValidYaml) + "ddp: {zero_stage: " + std::to_string(stage) + "}\n");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_TRUE(spec->ddp().has_zero_stage());
+    EXPECT_EQ(spec->ddp().zero_stage(), stage);
+  }
+  EXPECT_THAT(std::string(Normalize(std::string(kValidYaml) + "ddp: {zero_stage: 2}\n").status().message()),
+              HasSubstr("spec.ddp.zero_stage: must be 0 (every rank keeps all optimizer states) or 1"));
+}
+
 TEST(JobSpecTest, InvalidYamlSaysWhere) {
   absl::StatusOr<fitrun::v1::JobSpec> spec = ParseJobSpecYaml("name: [unclosed\n");
   ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
@@ -401,6 +415,11 @@ TEST(JobSpecTest, AScriptSpecIsCheckedWhereItsRanksWillRunIt) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_THAT(std::string(NormalizeJobSpec(*spec).status().message()),
               HasSubstr("spec.ddp.comm_hook: applies to fitrun's built-in training (got fp16 on a script job)"));
+  spec = ParseJobSpecYaml("name: s\nscript: {command: [/usr/bin/python3, train.py], working_dir: " + dir +
+                          "}\nglobal_batch_size: 16\noptimizer: {lr: 0.001}\nddp: {zero_stage: 1}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_THAT(std::string(NormalizeJobSpec(*spec).status().message()),
+              HasSubstr("spec.ddp.zero_stage: applies to fitrun's built-in training; a script shards"));
 }
 
 

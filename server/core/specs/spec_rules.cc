@@ -27,7 +27,7 @@ namespace {
 using fitrun::v1::JobSpec;
 
 // spec.ddp's communication hook and PowerSGD's knobs (PyTorch's PowerSGDState).
-absl::Status ValidateCommHook(const JobSpec& spec) {
+absl::Status ValidateDdp(const JobSpec& spec) {
   const fitrun::v1::DdpSpec& ddp = spec.ddp();
   if (!fitrun::v1::CommHook_IsValid(ddp.comm_hook())) {
     return FieldError("spec.ddp.comm_hook", absl::StrCat("unknown value ", static_cast<int>(ddp.comm_hook()),
@@ -49,6 +49,16 @@ absl::Status ValidateCommHook(const JobSpec& spec) {
   if (ddp.has_powersgd_rank() && ddp.powersgd_rank() < 1) {
     return FieldError("spec.ddp.powersgd_rank",
                       absl::StrCat("must be >= 1 (got ", ddp.powersgd_rank(), "); 1 to 4 is typical"));
+  }
+  if (ddp.has_zero_stage() && ddp.zero_stage() != 0 && ddp.zero_stage() != 1) {
+    return FieldError("spec.ddp.zero_stage",
+                      absl::StrCat("must be 0 (every rank keeps all optimizer states) or 1 (each rank keeps its share: "
+                                   "ZeRO stage 1), got ", ddp.zero_stage(), "; leave it out to let the planner choose"));
+  }
+  if (ddp.has_zero_stage() && ddp.zero_stage() == 1 && spec.has_script()) {
+    return FieldError("spec.ddp.zero_stage",
+                      "applies to fitrun's built-in training; a script shards its optimizer states itself "
+                      "(torch.distributed.optim.ZeroRedundancyOptimizer)");
   }
   if (ddp.has_powersgd_start_iter() && ddp.powersgd_start_iter() < 2) {
     return FieldError("spec.ddp.powersgd_start_iter",
@@ -285,7 +295,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec, fitrun::v1::SpecFileFacts* fac
     return FieldError("spec.ddp.collective_timeout_seconds",
                       absl::StrCat("must be > 0 (got ", spec.ddp().collective_timeout_seconds(), ")"));
   }
-  if (absl::Status s = ValidateCommHook(spec); !s.ok()) return s;
+  if (absl::Status s = ValidateDdp(spec); !s.ok()) return s;
 
   const auto& tolerance = spec.fault_tolerance();
   if (tolerance.max_restarts() < 0) {

@@ -333,6 +333,10 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
                            ddp->set_powersgd_rank(static_cast<int32_t>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX)));
                          })},
                         {"powersgd_start_iter", Int([&](int64_t v) { ddp->set_powersgd_start_iter(v); })},
+                        {"zero_stage",
+                         Int([&](int64_t v) {
+                           ddp->set_zero_stage(static_cast<int32_t>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX)));
+                         })},
                     })},
             {"seed", Int([&](int64_t v) { spec.set_seed(static_cast<uint64_t>(v)); })},
             {"priority", Int([&](int64_t v) { spec.set_priority(static_cast<int32_t>(v)); })},
