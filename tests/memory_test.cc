@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "tests/testing/coordinator.h"
 
@@ -358,6 +359,113 @@ TEST(MemoryTest, TheFirstSubmitOfANewWorkloadDoesNotWaitForItsProbeWhichRunsOnly
   EXPECT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << ReadFile(coordinator.log_path());
   EXPECT_THAT(absl::StrJoin(done.plan().reasons(), "\n"), HasSubstr("no memory probe: the analytic estimate"));
   EXPECT_THAT(coordinator.Metrics(), HasSubstr("fitrun_memory_probe_seconds_count 1"));
+}
+
+// A GPT-2-small-shaped gpt (12 x 768, context 256, AdamW, fp32: 85.6 million parameters, 1.28 GiB of
+// weights, gradients and moments) on two 1700 MiB devices: keeping every state on every rank does not fit
+// even one sample, so the planner shards the optimizer states, and the run's losses are those of plain
+// DDP on roomier devices.
+std::string Gpt2SmallSpec(const std::string& name, const std::string& text_path, const std::string& extra) {
+  return absl::StrCat("name: ", name, R"(
+model:
+  builtin: gpt
+  gpt: {layers: 12, heads: 12, hidden: 768, context: 256}
+data: {kind: text, path: )", text_path, R"(}
+optimizer: {kind: adamw, lr: 0.0003, weight_decay: 0.01, lr_scaling: none}
+global_batch_size: 2
+max_steps: 4
+precision: fp32
+seed: 1
+resources: {min_devices: 2, max_devices: 2}
+)", extra);
+}
+
+// Step -> the global loss reported for it (the last attempt's, where a step ran twice).
+std::map<int64_t, double> LossesOf(const std::vector<fitrun::v1::JobEvent>& events) {
+  std::map<int64_t, double> losses;
+  for (const fitrun::v1::JobEvent& event : events) {
+    if (event.has_progress()) losses[event.progress().step()] = event.progress().loss();
+  }
+  return losses;
+}
+
+TEST(MemoryTest, ShardedOptimizerStatesTrainAModelWhoseStatesDoNotFitAsPlainDdpDoes) {
+  const std::string text = WriteText("gpt2-small-text.txt", 40000);
+  std::map<int64_t, double> plain_losses;
+  {
+    RunningCoordinator roomy("memory-roomy", "cpu:2x4GiB");
+    ASSERT_TRUE(roomy.ok()) << ReadFile(roomy.log_path());
+    absl::StatusOr<fitrun::v1::Job> job = roomy.Submit(Gpt2SmallSpec("gpt2-plain", text, "ddp: {zero_stage: 0}\n"));
+    ASSERT_TRUE(job.ok()) << job.status();
+    plain_losses = LossesOf(roomy.Watch(job->id()));
+    const fitrun::v1::Job done = roomy.Get(job->id());
+    ASSERT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << done.failure_reason();
+    EXPECT_EQ(done.plan().zero_stage(), 0);
+  }
+  ASSERT_EQ(plain_losses.size(), 4u);
+
+  RunningCoordinator tight("memory-tight", "cpu:2x1700MiB");
+  ASSERT_TRUE(tight.ok()) << ReadFile(tight.log_path());
+  // Forbidden to shard, it does not fit.
+  absl::StatusOr<fitrun::v1::Job> unsharded = tight.Submit(Gpt2SmallSpec("gpt2-unsharded", text, "ddp: {zero_stage: 0}\n"));
+  ASSERT_TRUE(unsharded.ok()) << unsharded.status();
+  tight.Watch(unsharded->id());
+  const fitrun::v1::Job refused = tight.Get(unsharded->id());
+  EXPECT_EQ(refused.state(), fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(refused.failure_reason(), HasSubstr("even per-device batch 1 needs"));
+
+  absl::StatusOr<fitrun::v1::Job> job = tight.Submit(Gpt2SmallSpec("gpt2-sharded", text, ""));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::vector<fitrun::v1::JobEvent> events = tight.Watch(job->id());
+  const fitrun::v1::Job done = tight.Get(job->id());
+  ASSERT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << done.failure_reason() << "\n"
+                                                           << ReadFile(tight.log_path());
+  EXPECT_EQ(done.plan().zero_stage(), 1);
+  EXPECT_EQ(done.plan().per_device_batch(), 1);
+  EXPECT_THAT(absl::StrJoin(done.plan().reasons(), "\n"),
+              HasSubstr("zero_stage: 1, optimizer states sharded over the 2 ranks"));
+  EXPECT_THAT(absl::StrJoin(done.plan().reasons(), "\n"), HasSubstr("because without them even per-device batch 1 needs"));
+  const Peaks peaks = PeaksOf(events);
+  EXPECT_LE(peaks.highest, 1700LL << 20);
+  std::printf("sharded: predicted %lld bytes, highest rank peak %lld bytes\n",
+              static_cast<long long>(done.plan().predicted().total_bytes()), static_cast<long long>(peaks.highest));
+
+  const std::map<int64_t, double> losses = LossesOf(events);
+  ASSERT_EQ(losses.size(), plain_losses.size());
+  for (const auto& [step, loss] : plain_losses) {
+    EXPECT_NEAR(losses.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
+  }
+}
+
+// An out-of-memory error injected into a run whose optimizer states are sharded re-plans a smaller batch,
+// still sharded, and resumes from the last checkpoint: every rank's share of it.
+TEST(MemoryTest, ASpecShardedRunThatRunsOutOfMemoryReplansAndResumes) {
+  RunningCoordinator coordinator("memory-sharded-oom", kSmallDevices);
+  ASSERT_TRUE(coordinator.ok()) << ReadFile(coordinator.log_path());
+  const std::string text = WriteText("memory-sharded-text.txt");
+  std::string spec = GptSpec("gpt-sharded-oom", text, "{min_devices: 2, max_devices: 2}");
+  absl::StrReplaceAll({{"fault_tolerance: {max_oom_retries: 0, max_restarts: 0}",
+                        "fault_tolerance: {max_oom_retries: 1, max_restarts: 0}\n"
+                        "fault_injection: {kind: oom, rank: 1, at_step: 4}\n"
+                        "checkpoint: {every_steps: 2}\nddp: {zero_stage: 1}"}},
+                      &spec);
+  absl::StatusOr<fitrun::v1::Job> job = coordinator.Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::vector<fitrun::v1::JobEvent> events = coordinator.Watch(job->id());
+  const fitrun::v1::Job done = coordinator.Get(job->id());
+  ASSERT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << done.failure_reason() << "\n"
+                                                           << ReadFile(coordinator.log_path());
+  ASSERT_EQ(done.attempt_history_size(), 2);
+  EXPECT_LT(done.attempt_history(1).per_device_batch(), done.attempt_history(0).per_device_batch());
+  EXPECT_EQ(done.plan().zero_stage(), 1);
+  bool resumed = false;
+  bool out_of_memory = false;
+  for (const fitrun::v1::JobEvent& event : events) {
+    out_of_memory |= event.has_oom();
+    resumed |= event.has_log() && event.log().text().find("resumed from the checkpoint of step 2") != std::string::npos;
+  }
+  EXPECT_TRUE(out_of_memory);
+  EXPECT_TRUE(resumed);
 }
 
 }  // namespace
