@@ -201,6 +201,12 @@ std::string RenderPlan(const v1::PlanJobResponse& response) {
   rows.insert(rows.end(), {
                               {"per-device batch", absl::StrCat(plan.per_device_batch())},
                               {"grad accumulation", absl::StrCat(plan.grad_accum_steps())},
+                          });
+  if (plan.zero_stage() == 1) {
+    rows.emplace_back("optimizer states",
+                      absl::StrCat("sharded over the ", plan.device_ids_size(), " ranks (zero stage 1)"));
+  }
+  rows.insert(rows.end(), {
                               {"global batch", absl::StrCat(global_batch)},
                               {"learning rate", absl::StrFormat("%g", plan.learning_rate())},
                               {"steps", steps},

@@ -1,4 +1,5 @@
 #include "client/render.h"
+#include "client/watch_state.h"
 
 #include <string>
 
@@ -192,6 +193,20 @@ TEST(RenderPlanTest, ShowsChoicesBreakdownAndReasons) {
             "reasons:\n"
             "  2 devices: every free device fits the minimum batch\n"
             "  per-device batch 64: 128 would need 2.4 GiB of 2.0 GiB free\n");
+}
+
+TEST(RenderPlanTest, SaysWhenTheOptimizerStatesAreSharded) {
+  v1::PlanJobResponse response;
+  response.mutable_plan()->add_device_ids("cpu:0");
+  response.mutable_plan()->add_device_ids("cpu:1");
+  response.mutable_plan()->set_per_device_batch(1);
+  response.mutable_plan()->set_grad_accum_steps(1);
+  response.mutable_plan()->set_zero_stage(1);
+  EXPECT_THAT(RenderPlan(response), HasSubstr("grad accumulation: 1\n"
+                                              "optimizer states:  sharded over the 2 ranks (zero stage 1)\n"));
+  EXPECT_THAT(DescribePlan(response.plan()), HasSubstr("grad accum 1, lr 0, optimizer states sharded"));
+  response.mutable_plan()->set_zero_stage(0);
+  EXPECT_THAT(RenderPlan(response), Not(HasSubstr("optimizer states:")));
 }
 
 TEST(RenderPlanTest, ComputesTheGlobalBatchWhenTheSpecOmitsIt) {

@@ -115,6 +115,7 @@ std::string DescribePlan(const v1::Plan& plan) {
     absl::StrAppend(&line, ", on ", plan.nodes_size(), " node", plan.nodes_size() == 1 ? "" : "s", " x ",
                     plan.devices_per_node(), " (", absl::StrJoin(plan.nodes(), ", "), ")");
   }
+  if (plan.zero_stage() == 1) absl::StrAppend(&line, ", optimizer states sharded");
   if (plan.has_predicted() && plan.predicted().total_bytes() > 0) {
     absl::StrAppend(&line, ", predicted peak ", FormatMiB(plan.predicted().total_bytes()));
   }
