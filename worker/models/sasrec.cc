@@ -1,6 +1,7 @@
 #include "worker/models/sasrec.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/models/attention.h"
 #include "worker/models/ranking.h"
+#include "worker/models/recompute.h"
 
 namespace fitrun::worker {
 namespace {
@@ -66,6 +68,7 @@ class SasRec final : public Model {
       : Model("SasRec"),
         num_items_(num_items),
         hidden_(config.hidden()),
+        recompute_blocks_(config.activation_checkpointing()),
         item_embedding_(register_module(
             "item_embedding", torch::nn::Embedding(torch::nn::EmbeddingOptions(num_items + 1, config.hidden()).padding_idx(0)))),
         position_embedding_(register_module("position_embedding", torch::nn::Embedding(config.max_len(), config.hidden()))),
@@ -132,14 +135,20 @@ class SasRec final : public Model {
     at::Tensor x = item_embedding_->forward(items) * std::sqrt(static_cast<double>(hidden_)) +
                    position_embedding_->forward(at::arange(items.size(1), items.options()));
     x = x * keep;
-    for (const std::shared_ptr<torch::nn::Module>& block : *blocks_) {
-      x = std::static_pointer_cast<SasRecBlock>(block)->forward(x, keep);
+    // Recomputed only where backward will follow: evaluation keeps nothing for backward anyway.
+    const bool recompute = recompute_blocks_ && is_training() && at::GradMode::is_enabled();
+    for (const std::shared_ptr<torch::nn::Module>& module : *blocks_) {
+      SasRecBlock* block = static_cast<SasRecBlock*>(module.get());
+      x = recompute ? RecomputedInBackward([block, keep](const at::Tensor& in) { return block->forward(in, keep); }, x)
+                    : block->forward(x, keep);
     }
     return final_norm_->forward(x);
   }
 
   int64_t num_items_;
   int64_t hidden_;
+  // spec.model.sasrec.activation_checkpointing: each block's activations recomputed in backward.
+  bool recompute_blocks_;
   torch::nn::Embedding item_embedding_;
   torch::nn::Embedding position_embedding_;
   torch::nn::ModuleList blocks_;

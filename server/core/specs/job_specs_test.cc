@@ -340,7 +340,11 @@ TEST(JobSpecTest, SasRecSpecParsesAndChecksItsConfig) {
   EXPECT_EQ(spec->model().sasrec().max_len(), 50);
   EXPECT_EQ(spec->model().sasrec().hidden(), 64);
   EXPECT_EQ(spec->model().sasrec().blocks(), 2);
+  EXPECT_FALSE(spec->model().sasrec().activation_checkpointing());
   EXPECT_EQ(spec->data().kind(), fitrun::v1::DATA_KIND_MOVIELENS);
+  spec = Normalize(with_heads("1, activation_checkpointing: true"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->model().sasrec().activation_checkpointing());
   EXPECT_THAT(Normalize(with_heads("3")).status().message(), HasSubstr("spec.model.sasrec.heads: must divide hidden"));
 
   std::string missing = with_heads("1");

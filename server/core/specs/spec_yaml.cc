@@ -249,6 +249,8 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
                                 {"hidden", Int([&](int64_t v) { model->mutable_sasrec()->set_hidden(static_cast<int32_t>(v)); })},
                                 {"blocks", Int([&](int64_t v) { model->mutable_sasrec()->set_blocks(static_cast<int32_t>(v)); })},
                                 {"heads", Int([&](int64_t v) { model->mutable_sasrec()->set_heads(static_cast<int32_t>(v)); })},
+                                {"activation_checkpointing",
+                                 Bool([&](bool v) { model->mutable_sasrec()->set_activation_checkpointing(v); })},
                             })},
              })},
             {"data", Mapping({

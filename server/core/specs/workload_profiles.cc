@@ -108,8 +108,12 @@ absl::StatusOr<ModelProfile> SasRecProfile(const fitrun::v1::JobSpec& spec) {
   const int64_t s = c.max_len();
   ModelProfile p;
   p.parameter_count = (ratings.ratings_items() + 1) * d + s * d + c.blocks() * (6 * d * d + 10 * d) + 2 * d;
-  // The blocks, plus the sequence, positive and negative embeddings and their gradients.
-  p.activation_bytes_per_sample = c.blocks() * TransformerLayerActivationBytes(s, d, c.heads()) + 6 * s * d * kFloat;
+  // The blocks (with activation checkpointing each keeps its input, and backward holds one block's
+  // activations at a time, recomputed), plus the sequence, positive and negative embeddings and their
+  // gradients.
+  const int64_t layer = TransformerLayerActivationBytes(s, d, c.heads());
+  const int64_t blocks = c.activation_checkpointing() ? c.blocks() * s * d * kFloat + layer : c.blocks() * layer;
+  p.activation_bytes_per_sample = blocks + 6 * s * d * kFloat;
   p.input_bytes_per_sample = 2 * s * 8;  // int64 item sequence and next items
   p.train_samples = ratings.ratings_trainable_users();
   return p;

@@ -91,6 +91,15 @@ TEST(ModelProfileTest, SasRecScansTheRatingsForItemsAndUsers) {
   ASSERT_TRUE(profile.ok()) << profile.status();
   EXPECT_EQ(profile->parameter_count, 5 * 64 + 50 * 64 + 2 * (6 * 64 * 64 + 10 * 64) + 128);
   EXPECT_EQ(profile->train_samples, 2);
+  // Per block 2 * (s*h*34 + 5*a*s^2) bytes, plus the embeddings; checkpointed, each block keeps its
+  // input and one block's activations are recomputed.
+  const int64_t block = 2 * (50 * 64 * 34 + 5 * 1 * 50 * 50);
+  EXPECT_EQ(profile->activation_bytes_per_sample, 2 * block + 6 * 50 * 64 * 4);
+  sasrec->set_activation_checkpointing(true);
+  absl::StatusOr<ModelProfile> checkpointed = ProfileFor(*Admitted(spec));
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status();
+  EXPECT_EQ(checkpointed->activation_bytes_per_sample, 2 * 50 * 64 * 4 + block + 6 * 50 * 64 * 4);
+  sasrec->set_activation_checkpointing(false);
 
   spec.mutable_data()->set_path(WriteTempFile("bad.dat", "1::10::5::1\nnot a rating\n"));
   EXPECT_THAT(Admitted(spec).status().message(), HasSubstr("line 2 is not user::item::rating::timestamp"));
