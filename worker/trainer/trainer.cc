@@ -130,8 +130,8 @@ ModelInputs InputRowsOn(const TensorDataset& host, const at::Tensor& indices, co
 // states a rank steps some of them, and every gradient is still reduced each step.
 void ZeroGradientsInPlace(const std::vector<at::Tensor>& parameters) {
   at::NoGradGuard no_grad;
-  for (const at::Tensor& p : parameters) {
-    if (p.grad().defined()) const_cast<at::Tensor&>(p).mutable_grad().zero_();
+  for (at::Tensor p : parameters) {  // a handle: mutable_grad() needs a non-const one
+    if (p.grad().defined()) p.mutable_grad().zero_();
   }
 }
 
