@@ -316,7 +316,8 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       fitrun::v1::MemoryBreakdown sharded_predicted;
       const int64_t plain = must_shard ? 0 : largest_fitting(false, &plain_predicted);
       const int64_t with_shards = may_shard ? largest_fitting(true, &sharded_predicted) : 0;
-      // Sharding adds a broadcast of every parameter per step; it is taken only for what it buys: a
+      // Sharding adds a broadcast of every parameter per step and halves each rank's optimizer step;
+      // without a model of step time to weigh the two, it is taken only for what it buys in memory: a
       // batch that fits at all, or fewer accumulation passes.
       if (must_shard) {
         chosen = with_shards;
