@@ -214,7 +214,9 @@ void JobManager::RecoverRunningJob(JobEntry& entry) {
 
 void JobManager::OnOutOfMemoryLocked(JobEntry& entry, const fitrun::v1::OutOfMemory& oom) {
   Job& job = entry.record.job;
-  *job.add_oom_history() = oom;
+  fitrun::v1::OutOfMemory& recorded = *job.add_oom_history();
+  recorded = oom;
+  if (job.plan().zero_stage() == 1) recorded.set_optimizer_state_shards(job.plan().device_ids_size());
   metrics_->OutOfMemory();
   std::string headline = absl::StrCat("rank ", oom.rank(), " ran out of memory ",
                                       oom.step() > 0 ? absl::StrCat("at step ", oom.step())

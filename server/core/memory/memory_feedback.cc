@@ -29,7 +29,10 @@ ModelProfile ProfileAfterOutOfMemory(ModelProfile model, const fitrun::v1::JobSp
   for (const fitrun::v1::OutOfMemory& oom : history) {
     const int64_t b = oom.per_device_batch();
     if (b <= 0) continue;
-    const fitrun::v1::MemoryBreakdown predicted = EstimateRankMemory(model, spec, b, estimator);
+    // Held against the estimate of the strategy the rank ran: with sharded optimizer states it
+    // needed less than a rank keeping them all.
+    const int shards = std::max(1, oom.optimizer_state_shards());
+    const fitrun::v1::MemoryBreakdown predicted = EstimateRankMemory(model, spec, b, estimator, {}, shards);
     const int64_t predicted_before_margin = predicted.total_bytes() - predicted.safety_margin_bytes();
     const int64_t shortfall = MemoryNeededAt(oom) - predicted_before_margin;
     if (shortfall <= 0) continue;
@@ -38,7 +41,12 @@ ModelProfile ProfileAfterOutOfMemory(ModelProfile model, const fitrun::v1::JobSp
       // so smaller batches are judged by the same per-sample cost.
       const MemoryCurve& curve = *model.measured;
       const double added = static_cast<double>(std::max<int64_t>(1, curve.PeakAt(b) - curve.FixedBytes()));
-      const double needed = static_cast<double>(MemoryNeededAt(oom) - curve.FixedBytes());
+      // The curve is of ranks that keep every state: a sharded rank's need, in its terms, adds the
+      // other ranks' shares.
+      const int64_t other_shares =
+          shards > 1 ? EstimateRankMemory(model, spec, b, estimator).optimizer_state_bytes() - predicted.optimizer_state_bytes()
+                     : 0;
+      const double needed = static_cast<double>(MemoryNeededAt(oom) + other_shares - curve.FixedBytes());
       model.measured = curve.ScaledPerSample(needed / added);
       absl::StrAppend(&model.memory_source,
                       absl::StrFormat("; its per-sample part scaled by %.2f after an out-of-memory error at "

@@ -76,6 +76,27 @@ TEST(MemoryFeedbackTest, ACalibratedCurvesPerSamplePartIsScaledToCoverWhatWasMea
   EXPECT_NE(corrected.memory_source.find("per-sample part scaled by 2.00"), std::string::npos);
 }
 
+// A rank whose optimizer states were sharded needed less than whole states would have: what it
+// needed is held against the sharded estimate, so the curve learns the whole shortfall.
+TEST(MemoryFeedbackTest, AShardedRunsNeedIsHeldAgainstTheShardedEstimate) {
+  fitrun::v1::JobSpec spec = MlpSpec();
+  spec.mutable_optimizer()->set_kind(fitrun::v1::OPTIMIZER_KIND_ADAMW);
+  ModelProfile model = *ProfileFor(spec);
+  model.parameter_count = 10'000'000;  // 38 MiB a copy: sharding the moments over 2 ranks saves 38 MiB
+  model.measured = MemoryCurve({{1, 200 * kMiB}, {256, 455 * kMiB}});
+  const fitrun::v1::MemoryBreakdown sharded = EstimateRankMemory(model, spec, 64, {}, {}, 2);
+  const int64_t needed = sharded.total_bytes() - sharded.safety_margin_bytes() + 20 * kMiB;
+  OutOfMemoryHistory history;
+  *history.Add() = Oom(64, needed - kMiB, kMiB, needed);
+  history.Mutable(0)->set_optimizer_state_shards(2);
+  const ModelProfile corrected = ProfileAfterOutOfMemory(model, spec, history, {});
+  const fitrun::v1::MemoryBreakdown after = EstimateRankMemory(corrected, spec, 64, {}, {}, 2);
+  EXPECT_GE(after.total_bytes() - after.safety_margin_bytes(), needed);
+  // Held against whole states the same need is below the estimate and would teach nothing.
+  history.Mutable(0)->set_optimizer_state_shards(0);
+  EXPECT_EQ(ProfileAfterOutOfMemory(model, spec, history, {}).measured->PeakAt(64), model.measured->PeakAt(64));
+}
+
 TEST(MemoryFeedbackTest, OutOfMemoryBelowTheEstimateLeavesTheEstimateAlone) {
   const fitrun::v1::JobSpec spec = MlpSpec();
   const ModelProfile model = *ProfileFor(spec);
