@@ -27,9 +27,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from fitrun.client import Client, FINAL_STATES  # noqa: E402
+from fitrun.client import Client  # noqa: E402
 from fitrun.v1 import job_pb2  # noqa: E402
-from jobs import Fitrund  # noqa: E402
+from jobs import Fitrund, run_to_end  # noqa: E402
 
 EXAMPLES = [
     # (name, spec, per-device batches to run at: odd, so a doubling sweep never measured them)
@@ -41,19 +41,6 @@ EXAMPLES = [
 
 def mib(n):
     return f"{n / (1 << 20):.2f}"
-
-
-def run_to_end(client, spec, timeout=900):
-    job_id = client.submit(spec)
-    deadline = time.monotonic() + timeout
-    while True:
-        job = client.get(job_id)
-        if job.state in FINAL_STATES:
-            return job
-        if time.monotonic() > deadline:
-            client.cancel(job_id, "benchmark timeout")
-            raise RuntimeError(f"{job_id} did not end in {timeout} s")
-        time.sleep(0.25)
 
 
 def memory_reason(job):
@@ -103,7 +90,7 @@ def main():
             base = client.plan(path).spec
             # The example as it is: fitrund probes the script, then runs it on the plan.
             started = time.monotonic()
-            job = run_to_end(client, base)
+            job, _ = run_to_end(client, base, timeout=900)
             if job.state != job_pb2.JOB_STATE_SUCCEEDED:
                 raise RuntimeError(f"{name}: {job_pb2.JobState.Name(job.state)}: {job.failure_reason}")
             print(f"{name}: the example SUCCEEDED in {time.monotonic() - started:.0f} s at per-device batch "
@@ -120,7 +107,7 @@ def main():
                 how = how_estimated(client.plan(spec).plan)
                 if how == "a sweep point":
                     continue
-                run = run_to_end(client, spec)
+                run, _ = run_to_end(client, spec, timeout=900)
                 attempt = run.attempt_history[-1]
                 if run.state != job_pb2.JOB_STATE_SUCCEEDED or attempt.measured_peak_bytes <= 0:
                     rows.append((name, batch, how, mib(attempt.predicted_peak_bytes), "-", "-",

@@ -7,7 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
-#include "worker/memory/capped_allocator.h"
+#include "worker/models/measured_step_testing.h"
 
 namespace fitrun::worker {
 namespace {
@@ -62,38 +62,19 @@ TEST(GptTest, AnUntrainedModelIsNearUniform) {
   EXPECT_NEAR((*model)->Loss({inputs}, targets).item<double>(), std::log(256.0), 0.1);
 }
 
-// One training step's loss, every parameter's gradient and the highest bytes live during it.
-struct Step {
-  double loss = 0;
-  std::vector<at::Tensor> gradients;
-  int64_t peak_bytes = 0;
-};
-Step TrainOneStep(bool activation_checkpointing) {
+MeasuredStep TrainOneStep(bool activation_checkpointing) {
   fitrun::v1::GptConfig config = Config(4, 4, 64, 64);
   config.set_activation_checkpointing(activation_checkpointing);
   absl::StatusOr<std::shared_ptr<Model>> model = CreateGpt(config, 7);
   EXPECT_TRUE(model.ok()) << model.status();
   at::Generator generator = at::detail::createCPUGenerator(/*seed_val=*/11);
   const at::Tensor windows = at::randint(0, 256, {16, 65}, generator, at::kLong);
-  const at::Tensor inputs = windows.narrow(1, 0, 64);
-  const at::Tensor targets = windows.narrow(1, 1, 64);
-  CappedCpuAllocator counting(/*cap_bytes=*/0);
-  counting.Install();
-  Step step;
-  {
-    at::Tensor loss = (*model)->Loss({inputs}, targets);
-    step.loss = loss.item<double>();
-    loss.backward();
-  }
-  step.peak_bytes = counting.Peak();
-  counting.Uninstall();
-  for (const at::Tensor& p : (*model)->parameters()) step.gradients.push_back(p.grad().clone());
-  return step;
+  return TrainOneStepCounted(**model, {windows.narrow(1, 0, 64)}, windows.narrow(1, 1, 64));
 }
 
 TEST(GptTest, ActivationCheckpointingGivesThePlainStepsNumbersInLessMemory) {
-  const Step plain = TrainOneStep(false);
-  const Step recomputed = TrainOneStep(true);
+  const MeasuredStep plain = TrainOneStep(false);
+  const MeasuredStep recomputed = TrainOneStep(true);
   EXPECT_EQ(recomputed.loss, plain.loss);
   ASSERT_EQ(recomputed.gradients.size(), plain.gradients.size());
   for (size_t i = 0; i < plain.gradients.size(); ++i) {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "worker/memory/capped_allocator.h"
+#include "worker/models/measured_step_testing.h"
 
 namespace fitrun::worker {
 namespace {
@@ -23,40 +23,21 @@ fitrun::v1::SasRecConfig Config(bool activation_checkpointing) {
   return config;
 }
 
-// One training step's loss, every parameter's gradient and the highest bytes live during it.
-struct Step {
-  double loss = 0;
-  std::vector<at::Tensor> gradients;
-  int64_t peak_bytes = 0;
-};
-Step TrainOneStep(bool activation_checkpointing) {
+MeasuredStep TrainOneStep(bool activation_checkpointing) {
   absl::StatusOr<std::shared_ptr<Model>> model = CreateSasRec(Config(activation_checkpointing), kItems, 7);
   EXPECT_TRUE(model.ok()) << model.status();
   at::Generator generator = at::detail::createCPUGenerator(/*seed_val=*/11);
   // Histories with left padding (item 0) on some users, as the MovieLens loader makes them.
   at::Tensor sequences = at::randint(1, kItems + 1, {32, 51}, generator, at::kLong);
   sequences.narrow(0, 0, 8).narrow(1, 0, 20).zero_();
-  const at::Tensor inputs = sequences.narrow(1, 0, 50);
-  const at::Tensor positives = sequences.narrow(1, 1, 50);
   // The negatives are drawn from the global generator: the same draws in both steps.
   at::manual_seed(3);
-  CappedCpuAllocator counting(/*cap_bytes=*/0);
-  counting.Install();
-  Step step;
-  {
-    at::Tensor loss = (*model)->Loss({inputs}, positives);
-    step.loss = loss.item<double>();
-    loss.backward();
-  }
-  step.peak_bytes = counting.Peak();
-  counting.Uninstall();
-  for (const at::Tensor& p : (*model)->parameters()) step.gradients.push_back(p.grad().clone());
-  return step;
+  return TrainOneStepCounted(**model, {sequences.narrow(1, 0, 50)}, sequences.narrow(1, 1, 50));
 }
 
 TEST(SasRecTest, ActivationCheckpointingGivesThePlainStepsNumbersInLessMemory) {
-  const Step plain = TrainOneStep(false);
-  const Step recomputed = TrainOneStep(true);
+  const MeasuredStep plain = TrainOneStep(false);
+  const MeasuredStep recomputed = TrainOneStep(true);
   EXPECT_EQ(recomputed.loss, plain.loss);
   ASSERT_EQ(recomputed.gradients.size(), plain.gradients.size());
   for (size_t i = 0; i < plain.gradients.size(); ++i) {

@@ -10,32 +10,16 @@
 #include "worker/checkpoint/checkpoint_store.h"
 #include "worker/trainer/fake_progress_sink.h"
 #include "worker/trainer/trainer.h"
+#include "worker/trainer/trainer_testing.h"
 
 namespace fitrun::worker {
 namespace {
-
-TensorDataset SyntheticSet(int64_t n) {
-  at::manual_seed(11);
-  TensorDataset set;
-  set.targets = at::arange(n, at::kLong).remainder(10);
-  set.inputs = {at::randn({n, 1, 28, 28}) * 0.5};
-  for (int64_t i = 0; i < n; ++i) set.inputs[0][i][0].narrow(0, 2 * (i % 10), 2).add_(2.0);
-  return set;
-}
 
 std::string FreshDir(const std::string& name) {
   const char* root = std::getenv("TEST_TMPDIR");
   const std::string dir = std::string(root != nullptr ? root : "/tmp") + "/" + name;
   std::system(("rm -rf '" + dir + "'").c_str());
   return dir;
-}
-
-std::shared_ptr<Model> Mlp(uint64_t seed) {
-  fitrun::v1::ModelSpec spec;
-  spec.set_builtin("mlp");
-  auto model = CreateModel(spec, seed);
-  EXPECT_TRUE(model.ok());
-  return *model;
 }
 
 TrainerOptions Options(CheckpointStore* store) {
@@ -80,7 +64,7 @@ TEST(TrainerCheckpointTest, ResumeReproducesTheUninterruptedLossTrajectory) {
   auto full_store = CheckpointStore::Create({FreshDir("full"), 2});
   ASSERT_TRUE(full_store.ok());
   FakeProgressSink full_sink;
-  auto full = Trainer::Create(Options(full_store->get()), Mlp(1), train, std::nullopt, &local, &full_sink);
+  auto full = Trainer::Create(Options(full_store->get()), MlpFromSeed(1), train, std::nullopt, &local, &full_sink);
   ASSERT_TRUE(full.ok()) << full.status();
   ASSERT_TRUE((*full)->Run().ok());
   const std::vector<double> uninterrupted = Losses(full_sink);
@@ -95,7 +79,7 @@ TEST(TrainerCheckpointTest, ResumeReproducesTheUninterruptedLossTrajectory) {
   auto store = CheckpointStore::Create({FreshDir("interrupted"), 2});
   ASSERT_TRUE(store.ok());
   StopAfter stop(6);
-  auto first = Trainer::Create(Options(store->get()), Mlp(1), train, std::nullopt, &local, &stop);
+  auto first = Trainer::Create(Options(store->get()), MlpFromSeed(1), train, std::nullopt, &local, &stop);
   ASSERT_TRUE(first.ok());
   stop.trainer = first->get();
   EXPECT_EQ((*first)->Run().status().code(), absl::StatusCode::kCancelled);
@@ -103,7 +87,7 @@ TEST(TrainerCheckpointTest, ResumeReproducesTheUninterruptedLossTrajectory) {
 
   // A new process: other initial weights, then the checkpoint.
   FakeProgressSink resumed_sink;
-  auto resumed = Trainer::Create(Options(store->get()), Mlp(77), train, std::nullopt, &local, &resumed_sink);
+  auto resumed = Trainer::Create(Options(store->get()), MlpFromSeed(77), train, std::nullopt, &local, &resumed_sink);
   ASSERT_TRUE(resumed.ok());
   ASSERT_TRUE((*resumed)->ResumeFrom(**store, 4).ok());
   EXPECT_EQ((*resumed)->start_step(), 4);
@@ -129,7 +113,7 @@ TEST(TrainerCheckpointTest, FailedSaveIsLoggedAndTrainingContinues) {
   FakeProgressSink sink;
   TrainerOptions options = Options(store->get());
   options.total_steps = 10;
-  auto trainer = Trainer::Create(options, Mlp(1), train, std::nullopt, &local, &sink);
+  auto trainer = Trainer::Create(options, MlpFromSeed(1), train, std::nullopt, &local, &sink);
   ASSERT_TRUE(trainer.ok());
   absl::StatusOr<TrainResult> result = (*trainer)->Run();
   ASSERT_TRUE(result.ok()) << result.status();
@@ -158,7 +142,7 @@ TEST(TrainerCheckpointTest, Bf16AutocastTrains) {
     FakeProgressSink sink;
     TrainerOptions options = Options(nullptr);
     options.precision = precision;
-    auto trainer = Trainer::Create(options, Mlp(1), train, std::nullopt, &local, &sink);
+    auto trainer = Trainer::Create(options, MlpFromSeed(1), train, std::nullopt, &local, &sink);
     ASSERT_TRUE(trainer.ok());
     ASSERT_TRUE((*trainer)->Run().ok());
     runs.push_back(Losses(sink));
@@ -176,7 +160,7 @@ TEST(TrainerCheckpointTest, Fp16OnCpuIsRejected) {
   options.precision = fitrun::v1::PRECISION_FP16;
   LocalGradientSynchronizer local;
   FakeProgressSink sink;
-  absl::Status status = Trainer::Create(options, Mlp(1), SyntheticSet(256), std::nullopt, &local, &sink).status();
+  absl::Status status = Trainer::Create(options, MlpFromSeed(1), SyntheticSet(256), std::nullopt, &local, &sink).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("spec.precision"), absl::string_view::npos) << status;
 #ifndef FITRUN_WITH_CUDA

@@ -19,20 +19,12 @@
 #include "worker/ddp/thread_ranks.h"
 #include "worker/trainer/fake_progress_sink.h"
 #include "worker/trainer/trainer.h"
+#include "worker/trainer/trainer_testing.h"
 
 namespace fitrun::worker {
 namespace {
 
 constexpr int kWorld = 2;
-
-TensorDataset SyntheticSet(int64_t n) {
-  at::manual_seed(11);
-  TensorDataset set;
-  set.targets = at::arange(n, at::kLong).remainder(10);
-  set.inputs = {at::randn({n, 1, 28, 28}) * 0.5};
-  for (int64_t i = 0; i < n; ++i) set.inputs[0][i][0].narrow(0, 2 * (i % 10), 2).add_(2.0);
-  return set;
-}
 
 // A path under the test's temporary directory with nothing at it yet (a store file or a directory).
 std::string FreshPath(const std::string& name) {
@@ -116,14 +108,6 @@ TrainerOptions EquivalenceOptions(int rank, int world_size, int64_t per_device_b
   return options;
 }
 
-std::shared_ptr<Model> MlpFromSeed(uint64_t seed) {
-  fitrun::v1::ModelSpec spec;
-  spec.set_builtin("mlp");
-  auto model = CreateModel(spec, seed);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return *model;
-}
-
 // One process, no communication: the reference runs.
 std::shared_ptr<Model> TrainAlone(const TensorDataset& train, int64_t batch, int accumulation) {
   std::shared_ptr<Model> model = MlpFromSeed(42);
@@ -168,17 +152,6 @@ std::vector<std::shared_ptr<Model>> TrainTwoRanks(const TensorDataset& train, in
   }
   for (auto& t : threads) t.join();
   return models;
-}
-
-double MaxAbsDifference(const torch::nn::Module& a, const torch::nn::Module& b) {
-  const std::vector<at::Tensor> pa = a.parameters();
-  const std::vector<at::Tensor> pb = b.parameters();
-  EXPECT_EQ(pa.size(), pb.size());
-  double worst = 0;
-  for (size_t i = 0; i < pa.size(); ++i) {
-    worst = std::max(worst, (pa[i] - pb[i]).abs().max().item<double>());
-  }
-  return worst;
 }
 
 // The definition of correct data parallelism: 2 ranks x B/2, 1 rank x B and 1 rank x 2

@@ -17,28 +17,12 @@
 #include "worker/ddp/thread_ranks.h"
 #include "worker/trainer/fake_progress_sink.h"
 #include "worker/trainer/trainer.h"
+#include "worker/trainer/trainer_testing.h"
 
 namespace fitrun::worker {
 namespace {
 
 constexpr int64_t kGlobalBatch = 48;  // splits over 1, 2 and 3 ranks
-
-TensorDataset SyntheticSet(int64_t n) {
-  at::manual_seed(11);
-  TensorDataset set;
-  set.targets = at::arange(n, at::kLong).remainder(10);
-  set.inputs = {at::randn({n, 1, 28, 28}) * 0.5};
-  for (int64_t i = 0; i < n; ++i) set.inputs[0][i][0].narrow(0, 2 * (i % 10), 2).add_(2.0);
-  return set;
-}
-
-std::shared_ptr<Model> MlpFromSeed(uint64_t seed) {
-  fitrun::v1::ModelSpec spec;
-  spec.set_builtin("mlp");
-  auto model = CreateModel(spec, seed);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return *model;
-}
 
 struct Run {
   int world = 2;
@@ -97,14 +81,6 @@ std::shared_ptr<Model> Train(const TensorDataset& train, const Run& run, const s
     EXPECT_EQ(ParameterChecksum(*models[rank]), ParameterChecksum(*models[0])) << "rank " << rank;
   }
   return models[0];
-}
-
-double MaxAbsDifference(const torch::nn::Module& a, const torch::nn::Module& b) {
-  const std::vector<at::Tensor> pa = a.parameters();
-  const std::vector<at::Tensor> pb = b.parameters();
-  double worst = 0;
-  for (size_t i = 0; i < pa.size(); ++i) worst = std::max(worst, (pa[i] - pb[i]).abs().max().item<double>());
-  return worst;
 }
 
 std::unique_ptr<CheckpointStore> FreshStore(const std::string& name) {
