@@ -6,8 +6,10 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
+#include "gtest/gtest.h"
 #include "worker/memory/capped_allocator.h"
 #include "worker/models/model.h"
 
@@ -32,6 +34,18 @@ inline MeasuredStep TrainOneStepCounted(Model& model, const ModelInputs& inputs,
   counting.Uninstall();
   for (const at::Tensor& p : model.parameters()) step.gradients.push_back(p.grad().clone());
   return step;
+}
+
+// A recomputed step must be the kept one's numbers: the same loss and every gradient bit for bit.
+// Prints both peaks, which each test holds to its own bound.
+inline void ExpectSameNumbers(const MeasuredStep& plain, const MeasuredStep& recomputed) {
+  EXPECT_EQ(recomputed.loss, plain.loss);
+  ASSERT_EQ(recomputed.gradients.size(), plain.gradients.size());
+  for (size_t i = 0; i < plain.gradients.size(); ++i) {
+    EXPECT_TRUE(at::equal(recomputed.gradients[i], plain.gradients[i])) << "parameter " << i;
+  }
+  std::printf("one step's peak: plain %lld bytes, checkpointed %lld bytes\n", static_cast<long long>(plain.peak_bytes),
+              static_cast<long long>(recomputed.peak_bytes));
 }
 
 }  // namespace fitrun::worker

@@ -5,18 +5,10 @@
 #include "gtest/gtest.h"
 #include "worker/trainer/fake_progress_sink.h"
 #include "worker/trainer/trainer.h"
+#include "worker/trainer/trainer_testing.h"
 
 namespace fitrun::worker {
 namespace {
-
-TensorDataset SyntheticSet(int64_t n) {
-  at::manual_seed(5);
-  TensorDataset set;
-  set.targets = at::arange(n, at::kLong).remainder(10);
-  set.inputs = {at::randn({n, 1, 28, 28}) * 0.5};
-  for (int64_t i = 0; i < n; ++i) set.inputs[0][i][0].narrow(0, 2 * (i % 10), 2).add_(2.0);
-  return set;
-}
 
 TrainerOptions Options() {
   TrainerOptions options;
@@ -37,7 +29,7 @@ absl::StatusOr<TrainResult> Train(const TrainerOptions& options, FakeProgressSin
   if (!model.ok()) return model.status();
   LocalGradientSynchronizer local;
   absl::StatusOr<std::unique_ptr<Trainer>> trainer =
-      Trainer::Create(options, *model, SyntheticSet(512), std::nullopt, &local, &sink);
+      Trainer::Create(options, *model, SyntheticSet(512, 5), std::nullopt, &local, &sink);
   if (!trainer.ok()) return trainer.status();
   return (*trainer)->Run();
 }

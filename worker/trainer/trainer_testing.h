@@ -15,9 +15,9 @@
 
 namespace fitrun::worker {
 
-// `n` 28x28 images in 10 classes, each class marked by two brighter rows, always the same.
-inline TensorDataset SyntheticSet(int64_t n) {
-  at::manual_seed(11);
+// `n` 28x28 images in 10 classes, each class marked by two brighter rows; the same for the same seed.
+inline TensorDataset SyntheticSet(int64_t n, uint64_t seed = 11) {
+  at::manual_seed(seed);
   TensorDataset set;
   set.targets = at::arange(n, at::kLong).remainder(10);
   set.inputs = {at::randn({n, 1, 28, 28}) * 0.5};
