@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -435,6 +436,47 @@ TEST(MemoryTest, ShardedOptimizerStatesTrainAModelWhoseStatesDoNotFitAsPlainDdpD
   for (const auto& [step, loss] : plain_losses) {
     EXPECT_NEAR(losses.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
   }
+}
+
+// What a rank holds on a CPU device is what its LibTorch tensors take (the capped allocator's count,
+// which the device's memory is). The gradients are the all-reduce's flat buckets, summed in place,
+// through shared memory slots or over Gloo, whose ring scratch (two segments of a bucket / 2n each)
+// is plain heap outside that allocator, in the rank's host memory. So one rank peaks where the
+// one-process probe does, and more ranks or the other transport add nothing: a plan made from the
+// probe is never below a multi-rank run.
+TEST(MemoryTest, ARankPeaksAtTheSameBytesWhateverTheWorldSizeAndWhatSumsTheGradients) {
+  const std::string text = WriteText("memory-world-text.txt");
+  struct Case {
+    std::string name;
+    int ranks;
+    std::map<std::string, std::string> env;
+    std::string ddp;
+  };
+  const std::vector<Case> cases = {
+      {"one-rank", 1, {}, ""},
+      {"three-ranks-shared-memory", 3, {}, ""},
+      // Gloo with small buckets: many collectives in flight during backward.
+      {"three-ranks-gloo", 3, {{"FITRUN_ALL_REDUCE", "gloo"}}, "ddp: {bucket_cap_mb: 0.05}\n"},
+  };
+  std::map<std::string, int64_t> peaks;
+  for (const Case& c : cases) {
+    RunningCoordinator coordinator(absl::StrCat("memory-", c.name), absl::StrCat("cpu:", c.ranks, "x64MiB"), c.env);
+    ASSERT_TRUE(coordinator.ok()) << ReadFile(coordinator.log_path());
+    std::string spec = GptSpec(c.name, text, absl::StrCat("{min_devices: ", c.ranks, ", max_devices: ", c.ranks,
+                                                          ", per_device_batch: 4}\n", c.ddp));
+    absl::StrReplaceAll({{"global_batch_size: 32", absl::StrCat("global_batch_size: ", 4 * c.ranks)}}, &spec);
+    absl::StatusOr<fitrun::v1::Job> job = coordinator.Submit(spec);
+    ASSERT_TRUE(job.ok()) << job.status();
+    const Peaks run = PeaksOf(coordinator.Watch(job->id()));
+    const fitrun::v1::Job done = coordinator.Get(job->id());
+    ASSERT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << c.name << ": " << done.failure_reason();
+    ASSERT_EQ(run.ranks, c.ranks);
+    peaks[c.name] = run.highest;
+    std::printf("%s: highest rank peak %lld bytes\n", c.name.c_str(), static_cast<long long>(run.highest));
+  }
+  EXPECT_GT(peaks["one-rank"], 0);
+  EXPECT_EQ(peaks["three-ranks-shared-memory"], peaks["one-rank"]);
+  EXPECT_EQ(peaks["three-ranks-gloo"], peaks["one-rank"]);
 }
 
 // An out-of-memory error injected into a run whose optimizer states are sharded re-plans a smaller batch,

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -15,8 +16,12 @@
 
 namespace fitrun::testing {
 
-RunningCoordinator::RunningCoordinator(const std::string& name, const std::string& devices)
-    : state_dir_(FreshTestDir(name)), devices_(devices), log_path_(state_dir_ + "/fitrund.log") {
+RunningCoordinator::RunningCoordinator(const std::string& name, const std::string& devices,
+                                       std::map<std::string, std::string> extra_env)
+    : state_dir_(FreshTestDir(name)),
+      devices_(devices),
+      extra_env_(std::move(extra_env)),
+      log_path_(state_dir_ + "/fitrund.log") {
   Start("127.0.0.1:0");
 }
 
@@ -32,7 +37,7 @@ bool RunningCoordinator::Start(const std::string& listen) {
                                "--worker_binary=" + Runfile("worker/fitrun-worker"), "--stop_workers_on_exit",
                                // Where the tests' specs name files: their temporary directory, Debian's datasets.
                                "--data_roots=" + TestTmpDir() + ",/usr/share/datasets"},
-      log_path_);
+      log_path_, extra_env_);
   if (!WaitFor([&] { return !ReadFile(metrics_file).empty() || !process_->Running(); }, absl::Seconds(30))) {
     return false;
   }

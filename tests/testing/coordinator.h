@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,8 +19,10 @@ namespace fitrun::testing {
 
 class RunningCoordinator {
  public:
-  // Starts fitrund with `--devices=<devices>` and waits until it serves. Check ok() before use.
-  RunningCoordinator(const std::string& name, const std::string& devices);
+  // Starts fitrund with `--devices=<devices>` (and `extra_env` in its environment, which its workers
+  // inherit) and waits until it serves. Check ok() before use.
+  RunningCoordinator(const std::string& name, const std::string& devices,
+                     std::map<std::string, std::string> extra_env = {});
   ~RunningCoordinator();
 
   // SIGKILLs the daemon alone: its workers (in their own process groups) keep running.
@@ -48,6 +51,7 @@ class RunningCoordinator {
 
   std::string state_dir_;
   std::string devices_;
+  std::map<std::string, std::string> extra_env_;
   std::string log_path_;
   std::string address_;
   std::string metrics_address_;
