@@ -206,6 +206,7 @@ std::string RenderPlan(const v1::PlanJobResponse& response) {
     rows.emplace_back("optimizer states",
                       absl::StrCat("sharded over the ", plan.device_ids_size(), " ranks (zero stage 1)"));
   }
+  if (plan.activation_checkpointing()) rows.emplace_back("activations", "recomputed in backward (checkpointing)");
   rows.insert(rows.end(), {
                               {"global batch", absl::StrCat(global_batch)},
                               {"learning rate", absl::StrFormat("%g", plan.learning_rate())},

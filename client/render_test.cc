@@ -209,6 +209,17 @@ TEST(RenderPlanTest, SaysWhenTheOptimizerStatesAreSharded) {
   EXPECT_THAT(RenderPlan(response), Not(HasSubstr("optimizer states:")));
 }
 
+TEST(RenderPlanTest, SaysWhenTheActivationsAreRecomputed) {
+  v1::PlanJobResponse response;
+  response.mutable_plan()->add_device_ids("cpu:0");
+  response.mutable_plan()->set_per_device_batch(8);
+  response.mutable_plan()->set_grad_accum_steps(1);
+  EXPECT_THAT(RenderPlan(response), Not(HasSubstr("activations:")));
+  response.mutable_plan()->set_activation_checkpointing(true);
+  EXPECT_THAT(RenderPlan(response), HasSubstr("activations:       recomputed in backward (checkpointing)\n"));
+  EXPECT_THAT(DescribePlan(response.plan()), HasSubstr("grad accum 1, lr 0, activations recomputed"));
+}
+
 TEST(RenderPlanTest, ComputesTheGlobalBatchWhenTheSpecOmitsIt) {
   v1::PlanJobResponse response;
   response.mutable_plan()->add_device_ids("cuda:0");

@@ -116,6 +116,7 @@ std::string DescribePlan(const v1::Plan& plan) {
                     plan.devices_per_node(), " (", absl::StrJoin(plan.nodes(), ", "), ")");
   }
   if (plan.zero_stage() == 1) absl::StrAppend(&line, ", optimizer states sharded");
+  if (plan.activation_checkpointing()) absl::StrAppend(&line, ", activations recomputed");
   if (plan.has_predicted() && plan.predicted().total_bytes() > 0) {
     absl::StrAppend(&line, ", predicted peak ", FormatMiB(plan.predicted().total_bytes()));
   }

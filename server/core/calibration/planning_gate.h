@@ -24,6 +24,7 @@
 #include "fitrun/v1/job.pb.h"
 #include "server/core/calibration/memory_calibration.h"
 #include "server/core/memory/planner.h"
+#include "server/core/specs/workloads.h"
 
 namespace fitrun::server {
 
@@ -87,7 +88,7 @@ class PlanningGate {
     BeforePlanning Check(const fitrun::v1::Job& job, const std::string& calibration_key, bool in_planning);
     // What the plan waits for before it launches (AwaitPlanMeasurement); empty: launch it.
     std::string BeforeLaunch(const fitrun::v1::Job& job, const fitrun::v1::Plan& plan) {
-      return gate_->AwaitPlanMeasurement(job.spec(), plan, job.run_as());
+      return gate_->AwaitPlanMeasurement(SpecAsPlanned(job.spec(), plan), plan, job.run_as());
     }
     bool measures() const { return gate_->measures(); }
 

@@ -10,6 +10,7 @@
 #include "proto/contract/launch_contract.h"
 #include "server/core/jobs/job_directory.h"
 #include "server/core/specs/job_specs.h"
+#include "server/core/specs/workloads.h"
 #include "server/core/units.h"
 #include "server/sandbox/owned_directory.h"
 #include "fitrun/v1/worker.pb.h"
@@ -71,7 +72,8 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
   fitrun::v1::WorkerAssignment assignment;
   assignment.set_job_id(job.id());
   assignment.set_attempt(attempt);
-  *assignment.mutable_spec() = job.spec();
+  // The plan's strategy written in: the ranks build the model it chose.
+  *assignment.mutable_spec() = SpecAsPlanned(job.spec(), plan);
   *assignment.mutable_plan() = plan;
   assignment.set_checkpoint_dir((fs::path(job_dir) / kCheckpointsDirectoryName).string());
   assignment.set_dataset_cache_dir(dataset_cache_dir);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "server/core/jobs/proto_time.h"
 #include "server/core/specs/job_specs.h"
+#include "server/core/specs/workloads.h"
 #include "server/core/units.h"
 
 namespace fitrun::server {
@@ -606,7 +607,8 @@ void JobManager::RecordAttemptMemory(JobEntry& entry) {
         measured + (job.plan().zero_stage() == 1 && ranks > 1
                         ? job.plan().predicted().optimizer_state_bytes() * (ranks - 1)
                         : 0);
-    options_.memory_calibrator->RecordRun(job.spec(), job.run_as(), record.per_device_batch(), unsharded_equivalent);
+    options_.memory_calibrator->RecordRun(SpecAsPlanned(job.spec(), job.plan()), job.run_as(), record.per_device_batch(),
+                                          unsharded_equivalent);
   }
   gpu.allocated_bytes = measured;
   if (options_.device_costs != nullptr && gpu.device_bytes > 0 && record.device_ids_size() > 0) {

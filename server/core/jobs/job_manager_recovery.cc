@@ -217,6 +217,7 @@ void JobManager::OnOutOfMemoryLocked(JobEntry& entry, const fitrun::v1::OutOfMem
   fitrun::v1::OutOfMemory& recorded = *job.add_oom_history();
   recorded = oom;
   if (job.plan().zero_stage() == 1) recorded.set_optimizer_state_shards(job.plan().device_ids_size());
+  recorded.set_activation_checkpointing(job.plan().activation_checkpointing());
   metrics_->OutOfMemory();
   std::string headline = absl::StrCat("rank ", oom.rank(), " ran out of memory ",
                                       oom.step() > 0 ? absl::StrCat("at step ", oom.step())

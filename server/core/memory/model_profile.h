@@ -20,6 +20,9 @@ struct ModelProfile {
   // Bytes of one input sample and its label, as the data loader holds them per micro-batch.
   int64_t input_bytes_per_sample = 0;
   int64_t train_samples = 0;
+  // The model recomputes each block's activations in backward (activation checkpointing), which the
+  // activation figures above count.
+  bool activation_checkpointing = false;
   // Set from the memory probe's measurements (server/core/calibration/memory_calibration.h): a rank's peak at a
   // micro-batch is then read off this curve (already corrected by real runs' peaks), with the
   // estimator's small calibrated margin instead of its analytic overheads.

@@ -368,6 +368,7 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     }
     plan.set_per_device_batch(chosen);
     plan.set_zero_stage(sharded ? 1 : 0);
+    plan.set_activation_checkpointing(model.activation_checkpointing);
     plan.set_grad_accum_steps(static_cast<int32_t>(per_rank / chosen));
     plan.set_learning_rate(ScaledLearningRate(spec.optimizer(), global_batch));
     *plan.mutable_predicted() = predicted;

@@ -35,6 +35,7 @@ ModelProfile GptWithVocabulary(const fitrun::v1::GptConfig& c, int64_t vocabular
   const int64_t layer = TransformerLayerActivationBytes(s, h, c.heads());
   const int64_t layers = c.activation_checkpointing() ? c.layers() * s * h * kFloat + layer : c.layers() * layer;
   p.activation_bytes_per_sample = layers + 2 * s * h * kFloat + 3 * s * vocabulary * kFloat;
+  p.activation_checkpointing = c.activation_checkpointing();
   return p;
 }
 
@@ -114,6 +115,7 @@ absl::StatusOr<ModelProfile> SasRecProfile(const fitrun::v1::JobSpec& spec) {
   const int64_t layer = TransformerLayerActivationBytes(s, d, c.heads());
   const int64_t blocks = c.activation_checkpointing() ? c.blocks() * s * d * kFloat + layer : c.blocks() * layer;
   p.activation_bytes_per_sample = blocks + 6 * s * d * kFloat;
+  p.activation_checkpointing = c.activation_checkpointing();
   p.input_bytes_per_sample = 2 * s * 8;  // int64 item sequence and next items
   p.train_samples = ratings.ratings_trainable_users();
   return p;

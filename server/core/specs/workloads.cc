@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -358,10 +359,17 @@ absl::Status ValidateGptOnRatings(const JobSpec& spec, SpecFileFacts* facts) {
 }
 
 std::string BuiltinKey(const JobSpec& spec) { return spec.model().builtin(); }
-std::string GptKey(const JobSpec& spec) { return absl::StrCat("gpt ", spec.model().gpt().ShortDebugString()); }
+// A config whose activation_checkpointing is false reads as one that leaves it unset: the same
+// workload, measured once (and keyed as before the field could be set to false).
+template <typename Config>
+std::string ConfigKey(Config config) {
+  if (config.has_activation_checkpointing() && !config.activation_checkpointing()) config.clear_activation_checkpointing();
+  return config.ShortDebugString();
+}
+std::string GptKey(const JobSpec& spec) { return absl::StrCat("gpt ", ConfigKey(spec.model().gpt())); }
 // The item count, read from the ratings file, sizes the embedding.
 std::string SasRecKey(const JobSpec& spec) {
-  return absl::StrCat("sasrec ", spec.model().sasrec().ShortDebugString(), " data ", RecordedVersion(spec, spec.data().path()));
+  return absl::StrCat("sasrec ", ConfigKey(spec.model().sasrec()), " data ", RecordedVersion(spec, spec.data().path()));
 }
 std::string TorchScriptKey(const JobSpec& spec) {
   return absl::StrCat("torchscript ", RecordedVersion(spec, spec.model().torchscript()));
@@ -473,6 +481,33 @@ bool AnalyticEstimateIsUpperBound(const JobSpec& spec) {
   if (spec.has_script()) return false;
   absl::StatusOr<const WorkloadKind*> kind = FindWorkload(spec);
   return kind.ok() && (*kind)->analytic_is_upper_bound;
+}
+
+bool CanCheckpointActivations(const JobSpec& spec) {
+  const fitrun::v1::ModelSpec& model = spec.model();
+  return !spec.has_script() && model.kind_case() == fitrun::v1::ModelSpec::kBuiltin &&
+         (model.builtin() == "gpt" || model.builtin() == "sasrec");
+}
+
+std::optional<bool> SpecActivationCheckpointing(const JobSpec& spec) {
+  if (!CanCheckpointActivations(spec)) return false;
+  const fitrun::v1::ModelSpec& model = spec.model();
+  if (model.builtin() == "gpt" && model.gpt().has_activation_checkpointing()) return model.gpt().activation_checkpointing();
+  if (model.builtin() == "sasrec" && model.sasrec().has_activation_checkpointing()) {
+    return model.sasrec().activation_checkpointing();
+  }
+  return std::nullopt;
+}
+
+JobSpec WithActivationCheckpointing(JobSpec spec, bool on) {
+  if (!CanCheckpointActivations(spec)) return spec;
+  if (spec.model().builtin() == "gpt") spec.mutable_model()->mutable_gpt()->set_activation_checkpointing(on);
+  if (spec.model().builtin() == "sasrec") spec.mutable_model()->mutable_sasrec()->set_activation_checkpointing(on);
+  return spec;
+}
+
+JobSpec SpecAsPlanned(const JobSpec& spec, const fitrun::v1::Plan& plan) {
+  return CanCheckpointActivations(spec) ? WithActivationCheckpointing(spec, plan.activation_checkpointing()) : spec;
 }
 
 std::string WorkloadMemoryKey(const JobSpec& spec) {

@@ -7,6 +7,7 @@
 #ifndef FITRUN_SERVER_CORE_SPECS_WORKLOADS_H_
 #define FITRUN_SERVER_CORE_SPECS_WORKLOADS_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,18 @@ absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec);
 
 // Whether the spec's analytic profile is a checked upper bound (never for a script).
 bool AnalyticEstimateIsUpperBound(const fitrun::v1::JobSpec& spec);
+
+// How a rank trains beyond its batch, where the planner may choose: activation checkpointing (a
+// gpt's or sasrec's blocks recomputed in backward). Whether the spec's model has it;
+bool CanCheckpointActivations(const fitrun::v1::JobSpec& spec);
+// what the spec says of it: true pins it, false forbids it (and every model without it), nullopt
+// leaves it to the plan;
+std::optional<bool> SpecActivationCheckpointing(const fitrun::v1::JobSpec& spec);
+// the spec with it set (unchanged for a model without it);
+fitrun::v1::JobSpec WithActivationCheckpointing(fitrun::v1::JobSpec spec, bool on);
+// and the spec as its plan trains it, the plan's choice written in: what the ranks get, and what
+// their peaks and out-of-memory errors are measurements of.
+fitrun::v1::JobSpec SpecAsPlanned(const fitrun::v1::JobSpec& spec, const fitrun::v1::Plan& plan);
 
 // The entry's memory key for the spec (its model's config and what else sizes its memory).
 std::string WorkloadMemoryKey(const fitrun::v1::JobSpec& spec);
