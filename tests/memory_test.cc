@@ -187,7 +187,8 @@ struct CappedCase {
 // The planner's choice on capped devices, for each built-in model, two with Adam and two with SGD (the
 // estimator accuracy bench, server/bench/memory_accuracy, runs every model with every optimizer): the
 // global batch is far more than fits in one pass, so it picks the largest per-device batch that fits;
-// that batch runs without running out of memory and fills at least 80% of the cap.
+// that batch runs without running out of memory and fills at least 80% of the cap. (The transformers
+// keep their activations: a plan that recomputes them picks its batch by step time too.)
 TEST(MemoryTest, EachBuiltInModelRunsAtTheLargestFittingBatchWithoutOutOfMemory) {
   const std::string text = WriteText("capped-text.txt", 160000);
   const std::string ratings = FreshTestDir("capped-ratings") + "/ratings.dat";
@@ -199,9 +200,11 @@ TEST(MemoryTest, EachBuiltInModelRunsAtTheLargestFittingBatchWithoutOutOfMemory)
        55440, "{kind: adam, lr: 0.001}"},
       {"cnn", "model: {builtin: cnn}\ndata: {kind: fashion_mnist, path: /usr/share/datasets/fashion-mnist}\n", 64,
        5040, "{kind: sgd, lr: 0.01}"},
-      {"gpt", absl::StrCat("model: {builtin: gpt, gpt: {layers: 2, heads: 4, hidden: 64, context: 64}}\n"
+      {"gpt", absl::StrCat("model: {builtin: gpt, gpt: {layers: 2, heads: 4, hidden: 64, context: 64, "
+                           "activation_checkpointing: false}}\n"
                            "data: {kind: text, path: ", text, "}\n"), 40, 1680, "{kind: adam, lr: 0.001}"},
-      {"sasrec", absl::StrCat("model: {builtin: sasrec, sasrec: {max_len: 50, hidden: 64, blocks: 2, heads: 1}}\n"
+      {"sasrec", absl::StrCat("model: {builtin: sasrec, sasrec: {max_len: 50, hidden: 64, blocks: 2, heads: 1, "
+                              "activation_checkpointing: false}}\n"
                               "data: {kind: movielens, path: ", ratings, "}\n"), 24, 1680, "{kind: sgd, lr: 0.01}"},
   };
   std::string table = "model, optimizer: cap, planned batch x accumulation, predicted, measured peak, peak / cap\n";
@@ -365,12 +368,12 @@ TEST(MemoryTest, TheFirstSubmitOfANewWorkloadDoesNotWaitForItsProbeWhichRunsOnly
 // A GPT-2-small-shaped gpt (12 x 768, context 256, AdamW, fp32: 85.6 million parameters, 1.28 GiB of
 // weights, gradients and moments) on two 1700 MiB devices: keeping every state on every rank does not fit
 // even one sample, so the planner shards the optimizer states, and the run's losses are those of plain
-// DDP on roomier devices.
+// DDP on roomier devices. The activations are kept (recomputing them would fit one sample unsharded).
 std::string Gpt2SmallSpec(const std::string& name, const std::string& text_path, const std::string& extra) {
   return absl::StrCat("name: ", name, R"(
 model:
   builtin: gpt
-  gpt: {layers: 12, heads: 12, hidden: 768, context: 256}
+  gpt: {layers: 12, heads: 12, hidden: 768, context: 256, activation_checkpointing: false}
 data: {kind: text, path: )", text_path, R"(}
 optimizer: {kind: adamw, lr: 0.0003, weight_decay: 0.01, lr_scaling: none}
 global_batch_size: 2
@@ -508,6 +511,117 @@ TEST(MemoryTest, ASpecShardedRunThatRunsOutOfMemoryReplansAndResumes) {
   }
   EXPECT_TRUE(out_of_memory);
   EXPECT_TRUE(resumed);
+}
+
+// An 8-layer gpt whose activations dominate: keeping them, one sample peaks at 9.4 MiB, over a 10 MiB
+// device's 9 MiB usable; recomputing each block's in backward, two samples take 7.8 MiB.
+std::string EightLayerGptSpec(const std::string& name, const std::string& text_path, const std::string& gpt_extra,
+                              const std::string& resources) {
+  return absl::StrCat("name: ", name, R"(
+model:
+  builtin: gpt
+  gpt: {layers: 8, heads: 4, hidden: 64, context: 64)", gpt_extra, R"(}
+data: {kind: text, path: )", text_path, R"(}
+optimizer: {kind: adamw, lr: 0.003, weight_decay: 0.01}
+global_batch_size: 16
+max_steps: 4
+precision: fp32
+seed: 1
+resources: )", resources, "\n");
+}
+
+// The spec leaves activation checkpointing to the plan: both models are measured, and on a device where
+// only recomputing fits, the plan recomputes, the ranks build the model that does, and the run's losses
+// are the ones of a run that keeps its activations on a roomier device.
+TEST(MemoryTest, AModelThatFitsOnlyByRecomputingItsActivationsIsPlannedSoAndTrainsTheSameNumbers) {
+  const std::string text = WriteText("memory-recompute-text.txt");
+  std::map<int64_t, double> kept_losses;
+  {
+    RunningCoordinator roomy("memory-recompute-roomy", "cpu:1x64MiB");
+    ASSERT_TRUE(roomy.ok()) << ReadFile(roomy.log_path());
+    absl::StatusOr<fitrun::v1::Job> job = roomy.Submit(
+        EightLayerGptSpec("kept", text, ", activation_checkpointing: false", "{per_device_batch: 2}"));
+    ASSERT_TRUE(job.ok()) << job.status();
+    kept_losses = LossesOf(roomy.Watch(job->id()));
+    const fitrun::v1::Job done = roomy.Get(job->id());
+    ASSERT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << done.failure_reason();
+    EXPECT_FALSE(done.plan().activation_checkpointing());
+  }
+  ASSERT_EQ(kept_losses.count(4), 1u);
+
+  RunningCoordinator tight("memory-recompute-tight", "cpu:1x10MiB");
+  ASSERT_TRUE(tight.ok()) << ReadFile(tight.log_path());
+  // Forbidden to recompute, nothing fits.
+  absl::StatusOr<fitrun::v1::Job> forbidden =
+      tight.Submit(EightLayerGptSpec("forbidden", text, ", activation_checkpointing: false", "{min_devices: 1}"));
+  ASSERT_TRUE(forbidden.ok()) << forbidden.status();
+  tight.Watch(forbidden->id());
+  const fitrun::v1::Job refused = tight.Get(forbidden->id());
+  EXPECT_EQ(refused.state(), fitrun::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(refused.failure_reason(), HasSubstr("even per-device batch 1 needs"));
+
+  absl::StatusOr<fitrun::v1::Job> job = tight.Submit(EightLayerGptSpec("chosen", text, "", "{min_devices: 1}"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::vector<fitrun::v1::JobEvent> events = tight.Watch(job->id());
+  const fitrun::v1::Job done = tight.Get(job->id());
+  ASSERT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << done.failure_reason() << "\n"
+                                                           << ReadFile(tight.log_path());
+  EXPECT_TRUE(done.plan().activation_checkpointing());
+  const std::string reasons = absl::StrJoin(done.plan().reasons(), "\n");
+  EXPECT_THAT(reasons, HasSubstr("activation_checkpointing: each block's activations recomputed in backward"));
+  EXPECT_THAT(reasons, HasSubstr("because without it even per-device batch 1 needs"));
+  EXPECT_THAT(reasons, HasSubstr("memory estimate: calibrated"));
+  const Peaks peaks = PeaksOf(events);
+  EXPECT_FALSE(peaks.out_of_memory);
+  EXPECT_LE(peaks.highest, 10LL << 20);
+  std::printf("recomputing: per-device batch %lld, predicted %lld bytes, highest rank peak %lld bytes\n",
+              static_cast<long long>(done.plan().per_device_batch()),
+              static_cast<long long>(done.plan().predicted().total_bytes()), static_cast<long long>(peaks.highest));
+  // Fast steps are reported at intervals: every step both runs reported, and the last, compare.
+  const std::map<int64_t, double> losses = LossesOf(events);
+  ASSERT_EQ(losses.count(4), 1u);
+  int compared = 0;
+  for (const auto& [step, loss] : kept_losses) {
+    if (losses.count(step) == 0) continue;
+    EXPECT_NEAR(losses.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
+    ++compared;
+  }
+  EXPECT_GE(compared, 1);
+}
+
+// An out-of-memory error injected into a run that recomputes its activations re-plans a smaller
+// batch, still recomputing, and resumes from the last checkpoint.
+TEST(MemoryTest, ARecomputingRunThatRunsOutOfMemoryReplansAndResumes) {
+  RunningCoordinator coordinator("memory-recompute-oom", kSmallDevices);
+  ASSERT_TRUE(coordinator.ok()) << ReadFile(coordinator.log_path());
+  const std::string text = WriteText("memory-recompute-oom-text.txt");
+  std::string spec = GptSpec("gpt-recompute-oom", text, "{min_devices: 2, max_devices: 2}");
+  absl::StrReplaceAll({{"context: 64}", "context: 64, activation_checkpointing: true}"},
+                       {"fault_tolerance: {max_oom_retries: 0, max_restarts: 0}",
+                        "fault_tolerance: {max_oom_retries: 1, max_restarts: 0}\n"
+                        "fault_injection: {kind: oom, rank: 1, at_step: 4}\n"
+                        "checkpoint: {every_steps: 2}"}},
+                      &spec);
+  absl::StatusOr<fitrun::v1::Job> job = coordinator.Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::vector<fitrun::v1::JobEvent> events = coordinator.Watch(job->id());
+  const fitrun::v1::Job done = coordinator.Get(job->id());
+  ASSERT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << done.failure_reason() << "\n"
+                                                           << ReadFile(coordinator.log_path());
+  ASSERT_EQ(done.attempt_history_size(), 2);
+  EXPECT_LT(done.attempt_history(1).per_device_batch(), done.attempt_history(0).per_device_batch());
+  EXPECT_TRUE(done.plan().activation_checkpointing());
+  bool resumed = false;
+  bool out_of_memory = false;
+  for (const fitrun::v1::JobEvent& event : events) {
+    out_of_memory |= event.has_oom();
+    resumed |= event.has_log() && event.log().text().find("resumed from the checkpoint of step 2") != std::string::npos;
+  }
+  EXPECT_TRUE(out_of_memory);
+  EXPECT_TRUE(resumed);
+  // The lesson is held against the recomputing model's figures.
+  ASSERT_EQ(done.oom_history_size(), 1);
+  EXPECT_TRUE(done.oom_history(0).activation_checkpointing());
 }
 
 }  // namespace

@@ -397,6 +397,11 @@ class FakeMemoryProbe : public MemoryProbe {
     absl::MutexLock lock(&mu_);
     peak_ = std::move(peak);
   }
+  // Each measurement's step then takes step_seconds(batch) (unset: not timed).
+  void SetStepSeconds(std::function<double(int64_t)> step_seconds) {
+    absl::MutexLock lock(&mu_);
+    step_seconds_ = std::move(step_seconds);
+  }
   void Fail(absl::Status error) {
     absl::MutexLock lock(&mu_);
     error_ = std::move(error);
@@ -434,16 +439,20 @@ class FakeMemoryProbe : public MemoryProbe {
       probe_->measured_.push_back(batch);
       const int64_t peak = probe_->peak_(batch);
       if (max_bytes_ > 0 && peak > max_bytes_) return absl::ResourceExhaustedError("past the probe's budget");
+      last_step_seconds_ = probe_->step_seconds_ ? probe_->step_seconds_(batch) : 0;
       return peak;
     }
+    double last_step_seconds() const override { return last_step_seconds_; }
 
    private:
     FakeMemoryProbe* const probe_;
     const int64_t max_bytes_;
+    double last_step_seconds_ = 0;
   };
 
   absl::Mutex mu_;
   PeakFunction peak_ ABSL_GUARDED_BY(mu_);
+  std::function<double(int64_t)> step_seconds_ ABSL_GUARDED_BY(mu_);
   const int64_t model_state_bytes_;
   const int64_t train_samples_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);

@@ -40,6 +40,17 @@ bool JsonInt(absl::string_view json, absl::string_view name, int64_t* value) {
   return absl::SimpleAtoi(rest.substr(0, end), value);
 }
 
+// The number after "name": (a decimal fraction or an integer).
+bool JsonDouble(absl::string_view json, absl::string_view name, double* value) {
+  const std::string quoted = absl::StrCat("\"", name, "\":");
+  const size_t at = json.find(quoted);
+  if (at == absl::string_view::npos) return false;
+  absl::string_view rest = absl::StripLeadingAsciiWhitespace(json.substr(at + quoted.size()));
+  size_t end = 0;
+  while (end < rest.size() && absl::string_view("-+.0123456789eE").find(rest[end]) != absl::string_view::npos) ++end;
+  return absl::SimpleAtod(rest.substr(0, end), value);
+}
+
 // The string after "name":, its escapes decoded: a message that quotes a process's output keeps
 // its lines (a script's traceback reads as one, not as "ended with:nTraceback ...").
 bool JsonString(absl::string_view json, absl::string_view name, std::string* value) {
@@ -166,8 +177,11 @@ class ProcessSession final : public MemoryProbeSession {
     if (measured->batch != batch || measured->peak_bytes < 0) {
       return absl::InternalError(absl::StrCat("memory probe: asked for micro-batch ", batch, ", got '", *line, "'"));
     }
+    last_step_seconds_ = measured->step_seconds;
     return measured->peak_bytes;
   }
+
+  double last_step_seconds() const override { return last_step_seconds_; }
 
  private:
   // The next line on stdout, reading stderr meanwhile (so the child never blocks on it); an error
@@ -237,6 +251,7 @@ class ProcessSession final : public MemoryProbeSession {
   std::string how_it_ended_;
   int64_t model_state_bytes_ = 0;
   int64_t train_samples_ = 0;
+  double last_step_seconds_ = 0;
 };
 
 }  // namespace
@@ -252,6 +267,7 @@ absl::StatusOr<ProbeLine> ParseProbeLine(absl::string_view json) {
   if (measured && !JsonString(json, "error", &line.error) && !JsonInt(json, "peak_bytes", &line.peak_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat("memory probe line without a peak: '", Tail(std::string(json)), "'"));
   }
+  if (!JsonDouble(json, "step_seconds", &line.step_seconds) || line.step_seconds < 0) line.step_seconds = 0;
   line.out_of_memory = json.find("\"out_of_memory\": true") != absl::string_view::npos;
   return line;
 }

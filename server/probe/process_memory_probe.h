@@ -82,6 +82,7 @@ struct ProbeLine {
   // A measurement line.
   int64_t batch = -1;
   int64_t peak_bytes = -1;
+  double step_seconds = 0;  // its last step's wall time (0: not timed)
   std::string error;        // a failed measurement's message
   bool out_of_memory = false;  // it failed for needing more than the budget
 };

@@ -60,6 +60,11 @@ TEST(ParseProbeLineTest, ReadsTheHeaderMeasurementsAndErrors) {
   ASSERT_TRUE(peak.ok()) << peak.status();
   EXPECT_EQ(peak->batch, 8);
   EXPECT_EQ(peak->peak_bytes, 12364528);
+  EXPECT_EQ(peak->step_seconds, 0);  // a probe that does not time its steps
+  absl::StatusOr<ProbeLine> timed = ParseProbeLine(
+      R"({"batch": 8, "peak_bytes": 12364528, "backward_peak_bytes": 12364528, "other_peak_bytes": 1, "step_seconds": 0.012500})");
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  EXPECT_DOUBLE_EQ(timed->step_seconds, 0.0125);
   absl::StatusOr<ProbeLine> oom =
       ParseProbeLine(R"({"batch": 4096, "error": "step 2: out of \"device\" memory", "out_of_memory": true})");
   ASSERT_TRUE(oom.ok()) << oom.status();

@@ -84,12 +84,16 @@ class FlatBufferSynchronizer final : public GradientSynchronizer {
   int64_t other_peak_ = 0;
 };
 
-// The probe's steps report nowhere.
-class DiscardingSink final : public ProgressSink {
+// The probe's steps report nowhere but their time: the last step's, warm, is the measurement's.
+class LastStepTimeSink final : public ProgressSink {
  public:
-  void OnProgress(const StepProgress&) override {}
+  void OnProgress(const StepProgress& progress) override { last_step_seconds_ = progress.step_seconds; }
   void OnLog(const std::string&) override {}
   void Flush(absl::Duration) override {}
+  double last_step_seconds() const { return last_step_seconds_; }
+
+ private:
+  double last_step_seconds_ = 0;
 };
 
 constexpr double kDefaultLearningRate = 1e-3;  // any positive rate allocates the same
@@ -145,7 +149,7 @@ absl::StatusOr<ProbePeak> MemoryProbe::Measure(int64_t batch, int steps) {
   trainer_options.seed = spec.seed();
   trainer_options.optimizer = spec.optimizer();
   trainer_options.precision = spec.precision();
-  trainer_options.progress_interval = absl::InfiniteDuration();
+  trainer_options.progress_interval = absl::ZeroDuration();  // every step, for the last one's time
   // Enough samples for every step; the trainer wraps into further epochs when the set is smaller.
   const int64_t slice = std::min<int64_t>(train_samples(), batch * steps);
   TensorDataset train = workload_.train.Slice(0, slice);
@@ -154,7 +158,7 @@ absl::StatusOr<ProbePeak> MemoryProbe::Measure(int64_t batch, int steps) {
     for (at::Tensor& p : workload_.model->parameters()) p.mutable_grad() = at::Tensor();
     counter_->ResetPeak();
     FlatBufferSynchronizer synchronizer(workload_.model->parameters(), counter_);
-    DiscardingSink sink;
+    LastStepTimeSink sink;
     absl::StatusOr<std::unique_ptr<Trainer>> trainer =
         Trainer::Create(trainer_options, workload_.model, train, std::nullopt, &synchronizer, &sink);
     if (!trainer.ok()) return trainer.status();
@@ -162,7 +166,7 @@ absl::StatusOr<ProbePeak> MemoryProbe::Measure(int64_t batch, int steps) {
     if (!run.ok()) return run.status();
     synchronizer.Finish();
     return ProbePeak{batch, std::max(synchronizer.backward_peak(), synchronizer.other_peak()),
-                     synchronizer.backward_peak(), synchronizer.other_peak()};
+                     synchronizer.backward_peak(), synchronizer.other_peak(), sink.last_step_seconds()};
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("memory probe at batch ", batch, ": ", e.what()));
   }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "proto/contract/launch_contract.h"
 #include "worker/options.h"
@@ -27,7 +28,8 @@ std::string ProbeHeaderJson(int64_t model_state_bytes, int64_t train_samples) {
 std::string ProbePeakJson(const ProbePeak& p) {
   return absl::StrCat("{\"batch\": ", p.batch, ", \"peak_bytes\": ", p.peak_bytes,
                       ", \"backward_peak_bytes\": ", p.backward_peak_bytes,
-                      ", \"other_peak_bytes\": ", p.other_peak_bytes, "}");
+                      ", \"other_peak_bytes\": ", p.other_peak_bytes,
+                      absl::StrFormat(", \"step_seconds\": %.6f}", p.step_seconds));
 }
 
 std::string ProbeErrorJson(int64_t batch, const absl::Status& status) {

@@ -3,7 +3,7 @@
 // on stdout, first what the probe loaded,
 //   {"model_state_bytes": N, "train_samples": T}
 // then one line per measured batch,
-//   {"batch": B, "peak_bytes": P, "backward_peak_bytes": P1, "other_peak_bytes": P2}
+//   {"batch": B, "peak_bytes": P, "backward_peak_bytes": P1, "other_peak_bytes": P2, "step_seconds": S}
 // or, when a measurement fails, {"batch": B, "error": "..."} (with "out_of_memory": true when it
 // needed more than the budget). Batch sizes come from --probe_batches or one per line of stdin.
 // Needs no LibTorch.
@@ -27,6 +27,8 @@ struct ProbePeak {
   int64_t peak_bytes = 0;           // the step's peak: the larger of the two below
   int64_t backward_peak_bytes = 0;  // during backward (saved activations and their gradients)
   int64_t other_peak_bytes = 0;     // the rest of the step: forward, optimizer step, zero_grad
+  // The wall time of the last step measured (its allocations warm); 0 where not timed (a script).
+  double step_seconds = 0;
 };
 
 std::string ProbeHeaderJson(int64_t model_state_bytes, int64_t train_samples);

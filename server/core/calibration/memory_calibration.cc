@@ -29,10 +29,12 @@ namespace {
 //   sweep <key> <model state bytes> <batch:peak,batch:peak,...> <why the sweep stopped where it did>
 //   point <key> <batch> <peak>          a single measurement added to the key's curve
 //   run   <key> <batch> <peak>          a real run's largest rank peak
+//   times <key> <batch>:<seconds>,...   the sweep's step times (after its sweep line)
 // A later sweep of a key replaces its points. A torn last line (a crash while appending) is skipped.
 constexpr char kSweep[] = "sweep";
 constexpr char kPoint[] = "point";
 constexpr char kRun[] = "run";
+constexpr char kStepTimes[] = "times";
 
 // Tabs and newlines are the file's separators.
 std::string OneField(std::string text) {
@@ -60,9 +62,28 @@ bool ParsePoints(absl::string_view field, std::vector<MeasuredPeak>* points) {
   return !points->empty();
 }
 
+// The sweep's line, and its step times' when it has them.
 std::string SweepLine(const std::string& key, const Calibration& c) {
-  return absl::StrCat(kSweep, "\t", key, "\t", c.model_state_bytes, "\t", PointsField(c.measured), "\t",
-                      OneField(c.sweep_note), "\n");
+  std::string lines = absl::StrCat(kSweep, "\t", key, "\t", c.model_state_bytes, "\t", PointsField(c.measured), "\t",
+                                   OneField(c.sweep_note), "\n");
+  if (!c.step_times.empty()) {
+    std::vector<std::string> times;
+    for (const MeasuredStepTime& t : c.step_times) times.push_back(absl::StrFormat("%d:%.6f", t.batch, t.seconds));
+    absl::StrAppend(&lines, kStepTimes, "\t", key, "\t", absl::StrJoin(times, ","), "\n");
+  }
+  return lines;
+}
+
+bool ParseStepTimes(absl::string_view field, std::vector<MeasuredStepTime>* times) {
+  for (absl::string_view pair : absl::StrSplit(field, ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> parts = absl::StrSplit(pair, ':');
+    MeasuredStepTime t;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &t.batch) || !absl::SimpleAtod(parts[1], &t.seconds)) {
+      return false;
+    }
+    times->push_back(t);
+  }
+  return !times->empty();
 }
 
 std::string PairLine(const char* kind, const std::string& key, const MeasuredPeak& p) {
@@ -139,6 +160,9 @@ ModelProfile CalibratedProfile(ModelProfile analytic, const Calibration& calibra
   if (calibration.model_state_bytes > 0) p.parameter_count = calibration.model_state_bytes / 4;
   const double correction = calibration.RunCorrection(run_tolerance);
   p.measured = correction == 1.0 ? calibration.measured : calibration.measured.Scaled(correction);
+  p.step_times = calibration.step_times;
+  std::sort(p.step_times.begin(), p.step_times.end(),
+            [](const MeasuredStepTime& a, const MeasuredStepTime& b) { return a.batch < b.batch; });
   p.memory_source = absl::StrCat("calibrated: fitrun-worker --probe measured the peak at ",
                                  calibration.measured.Describe());
   if (!calibration.sweep_note.empty()) absl::StrAppend(&p.memory_source, "; ", calibration.sweep_note);
@@ -152,6 +176,21 @@ ModelProfile CalibratedProfile(ModelProfile analytic, const Calibration& calibra
                     absl::StrFormat("%.0f%%", run_tolerance * 100));
   }
   return p;
+}
+
+ModelProfile RecomputingProfile(const ModelProfile& kept, ModelProfile recomputing) {
+  if (recomputing.measured.has_value() || !kept.measured.has_value() || kept.activation_bytes_per_sample <= 0) {
+    return recomputing;
+  }
+  const double ratio = static_cast<double>(recomputing.activation_bytes_per_sample) /
+                       static_cast<double>(kept.activation_bytes_per_sample);
+  recomputing.measured = kept.measured->ScaledPerSample(ratio);
+  recomputing.parameter_count = kept.parameter_count;
+  recomputing.memory_source = absl::StrFormat(
+      "derived: the measured curve of the model keeping its activations, its per-sample part scaled by %.2f (the "
+      "analytic ratio of recomputed to kept activations), until the recomputing model is measured",
+      ratio);
+  return recomputing;
 }
 
 absl::StatusOr<std::unique_ptr<MemoryCalibrator>> MemoryCalibrator::Create(Options options, MemoryProbe* probe) {
@@ -193,6 +232,12 @@ absl::Status MemoryCalibrator::LoadCache() {
         for (const MeasuredPeak& run : before.mapped()) KeepRun(c.runs, run);
       }
       done_.insert_or_assign(fields[1], std::move(c));
+      continue;
+    }
+    if (fields.size() == 3 && fields[0] == kStepTimes) {
+      std::vector<MeasuredStepTime> times;
+      auto it = done_.find(fields[1]);
+      if (it != done_.end() && it->second.ok() && ParseStepTimes(fields[2], &times)) it->second->step_times = times;
       continue;
     }
     MeasuredPeak p;
@@ -389,6 +434,9 @@ absl::StatusOr<Calibration> MemoryCalibrator::Sweep(const Task& task) {
     }
     if (!peak.ok()) return peak.status();
     c.measured = c.measured.WithPoint({step.next_batch, *peak});
+    if (const double seconds = (*session)->last_step_seconds(); seconds > 0) {
+      c.step_times.push_back({step.next_batch, seconds});
+    }
   }
   if (c.measured.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat("memory probe: ", c.sweep_note));

@@ -45,6 +45,9 @@ class MemoryProbeSession {
   // The peak of real training steps at `batch`; RESOURCE_EXHAUSTED when the steps need more than the
   // session's byte budget (the probe enforces it), any other error when the probe failed.
   virtual absl::StatusOr<int64_t> MeasurePeak(int64_t batch) = 0;
+  // The wall time of the last measurement's last step (its allocations warm); 0 where not timed.
+  // The probe runs niced, so it is a rank's step time only while the cores are otherwise idle.
+  virtual double last_step_seconds() const { return 0; }
 };
 
 // Starts probe sessions (a child process in fitrund: server/probe/process_memory_probe.h).
@@ -72,7 +75,7 @@ std::string CalibrationKey(const fitrun::v1::JobSpec& spec, const std::string& r
 // (the same peak, to 0.01%, from micro-batch 1 to at least 8) and the fix.
 std::string BatchIgnoredBy(const MemoryCurve& curve);
 
-// Everything fitrund has measured of one workload's memory.
+// Everything fitrund has measured of one workload's memory, and the time its probe's steps took.
 struct Calibration {
   int64_t model_state_bytes = 0;
   // Every peak the probe measured: the sweep's, then single measurements at plans' batches.
@@ -81,6 +84,8 @@ struct Calibration {
   std::string sweep_note;
   // Peaks real runs reported at their per-device batch (an attempt's largest rank peak), newest last.
   std::vector<MeasuredPeak> runs;
+  // The sweep's step times, by micro-batch (none where the probe does not time its steps).
+  std::vector<MeasuredStepTime> step_times;
 
   // The factor real runs show the probe's curve to be off by: the largest run peak / curve ratio
   // (so no run's peak is above the corrected curve), or 1 while every run is within `tolerance`.
@@ -88,8 +93,17 @@ struct Calibration {
 };
 
 // The analytic profile with the calibration's curve (corrected by real runs) in place of its memory
-// figures, and the plan's account of where they come from in memory_source.
+// figures, and the plan's account of where they come from in memory_source; with the probe's step
+// times.
 ModelProfile CalibratedProfile(ModelProfile analytic, const Calibration& calibration, double run_tolerance);
+
+// The profile to plan a model recomputing its blocks' activations with, before its own workload is
+// measured: where the model keeping them is, that curve with its per-sample part scaled by the
+// analytic ratio of the two models' activations (so the fixed part, measured, is not the analytic
+// overheads' guess); `recomputing` as it is otherwise. A tight plan on it has the recomputing model
+// measured before it launches (planning_gate.h).
+ModelProfile RecomputingProfile(const ModelProfile& kept, ModelProfile recomputing);
+
 
 // Thread-safe. Probes run on the calibrator's own threads, one workload at a time per thread and
 // never two of the same workload at once; callbacks run on those threads with no lock of the

@@ -85,6 +85,11 @@ TEST(CalibrationKeyTest, ChangesWithWhatChangesMemoryOnly) {
   fitrun::v1::JobSpec checkpointed = gpt;
   checkpointed.mutable_model()->mutable_gpt()->set_activation_checkpointing(true);
   EXPECT_NE(CalibrationKey(gpt, ""), CalibrationKey(checkpointed, ""));
+  // Forbidding it is the same workload as leaving it unset.
+  fitrun::v1::JobSpec forbidden = gpt;
+  forbidden.mutable_model()->mutable_gpt()->set_activation_checkpointing(false);
+  EXPECT_EQ(CalibrationKey(gpt, ""), CalibrationKey(forbidden, ""));
+  EXPECT_EQ(CalibrationKey(checkpointed, ""), CalibrationKey(WithActivationCheckpointing(forbidden, true), ""));
 }
 
 TEST(CalibrationKeyTest, ARewrittenTorchScriptFileIsANewModelWhenSubmittedAgain) {
@@ -250,6 +255,49 @@ TEST(MemoryCalibratorTest, TheCacheFileSurvivesARestartWithPointsAndRuns) {
   EXPECT_TRUE(lookup.calibration.measured.Measured(3000));
   ASSERT_EQ(lookup.calibration.runs.size(), 1u);
   EXPECT_NEAR(lookup.calibration.RunCorrection(0.03), 2.0, 1e-3);
+  EXPECT_EQ(probe.calls(), 0);
+}
+
+TEST(RecomputingProfileTest, StartsFromTheKeptModelsMeasuredCurveScaledByTheAnalyticRatio) {
+  ModelProfile kept;
+  kept.parameter_count = 1000;
+  kept.activation_bytes_per_sample = 4000;
+  kept.measured = MemoryCurve({{1, 110 << 10}, {9, 190 << 10}});  // 100 KiB fixed, 10 KiB a sample
+  ModelProfile recomputing;
+  recomputing.activation_checkpointing = true;
+  recomputing.activation_bytes_per_sample = 1000;
+  const ModelProfile derived = RecomputingProfile(kept, recomputing);
+  ASSERT_TRUE(derived.measured.has_value());
+  EXPECT_EQ(derived.measured->PeakAt(9), (100 << 10) + 9 * (10 << 10) / 4);
+  EXPECT_TRUE(derived.activation_checkpointing);
+  EXPECT_THAT(derived.memory_source, HasSubstr("its per-sample part scaled by 0.25"));
+  // Measured itself, or with nothing measured to start from, it stays as it is.
+  ModelProfile measured = recomputing;
+  measured.measured = MemoryCurve({{1, 1 << 20}});
+  EXPECT_EQ(RecomputingProfile(kept, measured).measured->PeakAt(1), 1 << 20);
+  EXPECT_FALSE(RecomputingProfile(ModelProfile{}, recomputing).measured.has_value());
+}
+
+TEST(MemoryCalibratorTest, TheSweepsStepTimesReachTheProfileAndSurviveARestart) {
+  const std::string path = TempPath("calibration-times.tsv");
+  std::filesystem::remove(path);
+  const fitrun::v1::JobSpec spec = MlpSpec();
+  {
+    FakeMemoryProbe probe(MlpPeakBytes);
+    probe.SetStepSeconds([](int64_t batch) { return 0.01 + 0.001 * static_cast<double>(batch); });
+    auto calibrator = *MemoryCalibrator::Create({.cache_path = path}, &probe);
+    ASSERT_TRUE(calibrator->CalibrateNow(spec, SweepLimits{.max_batch = 1024}).ok());
+    absl::StatusOr<ModelProfile> profile = calibrator->ProfileFor(spec, "");
+    ASSERT_TRUE(profile.ok()) << profile.status();
+    ASSERT_GE(profile->step_times.size(), 2u);
+    for (const MeasuredStepTime& t : profile->step_times) EXPECT_DOUBLE_EQ(t.seconds, 0.01 + 0.001 * t.batch);
+  }
+  FakeMemoryProbe probe(MlpPeakBytes);
+  auto restarted = *MemoryCalibrator::Create({.cache_path = path}, &probe);
+  absl::StatusOr<ModelProfile> profile = restarted->ProfileFor(spec, "");
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_GE(profile->step_times.size(), 2u);
+  for (const MeasuredStepTime& t : profile->step_times) EXPECT_NEAR(t.seconds, 0.01 + 0.001 * t.batch, 1e-6);
   EXPECT_EQ(probe.calls(), 0);
 }
 

@@ -1,6 +1,9 @@
 #include "server/core/calibration/planning_gate.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/core/specs/workloads.h"
 #include "server/core/units.h"
 
@@ -11,13 +14,24 @@ bool NotMeasuredYet(MemoryCalibrator::State state) {
   return state == MemoryCalibrator::State::kMissing || state == MemoryCalibrator::State::kMeasuring;
 }
 
+// The workloads a plan of the spec may train: its own, and the same model recomputing its blocks'
+// activations where the spec leaves that to the plan.
+std::vector<fitrun::v1::JobSpec> PlannableWorkloads(const fitrun::v1::JobSpec& spec) {
+  std::vector<fitrun::v1::JobSpec> workloads = {spec};
+  if (!SpecActivationCheckpointing(spec).has_value()) workloads.push_back(WithActivationCheckpointing(spec, true));
+  return workloads;
+}
+
 }  // namespace
 
 bool IsTight(const fitrun::v1::Plan& plan) { return plan.predicted().total_bytes() > plan.usable_bytes() / 2; }
 
 bool PlanningGate::Settled(const fitrun::v1::JobSpec& spec, const std::string& run_as) const {
   if (calibrator_ == nullptr) return true;
-  return !NotMeasuredYet(calibrator_->Find(spec, run_as).state);
+  for (const fitrun::v1::JobSpec& workload : PlannableWorkloads(spec)) {
+    if (NotMeasuredYet(calibrator_->Find(workload, run_as).state)) return false;
+  }
+  return true;
 }
 
 std::string PlanningGate::LaunchesWithoutProbe(const fitrun::v1::Job& job,
@@ -36,19 +50,33 @@ std::string PlanningGate::LaunchesWithoutProbe(const fitrun::v1::Job& job,
 
 std::string PlanningGate::AwaitCalibration(const fitrun::v1::JobSpec& spec, int64_t roomiest_bytes,
                                            const std::string& run_as) {
-  if (calibrator_ == nullptr || !NotMeasuredYet(calibrator_->Find(spec, run_as).state)) return "";
+  if (calibrator_ == nullptr) return "";
   const int64_t per_rank = spec.resources().per_device_batch() > 0
                                ? spec.resources().per_device_batch()
                                : spec.global_batch_size() / std::max(1, spec.resources().min_devices());
-  calibrator_->StartCalibration(spec, run_as, per_rank, roomiest_bytes, on_measured_);
-  return absl::StrCat("measuring memory: fitrun-worker --probe runs the workload at growing micro-batches, up to ",
-                      per_rank, " or ", FormatBytes(roomiest_bytes));
+  // Both models a plan may choose between are measured before either is planned: a model that
+  // keeps its activations may fit nothing where the one recomputing them fits a large batch.
+  const std::vector<fitrun::v1::JobSpec> workloads = PlannableWorkloads(spec);
+  std::vector<std::string> measuring;
+  for (size_t i = 0; i < workloads.size(); ++i) {
+    if (!NotMeasuredYet(calibrator_->Find(workloads[i], run_as).state)) continue;
+    calibrator_->StartCalibration(workloads[i], run_as, per_rank, roomiest_bytes, on_measured_);
+    measuring.push_back(i == 0 ? "the workload" : "the model recomputing its activations");
+  }
+  if (measuring.empty()) return "";
+  return absl::StrCat("measuring memory: fitrun-worker --probe runs ", absl::StrJoin(measuring, " and "),
+                      " at growing micro-batches, up to ", per_rank, " or ", FormatBytes(roomiest_bytes));
 }
 
 std::string PlanningGate::AwaitPlanMeasurement(const fitrun::v1::JobSpec& spec, const fitrun::v1::Plan& plan,
                                                const std::string& run_as) {
   if (calibrator_ == nullptr) return "";
   if (spec.resources().per_device_batch() > 0) return "";  // a fixed batch is the user's call
+  if (NotMeasuredYet(calibrator_->Find(spec, run_as).state)) {
+    // The plan's strategy is a workload of its own (its activations recomputed), measured first
+    // when the plan is tight, as any workload is.
+    return IsTight(plan) ? AwaitCalibration(spec, plan.usable_bytes(), run_as) : "";
+  }
   absl::StatusOr<ModelProfile> profile = calibrator_->ProfileFor(spec, run_as);
   if (!profile.ok() || !profile->measured.has_value()) return "";
   const int64_t batch = plan.per_device_batch();

@@ -13,6 +13,7 @@
 #include "server/core/jobs/attempt_launch.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/core/jobs/proto_time.h"
+#include "server/core/specs/workloads.h"
 #include "server/core/jobs/job_queue.h"
 #include "server/core/jobs/placement.h"
 #include "server/core/memory/memory_feedback.h"
@@ -334,8 +335,18 @@ PlanLimits JobManager::NodeLimits() const {
 }
 
 absl::StatusOr<ModelProfile> JobManager::ProfileFor(const JobSpec& spec, const std::string& run_as) const {
-  if (options_.memory_calibrator == nullptr) return fitrun::server::ProfileFor(spec);
-  return options_.memory_calibrator->ProfileFor(spec, run_as);
+  const auto profile_of = [&](const JobSpec& workload) {
+    return options_.memory_calibrator == nullptr ? fitrun::server::ProfileFor(workload)
+                                                 : options_.memory_calibrator->ProfileFor(workload, run_as);
+  };
+  absl::StatusOr<ModelProfile> profile = profile_of(spec);
+  if (!profile.ok() || SpecActivationCheckpointing(spec).has_value()) return profile;
+  // The spec leaves activation checkpointing to the plan: the recomputing model is a workload of its
+  // own, planned on its own figures (measured once a plan takes it).
+  absl::StatusOr<ModelProfile> recomputing = profile_of(WithActivationCheckpointing(spec, true));
+  if (!recomputing.ok()) return recomputing.status();
+  profile->recomputing = std::make_shared<const ModelProfile>(RecomputingProfile(*profile, *std::move(recomputing)));
+  return profile;
 }
 
 std::vector<DeviceCapacity> JobManager::EveryDeviceAsIfIdle() {

@@ -1,6 +1,7 @@
 #include "server/core/memory/memory_feedback.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -26,9 +27,16 @@ PlanLimits LimitsAfterOutOfMemory(const OutOfMemoryHistory& history) {
 
 ModelProfile ProfileAfterOutOfMemory(ModelProfile model, const fitrun::v1::JobSpec& spec,
                                      const OutOfMemoryHistory& history, const EstimatorOptions& estimator) {
+  if (model.recomputing != nullptr) {
+    model.recomputing =
+        std::make_shared<const ModelProfile>(ProfileAfterOutOfMemory(*model.recomputing, spec, history, estimator));
+  }
   for (const fitrun::v1::OutOfMemory& oom : history) {
     const int64_t b = oom.per_device_batch();
     if (b <= 0) continue;
+    // An error of ranks that kept their activations says nothing of a model recomputing them, and
+    // the other way round.
+    if (oom.activation_checkpointing() != model.activation_checkpointing) continue;
     // Held against the estimate of the strategy the rank ran: with sharded optimizer states it
     // needed less than a rank keeping them all.
     const int shards = std::max(1, oom.optimizer_state_shards());

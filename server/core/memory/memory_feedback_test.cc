@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include "server/core/specs/test_specs.h"
 
 namespace fitrun::server {
@@ -95,6 +97,28 @@ TEST(MemoryFeedbackTest, AShardedRunsNeedIsHeldAgainstTheShardedEstimate) {
   // Held against whole states the same need is below the estimate and would teach nothing.
   history.Mutable(0)->set_optimizer_state_shards(0);
   EXPECT_EQ(ProfileAfterOutOfMemory(model, spec, history, {}).measured->PeakAt(64), model.measured->PeakAt(64));
+}
+
+// A rank that recomputed its activations ran the other model: its need corrects that model's
+// figures, and one that kept them corrects the plain model's, whichever the plan weighs next.
+TEST(MemoryFeedbackTest, AnErrorTeachesTheModelTheRankRanNotItsAlternative) {
+  const fitrun::v1::JobSpec spec = MlpSpec();
+  ModelProfile model = *ProfileFor(spec);
+  model.measured = MemoryCurve({{1, 20 * kMiB}, {256, 275 * kMiB}});
+  ModelProfile recomputing = model;
+  recomputing.activation_checkpointing = true;
+  recomputing.measured = MemoryCurve({{1, 10 * kMiB}, {256, 74 * kMiB}});
+  model.recomputing = std::make_shared<const ModelProfile>(recomputing);
+  const fitrun::v1::MemoryBreakdown before = EstimateRankMemory(recomputing, spec, 64);
+  const int64_t needed = before.total_bytes() - before.safety_margin_bytes() + 20 * kMiB;
+  OutOfMemoryHistory history;
+  *history.Add() = Oom(64, needed - kMiB, kMiB, needed);
+  history.Mutable(0)->set_activation_checkpointing(true);
+  const ModelProfile corrected = ProfileAfterOutOfMemory(model, spec, history, {});
+  EXPECT_EQ(corrected.measured->PeakAt(64), model.measured->PeakAt(64));
+  ASSERT_NE(corrected.recomputing, nullptr);
+  const fitrun::v1::MemoryBreakdown after = EstimateRankMemory(*corrected.recomputing, spec, 64);
+  EXPECT_GE(after.total_bytes() - after.safety_margin_bytes(), needed);
 }
 
 TEST(MemoryFeedbackTest, OutOfMemoryBelowTheEstimateLeavesTheEstimateAlone) {

@@ -4,12 +4,20 @@
 #define FITRUN_SERVER_CORE_MEMORY_MODEL_PROFILE_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "server/core/memory/memory_curve.h"
 
 namespace fitrun::server {
+
+// The wall time of one training step (forward, backward, optimizer) at one micro-batch.
+struct MeasuredStepTime {
+  int64_t batch = 0;
+  double seconds = 0;
+};
 
 struct ModelProfile {
   int64_t parameter_count = 0;
@@ -23,6 +31,14 @@ struct ModelProfile {
   // The model recomputes each block's activations in backward (activation checkpointing), which the
   // activation figures above count.
   bool activation_checkpointing = false;
+  // The same model recomputing its blocks' activations, where the plan may choose that (the spec
+  // leaves it open); null otherwise. Planned on its own figures, analytic or measured.
+  std::shared_ptr<const ModelProfile> recomputing;
+  // What a step costs, for weighing strategies: the wall time of the probe's steps at the micro-batches
+  // it timed (sorted by batch; none where untimed), and what recomputing the blocks adds to a sample's
+  // forward and backward (their forward: analytic FLOPs, as a share of the whole).
+  std::vector<MeasuredStepTime> step_times;
+  double recompute_share = 0;
   // Set from the memory probe's measurements (server/core/calibration/memory_calibration.h): a rank's peak at a
   // micro-batch is then read off this curve (already corrected by real runs' peaks), with the
   // estimator's small calibrated margin instead of its analytic overheads.

@@ -157,6 +157,76 @@ std::string DescribeLayout(const Layout& layout, bool cluster) {
   return out;
 }
 
+// How a rank trains: the model's profile (its activations kept, or recomputed in backward) and
+// whether the optimizer states are sharded over the ranks.
+struct Strategy {
+  const ModelProfile* model = nullptr;
+  bool sharded = false;
+};
+
+// "optimizer states sharded over 2 ranks", "activations recomputed, optimizer states whole"; whether
+// activations are kept is said only where recomputing them was a choice.
+std::string DescribeStrategy(const Strategy& strategy, int ranks, bool recomputing_was_a_choice) {
+  std::string out;
+  if (strategy.model->activation_checkpointing) {
+    out = "activations recomputed, ";
+  } else if (recomputing_was_a_choice) {
+    out = "activations kept, ";
+  }
+  absl::StrAppend(&out, strategy.sharded ? absl::StrCat("optimizer states sharded over ", ranks, " ranks")
+                                         : "optimizer states whole");
+  return out;
+}
+
+// The seconds of one step at `batch` on measured step times (sorted, two or more): between two
+// measured micro-batches on the line through them, beyond them along the nearest segment, at least 0.
+double StepSecondsAt(const std::vector<MeasuredStepTime>& times, int64_t batch) {
+  size_t i = 1;
+  while (i + 1 < times.size() && times[i].batch < batch) ++i;
+  const MeasuredStepTime& a = times[i - 1];
+  const MeasuredStepTime& b = times[i];
+  const double slope = (b.seconds - a.seconds) / static_cast<double>(b.batch - a.batch);
+  return std::max(0.0, a.seconds + slope * static_cast<double>(batch - a.batch));
+}
+
+// How long one optimizer step of a rank takes with `strategy_model` at `batch`, comparably across the
+// strategies of one plan. Where the probe timed the spec's own model (`model`) at two or more
+// micro-batches, in seconds: passes x the measured step time at the batch, the recomputing model's
+// own where it was timed, else the kept model's with recompute_share more of its batch-dependent
+// part. Otherwise in samples' compute: passes x batch x (1 + recompute_share where recomputed), a
+// pass costing nothing beyond its samples. Sharding changes neither.
+double PredictedStepTime(int64_t per_rank, int64_t batch, const ModelProfile& strategy_model, const ModelProfile& model) {
+  const double passes = static_cast<double>(per_rank / batch);
+  const double recomputed = strategy_model.activation_checkpointing && !model.activation_checkpointing ? model.recompute_share : 0.0;
+  if (model.step_times.size() < 2) return passes * static_cast<double>(batch) * (1.0 + recomputed);
+  if (strategy_model.step_times.size() >= 2) return passes * StepSecondsAt(strategy_model.step_times, batch);
+  const double seconds = StepSecondsAt(model.step_times, batch);
+  const double per_pass = StepSecondsAt(model.step_times, 0);
+  return passes * (seconds + recomputed * (seconds - per_pass));
+}
+
+std::string DescribeStepTimes(const std::vector<MeasuredStepTime>& times) {
+  std::vector<std::string> points;
+  for (const MeasuredStepTime& t : times) points.push_back(absl::StrFormat("%d: %.3f s", t.batch, t.seconds));
+  return absl::StrJoin(points, ", ");
+}
+
+std::string StepTimeModelText(const ModelProfile& model) {
+  if (model.step_times.size() < 2) {
+    return absl::StrFormat("step time not measured: taken as passes x batch x (1 + %.2f where activations are "
+                           "recomputed) samples' compute",
+                           model.recompute_share);
+  }
+  std::string out = absl::StrCat("step time from the probe's timed steps, by micro-batch (",
+                                 DescribeStepTimes(model.step_times), ")");
+  if (model.recomputing != nullptr) {
+    absl::StrAppend(&out, model.recomputing->step_times.size() >= 2
+                              ? absl::StrCat("; recomputing (", DescribeStepTimes(model.recomputing->step_times), ")")
+                              : absl::StrFormat("; recomputing adds %.2f of the batch's part", model.recompute_share));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string GpuOf(const DeviceCapacity& device) {
@@ -271,26 +341,33 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     // job of several ranks, unless spec.ddp.zero_stage is 0.
     const bool may_shard = n > 1 && !spec.has_script() && !(spec.ddp().has_zero_stage() && spec.ddp().zero_stage() == 0);
     const bool must_shard = may_shard && spec.ddp().has_zero_stage() && spec.ddp().zero_stage() == 1;
-    const auto estimate_with = [&](int64_t b, bool sharded) {
-      return EstimateRankMemory(model, spec, b, estimator, costs, sharded ? n : 1);
+    // How a rank may train: its model as the spec has it, or recomputing its blocks' activations in
+    // backward where the spec leaves that to the plan (the profile's alternative); optimizer states
+    // whole or sharded. Listed in order of preference at equal predicted step time.
+    std::vector<Strategy> strategies;
+    for (const ModelProfile* m : {&model, model.recomputing.get()}) {
+      if (m == nullptr) continue;
+      if (!must_shard) strategies.push_back({m, false});
+      if (may_shard) strategies.push_back({m, true});
+    }
+    const auto estimate_with = [&](const Strategy& strategy, int64_t b) {
+      return EstimateRankMemory(*strategy.model, spec, b, estimator, costs, strategy.sharded ? n : 1);
     };
-    // The largest allowed divisor of the per-rank batch that fits (0: none), with or without sharding.
-    const auto largest_fitting = [&](bool sharded, fitrun::v1::MemoryBreakdown* predicted) -> int64_t {
+    const auto fits = [&](const Strategy& strategy, int64_t b) {
+      return ChargedBytes(estimate_with(strategy, b), costs) <= budget;
+    };
+    // The largest allowed divisor of the per-rank batch that fits the strategy (0: none).
+    const auto largest_fitting = [&](const Strategy& strategy) -> int64_t {
       for (int64_t b : DivisorsDescending(per_rank)) {
         if (limits.max_per_device_batch > 0 && b > limits.max_per_device_batch) continue;
-        fitrun::v1::MemoryBreakdown m = estimate_with(b, sharded);
-        if (ChargedBytes(m, costs) <= budget) {
-          *predicted = m;
-          return b;
-        }
+        if (fits(strategy, b)) return b;
       }
       return 0;
     };
 
+    Strategy strategy = strategies.front();
     int64_t chosen = 0;
-    bool sharded = must_shard;
-    std::string why_sharding = must_shard ? "spec.ddp.zero_stage is 1" : "";
-    fitrun::v1::MemoryBreakdown predicted;
+    std::vector<std::string> weighed;  // the other strategies that fit, with their predicted step time
     if (resources.per_device_batch() == 0 && !model.batch_not_plannable.empty()) {
       return absl::FailedPreconditionError(model.batch_not_plannable);
     }
@@ -302,56 +379,79 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
         continue;
       }
       // A fixed batch is the user's call: it is planned even when predicted not to fit, and says so;
-      // sharding is taken when only it fits.
+      // a strategy other than the spec's own is taken when only it fits.
       chosen = fixed;
-      if (may_shard && !sharded && ChargedBytes(estimate_with(fixed, false), costs) > budget &&
-          ChargedBytes(estimate_with(fixed, true), costs) <= budget) {
-        sharded = true;
-        why_sharding = absl::StrCat("the fixed per-device batch fits only with them (",
-                                    FormatBytes(ChargedBytes(estimate_with(fixed, false), costs)), " unsharded)");
+      for (const Strategy& s : strategies) {
+        if (!fits(s, fixed)) continue;
+        strategy = s;
+        break;
       }
-      predicted = estimate_with(chosen, sharded);
     } else {
-      fitrun::v1::MemoryBreakdown plain_predicted;
-      fitrun::v1::MemoryBreakdown sharded_predicted;
-      const int64_t plain = must_shard ? 0 : largest_fitting(false, &plain_predicted);
-      const int64_t with_shards = may_shard ? largest_fitting(true, &sharded_predicted) : 0;
-      // Sharding adds a broadcast of every parameter per step and halves each rank's optimizer step;
-      // without a model of step time to weigh the two, it is taken only for what it buys in memory: a
-      // batch that fits at all, or fewer accumulation passes.
-      if (must_shard) {
-        chosen = with_shards;
-        predicted = sharded_predicted;
-      } else if (with_shards > plain) {
-        chosen = with_shards;
-        predicted = sharded_predicted;
-        sharded = true;
-        why_sharding = plain == 0 ? absl::StrCat("without them even per-device batch 1 needs ",
-                                                 FormatBytes(ChargedBytes(estimate_with(1, false), costs)))
-                                  : absl::StrCat("they fit per-device batch ", with_shards, " where keeping every state "
-                                                 "on every rank fits ", plain, " (", per_rank / with_shards, " instead of ",
-                                                 per_rank / plain, " accumulation passes)");
-      } else {
-        chosen = plain;
-        predicted = plain_predicted;
+      struct Candidate {
+        Strategy strategy;
+        int64_t batch = 0;
+        double step_time = 0;
+      };
+      std::vector<Candidate> candidates;
+      for (const Strategy& s : strategies) {
+        const int64_t b = largest_fitting(s);
+        if (b > 0) candidates.push_back({s, b, PredictedStepTime(per_rank, b, *s.model, model)});
       }
-      if (chosen == 0 && limits.max_per_device_batch > 0 && limits.max_per_device_batch < per_rank &&
-          ChargedBytes(estimate_with(1, may_shard), costs) <= budget) {
-        rejected.push_back(absl::StrCat(described, ": no divisor of the ", per_rank,
-                                        " samples per device per step is at most ", limits.max_per_device_batch,
-                                        ", the largest batch below the one that ran out of memory"));
-        continue;
-      }
-      if (chosen == 0) {
+      if (candidates.empty()) {
+        const Strategy& roomiest = strategies.back();
+        if (limits.max_per_device_batch > 0 && limits.max_per_device_batch < per_rank && fits(roomiest, 1)) {
+          rejected.push_back(absl::StrCat(described, ": no divisor of the ", per_rank,
+                                          " samples per device per step is at most ", limits.max_per_device_batch,
+                                          ", the largest batch below the one that ran out of memory"));
+          continue;
+        }
+        std::string alternatives;
+        for (size_t i = 1; i < strategies.size(); ++i) {
+          absl::StrAppend(&alternatives, i == 1 ? " (" : "; ", FormatBytes(ChargedBytes(estimate_with(strategies[i], 1), costs)),
+                          " with ", DescribeStrategy(strategies[i], n, model.recomputing != nullptr));
+          if (i + 1 == strategies.size()) absl::StrAppend(&alternatives, ")");
+        }
         rejected.push_back(absl::StrCat(described, ": even per-device batch 1 needs ",
-                                        FormatBytes(ChargedBytes(estimate_with(1, must_shard), costs)),
-                                        may_shard && !must_shard
-                                            ? absl::StrCat(" (", FormatBytes(ChargedBytes(estimate_with(1, true), costs)),
-                                                           " with optimizer states sharded over ", n, " ranks)")
-                                            : "",
-                                        ", more than the ", FormatBytes(budget), " usable on ", tightest.id));
+                                        FormatBytes(ChargedBytes(estimate_with(strategies.front(), 1), costs)),
+                                        alternatives, ", more than the ", FormatBytes(budget), " usable on ", tightest.id));
         continue;
       }
+      // The fastest predicted; at equal time the larger batch (fewer passes), then the earlier strategy.
+      const Candidate* best = &candidates.front();
+      for (const Candidate& c : candidates) {
+        if (c.step_time < best->step_time - 1e-9 || (std::abs(c.step_time - best->step_time) <= 1e-9 && c.batch > best->batch)) {
+          best = &c;
+        }
+      }
+      strategy = best->strategy;
+      chosen = best->batch;
+      if (candidates.size() > 1) {
+        for (const Candidate& c : candidates) {
+          if (&c == best) continue;
+          weighed.push_back(absl::StrFormat(
+              "%s at per-device batch %d (%d passes, predicted peak %s): %.2fx the step time",
+              DescribeStrategy(c.strategy, n, model.recomputing != nullptr), c.batch, per_rank / c.batch,
+              FormatBytes(ChargedBytes(estimate_with(c.strategy, c.batch), costs)), c.step_time / best->step_time));
+        }
+      }
+    }
+    const ModelProfile& chosen_model = *strategy.model;
+    const bool sharded = strategy.sharded;
+    fitrun::v1::MemoryBreakdown predicted = estimate_with(strategy, chosen);
+    // Why the strategy, beside the batch: what the spec says, or what the others would have given.
+    std::string why_sharding = must_shard ? "spec.ddp.zero_stage is 1" : "";
+    if (sharded && !must_shard) {
+      const Strategy whole{strategy.model, false};
+      const int64_t whole_batch = resources.per_device_batch() > 0 ? 0 : largest_fitting(whole);
+      why_sharding =
+          resources.per_device_batch() > 0
+              ? absl::StrCat("the fixed per-device batch fits only with them (",
+                             FormatBytes(ChargedBytes(estimate_with(whole, chosen), costs)), " unsharded)")
+          : whole_batch == 0 ? absl::StrCat("without them even per-device batch 1 needs ",
+                                            FormatBytes(ChargedBytes(estimate_with(whole, 1), costs)))
+                             : absl::StrCat("they fit per-device batch ", chosen, " where keeping every state "
+                                            "on every rank fits ", whole_batch, " (", per_rank / chosen, " instead of ",
+                                            per_rank / whole_batch, " accumulation passes)");
     }
 
     Plan plan;
@@ -368,7 +468,7 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     }
     plan.set_per_device_batch(chosen);
     plan.set_zero_stage(sharded ? 1 : 0);
-    plan.set_activation_checkpointing(model.activation_checkpointing);
+    plan.set_activation_checkpointing(chosen_model.activation_checkpointing);
     plan.set_grad_accum_steps(static_cast<int32_t>(per_rank / chosen));
     plan.set_learning_rate(ScaledLearningRate(spec.optimizer(), global_batch));
     *plan.mutable_predicted() = predicted;
@@ -398,8 +498,8 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       plan.add_reasons(absl::StrCat("per_device_batch: ", chosen, " fixed by spec.resources.per_device_batch; predicted peak ",
                                     FormatBytes(ChargedBytes(predicted, costs)), " against ", FormatBytes(budget), " usable",
                                     ChargedBytes(predicted, costs) > budget ? " (PREDICTED NOT TO FIT)" : "",
-                                    model.measured.has_value()
-                                        ? absl::StrCat("; its peak is ", model.measured->HowEstimated(chosen))
+                                    chosen_model.measured.has_value()
+                                        ? absl::StrCat("; its peak is ", chosen_model.measured->HowEstimated(chosen))
                                         : ""));
     } else {
       std::string why_batch = absl::StrCat("per_device_batch: ", chosen, ", the largest divisor of the ", per_rank,
@@ -407,8 +507,8 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
                                            FormatBytes(ChargedBytes(predicted, costs)), ") fits the ", FormatBytes(budget),
                                            " usable on ", tightest.id, " (", FormatBytes(free_bytes), " free less ",
                                            absl::StrFormat("%.0f%%", headroom * 100), " headroom)");
-      if (model.measured.has_value()) {
-        absl::StrAppend(&why_batch, "; its peak is ", model.measured->HowEstimated(chosen));
+      if (chosen_model.measured.has_value()) {
+        absl::StrAppend(&why_batch, "; its peak is ", chosen_model.measured->HowEstimated(chosen));
       }
       if (limits.max_per_device_batch > 0) {
         absl::StrAppend(&why_batch, "; at most ", limits.max_per_device_batch,
@@ -421,6 +521,24 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
                                     FormatBytes(predicted.optimizer_state_bytes()), " per rank), because ", why_sharding,
                                     "; each rank steps its share and broadcasts it after the step"));
     }
+    if (chosen_model.activation_checkpointing) {
+      const Strategy kept{&model, sharded};
+      std::string why = "it is predicted the fastest way to train (see strategy)";
+      if (model.recomputing == nullptr) {
+        why = "the spec's model config sets it";
+      } else if (resources.per_device_batch() > 0) {
+        why = "the fixed per-device batch fits only so";
+      } else if (largest_fitting(kept) == 0) {
+        why = absl::StrCat("without it even per-device batch 1 needs ", FormatBytes(ChargedBytes(estimate_with(kept, 1), costs)));
+      }
+      plan.add_reasons(absl::StrCat("activation_checkpointing: each block's activations recomputed in backward (",
+                                    FormatBytes(predicted.activations_bytes()), " of activations at this batch), because ",
+                                    why));
+    }
+    if (!weighed.empty()) {
+      plan.add_reasons(absl::StrCat("strategy: ", DescribeStrategy(strategy, n, model.recomputing != nullptr), ", predicted the fastest of those that fit (",
+                                    absl::StrJoin(weighed, "; "), "); ", StepTimeModelText(model)));
+    }
     plan.add_reasons(absl::StrCat("grad_accum_steps: ", plan.grad_accum_steps(), " so that ", n, " x ", chosen, " x ",
                                   plan.grad_accum_steps(), " = global batch ", global_batch));
     if (spec.has_script() && plan.grad_accum_steps() > 1) {
@@ -431,7 +549,9 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
           "); one that does not trains on a global batch of ", n * chosen,
           spec.script().grad_accum_flag().empty() ? " (spec.script.grad_accum_flag passes it as a flag)" : ""));
     }
-    if (!model.memory_source.empty()) plan.add_reasons(absl::StrCat("memory estimate: ", model.memory_source));
+    if (!chosen_model.memory_source.empty()) {
+      plan.add_reasons(absl::StrCat("memory estimate: ", chosen_model.memory_source));
+    }
     if (costs.any()) {
       plan.set_cuda_allocator_config(costs.allocator_config);
       plan.add_reasons(absl::StrCat(

@@ -3,6 +3,7 @@
 
 #include <gmock/gmock.h>
 
+#include <memory>
 #include <set>
 
 #include "absl/strings/str_join.h"
@@ -172,6 +173,106 @@ TEST(PlannerShardingTest, OneRankIsNeverSharded) {
   absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, StateHeavy(spec), Devices(1, 130 * kMiB));
   ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(plan.status().message(), ::testing::Not(HasSubstr("sharded")));
+}
+
+// A calibrated model whose activations dominate (10 MiB a sample), with the same model recomputing
+// them (2 MiB a sample) as the plan's alternative; recomputing adds 30% to a sample's compute.
+ModelProfile WithRecomputingAlternative(const fitrun::v1::JobSpec& spec, std::vector<MeasuredStepTime> kept_times = {},
+                                        std::vector<MeasuredStepTime> recomputing_times = {}) {
+  ModelProfile p = Profile(spec);
+  p.parameter_count = 1000;
+  p.measured = MemoryCurve({{1, 11 * kMiB}, {256, 2561 * kMiB}});
+  p.recompute_share = 0.3;
+  p.step_times = std::move(kept_times);
+  ModelProfile recomputing = p;
+  recomputing.activation_checkpointing = true;
+  recomputing.measured = MemoryCurve({{1, 3 * kMiB}, {256, 513 * kMiB}});
+  recomputing.step_times = std::move(recomputing_times);
+  p.recomputing = std::make_shared<const ModelProfile>(recomputing);
+  return p;
+}
+
+// On 30 MiB (27 MiB usable) the kept activations fit per-device batch 2 of the 8, recomputed ones all 8.
+TEST(PlannerStrategyTest, RecomputesWhenItsMeasuredStepsAreFasterThanAccumulating) {
+  const fitrun::v1::JobSpec spec = MlpSpec(8, 1, 1);
+  // Kept: 0.3 s a pass + 0.2 s a sample, so 4 x 0.7 = 2.8 s; recomputed: 0.3 + 8 x 0.26 = 2.38 s.
+  const ModelProfile model = WithRecomputingAlternative(spec, {{1, 0.5}, {2, 0.7}, {8, 1.9}}, {{1, 0.56}, {8, 2.38}});
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, model, Devices(1, 30 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->activation_checkpointing());
+  EXPECT_EQ(plan->per_device_batch(), 8);
+  EXPECT_EQ(plan->grad_accum_steps(), 1);
+  const std::string reasons = absl::StrJoin(plan->reasons(), "\n");
+  EXPECT_THAT(reasons, HasSubstr("activation_checkpointing: each block's activations recomputed in backward"));
+  EXPECT_THAT(reasons, HasSubstr("strategy: activations recomputed, optimizer states whole, predicted the fastest of "
+                                 "those that fit (activations kept, optimizer states whole at per-device batch 2 (4 "
+                                 "passes, predicted peak 21.6 MiB): 1.18x the step time)"));
+  EXPECT_THAT(reasons, HasSubstr("step time from the probe's timed steps, by micro-batch (1: 0.500 s, 2: 0.700 s, 8: "
+                                 "1.900 s); recomputing (1: 0.560 s, 8: 2.380 s)"));
+
+  // The recomputing model not timed itself: the kept model's time with 30% more of its per-sample
+  // part, 1.9 + 0.3 x 1.6 = 2.38 s again.
+  plan = PlanJob(spec, WithRecomputingAlternative(spec, {{1, 0.5}, {2, 0.7}, {8, 1.9}}), Devices(1, 30 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->activation_checkpointing());
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"), HasSubstr("1.18x the step time"));
+}
+
+TEST(PlannerStrategyTest, AccumulatesWhenAPassCostsNoMoreThanItsSamples) {
+  const fitrun::v1::JobSpec spec = MlpSpec(8, 1, 1);
+  // Untimed: 4 x 2 = 8 samples' compute against 8 x 1.3 = 10.4.
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, WithRecomputingAlternative(spec), Devices(1, 30 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->activation_checkpointing());
+  EXPECT_EQ(plan->per_device_batch(), 2);
+  EXPECT_EQ(plan->grad_accum_steps(), 4);
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"),
+              HasSubstr("(activations recomputed, optimizer states whole at per-device batch 8 (1 passes, predicted "
+                        "peak 17.5 MiB): 1.30x the step time); step time not measured"));
+  // Timed at 0.2 s a sample and nothing a pass: 4 x 0.4 = 1.6 s against 1.6 x 1.3 = 2.08 s.
+  plan = PlanJob(spec, WithRecomputingAlternative(spec, {{1, 0.2}, {8, 1.6}}), Devices(1, 30 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->activation_checkpointing());
+  // Where everything fits, both take one pass and keeping the activations is faster.
+  plan = PlanJob(spec, WithRecomputingAlternative(spec, {{1, 0.5}, {8, 1.9}}, {{1, 0.56}, {8, 2.38}}),
+                 Devices(1, 1024 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->activation_checkpointing());
+  EXPECT_EQ(plan->per_device_batch(), 8);
+}
+
+TEST(PlannerStrategyTest, RecomputesWhenOnlyThatFitsAndSaysWhatKeepingThemNeeds) {
+  const fitrun::v1::JobSpec spec = MlpSpec(8, 1, 1);
+  // 10 MiB: 9 MiB usable; kept, batch 1 needs 11.3 MiB; recomputed, batch 2 needs 5.2 MiB.
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, WithRecomputingAlternative(spec), Devices(1, 10 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->activation_checkpointing());
+  EXPECT_EQ(plan->per_device_batch(), 2);
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"), HasSubstr("because without it even per-device batch 1 needs 11.3 MiB"));
+
+  // Nothing fits: the refusal says what each strategy needs at batch 1.
+  plan = PlanJob(spec, WithRecomputingAlternative(spec), Devices(1, 3 * kMiB));
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(plan.status().message(),
+              HasSubstr("even per-device batch 1 needs 11.3 MiB (3.1 MiB with activations recomputed, optimizer states whole)"));
+}
+
+TEST(PlannerStrategyTest, AModelThatRecomputesBecauseTheSpecSaysSoIsPlannedSo) {
+  const fitrun::v1::JobSpec spec = MlpSpec(8, 1, 1);
+  ModelProfile pinned = *WithRecomputingAlternative(spec).recomputing;
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, pinned, Devices(1, 1024 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->activation_checkpointing());
+  const std::string reasons = absl::StrJoin(plan->reasons(), "\n");
+  EXPECT_THAT(reasons, HasSubstr("because the spec's model config sets it"));
+  EXPECT_THAT(reasons, ::testing::Not(HasSubstr("strategy:")));
+  // And a model that keeps them is never told to recompute.
+  ModelProfile forbidden = WithRecomputingAlternative(spec);
+  forbidden.recomputing = nullptr;
+  plan = PlanJob(spec, forbidden, Devices(1, 30 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->activation_checkpointing());
+  EXPECT_EQ(plan->per_device_batch(), 2);
 }
 
 TEST(PlannerTest, UsesEveryAllowedDeviceAndTheWholeBatchWhenItFits) {

@@ -24,6 +24,14 @@ int64_t TransformerLayerActivationBytes(int64_t s, int64_t h, int64_t a) {
   return 2 * (s * h * 34 + 5 * a * s * s);
 }
 
+// What recomputing the blocks' activations adds to one sample's forward and backward: the blocks'
+// forward (2 FLOPs per weight per token, and 4*s*h for attention's scores and sums) over the whole
+// step's, about three forwards (backward is two: gradients of inputs and of weights).
+double RecomputeShare(int64_t block_flops_per_token, int64_t other_flops_per_token) {
+  return static_cast<double>(block_flops_per_token) /
+         (3.0 * static_cast<double>(block_flops_per_token + other_flops_per_token));
+}
+
 // The gpt's parameters and activations over `vocabulary` tokens: the layers', plus the embedding
 // sum and the logits with their log-softmax and gradient. With activation checkpointing a layer keeps
 // only its input, and backward holds one layer's activations at a time, recomputed.
@@ -36,6 +44,7 @@ ModelProfile GptWithVocabulary(const fitrun::v1::GptConfig& c, int64_t vocabular
   const int64_t layers = c.activation_checkpointing() ? c.layers() * s * h * kFloat + layer : c.layers() * layer;
   p.activation_bytes_per_sample = layers + 2 * s * h * kFloat + 3 * s * vocabulary * kFloat;
   p.activation_checkpointing = c.activation_checkpointing();
+  p.recompute_share = RecomputeShare(c.layers() * (2 * 12 * h * h + 4 * s * h), 2 * vocabulary * h);
   return p;
 }
 
@@ -116,6 +125,8 @@ absl::StatusOr<ModelProfile> SasRecProfile(const fitrun::v1::JobSpec& spec) {
   const int64_t blocks = c.activation_checkpointing() ? c.blocks() * s * d * kFloat + layer : c.blocks() * layer;
   p.activation_bytes_per_sample = blocks + 6 * s * d * kFloat;
   p.activation_checkpointing = c.activation_checkpointing();
+  // Its logits are dot products with one next and one negative item per position.
+  p.recompute_share = RecomputeShare(c.blocks() * (2 * 6 * d * d + 4 * s * d), 4 * d);
   p.input_bytes_per_sample = 2 * s * 8;  // int64 item sequence and next items
   p.train_samples = ratings.ratings_trainable_users();
   return p;

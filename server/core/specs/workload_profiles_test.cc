@@ -70,6 +70,38 @@ TEST(ModelProfileTest, GptCountsParametersActivationsAndWindows) {
   EXPECT_EQ(untied->train_samples, 140);
 }
 
+// What recomputing adds to a step: the blocks' forward (2 FLOPs a weight and 4*s*h of attention per
+// token a layer) over three forwards of the whole model (the head: 2*V*h).
+TEST(ModelProfileTest, RecomputingAddsOneForwardOfTheBlocks) {
+  const std::string path = WriteTempFile("corpus-recompute.txt", std::string(10000, 'x'));
+  absl::StatusOr<ModelProfile> gpt = ProfileFor(*Admitted(GptSpec(path, false)));
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  const double blocks = 2.0 * (2 * 12 * 128 * 128 + 4 * 64 * 128);
+  EXPECT_NEAR(gpt->recompute_share, blocks / (3 * (blocks + 2 * 256 * 128)), 1e-12);
+  EXPECT_FALSE(gpt->activation_checkpointing);
+}
+
+TEST(WorkloadsTest, RecomputingIsTheSpecsCallWhenItSetsItAndThePlansOtherwise) {
+  fitrun::v1::JobSpec gpt = GptSpec("/corpus.txt", false);
+  EXPECT_TRUE(CanCheckpointActivations(gpt));
+  EXPECT_EQ(SpecActivationCheckpointing(gpt), std::nullopt);
+  EXPECT_EQ(SpecActivationCheckpointing(WithActivationCheckpointing(gpt, true)), true);
+  EXPECT_EQ(SpecActivationCheckpointing(WithActivationCheckpointing(gpt, false)), false);
+  fitrun::v1::Plan plan;
+  plan.set_activation_checkpointing(true);
+  EXPECT_TRUE(SpecAsPlanned(gpt, plan).model().gpt().activation_checkpointing());
+  plan.set_activation_checkpointing(false);
+  EXPECT_TRUE(SpecAsPlanned(gpt, plan).model().gpt().has_activation_checkpointing());
+  EXPECT_FALSE(SpecAsPlanned(gpt, plan).model().gpt().activation_checkpointing());
+
+  fitrun::v1::JobSpec mlp;
+  mlp.mutable_model()->set_builtin("mlp");
+  EXPECT_FALSE(CanCheckpointActivations(mlp));
+  EXPECT_EQ(SpecActivationCheckpointing(mlp), false);
+  plan.set_activation_checkpointing(true);
+  EXPECT_EQ(SpecAsPlanned(mlp, plan).SerializeAsString(), mlp.SerializeAsString());
+}
+
 TEST(ModelProfileTest, SasRecScansTheRatingsForItemsAndUsers) {
   // Users 1 and 2 have three ratings (samples); user 3 has two (too few to train on). Four items.
   const std::string path = WriteTempFile("ratings.dat",
