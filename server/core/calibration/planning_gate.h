@@ -41,8 +41,8 @@ class PlanningGate {
 
   bool measures() const { return calibrator_ != nullptr; }
 
-  // Whether the workload's memory is settled: measured, or its measurement failed (its analytic
-  // verdict then stands). Only a settled workload's "does not fit" is final at submit.
+  // Whether the workload's memory is settled (and the recomputing model's, where the plan may
+  // choose it): measured, or its measurement failed (its analytic verdict then stands). Only a settled workload's "does not fit" is final at submit.
   bool Settled(const fitrun::v1::JobSpec& spec, const std::string& run_as) const;
 
   // Why the job launches on its analytic estimate without waiting for its workload's probe, or
@@ -54,7 +54,8 @@ class PlanningGate {
 
   // What the job's workload still needs measured before it can be planned, with the sweep started
   // (up to the most one rank of the job takes in a micro-batch, and `roomiest_bytes`); empty when
-  // nothing. `run_as` here and below: the job's Job.run_as ("": fitrund's user), whose calibration
+  // nothing. Where the spec leaves activation checkpointing to the plan, the recomputing model is
+  // a workload measured beside it. `run_as` here and below: the job's Job.run_as ("": fitrund's user), whose calibration
   // it is and whose account the probe runs as.
   std::string AwaitCalibration(const fitrun::v1::JobSpec& spec, int64_t roomiest_bytes, const std::string& run_as);
 

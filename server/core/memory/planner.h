@@ -4,7 +4,10 @@
 // (devices * per_device_batch * grad_accum_steps == global_batch_size), prefers the most devices
 // (throughput), on the fewest nodes (whole nodes first: ranks on one node talk fastest; every node
 // gets the same number of ranks), then the largest per-device batch whose predicted peak fits each device with the
-// spec's headroom (fewest accumulation passes), and scales the learning rate by the spec's rule.
+// spec's headroom (fewest accumulation passes), and scales the learning rate by the spec's rule. Where the
+// spec leaves how a rank trains open (optimizer states sharded, activations recomputed: the profile's
+// `recomputing` alternative), each strategy gets its largest fitting batch and the one predicted to step
+// fastest wins (passes x the probe's measured step time at the batch).
 // Every choice is explained in Plan.reasons. Pure function of its inputs.
 #ifndef FITRUN_SERVER_CORE_MEMORY_PLANNER_H_
 #define FITRUN_SERVER_CORE_MEMORY_PLANNER_H_
