@@ -102,11 +102,13 @@ class WebPageTest(unittest.TestCase):
         shown = page.evaluate(
             "({devices: Array.from(document.querySelectorAll('#plan .chip'), (c) => c.textContent),"
             " batch: document.getElementById('plan-batch').textContent,"
+            " strategy: document.getElementById('plan-strategy').textContent,"
             " parts: document.querySelectorAll('#plan-breakdown > div').length,"
             " reasons: document.querySelectorAll('#plan ul.reasons li').length,"
             " title: document.querySelector('#job-header h1').textContent})")
         self.assertEqual(shown["devices"], list(plan.device_ids))
         self.assertEqual(shown["batch"], str(plan.per_device_batch))
+        self.assertEqual(shown["strategy"], "activations and optimizer states kept on every rank")  # the mlp's plan
         self.assertGreaterEqual(shown["parts"], 5)  # weights, gradients, optimizer state, activations, ...
         self.assertEqual(shown["reasons"], len(plan.reasons))
         self.assertEqual(shown["title"], "web-page-mlp")
