@@ -1,6 +1,7 @@
 // memory_accuracy: how close the planner's memory estimate is to what a rank really takes, over every
-// built-in model, optimizer and precision, at per-device batches across the whole range a planner
-// can choose on a device (from 1 to the largest that fits it).
+// built-in model (the transformers also recomputing their activations), optimizer and precision, at
+// per-device batches across the whole range a planner can choose on a device (from 1 to the largest
+// that fits it).
 //
 // For each workload (model x optimizer x precision) it calibrates as fitrund does (the sweep of
 // server/core/memory/memory_curve.h through fitrun-worker --probe, up to the device's memory), then, in a
@@ -50,7 +51,8 @@ ABSL_FLAG(std::string, worker_binary, "bazel-bin/worker/fitrun-worker", "the fit
 ABSL_FLAG(std::string, movielens, "/tmp/ratings.dat", "ratings file for sasrec (tools/make_movielens_sample.py)");
 ABSL_FLAG(std::string, work_dir, "/tmp/fitrun-memory-accuracy", "scratch directory (text corpus, probe files)");
 ABSL_FLAG(int64_t, device_mib, 2048, "the device the batches range over, in MiB");
-ABSL_FLAG(std::string, models, "mlp,cnn,gpt-small,gpt-large,sasrec", "which models");
+ABSL_FLAG(std::string, models, "mlp,cnn,gpt-small,gpt-large,sasrec,gpt-large-recompute,sasrec-recompute",
+          "which models");
 ABSL_FLAG(std::string, optimizers, "sgd,sgd+momentum,adam,adamw", "which optimizers");
 ABSL_FLAG(std::string, precisions, "fp32,bf16", "which precisions");
 ABSL_FLAG(bool, cap_matrix, true, "also run the cap matrix (fp32)");
@@ -114,6 +116,20 @@ std::vector<Model> Models(const std::string& text_path, const std::string& movie
     c->set_heads(1);
     m.spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_MOVIELENS);
     m.spec.mutable_data()->set_path(movielens);
+    out.push_back(m);
+  }
+  // The transformers recomputing their blocks' activations in backward: a workload of their own.
+  for (const Model& kept : std::vector<Model>(out)) {
+    if (kept.key != "gpt-large" && kept.key != "sasrec") continue;
+    Model m = kept;
+    m.key = kept.key + "-recompute";
+    m.name = kept.name + ", recomputed";
+    m.spec.set_name(m.key);
+    if (kept.key == "sasrec") {
+      m.spec.mutable_model()->mutable_sasrec()->set_activation_checkpointing(true);
+    } else {
+      m.spec.mutable_model()->mutable_gpt()->set_activation_checkpointing(true);
+    }
     out.push_back(m);
   }
   return out;
@@ -232,6 +248,14 @@ int Run() {
         ApplyJobSpecDefaults(spec);
         Row row;
         row.workload = absl::StrCat(model.name, ", ", optimizer, ", ", precision);
+        // What fitrund reads of the spec's files at submit, which the profile is sized by.
+        fitrun::v1::SpecFileFacts facts;
+        if (absl::Status admitted = ValidateModelAndData(spec, &facts); !admitted.ok()) {
+          row.note = std::string(admitted.message());
+          rows.push_back(row);
+          continue;
+        }
+        *spec.mutable_file_facts() = facts;
         absl::StatusOr<ModelProfile> analytic = ProfileFor(spec);
         if (!analytic.ok()) {
           row.note = std::string(analytic.status().message());
