@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -482,27 +483,34 @@ TEST(MemoryTest, ARankPeaksAtTheSameBytesWhateverTheWorldSizeAndWhatSumsTheGradi
   EXPECT_EQ(peaks["three-ranks-gloo"], peaks["one-rank"]);
 }
 
-// An out-of-memory error injected into a run whose optimizer states are sharded re-plans a smaller batch,
-// still sharded, and resumes from the last checkpoint: every rank's share of it.
-TEST(MemoryTest, ASpecShardedRunThatRunsOutOfMemoryReplansAndResumes) {
-  RunningCoordinator coordinator("memory-sharded-oom", kSmallDevices);
-  ASSERT_TRUE(coordinator.ok()) << ReadFile(coordinator.log_path());
-  const std::string text = WriteText("memory-sharded-text.txt");
-  std::string spec = GptSpec("gpt-sharded-oom", text, "{min_devices: 2, max_devices: 2}");
+// The small gpt on two 8 MiB devices with `strategy` in its spec, an out-of-memory error injected into
+// rank 1 at step 4 and checkpoints every 2 steps: it must re-plan a smaller batch and resume from the
+// checkpoint of step 2 (every rank's share of it, where the states are sharded). The finished job.
+fitrun::v1::Job RunThroughAnInjectedOutOfMemory(const std::string& name,
+                                                const std::vector<std::pair<std::string, std::string>>& strategy) {
+  RunningCoordinator coordinator(absl::StrCat("memory-", name), kSmallDevices);
+  EXPECT_TRUE(coordinator.ok()) << ReadFile(coordinator.log_path());
+  const std::string text = WriteText(absl::StrCat(name, "-text.txt"));
+  std::string spec = GptSpec(name, text, "{min_devices: 2, max_devices: 2}");
   absl::StrReplaceAll({{"fault_tolerance: {max_oom_retries: 0, max_restarts: 0}",
                         "fault_tolerance: {max_oom_retries: 1, max_restarts: 0}\n"
                         "fault_injection: {kind: oom, rank: 1, at_step: 4}\n"
-                        "checkpoint: {every_steps: 2}\nddp: {zero_stage: 1}"}},
+                        "checkpoint: {every_steps: 2}"}},
                       &spec);
+  absl::StrReplaceAll(strategy, &spec);
   absl::StatusOr<fitrun::v1::Job> job = coordinator.Submit(spec);
-  ASSERT_TRUE(job.ok()) << job.status();
+  if (!job.ok()) {
+    ADD_FAILURE() << job.status();
+    return {};
+  }
   const std::vector<fitrun::v1::JobEvent> events = coordinator.Watch(job->id());
   const fitrun::v1::Job done = coordinator.Get(job->id());
-  ASSERT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << done.failure_reason() << "\n"
+  EXPECT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << done.failure_reason() << "\n"
                                                            << ReadFile(coordinator.log_path());
-  ASSERT_EQ(done.attempt_history_size(), 2);
-  EXPECT_LT(done.attempt_history(1).per_device_batch(), done.attempt_history(0).per_device_batch());
-  EXPECT_EQ(done.plan().zero_stage(), 1);
+  EXPECT_EQ(done.attempt_history_size(), 2);
+  if (done.attempt_history_size() == 2) {
+    EXPECT_LT(done.attempt_history(1).per_device_batch(), done.attempt_history(0).per_device_batch());
+  }
   bool resumed = false;
   bool out_of_memory = false;
   for (const fitrun::v1::JobEvent& event : events) {
@@ -511,6 +519,13 @@ TEST(MemoryTest, ASpecShardedRunThatRunsOutOfMemoryReplansAndResumes) {
   }
   EXPECT_TRUE(out_of_memory);
   EXPECT_TRUE(resumed);
+  return done;
+}
+
+TEST(MemoryTest, ASpecShardedRunThatRunsOutOfMemoryReplansAndResumes) {
+  const fitrun::v1::Job done = RunThroughAnInjectedOutOfMemory(
+      "gpt-sharded-oom", {{"checkpoint: {every_steps: 2}", "checkpoint: {every_steps: 2}\nddp: {zero_stage: 1}"}});
+  EXPECT_EQ(done.plan().zero_stage(), 1);
 }
 
 // An 8-layer gpt whose activations dominate: keeping them, one sample peaks at 9.4 MiB, over a 10 MiB
@@ -589,37 +604,12 @@ TEST(MemoryTest, AModelThatFitsOnlyByRecomputingItsActivationsIsPlannedSoAndTrai
   EXPECT_GE(compared, 1);
 }
 
-// An out-of-memory error injected into a run that recomputes its activations re-plans a smaller
-// batch, still recomputing, and resumes from the last checkpoint.
+// Likewise for a run that recomputes its activations: the re-plan still recomputes, and the lesson is
+// held against the recomputing model's figures.
 TEST(MemoryTest, ARecomputingRunThatRunsOutOfMemoryReplansAndResumes) {
-  RunningCoordinator coordinator("memory-recompute-oom", kSmallDevices);
-  ASSERT_TRUE(coordinator.ok()) << ReadFile(coordinator.log_path());
-  const std::string text = WriteText("memory-recompute-oom-text.txt");
-  std::string spec = GptSpec("gpt-recompute-oom", text, "{min_devices: 2, max_devices: 2}");
-  absl::StrReplaceAll({{"context: 64}", "context: 64, activation_checkpointing: true}"},
-                       {"fault_tolerance: {max_oom_retries: 0, max_restarts: 0}",
-                        "fault_tolerance: {max_oom_retries: 1, max_restarts: 0}\n"
-                        "fault_injection: {kind: oom, rank: 1, at_step: 4}\n"
-                        "checkpoint: {every_steps: 2}"}},
-                      &spec);
-  absl::StatusOr<fitrun::v1::Job> job = coordinator.Submit(spec);
-  ASSERT_TRUE(job.ok()) << job.status();
-  const std::vector<fitrun::v1::JobEvent> events = coordinator.Watch(job->id());
-  const fitrun::v1::Job done = coordinator.Get(job->id());
-  ASSERT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED) << done.failure_reason() << "\n"
-                                                           << ReadFile(coordinator.log_path());
-  ASSERT_EQ(done.attempt_history_size(), 2);
-  EXPECT_LT(done.attempt_history(1).per_device_batch(), done.attempt_history(0).per_device_batch());
+  const fitrun::v1::Job done = RunThroughAnInjectedOutOfMemory(
+      "gpt-recompute-oom", {{"context: 64}", "context: 64, activation_checkpointing: true}"}});
   EXPECT_TRUE(done.plan().activation_checkpointing());
-  bool resumed = false;
-  bool out_of_memory = false;
-  for (const fitrun::v1::JobEvent& event : events) {
-    out_of_memory |= event.has_oom();
-    resumed |= event.has_log() && event.log().text().find("resumed from the checkpoint of step 2") != std::string::npos;
-  }
-  EXPECT_TRUE(out_of_memory);
-  EXPECT_TRUE(resumed);
-  // The lesson is held against the recomputing model's figures.
   ASSERT_EQ(done.oom_history_size(), 1);
   EXPECT_TRUE(done.oom_history(0).activation_checkpointing());
 }

@@ -29,26 +29,23 @@
 namespace fitrun::server {
 namespace {
 
-// The integer after "name": in the probe's flat JSON line.
-bool JsonInt(absl::string_view json, absl::string_view name, int64_t* value) {
+// The number after "name": in the probe's flat JSON line, as written (empty when absent).
+absl::string_view JsonNumber(absl::string_view json, absl::string_view name) {
   const std::string quoted = absl::StrCat("\"", name, "\":");
   const size_t at = json.find(quoted);
-  if (at == absl::string_view::npos) return false;
-  absl::string_view rest = absl::StripLeadingAsciiWhitespace(json.substr(at + quoted.size()));
-  size_t end = 0;
-  while (end < rest.size() && (rest[end] == '-' || (rest[end] >= '0' && rest[end] <= '9'))) ++end;
-  return absl::SimpleAtoi(rest.substr(0, end), value);
-}
-
-// The number after "name": (a decimal fraction or an integer).
-bool JsonDouble(absl::string_view json, absl::string_view name, double* value) {
-  const std::string quoted = absl::StrCat("\"", name, "\":");
-  const size_t at = json.find(quoted);
-  if (at == absl::string_view::npos) return false;
+  if (at == absl::string_view::npos) return {};
   absl::string_view rest = absl::StripLeadingAsciiWhitespace(json.substr(at + quoted.size()));
   size_t end = 0;
   while (end < rest.size() && absl::string_view("-+.0123456789eE").find(rest[end]) != absl::string_view::npos) ++end;
-  return absl::SimpleAtod(rest.substr(0, end), value);
+  return rest.substr(0, end);
+}
+
+bool JsonInt(absl::string_view json, absl::string_view name, int64_t* value) {
+  return absl::SimpleAtoi(JsonNumber(json, name), value);
+}
+
+bool JsonDouble(absl::string_view json, absl::string_view name, double* value) {
+  return absl::SimpleAtod(JsonNumber(json, name), value);
 }
 
 // The string after "name":, its escapes decoded: a message that quotes a process's output keeps

@@ -50,16 +50,23 @@ std::string PointsField(const MemoryCurve& curve) {
   return absl::StrJoin(points, ",");
 }
 
-bool ParsePoints(absl::string_view field, std::vector<MeasuredPeak>* points) {
+bool ParseNumber(absl::string_view text, int64_t* value) { return absl::SimpleAtoi(text, value); }
+bool ParseNumber(absl::string_view text, double* value) { return absl::SimpleAtod(text, value); }
+
+// "<batch>:<value>,..." into (batch, value) records: a curve's peaks, a sweep's step times.
+template <typename Record, typename Value>
+bool ParseBatchPairs(absl::string_view field, Value Record::*value, std::vector<Record>* records) {
   for (absl::string_view pair : absl::StrSplit(field, ',', absl::SkipEmpty())) {
     std::vector<absl::string_view> parts = absl::StrSplit(pair, ':');
-    MeasuredPeak p;
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &p.batch) || !absl::SimpleAtoi(parts[1], &p.peak_bytes)) {
-      return false;
-    }
-    points->push_back(p);
+    Record r;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &r.batch) || !ParseNumber(parts[1], &(r.*value))) return false;
+    records->push_back(r);
   }
-  return !points->empty();
+  return !records->empty();
+}
+
+bool ParsePoints(absl::string_view field, std::vector<MeasuredPeak>* points) {
+  return ParseBatchPairs(field, &MeasuredPeak::peak_bytes, points);
 }
 
 // The sweep's line, and its step times' when it has them.
@@ -75,15 +82,7 @@ std::string SweepLine(const std::string& key, const Calibration& c) {
 }
 
 bool ParseStepTimes(absl::string_view field, std::vector<MeasuredStepTime>* times) {
-  for (absl::string_view pair : absl::StrSplit(field, ',', absl::SkipEmpty())) {
-    std::vector<absl::string_view> parts = absl::StrSplit(pair, ':');
-    MeasuredStepTime t;
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &t.batch) || !absl::SimpleAtod(parts[1], &t.seconds)) {
-      return false;
-    }
-    times->push_back(t);
-  }
-  return !times->empty();
+  return ParseBatchPairs(field, &MeasuredStepTime::seconds, times);
 }
 
 std::string PairLine(const char* kind, const std::string& key, const MeasuredPeak& p) {
