@@ -528,21 +528,15 @@ TEST(MemoryTest, ASpecShardedRunThatRunsOutOfMemoryReplansAndResumes) {
   EXPECT_EQ(done.plan().zero_stage(), 1);
 }
 
-// An 8-layer gpt whose activations dominate: keeping them, one sample peaks at 9.4 MiB, over a 10 MiB
-// device's 9 MiB usable; recomputing each block's in backward, two samples take 7.8 MiB.
+// GptSpec's gpt at 8 layers, whose activations dominate: keeping them, one sample peaks at 9.4 MiB, over
+// a 10 MiB device's 9 MiB usable; recomputing each block's in backward, two samples take 7.8 MiB.
 std::string EightLayerGptSpec(const std::string& name, const std::string& text_path, const std::string& gpt_extra,
                               const std::string& resources) {
-  return absl::StrCat("name: ", name, R"(
-model:
-  builtin: gpt
-  gpt: {layers: 8, heads: 4, hidden: 64, context: 64)", gpt_extra, R"(}
-data: {kind: text, path: )", text_path, R"(}
-optimizer: {kind: adamw, lr: 0.003, weight_decay: 0.01}
-global_batch_size: 16
-max_steps: 4
-precision: fp32
-seed: 1
-resources: )", resources, "\n");
+  return absl::StrReplaceAll(GptSpec(name, text_path, resources),
+                             {{"layers: 2", "layers: 8"},
+                              {"context: 64}", absl::StrCat("context: 64", gpt_extra, "}")},
+                              {"global_batch_size: 32", "global_batch_size: 16"},
+                              {"max_steps: 5", "max_steps: 4"}});
 }
 
 // The spec leaves activation checkpointing to the plan: both models are measured, and on a device where
