@@ -70,6 +70,14 @@ inline constexpr char kLearningRate[] = "FITRUN_LR";
 inline constexpr char kGlobalBatchSize[] = "FITRUN_GLOBAL_BATCH_SIZE";
 inline constexpr char kCheckpointDir[] = "FITRUN_CHECKPOINT_DIR";
 inline constexpr char kMaxSteps[] = "FITRUN_MAX_STEPS";
+// How the plan has the script train beyond its batch, for a script that applies it (the fitrun
+// module's run.apply_strategy): "1" to recompute its blocks' activations in backward, "1" to shard its
+// optimizer states over the ranks (ZeRO stage 1, torch's ZeroRedundancyOptimizer), and the precision
+// to autocast to ("fp32", "bf16" or "fp16"). Every script rank gets all three; "0" and "fp32" are
+// plain training.
+inline constexpr char kActivationCheckpointing[] = "FITRUN_ACTIVATION_CHECKPOINTING";
+inline constexpr char kZeroStage[] = "FITRUN_ZERO_STAGE";
+inline constexpr char kPrecision[] = "FITRUN_PRECISION";
 // "1" when the run is fitrund's memory probe (one rank, a few steps), so a script may skip its
 // evaluation and checkpoints.
 inline constexpr char kProbe[] = "FITRUN_PROBE";

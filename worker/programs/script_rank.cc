@@ -90,6 +90,7 @@ class ScriptRank final : public TrainingProgram {
     settings.global_batch_size = assignment->spec().global_batch_size();
     settings.checkpoint_dir = assignment->checkpoint_dir();
     settings.max_steps = assignment->spec().max_steps();
+    settings.zero_stage = plan.zero_stage();
     // A virtual CPU device's cap is enforced in the script by the preloaded allocator; a GPU slice's by
     // the fitrun module through torch.cuda's per-process limit (nothing is preloaded on a GPU: the
     // machine's PyTorch is not the LibTorch the allocator was built for); a whole GPU's own memory is

@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "proto/contract/find_command.h"
 #include "proto/contract/install_layout.h"
 #include "proto/contract/launch_contract.h"
@@ -110,6 +111,14 @@ absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, 
   if (!settings.checkpoint_dir.empty()) env[launch::kCheckpointDir] = settings.checkpoint_dir;
   if (settings.max_steps > 0) env[launch::kMaxSteps] = absl::StrCat(settings.max_steps);
   if (settings.probe) env[launch::kProbe] = "1";
+  env[launch::kActivationCheckpointing] =
+      script.applies_strategy() && script.activation_checkpointing() ? "1" : "0";
+  env[launch::kZeroStage] = absl::StrCat(script.applies_strategy() ? settings.zero_stage : 0);
+  const fitrun::v1::Precision precision =
+      spec.precision() == fitrun::v1::PRECISION_UNSPECIFIED ? fitrun::v1::PRECISION_FP32 : spec.precision();
+  // PRECISION_BF16 -> "bf16": the proto's own names, lower-cased.
+  env[launch::kPrecision] =
+      absl::AsciiStrToLower(absl::StripPrefix(fitrun::v1::Precision_Name(precision), "PRECISION_"));
   // The allocator that makes a virtual CPU device's budget real for the script's tensors.
   if (!settings.preload_allocator && settings.memory_cap_bytes > 0) {
     env[launch::kMemoryCapBytes] = absl::StrCat(settings.memory_cap_bytes);

@@ -36,6 +36,8 @@ struct ScriptRunSettings {
   std::string checkpoint_dir;  // empty: none
   int64_t max_steps = 0;       // 0: the script's own length
   bool probe = false;
+  // The plan's ZeRO stage: 1 shards the optimizer states over the ranks (a script that applies it).
+  int zero_stage = 0;
   int64_t memory_cap_bytes = 0;  // 0: counted, not capped
   // Whether the script gets the capped CPU allocator preloaded (virtual CPU devices only).
   bool preload_allocator = true;
@@ -64,7 +66,8 @@ struct ScriptCommand {
 
 // The command for `spec.script` under `settings`: the spec's argv (with batch_flag and the batch
 // appended), run in its working_dir, with this process's environment, then spec.script.env, then
-// fitrun's variables on top. Errors name the spec field.
+// fitrun's variables on top, the strategy among them (activation checkpointing as the spec, which
+// the coordinator writes its plan's choice into, says). Errors name the spec field.
 absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, const ScriptRunSettings& settings,
                                                const SupportFiles& support);
 

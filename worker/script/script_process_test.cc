@@ -92,6 +92,36 @@ TEST(ScriptCommandForTest, FitrunsVariablesComeLastAndTheSupervisorsSecretsNotAt
   EXPECT_EQ(env["PYTHONUNBUFFERED"], "1");
 }
 
+TEST(ScriptCommandForTest, EveryRankIsToldThePlansStrategyButOnlyAScriptThatAppliesItIsToldToChangeHowItTrains) {
+  ScriptRunSettings sharded = Settings();
+  sharded.zero_stage = 1;
+  fitrun::v1::JobSpec plain = ScriptSpec();
+  plain.mutable_script()->set_activation_checkpointing(true);  // not the script's to take: it does not apply it
+  absl::StatusOr<ScriptCommand> command = ScriptCommandFor(plain, sharded, {});
+  ASSERT_TRUE(command.ok()) << command.status();
+  std::map<std::string, std::string> env = EnvOf(*command);
+  EXPECT_EQ(env["FITRUN_ACTIVATION_CHECKPOINTING"], "0");
+  EXPECT_EQ(env["FITRUN_ZERO_STAGE"], "0");
+  EXPECT_EQ(env["FITRUN_PRECISION"], "fp32");
+
+  fitrun::v1::JobSpec applies = plain;
+  applies.mutable_script()->set_applies_strategy(true);
+  applies.set_precision(fitrun::v1::PRECISION_BF16);
+  command = ScriptCommandFor(applies, sharded, {});
+  ASSERT_TRUE(command.ok()) << command.status();
+  env = EnvOf(*command);
+  EXPECT_EQ(env["FITRUN_ACTIVATION_CHECKPOINTING"], "1");
+  EXPECT_EQ(env["FITRUN_ZERO_STAGE"], "1");
+  EXPECT_EQ(env["FITRUN_PRECISION"], "bf16");
+
+  applies.mutable_script()->set_activation_checkpointing(false);
+  command = ScriptCommandFor(applies, Settings(), {});
+  ASSERT_TRUE(command.ok()) << command.status();
+  env = EnvOf(*command);
+  EXPECT_EQ(env["FITRUN_ACTIVATION_CHECKPOINTING"], "0");
+  EXPECT_EQ(env["FITRUN_ZERO_STAGE"], "0");
+}
+
 TEST(ScriptCommandForTest, AProbeRunIsToldSoAndGetsNoFlagsForAnUnplannedBatch) {
   ScriptRunSettings probe = Settings();
   probe.probe = true;

@@ -35,6 +35,10 @@ GLOBAL_BATCH_SIZE = "FITRUN_GLOBAL_BATCH_SIZE"
 CHECKPOINT_DIR = "FITRUN_CHECKPOINT_DIR"
 MAX_STEPS = "FITRUN_MAX_STEPS"
 PROBE = "FITRUN_PROBE"
+# The plan's strategy, for a script that applies it (Run.apply_strategy).
+ACTIVATION_CHECKPOINTING = "FITRUN_ACTIVATION_CHECKPOINTING"
+ZERO_STAGE = "FITRUN_ZERO_STAGE"
+PRECISION = "FITRUN_PRECISION"
 
 # The pipes to the supervising fitrun-worker: JSON lines out, "stop <reason>" lines in.
 REPORT_FD = "FITRUN_REPORT_FD"

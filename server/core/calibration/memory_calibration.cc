@@ -117,8 +117,16 @@ static std::string WorkloadCalibrationKey(const fitrun::v1::JobSpec& spec) {
   std::string key = "v4 ";
   if (spec.has_script()) {
     // The script's text and everything it is told, but not the plan: a changed script is measured again.
-    const fitrun::v1::ScriptSpec& script = spec.script();
+    // Recomputing activations is a workload of its own; false is the plain script, as unset is.
+    fitrun::v1::ScriptSpec script = spec.script();
+    if (script.has_activation_checkpointing() && !script.activation_checkpointing()) {
+      script.clear_activation_checkpointing();
+    }
     absl::StrAppend(&key, "script ", script.ShortDebugString());
+    // The precision it is told to autocast to (FITRUN_PRECISION), where not the default.
+    if (spec.precision() != fitrun::v1::PRECISION_UNSPECIFIED && spec.precision() != fitrun::v1::PRECISION_FP32) {
+      absl::StrAppend(&key, " ", fitrun::v1::Precision_Name(spec.precision()));
+    }
     if (std::optional<int> file = ScriptFileIndex(script); file.has_value()) {
       absl::StrAppend(&key, " file ",
                       RecordedVersion(spec, (std::filesystem::path(script.working_dir()) / script.command(*file)).string()));

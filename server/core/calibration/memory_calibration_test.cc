@@ -92,6 +92,26 @@ TEST(CalibrationKeyTest, ChangesWithWhatChangesMemoryOnly) {
   EXPECT_EQ(CalibrationKey(checkpointed, ""), CalibrationKey(WithActivationCheckpointing(forbidden, true), ""));
 }
 
+// A script that applies the plan's strategy: recomputing, and the precision it autocasts to, are
+// workloads of their own; forbidding recomputing is the plain script, as for a gpt.
+TEST(CalibrationKeyTest, AScriptsStrategyAndPrecisionAreWorkloadsOfTheirOwn) {
+  fitrun::v1::JobSpec script;
+  script.mutable_script()->add_command("/usr/bin/python3");
+  script.mutable_script()->add_command("-c");
+  script.mutable_script()->add_command("pass");
+  script.mutable_script()->set_applies_strategy(true);
+  const fitrun::v1::JobSpec recomputing = WithActivationCheckpointing(script, true);
+  EXPECT_TRUE(recomputing.script().activation_checkpointing());
+  EXPECT_NE(CalibrationKey(script, ""), CalibrationKey(recomputing, ""));
+  EXPECT_EQ(CalibrationKey(script, ""), CalibrationKey(WithActivationCheckpointing(script, false), ""));
+  fitrun::v1::JobSpec bf16 = script;
+  bf16.set_precision(fitrun::v1::PRECISION_BF16);
+  EXPECT_NE(CalibrationKey(script, ""), CalibrationKey(bf16, ""));
+  fitrun::v1::JobSpec fp32 = script;
+  fp32.set_precision(fitrun::v1::PRECISION_FP32);
+  EXPECT_EQ(CalibrationKey(script, ""), CalibrationKey(fp32, ""));
+}
+
 TEST(CalibrationKeyTest, ARewrittenTorchScriptFileIsANewModelWhenSubmittedAgain) {
   const std::string path = TempPath("model.pt");
   { std::ofstream(path) << "one"; }

@@ -345,6 +345,10 @@ absl::StatusOr<ModelProfile> JobManager::ProfileFor(const JobSpec& spec, const s
   // own, planned on its own figures (measured once a plan takes it).
   absl::StatusOr<ModelProfile> recomputing = profile_of(WithActivationCheckpointing(spec, true));
   if (!recomputing.ok()) return recomputing.status();
+  // A script recomputing as it does it is known only by measuring it: nothing stands for it before.
+  if (spec.has_script() && (!recomputing->measured.has_value() || !recomputing->batch_not_plannable.empty())) {
+    return profile;
+  }
   profile->recomputing = std::make_shared<const ModelProfile>(RecomputingProfile(*profile, *std::move(recomputing)));
   return profile;
 }

@@ -338,9 +338,12 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     const int64_t budget = static_cast<int64_t>(static_cast<double>(free_bytes) * (1.0 - headroom));
     const DeviceCosts& costs = tightest.costs;
     // Optimizer states sharded over the n ranks (ZeRO stage 1) where the spec allows it: a built-in
-    // job of several ranks, unless spec.ddp.zero_stage is 0.
-    const bool may_shard = n > 1 && !spec.has_script() && !(spec.ddp().has_zero_stage() && spec.ddp().zero_stage() == 0);
-    const bool must_shard = may_shard && spec.ddp().has_zero_stage() && spec.ddp().zero_stage() == 1;
+    // job of several ranks, unless spec.ddp.zero_stage is 0; a script's only where the spec pins it (its
+    // one-rank probe cannot see what sharding saves, so the plan counts every state on every rank).
+    const bool pinned_shard = spec.ddp().has_zero_stage() && spec.ddp().zero_stage() == 1;
+    const bool may_shard = n > 1 && (spec.has_script() ? pinned_shard
+                                                       : !(spec.ddp().has_zero_stage() && spec.ddp().zero_stage() == 0));
+    const bool must_shard = may_shard && pinned_shard;
     // How a rank may train: its model as the spec has it, or recomputing its blocks' activations in
     // backward where the spec leaves that to the plan (the profile's alternative); optimizer states
     // whole or sharded. Listed in order of preference at equal predicted step time.
@@ -351,7 +354,9 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       if (may_shard) strategies.push_back({m, true});
     }
     const auto estimate_with = [&](const Strategy& strategy, int64_t b) {
-      return EstimateRankMemory(*strategy.model, spec, b, estimator, costs, strategy.sharded ? n : 1);
+      // A script's share is not known (its probe held every state): it is planned holding them all.
+      return EstimateRankMemory(*strategy.model, spec, b, estimator, costs,
+                                strategy.sharded && !spec.has_script() ? n : 1);
     };
     const auto fits = [&](const Strategy& strategy, int64_t b) {
       return ChargedBytes(estimate_with(strategy, b), costs) <= budget;
@@ -516,7 +521,11 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       }
       plan.add_reasons(why_batch);
     }
-    if (sharded) {
+    if (sharded && spec.has_script()) {
+      plan.add_reasons(absl::StrCat("zero_stage: 1, optimizer states sharded over the ", n, " ranks, because ",
+                                    why_sharding, "; the script shards them (FITRUN_ZERO_STAGE=1); its probe ran "
+                                    "one rank, so the predicted peak keeps every state on every rank"));
+    } else if (sharded) {
       plan.add_reasons(absl::StrCat("zero_stage: 1, optimizer states sharded over the ", n, " ranks (",
                                     FormatBytes(predicted.optimizer_state_bytes()), " per rank), because ", why_sharding,
                                     "; each rank steps its share and broadcasts it after the step"));
@@ -525,7 +534,7 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       const Strategy kept{&model, sharded};
       std::string why = "it is predicted the fastest way to train (see strategy)";
       if (model.recomputing == nullptr) {
-        why = "the spec's model config sets it";
+        why = spec.has_script() ? "spec.script.activation_checkpointing is true" : "the spec's model config sets it";
       } else if (resources.per_device_batch() > 0) {
         why = "the fixed per-device batch fits only so";
       } else if (largest_fitting(kept) == 0) {
@@ -533,7 +542,7 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       }
       plan.add_reasons(absl::StrCat("activation_checkpointing: each block's activations recomputed in backward (",
                                     FormatBytes(predicted.activations_bytes()), " of activations at this batch), because ",
-                                    why));
+                                    why, spec.has_script() ? "; the script recomputes them (FITRUN_ACTIVATION_CHECKPOINTING=1)" : ""));
     }
     if (!weighed.empty()) {
       plan.add_reasons(absl::StrCat("strategy: ", DescribeStrategy(strategy, n, model.recomputing != nullptr), ", predicted the fastest of those that fit (",

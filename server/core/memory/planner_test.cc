@@ -275,6 +275,39 @@ TEST(PlannerStrategyTest, AModelThatRecomputesBecauseTheSpecSaysSoIsPlannedSo) {
   EXPECT_EQ(plan->per_device_batch(), 2);
 }
 
+// A script that applies the plan's strategy: recomputing is weighed as the probe measured the script
+// doing it; sharding is taken only where the spec pins it, with every state still counted.
+TEST(PlannerStrategyTest, AScriptThatAppliesTheStrategyRecomputesWhereOnlyThatFitsAndShardsOnlyWhenPinned) {
+  fitrun::v1::JobSpec spec = MlpSpec(16, 2, 2);
+  spec.mutable_script()->add_command("/usr/bin/python3");
+  spec.mutable_script()->add_command("train.py");
+  spec.mutable_script()->set_applies_strategy(true);
+  const ModelProfile model = WithRecomputingAlternative(spec);
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, model, Devices(2, 10 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->activation_checkpointing());
+  EXPECT_EQ(plan->zero_stage(), 0);
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"),
+              HasSubstr("because without it even per-device batch 1 needs 11.3 MiB; the script recomputes them "
+                        "(FITRUN_ACTIVATION_CHECKPOINTING=1)"));
+
+  spec.mutable_ddp()->set_zero_stage(1);
+  plan = PlanJob(spec, model, Devices(2, 10 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->zero_stage(), 1);
+  const fitrun::v1::JobSpec unsharded_spec = [&] {
+    fitrun::v1::JobSpec s = spec;
+    s.mutable_ddp()->clear_zero_stage();
+    return s;
+  }();
+  absl::StatusOr<fitrun::v1::Plan> unsharded = PlanJob(unsharded_spec, model, Devices(2, 10 * kMiB));
+  ASSERT_TRUE(unsharded.ok()) << unsharded.status();
+  EXPECT_EQ(plan->predicted().total_bytes(), unsharded->predicted().total_bytes());
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"),
+              HasSubstr("zero_stage: 1, optimizer states sharded over the 2 ranks, because spec.ddp.zero_stage is 1; "
+                        "the script shards them (FITRUN_ZERO_STAGE=1)"));
+}
+
 TEST(PlannerTest, UsesEveryAllowedDeviceAndTheWholeBatchWhenItFits) {
   fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
   absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, Profile(spec), Devices(2, 4096 * kMiB));

@@ -423,7 +423,17 @@ TEST(JobSpecTest, AScriptSpecIsCheckedWhereItsRanksWillRunIt) {
                           "}\nglobal_batch_size: 16\noptimizer: {lr: 0.001}\nddp: {zero_stage: 1}\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_THAT(std::string(NormalizeJobSpec(*spec).status().message()),
-              HasSubstr("spec.ddp.zero_stage: applies to fitrun's built-in training; a script shards"));
+              HasSubstr("spec.ddp.zero_stage: a script shards its optimizer states itself: set "
+                        "spec.script.applies_strategy: true"));
+  // A script that applies the plan's strategy may have it pinned; one that does not, never.
+  spec = ParseJobSpecYaml("name: s\nscript: {command: [/usr/bin/python3, train.py], working_dir: " + dir +
+                          ", applies_strategy: true, activation_checkpointing: true}\nglobal_batch_size: 16\n"
+                          "optimizer: {lr: 0.001}\nddp: {zero_stage: 1}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(NormalizeJobSpec(*spec).ok()) << NormalizeJobSpec(*spec).status();
+  EXPECT_THAT(error("{command: [/usr/bin/python3, train.py], working_dir: ., activation_checkpointing: false}"),
+              HasSubstr("spec.script.activation_checkpointing: only a script that applies the plan's strategy can "
+                        "recompute its activations: set spec.script.applies_strategy: true"));
 }
 
 

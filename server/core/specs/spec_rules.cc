@@ -55,10 +55,11 @@ absl::Status ValidateDdp(const JobSpec& spec) {
                       absl::StrCat("must be 0 (every rank keeps all optimizer states) or 1 (each rank keeps its share: "
                                    "ZeRO stage 1), got ", ddp.zero_stage(), "; leave it out to let the planner choose"));
   }
-  if (ddp.has_zero_stage() && ddp.zero_stage() == 1 && spec.has_script()) {
+  if (ddp.has_zero_stage() && ddp.zero_stage() == 1 && spec.has_script() && !spec.script().applies_strategy()) {
     return FieldError("spec.ddp.zero_stage",
-                      "applies to fitrun's built-in training; a script shards its optimizer states itself "
-                      "(torch.distributed.optim.ZeroRedundancyOptimizer)");
+                      "a script shards its optimizer states itself: set spec.script.applies_strategy: true and "
+                      "call run.apply_strategy(model, optimizer) (fitrun's Python module), which takes "
+                      "FITRUN_ZERO_STAGE=1 to torch's ZeroRedundancyOptimizer, or leave zero_stage out");
   }
   if (ddp.has_powersgd_start_iter() && ddp.powersgd_start_iter() < 2) {
     return FieldError("spec.ddp.powersgd_start_iter",
@@ -112,6 +113,12 @@ absl::Status ValidateScript(const JobSpec& spec, fitrun::v1::SpecFileFacts* fact
   if (!script.grad_accum_flag().empty() && script.grad_accum_flag()[0] != '-') {
     return FieldError("spec.script.grad_accum_flag",
                       absl::StrCat("a flag such as --grad_accum_steps (got '", script.grad_accum_flag(), "')"));
+  }
+  if (script.has_activation_checkpointing() && !script.applies_strategy()) {
+    return FieldError("spec.script.activation_checkpointing",
+                      "only a script that applies the plan's strategy can recompute its activations: set "
+                      "spec.script.applies_strategy: true and call run.apply_strategy(model, optimizer) "
+                      "(fitrun's Python module), or remove activation_checkpointing");
   }
   for (const auto& [key, value] : script.env()) {
     const std::string field = absl::StrCat("spec.script.env.", key);

@@ -284,6 +284,9 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
                  {"batch_flag", String([&](const std::string& v) { spec.mutable_script()->set_batch_flag(v); })},
                  {"grad_accum_flag",
                   String([&](const std::string& v) { spec.mutable_script()->set_grad_accum_flag(v); })},
+                 {"applies_strategy", Bool([&](bool v) { spec.mutable_script()->set_applies_strategy(v); })},
+                 {"activation_checkpointing",
+                  Bool([&](bool v) { spec.mutable_script()->set_activation_checkpointing(v); })},
              })},
             {"optimizer",
              Mapping({

@@ -484,13 +484,18 @@ bool AnalyticEstimateIsUpperBound(const JobSpec& spec) {
 }
 
 bool CanCheckpointActivations(const JobSpec& spec) {
+  if (spec.has_script()) return spec.script().applies_strategy();
   const fitrun::v1::ModelSpec& model = spec.model();
-  return !spec.has_script() && model.kind_case() == fitrun::v1::ModelSpec::kBuiltin &&
+  return model.kind_case() == fitrun::v1::ModelSpec::kBuiltin &&
          (model.builtin() == "gpt" || model.builtin() == "sasrec");
 }
 
 std::optional<bool> SpecActivationCheckpointing(const JobSpec& spec) {
   if (!CanCheckpointActivations(spec)) return false;
+  if (spec.has_script()) {
+    if (spec.script().has_activation_checkpointing()) return spec.script().activation_checkpointing();
+    return std::nullopt;
+  }
   const fitrun::v1::ModelSpec& model = spec.model();
   if (model.builtin() == "gpt" && model.gpt().has_activation_checkpointing()) return model.gpt().activation_checkpointing();
   if (model.builtin() == "sasrec" && model.sasrec().has_activation_checkpointing()) {
@@ -501,6 +506,7 @@ std::optional<bool> SpecActivationCheckpointing(const JobSpec& spec) {
 
 JobSpec WithActivationCheckpointing(JobSpec spec, bool on) {
   if (!CanCheckpointActivations(spec)) return spec;
+  if (spec.has_script()) spec.mutable_script()->set_activation_checkpointing(on);
   if (spec.model().builtin() == "gpt") spec.mutable_model()->mutable_gpt()->set_activation_checkpointing(on);
   if (spec.model().builtin() == "sasrec") spec.mutable_model()->mutable_sasrec()->set_activation_checkpointing(on);
   return spec;

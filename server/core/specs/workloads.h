@@ -50,7 +50,8 @@ absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec);
 bool AnalyticEstimateIsUpperBound(const fitrun::v1::JobSpec& spec);
 
 // How a rank trains beyond its batch, where the planner may choose: activation checkpointing (a
-// gpt's or sasrec's blocks recomputed in backward). Whether the spec's model has it;
+// gpt's or sasrec's blocks recomputed in backward, or a script's that applies_strategy, as the
+// script does it). Whether the spec's model has it;
 bool CanCheckpointActivations(const fitrun::v1::JobSpec& spec);
 // what the spec says of it: true pins it, false forbids it (and every model without it), nullopt
 // leaves it to the plan;
