@@ -130,6 +130,10 @@ class Run:
         self.max_steps = _int(env, contract.MAX_STEPS)
         self.checkpoint_dir = env.get(contract.CHECKPOINT_DIR) or None
         self.probe = env.get(contract.PROBE) == "1"
+        # The plan's strategy (a script whose spec sets applies_strategy is asked to take it).
+        self.activation_checkpointing = env.get(contract.ACTIVATION_CHECKPOINTING) == "1"
+        self.zero_stage = _int(env, contract.ZERO_STAGE, 0)
+        self.precision = env.get(contract.PRECISION) or "fp32"
         self.device_kind = env.get(contract.DEVICE_KIND) or None
         self.job_id = env.get(contract.JOB_ID) or None
         self.attempt = _int(env, contract.ATTEMPT, 0)
@@ -172,6 +176,28 @@ class Run:
         """This rank's device memory in bytes, as counted (zeros where it is not): live, peak, cap."""
         live, peak, cap = self._memory.figures()[:3]
         return {"live": live, "peak": peak, "cap": cap}
+
+    # The plan's strategy.
+
+    def apply_strategy(self, model, optimizer, blocks=None):
+        """Trains `model` and `optimizer` as the plan says (call once, after building both, before the
+        first step; build an lr scheduler on the optimizer this returns): recomputes `blocks` (by
+        default the model's largest ModuleList or Sequential of one module type) in backward when
+        FITRUN_ACTIVATION_CHECKPOINTING is 1, shards the optimizer states with torch's
+        ZeroRedundancyOptimizer when FITRUN_ZERO_STAGE is 1, autocasts the forward to FITRUN_PRECISION
+        bf16 or fp16 (fp16's loss scaling is the script's own). Returns (model, optimizer); with
+        nothing asked, the same two. Save the optimizer with run.optimizer_state_dict(optimizer)."""
+        from fitrun import strategy
+
+        return strategy.apply(model, optimizer, activation_checkpointing=self.activation_checkpointing,
+                              zero_stage=self.zero_stage, precision=self.precision, blocks=blocks)
+
+    def optimizer_state_dict(self, optimizer):
+        """The optimizer's whole state for a checkpoint: on rank 0 its state_dict(), gathered from
+        every rank when sharded (every rank must call this then); None on the other ranks."""
+        from fitrun import strategy
+
+        return strategy.optimizer_state_dict(optimizer)
 
     # Reports.
 
