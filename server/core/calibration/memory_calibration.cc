@@ -312,6 +312,7 @@ MemoryCalibrator::Lookup MemoryCalibrator::Find(const fitrun::v1::JobSpec& spec,
     } else {
       lookup.state = State::kFailed;
       lookup.error = it->second.status();
+      if (auto over = batch_one_over_.find(key); over != batch_one_over_.end()) lookup.batch_one_over_bytes = over->second;
     }
   } else if (sweeping_.count(key) > 0) {
     lookup.state = State::kMeasuring;
@@ -446,6 +447,10 @@ absl::StatusOr<Calibration> MemoryCalibrator::Sweep(const Task& task) {
     }
   }
   if (c.measured.empty()) {
+    if (bounded.over_budget_batch == 1) {
+      absl::MutexLock lock(&mu_);
+      batch_one_over_[task.key] = limits.max_bytes;
+    }
     return absl::ResourceExhaustedError(absl::StrCat("memory probe: ", c.sweep_note));
   }
   return c;
@@ -469,7 +474,10 @@ absl::StatusOr<Calibration> MemoryCalibrator::StoreSweep(const std::string& key,
   // Failures stay in memory only: a restarted coordinator tries again (the binary may be fixed).
   absl::StatusOr<Calibration>& stored = done_.insert_or_assign(key, result).first->second;
   sweeping_.erase(key);
-  if (!stored.ok()) return stored;
+  if (!stored.ok()) {
+    std::fprintf(stderr, "fitrund: measuring %s failed: %s\n", key.c_str(), std::string(stored.status().message()).c_str());
+    return stored;
+  }
   if (auto before = runs_before_sweep_.extract(key)) {
     for (const MeasuredPeak& run : before.mapped()) KeepRun(stored->runs, run);
   }
@@ -498,6 +506,14 @@ absl::StatusOr<ModelProfile> MemoryCalibrator::ProfileFor(const fitrun::v1::JobS
     ModelProfile calibrated = CalibratedProfile(*std::move(analytic), lookup.calibration, options_.run_tolerance);
     if (spec.has_script()) calibrated.batch_not_plannable = BatchIgnoredBy(lookup.calibration.measured);
     return calibrated;
+  }
+  if (lookup.state == State::kFailed && spec.has_script() && lookup.batch_one_over_bytes > 0) {
+    // Measured after all: the script needs more than the budget even at micro-batch 1, so no batch of
+    // it fits a device that size (another strategy's may).
+    analytic->measured = MemoryCurve({{1, lookup.batch_one_over_bytes + 1}});
+    analytic->memory_source = absl::StrCat("measured: fitrun-worker --probe found micro-batch 1 above its budget of ",
+                                           FormatBytes(lookup.batch_one_over_bytes), " (the roomiest device)");
+    return analytic;
   }
   if (lookup.state == State::kFailed) {
     analytic->memory_source = absl::StrCat(analytic->memory_source, " (the memory probe failed: ",

@@ -138,6 +138,8 @@ class MemoryCalibrator {
     State state = State::kMissing;
     Calibration calibration;  // kReady
     absl::Status error;       // kFailed
+    // kFailed because micro-batch 1 needed more than the probe's budget: that budget (0 otherwise).
+    int64_t batch_one_over_bytes = 0;
   };
   // Never blocks on a probe. `run_as` everywhere below: whose calibration (CalibrationKey), and the
   // Unix account probes run as.
@@ -204,6 +206,8 @@ class MemoryCalibrator {
   std::set<std::string> sweeping_ ABSL_GUARDED_BY(mu_);                       // queued or running
   std::set<std::pair<std::string, int64_t>> measuring_ ABSL_GUARDED_BY(mu_);  // queued or running
   std::set<std::pair<std::string, int64_t>> failed_measurements_ ABSL_GUARDED_BY(mu_);
+  // Sweeps that found micro-batch 1 over their budget, by key: the budget (in memory, as failures).
+  std::map<std::string, int64_t> batch_one_over_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);  // a task of the workload runs
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   int64_t probes_run_ ABSL_GUARDED_BY(mu_) = 0;

@@ -110,6 +110,9 @@ TEST(CalibrationKeyTest, AScriptsStrategyAndPrecisionAreWorkloadsOfTheirOwn) {
   fitrun::v1::JobSpec fp32 = script;
   fp32.set_precision(fitrun::v1::PRECISION_FP32);
   EXPECT_EQ(CalibrationKey(script, ""), CalibrationKey(fp32, ""));
+  // Its profile says which it is, so a plan that takes it tells the ranks.
+  EXPECT_TRUE(ProfileFor(recomputing)->activation_checkpointing);
+  EXPECT_FALSE(ProfileFor(script)->activation_checkpointing);
 }
 
 TEST(CalibrationKeyTest, ARewrittenTorchScriptFileIsANewModelWhenSubmittedAgain) {
@@ -384,6 +387,28 @@ TEST(MemoryCalibratorTest, AFailedSweepFallsBackToTheAnalyticProfileAndIsNotRepe
   EXPECT_THAT(profile->memory_source, HasSubstr("the memory probe failed: spec.model.torchscript: not a module"));
   EXPECT_FALSE(calibrator->StartCalibration(spec, "", 256, 1 << 30, nullptr));
   EXPECT_EQ(probe.calls(), 1);
+}
+
+// A script that needs more than the probe's budget at micro-batch 1 is measured, not broken: its
+// profile fits no batch on a device that size (so the plan may take another strategy, or say what
+// batch 1 needs), and nothing asks to fix the script.
+TEST(MemoryCalibratorTest, AScriptOverTheBudgetAtBatchOneIsAMeasurementThatFitsNothing) {
+  FakeMemoryProbe probe([](int64_t batch) { return (600 + 100 * batch) * (int64_t{1} << 20); });
+  auto calibrator = *MemoryCalibrator::Create({}, &probe);
+  fitrun::v1::JobSpec spec;
+  spec.mutable_script()->add_command("/usr/bin/python3");
+  spec.mutable_script()->add_command("train.py");
+  absl::Notification done;
+  ASSERT_TRUE(calibrator->StartCalibration(spec, "", 8, 512 << 20, [&done] { done.Notify(); }));
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(calibrator->Find(spec, "").batch_one_over_bytes, 512 << 20);
+  absl::StatusOr<ModelProfile> profile = calibrator->ProfileFor(spec, "");
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->batch_not_plannable, "");
+  ASSERT_TRUE(profile->measured.has_value());
+  EXPECT_GT(profile->measured->PeakAt(1), int64_t{512} << 20);
+  EXPECT_GT(profile->measured->PeakAt(8), int64_t{512} << 20);
+  EXPECT_THAT(profile->memory_source, HasSubstr("found micro-batch 1 above its budget of 512.0 MiB"));
 }
 
 TEST(MemoryCalibratorTest, ProbesOfDifferentWorkloadsQueueAndEachRuns) {

@@ -458,6 +458,7 @@ absl::Status ValidateModelAndData(const JobSpec& spec, SpecFileFacts* facts) {
 absl::StatusOr<ModelProfile> ProfileFor(const JobSpec& spec) {
   if (spec.has_script()) {
     ModelProfile script;
+    script.activation_checkpointing = SpecActivationCheckpointing(spec).value_or(false);
     script.memory_source =
         "not measured yet: a script's memory is known only from its probe (fitrun-worker --probe runs it once "
         "per micro-batch)";
