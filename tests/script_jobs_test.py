@@ -121,6 +121,44 @@ class ScriptJobTest(unittest.TestCase):
         self.assertTrue(any("measuring memory" in e.state_changed.reason for e in events
                             if e.WhichOneof("event") == "state_changed"), "the probe ran first")
 
+    def test_a_script_that_applies_the_strategy_recomputes_where_only_that_fits_and_resumes_after_an_oom(self):
+        # A tower whose kept activations need more than a 512 MiB device at batch 1: its probe measures
+        # it both ways, the plan recomputes, the pinned ZeRO stage shards the states over both ranks,
+        # and an OOM at step 3 re-plans a smaller batch, still recomputing, from its last checkpoint.
+        def tower(name, **script):
+            spec = script_spec(name, [], global_batch_size=4)
+            spec["script"].update(command=["/usr/bin/python3", "tower_train.py", "--steps", "4", "--depth", "44",
+                                           "--oom_at_step", "3"], applies_strategy=True, **script)
+            spec["ddp"] = {"zero_stage": 1}
+            # Its 4-8 MiB tensors would come from glibc's heap once its mmap threshold rises, and a
+            # freed heap stays resident: host memory several times the live bytes, past the rank's
+            # cgroup (its device + 2 GiB). A fixed threshold returns each tensor's pages when freed.
+            spec["script"]["env"]["MALLOC_MMAP_THRESHOLD_"] = "131072"
+            return spec
+
+        forbidden, _ = self.run_to_end(tower("tower-kept", activation_checkpointing=False))
+        self.assertEqual(state_name(forbidden), "FAILED")
+        self.assertIn("even per-device batch 1 needs", forbidden.failure_reason)
+
+        job, events = self.run_to_end(tower("tower"))
+        self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+        self.assertTrue(job.plan.activation_checkpointing)
+        self.assertEqual(job.plan.zero_stage, 1)
+        reasons = "\n".join(job.plan.reasons)
+        self.assertIn("because without it even per-device batch 1 needs", reasons)
+        self.assertIn("the script recomputes them (FITRUN_ACTIVATION_CHECKPOINTING=1)", reasons)
+        self.assertIn("the script shards them (FITRUN_ZERO_STAGE=1)", reasons)
+        self.assertGreaterEqual(job.oom_replans, 1)
+        first, last = job.attempt_history[0], job.attempt_history[-1]
+        self.assertLess(last.per_device_batch, first.per_device_batch)
+        self.assertEqual(last.per_device_batch * last.grad_accum_steps, first.per_device_batch * first.grad_accum_steps)
+        logs = "".join(self.client.logs(job.id, rank=1))
+        self.assertIn("activation checkpointing True, optimizer ZeroRedundancyOptimizer", logs)
+        # From the newest checkpoint rank 0 finished writing before the ranks were stopped (step 2, or 1).
+        shown = [e.log.text for e in events if e.WhichOneof("event") == "log"]
+        self.assertTrue(any("resumed from the checkpoint of step" in t for t in shown), shown[-20:])
+        self.assertEqual(job.result.steps, 4)
+
     def test_a_script_that_keeps_failing_fails_after_max_restarts_with_its_log_tail(self):
         job, _ = self.run_to_end(script_spec("keeps-failing", ["--fail"]))
         self.assertEqual(state_name(job), "FAILED")
