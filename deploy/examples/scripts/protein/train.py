@@ -211,6 +211,9 @@ def train(run, args):
     model = ProteinMLM(args.max_len, args.hidden_dim, args.num_layers, args.num_heads, args.dropout)
     ddp = DDP(model)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=lr, weight_decay=args.weight_decay)
+    # The plan's strategy, where the spec lets fitrun choose one (script.applies_strategy): the encoder
+    # layers recomputed in backward, the AdamW states sharded over the ranks. Unchanged otherwise.
+    ddp, optimizer = run.apply_strategy(ddp, optimizer)
 
     step, epoch, samples_in_epoch = 0, 0, 0
     if not run.probe:
@@ -223,7 +226,7 @@ def train(run, args):
             step, epoch, samples_in_epoch = saved_step, state["epoch"], state["samples_in_epoch"]
 
     def save(at_step, at_epoch, at_samples):
-        run.save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        run.save_checkpoint({"model": model.state_dict(), "optimizer": run.optimizer_state_dict(optimizer),
                              "epoch": at_epoch, "samples_in_epoch": at_samples, "args": vars(args)}, at_step)
 
     if rank == 0:
