@@ -169,6 +169,14 @@ class ProcessSession final : public MemoryProbeSession {
       return absl::ResourceExhaustedError(absl::StrCat("micro-batch ", batch, ": ", measured->error));
     }
     if (!measured->error.empty()) {
+      // A script killed by the kernel at the probe's host memory limit (its cgroup's, as a rank's):
+      // that batch does not fit, as one past the device's budget does not.
+      if (const int64_t kills = HostMemoryOomKills(); kills > oom_kills_seen_) {
+        oom_kills_seen_ = kills;
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "micro-batch ", batch, ": the kernel's OOM killer stopped the script at the probe's host memory limit "
+            "(the device's budget plus what a process needs beside it, or spec.resources.host_memory)"));
+      }
       return absl::InternalError(absl::StrCat("memory probe at micro-batch ", batch, ": ", measured->error));
     }
     if (measured->batch != batch || measured->peak_bytes < 0) {
@@ -179,6 +187,13 @@ class ProcessSession final : public MemoryProbeSession {
   }
 
   double last_step_seconds() const override { return last_step_seconds_; }
+
+  // The kernel's OOM kills in the probe's cgroup so far (0 without one).
+  int64_t HostMemoryOomKills() const {
+    if (cgroup_ == nullptr) return 0;
+    absl::StatusOr<int64_t> kills = cgroup_->HostMemoryOomKills();
+    return kills.ok() ? *kills : 0;
+  }
 
  private:
   // The next line on stdout, reading stderr meanwhile (so the child never blocks on it); an error
@@ -249,6 +264,7 @@ class ProcessSession final : public MemoryProbeSession {
   int64_t model_state_bytes_ = 0;
   int64_t train_samples_ = 0;
   double last_step_seconds_ = 0;
+  int64_t oom_kills_seen_ = 0;
 };
 
 }  // namespace

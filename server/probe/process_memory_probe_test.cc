@@ -285,5 +285,39 @@ while read b; do echo "{\"batch\": $b, \"peak_bytes\": 1000, \"backward_peak_byt
   EXPECT_EQ(throwaway.Leftovers(), std::vector<std::string>{});
 }
 
+// A script the kernel kills at the probe's host memory limit has a batch that does not fit (as one
+// past the device's budget), not a broken script: the sweep stops below it.
+TEST(ProcessMemoryProbeTest, AScriptKilledAtTheHostMemoryLimitIsOverBudgetNotAFailure) {
+  ThrowawayCgroups throwaway("probe-oom");
+  if (!throwaway.available()) GTEST_SKIP() << throwaway.why();
+  // Its "script" fills 64 MiB of host memory per sample, outside any device count; the worker reports
+  // the script's end as fitrun-worker's script probe does.
+  const std::string worker = FakeWorker("probe_host_oom.sh", R"SH(
+echo '{"model_state_bytes": 0, "train_samples": 0}'
+while read b; do
+  if /usr/bin/python3 -c "import sys; x = b'\1' * ($b << 26)"; then
+    echo "{\"batch\": $b, \"peak_bytes\": $((b * 1000)), \"backward_peak_bytes\": 0, \"other_peak_bytes\": 0}"
+  else
+    echo "{\"batch\": $b, \"error\": \"the script at micro-batch $b was killed by signal 9\", \"out_of_memory\": false}"
+  fi
+done)SH");
+  ProcessMemoryProbe::Options options = OptionsFor(worker);
+  options.cgroups = throwaway.cgroups();
+  options.nice = 0;
+  auto probe = *ProcessMemoryProbe::Create(options);
+  fitrun::v1::JobSpec spec = Spec();
+  spec.mutable_resources()->set_host_memory("256MiB");
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(spec, 1 << 30, "");
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ(*(*session)->MeasurePeak(1), 1000);
+  absl::StatusOr<int64_t> killed = (*session)->MeasurePeak(8);
+  EXPECT_EQ(killed.status().code(), absl::StatusCode::kResourceExhausted) << killed.status();
+  EXPECT_THAT(killed.status().message(), HasSubstr("micro-batch 8: the kernel's OOM killer stopped the script"));
+  // The session goes on: the next batch is measured as before.
+  EXPECT_EQ(*(*session)->MeasurePeak(2), 2000);
+  session->reset();
+  EXPECT_EQ(throwaway.Leftovers(), std::vector<std::string>{});
+}
+
 }  // namespace
 }  // namespace fitrun::server
