@@ -431,12 +431,19 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       strategy = best->strategy;
       chosen = best->batch;
       if (candidates.size() > 1) {
+        // Where the probe timed the steps, a step time is seconds: the job's samples a second.
+        const bool timed = model.step_times.size() >= 2;
+        const auto samples_per_second = [&](const Candidate& c) {
+          return timed && c.step_time > 0 ? absl::StrFormat("%.1f samples/s", global_batch / c.step_time) : "";
+        };
+        if (timed) weighed.push_back(absl::StrCat(samples_per_second(*best), " predicted"));
         for (const Candidate& c : candidates) {
           if (&c == best) continue;
           weighed.push_back(absl::StrFormat(
-              "%s at per-device batch %d (%d passes, predicted peak %s): %.2fx the step time",
+              "%s at per-device batch %d (%d passes, predicted peak %s): %.2fx the step time%s",
               DescribeStrategy(c.strategy, n, model.recomputing != nullptr), c.batch, per_rank / c.batch,
-              FormatBytes(ChargedBytes(estimate_with(c.strategy, c.batch), costs)), c.step_time / best->step_time));
+              FormatBytes(ChargedBytes(estimate_with(c.strategy, c.batch), costs)), c.step_time / best->step_time,
+              timed ? absl::StrCat(", ", samples_per_second(c)) : ""));
         }
       }
     }

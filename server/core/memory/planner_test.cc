@@ -204,9 +204,11 @@ TEST(PlannerStrategyTest, RecomputesWhenItsMeasuredStepsAreFasterThanAccumulatin
   EXPECT_EQ(plan->grad_accum_steps(), 1);
   const std::string reasons = absl::StrJoin(plan->reasons(), "\n");
   EXPECT_THAT(reasons, HasSubstr("activation_checkpointing: each block's activations recomputed in backward"));
+  // Timed steps are seconds: the job's samples a second, 8 / 2.38 s and 8 / 2.8 s.
   EXPECT_THAT(reasons, HasSubstr("strategy: activations recomputed, optimizer states whole, predicted the fastest of "
-                                 "those that fit (activations kept, optimizer states whole at per-device batch 2 (4 "
-                                 "passes, predicted peak 21.6 MiB): 1.18x the step time)"));
+                                 "those that fit (3.4 samples/s predicted; activations kept, optimizer states whole at "
+                                 "per-device batch 2 (4 passes, predicted peak 21.6 MiB): 1.18x the step time, 2.9 "
+                                 "samples/s)"));
   EXPECT_THAT(reasons, HasSubstr("step time from the probe's timed steps, by micro-batch (1: 0.500 s, 2: 0.700 s, 8: "
                                  "1.900 s); recomputing (1: 0.560 s, 8: 2.380 s)"));
 
