@@ -21,10 +21,15 @@ per_node=${per_node%%(*}
 LOCAL_WORLD_SIZE=${per_node%%,*}
 export RANK LOCAL_RANK GROUP_RANK WORLD_SIZE LOCAL_WORLD_SIZE
 
+# The traps come first: a signal that arrives while the rank starts is passed on once it has a pid,
+# not lost (nor the shim killed by it, leaving the rank running).
+child=
+pending=
+trap 'if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; else pending=TERM; fi' TERM
+trap 'if [ -n "$child" ]; then kill -INT "$child" 2>/dev/null; else pending=INT; fi' INT
 "$@" &
 child=$!
-trap 'kill -TERM "$child" 2>/dev/null' TERM
-trap 'kill -INT "$child" 2>/dev/null' INT
+if [ -n "$pending" ]; then kill -"$pending" "$child" 2>/dev/null; fi
 wait "$child"
 status=$?
 # A trapped signal ends `wait` early: wait again until the rank itself is gone.
