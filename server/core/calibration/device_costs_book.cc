@@ -14,9 +14,8 @@
 namespace fitrun::server {
 namespace {
 
-// Runs kept per GPU model and setting, and the margin over the highest of them.
+// Runs kept per GPU model and setting (the plan takes the highest of them, kCostsMargin above).
 constexpr size_t kRunsKept = 16;
-constexpr double kLearnedMargin = 1.03;
 
 // Tabs and newlines would break a line of the file.
 std::string Field(const std::string& text) {
@@ -85,10 +84,10 @@ DeviceCosts DeviceCostsBook::CostsFor(const std::string& run_as, const std::stri
     ratio = std::max(ratio, static_cast<double>(run.reserved_bytes) / static_cast<double>(run.allocated_bytes));
     outside = std::max(outside, run.device_bytes - run.reserved_bytes);
   }
-  costs.reserve_ratio = ratio * kLearnedMargin;
+  costs.reserve_ratio = ratio * kCostsMargin;
   // The process's footprint outside the allocator comes as one figure; the plan's three lines keep
   // the defaults' proportions.
-  const int64_t learned_outside = static_cast<int64_t>(std::ceil(static_cast<double>(outside) * kLearnedMargin));
+  const int64_t learned_outside = static_cast<int64_t>(std::ceil(static_cast<double>(outside) * kCostsMargin));
   const double scale = static_cast<double>(learned_outside) / static_cast<double>(costs.outside_allocator_bytes());
   costs.context_bytes = static_cast<int64_t>(std::ceil(static_cast<double>(costs.context_bytes) * scale));
   costs.library_workspace_bytes =

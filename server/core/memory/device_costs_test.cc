@@ -4,6 +4,8 @@
 // costs predict for a run measured on an H100 is above it by at most 15% (given its allocated peak).
 #include "server/core/memory/device_costs.h"
 
+#include <cmath>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -19,6 +21,10 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kGiB = int64_t{1} << 30;
+
+// An H100's figure as a plan takes it on a GPU model no run has measured: 3% above.
+int64_t Above(int64_t bytes) { return static_cast<int64_t>(std::ceil(static_cast<double>(bytes) * kCostsMargin)); }
+const int64_t kOutsideAllocator = Above(527 * kMiB) + Above(158 * kMiB) + Above(560 * kMiB);
 
 // A model whose measured allocated peak is `fixed` + `per_sample` x batch.
 ModelProfile Linear(int64_t fixed, int64_t per_sample) {
@@ -45,16 +51,16 @@ TEST(DeviceCostsTest, AGpuEstimateCountsEveryLineBeyondTheTensorsAndTheyAddUp) {
   const fitrun::v1::MemoryBreakdown gpu = EstimateRankMemory(model, spec, 64, {}, costs);
   EXPECT_EQ(cpu.allocator_bytes(), 0) << "a CPU device's estimate has no GPU lines";
   EXPECT_EQ(cpu.cuda_context_bytes(), 0);
-  EXPECT_EQ(gpu.cuda_context_bytes(), 527 * kMiB);
-  EXPECT_EQ(gpu.library_workspace_bytes(), 158 * kMiB);
-  EXPECT_EQ(gpu.communication_bytes(), 560 * kMiB);
+  EXPECT_EQ(gpu.cuda_context_bytes(), Above(527 * kMiB));
+  EXPECT_EQ(gpu.library_workspace_bytes(), Above(158 * kMiB));
+  EXPECT_EQ(gpu.communication_bytes(), Above(560 * kMiB));
   // The allocator hands out what the CPU estimate counts, and keeps its reserve on top.
   EXPECT_EQ(gpu.allocator_bytes(), cpu.total_bytes() + gpu.allocator_reserve_bytes());
-  EXPECT_GE(gpu.allocator_reserve_bytes(), 88 * kMiB);
-  EXPECT_EQ(gpu.total_bytes(), gpu.allocator_bytes() + (527 + 158 + 560) * kMiB);
+  EXPECT_GE(gpu.allocator_reserve_bytes(), Above(88 * kMiB));
+  EXPECT_EQ(gpu.total_bytes(), gpu.allocator_bytes() + kOutsideAllocator);
   // A device is charged what the allocator needs (1.08x) and what lies outside it.
   EXPECT_EQ(ChargedBytes(gpu, costs),
-            static_cast<int64_t>(std::ceil(cpu.total_bytes() * 1.08)) + (527 + 158 + 560) * kMiB);
+            static_cast<int64_t>(std::ceil(cpu.total_bytes() * 1.08)) + kOutsideAllocator);
 }
 
 TEST(DeviceCostsTest, ASlicesPlanFillsItsCapWithTheAllocatorsNeedsAlone) {
@@ -76,7 +82,7 @@ TEST(DeviceCostsTest, ASlicesPlanFillsItsCapWithTheAllocatorsNeedsAlone) {
     EXPECT_GE(allocated_peak, 0.8 * cap) << plan->ShortDebugString();
     // Its reserve stops at the cap; the context and the rest lie outside it.
     EXPECT_LE(p.allocator_bytes(), cap);
-    EXPECT_EQ(p.total_bytes(), p.allocator_bytes() + (527 + 158 + 560) * kMiB);
+    EXPECT_EQ(p.total_bytes(), p.allocator_bytes() + kOutsideAllocator);
     EXPECT_EQ(plan->cuda_allocator_config(), "expandable_segments:True");
     EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"), HasSubstr("the slice's cap binds the allocator alone"));
   }
@@ -86,14 +92,14 @@ TEST(DeviceCostsTest, AWholeGpusPlanLeavesRoomForTheContextLibrariesAndNccl) {
   fitrun::v1::JobSpec spec = MlpTestSpec(1 << 14, 1, 1);
   const ModelProfile model = Linear(20 * kMiB, kMiB);
   const DeviceCosts costs = DefaultCudaCosts(kDefaultCudaAllocatorConfig);
-  // 2 GiB free: 1.22 GiB lie outside the allocator, so far less than 2 GiB of tensors fit.
+  // 2 GiB free: 1.25 GiB lie outside the allocator, so far less than 2 GiB of tensors fit.
   absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, model, {{"cuda:0", 2 * kGiB, "", costs}});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_LE(plan->predicted().total_bytes(), 2 * kGiB);
   EXPECT_LE(ChargedBytes(plan->predicted(), costs), plan->usable_bytes());
   const int64_t handed_out = plan->predicted().allocator_bytes() - plan->predicted().allocator_reserve_bytes();
-  EXPECT_LT(handed_out, 2 * kGiB - (527 + 158 + 560) * kMiB);
-  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"), HasSubstr("the CUDA context 527.0 MiB"));
+  EXPECT_LT(handed_out, 2 * kGiB - kOutsideAllocator);
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"), HasSubstr("the CUDA context 542.8 MiB"));
   // The same on a CPU device of 2 GiB: none of it, a larger batch.
   absl::StatusOr<fitrun::v1::Plan> cpu = PlanJob(spec, model, {{"cpu:0", 2 * kGiB, ""}});
   ASSERT_TRUE(cpu.ok());
