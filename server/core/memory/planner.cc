@@ -194,13 +194,19 @@ double StepSecondsAt(const std::vector<MeasuredStepTime>& times, int64_t batch) 
 // micro-batches, in seconds: passes x the measured step time at the batch, the recomputing model's
 // own where it was timed, else the kept model's with recompute_share more of its batch-dependent
 // part. Otherwise in samples' compute: passes x batch x (1 + recompute_share where recomputed), a
-// pass costing nothing beyond its samples. Sharding changes neither.
+// pass costing nothing beyond its samples. Sharding changes neither. Recomputing does the kept
+// model's work and a forward more, so at one micro-batch it is never taken as the faster: timings
+// that say so are the probe's noise or a line extended past its points (a GPU plan's recomputing
+// steps came out 1.9x faster at micro-batch 128 on CPU timings up to 32).
 double PredictedStepTime(int64_t per_rank, int64_t batch, const ModelProfile& strategy_model, const ModelProfile& model) {
   const double passes = static_cast<double>(per_rank / batch);
   const double recomputed = strategy_model.activation_checkpointing && !model.activation_checkpointing ? model.recompute_share : 0.0;
   if (model.step_times.size() < 2) return passes * static_cast<double>(batch) * (1.0 + recomputed);
-  if (strategy_model.step_times.size() >= 2) return passes * StepSecondsAt(strategy_model.step_times, batch);
   const double seconds = StepSecondsAt(model.step_times, batch);
+  if (strategy_model.step_times.size() >= 2) {
+    const double own = StepSecondsAt(strategy_model.step_times, batch);
+    return passes * (recomputed > 0 ? std::max(own, seconds) : own);
+  }
   const double per_pass = StepSecondsAt(model.step_times, 0);
   return passes * (seconds + recomputed * (seconds - per_pass));
 }

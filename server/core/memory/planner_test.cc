@@ -243,6 +243,25 @@ TEST(PlannerStrategyTest, AccumulatesWhenAPassCostsNoMoreThanItsSamples) {
   EXPECT_EQ(plan->per_device_batch(), 8);
 }
 
+TEST(PlannerStrategyTest, RecomputingTimedFasterAtTheSameBatchIsNotTakenAsFaster) {
+  const fitrun::v1::JobSpec spec = MlpSpec(8, 1, 1);
+  // The recomputing steps timed below the kept ones (noise, or a line extended past its points):
+  // where both take one pass of 8, keeping the activations is no slower, and is kept.
+  absl::StatusOr<fitrun::v1::Plan> plan =
+      PlanJob(spec, WithRecomputingAlternative(spec, {{1, 0.5}, {8, 1.9}}, {{1, 0.4}, {8, 1.0}}), Devices(1, 1024 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->activation_checkpointing());
+  EXPECT_EQ(plan->per_device_batch(), 8);
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"),
+              HasSubstr("at per-device batch 8 (1 passes, predicted peak 17.5 MiB): 1.00x the step time"));
+  // Where only recomputing takes the batch in one pass, its own time still weighs against four passes.
+  plan = PlanJob(spec, WithRecomputingAlternative(spec, {{1, 0.5}, {2, 0.7}, {8, 1.9}}, {{1, 0.4}, {8, 1.0}}),
+                 Devices(1, 30 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->activation_checkpointing());
+  EXPECT_EQ(plan->per_device_batch(), 8);
+}
+
 TEST(PlannerStrategyTest, RecomputesWhenOnlyThatFitsAndSaysWhatKeepingThemNeeds) {
   const fitrun::v1::JobSpec spec = MlpSpec(8, 1, 1);
   // 10 MiB: 9 MiB usable; kept, batch 1 needs 11.3 MiB; recomputed, batch 2 needs 5.2 MiB.
