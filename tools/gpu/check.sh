@@ -4,7 +4,8 @@
 # at most 8 minutes, in the repository root with gpu-kit/ beside it:
 #
 #   bash tools/gpu/check.sh 1            # the machine, the kit's worker, fitrund, whole-GPU jobs with their
-#                                        # memory against NVML, precisions and communication hooks
+#                                        # memory against NVML, the mlp's wall against torchrun's,
+#                                        # precisions and communication hooks
 #   bash tools/gpu/check.sh 2            # slices of a GPU filled without an OOM, an OOM re-planned and
 #                                        # resumed, script jobs on the machine's PyTorch
 #   bash tools/gpu/check.sh --rehearse   # both parts here, on CPU devices with the kit's worker and
@@ -317,6 +318,27 @@ max_steps: 60")" || status=1
   return $status
 }
 
+# The same job as the whole-GPU mlp's (300 steps of 256 with SGD, a checkpoint, the test split) as a
+# PyTorch user runs it, one rank under torchrun (tools/bench/torch_ddp_direct.py --device cuda), timed
+# from the command's start to its first step and to its end, beside the fitrun job's submit to first
+# step and to its end: a first submit's wall against PyTorch DDP's on the same GPU.
+step_torchrun() {
+  local device=cuda start first="" end line result=""
+  ((rehearse)) && device=cpu
+  start=$(now)
+  while IFS= read -r line; do
+    echo "$line"
+    [[ -z "$first" && "$line" == "first step done" ]] && first=$(since "$start")
+    [[ "$line" == "{"* ]] && result=$line
+  done < <(timeout "$job_seconds" "$python" -m torch.distributed.run --standalone --nproc_per_node=1 \
+    "$repo/tools/bench/torch_ddp_direct.py" --device "$device" --data "$installed/datasets/fashion-mnist" \
+    --checkpoint "$work/torchrun-mlp.pt" --max-steps 300 2>&1)
+  end=$(since "$start")
+  [[ -n "$first" && -n "$result" ]] || { figure torchrun_first_step_s - "the reference ran" FAIL; return 1; }
+  figures torchrun "1	torchrun	mlp" "$work/jobs/mlp.json" "$work/jobs/mlp.events" --first-step "$first" \
+    --wall "$end" --result "$result" $(rehearsal_flag)
+}
+
 step_precision() {
   local devices=cuda:0
   ((rehearse)) && devices=cpu:1x4GiB
@@ -369,8 +391,10 @@ step_slices() {
     devices="cuda:0@${cap}GiB"
     ((rehearse)) && devices="cpu:1x${cap}GiB"
     fitrund "slice-$cap" "$devices" --memory_probe=true
-    # The micro-batch is a divisor of the global batch: 6720 has one within 20% of what fits each cap
-    # (1680 for 1 GiB, 3360 for 2 GiB), where 7920's nearest leave a quarter of a 2 GiB slice unused.
+    # The micro-batch is the largest divisor of the global batch whose need fits, so 6720's divisors
+    # bound the fill: on CPU devices 1680 and 3360 fit (0.89 of each cap); on an H200, where the
+    # allocator is charged 1.08x its peak, 1344 and 2240 (0.79 and 0.63), the next ones needing more
+    # than the slice. The figure held is the plan's estimate against the run's allocated peak.
     run_job "cnn-adamw-${cap}GiB" "$(spec "gpu-slice-$cap" "$CNN
 optimizer: {kind: adamw, lr: 0.001}
 global_batch_size: 6720
@@ -429,6 +453,7 @@ for part in "${parts[@]}"; do
   if [[ ${outcome[worker]} == PASS && ${outcome[bundle]} == PASS ]]; then
     if [[ $part == 1 ]]; then
       step 1 whole_gpu
+      step 1 torchrun
       step 1 precision
     else
       step 2 slices
