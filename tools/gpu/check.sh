@@ -8,7 +8,9 @@
 #                                        # precisions and communication hooks
 #   bash tools/gpu/check.sh 2            # slices of a GPU filled without an OOM, an OOM re-planned and
 #                                        # resumed, script jobs on the machine's PyTorch
-#   bash tools/gpu/check.sh --rehearse   # both parts here, on CPU devices with the kit's worker and
+#   bash tools/gpu/check.sh 3            # activation checkpointing on GPU slices: the plan's choice
+#                                        # against both strategies pinned, each trained
+#   bash tools/gpu/check.sh --rehearse   # every part here, on CPU devices with the kit's worker and
 #                                        # .venv-torch's Python (tools/setup-torch.sh): every spec and
 #                                        # command the GPU runs, the CUDA-only figures skipped by name
 #
@@ -41,13 +43,13 @@ parts=()
 for arg in "$@"; do
   case $arg in
     --rehearse) rehearse=1 ;;
-    1 | 2) parts+=("$arg") ;;
-    *) echo "usage: bash tools/gpu/check.sh 1|2 | --rehearse [1|2]" >&2; exit 2 ;;
+    1 | 2 | 3) parts+=("$arg") ;;
+    *) echo "usage: bash tools/gpu/check.sh 1|2|3 | --rehearse [1|2|3]" >&2; exit 2 ;;
   esac
 done
 if ((${#parts[@]} == 0)); then
-  ((rehearse)) || { echo "usage: bash tools/gpu/check.sh 1|2 | --rehearse [1|2]" >&2; exit 2; }
-  parts=(1 2)
+  ((rehearse)) || { echo "usage: bash tools/gpu/check.sh 1|2|3 | --rehearse [1|2|3]" >&2; exit 2; }
+  parts=(1 2 3)
 fi
 
 kit=$(readlink -f "${FITRUN_GPU_KIT:-gpu-kit}")
@@ -442,6 +444,42 @@ resources: {min_devices: $ranks, max_devices: $ranks}")" || status=1
   return $status
 }
 
+# --- part 3 ---------------------------------------------------------------------------------------------
+# tools/bench/strategies_bench.py's two checkpointing cases on a GPU: a gpt on a device where
+# recomputing its blocks' activations fits the whole batch in one pass and keeping them a part of it,
+# submitted as it is (the plan chooses) and with activation_checkpointing pinned each way. Each trains;
+# the figures: their batches, the same loss, and the chosen plan's samples/s against the faster pinned
+# one. A GPU slice binds the caching allocator, which a plan charges 1.08x its peak: the slices are
+# the CPU devices' sizes that much larger, for the same choice.
+step_strategies() {
+  local status=0 corpus=$work/specs/corpus.txt steps=60
+  ((rehearse)) && steps=6
+  cat "$repo"/docs/*.md >"$corpus"
+  local case devices layers heads hidden context batch variant pin
+  for case in "6x384:454MiB:420MiB:6:6:384:256:8" "8x256:216MiB:200MiB:8:8:256:128:16"; do
+    IFS=: read -r name gpu_size cpu_size layers heads hidden context batch <<<"$case"
+    devices="cuda:0@$gpu_size"
+    ((rehearse)) && devices="cpu:1x$cpu_size"
+    fitrund "strategies-$name" "$devices" --memory_probe=true
+    for variant in chosen recomputed kept; do
+      pin=""
+      [[ $variant == recomputed ]] && pin=", activation_checkpointing: true"
+      [[ $variant == kept ]] && pin=", activation_checkpointing: false"
+      run_job "gpt-$name-$variant" "$(spec "gpu-gpt-$name-$variant" "model:
+  builtin: gpt
+  gpt: {layers: $layers, heads: $heads, hidden: $hidden, context: $context$pin}
+data: {kind: text, path: $corpus}
+optimizer: {kind: adamw, lr: 0.0003, weight_decay: 0.01, lr_scaling: none}
+global_batch_size: $batch
+max_steps: $steps
+seed: 1")" || status=1
+    done
+    figures strategies "3	strategies	gpt-$name" "$work/jobs/gpt-$name-chosen.json" \
+      "$work/jobs/gpt-$name-recomputed.json" "$work/jobs/gpt-$name-kept.json" $(rehearsal_flag) || status=1
+  done
+  return $status
+}
+
 # --- the parts ------------------------------------------------------------------------------------------
 started=$(now)
 for part in "${parts[@]}"; do
@@ -455,10 +493,12 @@ for part in "${parts[@]}"; do
       step 1 whole_gpu
       step 1 torchrun
       step 1 precision
-    else
+    elif [[ $part == 2 ]]; then
       step 2 slices
       step 2 oom
       step 2 script
+    else
+      step 3 strategies
     fi
   fi
   stop_fitrund

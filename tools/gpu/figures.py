@@ -11,6 +11,8 @@ runs with the GPU machine's own Python.
   figures.py torchrun ROW_PREFIX JOB.json EVENTS.jsonl --first-step S --wall S --result JSON
                      the same job under torchrun (tools/bench/torch_ddp_direct.py): its seconds from
                      the command's start to the first step and to the end, and its result line
+  figures.py strategies ROW_PREFIX CHOSEN.json RECOMPUTED.json KEPT.json [--rehearsal]
+                     one spec as submitted and with activation_checkpointing pinned true and false
   figures.py script  ROW_PREFIX JOB.json LOG_DIR --ranks N --device-word WORD
   figures.py junit   RESULTS.tsv OUT.xml     results.tsv as a JUnit report, one case per figure (a
                                              SKIP row a skipped case), for tools/test.sh to count
@@ -207,6 +209,39 @@ def cmd_oom(a):
         bool(resumed) and int(resumed.group(1)) >= 1)
 
 
+def cmd_strategies(a):
+    jobs = {"chosen": load(a.chosen), "recomputed": load(a.recomputed), "kept": load(a.kept)}
+    rates, losses = {}, {}
+    for variant, job in jobs.items():
+        prefix = a.prefix + f"-{variant}"
+        state_row(prefix, job)
+        plan = job.get("plan") or {}
+        described = f"{plan.get('perDeviceBatch', '?')} x {plan.get('gradAccumSteps', '?')}" + \
+            (", recomputed" if plan.get("activationCheckpointing") else "")
+        row(prefix, "plan", described, "recorded", bool(plan))
+        result = job.get("result", {})
+        if result.get("trainSeconds"):
+            rates[variant] = int(result["steps"]) * int(job["spec"]["globalBatchSize"]) / result["trainSeconds"]
+        if "finalLoss" in result:
+            losses[variant] = result["finalLoss"]
+        row(prefix, "samples_per_s", round(rates[variant], 1) if variant in rates else None, "recorded",
+            variant in rates)
+    # The case's premise: recomputing fits at least twice the batch keeping the activations does.
+    batch = {v: int((j.get("plan") or {}).get("perDeviceBatch", 0)) for v, j in jobs.items()}
+    ratio = round(batch["recomputed"] / batch["kept"], 2) if batch["kept"] else None
+    row(a.prefix, "recomputed_batch_over_kept", ratio, ">= 2", ratio is not None and ratio >= 2)
+    # The strategies move memory, not the training: one loss, to float tolerance.
+    gap = None
+    if len(losses) == 3:
+        gap = round((max(losses.values()) - min(losses.values())) / abs(losses["kept"]), 6)
+    row(a.prefix, "final_loss_spread", gap, "<= 0.001 of the loss", gap is not None and gap <= 0.001)
+    # The plan's choice against the faster of the two pinned runs (goal: within 10%).
+    fastest = max(rates.get("recomputed", 0), rates.get("kept", 0))
+    share = round(rates["chosen"] / fastest, 3) if "chosen" in rates and fastest else None
+    cpu = "rehearsal: CPU timings on a shared machine" if a.rehearsal else None
+    row(a.prefix, "chosen_over_fastest", share, ">= 0.9", share is not None and share >= 0.9, cpu)
+
+
 def cmd_script(a):
     job = load(a.job)
     state_row(a.prefix, job)
@@ -256,6 +291,9 @@ def main():
     p.add_argument("prefix"), p.add_argument("job"), p.add_argument("events")
     p.add_argument("--first-step", type=float, required=True), p.add_argument("--wall", type=float, required=True)
     p.add_argument("--result", required=True), p.add_argument("--rehearsal", action="store_true")
+    p = sub.add_parser("strategies")
+    p.add_argument("prefix"), p.add_argument("chosen"), p.add_argument("recomputed"), p.add_argument("kept")
+    p.add_argument("--rehearsal", action="store_true")
     p = sub.add_parser("script")
     p.add_argument("prefix"), p.add_argument("job"), p.add_argument("logs")
     p.add_argument("--ranks", type=int, required=True), p.add_argument("--device-word", required=True)
@@ -265,7 +303,7 @@ def main():
     if a.command == "junit":
         return cmd_junit(a)
     try:
-        {"job": cmd_job, "compare": cmd_compare, "slice": cmd_slice, "oom": cmd_oom, "torchrun": cmd_torchrun,
+        {"job": cmd_job, "compare": cmd_compare, "slice": cmd_slice, "oom": cmd_oom, "torchrun": cmd_torchrun, "strategies": cmd_strategies,
          "script": cmd_script}[a.command](a)
     except (OSError, ValueError, KeyError) as error:
         print("\t".join([a.prefix, "read", "-", "a job record", f"FAIL ({error})"]), flush=True)
