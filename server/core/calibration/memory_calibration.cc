@@ -425,6 +425,8 @@ absl::StatusOr<Calibration> MemoryCalibrator::Sweep(const Task& task) {
   SweepLimits bounded = limits;
   // 0 training samples: a script, whose dataset the probe cannot see.
   if ((*session)->train_samples() > 0) bounded.max_batch = std::min(bounded.max_batch, (*session)->train_samples());
+  // A script's every measurement starts it again.
+  bounded.costly_points = task.spec.has_script();
   while (true) {
     {
       absl::MutexLock lock(&mu_);

@@ -182,13 +182,26 @@ SweepStep NextSweepBatch(const MemoryCurve& measured, const SweepLimits& limits)
   int64_t max_batch = std::max<int64_t>(1, limits.max_batch);
   if (limits.over_budget_batch > 0) max_batch = std::min(max_batch, limits.over_budget_batch - 1);
   if (max_batch < 1) return {0, absl::StrCat("micro-batch 1 needs more than the probe's budget of ", FormatBytes(limits.max_bytes))};
+  if (limits.costly_points && limits.over_budget_batch == 0) {
+    if (p.empty()) return {max_batch, ""};
+    if (p.back().batch == max_batch) {
+      if (!measured.Measured(1)) return {1, ""};
+      const int64_t middle = std::llround(std::sqrt(static_cast<double>(max_batch)));
+      if (middle > 1 && middle < max_batch && !measured.Measured(middle)) return {middle, ""};
+      return {0, absl::StrCat("micro-batch ", max_batch, ", the largest a plan can take, fits the probe's budget, and "
+                              "each run of a script starts it afresh, so only ",
+                              middle > 1 && middle < max_batch ? absl::StrCat("1, ", middle, " and ") : "1 and ",
+                              max_batch, " are measured")};
+    }
+  }
   if (p.empty()) return {1, ""};
 
   // Doubling, until the curve has clearly left its flat start or a limit is reached.
   std::string stopped;
   const MeasuredPeak& last = p.back();
   const size_t n = p.size();
-  if (limits.over_budget_batch > 0) {
+  // Where points are costly the sweep began past the budget at the largest batch: it doubles up to it.
+  if (limits.over_budget_batch > 0 && !(limits.costly_points && 2 * last.batch < limits.over_budget_batch)) {
     stopped = absl::StrCat("micro-batch ", limits.over_budget_batch, " needed more than the probe's budget of ",
                            FormatBytes(limits.max_bytes));
   }

@@ -97,6 +97,11 @@ struct SweepLimits {
   // on), so the sweep measures to within this factor of where plans go instead of extrapolating there.
   double extrapolation_reach = 4.0;
   int max_points = 24;
+  // Each point starts the workload afresh (a script: its interpreter, its imports, a GPU's context,
+  // about 10 s on a GPU), so the sweep measures the largest micro-batch a plan can take first and,
+  // where that fits the budget, only micro-batch 1 and their geometric mean beside it: three runs
+  // instead of a doubling's log2(max_batch) + 1. Past the budget, it doubles from 1 as otherwise.
+  bool costly_points = false;
 };
 
 // The sweep's next step from what it has measured so far: the next micro-batch to measure, or 0

@@ -216,6 +216,42 @@ TEST(MemoryCurveTest, StopsBeforeTheProbesByteBudget) {
   EXPECT_THAT(why, HasSubstr("budget"));
 }
 
+TEST(MemoryCurveTest, WherePointsAreCostlyTheLargestBatchIsMeasuredFirstAndTwoMoreWhereItFits) {
+  SweepLimits limits;
+  limits.costly_points = true;
+  limits.max_batch = 128;
+  limits.max_bytes = int64_t{1} << 40;
+  std::vector<int64_t> order;
+  std::string why;
+  const MemoryCurve curve = Sweep(Linear, limits, &why, &order);
+  EXPECT_THAT(order, ::testing::ElementsAre(128, 1, 11));
+  EXPECT_EQ(curve.PeakAt(64), Linear(64)) << "a line between measured points";
+  EXPECT_THAT(why, HasSubstr("so only 1, 11 and 128 are measured"));
+
+  // Batches too few for a point between: the largest and 1.
+  limits.max_batch = 2;
+  order.clear();
+  Sweep(Linear, limits, &why, &order);
+  EXPECT_THAT(order, ::testing::ElementsAre(2, 1));
+  EXPECT_THAT(why, HasSubstr("so only 1 and 2 are measured"));
+}
+
+TEST(MemoryCurveTest, WherePointsAreCostlyAndTheLargestDoesNotFitTheSweepDoublesFromOne) {
+  SweepLimits limits;
+  limits.costly_points = true;
+  limits.max_batch = 100;
+  limits.max_bytes = Linear(40);  // 100 does not fit; up to 40 does
+  std::vector<int64_t> order;
+  std::string why;
+  const MemoryCurve curve = Sweep(Linear, limits, &why, &order);
+  ASSERT_GE(order.size(), 3u);
+  EXPECT_EQ(order[0], 100) << "the largest first";
+  EXPECT_EQ(order[1], 1) << "then doubling from 1, as a sweep whose points cost little";
+  EXPECT_EQ(order[2], 2);
+  EXPECT_LE(curve.points().back().peak_bytes, limits.max_bytes);
+  EXPECT_GE(curve.largest_batch(), 32);
+}
+
 TEST(MemoryCurveTest, ScaledAndDescribed) {
   const MemoryCurve curve = MemoryCurve({{1, 1 << 20}, {2, 2 << 20}}).Scaled(1.5);
   EXPECT_EQ(curve.PeakAt(2), 3 << 20);
