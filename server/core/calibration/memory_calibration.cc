@@ -388,7 +388,8 @@ void MemoryCalibrator::Loop() {
     mu_.Unlock();
     const absl::Time started = absl::Now();
     if (task.batch == 0) {
-      StoreSweep(task.key, Sweep(task));
+      // Kept for the waiting plans (and any error with it); the loop itself needs nothing back.
+      (void)StoreSweep(task.key, Sweep(task));
     } else {
       absl::StatusOr<MeasuredPeak> point = MeasureOne(task);
       absl::MutexLock done(&mu_);
