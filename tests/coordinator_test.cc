@@ -140,7 +140,10 @@ TEST(CoordinatorTest, CancelStopsEveryRankAndFreesItsDevices) {
   fitrun::v1::CancelJobRequest request;
   request.set_job_id(job->id());
   fitrun::v1::CancelJobResponse response;
-  ASSERT_TRUE(coordinator.stub().CancelJob(&context, request, &response).ok());
+  const grpc::Status cancelled = coordinator.stub().CancelJob(&context, request, &response);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.error_message() << "\n"
+                              << coordinator.Get(job->id()).ShortDebugString() << "\n"
+                              << ReadFile(coordinator.log_path());
   ASSERT_TRUE(WaitFor([&] { return AllDevicesFree(coordinator); }, absl::Seconds(10)));
   EXPECT_EQ(coordinator.Get(job->id()).state(), fitrun::v1::JOB_STATE_CANCELLED);
   EXPECT_TRUE(WorkersUnder(coordinator.state_dir()).empty());
