@@ -24,21 +24,21 @@ bool UsesExpandableSegments(const std::string& allocator_config) {
 DeviceCosts DefaultCudaCosts(const std::string& allocator_config) {
   constexpr int64_t kMiB = int64_t{1} << 20;
   const auto above = [](int64_t bytes) {
-    return static_cast<int64_t>(std::ceil(static_cast<double>(bytes) * kCostsMargin));
+    return static_cast<int64_t>(std::ceil(static_cast<double>(bytes) * kUnmeasuredModelMargin));
   };
   DeviceCosts costs;
   costs.context_bytes = above(527 * kMiB);
   costs.library_workspace_bytes = above(158 * kMiB);
   costs.communication_bytes = above(560 * kMiB);
   const bool expandable = UsesExpandableSegments(allocator_config);
-  costs.reserve_ratio = (expandable ? 1.25 : 2.2) * kCostsMargin;
+  costs.reserve_ratio = (expandable ? 1.25 : 2.2) * kUnmeasuredModelMargin;
   costs.needed_ratio = expandable ? 1.08 : 1.37;
   costs.reserve_floor_bytes = above(88 * kMiB);
   costs.allocator_config = allocator_config;
   costs.source = absl::StrCat("figures measured on an H100 (context 527 MiB, cuBLAS 158 MiB outside the allocator, "
                               "NCCL 560 MiB; the allocator's reserve ",
                               expandable ? "1.25x with expandable segments" : "2.2x with the default allocator",
-                              ", at least 88 MiB), each 3% above; runs on this GPU model correct them");
+                              ", at least 88 MiB), each 5% above; runs on this GPU model correct them");
   return costs;
 }
 

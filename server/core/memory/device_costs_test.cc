@@ -22,8 +22,10 @@ using ::testing::HasSubstr;
 constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kGiB = int64_t{1} << 30;
 
-// An H100's figure as a plan takes it on a GPU model no run has measured: 3% above.
-int64_t Above(int64_t bytes) { return static_cast<int64_t>(std::ceil(static_cast<double>(bytes) * kCostsMargin)); }
+// An H100's figure as a plan takes it on a GPU model no run has measured: 5% above.
+int64_t Above(int64_t bytes) {
+  return static_cast<int64_t>(std::ceil(static_cast<double>(bytes) * kUnmeasuredModelMargin));
+}
 const int64_t kOutsideAllocator = Above(527 * kMiB) + Above(158 * kMiB) + Above(560 * kMiB);
 
 // A model whose measured allocated peak is `fixed` + `per_sample` x batch.
@@ -92,14 +94,14 @@ TEST(DeviceCostsTest, AWholeGpusPlanLeavesRoomForTheContextLibrariesAndNccl) {
   fitrun::v1::JobSpec spec = MlpTestSpec(1 << 14, 1, 1);
   const ModelProfile model = Linear(20 * kMiB, kMiB);
   const DeviceCosts costs = DefaultCudaCosts(kDefaultCudaAllocatorConfig);
-  // 2 GiB free: 1.25 GiB lie outside the allocator, so far less than 2 GiB of tensors fit.
+  // 2 GiB free: 1.28 GiB lie outside the allocator, so far less than 2 GiB of tensors fit.
   absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, model, {{"cuda:0", 2 * kGiB, "", costs}});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_LE(plan->predicted().total_bytes(), 2 * kGiB);
   EXPECT_LE(ChargedBytes(plan->predicted(), costs), plan->usable_bytes());
   const int64_t handed_out = plan->predicted().allocator_bytes() - plan->predicted().allocator_reserve_bytes();
   EXPECT_LT(handed_out, 2 * kGiB - kOutsideAllocator);
-  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"), HasSubstr("the CUDA context 542.8 MiB"));
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"), HasSubstr("the CUDA context 553.4 MiB"));
   // The same on a CPU device of 2 GiB: none of it, a larger batch.
   absl::StatusOr<fitrun::v1::Plan> cpu = PlanJob(spec, model, {{"cpu:0", 2 * kGiB, ""}});
   ASSERT_TRUE(cpu.ok());
