@@ -83,6 +83,31 @@ def nvml_peak(samples, pids):
     return peak
 
 
+def test_accuracy(job):
+    result = job.get("result", {})
+    return result.get("testAccuracy") if result.get("hasTestAccuracy") else None
+
+
+def train_samples_per_second(job):
+    """The job's training rate over its last attempt (rank 0's steps x the global batch / its seconds)."""
+    result = job.get("result", {})
+    if not result.get("trainSeconds"):
+        return None
+    return int(result.get("steps", 0)) * int(job["spec"].get("globalBatchSize", 0)) / result["trainSeconds"]
+
+
+def submit_to_first_step(job, history):
+    """Seconds from the job's creation to its first progress event, or None."""
+    first = next((e for e in history if "progress" in e), None)
+    if first is None or not job.get("createdAt"):
+        return None
+    return (when(first["time"]) - when(job["createdAt"])).total_seconds()
+
+
+# Why a rehearsal skips a timing: its CPU devices share two cores with everything else.
+CPU_TIMINGS = "rehearsal: CPU timings say nothing of the GPU's"
+
+
 def state_row(prefix, job):
     state = job.get("state", "")
     row(prefix, "state", state.replace("JOB_STATE_", ""), "SUCCEEDED", state == "JOB_STATE_SUCCEEDED")
@@ -95,11 +120,8 @@ def cmd_job(a):
     predicted = int(attempt.get("predictedPeakBytes", 0)) or None
     pids = {int(r.get("pid", 0)) for r in attempt.get("ranks", []) if int(r.get("pid", 0)) > 0}
     # Submit to the first step, from the job's own timestamps: its creation, its first progress.
-    history = events(a.events)
-    first = next((e for e in history if "progress" in e), None)
-    seconds = None
-    if first is not None and job.get("createdAt"):
-        seconds = round((when(first["time"]) - when(job["createdAt"])).total_seconds(), 2)
+    seconds = submit_to_first_step(job, events(a.events))
+    seconds = round(seconds, 2) if seconds is not None else None
     row(a.prefix, "submit_to_first_step_s", seconds, "recorded (beside torchrun's: step torchrun)",
         seconds is not None)
     if a.rehearsal:
@@ -115,7 +137,7 @@ def cmd_job(a):
             measured is not None)
     result = job.get("result", {})
     if a.accuracy_floor is not None:
-        accuracy = result.get("testAccuracy") if result.get("hasTestAccuracy") else None
+        accuracy = test_accuracy(job)
         row(a.prefix, "test_accuracy", accuracy, f">= {a.accuracy_floor}",
             accuracy is not None and accuracy >= a.accuracy_floor)
     for spec in a.metric:
@@ -127,12 +149,7 @@ def cmd_job(a):
 def cmd_compare(a):
     reference, job = load(a.reference), load(a.job)
     state_row(a.prefix, job)
-
-    def accuracy(j):
-        r = j.get("result", {})
-        return r.get("testAccuracy") if r.get("hasTestAccuracy") else None
-
-    ref, got = accuracy(reference), accuracy(job)
+    ref, got = test_accuracy(reference), test_accuracy(job)
     if a.floor is not None:
         row(a.prefix, "reference_accuracy", ref, f">= {a.floor} (fp32)", ref is not None and ref >= a.floor)
     gap = round(abs(got - ref), 4) if ref is not None and got is not None else None
@@ -168,11 +185,10 @@ def cmd_slice(a):
 def cmd_torchrun(a):
     job = load(a.job)
     reference = json.loads(a.result)
-    created, history = job.get("createdAt"), events(a.events)
-    first = next((e for e in history if "progress" in e), None)
-    fitrun_first = (when(first["time"]) - when(created)).total_seconds() if first and created else None
+    created = job.get("createdAt")
+    fitrun_first = submit_to_first_step(job, events(a.events))
     fitrun_wall = (when(job["finishedAt"]) - when(created)).total_seconds() if job.get("finishedAt") and created else None
-    cpu = "rehearsal: CPU timings say nothing of the GPU's" if a.rehearsal else None
+    cpu = CPU_TIMINGS if a.rehearsal else None
     row(a.prefix, "torchrun_first_step_s", round(a.first_step, 2), "recorded", True, cpu)
     row(a.prefix, "torchrun_wall_s", round(a.wall, 2), "recorded", True, cpu)
     row(a.prefix, "fitrun_submit_to_end_s", round(fitrun_wall, 2) if fitrun_wall else None, "recorded",
@@ -182,13 +198,10 @@ def cmd_torchrun(a):
                                  ("wall_over_torchrun", fitrun_wall, a.wall)):
         ratio = round(ours / theirs, 3) if ours and theirs else None
         row(a.prefix, figure, ratio, "recorded (goal <= 0.8)", ratio is not None, cpu)
-    result = job.get("result", {})
-    ours = result.get("testAccuracy") if result.get("hasTestAccuracy") else None
-    theirs = reference.get("test_accuracy")
+    ours, theirs = test_accuracy(job), reference.get("test_accuracy")
     gap = round(abs(ours - theirs), 4) if ours is not None and theirs is not None else None
     row(a.prefix, "accuracy_gap_to_torchrun", gap, "<= 0.02", gap is not None and gap <= 0.02)
-    fitrun_rate = (int(result.get("steps", 0)) * int(job["spec"].get("globalBatchSize", 0)) /
-                   result["trainSeconds"]) if result.get("trainSeconds") else None
+    fitrun_rate = train_samples_per_second(job)
     rate = round(fitrun_rate / reference["samples_per_second"], 3) if fitrun_rate else None
     row(a.prefix, "samples_per_s_over_torchrun", rate, "recorded", rate is not None, cpu)
 
@@ -220,8 +233,8 @@ def cmd_strategies(a):
             (", recomputed" if plan.get("activationCheckpointing") else "")
         row(prefix, "plan", described, "recorded", bool(plan))
         result = job.get("result", {})
-        if result.get("trainSeconds"):
-            rates[variant] = int(result["steps"]) * int(job["spec"]["globalBatchSize"]) / result["trainSeconds"]
+        if (rate := train_samples_per_second(job)) is not None:
+            rates[variant] = rate
         if "finalLoss" in result:
             losses[variant] = result["finalLoss"]
         row(prefix, "samples_per_s", round(rates[variant], 1) if variant in rates else None, "recorded",
@@ -238,7 +251,7 @@ def cmd_strategies(a):
     # The plan's choice against the faster of the two pinned runs (goal: within 10%).
     fastest = max(rates.get("recomputed", 0), rates.get("kept", 0))
     share = round(rates["chosen"] / fastest, 3) if "chosen" in rates and fastest else None
-    cpu = "rehearsal: CPU timings on a shared machine" if a.rehearsal else None
+    cpu = CPU_TIMINGS if a.rehearsal else None
     row(a.prefix, "chosen_over_fastest", share, ">= 0.9", share is not None and share >= 0.9, cpu)
 
 
