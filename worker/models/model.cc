@@ -53,9 +53,19 @@ class Cnn final : public Model {
         fc2_(register_module("fc2", torch::nn::Linear(128, 10))) {}
 
   at::Tensor Forward(const ModelInputs& inputs) override {
-    at::Tensor x = F::relu(conv1_->forward(inputs.at(0)));
-    x = F::relu(conv2_->forward(x));
-    x = F::max_pool2d(x, F::MaxPool2dFuncOptions(2));
+    at::Tensor x = inputs.at(0);
+    if (x.is_cpu() && x.dim() == 4) {
+      // oneDNN's convolutions, and the pooling and ReLUs between them, run fastest channels-last
+      // (about 1.3x a training step on this model). The layout is set by strides: a one-channel
+      // image counts as contiguous either way, so contiguous(ChannelsLast) would keep it NCHW. The
+      // parameters keep PyTorch's layout, so the buckets, checkpoints and optimizers see no change.
+      x = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::ChannelsLast)).copy_(x);
+    }
+    x = F::relu(conv1_->forward(x));
+    // Pooling before the ReLU computes exactly the same values and gradients (ReLU is monotonic, and
+    // a window whose maximum is <= 0 passes no gradient either way), on a quarter of the elements.
+    x = F::relu(F::max_pool2d(conv2_->forward(x), F::MaxPool2dFuncOptions(2)));
+    // flatten copies a channels-last map into PyTorch's (C, H, W) order, the one fc1's weights expect.
     x = F::relu(fc1_->forward(x.flatten(1)));
     return fc2_->forward(x);
   }

@@ -1,7 +1,13 @@
 #include "worker/models/model.h"
 
 #include <torch/nn/init.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
+
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -34,6 +40,36 @@ TEST(ModelTest, CnnHasTheExampleShape) {
   EXPECT_EQ(ParameterCount(**model),
             32 * 9 + 32 + 64 * 32 * 9 + 64 + 9216 * 128 + 128 + 128 * 10 + 10);
   EXPECT_EQ((*model)->Forward({torch::zeros({2, 1, 28, 28})}).sizes(), (at::IntArrayRef{2, 10}));
+}
+
+// The cnn runs channels-last and pools before its second ReLU; the loss and every gradient must be
+// those of PyTorch's example as written (NCHW, ReLU then pooling), up to the kernels' summation order.
+TEST(ModelTest, CnnComputesWhatTheExampleComputes) {
+  absl::StatusOr<std::shared_ptr<Model>> model = CreateModel(Builtin("cnn"), 3);
+  ASSERT_TRUE(model.ok()) << model.status();
+  torch::manual_seed(11);
+  const at::Tensor images = torch::randn({16, 1, 28, 28});
+  const at::Tensor targets = torch::randint(0, 10, {16}, torch::kLong);
+  std::map<std::string, at::Tensor> p;
+  for (const auto& item : (*model)->named_parameters()) p[item.key()] = item.value();
+
+  at::Tensor x = torch::relu(torch::conv2d(images, p["conv1.weight"], p["conv1.bias"]));
+  x = torch::max_pool2d(torch::relu(torch::conv2d(x, p["conv2.weight"], p["conv2.bias"])), {2, 2});
+  x = torch::relu(torch::linear(x.flatten(1), p["fc1.weight"], p["fc1.bias"]));
+  const at::Tensor expected_loss =
+      torch::nn::functional::cross_entropy(torch::linear(x, p["fc2.weight"], p["fc2.bias"]), targets);
+  const std::vector<at::Tensor> expected = torch::autograd::grad({expected_loss}, (*model)->parameters());
+
+  const at::Tensor loss = (*model)->Loss({images}, targets);
+  loss.backward();
+  EXPECT_NEAR(loss.item<double>(), expected_loss.item<double>(), 1e-6);
+  const std::vector<at::Tensor> parameters = (*model)->parameters();
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    EXPECT_TRUE(parameters[i].is_contiguous()) << "parameter " << i << " keeps PyTorch's layout";
+    EXPECT_TRUE(parameters[i].grad().is_contiguous()) << "gradient " << i;
+    EXPECT_TRUE(torch::allclose(parameters[i].grad(), expected[i], 1e-4, 1e-6))
+        << "gradient " << i << " differs by " << (parameters[i].grad() - expected[i]).abs().max().item<double>();
+  }
 }
 
 TEST(ModelTest, SameSeedSameWeights) {
