@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "proto/contract/launch_contract.h"
+#include "worker/memory/caching_cpu_allocator.h"
 #include "worker/memory/capped_allocator.h"
 #include "worker/options.h"
 #include "worker/probe/memory_probe.h"
@@ -28,10 +29,10 @@ absl::Status Probe(const std::vector<int64_t>& batches) {
   if (assignment->spec().has_script()) return ProbeScript(*assignment, batches);
   // Never freed, as in the built-in training program: LibTorch keeps the installed allocator until
   // exit. A static holds it, so it stays reachable (no leak under ASan) when Create fails before
-  // installing it. The assignment's memory cap, if any, is the probe's budget.
+  // installing it. The assignment's memory cap, if any, is the probe's budget. Its blocks come from
+  // the cache training takes them from, so that the step times it measures are training's.
   static CappedCpuAllocator* counter = nullptr;
-  counter = new CappedCpuAllocator(
-      ProbeResourcesOf(*assignment).memory_cap_bytes);
+  counter = new CappedCpuAllocator(ProbeResourcesOf(*assignment).memory_cap_bytes, RankHostBlockCache());
   absl::StatusOr<std::unique_ptr<MemoryProbe>> probe = MemoryProbe::Create(*assignment, counter);
   if (!probe.ok()) return probe.status();
   return MeasureAll(ProbeHeaderJson((*probe)->model_state_bytes(), (*probe)->train_samples()),

@@ -31,6 +31,7 @@
 #include "worker/ddp/c10d_optimizer_state_sharding.h"
 #include "worker/ddp/process_group.h"
 #include "worker/ddp/shared_memory_backend.h"
+#include "worker/memory/caching_cpu_allocator.h"
 #include "worker/memory/capped_allocator.h"
 #include "worker/memory/oom_error.h"
 #include "worker/memory/oom_message.h"
@@ -298,11 +299,14 @@ class BuiltinTraining final : public TrainingProgram {
   Phase SetUpMemory() {
     trainer_sink_ = sink_;
     const int64_t cap = resources_.memory_cap_bytes;
+    // A CPU device's tensors come from a cache of freed blocks: every step asks for the sizes the
+    // one before it freed (see caching_cpu_allocator.h).
+    if (cap <= 0 && device_.is_cpu()) RankHostBlockCache()->Install();
     if (cap > 0 && device_.is_cpu()) {
       // Never freed: LibTorch keeps the installed allocator for the rest of the process, and other
       // threads may allocate through it until exit. The training data loaded above is host data
       // and stays uncounted, as the estimator leaves it out.
-      memory_ = new CappedCpuAllocator(cap);
+      memory_ = new CappedCpuAllocator(cap, RankHostBlockCache());
       memory_->Install();
       try {
         MoveModuleStateIntoAllocator(*workload_.model);
