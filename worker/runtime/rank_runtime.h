@@ -82,7 +82,10 @@ class RankRuntime {
     absl::Duration stop_grace = absl::Seconds(3);
     // How long a rank whose collective failed waits for a StopCommand that explains it.
     absl::Duration stop_race = absl::Seconds(1);
-    absl::Duration finish_timeout = absl::Seconds(5);
+    // How long a finished rank gives its last report to reach the coordinator, which it waits to
+    // have read it: on a loaded machine fitrund can take seconds to read a stream, and a report
+    // given up on is the job's result lost (its steps, loss and accuracy).
+    absl::Duration finish_timeout = absl::Seconds(20);
     absl::Duration fail_timeout = absl::Seconds(2);
   };
 
