@@ -16,6 +16,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (HOST:PORT; port 0 picks a free one)");
@@ -113,6 +114,10 @@ ABSL_FLAG(bool, stop_workers_on_exit, false,
           "Stop running ranks when fitrund exits (default: leave them training; a restarted fitrund re-adopts them)");
 
 int main(int argc, char** argv) {
+  // Debian's Abseil is built without NDEBUG, so every absl::Mutex (gRPC's included) would check lock
+  // order on each acquisition, under one process-wide lock: about a sixth of a watcher wake's time
+  // (docs/benchmarks.md, "The coordinator"). The unit tests keep the check.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage("fitrund: the fitrun coordinator daemon");
   absl::ParseCommandLine(argc, argv);
   fitrun::server::ServerOptions options;

@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/contract/launch_contract.h"
 #include "worker/options.h"
 #include "worker/probe/probe_mode.h"
@@ -35,6 +36,9 @@ std::optional<std::string> GetEnv(const std::string& name) {
 }  // namespace fitrun::worker
 
 int main(int argc, char** argv) {
+  // Without Abseil's lock-order checks, which Debian's build leaves on (see server/main.cc); the
+  // unit tests keep them.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   constexpr int kBadConfiguration = fitrun::contract::launch::kExitBadConfiguration;
   // A warm rank idles here, its libraries loaded, until fitrund hands it a job. Failing to take one
   // is not the job's configuration (exit 1, a crash: the attempt is retried).

@@ -554,6 +554,8 @@ void BenchmarkIngestAndLatency(const BenchOptions& bench) {
 // --in_memory_store (the test fake instead of SQLite, to see what the store costs).
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
+  // As fitrund runs (server/main.cc): without Abseil's lock-order checks.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   fitrun::server::BenchOptions bench;
   std::vector<int> positional;
   for (int i = 1; i < argc; ++i) {
