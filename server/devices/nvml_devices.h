@@ -40,16 +40,14 @@ class NvmlDevices : public DeviceInventory {
   std::vector<fitrun::v1::Device> Snapshot() override;
 
  private:
-  struct Api;  // The NVML entry points, resolved with dlsym.
+  struct Api;  // The loaded library and the entry points read here.
 
   NvmlDevices();
   // Re-reads memory and utilization of devices_[index]; an error names the failing call and leaves
   // the device's figures as they were.
   absl::Status RefreshDeviceLocked(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  void* library_ = nullptr;
   std::unique_ptr<Api> api_;
-  bool initialized_ = false;  // nvmlInit succeeded, so the destructor owes nvmlShutdown.
 
   absl::Mutex mu_;
   std::vector<void*> handles_ ABSL_GUARDED_BY(mu_);  // nvmlDevice_t per index.

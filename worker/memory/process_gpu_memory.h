@@ -50,9 +50,7 @@ class NvmlProcessMemory final : public ProcessGpuMemoryReader {
   struct Api;
   NvmlProcessMemory();
 
-  std::unique_ptr<Api> api_;
-  void* library_ = nullptr;
-  bool initialized_ = false;
+  std::unique_ptr<Api> api_;  // the loaded library and the entry points read here
 };
 
 // One rank's device memory over its run, sampled at each progress report, so that its peak is the
