@@ -157,6 +157,22 @@ class CoordinatorTest(unittest.TestCase):
         self.assertEqual(sorted(d.id for d in devices), ["cpu:0", "cpu:1"])
         self.assertTrue(all(d.kind == job_pb2.DEVICE_KIND_CPU for d in devices))
 
+    def test_without_an_address_it_connects_where_fitrun_coordinator_says_as_the_cli_does(self):
+        saved = os.environ.pop("FITRUN_COORDINATOR", None)
+        try:
+            with Client() as client:
+                self.assertEqual(client.address, "127.0.0.1:7070")
+            os.environ["FITRUN_COORDINATOR"] = ADDRESS
+            with Client() as client:
+                self.assertEqual(client.address, ADDRESS)
+                self.assertEqual(sorted(d.id for d in client.devices()), ["cpu:0", "cpu:1"])
+            with Client("127.0.0.1:1") as client:  # an address given wins
+                self.assertEqual(client.address, "127.0.0.1:1")
+        finally:
+            os.environ.pop("FITRUN_COORDINATOR", None)
+            if saved is not None:
+                os.environ["FITRUN_COORDINATOR"] = saved
+
     def test_plan_from_dict_text_and_file_agree(self):
         spec = mlp_spec("py-plan", 3)
         by_dict = self.client.plan(spec)

@@ -25,6 +25,8 @@ import uuid
 
 import grpc
 
+from fitrun import contract
+
 try:
     from fitrun.v1 import coordinator_pb2
     from fitrun.v1 import coordinator_pb2_grpc
@@ -38,6 +40,10 @@ except ModuleNotFoundError as e:  # pragma: no cover - depends on the checkout's
     ) from e
 
 __all__ = ["Client", "ClientError", "FINAL_STATES"]
+
+# Where a Client without an address connects, when FITRUN_COORDINATOR is unset: the CLI's default
+# (client/cli.h) and fitrund's default --listen.
+DEFAULT_ADDRESS = "127.0.0.1:7070"
 
 # The states a job never leaves (JobManager::IsTerminal on the server).
 FINAL_STATES = frozenset(
@@ -78,7 +84,8 @@ class ClientError(Exception):
 
 
 class Client:
-    """One connection to a coordinator at "host:port".
+    """One connection to a coordinator at "host:port": `address`, or FITRUN_COORDINATOR, or 127.0.0.1:7070,
+    as for the CLI.
 
     `timeout` (seconds) bounds each unary call; streams (watch, logs) have no deadline, since a job
     may run for hours. Thread-safe (one gRPC channel); close it, or use it as a context manager.
@@ -89,7 +96,8 @@ class Client:
     as for the CLI.
     """
 
-    def __init__(self, address, timeout=10.0, ca=None, cert=None, key=None, token=None):
+    def __init__(self, address=None, timeout=10.0, ca=None, cert=None, key=None, token=None):
+        address = address or os.environ.get(contract.COORDINATOR) or DEFAULT_ADDRESS
         self.address = address
         self.timeout = timeout
         ca = ca or os.environ.get("FITRUN_CA")
