@@ -86,6 +86,16 @@ TEST(JobSpecTest, NegativeBatchIsRejected) {
   EXPECT_THAT(spec.status().message(), HasSubstr("spec.global_batch_size: must be a positive number"));
 }
 
+TEST(JobSpecTest, KeepLastBelowOneIsRejectedAndZeroTakesTheDefault) {
+  absl::StatusOr<fitrun::v1::JobSpec> refused = Normalize(std::string(kValidYaml) + "checkpoint: {keep_last: -1}\n");
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("spec.checkpoint.keep_last: must be >= 1, or leave it out for the default of 2 (got -1)"));
+  absl::StatusOr<fitrun::v1::JobSpec> zero = Normalize(std::string(kValidYaml) + "checkpoint: {keep_last: 0}\n");
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->checkpoint().keep_last(), 2);
+}
+
 TEST(JobSpecTest, MissingDataPathIsRejected) {
   std::string yaml = kValidYaml;
   yaml.replace(yaml.find(", path: /usr/share/datasets/fashion-mnist"), 41, "");

@@ -293,7 +293,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec, fitrun::v1::SpecFileFacts* fac
     return FieldError("spec.checkpoint.every_steps", absl::StrCat("must be >= 0 (got ", spec.checkpoint().every_steps(), ")"));
   }
   if (spec.checkpoint().keep_last() < 0) {
-    return FieldError("spec.checkpoint.keep_last", absl::StrCat("must be >= 1 (got ", spec.checkpoint().keep_last(), ")"));
+    return FieldError("spec.checkpoint.keep_last", absl::StrCat("must be >= 1, or leave it out for the default of 2 (got ",
+                                                                     spec.checkpoint().keep_last(), ")"));
   }
   if (spec.ddp().bucket_cap_mb() < 0) {
     return FieldError("spec.ddp.bucket_cap_mb", absl::StrCat("must be > 0 (got ", spec.ddp().bucket_cap_mb(), ")"));
