@@ -1,6 +1,7 @@
 """The rank side of a script job: the plan fitrun chose, and reports back to it.
 
-fitrun-worker supervises each rank of a script job. It hands the script the plan in the environment
+fitrun-supervisor (or fitrun-worker, where no supervisor is installed) supervises each rank of a
+script job. It hands the script the plan in the environment
 (contract.py) and two pipes: JSON lines written to the report descriptor reach the coordinator as the
 rank's progress, logs and checkpoints (each line is a fitrun.v1.WorkerReport in protobuf's JSON
 mapping); "stop <reason>" lines on the control descriptor are the coordinator's StopCommand. Outside
@@ -169,7 +170,7 @@ class Run:
 
     @property
     def supervised(self):
-        """True when fitrun-worker supervises this process (reports reach the coordinator)."""
+        """True when fitrun's supervisor supervises this process (reports reach the coordinator)."""
         return self._reports is not None
 
     def memory(self):
