@@ -63,7 +63,9 @@ std::string TempDir(const std::string& name) {
   return dir;
 }
 
-void BenchmarkSchedulingPass() {
+// Returns whether the passes did what they are timed doing: the first placed jobs until the devices
+// ran out, the second found none free.
+bool BenchmarkSchedulingPass() {
   constexpr int kJobs = 10000;
   constexpr int kDevices = 1024;
   FakeJobStore store;
@@ -77,10 +79,13 @@ void BenchmarkSchedulingPass() {
   auto manager = JobManager::Create(options, &store, &devices, &launcher, &metrics);
   if (!manager.ok()) {
     fprintf(stderr, "%s\n", std::string(manager.status().message()).c_str());
-    return;
+    return false;
   }
   for (int i = 0; i < kJobs; ++i) {
-    if (!(*manager)->Submit(OneDeviceSpec(i)).ok()) return;
+    if (absl::StatusOr<fitrun::v1::Job> job = (*manager)->Submit(OneDeviceSpec(i)); !job.ok()) {
+      fprintf(stderr, "scheduling: submit %d: %s\n", i, std::string(job.status().message()).c_str());
+      return false;
+    }
   }
   const JobManager::SchedulingPassTimes first = (*manager)->RunSchedulingPass();
   const JobManager::SchedulingPassTimes busy = (*manager)->RunSchedulingPass();
@@ -91,6 +96,7 @@ void BenchmarkSchedulingPass() {
   printf("  pass 2 (every device busy, %d queued): %.2f ms\n", busy.queued, absl::ToDoubleMilliseconds(busy.placing));
   (*manager)->Shutdown();
   std::filesystem::remove_all(options.state_dir);
+  return first.placed > 0 && busy.placed == 0;
 }
 
 // A worker rank's report stream, opened with the job's Hello.
@@ -340,12 +346,15 @@ void PrintFanout(const char* phase, const WatchFanout::Stats& before, const Watc
          100.0 * absl::ToDoubleSeconds(pumping) / absl::ToDoubleSeconds(wall), absl::ToDoubleSeconds(wall));
 }
 
-void BenchmarkIngestAndLatency(const BenchOptions& bench) {
+// Returns whether every event reached every watcher (delivered once, or reported missed): figures
+// from a run that lost events are not figures, and the smoke test (//server/bench:coordinator_bench_test)
+// fails on them.
+bool BenchmarkIngestAndLatency(const BenchOptions& bench) {
   const std::string dir = TempDir("ingest");
   auto store = SqliteJobStore::Open(dir + "/fitrun.db");
   if (!store.ok()) {
     printf("event ingest: %s\n", std::string(store.status().message()).c_str());
-    return;
+    return false;
   }
   FakeDeviceInventory devices(2, 16LL << 30);
   FakeWorkerLauncher launcher;
@@ -356,7 +365,10 @@ void BenchmarkIngestAndLatency(const BenchOptions& bench) {
   FakeJobStore in_memory_store;  // --in_memory_store: what the coordinator costs without SQLite
   JobStore* job_store = bench.in_memory_store ? static_cast<JobStore*>(&in_memory_store) : store->get();
   auto manager = JobManager::Create(options, job_store, &devices, &launcher, &metrics);
-  if (!manager.ok()) return;
+  if (!manager.ok()) {
+    printf("event ingest: %s\n", std::string(manager.status().message()).c_str());
+    return false;
+  }
   CoordinatorService::Options service_options;
   service_options.fanout = bench.fanout;
   CoordinatorService coordinator_service(manager->get(), service_options);
@@ -377,7 +389,7 @@ void BenchmarkIngestAndLatency(const BenchOptions& bench) {
   if (!job.ok() || !launcher.WaitForLaunches(2, absl::Seconds(60))) {
     printf("event ingest: the benchmark job did not start (%s)\n",
            job.ok() ? "no launch within 60 s" : std::string(job.status().message()).c_str());
-    return;
+    return false;
   }
   const std::string token = launcher.launches()[0].job_token;
   const int64_t first_sequence = (*manager)->events().LastSequence(job->id()) + 1;
@@ -398,7 +410,9 @@ void BenchmarkIngestAndLatency(const BenchOptions& bench) {
   while (counters.ready.load() + counters.ended.load() < bench.watchers && absl::Now() - connecting < absl::Seconds(60)) {
     absl::SleepFor(absl::Milliseconds(10));
   }
+  bool complete = true;
   if (counters.ready.load() < bench.watchers) {
+    complete = false;
     printf("event ingest: only %d of %d watchers connected (%d ended)\n", counters.ready.load(), bench.watchers,
            counters.ended.load());
   }
@@ -433,6 +447,7 @@ void BenchmarkIngestAndLatency(const BenchOptions& bench) {
     absl::SleepFor(absl::Microseconds(200));
   }
   if ((*manager)->events().LastSequence(job->id()) < target) {
+    complete = false;
     printf("  ingest stopped short: %lld of %d events stored after 120 s\n",
            static_cast<long long>((*manager)->events().LastSequence(job->id()) - first_sequence + 1), kFloodEvents);
   }
@@ -444,6 +459,7 @@ void BenchmarkIngestAndLatency(const BenchOptions& bench) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   if (counters.delivered.load() + counters.missed.load() < want_delivered) {
+    complete = false;
     printf("  watchers stopped short after 120 s: %lld of %lld delivered or reported missed (%d streams ended)\n",
            static_cast<long long>(counters.delivered.load() + counters.missed.load()),
            static_cast<long long>(want_delivered), counters.ended.load());
@@ -537,10 +553,21 @@ void BenchmarkIngestAndLatency(const BenchOptions& bench) {
          "p50 %.2f ms, p99 %.2f ms\n",
          pct_of(to_coordinator, 0.5), pct_of(to_coordinator, 0.99), pct_of(to_watcher, 0.5), pct_of(to_watcher, 0.99));
   PrintFanout("paced", fanout_before_paced, fanout_after_paced, paced_wall);
+  const int64_t paced_accounted = static_cast<int64_t>(all.size()) + counters.missed.load() - missed_after_flood;
+  if (paced_accounted != static_cast<int64_t>(bench.paced_events) * watching) {
+    complete = false;
+    printf("  paced events accounted for: %lld, want %lld (each delivered once or reported missed)\n",
+           static_cast<long long>(paced_accounted), static_cast<long long>(bench.paced_events) * watching);
+  }
+  if (counters.ended.load() > 0) {
+    complete = false;
+    printf("  %d watcher streams ended before the benchmark stopped them\n", counters.ended.load());
+  }
 
   server->Shutdown();
   (*manager)->Shutdown();
   std::filesystem::remove_all(dir);
+  return complete;
 }
 
 }  // namespace
@@ -591,7 +618,13 @@ int main(int argc, char** argv) {
   bench.paced_events = arg(3, 20000);
   bench.flood_batch = arg(4, 64);
   printf("fitrun coordinator benchmark (%u cores)\n", std::thread::hardware_concurrency());
-  fitrun::server::BenchmarkSchedulingPass();
-  fitrun::server::BenchmarkIngestAndLatency(bench);
+  if (!fitrun::server::BenchmarkSchedulingPass()) {
+    fprintf(stderr, "coordinator_bench: the scheduling passes did not place what they should; no figures count\n");
+    return 1;
+  }
+  if (!fitrun::server::BenchmarkIngestAndLatency(bench)) {
+    fprintf(stderr, "coordinator_bench: events were lost or streams ended early; the figures above do not count\n");
+    return 1;
+  }
   return 0;
 }
