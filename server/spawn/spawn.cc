@@ -4,8 +4,10 @@
 #include <signal.h>
 #include <spawn.h>
 #include <grp.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -113,8 +116,9 @@ absl::StatusOr<pid_t> PosixSpawn(const SpawnOptions& options, char* const argv[]
     posix_spawn_file_actions_addopen(actions.get(), 0, "/dev/null", O_RDONLY, 0);
   }
   if (!options.output_path.empty()) {
-    posix_spawn_file_actions_addopen(actions.get(), 1, options.output_path.c_str(), O_WRONLY | O_CREAT | O_APPEND,
-                                     0644);
+    // Non-blocking: a FIFO left in its place must not stop the child's start (posix_spawn waits for it).
+    posix_spawn_file_actions_addopen(actions.get(), 1, options.output_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK, 0644);
     posix_spawn_file_actions_adddup2(actions.get(), 1, 2);
   } else {
     if (options.stdout_fd >= 0) posix_spawn_file_actions_adddup2(actions.get(), options.stdout_fd, 1);
@@ -139,6 +143,7 @@ enum ChildStep : int {
   kNoNewPrivileges,
   kWorkingDir,
   kOutputFile,
+  kOutputNotAFile,
   kDescriptors,
   kSecret,
   kLimits,
@@ -156,6 +161,7 @@ const char* DescribeStep(int step) {
     case kNoNewPrivileges: return "setting no_new_privs";
     case kWorkingDir: return "entering its working directory";
     case kOutputFile: return "opening its output file";
+    case kOutputNotAFile: return "opening its output file, which is a FIFO, a socket or a symbolic link, not a file";
     case kDescriptors: return "closing fitrund's descriptors";
     case kSecret: return "taking its secret's descriptor";
     case kLimits: return "setting its resource limits";
@@ -254,9 +260,21 @@ absl::StatusOr<pid_t> ForkExec(const SpawnOptions& options, char* const argv[], 
     }
     if (!options.working_dir.empty() && chdir(options.working_dir.c_str()) != 0) fail(kWorkingDir);
     if (!options.output_path.empty()) {
-      // As the account: it may only append to a file it could write itself.
-      const int out = open(options.output_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (out < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) fail(kOutputFile);
+      // As the account: it may only append to a file it could write itself. The account also decides
+      // what is at that path: a FIFO would hold this open until a reader came, and fitrund waits for
+      // this child's exec, so it opens non-blocking and refuses a FIFO (ENXIO without a reader), a
+      // socket or a symbolic link.
+      const int out = open(options.output_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK, 0644);
+      if (out < 0) fail(errno == ENXIO || errno == ELOOP ? kOutputNotAFile : kOutputFile);
+      struct stat info {};
+      if (fstat(out, &info) != 0) fail(kOutputFile);
+      if (S_ISFIFO(info.st_mode) || S_ISSOCK(info.st_mode)) {
+        errno = EINVAL;
+        fail(kOutputNotAFile);
+      }
+      const int flags = fcntl(out, F_GETFL);
+      if (flags < 0 || fcntl(out, F_SETFL, flags & ~O_NONBLOCK) != 0) fail(kOutputFile);
+      if (dup2(out, 1) < 0 || dup2(out, 2) < 0) fail(kOutputFile);
       if (out > 2) close(out);
     }
     // Nothing of fitrund's beyond the standard streams survives the exec, whether or not it was
@@ -273,6 +291,24 @@ absl::StatusOr<pid_t> ForkExec(const SpawnOptions& options, char* const argv[], 
   if (pid < 0) {
     CloseFd(&report->read_end);
     return absl::InternalError(absl::StrCat("cannot start ", options.argv[0], ": fork: ", std::strerror(fork_error)));
+  }
+  // The child's steps before its exec touch what the account controls (its working directory, its
+  // output file: a stalled FUSE mount, say), and fitrund's callers hold locks while they wait here:
+  // a child that has not exec'd by the deadline is killed.
+  pollfd ready{report->read_end, POLLIN, 0};
+  int polled;
+  const int deadline_ms = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.exec_deadline)));
+  while ((polled = poll(&ready, 1, deadline_ms)) < 0 && errno == EINTR) {
+  }
+  if (polled == 0) {
+    CloseFd(&report->read_end);
+    kill(pid, SIGKILL);
+    // Reaped on a thread of its own: a child stuck in the kernel dies only when the kernel lets it.
+    std::thread([pid] { Reap(pid); }).detach();
+    return absl::DeadlineExceededError(
+        absl::StrCat("cannot start ", options.argv[0], account != nullptr ? absl::StrCat(" as ", account->name) : "",
+                     ": it did not reach its exec within ", absl::FormatDuration(options.exec_deadline),
+                     " (its working directory or output file did not answer)"));
   }
   int failure[2] = {0, 0};
   ssize_t n;

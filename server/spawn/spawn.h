@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/sandbox/unix_account.h"
 
 namespace fitrun::server {
@@ -52,6 +53,9 @@ struct SpawnOptions {
   // A rank's limits instead of fitrund's (which may be root's): no core dumps (a dump would hold the
   // job token and the rank's data) and kRankOpenFiles descriptors, as a login session has.
   bool rank_limits = false;
+  // How long a child run as an account or in cgroups may take to reach its exec before it is killed
+  // and Spawn fails (its steps before the exec touch what the account controls; see ForkExec).
+  absl::Duration exec_deadline = absl::Seconds(10);
 };
 
 // Open files a rank may have (RLIMIT_NOFILE, soft and hard, at most fitrund's own hard limit):

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/sandbox/throwaway_account.h"
 
@@ -228,6 +229,36 @@ TEST_F(SpawnAsAccountTest, OutputFileIsOpenedAsTheAccount) {
   EXPECT_FALSE(std::filesystem::exists(options.output_path));
 }
 
+TEST_F(SpawnAsAccountTest, AFifoOrALinkAtTheOutputPathIsRefusedWithoutWaiting) {
+  // The account decides what is at its output path; a FIFO used to hold the child's open (and
+  // fitrund, waiting for its exec) until a reader came.
+  const std::string fifo = writable_ + "/rank-0.log";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  ASSERT_EQ(chown(fifo.c_str(), account_.uid, account_.gid), 0);
+  const std::string link = writable_ + "/rank-1.log";
+  ASSERT_EQ(symlink("/tmp", link.c_str()), 0);
+  for (const std::string& path : {fifo, link}) {
+    SpawnOptions options;
+    options.run_as = account_;
+    options.argv = {"/bin/true"};
+    options.output_path = path;
+    const absl::Time start = absl::Now();
+    absl::StatusOr<pid_t> refused = Spawn(options);
+    ASSERT_FALSE(refused.ok()) << path;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << path;
+    EXPECT_NE(refused.status().message().find("opening its output file, which is a FIFO, a socket or a symbolic link"),
+              std::string::npos)
+        << refused.status();
+  }
+  // Without an account (posix_spawn) the open does not wait either.
+  SpawnOptions options;
+  options.argv = {"/bin/true"};
+  options.output_path = fifo;
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(Spawn(options).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
 TEST_F(SpawnAsAccountTest, CannotRegainRoot) {
   SpawnOptions options;
   options.run_as = account_;
@@ -252,6 +283,36 @@ TEST(SpawnCgroupTest, ChildJoinsTheCgroupBeforeItRuns) {
   absl::StatusOr<pid_t> refused = Spawn(options);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("no-such-fitrun-cgroup"), std::string::npos) << refused.status();
+}
+
+TEST(SpawnCgroupTest, AChildThatDoesNotReachItsExecIsKilledAtTheDeadline) {
+  // A frozen cgroup stops the child as it joins, before its exec: as a stalled file system would.
+  const std::string cgroup = absl::StrCat("/sys/fs/cgroup/freezer/fitrun-spawn-test-", getpid());
+  if (geteuid() != 0 || mkdir(cgroup.c_str(), 0755) != 0) {
+    GTEST_SKIP() << "needs root and a writable cgroup v1 freezer at /sys/fs/cgroup/freezer";
+  }
+  auto write_file = [](const std::string& path, const std::string& text) {
+    std::ofstream(path) << text;
+  };
+  write_file(cgroup + "/freezer.state", "FROZEN");
+  SpawnOptions options;
+  options.argv = {"/bin/true"};
+  options.cgroup_procs_files = {cgroup + "/cgroup.procs"};
+  options.exec_deadline = absl::Seconds(1);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<pid_t> stalled = Spawn(options);
+  const absl::Duration took = absl::Now() - start;
+  write_file(cgroup + "/freezer.state", "THAWED");  // the killed child dies once thawed
+  ASSERT_FALSE(stalled.ok());
+  EXPECT_EQ(stalled.status().code(), absl::StatusCode::kDeadlineExceeded) << stalled.status();
+  EXPECT_NE(stalled.status().message().find("did not reach its exec within 1s"), std::string::npos)
+      << stalled.status();
+  EXPECT_GE(took, absl::Seconds(1));
+  EXPECT_LT(took, absl::Seconds(5));
+  // The child is gone: the cgroup empties and can be removed.
+  const absl::Time waiting = absl::Now();
+  while (rmdir(cgroup.c_str()) != 0 && absl::Now() - waiting < absl::Seconds(10)) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_FALSE(std::filesystem::exists(cgroup)) << "the stalled child was not killed";
 }
 
 }  // namespace
