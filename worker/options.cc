@@ -170,6 +170,10 @@ absl::Status AwaitWarmIdentity() {
     return absl::InvalidArgumentError(absl::StrCat(launch::kWarmFd, "=", descriptor_text, ": not a descriptor"));
   }
   unsetenv(launch::kWarmFd);
+  // Before the identity and the job's token arrive, and for however long this rank idles: from here
+  // only root may look inside this process, so another process of its account cannot reopen the
+  // pipe through /proc to read the token or to write an identity of its own.
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   // A byte at a time: what follows the identity is the token, TakeJobToken's to read.
   constexpr size_t kMaxEntry = 64 * 1024;
   std::vector<std::string> entries;

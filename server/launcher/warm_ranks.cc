@@ -18,6 +18,10 @@
 namespace fitrun::server {
 namespace {
 
+// How long a warm rank has to take its identity: it is waiting for it, so a pipe that does not
+// take a few kilobytes in this time is one its owner stopped or filled.
+constexpr absl::Duration kIdentityDeadline = absl::Seconds(2);
+
 namespace launch = fitrun::contract::launch;
 
 // What launch_contract.h's kWarmFd carries: the working directory, the log, each variable, an empty
@@ -34,17 +38,6 @@ std::string IdentityMessage(const WorkerLaunch& launch) {
   message.push_back('\0');
   message.append(launch.job_token);
   return message;
-}
-
-bool WriteAll(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
 }
 
 // The process's anonymous resident memory (/proc/<pid>/status RssAnon), 0 when unknown: what it
@@ -149,8 +142,10 @@ std::optional<WarmRanks::Taken> WarmRanks::Take(const WorkerLaunch& launch, Proc
       rank->on_exit = on_exit;
     }
     // From here the rank is the job's: if the write fails it has died, and its exit, already routed
-    // to the job, is that rank's crash.
-    (void)WriteAll(rank->identity_fd, IdentityMessage(launch));
+    // to the job, is that rank's crash. The rank runs as the job's owner, who may have stopped it or
+    // filled its pipe (fitrund holds the job manager's lock here): one that does not take its
+    // identity in time is killed, which is the same crash.
+    if (!WriteToPipeWithin(rank->identity_fd, IdentityMessage(launch), kIdentityDeadline)) kill(rank->pid, SIGKILL);
     LetGo(*rank);
     return Taken{rank->pid, rank->warm_id};
   }

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 extern char** environ;
 
@@ -351,6 +352,30 @@ absl::StatusOr<Pipe> MakePipe() {
 void CloseFd(int* fd) {
   if (*fd >= 0) close(*fd);
   *fd = -1;
+}
+
+bool WriteToPipeWithin(int fd, std::string_view bytes, absl::Duration deadline) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return false;
+  const absl::Time give_up = absl::Now() + deadline;
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN) return false;  // EPIPE: the reader is gone
+    const absl::Duration left = give_up - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    pollfd writable{fd, POLLOUT, 0};
+    if (poll(&writable, 1, static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(left)))) < 0 &&
+        errno != EINTR) {
+      return false;
+    }
+  }
+  return true;
 }
 
 std::string ChildExit::Describe() const {

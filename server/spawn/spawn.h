@@ -11,6 +11,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -77,6 +78,11 @@ struct Pipe {
 absl::StatusOr<Pipe> MakePipe();
 // Closes *fd if open and marks it closed.
 void CloseFd(int* fd);
+// Writes all of `bytes` to the write end of a pipe whose reader is a process of an account's: that
+// account may have stopped it, or reopened the pipe through /proc and filled it. Makes `fd`
+// non-blocking and gives up after `deadline`; false when the bytes did not all go (or the reader
+// is gone).
+bool WriteToPipeWithin(int fd, std::string_view bytes, absl::Duration deadline);
 
 // How a child ended: its exit code, or the signal that killed it (exit_code -1 then).
 struct ChildExit {

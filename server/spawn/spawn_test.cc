@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -125,6 +126,40 @@ TEST(SpawnTest, SignalsBlockedInFitrundAreUnblockedInTheChild) {
   EXPECT_EQ(exit.signal, SIGTERM);
   EXPECT_EQ(exit.exit_code, -1);
   EXPECT_EQ(exit.Describe(), "was killed by signal 15");
+}
+
+TEST(SpawnTest, AWriteToAFullPipeGivesUpAtItsDeadline) {
+  absl::StatusOr<Pipe> pipe = MakePipe();
+  ASSERT_TRUE(pipe.ok());
+  // What an owner's process does to a rank's pipe: fill it and never read.
+  ASSERT_EQ(fcntl(pipe->write_end, F_SETFL, O_NONBLOCK), 0);
+  const std::string chunk(4096, 'x');
+  size_t filled = 0;
+  for (ssize_t n; (n = write(pipe->write_end, chunk.data(), chunk.size())) > 0;) filled += static_cast<size_t>(n);
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(WriteToPipeWithin(pipe->write_end, "identity", absl::Milliseconds(300)));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(290));
+  EXPECT_LT(took, absl::Seconds(3));
+
+  // Read as it is written, more than a pipe holds goes whole.
+  std::string drained;
+  std::thread reader([&] { drained = ReadAll(pipe->read_end); });
+  const std::string big(1 << 20, 'y');
+  EXPECT_TRUE(WriteToPipeWithin(pipe->write_end, big, absl::Seconds(10)));
+  CloseFd(&pipe->write_end);
+  reader.join();
+  ASSERT_EQ(drained.size(), filled + big.size());  // nothing of the refused write went
+  EXPECT_EQ(drained.substr(filled), big);
+  CloseFd(&pipe->read_end);
+
+  // A reader gone: false at once.
+  absl::StatusOr<Pipe> closed = MakePipe();
+  ASSERT_TRUE(closed.ok());
+  CloseFd(&closed->read_end);
+  signal(SIGPIPE, SIG_IGN);
+  EXPECT_FALSE(WriteToPipeWithin(closed->write_end, "identity", absl::Seconds(10)));
+  CloseFd(&closed->write_end);
 }
 
 TEST(SpawnTest, ExitCodeIsReported) {
