@@ -7,6 +7,18 @@
 #include "absl/strings/str_format.h"
 
 namespace fitrun::server {
+namespace {
+
+// `text` cut to at most `limit` bytes, not inside a UTF-8 character (a string field must stay valid
+// UTF-8), with how much was cut.
+std::string CutText(const std::string& text, size_t limit) {
+  if (text.size() <= limit) return text;
+  size_t end = limit;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return absl::StrCat(text.substr(0, end), " [", text.size() - end, " more bytes cut]");
+}
+
+}  // namespace
 
 ReportIngest::Ingested ReportIngest::Ingest(JobEntry& entry, int rank_index,
                                             const fitrun::v1::WorkerReport& report) const {
@@ -17,6 +29,16 @@ ReportIngest::Ingested ReportIngest::Ingest(JobEntry& entry, int rank_index,
   const absl::Time now = clock_();
   rank.last_heard = now;
   fitrun::v1::JobEvent event;
+  if (const size_t bytes = report.ByteSizeLong();
+      bytes > kMaxReportBytes && !report.has_log() && !report.has_failed()) {
+    const auto* kind = report.GetDescriptor()->FindFieldByNumber(report.report_case());
+    event.mutable_log()->set_rank(rank_index);
+    event.mutable_log()->set_text(absl::StrCat("rank ", rank_index, " sent a ", kind == nullptr ? "" : kind->name(),
+                                               " report of ", bytes, " bytes, more than the ", kMaxReportBytes,
+                                               " a report may carry; it was not kept"));
+    ingested.events.push_back(std::move(event));
+    return ingested;
+  }
   switch (report.report_case()) {
     case fitrun::v1::WorkerReport::kProgress: {
       *event.mutable_progress() = report.progress();
@@ -62,7 +84,7 @@ ReportIngest::Ingested ReportIngest::Ingest(JobEntry& entry, int rank_index,
       metrics_->CheckpointFailed();
       break;
     case fitrun::v1::WorkerReport::kLog:
-      *event.mutable_log() = report.log();
+      event.mutable_log()->set_text(CutText(report.log().text(), kMaxTextBytes));
       event.mutable_log()->set_rank(rank_index);
       break;
     case fitrun::v1::WorkerReport::kFinished:
@@ -75,9 +97,9 @@ ReportIngest::Ingested ReportIngest::Ingest(JobEntry& entry, int rank_index,
       ingested.next = Next::kFinished;
       break;
     case fitrun::v1::WorkerReport::kFailed:
-      rank.failure_report = report.failed().reason();
+      rank.failure_report = CutText(report.failed().reason(), kMaxTextBytes);
       event.mutable_log()->set_rank(rank_index);
-      event.mutable_log()->set_text(absl::StrCat("failed: ", report.failed().reason()));
+      event.mutable_log()->set_text(absl::StrCat("failed: ", rank.failure_report));
       break;
     default:
       return ingested;  // heartbeats carry no event; a hello or nested batch here is ignored

@@ -41,6 +41,13 @@ class ReportIngest {
   // one). Marks the rank heard from now.
   Ingested Ingest(JobEntry& entry, int rank, const fitrun::v1::WorkerReport& report) const;
 
+  // What one report may carry. Reports are the job's code's word (a script writes them), and each
+  // event is kept in memory for the job's watchers and in the store for good: a log line or a
+  // failure's reason is cut to kMaxTextBytes (at a character's boundary), and any other report
+  // larger than kMaxReportBytes is not kept (a line says so).
+  static constexpr size_t kMaxTextBytes = 16 * 1024;
+  static constexpr size_t kMaxReportBytes = 64 * 1024;
+
  private:
   CoordinatorMetrics* const metrics_;
   const std::function<absl::Time()> clock_;

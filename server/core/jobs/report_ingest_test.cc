@@ -118,6 +118,33 @@ TEST_F(ReportIngestTest, FailuresLogsAndCheckpointsBecomeTheirEvents) {
   EXPECT_EQ(ingest_.Ingest(entry_, 1, log).events[0].log().rank(), 1);
 }
 
+TEST_F(ReportIngestTest, ARanksTextIsCutAndAnOversizedReportIsNotKept) {
+  // A log line past the limit, cut inside a two-byte character: the cut backs off to its start.
+  fitrun::v1::WorkerReport log;
+  log.mutable_log()->set_text(std::string(ReportIngest::kMaxTextBytes - 1, 'a') + "\xc3\xa9" + std::string(1 << 20, 'b'));
+  const std::string text = ingest_.Ingest(entry_, 1, log).events[0].log().text();
+  EXPECT_EQ(text, std::string(ReportIngest::kMaxTextBytes - 1, 'a') + " [1048578 more bytes cut]");
+
+  fitrun::v1::WorkerReport failed;
+  failed.mutable_failed()->set_reason(std::string(1 << 20, 'r'));
+  ReportIngest::Ingested f = ingest_.Ingest(entry_, 0, failed);
+  EXPECT_EQ(entry_.active->ranks[0].failure_report.size(), ReportIngest::kMaxTextBytes + 25);
+  EXPECT_LT(f.events[0].ByteSizeLong(), ReportIngest::kMaxTextBytes + 100);
+
+  // A progress report with a megabyte of metric names: one line instead, the rank left as it was.
+  fitrun::v1::WorkerReport progress;
+  progress.mutable_progress()->set_step(7);
+  progress.mutable_progress()->set_peak_bytes(int64_t{1} << 40);
+  (*progress.mutable_progress()->mutable_metrics())[std::string(1 << 20, 'm')] = 1.0;
+  ReportIngest::Ingested p = ingest_.Ingest(entry_, 1, progress);
+  ASSERT_EQ(p.events.size(), 1u);
+  EXPECT_THAT(p.events[0].log().text(),
+              HasSubstr("rank 1 sent a progress report of 1048"));
+  EXPECT_THAT(p.events[0].log().text(), HasSubstr("more than the 65536 a report may carry; it was not kept"));
+  EXPECT_EQ(entry_.active->ranks[1].peak_bytes, 0);
+  EXPECT_EQ(entry_.active->ranks[1].last_step, 0);
+}
+
 TEST_F(ReportIngestTest, AHeartbeatCarriesNoEventButMarksTheRankHeard) {
   now_ += absl::Seconds(30);
   fitrun::v1::WorkerReport heartbeat;
