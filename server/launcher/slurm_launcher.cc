@@ -1,10 +1,13 @@
 #include "server/launcher/slurm_launcher.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cinttypes>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -30,6 +33,42 @@ namespace fs = std::filesystem;
 constexpr char kRankShim[] =
 #include "server/launcher/rank_shim.sh.inc"
     ;
+
+// A copy of a batch script that only root reads, for sbatch (which runs as root and opens the file
+// it is named, following links): the copy in the attempt's directory is the owner's, who may swap it
+// for a link to a root-only file (whose text Slurm would then keep as the job's script) or a FIFO.
+// Created exclusively (mkstemp: 0600, never through an existing name); removed with this object.
+class PrivateScript {
+ public:
+  static absl::StatusOr<PrivateScript> Write(const std::string& text) {
+    std::string path = (fs::temp_directory_path() / "fitrun-sbatch-XXXXXX").string();
+    const int fd = mkstemp(path.data());
+    if (fd < 0) return absl::InternalError(absl::StrCat("sbatch's copy of the batch script: ", std::strerror(errno)));
+    PrivateScript script(path);
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        close(fd);
+        return absl::InternalError(absl::StrCat("writing ", path, ": ", std::strerror(errno)));
+      }
+      done += static_cast<size_t>(n);
+    }
+    close(fd);
+    return script;
+  }
+  PrivateScript(PrivateScript&& other) noexcept : path_(std::exchange(other.path_, "")) {}
+  PrivateScript& operator=(PrivateScript&&) = delete;
+  ~PrivateScript() {
+    if (!path_.empty()) unlink(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit PrivateScript(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
 
 constexpr char kHandlePrefix[] = "slurm:";
 // The shim tells fitrund each rank's exit status through files in this directory.
@@ -164,7 +203,8 @@ std::vector<std::string> SlurmLauncher::SbatchArgv(const AttemptLaunch& attempt,
   const int world_size = static_cast<int>(attempt.ranks.size());
   const int nodes = attempt.nodes.empty() ? 1 : static_cast<int>(attempt.nodes.size());
   const int per_node = attempt.ranks_per_node > 0 ? attempt.ranks_per_node : world_size / nodes;
-  const std::string attempt_dir = fs::path(script).parent_path().string();
+  // The ranks' working directory is the attempt's (the script sbatch reads is elsewhere).
+  const std::string attempt_dir = attempt.ranks.empty() ? "" : attempt.ranks.front().working_dir;
   std::vector<std::string> argv = {
       "sbatch",
       "--parsable",
@@ -234,14 +274,15 @@ absl::StatusOr<LaunchedAttempt> SlurmLauncher::Launch(const AttemptLaunch& attem
   if (absl::Status status = job_dir->WriteFile(in_attempt + "slurm-batch.sh", *script, 0700); !status.ok()) {
     return status;
   }
-  const fs::path script_path = attempt_dir / "slurm-batch.sh";
   for (int rank = 0; rank < static_cast<int>(attempt.ranks.size()); ++rank) {
     if (absl::Status status = job_dir->RemoveFile(absl::StrCat(in_attempt, "rank-", rank, ".exit")); !status.ok()) {
       return status;
     }
   }
 
-  absl::StatusOr<std::string> submitted = options_.runner(SbatchArgv(attempt, script_path.string()));
+  absl::StatusOr<PrivateScript> private_script = PrivateScript::Write(*script);
+  if (!private_script.ok()) return private_script.status();
+  absl::StatusOr<std::string> submitted = options_.runner(SbatchArgv(attempt, private_script->path()));
   if (!submitted.ok()) {
     if (absl::IsDeadlineExceeded(submitted.status())) {
       // slurmctld may have queued it before sbatch was cut off; nobody would own that allocation.

@@ -4,6 +4,7 @@
 #include "server/launcher/slurm_launcher.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -196,14 +197,18 @@ TEST_F(SlurmLauncherTest, SbatchAsksForThePlansNodesRanksAndLimits) {
   SlurmLauncher launcher(options);
   AttemptLaunch attempt = Attempt();
   attempt.time_limit_minutes = 90;
-  const std::vector<std::string> argv = launcher.SbatchArgv(attempt, "/shared/jobs/j1/attempt-1/slurm-batch.sh");
+  // The script sbatch reads is root's copy, elsewhere; the job's output and directory are the attempt's.
+  const std::vector<std::string> argv = launcher.SbatchArgv(attempt, "/tmp/fitrun-sbatch-a1b2c3");
   EXPECT_EQ(argv.front(), "sbatch");
-  EXPECT_EQ(argv.back(), "/shared/jobs/j1/attempt-1/slurm-batch.sh");
-  for (const char* expected :
-       {"--parsable", "--job-name=fitrun-j1", "--comment=fitrund-tag", "--nodes=2", "--ntasks-per-node=2",
-        "--nodelist=n1,n2", "--cpus-per-task=1", "--mem=2048M", "--time=90", "--no-requeue", "--signal=B:USR2@60",
-        "--output=/shared/jobs/j1/attempt-1/slurm-batch.log", "--chdir=/shared/jobs/j1/attempt-1",
-        "--partition=gpu", "--account=ml", "--qos=high"}) {
+  EXPECT_EQ(argv.back(), "/tmp/fitrun-sbatch-a1b2c3");
+  for (const std::string& expected :
+       {std::string("--parsable"), std::string("--job-name=fitrun-j1"), std::string("--comment=fitrund-tag"),
+        std::string("--nodes=2"), std::string("--ntasks-per-node=2"), std::string("--nodelist=n1,n2"),
+        std::string("--cpus-per-task=1"), std::string("--mem=2048M"), std::string("--time=90"),
+        std::string("--no-requeue"), std::string("--signal=B:USR2@60"),
+        absl::StrCat("--output=", attempt_dir_.string(), "/slurm-batch.log"),
+        absl::StrCat("--chdir=", attempt_dir_.string()), std::string("--partition=gpu"), std::string("--account=ml"),
+        std::string("--qos=high")}) {
     EXPECT_THAT(argv, Contains(expected));
   }
   EXPECT_THAT(argv, Not(Contains("--gpus-per-task=1")));
@@ -395,6 +400,34 @@ TEST_F(SlurmLauncherTest, ReleasesOnlyThisCoordinatorsUnownedAllocations) {
   EXPECT_EQ(slurm_.Count("squeue --noheader --all --format=%i|%k"), 1);
   EXPECT_EQ(slurm_.Count("scancel 8"), 1);
   for (const char* spared : {"scancel 7", "scancel 9", "scancel 10"}) EXPECT_EQ(slurm_.Count(spared), 0) << spared;
+}
+
+TEST_F(SlurmLauncherTest, SbatchReadsAPrivateCopyOfTheScriptNotTheOwnersFile) {
+  // sbatch runs as root and opens the file it is named: the owner's copy in the attempt's directory
+  // could be swapped for a link to a root-only file by then. What sbatch is named is root's own.
+  SlurmLauncher::Options options = Options();
+  slurm::SlurmRunner scripted = options.runner;
+  std::string named, text_then;
+  struct stat info {};
+  options.runner = [&](const std::vector<std::string>& argv) -> absl::StatusOr<std::string> {
+    if (argv[0] == "sbatch") {
+      named = argv.back();
+      EXPECT_EQ(lstat(named.c_str(), &info), 0);
+      std::ifstream in(named);
+      text_then.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    return scripted(argv);
+  };
+  SlurmLauncher launcher(options);
+  ASSERT_TRUE(launcher.Launch(Attempt(), reports_.OnExit()).ok());
+  EXPECT_FALSE(absl::StartsWith(named, attempt_dir_.parent_path().string())) << named;
+  EXPECT_TRUE(S_ISREG(info.st_mode));
+  EXPECT_EQ(info.st_uid, geteuid());
+  EXPECT_EQ(info.st_mode & 0777, 0600u);
+  absl::StatusOr<std::string> expected = SlurmLauncher::BatchScript(Attempt(), (attempt_dir_ / "rank_shim.sh").string());
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(text_then, *expected);
+  EXPECT_FALSE(std::filesystem::exists(named)) << "the private copy outlived the submit";
 }
 
 TEST_F(SlurmLauncherTest, AnSbatchCutOffByItsTimeoutLeavesNoAllocationBehind) {
