@@ -145,7 +145,9 @@ std::optional<WarmRanks::Taken> WarmRanks::Take(const WorkerLaunch& launch, Proc
     // to the job, is that rank's crash. The rank runs as the job's owner, who may have stopped it or
     // filled its pipe (fitrund holds the job manager's lock here): one that does not take its
     // identity in time is killed, which is the same crash.
-    if (!WriteToPipeWithin(rank->identity_fd, IdentityMessage(launch), kIdentityDeadline)) kill(rank->pid, SIGKILL);
+    if (!WriteToPipeWithin(rank->identity_fd, IdentityMessage(launch), kIdentityDeadline).ok()) {
+      kill(rank->pid, SIGKILL);
+    }
     LetGo(*rank);
     return Taken{rank->pid, rank->warm_id};
   }

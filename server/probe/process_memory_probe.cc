@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -88,20 +89,29 @@ std::string Tail(const std::string& text, size_t limit = 600) {
   return t.size() <= limit ? t : "..." + t.substr(t.size() - limit);
 }
 
-// Writes to a pipe whose reader may have exited: EPIPE instead of the process-wide SIGPIPE (the
-// signal is blocked on this thread for the write, and one it raised is taken before unblocking).
-bool WriteWithoutSigpipe(int fd, const std::string& data) {
+// How long a pending line on the probe's stdout may grow: a header or measurement line is well
+// under 1 KiB, and fitrund must not hold whatever the job's code writes without a newline.
+constexpr size_t kMaxLineBytes = 64 * 1024;
+// How long a probe whose stdout closed has to exit, and its stderr to reach its end: a child it
+// left holding stderr (which its owner controls) must not keep the calibrator waiting.
+constexpr absl::Duration kEndGrace = absl::Seconds(2);
+
+// Writes all of `data` to the probe's stdin (its owner can stop it and fill the pipe) until
+// `deadline` (server/spawn's WriteToPipeWithin). A reader that exited is EPIPE instead of the
+// process-wide SIGPIPE: the signal is blocked on this thread for the write, and one it raised is
+// taken before unblocking.
+absl::Status WriteBy(int fd, std::string_view data, absl::Duration deadline) {
   sigset_t pipe_only, old;
   sigemptyset(&pipe_only);
   sigaddset(&pipe_only, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
-  const ssize_t n = write(fd, data.data(), data.size());
-  if (n < 0 && errno == EPIPE && !sigismember(&old, SIGPIPE)) {
+  const absl::Status written = WriteToPipeWithin(fd, data, deadline);
+  if (absl::IsUnavailable(written) && !sigismember(&old, SIGPIPE)) {
     const timespec no_wait{0, 0};
     sigtimedwait(&pipe_only, nullptr, &no_wait);
   }
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  return n == static_cast<ssize_t>(data.size());
+  return written;
 }
 
 // Kills what is left in a probe's cgroup and removes it, saying on fitrund's log what failed.
@@ -122,16 +132,7 @@ class ProcessSession final : public MemoryProbeSession {
   ~ProcessSession() override {
     // End of input ends the probe; one that does not go is killed.
     if (in_ >= 0) close(in_);
-    int status = 0;
-    const absl::Time deadline = absl::Now() + absl::Seconds(2);
-    while (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == 0) {
-      if (absl::Now() >= deadline) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    if (pid_ > 0) ReapBy(absl::Now() + kEndGrace);
     if (out_ >= 0) close(out_);
     if (err_ >= 0) close(err_);
     std::remove(assignment_path_.c_str());
@@ -158,7 +159,15 @@ class ProcessSession final : public MemoryProbeSession {
 
   absl::StatusOr<int64_t> MeasurePeak(int64_t batch) override {
     const std::string request = absl::StrCat(batch, "\n");
-    if (in_ < 0 || !WriteWithoutSigpipe(in_, request)) {
+    const absl::Status sent = in_ < 0 ? absl::UnavailableError("its input is closed")
+                                      : WriteBy(in_, request, measure_timeout_);
+    if (!sent.ok()) {
+      if (absl::IsDeadlineExceeded(sent)) {
+        if (pid_ > 0) kill(pid_, SIGKILL);
+        return absl::DeadlineExceededError(absl::StrCat("memory probe: sending it micro-batch ", batch,
+                                                        " took longer than ", absl::FormatDuration(measure_timeout_),
+                                                        " (its input was not read); it was stopped"));
+      }
       return absl::InternalError(absl::StrCat("memory probe: cannot send it a batch size: ", Tail(stderr_)));
     }
     absl::StatusOr<std::string> line = ReadLine(measure_timeout_, absl::StrCat("measuring micro-batch ", batch));
@@ -197,7 +206,7 @@ class ProcessSession final : public MemoryProbeSession {
 
  private:
   // The next line on stdout, reading stderr meanwhile (so the child never blocks on it); an error
-  // naming `what` when the child ends or the timeout passes first.
+  // naming `what` when the child ends, the timeout passes or the line passes kMaxLineBytes first.
   absl::StatusOr<std::string> ReadLine(absl::Duration timeout, const std::string& what) {
     const absl::Time deadline = absl::Now() + timeout;
     while (true) {
@@ -205,6 +214,14 @@ class ProcessSession final : public MemoryProbeSession {
         std::string line = stdout_.substr(0, newline);
         stdout_.erase(0, newline + 1);
         return line;
+      }
+      if (stdout_.size() > kMaxLineBytes) {
+        // Nothing more it writes is read as an answer: the session reads as ended from now on.
+        if (pid_ > 0) kill(pid_, SIGKILL);
+        CloseFd(&out_);
+        stdout_.clear();
+        return absl::InternalError(absl::StrCat("memory probe: while ", what, ", it wrote more than ",
+                                                kMaxLineBytes, " bytes on stdout without a newline; it was stopped"));
       }
       if (out_ < 0) return Ended(what);
       const int64_t wait_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
@@ -216,38 +233,54 @@ class ProcessSession final : public MemoryProbeSession {
       pollfd fds[2] = {{out_, POLLIN, 0}, {err_, POLLIN, 0}};
       const int ready = poll(fds, err_ >= 0 ? 2 : 1, static_cast<int>(std::min<int64_t>(wait_ms, 1000)));
       if (ready < 0 && errno != EINTR) return absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));
-      int* fd_of[2] = {&out_, &err_};
-      std::string* sink_of[2] = {&stdout_, &stderr_};
-      for (int i = 0; i < 2; ++i) {
-        if (*fd_of[i] < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-        char buffer[4096];
-        const ssize_t n = read(*fd_of[i], buffer, sizeof(buffer));
-        if (n > 0) {
-          sink_of[i]->append(buffer, static_cast<size_t>(n));
-          if (i == 1 && stderr_.size() > 16384) stderr_.erase(0, stderr_.size() - 8192);
-        } else if (n == 0 || errno != EINTR) {
-          close(*fd_of[i]);
-          *fd_of[i] = -1;
-        }
-      }
+      if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) ReadSome(&out_, &stdout_);
+      if (err_ >= 0 && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) ReadSome(&err_, &stderr_);
     }
   }
 
-  // The probe ended before answering: how, with what it said on stderr.
-  absl::Status Ended(const std::string& what) {
-    while (err_ >= 0) {  // the rest of stderr
-      char buffer[4096];
-      const ssize_t n = read(err_, buffer, sizeof(buffer));
-      if (n > 0) {
-        stderr_.append(buffer, static_cast<size_t>(n));
-      } else if (n == 0 || errno != EINTR) {
-        close(err_);
-        err_ = -1;
-      }
+  // One read of a ready pipe into `sink` (stderr's last 8 KiB to 16 KiB, for messages); closes it at
+  // its end.
+  void ReadSome(int* fd, std::string* sink) {
+    char buffer[4096];
+    const ssize_t n = read(*fd, buffer, sizeof(buffer));
+    if (n > 0) {
+      sink->append(buffer, static_cast<size_t>(n));
+      if (sink == &stderr_ && stderr_.size() > 16384) stderr_.erase(0, stderr_.size() - 8192);
+    } else if (n == 0 || errno != EINTR) {
+      CloseFd(fd);
     }
-    if (pid_ > 0) {
-      how_it_ended_ = Reap(pid_).Describe();
-      pid_ = -1;  // reaped: never waited for or killed again
+  }
+
+  // Waits until `deadline` for the probe to exit, then kills it; reaps it either way.
+  ChildExit ReapBy(absl::Time deadline) {
+    const pid_t pid = pid_;
+    pid_ = -1;  // reaped: never waited for or killed again
+    int status = 0;
+    while (true) {
+      const pid_t reaped = waitpid(pid, &status, WNOHANG);
+      if (reaped == pid) return ChildExitFromWaitStatus(status);
+      if (reaped < 0 && errno != EINTR) return ChildExit{};
+      if (absl::Now() >= deadline) break;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    kill(pid, SIGKILL);
+    return Reap(pid);
+  }
+
+  // The probe ended before answering (its stdout closed): how, with what it said on stderr.
+  absl::Status Ended(const std::string& what) {
+    const absl::Time deadline = absl::Now() + kEndGrace;
+    if (pid_ > 0) how_it_ended_ = ReapBy(deadline).Describe();
+    // What it started goes too, so that stderr ends once what they wrote is read. A writer outside
+    // its cgroup (or with none) is not waited for past the grace; what is already in the pipe is read
+    // even when the probe took all of the grace to exit.
+    if (cgroup_ != nullptr) (void)cgroup_->KillAll(kEndGrace);
+    const absl::Time drain_until = std::max(deadline, absl::Now() + absl::Milliseconds(100));
+    for (absl::Time now = absl::Now(); err_ >= 0 && now < drain_until; now = absl::Now()) {
+      pollfd fd = {err_, POLLIN, 0};
+      const int ready = poll(&fd, 1, static_cast<int>(absl::ToInt64Milliseconds(drain_until - now)) + 1);
+      if (ready == 0 || (ready < 0 && errno != EINTR)) break;
+      if (ready > 0) ReadSome(&err_, &stderr_);
     }
     // Exit 2 is a spec it cannot run: the worker names the field.
     return absl::InvalidArgumentError(

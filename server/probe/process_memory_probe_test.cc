@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -174,6 +175,75 @@ exec sleep 60)");
   EXPECT_EQ((*session)->MeasurePeak(4).status().code(), absl::StatusCode::kDeadlineExceeded);
   session->reset();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// The job's owner controls what the probe writes: a line that never ends stops the probe at 64 KiB
+// instead of growing in fitrund's memory until the measurement's timeout.
+TEST(ProcessMemoryProbeTest, ALineWithoutEndStopsTheProbe) {
+  const std::string worker = FakeWorker("probe_endless_line.sh", R"(
+echo '{"model_state_bytes": 100, "train_samples": 1000}'
+read b
+head -c 16777216 /dev/zero
+exec sleep 20)");
+  ProcessMemoryProbe::Options options = OptionsFor(worker);
+  options.measure_timeout = absl::Seconds(5);
+  auto probe = *ProcessMemoryProbe::Create(options);
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30, "");
+  ASSERT_TRUE(session.ok()) << session.status();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<int64_t> peak = (*session)->MeasurePeak(4);
+  EXPECT_LT(absl::Now() - start, options.measure_timeout) << "it waited for the newline";
+  EXPECT_EQ(peak.status().code(), absl::StatusCode::kInternal) << peak.status();
+  EXPECT_THAT(peak.status().message(),
+              HasSubstr("while measuring micro-batch 4, it wrote more than 65536 bytes on stdout without a newline"));
+  // Stopped: nothing more it wrote is taken for an answer.
+  EXPECT_FALSE((*session)->MeasurePeak(8).ok());
+}
+
+// A probe's child (its owner's) that keeps the probe's stderr open after the probe ended costs the
+// calibrator a short grace, not the child's lifetime.
+TEST(ProcessMemoryProbeTest, AChildHoldingStderrDoesNotHoldTheMeasurement) {
+  const std::string child_pid = (std::filesystem::path(TestDir()) / "probe_stderr_child.pid").string();
+  std::filesystem::remove(child_pid);
+  const std::string worker = FakeWorker("probe_stderr_held.sh", absl::StrCat(R"(
+echo '{"model_state_bytes": 100, "train_samples": 1000}'
+read b
+sleep 20 </dev/null >/dev/null &
+echo $! > )", child_pid, R"(
+echo "step 1: crashed" >&2
+exit 3)"));
+  auto probe = *ProcessMemoryProbe::Create(OptionsFor(worker));
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30, "");
+  ASSERT_TRUE(session.ok()) << session.status();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<int64_t> peak = (*session)->MeasurePeak(4);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "it waited for the child";
+  EXPECT_EQ(peak.status().code(), absl::StatusCode::kInvalidArgument) << peak.status();
+  EXPECT_THAT(peak.status().message(), HasSubstr("exited with 3"));
+  EXPECT_THAT(peak.status().message(), HasSubstr("step 1: crashed"));
+  std::ifstream in(child_pid);
+  if (int pid = 0; in >> pid && pid > 0) kill(pid, SIGKILL);
+}
+
+// Its owner can stop the probe and fill the pipe fitrund writes batch sizes to (reopened through
+// /proc): sending one then fails at the measurement's timeout instead of blocking the calibrator.
+TEST(ProcessMemoryProbeTest, AProbeWhoseInputIsFullIsStoppedAtTheTimeout) {
+  const std::string worker = FakeWorker("probe_full_input.sh", R"(
+exec 3>/proc/$$/fd/0
+timeout 1 cat /dev/zero </dev/null >&3
+exec 3>&-
+echo '{"model_state_bytes": 100, "train_samples": 1000}'
+exec sleep 20)");
+  ProcessMemoryProbe::Options options = OptionsFor(worker);
+  options.measure_timeout = absl::Seconds(1);
+  auto probe = *ProcessMemoryProbe::Create(options);
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30, "");
+  ASSERT_TRUE(session.ok()) << session.status();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<int64_t> peak = (*session)->MeasurePeak(4);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the write blocked";
+  EXPECT_EQ(peak.status().code(), absl::StatusCode::kDeadlineExceeded) << peak.status();
+  EXPECT_THAT(peak.status().message(), HasSubstr("sending it micro-batch 4 took longer than 1s"));
 }
 
 TEST(ProcessMemoryProbeTest, AMissingBinaryIsAnError) {

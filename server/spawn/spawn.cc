@@ -354,9 +354,11 @@ void CloseFd(int* fd) {
   *fd = -1;
 }
 
-bool WriteToPipeWithin(int fd, std::string_view bytes, absl::Duration deadline) {
+absl::Status WriteToPipeWithin(int fd, std::string_view bytes, absl::Duration deadline) {
   const int flags = fcntl(fd, F_GETFL);
-  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return false;
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    return absl::InternalError(absl::StrCat("fcntl: ", std::strerror(errno)));
+  }
   const absl::Time give_up = absl::Now() + deadline;
   size_t done = 0;
   while (done < bytes.size()) {
@@ -366,16 +368,19 @@ bool WriteToPipeWithin(int fd, std::string_view bytes, absl::Duration deadline) 
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno != EAGAIN) return false;  // EPIPE: the reader is gone
+    if (n < 0 && errno != EAGAIN) return absl::UnavailableError(absl::StrCat("write: ", std::strerror(errno)));
     const absl::Duration left = give_up - absl::Now();
-    if (left <= absl::ZeroDuration()) return false;
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat("the reader took ", done, " of ", bytes.size(), " bytes in ",
+                                                      absl::FormatDuration(deadline)));
+    }
     pollfd writable{fd, POLLOUT, 0};
     if (poll(&writable, 1, static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(left)))) < 0 &&
         errno != EINTR) {
-      return false;
+      return absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));
     }
   }
-  return true;
+  return absl::OkStatus();
 }
 
 std::string ChildExit::Describe() const {

@@ -80,9 +80,9 @@ absl::StatusOr<Pipe> MakePipe();
 void CloseFd(int* fd);
 // Writes all of `bytes` to the write end of a pipe whose reader is a process of an account's: that
 // account may have stopped it, or reopened the pipe through /proc and filled it. Makes `fd`
-// non-blocking and gives up after `deadline`; false when the bytes did not all go (or the reader
-// is gone).
-bool WriteToPipeWithin(int fd, std::string_view bytes, absl::Duration deadline);
+// non-blocking and gives up after `deadline`: DEADLINE_EXCEEDED then, UNAVAILABLE when the reader is
+// gone (EPIPE: the caller decides what a SIGPIPE does; fitrund blocks it on every thread).
+absl::Status WriteToPipeWithin(int fd, std::string_view bytes, absl::Duration deadline);
 
 // How a child ended: its exit code, or the signal that killed it (exit_code -1 then).
 struct ChildExit {
