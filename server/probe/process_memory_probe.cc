@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "proto/contract/launch_contract.h"
 #include "fitrun/v1/worker.pb.h"
@@ -83,10 +84,23 @@ bool JsonString(absl::string_view json, absl::string_view name, std::string* val
   return true;
 }
 
-// The last `limit` bytes of a process's output, for error messages.
+// The last `limit` bytes of a process's output, for error messages (which reach the job's events,
+// an admin's terminal and fitrund's log): control characters but newlines and tabs escaped, and not
+// starting inside a UTF-8 character (the message may become a string field).
 std::string Tail(const std::string& text, size_t limit = 600) {
-  std::string t(absl::StripTrailingAsciiWhitespace(text));
-  return t.size() <= limit ? t : "..." + t.substr(t.size() - limit);
+  const absl::string_view t = absl::StripTrailingAsciiWhitespace(text);
+  size_t start = t.size() <= limit ? 0 : t.size() - limit;
+  while (start < t.size() && (static_cast<unsigned char>(t[start]) & 0xC0) == 0x80) ++start;
+  std::string out = start > 0 ? "..." : "";
+  for (const char c : t.substr(start)) {
+    const auto byte = static_cast<unsigned char>(c);
+    if ((byte < 0x20 && c != '\n' && c != '\t') || byte == 0x7f) {
+      out += absl::StrFormat("\\x%02x", byte);
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
 }
 
 // How long a pending line on the probe's stdout may grow: a header or measurement line is well

@@ -246,6 +246,39 @@ exec sleep 20)");
   EXPECT_THAT(peak.status().message(), HasSubstr("sending it micro-batch 4 took longer than 1s"));
 }
 
+// What a probe wrote on stderr reaches error messages (the job's events, an admin's terminal,
+// fitrund's log) with its control characters escaped, its tail starting at a whole UTF-8 character.
+TEST(ProcessMemoryProbeTest, ItsOutputInAMessageHasNoControlCharactersOrHalfCharacters) {
+  const std::string worker = FakeWorker("probe_escapes.sh", R"(
+echo '{"model_state_bytes": 100, "train_samples": 1000}'
+read b
+printf 'clear \033[2J\r' >&2
+i=0; while [ $i -lt 1000 ]; do printf '\303\251' >&2; i=$((i+1)); done
+printf 'x\n' >&2
+exit 3)");
+  auto probe = *ProcessMemoryProbe::Create(OptionsFor(worker));
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30, "");
+  ASSERT_TRUE(session.ok()) << session.status();
+  absl::StatusOr<int64_t> peak = (*session)->MeasurePeak(4);
+  ASSERT_FALSE(peak.ok());
+  const std::string message(peak.status().message());
+  const size_t tail = message.find("...");
+  ASSERT_NE(tail, std::string::npos) << message;
+  EXPECT_NE(static_cast<unsigned char>(message[tail + 3]) & 0xC0, 0x80) << "starts inside a character";
+  EXPECT_EQ(message.substr(message.size() - 3), "\xc3\xa9x");
+  for (const char c : message) EXPECT_FALSE(c == '\033' || c == '\r') << message;
+
+  const std::string short_worker = FakeWorker("probe_escapes_short.sh", R"(
+echo '{"model_state_bytes": 100, "train_samples": 1000}'
+read b
+printf 'clear \033[2J\rline two\n' >&2
+exit 3)");
+  auto short_probe = *ProcessMemoryProbe::Create(OptionsFor(short_worker));
+  absl::StatusOr<std::unique_ptr<MemoryProbeSession>> short_session = short_probe->Start(Spec(), 1 << 30, "");
+  ASSERT_TRUE(short_session.ok()) << short_session.status();
+  EXPECT_THAT((*short_session)->MeasurePeak(4).status().message(), HasSubstr("clear \\x1b[2J\\x0dline two"));
+}
+
 TEST(ProcessMemoryProbeTest, AMissingBinaryIsAnError) {
   auto probe = *ProcessMemoryProbe::Create(OptionsFor("/nonexistent/fitrun-worker"));
   EXPECT_EQ(probe->Start(Spec(), 1 << 30, "").status().code(), absl::StatusCode::kFailedPrecondition);

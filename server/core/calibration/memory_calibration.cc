@@ -16,6 +16,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -406,8 +407,11 @@ void MemoryCalibrator::Loop() {
       } else {
         // Remembered so the plan goes ahead without it instead of asking again and again.
         failed_measurements_.insert({task.key, task.batch});
+        // On one line: the message quotes the probe's output, which is the job's code's, and must not
+        // pass for lines of fitrund's own.
         std::fprintf(stderr, "fitrund: measuring micro-batch %lld of %s failed: %s\n",
-                     static_cast<long long>(task.batch), task.key.c_str(), std::string(point.status().message()).c_str());
+                     static_cast<long long>(task.batch), task.key.c_str(),
+                     absl::StrReplaceAll(point.status().message(), {{"\n", " | "}}).c_str());
       }
     }
     if (options_.metrics != nullptr) options_.metrics->MemoryProbeRan(absl::Now() - started);
