@@ -52,6 +52,13 @@ struct RankState {
   // When the coordinator last heard from the rank (launch, adoption, any report): a rank silent
   // past spec.fault_tolerance.heartbeat_timeout_seconds is taken as hung.
   absl::Time last_heard = absl::InfinitePast();
+  // What its reports may still take of the store and the watchers' memory (ReportIngest's budget:
+  // bytes, refilled at a steady rate; -1 until its first report), and the reports dropped for want
+  // of it since the job's events last said so.
+  double report_budget_bytes = -1;
+  absl::Time report_budget_at = absl::InfinitePast();
+  int64_t reports_dropped = 0;
+  absl::Time drops_told_at = absl::InfinitePast();
 };
 
 struct ActiveAttempt {

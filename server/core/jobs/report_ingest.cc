@@ -39,6 +39,31 @@ ReportIngest::Ingested ReportIngest::Ingest(JobEntry& entry, int rank_index,
     ingested.events.push_back(std::move(event));
     return ingested;
   }
+  if (report.has_progress() || report.has_log() || report.has_checkpoint_saved() || report.has_checkpoint_failed()) {
+    if (rank.report_budget_bytes < 0) {
+      rank.report_budget_bytes = kReportBurstBytes;
+    } else if (now > rank.report_budget_at) {
+      rank.report_budget_bytes = std::min(
+          kReportBurstBytes,
+          rank.report_budget_bytes + kReportBytesPerSecond * absl::ToDoubleSeconds(now - rank.report_budget_at));
+    }
+    rank.report_budget_at = now;
+    const double bytes = static_cast<double>(report.ByteSizeLong());
+    if (bytes > rank.report_budget_bytes) {
+      ++rank.reports_dropped;
+      if (now - rank.drops_told_at >= kDropsToldEvery) {
+        event.mutable_log()->set_rank(rank_index);
+        event.mutable_log()->set_text(absl::StrFormat(
+            "rank %d sends reports faster than %.0f KiB/s: %d were not kept", rank_index,
+            kReportBytesPerSecond / 1024, rank.reports_dropped));
+        rank.reports_dropped = 0;
+        rank.drops_told_at = now;
+        ingested.events.push_back(std::move(event));
+      }
+      return ingested;
+    }
+    rank.report_budget_bytes -= bytes;
+  }
   switch (report.report_case()) {
     case fitrun::v1::WorkerReport::kProgress: {
       *event.mutable_progress() = report.progress();

@@ -47,6 +47,13 @@ class ReportIngest {
   // larger than kMaxReportBytes is not kept (a line says so).
   static constexpr size_t kMaxTextBytes = 16 * 1024;
   static constexpr size_t kMaxReportBytes = 64 * 1024;
+  // And how fast: a rank's progress, log and checkpoint reports may take kReportBurstBytes at once and
+  // kReportBytesPerSecond after that (a training step's report is a few hundred bytes); past it they
+  // are dropped, and the job's events say how many, at most every kDropsToldEvery. Its final,
+  // out-of-memory and failure reports always go through.
+  static constexpr double kReportBytesPerSecond = 1 << 20;
+  static constexpr double kReportBurstBytes = 16 << 20;
+  static constexpr absl::Duration kDropsToldEvery = absl::Seconds(10);
 
  private:
   CoordinatorMetrics* const metrics_;

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "server/core/fakes.h"
 
 namespace fitrun::server {
@@ -143,6 +144,42 @@ TEST_F(ReportIngestTest, ARanksTextIsCutAndAnOversizedReportIsNotKept) {
   EXPECT_THAT(p.events[0].log().text(), HasSubstr("more than the 65536 a report may carry; it was not kept"));
   EXPECT_EQ(entry_.active->ranks[1].peak_bytes, 0);
   EXPECT_EQ(entry_.active->ranks[1].last_step, 0);
+}
+
+TEST_F(ReportIngestTest, ARankSendingFasterThanItsBudgetHasReportsDroppedAndCounted) {
+  fitrun::v1::WorkerReport log;
+  log.mutable_log()->set_text(std::string(ReportIngest::kMaxTextBytes, 'l'));
+  const double bytes = static_cast<double>(log.ByteSizeLong());
+  // The burst goes through, every report its event.
+  const int burst = static_cast<int>(ReportIngest::kReportBurstBytes / bytes);
+  for (int i = 0; i < burst; ++i) ASSERT_EQ(ingest_.Ingest(entry_, 1, log).events.size(), 1u) << i;
+  // Then one line says reports are dropped, and the next ones are dropped without a word.
+  ReportIngest::Ingested told = ingest_.Ingest(entry_, 1, log);
+  ASSERT_EQ(told.events.size(), 1u);
+  EXPECT_EQ(told.events[0].log().text(), "rank 1 sends reports faster than 1024 KiB/s: 1 were not kept");
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(ingest_.Ingest(entry_, 1, log).events.empty());
+  // Its final report is never dropped, nor is the other rank held back.
+  fitrun::v1::WorkerReport finished;
+  finished.mutable_finished()->set_steps(3);
+  EXPECT_EQ(ingest_.Ingest(entry_, 1, finished).next, ReportIngest::Next::kFinished);
+  EXPECT_EQ(ingest_.Ingest(entry_, 0, log).events.size(), 1u);
+  // Ten seconds after the line, ten seconds' worth goes through again, and the next drop is told
+  // with every drop since (the five above and itself).
+  now_ += ReportIngest::kDropsToldEvery;
+  int through = 0;
+  std::string told_later;
+  while (told_later.empty()) {
+    ReportIngest::Ingested one = ingest_.Ingest(entry_, 1, log);
+    ASSERT_EQ(one.events.size(), 1u);
+    if (absl::StrContains(one.events[0].log().text(), "were not kept")) {
+      told_later = one.events[0].log().text();
+    } else {
+      ASSERT_LT(++through, 100000);
+    }
+  }
+  EXPECT_NEAR(through, absl::ToDoubleSeconds(ReportIngest::kDropsToldEvery) * ReportIngest::kReportBytesPerSecond / bytes,
+              2);
+  EXPECT_EQ(told_later, "rank 1 sends reports faster than 1024 KiB/s: 6 were not kept");
 }
 
 TEST_F(ReportIngestTest, AHeartbeatCarriesNoEventButMarksTheRankHeard) {
