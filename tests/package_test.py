@@ -225,6 +225,9 @@ class PackageTest(unittest.TestCase):
                      "/usr/lib/fitrun/client/python/fitrun/v1/coordinator_pb2_grpc.py",
                      "/usr/lib/fitrun/server/web/libfitrun-civetweb-ssl.so", UNIT, FLAGS):
             self.assertTrue(os.path.isfile(path), path)
+        # A rank's programs start undumpable: executable, not readable, by the accounts that run them.
+        for program in ("/usr/lib/fitrun/worker/fitrun-worker", "/usr/lib/fitrun/worker/fitrun-supervisor"):
+            self.assertEqual(os.stat(program).st_mode & 0o777, 0o711, program)
         self.assertIn(FLAGS, run(["dpkg-query", "-W", "-f=${Conffiles}", "fitrun"]))
         self.assertTrue(os.path.isdir(STATE))
         self.assertEqual(os.stat(STATE).st_uid, int(run(["id", "-u", "fitrun"]).strip()))

@@ -71,8 +71,11 @@ install_program() {  # SOURCE DEST MODE: a stripped copy without Bazel's RUNPATH
 }
 install_program "$bin/server/fitrund" "$root/usr/bin/fitrund" 0755
 install_program "$bin/client/fitrun" "$root/usr/bin/fitrun" 0755
-install_program "$bin/worker/fitrun-worker" "$lib/worker/fitrun-worker" 0755
-install_program "$bin/worker/fitrun-supervisor" "$lib/worker/fitrun-supervisor" 0755
+# The programs a rank runs are not readable by the accounts that run them: the kernel then starts them
+# undumpable (fs.suid_dumpable, 0), so from its exec no other process of the account can look into a
+# rank (/proc/<pid>/fd, mem, ptrace) and read its job's token before the rank has taken it.
+install_program "$bin/worker/fitrun-worker" "$lib/worker/fitrun-worker" 0711
+install_program "$bin/worker/fitrun-supervisor" "$lib/worker/fitrun-supervisor" 0711
 install_program "$bin/worker/memory/libfitrun_memory.so" "$lib/worker/memory/libfitrun_memory.so" 0644
 install_program "$bin/server/web/libfitrun-civetweb-ssl.so" "$lib/server/web/libfitrun-civetweb-ssl.so" 0644
 
