@@ -8,6 +8,7 @@ fitrund stopping, by SIGTERM or SIGKILL.
 """
 
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -231,6 +232,8 @@ class WarmRanksOfUsersTest(unittest.TestCase):
             cls.daemon.stop()
         for account in getattr(cls, "accounts", []):
             userdel(account)
+        if hasattr(cls, "work"):
+            shutil.rmtree(cls.work, ignore_errors=True)
 
     def idle_of(self, uid):
         return {pid for pid in idle_warm_ranks(self.daemon) if uid_of(pid) == uid}
