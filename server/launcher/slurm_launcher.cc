@@ -1,6 +1,5 @@
 #include "server/launcher/slurm_launcher.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
