@@ -159,6 +159,34 @@ class ScriptJobTest(unittest.TestCase):
         self.assertTrue(any("resumed from the checkpoint of step" in t for t in shown), shown[-20:])
         self.assertEqual(job.result.steps, 4)
 
+    def test_fifos_at_guessable_tmp_names_cannot_hold_a_script_job(self):
+        # Any account may create files in /tmp. Supervisors and probes once passed a script's memory
+        # figures through /tmp/fitrun-script-peak-<pid> and /tmp/fitrun-probe-peak-<pid>-<batch>
+        # (written through "<name>.tmp"): FIFOs squatting those names for the pids the next processes
+        # get blocked the script at its exit and the job held its devices. The figures now travel
+        # through a descriptor (the memory meter), so the same squat changes nothing.
+        with open("/proc/sys/kernel/ns_last_pid") as f:
+            next_pid = int(f.read()) + 1
+        squatted = []
+        try:
+            for pid in range(next_pid, next_pid + 3000):
+                names = [f"/tmp/fitrun-script-peak-{pid}"] + [f"/tmp/fitrun-probe-peak-{pid}-{b}" for b in (1, 8, 3)]
+                for name in names:
+                    for path in (name, name + ".tmp"):
+                        try:
+                            os.mkfifo(path)
+                            squatted.append(path)
+                        except FileExistsError:
+                            pass
+            job_id = self.client.submit(script_spec("squatted", ["--steps", "2"]))
+            job = wait_for(lambda: (lambda j: j if j.state in FINAL_STATES else None)(self.client.get(job_id)),
+                           180, "the job to end beside the squatted names")
+            self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+            self.assertGreater(job.attempt_history[-1].measured_peak_bytes, 0, "the figures came through")
+        finally:
+            for path in squatted:
+                os.unlink(path)
+
     def test_a_script_that_keeps_failing_fails_after_max_restarts_with_its_log_tail(self):
         job, _ = self.run_to_end(script_spec("keeps-failing", ["--fail"]))
         self.assertEqual(state_name(job), "FAILED")

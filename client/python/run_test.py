@@ -4,6 +4,7 @@ and the Python mirror of the launch contract against the C++ header it mirrors."
 import json
 import os
 import re
+import struct
 import sys
 import tempfile
 import types
@@ -16,6 +17,7 @@ import junit_main
 
 HEADER = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "fitrun"),
                       "proto/contract/launch_contract.h")
+METER_HEADER = os.path.join(os.path.dirname(HEADER), "memory_meter.h")
 
 
 def camel_to_constant(name):
@@ -141,50 +143,52 @@ def fake_torch(cuda):
 
 
 class GpuTest(unittest.TestCase):
-    """The module on a GPU, with a fake torch.cuda in sys.modules."""
+    """The module on a GPU, with a fake torch.cuda in sys.modules, writing the supervisor's memory
+    meter (a memfd page, as the supervisor makes it)."""
 
     def setUp(self):
         self.cuda = FakeCuda()
         patcher = mock.patch.dict(sys.modules, {"torch": fake_torch(self.cuda)})
         patcher.start()
         self.addCleanup(patcher.stop)
-        self.peak_file = os.path.join(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")), "peak")
+        self.meter_fd = os.memfd_create("meter")
+        os.ftruncate(self.meter_fd, 4096)
+        self.addCleanup(os.close, self.meter_fd)
 
-    def probe(self, device_kind):
-        return Supervised(**{contract.RANK: "0", contract.WORLD_SIZE: "1", contract.PROBE: "1",
-                             contract.DEVICE_KIND: device_kind, contract.MEMORY_PEAK_FILE: self.peak_file}).run
+    def rank(self, device_kind, **plan):
+        plan.update({contract.DEVICE_KIND: device_kind, contract.MEMORY_METER_FD: str(self.meter_fd)})
+        return Supervised(**plan)
 
-    def read_peak_file(self):
-        with open(self.peak_file) as f:
-            return [int(x) for x in f.read().split()]
+    def meter(self):
+        """(peak, live, refused, live at the refusal, writer, reserved peak, device peak)."""
+        return struct.unpack_from("<7q", os.pread(self.meter_fd, 56, 0))
 
-    def test_a_probe_on_a_gpu_writes_torch_cudas_allocated_peak(self):
-        run = self.probe(contract.DEVICE_KIND_CUDA)
+    def test_a_rank_on_a_gpu_writes_torch_cudas_figures_into_its_meter_at_each_report_and_at_exit(self):
+        run = self.rank(contract.DEVICE_KIND_CUDA).run
         self.cuda.peak, self.cuda.live = 300 << 20, 40 << 20
         run.report(1, loss=1.0, samples=8)
+        self.assertEqual(self.meter()[:5], (300 << 20, 40 << 20, 0, 0, contract.METER_WRITER_CUDA_MODULE))
+        self.assertEqual(self.meter()[5:], (600 << 20, (80 << 30) - (1 << 30)))
         self.cuda.peak, self.cuda.live = 200 << 20, 50 << 20  # the script reset torch.cuda's peak itself
-        run.write_probe_peak()
-        self.assertEqual(self.read_peak_file(), [300 << 20, 50 << 20])
-        self.cuda.peak = 900 << 20
-        run.write_probe_peak()  # at exit again: the figure stands
-        self.assertEqual(self.read_peak_file(), [300 << 20, 50 << 20])
+        run._meter.write()  # as at exit
+        self.assertEqual(self.meter()[:2], (300 << 20, 50 << 20), "the peak stands")
 
-    def test_an_out_of_memory_in_a_gpu_probe_writes_the_refused_request(self):
-        run = self.probe(contract.DEVICE_KIND_CUDA)
+    def test_an_out_of_memory_on_a_gpu_writes_the_refused_request_and_names_the_slices_cap(self):
+        fake = self.rank(contract.DEVICE_KIND_CUDA, **{contract.MEMORY_CAP_BYTES: str(2 << 30)})
         self.cuda.peak, self.cuda.live = 700 << 20, 600 << 20
-        run.write_probe_peak(requested=256 << 20)
-        self.assertEqual(self.read_peak_file(), [700 << 20, 600 << 20, 256 << 20, 600 << 20])
+        fake.run.report_out_of_memory(self.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 256.00 MiB"))
+        fake.run._meter.write(refused=256 << 20)
+        self.assertEqual(self.meter()[:4], (700 << 20, 600 << 20, 256 << 20, 600 << 20))
+        oom = [r["oom"] for r in fake.reports() if "oom" in r][0]
+        # The slice's cap, not the whole GPU's 80 GiB: the job hears about its slice.
+        self.assertEqual(oom["capBytes"], 2 << 30)
+        self.assertEqual(oom["requestedBytes"], 256 << 20)
 
-    def test_a_probe_on_the_host_leaves_the_peak_file_to_the_preloaded_allocator(self):
-        run = self.probe(contract.DEVICE_KIND_CPU)
+    def test_on_the_host_the_meter_is_the_preloaded_allocators(self):
+        run = self.rank(contract.DEVICE_KIND_CPU).run
         self.cuda.peak = 300 << 20
         run.report(1)
-        run.write_probe_peak()
-        self.assertFalse(os.path.exists(self.peak_file))
-        training = Supervised(**{contract.DEVICE_KIND: contract.DEVICE_KIND_CUDA,
-                                 contract.MEMORY_PEAK_FILE: self.peak_file}).run
-        training.write_probe_peak()  # not a probe: the job's own run reports its progress instead
-        self.assertFalse(os.path.exists(self.peak_file))
+        self.assertEqual(self.meter(), (0,) * 7, "the module leaves a CPU rank's meter alone")
 
     def test_a_slices_cap_binds_the_ranks_own_gpu_among_those_it_sees(self):
         self.cuda.devices = 2  # fitrun-worker leaves the job's GPUs visible, in local-rank order
@@ -210,6 +214,22 @@ class ContractTest(unittest.TestCase):
         for name, value in list(strings.items()) + list(codes.items()):
             python_name = camel_to_constant(name)
             self.assertEqual(getattr(contract, python_name, None), value, f"contract.{python_name} vs {name}")
+
+    def test_the_memory_meters_layout_mirrors_its_header(self):
+        with open(METER_HEADER) as f:
+            header = f.read()
+        self.assertEqual(contract.MEMORY_METER_FD,
+                         re.search(r'kMemoryMeterFd\[\] = "([^"]+)"', header).group(1))
+        writers = dict(re.findall(r"kWriter(\w+) = (\d+);", header))
+        self.assertEqual(contract.METER_WRITER_CPU_ALLOCATOR, int(writers["CpuAllocator"]))
+        self.assertEqual(contract.METER_WRITER_CUDA_MODULE, int(writers["CudaModule"]))
+        # The fields in their order, each 8 bytes: the offsets contract.py names.
+        fields = re.findall(r"std::atomic<int64_t> (\w+);", header)
+        self.assertEqual(fields, ["peak_bytes", "live_bytes", "refused_bytes", "live_at_refusal", "writer",
+                                  "reserved_peak_bytes", "device_peak_bytes"])
+        offsets = [contract.METER_PEAK, contract.METER_LIVE, contract.METER_REFUSED, contract.METER_LIVE_AT_REFUSAL,
+                   contract.METER_WRITER, contract.METER_RESERVED_PEAK, contract.METER_DEVICE_PEAK]
+        self.assertEqual(offsets, [8 * i for i in range(len(fields))])
 
 
 if __name__ == "__main__":

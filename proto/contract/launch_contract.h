@@ -86,12 +86,10 @@ inline constexpr char kProbe[] = "FITRUN_PROBE";
 // <reason>" lines from the control descriptor.
 inline constexpr char kReportFd[] = "FITRUN_REPORT_FD";
 inline constexpr char kControlFd[] = "FITRUN_CONTROL_FD";
-// Read by the preloaded allocator (libfitrun_memory.so): the device's cap in bytes (0: count only),
-// and a file where it writes "<peak bytes> <live bytes>" when the process exits. On a GPU nothing is
-// preloaded: the cap binds torch.cuda's allocator, and in a probe the fitrun module writes the file,
-// with torch.cuda's allocated peak.
+// Read by the preloaded allocator (libfitrun_memory.so): the device's cap in bytes (0: count only).
+// On a GPU nothing is preloaded: the cap binds torch.cuda's allocator. Where the figures go is the
+// memory meter (memory_meter.h, FITRUN_MEMORY_METER_FD).
 inline constexpr char kMemoryCapBytes[] = "FITRUN_MEMORY_CAP_BYTES";
-inline constexpr char kMemoryPeakFile[] = "FITRUN_MEMORY_PEAK_FILE";
 // The kind of device a script rank (or its probe) runs on: where its memory is counted.
 inline constexpr char kDeviceKind[] = "FITRUN_DEVICE_KIND";
 inline constexpr char kDeviceKindCpu[] = "cpu";

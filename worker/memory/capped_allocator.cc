@@ -34,6 +34,7 @@ c10::DataPtr CappedCpuAllocator::AllocateBlock(size_t n) const {
     counters_->live.fetch_sub(bytes);
     counters_->last_failed_request.store(bytes);
     counters_->live_at_last_failure.store(live - bytes);
+    Changed();
     TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU device memory cap exceeded: tried to allocate ", bytes,
                      " bytes with ", live - bytes, " bytes live and a cap of ", cap_bytes_, " bytes");
   }
@@ -45,8 +46,10 @@ c10::DataPtr CappedCpuAllocator::AllocateBlock(size_t n) const {
     throw;
   }
   int64_t peak = counters_->peak.load();
-  while (live > peak && !counters_->peak.compare_exchange_weak(peak, live)) {
+  bool rose = false;
+  while (live > peak && !(rose = counters_->peak.compare_exchange_weak(peak, live))) {
   }
+  if (rose) Changed();
   char* base = static_cast<char*>(original.get());
   void* data = base + kHeaderBytes;
   const c10::Device device = original.device();
@@ -76,7 +79,10 @@ int64_t CappedCpuAllocator::Live() const { return counters_->live.load(); }
 
 int64_t CappedCpuAllocator::Peak() const { return counters_->peak.load(); }
 
-void CappedCpuAllocator::ResetPeak() { counters_->peak.store(counters_->live.load()); }
+void CappedCpuAllocator::ResetPeak() {
+  counters_->peak.store(counters_->live.load());
+  Changed();
+}
 
 int64_t CappedCpuAllocator::LastFailedRequest() const { return counters_->last_failed_request.load(); }
 

@@ -66,6 +66,12 @@ class CappedCpuAllocator final : public torch_compat::CpuAllocatorBase {
   // step's tensors, so Live() alone no longer shows what filled the device); 0 if none was.
   int64_t LiveAtLastFailure() const;
 
+  // Called, on the allocating thread, whenever the figures above change in a way a reader outside
+  // the process wants to see at once: the peak rises or is reset, or a request is refused. It must be
+  // cheap and must not allocate through this allocator. nullptr: nobody (the default).
+  using ChangeObserver = void (*)(const CappedCpuAllocator& allocator);
+  void SetChangeObserver(ChangeObserver observer) { observer_.store(observer); }
+
  private:
   struct Counters {
     std::atomic<int64_t> live{0};
@@ -83,9 +89,14 @@ class CappedCpuAllocator final : public torch_compat::CpuAllocatorBase {
   };
   static void DeleteBlock(void* data);
 
+  void Changed() const {
+    if (ChangeObserver observer = observer_.load(std::memory_order_relaxed); observer != nullptr) observer(*this);
+  }
+
   const int64_t cap_bytes_;
   c10::Allocator* const wrapped_;
   const std::shared_ptr<Counters> counters_;
+  std::atomic<ChangeObserver> observer_{nullptr};
 };
 
 // Moves a model's parameters and buffers into storage from the now-installed CPU allocator, so that

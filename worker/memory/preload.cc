@@ -5,35 +5,49 @@
 // raises as torch.cuda.OutOfMemoryError) and the same peak measurement as a fitrun-worker rank.
 //
 // The process is not ours to configure by flags, so the environment of the launch contract says what
-// to do: FITRUN_MEMORY_CAP_BYTES (absent, empty or 0: count only) and FITRUN_MEMORY_PEAK_FILE (where
-// "<peak bytes> <live bytes>\n" goes at exit). A script reads the counters live through the C
-// functions below (ctypes.CDLL(None) finds them, preloaded symbols being global).
+// to do: FITRUN_MEMORY_CAP_BYTES (absent, empty or 0: count only) and FITRUN_MEMORY_METER_FD (the
+// supervisor's memory meter, proto/contract/memory_meter.h: the figures go there as the peak rises,
+// when a request is refused, and at exit, so the supervisor reads them while the script trains). A
+// script reads the counters live through the C functions below (ctypes.CDLL(None) finds them,
+// preloaded symbols being global).
 //
 // Deliberately only LibTorch and libc: the library lands in every process the launcher starts.
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <string>
 
 #include "proto/contract/launch_contract.h"
+#include "proto/contract/memory_meter.h"
 #include "worker/memory/capped_allocator.h"
 
 namespace {
 
 namespace launch = ::fitrun::contract::launch;
+namespace meter = ::fitrun::contract::meter;
 using ::fitrun::worker::CappedCpuAllocator;
 
 // Never freed: LibTorch keeps pointing at it until the process is gone, and threads or other libraries'
 // destructors may still allocate through it after ours have run.
 CappedCpuAllocator* g_allocator = nullptr;
-// A forked child (a DataLoader worker) inherits the allocator but not the right to report the
-// parent's peak.
-pid_t g_installing_pid = 0;
+// The supervisor's meter; nullptr when it gave none, and in a forked child (a DataLoader worker),
+// which inherits the allocator and the mapping but not the right to report the parent's figures.
+meter::MemoryMeter* g_meter = nullptr;
+
+void Publish(const CappedCpuAllocator& allocator) {
+  meter::MemoryMeter* page = g_meter;
+  if (page == nullptr) return;
+  page->live_bytes.store(allocator.Live(), std::memory_order_relaxed);
+  page->refused_bytes.store(allocator.LastFailedRequest(), std::memory_order_relaxed);
+  page->live_at_refusal.store(allocator.LiveAtLastFailure(), std::memory_order_relaxed);
+  page->peak_bytes.store(allocator.Peak(), std::memory_order_relaxed);
+}
+
+void ForgetMeterInChild() { g_meter = nullptr; }
 
 // A bad value must not stop the training process (the rank would fail for a launcher's mistake), but
 // it must be said: the script then runs without the budget its plan assumed.
@@ -53,42 +67,24 @@ int64_t CapBytesFromEnvironment() {
   return static_cast<int64_t>(cap);
 }
 
-// Through a temporary file and rename, so the launcher never reads half a line from a process that
-// died while writing.
-void WritePeakFile(const char* path, int64_t peak, int64_t live, int64_t refused, int64_t live_at_refusal) {
-  const std::string temporary = std::string(path) + ".tmp";
-  std::FILE* file = std::fopen(temporary.c_str(), "w");
-  if (file == nullptr) {
-    std::fprintf(stderr, "libfitrun_memory.so: cannot write %s=%s: %s\n", launch::kMemoryPeakFile, path,
-                 std::strerror(errno));
-    return;
-  }
-  const bool written = std::fprintf(file, "%lld %lld %lld %lld\n", static_cast<long long>(peak),
-                                    static_cast<long long>(live), static_cast<long long>(refused),
-                                    static_cast<long long>(live_at_refusal)) > 0;
-  if (std::fclose(file) != 0 || !written || std::rename(temporary.c_str(), path) != 0) {
-    std::fprintf(stderr, "libfitrun_memory.so: cannot write %s=%s: %s\n", launch::kMemoryPeakFile, path,
-                 std::strerror(errno));
-    std::remove(temporary.c_str());
-  }
-}
-
 // Runs after LibTorch's own static initialisers (this library lists libc10 and libtorch_cpu as
 // NEEDED, and the loader initialises dependencies first), so the default allocator it wraps exists.
 // Its priority beats the default's, so a LibTorch library loaded later (Python's torch._C) that
 // registers the default again does not displace it.
 __attribute__((constructor)) void InstallCappedAllocator() {
   g_allocator = new CappedCpuAllocator(CapBytesFromEnvironment());
+  g_meter = meter::MapFromEnvironment();
+  if (g_meter != nullptr) {
+    g_meter->writer.store(meter::kWriterCpuAllocator, std::memory_order_relaxed);
+    pthread_atfork(nullptr, nullptr, &ForgetMeterInChild);
+    g_allocator->SetChangeObserver(&Publish);
+  }
   g_allocator->Install();
-  g_installing_pid = getpid();
 }
 
-// After Python's own shutdown (exit() runs library destructors last), so the peak covers the whole run.
-__attribute__((destructor)) void ReportPeak() {
-  const char* path = std::getenv(launch::kMemoryPeakFile);
-  if (g_allocator == nullptr || path == nullptr || *path == '\0' || getpid() != g_installing_pid) return;
-  WritePeakFile(path, g_allocator->Peak(), g_allocator->Live(), g_allocator->LastFailedRequest(),
-                g_allocator->LiveAtLastFailure());
+// After Python's own shutdown (exit() runs library destructors last): the live bytes as they ended.
+__attribute__((destructor)) void PublishAtExit() {
+  if (g_allocator != nullptr) Publish(*g_allocator);
 }
 
 }  // namespace

@@ -98,7 +98,6 @@ absl::StatusOr<ProbePeak> ScriptProbe::Measure(int64_t batch) {
   absl::StatusOr<int> port = FreePort();
   if (!port.ok()) return port.status();
   ScriptRunSettings settings = ScriptProbeRunSettings(assignment_, device_, batch);
-  settings.memory_peak_file = absl::StrCat("/tmp/fitrun-probe-peak-", getpid(), "-", batch);
   // Every variable of the launch contract a rank gets, so a script runs in the probe as it runs in
   // its job: a checkpoint directory of its own (a scratch one, gone after the measurement), and the
   // job and attempt a script may name its files by.
@@ -141,10 +140,9 @@ absl::StatusOr<ProbePeak> ScriptProbe::Measure(int64_t batch) {
 
   ProbePeak peak;
   peak.batch = batch;
-  const bool have_peak = std::filesystem::exists(settings.memory_peak_file);
-  const PeakFile figures = ReadPeakFile(settings.memory_peak_file);
+  const fitrun::contract::meter::MemoryReading figures = (*process)->Memory();
+  const bool have_peak = figures.writer != fitrun::contract::meter::kWriterNone;
   peak.peak_bytes = figures.peak_bytes;
-  std::remove(settings.memory_peak_file.c_str());
   peak.other_peak_bytes = peak.peak_bytes;
   const std::string tail = (*process)->StderrTail();
   if (timed_out) {

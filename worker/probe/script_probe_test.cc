@@ -49,17 +49,16 @@ TEST(ScriptProbeDeviceTest, ThePlansFirstDeviceOrTheHost) {
               HasSubstr("plan.device_ids[0]"));
 }
 
-// On the host the preloaded allocator counts the script's tensors and writes the peak file.
+// On the host the preloaded allocator counts the script's tensors (into the memory meter the script
+// process gets, script_process_test).
 TEST(ScriptProbeRunSettingsTest, OnTheHostThePreloadedAllocatorCounts) {
   const fitrun::v1::WorkerAssignment assignment = ScriptAssignment("", "train.py");
   ScriptRunSettings settings = ScriptProbeRunSettings(assignment, PlanDevice{}, 64);
-  settings.memory_peak_file = "/tmp/peak";
   absl::StatusOr<ScriptCommand> command =
       ScriptCommandFor(assignment.spec(), settings, {"/opt/fitrun/libfitrun_memory.so", "/opt/fitrun/python"});
   ASSERT_TRUE(command.ok()) << command.status();
   std::map<std::string, std::string> env = EnvOf(*command);
   EXPECT_EQ(env["LD_PRELOAD"].substr(0, 31), "/opt/fitrun/libfitrun_memory.so");
-  EXPECT_EQ(env[launch::kMemoryPeakFile], "/tmp/peak");
   EXPECT_EQ(env[launch::kDeviceKind], launch::kDeviceKindCpu);
   EXPECT_EQ(env[launch::kProbe], "1");
   EXPECT_EQ(env[launch::kMaxSteps], absl::StrCat(ScriptProbe::kSteps));
@@ -67,18 +66,16 @@ TEST(ScriptProbeRunSettingsTest, OnTheHostThePreloadedAllocatorCounts) {
 
 // On a GPU the script's tensors are CUDA tensors the preloaded allocator never sees: nothing is
 // preloaded, the script sees the probe's GPU alone, and the fitrun module writes torch.cuda's
-// allocated peak to the peak file instead.
+// allocated peak into the memory meter instead.
 TEST(ScriptProbeRunSettingsTest, OnAGpuTheFitrunModuleCountsTorchCudasAllocations) {
   const fitrun::v1::WorkerAssignment assignment = ScriptAssignment("cuda:3", "train.py");
   ScriptRunSettings settings = ScriptProbeRunSettings(assignment, *ScriptProbeDevice(assignment), 64);
-  settings.memory_peak_file = "/tmp/peak";
   EXPECT_FALSE(settings.preload_allocator);
   absl::StatusOr<ScriptCommand> command =
       ScriptCommandFor(assignment.spec(), settings, {"/opt/fitrun/libfitrun_memory.so", "/opt/fitrun/python"});
   ASSERT_TRUE(command.ok()) << command.status();
   std::map<std::string, std::string> env = EnvOf(*command);
   EXPECT_EQ(env["LD_PRELOAD"].find("libfitrun_memory.so"), std::string::npos) << env["LD_PRELOAD"];
-  EXPECT_EQ(env[launch::kMemoryPeakFile], "/tmp/peak");
   EXPECT_EQ(env[launch::kDeviceKind], launch::kDeviceKindCuda);
   EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "3");
   EXPECT_EQ(env[launch::kMemoryCapBytes], absl::StrCat(int64_t{4} << 30));

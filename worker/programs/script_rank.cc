@@ -97,7 +97,6 @@ class ScriptRank final : public TrainingProgram {
     // its limit.
     settings.memory_cap_bytes = resources->memory_cap_bytes;
     settings.preload_allocator = device.kind == PlanDevice::Kind::kCpu;
-    settings.memory_peak_file = absl::StrCat("/tmp/fitrun-script-peak-", getpid());
     // fitrun's placement wins over a CUDA_VISIBLE_DEVICES in spec.script.env, as every variable it sets
     // does (ScriptCommandFor): the plan, not the script, says which GPUs the job holds.
     if (std::optional<std::string> visible = ScriptCudaVisibleDevices(plan, options_.rank); visible.has_value()) {
@@ -146,16 +145,14 @@ class ScriptRank final : public TrainingProgram {
     exited.Notify();
     runtime.stop().Attach(nullptr);
     if (terminator.joinable()) terminator.join();
-    const PeakFile peak = ReadPeakFile(settings.memory_peak_file);
-    unlink(settings.memory_peak_file.c_str());
-    return Ended(exit, (*process)->StderrTail(), settings, peak, absl::Now() - started);
+    return Ended(exit, (*process)->StderrTail(), settings, (*process)->Memory(), absl::Now() - started);
   }
 
  private:
   // `ran` is the script's whole life (start-up, training, evaluation): a script does not say which
   // part was training.
   int Ended(const ScriptProcess::Exit& exit, const std::string& stderr_tail, const ScriptRunSettings& settings,
-            const PeakFile& peak, absl::Duration ran) {
+            const fitrun::contract::meter::MemoryReading& peak, absl::Duration ran) {
     RankRuntime& runtime = *runtime_;
     if (runtime.stop().stopped()) return runtime.Stopped();
     absl::MutexLock lock(&mu_);
@@ -182,7 +179,7 @@ class ScriptRank final : public TrainingProgram {
         oom.set_step(last_step_ > 0 ? last_step_ + 1 : 0);
         oom.set_per_device_batch(settings.per_device_batch);
         oom.set_requested_bytes(peak.refused_bytes > 0 ? peak.refused_bytes : oom_requested_);
-        oom.set_live_bytes(peak.refused_bytes > 0 ? peak.live_at_refusal_bytes : peak.live_bytes);
+        oom.set_live_bytes(peak.refused_bytes > 0 ? peak.live_at_refusal : peak.live_bytes);
         oom.set_peak_bytes(peak.peak_bytes);
         oom.set_cap_bytes(settings.memory_cap_bytes);
       }

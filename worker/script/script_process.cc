@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +31,7 @@ extern char** environ;
 
 namespace fitrun::worker {
 namespace launch = fitrun::contract::launch;
+namespace meter = fitrun::contract::meter;
 namespace {
 
 constexpr size_t kStderrTailBytes = 4096;
@@ -129,12 +131,6 @@ absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, 
                             ? support.memory_library
                             : absl::StrCat(support.memory_library, ":", preload->second);
     env[launch::kMemoryCapBytes] = absl::StrCat(settings.memory_cap_bytes);
-    if (!settings.memory_peak_file.empty()) env[launch::kMemoryPeakFile] = settings.memory_peak_file;
-  }
-  // Nothing preloaded (a GPU): a probe's peak file is the fitrun module's to write, with torch.cuda's
-  // allocated peak.
-  if (!settings.preload_allocator && settings.probe && !settings.memory_peak_file.empty()) {
-    env[launch::kMemoryPeakFile] = settings.memory_peak_file;
   }
   if (!support.python_path.empty()) {
     const auto path = env.find("PYTHONPATH");
@@ -147,18 +143,6 @@ absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, 
   for (const auto& [key, value] : env) command.env.push_back(absl::StrCat(key, "=", value));
   return command;
 }
-
-PeakFile ReadPeakFile(const std::string& path) {
-  PeakFile figures;
-  std::ifstream in(path);
-  in >> figures.peak_bytes >> figures.live_bytes;
-  // Two more figures from a library that knows what it refused.
-  if (!(in >> figures.refused_bytes >> figures.live_at_refusal_bytes)) {
-    figures.refused_bytes = figures.live_at_refusal_bytes = 0;
-  }
-  return figures;
-}
-
 
 absl::StatusOr<std::unique_ptr<ScriptProcess>> ScriptProcess::Start(const ScriptCommand& command,
                                                                     Callbacks callbacks) {
@@ -174,11 +158,22 @@ absl::StatusOr<std::unique_ptr<ScriptProcess>> ScriptProcess::Start(const Script
       return absl::InternalError(absl::StrCat("pipe: ", std::strerror(error)));
     }
   }
+  // The memory meter: without one the script still runs, and its figures read as zeros.
+  meter::MemoryMeter* page = nullptr;
+  const int meter_fd = meter::Create(&page);
+  if (meter_fd < 0) {
+    std::fprintf(stderr, "fitrun: no memory meter for the script (memfd_create: %s); its memory is not measured\n",
+                 std::strerror(errno));
+  }
   // Everything the child needs is built before fork: between fork and exec only async-signal-safe
   // calls are allowed in a threaded process.
-  std::vector<std::string> env_strings = command.env;
+  std::vector<std::string> env_strings;
+  for (const std::string& variable : command.env) {
+    if (!absl::StartsWith(variable, absl::StrCat(meter::kMemoryMeterFd, "="))) env_strings.push_back(variable);
+  }
   env_strings.push_back(absl::StrCat(launch::kReportFd, "=", report[1]));
   env_strings.push_back(absl::StrCat(launch::kControlFd, "=", control[0]));
+  if (meter_fd >= 0) env_strings.push_back(absl::StrCat(meter::kMemoryMeterFd, "=", meter_fd));
   std::vector<char*> envp;
   for (std::string& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -191,8 +186,12 @@ absl::StatusOr<std::unique_ptr<ScriptProcess>> ScriptProcess::Start(const Script
 
   const pid_t pid = fork();
   if (pid < 0) {
-    for (int fd : {report[0], report[1], control[0], control[1], out[0], out[1], err[0], err[1]}) close(fd);
-    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+    const int error = errno;
+    for (int fd : {report[0], report[1], control[0], control[1], out[0], out[1], err[0], err[1], meter_fd}) {
+      if (fd >= 0) close(fd);
+    }
+    if (page != nullptr) munmap(page, meter::kPageBytes);
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(error)));
   }
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -201,6 +200,7 @@ absl::StatusOr<std::unique_ptr<ScriptProcess>> ScriptProcess::Start(const Script
     dup2(stdout_to_stderr ? err[1] : out[1], STDOUT_FILENO);
     fcntl(report[1], F_SETFD, 0);
     fcntl(control[0], F_SETFD, 0);
+    if (meter_fd >= 0) fcntl(meter_fd, F_SETFD, 0);
     if (!command.working_dir.empty() && chdir(command.working_dir.c_str()) != 0) {
       static const char kMessage[] = "fitrun-worker: cannot enter spec.script.working_dir\n";
       (void)!write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
@@ -215,9 +215,11 @@ absl::StatusOr<std::unique_ptr<ScriptProcess>> ScriptProcess::Start(const Script
   close(control[0]);
   close(out[1]);
   close(err[1]);
+  if (meter_fd >= 0) close(meter_fd);  // the mapping stays
   std::unique_ptr<ScriptProcess> process(new ScriptProcess());
   process->pid_ = pid;
   process->control_fd_ = control[1];
+  process->meter_ = page;
   process->report_reader_ = std::thread([p = process.get(), fd = report[0], cb = callbacks.on_report_line] {
     p->ReadLines(fd, cb, /*keep_tail=*/false);
   });
@@ -316,12 +318,17 @@ std::string ScriptProcess::StderrTail() const {
   return stderr_tail_.substr(stderr_tail_.size() - kStderrTailBytes);
 }
 
+meter::MemoryReading ScriptProcess::Memory() const {
+  return meter_ == nullptr ? meter::MemoryReading{} : meter::Read(*meter_);
+}
+
 ScriptProcess::~ScriptProcess() {
   if (!waited_) {
     Signal(SIGKILL);
     Wait();
   }
   if (control_fd_ >= 0) close(control_fd_);
+  if (meter_ != nullptr) munmap(meter_, meter::kPageBytes);
 }
 
 }  // namespace fitrun::worker

@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "fitrun/v1/worker.pb.h"
+#include "proto/contract/memory_meter.h"
 #include "worker/memory/oom_message.h"
 
 namespace fitrun::worker {
@@ -41,8 +42,6 @@ struct ScriptRunSettings {
   int64_t memory_cap_bytes = 0;  // 0: counted, not capped
   // Whether the script gets the capped CPU allocator preloaded (virtual CPU devices only).
   bool preload_allocator = true;
-  // Where the preloaded allocator writes its peak at exit; without one, in a probe, the fitrun module.
-  std::string memory_peak_file;
   // The torchrun variables that are not in this process's own environment (the probe sets them).
   std::map<std::string, std::string> extra_env;
 };
@@ -71,19 +70,11 @@ struct ScriptCommand {
 absl::StatusOr<ScriptCommand> ScriptCommandFor(const fitrun::v1::JobSpec& spec, const ScriptRunSettings& settings,
                                                const SupportFiles& support);
 
-// What the preloaded allocator (libfitrun_memory.so) writes when the script exits: its peak and live
-// bytes, and the last request it refused with the bytes live then (0 and 0 when it refused none).
-struct PeakFile {
-  int64_t peak_bytes = 0;
-  int64_t live_bytes = 0;
-  int64_t refused_bytes = 0;
-  int64_t live_at_refusal_bytes = 0;
-};
-PeakFile ReadPeakFile(const std::string& path);
-
 // The script, running. Its stdout and stderr are copied line by line to this process's (the rank
 // log) and to `on_stdout_line` / `on_stderr_line`; each line it writes to the report descriptor goes
-// to `on_report_line`. The child dies with this process (PR_SET_PDEATHSIG).
+// to `on_report_line`. Its memory figures come through a memory meter this process makes for it
+// (proto/contract/memory_meter.h: the preloaded allocator or the fitrun module writes them), readable
+// at any time, during the run and after it. The child dies with this process (PR_SET_PDEATHSIG).
 class ScriptProcess {
  public:
   struct Callbacks {
@@ -106,6 +97,9 @@ class ScriptProcess {
   Exit Wait();
   // The last lines of its stderr (at most ~4 KiB), for a failure's reason.
   std::string StderrTail() const;
+  // The script's memory as its meter shows it now (zeros when nothing wrote it). Thread-safe.
+  fitrun::contract::meter::MemoryReading Memory() const;
+  pid_t pid() const { return pid_; }
 
  private:
   ScriptProcess() = default;
@@ -114,6 +108,7 @@ class ScriptProcess {
 
   pid_t pid_ = -1;
   int control_fd_ = -1;
+  fitrun::contract::meter::MemoryMeter* meter_ = nullptr;  // mapped until destruction
   std::thread report_reader_;
   std::thread stdout_reader_;
   std::thread stderr_reader_;

@@ -1,5 +1,7 @@
 #include "worker/script/script_process.h"
 
+#include <signal.h>
+
 #include <fstream>
 
 #include <stdlib.h>
@@ -9,6 +11,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "absl/synchronization/notification.h"
 
 namespace fitrun::worker {
 namespace {
@@ -48,7 +52,6 @@ ScriptRunSettings Settings() {
   s.checkpoint_dir = "/state/jobs/j-1/checkpoints";
   s.max_steps = 100;
   s.memory_cap_bytes = 1 << 30;
-  s.memory_peak_file = "/tmp/peak";
   return s;
 }
 
@@ -87,7 +90,6 @@ TEST(ScriptCommandForTest, FitrunsVariablesComeLastAndTheSupervisorsSecretsNotAt
   // The allocator goes first so that its symbols win; the user's own preloads and module path stay.
   EXPECT_EQ(env["LD_PRELOAD"], "/lib/libfitrun_memory.so:/other.so");
   EXPECT_EQ(env["FITRUN_MEMORY_CAP_BYTES"], "1073741824");
-  EXPECT_EQ(env["FITRUN_MEMORY_PEAK_FILE"], "/tmp/peak");
   EXPECT_EQ(env["PYTHONPATH"], "/fitrun/python:/mine");
   EXPECT_EQ(env["PYTHONUNBUFFERED"], "1");
 }
@@ -166,7 +168,6 @@ TEST(ScriptCommandForTest, OnAGpuNothingIsPreloadedAndTheSlicesCapIsPassedOn) {
   std::map<std::string, std::string> env = EnvOf(*command);
   EXPECT_EQ(env["LD_PRELOAD"].find("libfitrun_memory.so"), std::string::npos) << env["LD_PRELOAD"];
   EXPECT_EQ(env["FITRUN_MEMORY_CAP_BYTES"], absl::StrCat(1 << 30));
-  EXPECT_EQ(env.count("FITRUN_MEMORY_PEAK_FILE"), 0u);
   EXPECT_EQ(env["PYTHONPATH"].substr(0, 18), "/opt/fitrun/python");
 }
 
@@ -181,20 +182,36 @@ TEST(RequestedBytesInOutOfMemoryTest, TheSizeEitherAllocatorNames) {
   EXPECT_EQ(RequestedBytesInOutOfMemory("MemoryError"), 0);
 }
 
-// The preloaded allocator's file: peak and live, then the refused request and what was live then; a
-// file of the older two figures reads with no refusal.
-TEST(ReadPeakFileTest, FourFiguresOrTwo) {
-  const std::string path = ::testing::TempDir() + "/peak";
-  std::ofstream(path) << "70656 51972 268435456 51972\n";
-  const PeakFile four = ReadPeakFile(path);
-  EXPECT_EQ(four.peak_bytes, 70656);
-  EXPECT_EQ(four.refused_bytes, 268435456);
-  EXPECT_EQ(four.live_at_refusal_bytes, 51972);
-  std::ofstream(path) << "70656 1024\n";
-  const PeakFile two = ReadPeakFile(path);
-  EXPECT_EQ(two.live_bytes, 1024);
-  EXPECT_EQ(two.refused_bytes, 0);
-  EXPECT_EQ(ReadPeakFile(path + "-missing").peak_bytes, 0);
+// The script's memory meter: a descriptor it inherits (no name in the file system another account
+// could take first), which it writes while it runs and which still reads after it exited; a meter
+// named in the spec's environment is not the one it gets.
+TEST(ScriptProcessTest, TheScriptWritesItsMemoryMeterThroughAnInheritedDescriptor) {
+  ScriptCommand command;
+  command.executable = "/usr/bin/python3";
+  command.argv = {"python3", "-c", R"(
+import os, struct, sys, time
+fd = int(os.environ["FITRUN_MEMORY_METER_FD"])
+os.pwrite(fd, struct.pack("<5q", 4096, 1024, 0, 0, 2), 0)
+print("written", flush=True)
+sys.stdin.readline()
+)"};
+  command.env = {"FITRUN_MEMORY_METER_FD=0", "PATH=/usr/bin:/bin"};
+  absl::Notification written;
+  ScriptProcess::Callbacks callbacks;
+  callbacks.on_stdout_line = [&](const std::string& line) {
+    if (line == "written") written.Notify();
+  };
+  absl::StatusOr<std::unique_ptr<ScriptProcess>> process = ScriptProcess::Start(command, callbacks);
+  ASSERT_TRUE(process.ok()) << process.status();
+  ASSERT_TRUE(written.WaitForNotificationWithTimeout(absl::Seconds(30))) << (*process)->StderrTail();
+  // While it runs: the supervisor's heartbeats read it now.
+  fitrun::contract::meter::MemoryReading running = (*process)->Memory();
+  EXPECT_EQ(running.peak_bytes, 4096);
+  EXPECT_EQ(running.live_bytes, 1024);
+  EXPECT_EQ(running.writer, fitrun::contract::meter::kWriterCudaModule);
+  (*process)->Signal(SIGTERM);
+  (*process)->Wait();
+  EXPECT_EQ((*process)->Memory().peak_bytes, 4096) << "after the exit";
 }
 
 }  // namespace

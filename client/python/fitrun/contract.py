@@ -44,9 +44,20 @@ PRECISION = "FITRUN_PRECISION"
 REPORT_FD = "FITRUN_REPORT_FD"
 CONTROL_FD = "FITRUN_CONTROL_FD"
 
-# The preloaded allocator (libfitrun_memory.so); on a GPU, the probe's peak file is this module's.
+# The device's cap (the preloaded allocator's on a CPU device; on a GPU slice, torch.cuda's).
 MEMORY_CAP_BYTES = "FITRUN_MEMORY_CAP_BYTES"
-MEMORY_PEAK_FILE = "FITRUN_MEMORY_PEAK_FILE"
+# The supervisor's memory meter (proto/contract/memory_meter.h): a page of int64 figures at these
+# offsets, written by the preloaded allocator on a CPU device and by this module on a GPU.
+MEMORY_METER_FD = "FITRUN_MEMORY_METER_FD"
+METER_PEAK = 0
+METER_LIVE = 8
+METER_REFUSED = 16
+METER_LIVE_AT_REFUSAL = 24
+METER_WRITER = 32
+METER_RESERVED_PEAK = 40
+METER_DEVICE_PEAK = 48
+METER_WRITER_CPU_ALLOCATOR = 1
+METER_WRITER_CUDA_MODULE = 2
 # The kind of device the rank runs on: "cpu" or "cuda".
 DEVICE_KIND = "FITRUN_DEVICE_KIND"
 DEVICE_KIND_CPU = "cpu"

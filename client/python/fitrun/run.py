@@ -17,6 +17,7 @@ import os
 import queue
 import re
 import select
+import struct
 import sys
 import threading
 import time
@@ -117,6 +118,42 @@ def _is_out_of_memory(error):
     return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
 
 
+class _CudaMeter:
+    """Writes torch.cuda's figures into the supervisor's memory meter (proto/contract/memory_meter.h,
+    the METER_* offsets of contract.py): the allocated peak (sampled at each write too, since a script
+    may reset torch.cuda's peak statistics itself), live bytes, a refused request, the reserved peak
+    and the device's memory in use at its highest."""
+
+    def __init__(self, fd, memory):
+        self._fd = fd
+        self._memory = memory
+        self._peak = 0
+        self._device_peak = 0
+        self._refused = (0, 0)
+
+    def write(self, refused=0):
+        if self._fd is None:
+            return
+        allocated = self._memory.cuda_allocated()
+        if allocated is None:
+            return
+        self._peak = max(self._peak, allocated[0])
+        reserved, device = self._memory.gpu_peaks()
+        self._device_peak = max(self._device_peak, device)
+        if refused:
+            self._refused = (refused, allocated[1])
+        figures = {contract.METER_PEAK: self._peak, contract.METER_LIVE: allocated[1],
+                   contract.METER_REFUSED: self._refused[0], contract.METER_LIVE_AT_REFUSAL: self._refused[1],
+                   contract.METER_WRITER: contract.METER_WRITER_CUDA_MODULE,
+                   contract.METER_RESERVED_PEAK: reserved, contract.METER_DEVICE_PEAK: self._device_peak}
+        try:
+            for offset, value in figures.items():
+                os.pwrite(self._fd, struct.pack("<q", int(value)), offset)
+        except OSError as error:
+            print(f"fitrun: cannot write the memory meter: {error}", file=sys.stderr)
+            self._fd = None
+
+
 class Run:
     """One rank's view of its job: the plan (attributes) and the calls that report to fitrun."""
 
@@ -140,14 +177,13 @@ class Run:
         self.attempt = _int(env, contract.ATTEMPT, 0)
         self._memory = _Memory()
         self._memory_cap = _int(env, contract.MEMORY_CAP_BYTES, 0)
-        # A probe on a GPU: nothing is preloaded to count the script's tensors (they are CUDA tensors
-        # the CPU allocator never sees), so its peak file is this module's, with torch.cuda's
-        # allocated peak. Each micro-batch is a run of its own, so the peak is that batch's.
-        self._cuda_peak_file = None
-        self._cuda_peak = 0
-        if self.probe and self.device_kind == contract.DEVICE_KIND_CUDA and env.get(contract.MEMORY_PEAK_FILE):
-            self._cuda_peak_file = env[contract.MEMORY_PEAK_FILE]
-            atexit.register(self.write_probe_peak)
+        # On a GPU nothing is preloaded to count the script's tensors (they are CUDA tensors the CPU
+        # allocator never sees), so this module writes torch.cuda's figures into the supervisor's
+        # memory meter: at each report, after an out-of-memory error, and at exit.
+        self._meter = None
+        if self.device_kind == contract.DEVICE_KIND_CUDA:
+            self._meter = _CudaMeter(_int(env, contract.MEMORY_METER_FD), self._memory)
+            atexit.register(self._meter.write)
         self._stop_reason = None
         self._step = 0
         self._last_report = None
@@ -176,7 +212,7 @@ class Run:
     def memory(self):
         """This rank's device memory in bytes, as counted (zeros where it is not): live, peak, cap."""
         live, peak, cap = self._memory.figures()[:3]
-        return {"live": live, "peak": peak, "cap": cap}
+        return {"live": live, "peak": peak, "cap": self._memory_cap or cap}
 
     # The plan's strategy.
 
@@ -213,7 +249,8 @@ class Run:
         # A report of no new samples (a final evaluation's metrics) keeps the rate of the last one.
         rate = self._rate
         self._step = step
-        self._sample_cuda_peak()
+        if self._meter is not None:
+            self._meter.write()
         live, peak = self._memory.figures()[:2]
         progress = {"rank": self.rank, "step": int(step), "liveBytes": live, "peakBytes": peak,
                     "samplesPerSecond": rate}
@@ -348,7 +385,8 @@ class Run:
             previous(kind, error, traceback)
             if _is_out_of_memory(error):
                 self.report_out_of_memory(error)
-                self.write_probe_peak(requested=_requested_bytes(str(error)))
+                if self._meter is not None:
+                    self._meter.write(refused=_requested_bytes(str(error)))
                 self.flush()
                 sys.stderr.flush()
                 os._exit(contract.EXIT_OUT_OF_MEMORY)
@@ -359,6 +397,8 @@ class Run:
         """What the coordinator re-plans from, as the script saw it: the step it was in (the one after
         the last it reported; 0 before any), the batch, the request that failed and the device's figures."""
         live, peak, cap, requested, live_at_failure = self._memory.figures()
+        # A GPU slice's cap, not the whole GPU's memory: what the rank was allowed.
+        cap = self._memory_cap or cap
         if not requested and error is not None:
             requested = _requested_bytes(str(error))
         step = self._step + 1 if self._step else 0
@@ -367,33 +407,6 @@ class Run:
                             "peakBytes": peak, "capBytes": cap}})
         if error is not None:
             self.log(f"out of memory: {error}")
-
-    # A probe's figure on a GPU.
-
-    def _sample_cuda_peak(self):
-        allocated = self._memory.cuda_allocated() if self._cuda_peak_file else None
-        if allocated is not None:
-            # Sampled at each report too: a script may reset torch.cuda's peak statistics itself.
-            self._cuda_peak = max(self._cuda_peak, allocated[0])
-        return allocated
-
-    def write_probe_peak(self, requested=0):
-        """In a probe on a GPU: writes "<peak> <live>" (and, after an out-of-memory error, "<refused
-        request> <live then>") bytes of torch.cuda's allocator to the peak file, as the preloaded
-        allocator does on the host. Once; at exit unless an out-of-memory error came first."""
-        if not self._cuda_peak_file:
-            return
-        allocated = self._sample_cuda_peak()
-        live = allocated[1] if allocated is not None else 0
-        figures = [self._cuda_peak, live] + ([requested, live] if requested else [])
-        partial = self._cuda_peak_file + ".partial"
-        try:
-            with open(partial, "w") as f:
-                f.write(" ".join(str(int(x)) for x in figures) + "\n")
-            os.replace(partial, self._cuda_peak_file)
-        except OSError as error:
-            print(f"fitrun: cannot write the probe's peak to {self._cuda_peak_file}: {error}", file=sys.stderr)
-        self._cuda_peak_file = None
 
     # The writer.
 
