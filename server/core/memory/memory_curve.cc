@@ -98,7 +98,8 @@ int64_t MemoryCurve::PeakAt(int64_t batch) const {
   if (batch <= points_.front().batch) return points_.front().peak_bytes;
   if (batch >= points_.back().batch) {
     const double beyond = static_cast<double>(batch - points_.back().batch);
-    return points_.back().peak_bytes + static_cast<int64_t>(std::ceil(static_cast<double>(SlopeBeyond()) * beyond));
+    return points_.back().peak_bytes +
+           static_cast<int64_t>(std::ceil(static_cast<double>(ExtrapolationSlope()) * beyond));
   }
   const auto hi = std::lower_bound(points_.begin(), points_.end(), MeasuredPeak{batch, 0},
                                    [](const MeasuredPeak& a, const MeasuredPeak& b) { return a.batch < b.batch; });
@@ -112,6 +113,12 @@ int64_t MemoryCurve::SlopeBeyond() const {
   double slope = Through(points_[n - 2], points_[n - 1]).slope;
   if (n >= 3) slope = std::max(slope, Through(points_[n - 3], points_[n - 2]).slope);
   return std::max<int64_t>(0, static_cast<int64_t>(std::ceil(slope)));
+}
+
+int64_t MemoryCurve::ExtrapolationSlope() const {
+  if (points_.size() != 1) return SlopeBeyond();
+  const MeasuredPeak& only = points_.front();
+  return only.batch > 0 ? (only.peak_bytes + only.batch - 1) / only.batch : 0;
 }
 
 int64_t MemoryCurve::FixedBytes() const {
@@ -169,6 +176,10 @@ std::string MemoryCurve::HowEstimated(int64_t batch) const {
     return absl::StrCat("taken as the smallest measured micro-batch ", points_.front().batch, "'s");
   }
   if (batch > points_.back().batch) {
+    if (points_.size() == 1) {
+      return absl::StrCat("extrapolated beyond the only measured micro-batch ", points_.back().batch, " at ",
+                          FormatBytes(ExtrapolationSlope()), " per sample (all of its peak taken to grow with the batch)");
+    }
     return absl::StrCat("extrapolated beyond the largest measured micro-batch ", points_.back().batch, " at ",
                         FormatBytes(SlopeBeyond()), " per sample");
   }

@@ -44,12 +44,17 @@ class MemoryCurve {
   bool Measured(int64_t batch) const;
 
   // The peak at `batch`: as measured at a measured batch; on the chord between two; from the largest
-  // on at SlopeBeyond per sample; the smallest's peak below the smallest.
+  // on at ExtrapolationSlope per sample; the smallest's peak below the smallest.
   int64_t PeakAt(int64_t batch) const;
   // Bytes per sample beyond the largest measured batch: the steeper of the last two segments (the
   // last one on a convex curve; a measurement a little low at the end must not flatten the whole
   // extrapolation, as a bf16 mlp's does); 0 with fewer than two points.
   int64_t SlopeBeyond() const;
+  // The slope PeakAt extrapolates with: SlopeBeyond, or with one point (a single run's peak) its
+  // whole peak per sample, as if nothing of it were batch-independent: an upper bound on a line
+  // through a peak whose fixed part is not negative, where a flat extrapolation would promise any
+  // larger batch the same peak.
+  int64_t ExtrapolationSlope() const;
   // The batch-independent part, for the plan's breakdown: the first segment's line at batch 0.
   int64_t FixedBytes() const;
 

@@ -103,6 +103,17 @@ TEST(MemoryCurveTest, ALastPointALittleLowDoesNotFlattenTheExtrapolation) {
   EXPECT_GE(curve.PeakAt(19700), 184757200);  // measured there
 }
 
+TEST(MemoryCurveTest, OnePointBoundsSmallerBatchesByItsPeakAndLargerOnesAsIfItAllGrewWithTheBatch) {
+  // One run of a script at per-device batch 8 peaked at 800 MB (say 400 MB fixed, 50 MB a sample).
+  const MemoryCurve run({{8, 800'000'000}});
+  EXPECT_EQ(run.SlopeBeyond(), 0) << "no segment to extrapolate";
+  EXPECT_EQ(run.ExtrapolationSlope(), 100'000'000);
+  EXPECT_EQ(run.PeakAt(4), 800'000'000) << "memory never shrinks below what a larger batch peaked at";
+  EXPECT_EQ(run.PeakAt(16), 1'600'000'000) << "above 16's 1.2 GB: an upper bound, not a flat 800 MB";
+  EXPECT_THAT(run.HowEstimated(16), HasSubstr("beyond the only measured micro-batch 8"));
+  EXPECT_EQ(MemoryCurve({{3, 10}}).PeakAt(6), 10 + 3 * 4) << "the slope rounds up";
+}
+
 TEST(MemoryCurveTest, AnOutOfMemoryBoundRaisesAnEstimateBelowItAndNeverLowersOne) {
   // The sweep's curve: 100 MB fixed and 1 MB per sample, measured to micro-batch 8.
   const MemoryCurve curve({{2, 102'000'000}, {4, 104'000'000}, {8, 108'000'000}});
