@@ -180,9 +180,11 @@ class GpuTest(unittest.TestCase):
         fake.run._meter.write(refused=256 << 20)
         self.assertEqual(self.meter()[:4], (700 << 20, 600 << 20, 256 << 20, 600 << 20))
         oom = [r["oom"] for r in fake.reports() if "oom" in r][0]
-        # The slice's cap, not the whole GPU's 80 GiB: the job hears about its slice.
+        # The slice's cap, not the whole GPU's 80 GiB: the job hears about its slice; and what the
+        # driver saw of the whole device then.
         self.assertEqual(oom["capBytes"], 2 << 30)
         self.assertEqual(oom["requestedBytes"], 256 << 20)
+        self.assertEqual((oom["deviceFreeBytes"], oom["deviceTotalBytes"]), (1 << 30, 80 << 30))
 
     def test_on_the_host_the_meter_is_the_preloaded_allocators(self):
         run = self.rank(contract.DEVICE_KIND_CPU).run

@@ -84,6 +84,17 @@ class _Memory:
         return (sum(torch.cuda.max_memory_allocated(d) for d in devices),
                 sum(torch.cuda.memory_allocated(d) for d in devices))
 
+    def cuda_device_figures(self):
+        """On a GPU, for an out-of-memory report: what the caching allocator had reserved, and the
+        device's free and total memory as the driver sees them (every process's); {} elsewhere."""
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return {}
+        device = torch.cuda.current_device()
+        free, total = torch.cuda.mem_get_info(device)
+        reserved = torch.cuda.memory_stats(device).get("reserved_bytes.all.current", 0)
+        return {"reservedBytes": int(reserved), "deviceFreeBytes": int(free), "deviceTotalBytes": int(total)}
+
     def figures(self):
         """(live, peak, cap, refused request, live at the refusal) in bytes; zeros where unknown."""
         if self._lib is not None:
@@ -402,9 +413,10 @@ class Run:
         if not requested and error is not None:
             requested = _requested_bytes(str(error))
         step = self._step + 1 if self._step else 0
-        self._send({"oom": {"rank": self.rank, "step": step, "perDeviceBatch": self.per_device_batch or 0,
-                            "requestedBytes": requested, "liveBytes": live_at_failure or live,
-                            "peakBytes": peak, "capBytes": cap}})
+        oom = {"rank": self.rank, "step": step, "perDeviceBatch": self.per_device_batch or 0,
+               "requestedBytes": requested, "liveBytes": live_at_failure or live, "peakBytes": peak, "capBytes": cap}
+        oom.update(self._memory.cuda_device_figures())
+        self._send({"oom": oom})
         if error is not None:
             self.log(f"out of memory: {error}")
 
