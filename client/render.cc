@@ -146,6 +146,9 @@ std::string RenderJob(const v1::Job& job, const RenderContext& context, const st
                                              FormatBytes(attempt.measured_peak_bytes()),
                                              FormatBytes(attempt.predicted_peak_bytes()),
                                              100.0 * attempt.measured_peak_bytes() / attempt.predicted_peak_bytes()));
+    } else if (attempt.measured_peak_bytes() > 0) {
+      // A plan from the run: nothing was predicted, the run measured it.
+      absl::StrAppend(&text, "; memory: peaked at ", FormatBytes(attempt.measured_peak_bytes()), " (measured by this run)");
     }
     rows.emplace_back(absl::StrCat("attempt ", attempt.attempt()), text);
   }

@@ -1,6 +1,7 @@
 """A DDP script whose activations dwarf its weights (a tower of cheap blocks over a long sequence), that
 takes fitrun's strategy with run.apply_strategy: for the script-job tests of recomputing and sharding.
-Each rank prints the strategy it applied; --oom_at_step runs out of memory once, on attempt 1."""
+Each rank prints the strategy it applied; --oom_at_step runs out of memory once, on attempt --oom_on_attempt
+(1 unless given)."""
 
 import argparse
 
@@ -16,6 +17,7 @@ parser.add_argument("--length", type=int, default=65536, help="positions per sam
 parser.add_argument("--width", type=int, default=16)
 parser.add_argument("--depth", type=int, default=40)
 parser.add_argument("--oom_at_step", type=int, default=0)
+parser.add_argument("--oom_on_attempt", type=int, default=1)
 args = parser.parse_args()
 
 
@@ -59,7 +61,7 @@ if state is not None:
 
 generator = torch.Generator().manual_seed(dist.get_rank())
 for step in range(start + 1, (run.max_steps or args.steps) + 1):
-    if args.oom_at_step == step and run.attempt <= 1 and not run.probe:
+    if args.oom_at_step == step and run.attempt == args.oom_on_attempt and not run.probe:
         memory = run.memory()
         torch.empty(memory["cap"] - memory["live"] + (1 << 20), dtype=torch.uint8)
     optimizer.zero_grad()

@@ -152,8 +152,16 @@ std::string CalibrationKey(const fitrun::v1::JobSpec& spec, const std::string& r
 }
 
 
+Calibration CalibrationFromRuns(const std::vector<MeasuredPeak>& runs) {
+  Calibration c;
+  c.runs = runs;
+  c.measured = MemoryCurve(runs);
+  c.from_runs_only = true;
+  return c;
+}
+
 double Calibration::RunCorrection(double tolerance) const {
-  if (measured.empty() || runs.empty()) return 1.0;
+  if (measured.empty() || runs.empty() || from_runs_only) return 1.0;
   double largest = 0;
   for (const MeasuredPeak& run : runs) {
     const int64_t expected = measured.PeakAt(run.batch);
@@ -171,6 +179,12 @@ ModelProfile CalibratedProfile(ModelProfile analytic, const Calibration& calibra
   p.step_times = calibration.step_times;
   std::sort(p.step_times.begin(), p.step_times.end(),
             [](const MeasuredStepTime& a, const MeasuredStepTime& b) { return a.batch < b.batch; });
+  if (calibration.from_runs_only) {
+    p.memory_source = absl::StrCat("measured by its runs: ", calibration.runs.size(),
+                                   " run(s) of it peaked as measured at ", calibration.measured.Describe(),
+                                   " (the highest rank's peak of each run, at its per-device batch)");
+    return p;
+  }
   p.memory_source = absl::StrCat("calibrated: fitrun-worker --probe measured the peak at ",
                                  calibration.measured.Describe());
   if (!calibration.sweep_note.empty()) absl::StrAppend(&p.memory_source, "; ", calibration.sweep_note);
@@ -317,6 +331,10 @@ MemoryCalibrator::Lookup MemoryCalibrator::Find(const fitrun::v1::JobSpec& spec,
     }
   } else if (sweeping_.count(key) > 0) {
     lookup.state = State::kMeasuring;
+  } else if (auto runs = runs_before_sweep_.find(key); spec.has_script() && runs != runs_before_sweep_.end()) {
+    // A script's own runs are its measurements: each is a point of its curve at the batch it ran.
+    lookup.state = State::kReady;
+    lookup.calibration = CalibrationFromRuns(runs->second);
   }
   return lookup;
 }
@@ -511,7 +529,10 @@ absl::StatusOr<ModelProfile> MemoryCalibrator::ProfileFor(const fitrun::v1::JobS
   const Lookup lookup = Find(spec, run_as);
   if (lookup.state == State::kReady) {
     ModelProfile calibrated = CalibratedProfile(*std::move(analytic), lookup.calibration, options_.run_tolerance);
-    if (spec.has_script()) calibrated.batch_not_plannable = BatchIgnoredBy(lookup.calibration.measured);
+    calibrated.memory_unmeasured = false;
+    if (spec.has_script() && !lookup.calibration.from_runs_only) {
+      calibrated.batch_not_plannable = BatchIgnoredBy(lookup.calibration.measured);
+    }
     return calibrated;
   }
   if (lookup.state == State::kFailed && spec.has_script() && lookup.batch_one_over_bytes > 0) {

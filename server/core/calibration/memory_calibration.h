@@ -86,11 +86,17 @@ struct Calibration {
   std::vector<MeasuredPeak> runs;
   // The sweep's step times, by micro-batch (none where the probe does not time its steps).
   std::vector<MeasuredStepTime> step_times;
+  // No sweep: `measured` is the runs' peaks themselves (a script planned from its runs).
+  bool from_runs_only = false;
 
   // The factor real runs show the probe's curve to be off by: the largest run peak / curve ratio
   // (so no run's peak is above the corrected curve), or 1 while every run is within `tolerance`.
   double RunCorrection(double tolerance) const;
 };
+
+// What a script's runs alone measured (no probe swept it): each run a point of its curve, at its
+// per-device batch (the larger peak where runs share a batch).
+Calibration CalibrationFromRuns(const std::vector<MeasuredPeak>& runs);
 
 // The analytic profile with the calibration's curve (corrected by real runs) in place of its memory
 // figures, and the plan's account of where they come from in memory_source; with the probe's step
@@ -159,7 +165,8 @@ class MemoryCalibrator {
   bool Measuring(const fitrun::v1::JobSpec& spec, const std::string& run_as, int64_t batch);
   // What a real run measured: the largest peak of an attempt's ranks at its per-device batch. Runs
   // of a workload not swept yet (one that launched on its analytic estimate) are kept for its sweep,
-  // whose curve they then correct like any later run.
+  // whose curve they then correct like any later run; a script's runs are its calibration until then
+  // (Find says kReady, with CalibrationFromRuns).
   void RecordRun(const fitrun::v1::JobSpec& spec, const std::string& run_as, int64_t batch, int64_t peak_bytes);
 
   // Sweeps now on the caller's thread (or returns the cached calibration): for benchmarks and tools.

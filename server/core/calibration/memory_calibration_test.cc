@@ -24,6 +24,8 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+constexpr int64_t kMiB = 1LL << 20;
+
 fitrun::v1::JobSpec MlpSpec() { return MlpTestSpec(256); }
 
 // A calibration of the mlp as a sweep would measure it.
@@ -345,6 +347,47 @@ TEST(MemoryCalibratorTest, RunsBeforeTheFirstSweepSurviveARestartAndCorrectThatS
   // And once more after a restart, now from the sweep's line and the run's.
   auto again = *MemoryCalibrator::Create({.cache_path = path}, &probe);
   ASSERT_EQ(again->Find(spec, "").calibration.runs.size(), 1u);
+}
+
+// A script's runs are its calibration until a probe sweeps it: each run a point of its curve (the
+// larger peak where two ran one batch), kept across a restart; a built-in workload's runs wait for
+// its sweep instead. A sweep may still run and takes the runs along.
+TEST(MemoryCalibratorTest, AScriptsRunsAreItsCalibrationUntilASweep) {
+  const std::string path = TempPath("calibration-script-runs.tsv");
+  std::filesystem::remove(path);
+  fitrun::v1::JobSpec script;
+  script.mutable_script()->add_command("/usr/bin/python3");
+  script.mutable_script()->add_command("train.py");
+  script.mutable_script()->set_working_dir("/tmp");
+  FakeMemoryProbe probe(MlpPeakBytes);
+  {
+    auto calibrator = *MemoryCalibrator::Create({.cache_path = path}, &probe);
+    EXPECT_EQ(calibrator->Find(script, "").state, MemoryCalibrator::State::kMissing);
+    calibrator->RecordRun(script, "", 16, 600 * kMiB);
+    calibrator->RecordRun(script, "", 16, 610 * kMiB);
+    calibrator->RecordRun(script, "", 8, 400 * kMiB);
+    calibrator->RecordRun(MlpSpec(), "", 512, MlpPeakBytes(512));
+    EXPECT_EQ(calibrator->Find(MlpSpec(), "").state, MemoryCalibrator::State::kMissing) << "a built-in waits";
+  }
+  auto restarted = *MemoryCalibrator::Create({.cache_path = path}, &probe);
+  const MemoryCalibrator::Lookup lookup = restarted->Find(script, "");
+  ASSERT_EQ(lookup.state, MemoryCalibrator::State::kReady);
+  EXPECT_TRUE(lookup.calibration.from_runs_only);
+  ASSERT_EQ(lookup.calibration.measured.points().size(), 2u);
+  EXPECT_EQ(lookup.calibration.measured.PeakAt(16), 610 * kMiB);
+  EXPECT_EQ(lookup.calibration.measured.PeakAt(12), 505 * kMiB) << "on the chord between two runs";
+  absl::StatusOr<ModelProfile> profile = restarted->ProfileFor(script, "");
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_FALSE(profile->Unmeasured());
+  EXPECT_THAT(profile->memory_source, HasSubstr("measured by its runs: 3 run(s)"));
+  EXPECT_TRUE(profile->batch_not_plannable.empty());
+  // The probe may still sweep it (its runs fit no device it is asked for); the runs join the sweep.
+  absl::Notification swept;
+  EXPECT_TRUE(restarted->StartCalibration(script, "", 16, 1LL << 30, [&] { swept.Notify(); }));
+  ASSERT_TRUE(swept.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const MemoryCalibrator::Lookup after = restarted->Find(script, "");
+  EXPECT_FALSE(after.calibration.from_runs_only);
+  EXPECT_EQ(after.calibration.runs.size(), 3u);
 }
 
 TEST(MemoryCalibratorTest, ATornOrOldLineIsSkippedAndTheFileIsCompacted) {

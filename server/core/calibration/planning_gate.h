@@ -4,8 +4,12 @@
 //
 // A workload not measured yet is measured first (fitrun-worker --probe sweeps it) unless its
 // analytic estimate is a checked upper bound and the plan it gets is roomy: then measuring could not
-// change the plan, and the run's peaks calibrate the workload instead. A plan whose batch is tight,
-// or beyond the largest measured batch, has that batch measured before it launches. Probes run on
+// change the plan, and the run's peaks calibrate the workload instead. A script is never probed
+// before its first run: nothing but running it measures it, so that run is its measurement (a plan
+// from the run), and its runs' peaks are its calibration; the probe sweeps it only after its runs ran
+// out of memory (twice, or once where the plan could still choose to recompute its activations). A
+// built-in model's plan whose batch is tight, or beyond the largest measured batch, has that batch
+// measured before it launches; a script's run measures its own batch. Probes run on
 // the calibrator's threads; the gate only starts them and says what the job waits for, and
 // `on_measured` asks for another scheduling pass when one ends.
 //
@@ -42,7 +46,9 @@ class PlanningGate {
   bool measures() const { return calibrator_ != nullptr; }
 
   // Whether the workload's memory is settled (and the recomputing model's, where the plan may
-  // choose it): measured, or its measurement failed (its analytic verdict then stands). Only a settled workload's "does not fit" is final at submit.
+  // choose it): measured by the probe, or its measurement failed (its analytic verdict then
+  // stands); a script measured by its runs alone is not. Only a settled workload's "does not fit" is
+  // final at submit.
   bool Settled(const fitrun::v1::JobSpec& spec, const std::string& run_as) const;
 
   // Why the job launches on its analytic estimate without waiting for its workload's probe, or
@@ -52,12 +58,28 @@ class PlanningGate {
   std::string LaunchesWithoutProbe(const fitrun::v1::Job& job, const std::vector<DeviceCapacity>& every_device,
                                    const Planner& planner) const;
 
+  // Why a script job nothing has measured launches now, its run its own measurement; empty when it
+  // waits for the probe instead (after its out-of-memory errors: see the class comment).
+  std::string LaunchesFromTheRun(const fitrun::v1::Job& job) const;
+
+  // Whether measuring the spec could still find a plan where the runs found none: a script leaving
+  // activation checkpointing to the plan whose recomputing form nothing has measured.
+  bool MeasuringMayFindAPlan(const fitrun::v1::JobSpec& spec, const std::string& run_as) const;
+
   // What the job's workload still needs measured before it can be planned, with the sweep started
-  // (up to the most one rank of the job takes in a micro-batch, and `roomiest_bytes`); empty when
-  // nothing. Where the spec leaves activation checkpointing to the plan, the recomputing model is
+  // (up to the most one rank of the job takes in a micro-batch, below `below_batch` when that is over
+  // 1 (a batch that ran out of memory), and `roomiest_bytes`); empty when nothing. Where the spec leaves activation checkpointing to the plan, the recomputing model is
   // a workload measured beside it. `run_as` here and below: the job's Job.run_as ("": fitrund's user), whose calibration
   // it is and whose account the probe runs as.
-  std::string AwaitCalibration(const fitrun::v1::JobSpec& spec, int64_t roomiest_bytes, const std::string& run_as);
+  // `over_runs`: a script measured by its runs alone is swept too.
+  std::string AwaitCalibration(const fitrun::v1::JobSpec& spec, int64_t roomiest_bytes, const std::string& run_as,
+                               int64_t below_batch = 0, bool over_runs = false);
+
+  // A script measured by its runs alone whose runs bound no plan on `every_device` (each as if
+  // idle: they ran larger batches than these devices hold): the probe sweeps it (started here), and
+  // what the job waits for is returned; empty otherwise.
+  std::string SweepWhereRunsFitNothing(const fitrun::v1::Job& job, const std::vector<DeviceCapacity>& every_device,
+                                       const Planner& planner, int64_t roomiest_bytes);
 
   // What the plan still needs measured before it launches: its batch, when its predicted peak is
   // tight or beyond the largest measured batch and not measured yet (the measurement is started).

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <memory>
 
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "server/core/fakes.h"
 #include "server/core/specs/test_specs.h"
@@ -30,6 +31,28 @@ std::vector<DeviceCapacity> Devices(int count, int64_t bytes) {
 fitrun::v1::Job JobOf(const fitrun::v1::JobSpec& spec) {
   fitrun::v1::Job job;
   *job.mutable_spec() = spec;
+  return job;
+}
+
+// A user's own training script, global batch 32 on two ranks.
+fitrun::v1::JobSpec ScriptSpec(bool applies_strategy = false) {
+  fitrun::v1::JobSpec spec;
+  spec.set_name("script");
+  spec.mutable_script()->add_command("/usr/bin/python3");
+  spec.mutable_script()->add_command("train.py");
+  spec.mutable_script()->set_working_dir("/tmp");
+  spec.mutable_script()->set_applies_strategy(applies_strategy);
+  spec.set_global_batch_size(32);
+  spec.mutable_resources()->set_min_devices(2);
+  spec.mutable_resources()->set_max_devices(2);
+  return spec;
+}
+
+fitrun::v1::Job WithOutOfMemoryAt(fitrun::v1::Job job, int64_t batch) {
+  fitrun::v1::OutOfMemory* oom = job.add_oom_history();
+  oom->set_per_device_batch(batch);
+  oom->set_live_bytes(900LL << 20);
+  oom->set_requested_bytes(200LL << 20);
   return job;
 }
 
@@ -125,6 +148,63 @@ TEST_F(PlanningGateTest, APlanBeyondTheMeasuredBatchesIsMeasuredBeforeLaunch) {
   fitrun::v1::JobSpec fixed = spec;
   fixed.mutable_resources()->set_per_device_batch(4096);
   EXPECT_EQ(gate.AwaitPlanMeasurement(fixed, *plan, ""), "") << "a fixed batch is the user's call";
+}
+
+// A script nothing has measured: only running it can, so its first run is its measurement. It is
+// not probed first, its plan takes the largest batch and predicts nothing, and its runs' peaks are
+// its calibration for the next plan.
+TEST_F(PlanningGateTest, AFirstSeenScriptLaunchesAtOnceAndItsRunsAreItsCalibration) {
+  PlanningGate gate(calibrator_.get(), [] {});
+  const fitrun::v1::JobSpec spec = ScriptSpec();
+  PlanningGate::Pass pass(&gate, Devices(2, 1LL << 30), 1LL << 30, planner_);
+  const PlanningGate::BeforePlanning before = pass.Check(JobOf(spec), CalibrationKey(spec, ""), false);
+  EXPECT_THAT(before.without_probe, HasSubstr("its first run is its measurement"));
+  EXPECT_TRUE(before.waiting_for.empty());
+  absl::StatusOr<fitrun::v1::Plan> plan = planner_(JobOf(spec), Devices(2, 1LL << 30));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->per_device_batch(), 16) << "the largest the spec allows";
+  EXPECT_EQ(plan->predicted().total_bytes(), 0) << "nothing to predict it from";
+  EXPECT_EQ(gate.AwaitPlanMeasurement(spec, *plan, ""), "") << "its run measures its batch";
+
+  // The run peaked at 600 MiB at batch 16: the next plan stands on that, with no probe.
+  calibrator_->RecordRun(spec, "", 16, 600LL << 20);
+  plan = planner_(JobOf(spec), Devices(2, 1LL << 30));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->per_device_batch(), 16);
+  EXPECT_GE(plan->predicted().total_bytes(), 600LL << 20);
+  EXPECT_LE(plan->predicted().total_bytes(), 620LL << 20) << "the run's peak and the calibrated margin";
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"), HasSubstr("measured by its runs"));
+  EXPECT_EQ(probe_.calls(), 0);
+  EXPECT_FALSE(gate.Settled(spec, "")) << "what runs bound is not the last word";
+
+  // On smaller devices its run bounds every batch below 16 by 600 MiB, so nothing fits on what runs
+  // measured: the probe measures the smaller batches rather than the job failing.
+  EXPECT_FALSE(planner_(JobOf(spec), Devices(2, 500LL << 20)).ok());
+  PlanningGate::Pass small(&gate, Devices(2, 500LL << 20), 500LL << 20, planner_);
+  const PlanningGate::BeforePlanning swept = small.Check(JobOf(spec), CalibrationKey(spec, ""), false);
+  EXPECT_THAT(swept.waiting_for, HasSubstr("measuring memory"));
+  EXPECT_THAT(swept.waiting_for, HasSubstr("its runs ran at batches too large for these devices"));
+}
+
+// Its first out-of-memory error re-plans from what it needed, without a probe; a second one, or one
+// where the plan could still recompute activations, has the probe measure it below the failed batch.
+TEST_F(PlanningGateTest, AScriptIsProbedOnlyAfterItsRunsRanOutOfMemory) {
+  absl::Notification measured;
+  PlanningGate gate(calibrator_.get(), [&] { measured.Notify(); });
+  const fitrun::v1::Job once = WithOutOfMemoryAt(JobOf(ScriptSpec()), 16);
+  EXPECT_THAT(gate.LaunchesFromTheRun(once), HasSubstr("re-planned from the out-of-memory error"));
+  const fitrun::v1::Job open_strategy = WithOutOfMemoryAt(JobOf(ScriptSpec(/*applies_strategy=*/true)), 16);
+  EXPECT_TRUE(gate.MeasuringMayFindAPlan(open_strategy.spec(), ""));
+  EXPECT_EQ(gate.LaunchesFromTheRun(open_strategy), "") << "recomputing may fit where keeping did not";
+  const fitrun::v1::Job twice = WithOutOfMemoryAt(once, 8);
+  EXPECT_EQ(gate.LaunchesFromTheRun(twice), "");
+
+  PlanningGate::Pass pass(&gate, Devices(2, 1LL << 30), 1LL << 30, planner_);
+  const PlanningGate::BeforePlanning before = pass.Check(twice, CalibrationKey(twice.spec(), ""), false);
+  EXPECT_TRUE(before.without_probe.empty());
+  EXPECT_THAT(before.waiting_for, HasSubstr("up to 7 or")) << "below the smallest batch that ran out";
+  ASSERT_TRUE(measured.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(probe_.calls(), 1);
 }
 
 }  // namespace

@@ -72,6 +72,10 @@ struct ActiveAttempt {
   bool out_of_memory = false;
   // A cluster's scheduler has not granted the ranks their nodes yet: silence is not a hang.
   bool allocation_pending = false;
+  // A script's first steps have measured the attempt's batch (first_steps.h), and where that lets
+  // the plan take a larger batch, the plan it moves to at its next checkpoint.
+  bool first_steps_measured = false;
+  std::optional<fitrun::v1::Plan> move_at_checkpoint;
 };
 
 struct JobEntry {

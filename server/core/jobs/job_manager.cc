@@ -5,6 +5,8 @@
 // job_manager_recovery.cc, what the manager shows in job_manager_views.cc.
 #include "server/core/jobs/job_manager.h"
 
+#include "server/core/jobs/first_steps.h"
+
 #include <sys/random.h>
 
 #include <algorithm>
@@ -358,6 +360,16 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
     if (!entry.active || entry.active->attempt != key.attempt) break;  // a late report of an older attempt
     ReportIngest::Ingested ingested = ingest_.Ingest(entry, key.rank, *report);
     for (JobEvent& event : ingested.events) events.push_back(std::move(event));
+    if (report->has_progress() || report->has_finished()) {
+      // What a script's first steps measured goes out after the report that completed it.
+      (void)PublishAllLocked(entry, std::exchange(events, {}));
+      AfterFirstSteps(entry);
+    }
+    if (report->has_checkpoint_saved() && key.rank == 0 && entry.active && entry.active->move_at_checkpoint) {
+      (void)PublishAllLocked(entry, std::exchange(events, {}));
+      MoveAtCheckpoint(entry, report->checkpoint_saved().step());
+      break;
+    }
     switch (ingested.next) {
       case ReportIngest::Next::kOutOfMemory: {
         // The OOM event goes out before the restart it leads to; the peers are stopped right away
@@ -570,7 +582,8 @@ void JobManager::RecordAttemptMemory(JobEntry& entry) {
   Job& job = entry.record.job;
   if (!entry.active || entry.active->out_of_memory || job.attempt_history().empty()) return;
   fitrun::v1::AttemptRecord& record = *job.mutable_attempt_history(job.attempt_history_size() - 1);
-  if (record.attempt() != entry.active->attempt || record.predicted_peak_bytes() <= 0) return;
+  // An attempt that predicted nothing (a script's first run, its own measurement) is measured too.
+  if (record.attempt() != entry.active->attempt) return;
   // A rank stopped before its second step has not allocated everything a step keeps; one that
   // finished has.
   const int64_t enough_steps = std::min<int64_t>(2, std::max<int64_t>(1, job.plan().total_steps()));
@@ -583,21 +596,35 @@ void JobManager::RecordAttemptMemory(JobEntry& entry) {
     gpu.device_bytes = std::max(gpu.device_bytes, rank.device_peak_bytes);
     // What the plan predicted is what fills the device: on a GPU the process's whole footprint.
     const int64_t observed = rank.device_peak_bytes > 0 ? rank.device_peak_bytes : rank.peak_bytes;
-    metrics_->MemoryPredictionObserved(static_cast<double>(observed) /
-                                       static_cast<double>(record.predicted_peak_bytes()));
+    if (record.predicted_peak_bytes() > 0) {
+      metrics_->MemoryPredictionObserved(static_cast<double>(observed) /
+                                         static_cast<double>(record.predicted_peak_bytes()));
+    }
   }
   if (measured <= 0) return;
   record.set_measured_peak_bytes(measured);
   record.set_measured_reserved_peak_bytes(gpu.reserved_bytes);
   record.set_measured_device_peak_bytes(gpu.device_bytes);
+  if (!LearnRunPeak(entry, record.per_device_batch(), measured, gpu.device_bytes)) return;
+  gpu.allocated_bytes = measured;
+  if (options_.device_costs != nullptr && gpu.device_bytes > 0 && record.device_ids_size() > 0) {
+    for (const fitrun::v1::Device& device : devices_->Snapshot()) {
+      if (device.id() != record.device_ids(0) || device.kind() != fitrun::v1::DEVICE_KIND_CUDA) continue;
+      options_.device_costs->RecordRun(job.run_as(), device.name(), job.plan().cuda_allocator_config(), gpu);
+    }
+  }
+}
+
+bool JobManager::LearnRunPeak(JobEntry& entry, int64_t per_device_batch, int64_t measured, int64_t device_peak) {
+  const Job& job = entry.record.job;
   // The figures are the ranks' word: what fitrund measured itself bounds them, and what passes
   // teaches only plans of the same account (CalibrationKey, DeviceCostsBook).
-  if (const std::string impossible = ImpossiblePeak(entry, std::max(measured, gpu.device_bytes)); !impossible.empty()) {
+  if (const std::string impossible = ImpossiblePeak(entry, std::max(measured, device_peak)); !impossible.empty()) {
     JobEvent event;
     event.mutable_log()->set_rank(-1);
     event.mutable_log()->set_text(absl::StrCat("memory: ", impossible, "; this attempt's peaks are not learned from"));
     PublishLocked(entry, std::move(event));
-    return;
+    return false;
   }
   if (options_.memory_calibrator != nullptr) {
     // The calibration's curve is of ranks that keep every optimizer state; a sharded run's rank kept
@@ -607,16 +634,55 @@ void JobManager::RecordAttemptMemory(JobEntry& entry) {
         measured + (job.plan().zero_stage() == 1 && ranks > 1
                         ? job.plan().predicted().optimizer_state_bytes() * (ranks - 1)
                         : 0);
-    options_.memory_calibrator->RecordRun(SpecAsPlanned(job.spec(), job.plan()), job.run_as(), record.per_device_batch(),
+    options_.memory_calibrator->RecordRun(SpecAsPlanned(job.spec(), job.plan()), job.run_as(), per_device_batch,
                                           unsharded_equivalent);
   }
-  gpu.allocated_bytes = measured;
-  if (options_.device_costs != nullptr && gpu.device_bytes > 0 && record.device_ids_size() > 0) {
-    for (const fitrun::v1::Device& device : devices_->Snapshot()) {
-      if (device.id() != record.device_ids(0) || device.kind() != fitrun::v1::DEVICE_KIND_CUDA) continue;
-      options_.device_costs->RecordRun(job.run_as(), device.name(), job.plan().cuda_allocator_config(), gpu);
+  return true;
+}
+
+void JobManager::AfterFirstSteps(JobEntry& entry) {
+  if (!entry.active || entry.active->first_steps_measured) return;
+  Job& job = entry.record.job;
+  if (!job.spec().has_script() || job.state() != fitrun::v1::JOB_STATE_RUNNING) return;
+  const std::optional<FirstStepsPeak> measured = MeasuredInFirstSteps(*entry.active, job.plan());
+  if (!measured.has_value()) return;
+  entry.active->first_steps_measured = true;
+  if (!LearnRunPeak(entry, measured->per_device_batch, measured->peak_bytes, 0)) return;
+  // Asked again with what the run measured, on the devices it holds (each with its whole memory).
+  std::optional<fitrun::v1::Plan> move_to;
+  if (job.measured_moves() == 0 && job.spec().resources().per_device_batch() == 0) {
+    std::vector<DeviceCapacity> held;
+    for (const fitrun::v1::Device& device : DevicesLocked()) {
+      const auto& ids = entry.active->device_ids;
+      if (std::find(ids.begin(), ids.end(), device.id()) == ids.end()) continue;
+      held.push_back(CapacityOf(device, device.total_bytes(), AllocatorConfigFor(job.spec()), job.run_as()));
     }
+    absl::StatusOr<fitrun::v1::Plan> replanned = PlanForJob(job, held, /*host_room=*/-1);
+    if (replanned.ok() && WorthMovingTo(job.plan(), *replanned)) move_to = *replanned;
   }
+  entry.active->move_at_checkpoint = move_to;
+  JobEvent event;
+  event.mutable_log()->set_rank(-1);
+  event.mutable_log()->set_text(DescribeFirstSteps(entry.active->attempt, *measured, job.plan(),
+                                                   move_to.has_value() ? &*move_to : nullptr));
+  PublishLocked(entry, std::move(event));
+}
+
+void JobManager::MoveAtCheckpoint(JobEntry& entry, int64_t checkpoint_step) {
+  if (!entry.active || !entry.active->move_at_checkpoint.has_value()) return;
+  Job& job = entry.record.job;
+  if (job.state() != fitrun::v1::JOB_STATE_RUNNING) return;
+  const fitrun::v1::Plan& to = *entry.active->move_at_checkpoint;
+  const std::string reason =
+      absl::StrCat("moving to per-device batch ", to.per_device_batch(), " x ", to.grad_accum_steps(),
+                   " accumulation, which the first steps' memory allows, from the checkpoint of step ", checkpoint_step);
+  entry.active->move_at_checkpoint.reset();
+  job.set_measured_moves(job.measured_moves() + 1);
+  RecordAttemptOutcome(entry, reason);
+  metrics_->JobRestarted("measured_move");
+  entry.recovering_since = options_.clock();
+  (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
+  StopRanks(entry, reason);
 }
 
 std::string JobManager::ImpossiblePeak(const JobEntry& entry, int64_t reported) {

@@ -336,6 +336,18 @@ class JobManager {
   // The memory a finished attempt's ranks reported against its plan: recorded on the attempt, in the
   // metrics, and with the calibrator, which corrects the workload's curve from it.
   void RecordAttemptMemory(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives a run's peak at `per_device_batch` (its ranks' highest, allocator bytes; `device_peak` the
+  // process's whole footprint on a GPU, 0 elsewhere) to the calibration, unless fitrund's own
+  // figures say it cannot be true (then its watchers are told, and false is returned).
+  bool LearnRunPeak(JobEntry& entry, int64_t per_device_batch, int64_t measured, int64_t device_peak)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a report of a script job's rank: once its first steps measured the attempt's batch
+  // (first_steps.h), learns the peak, asks the plan again and, where it now takes a larger batch,
+  // marks the attempt to move there at its next checkpoint.
+  void AfterFirstSteps(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rank 0 saved a checkpoint of an attempt marked to move: restarts it from there on the larger
+  // batch (the next scheduling pass plans it).
+  void MoveAtCheckpoint(JobEntry& entry, int64_t checkpoint_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why a peak the attempt's ranks reported cannot be true, by what fitrund measured itself (the
   // devices' memory; on CPU devices the attempt's cgroup peak); empty when it may be.
   std::string ImpossiblePeak(const JobEntry& entry, int64_t reported) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

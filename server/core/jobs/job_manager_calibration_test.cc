@@ -102,6 +102,103 @@ class JobManagerCalibrationTest : public ::testing::Test {
   std::unique_ptr<JobManager> manager_;
 };
 
+// A user's training script (a file in the test's directory), global batch 16 on both devices.
+fitrun::v1::JobSpec ScriptSpec() {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "script";
+  std::filesystem::create_directories(dir);
+  if (!std::filesystem::exists(dir / "train.py")) std::ofstream(dir / "train.py") << "print('training')\n";
+  fitrun::v1::JobSpec spec;
+  spec.set_name("script");
+  spec.mutable_script()->add_command("/usr/bin/python3");
+  spec.mutable_script()->add_command("train.py");
+  spec.mutable_script()->set_working_dir(dir.string());
+  spec.set_global_batch_size(16);
+  spec.mutable_resources()->set_min_devices(2);
+  spec.mutable_resources()->set_max_devices(2);
+  spec.set_max_steps(100);
+  return spec;
+}
+
+// Rank `rank` of the attempt reports optimizer step `step` with `peak` bytes.
+void ReportStep(JobManager& manager, const std::string& id, int attempt, int rank, int64_t step, int64_t peak) {
+  fitrun::v1::WorkerReport progress;
+  progress.mutable_progress()->set_step(step);
+  progress.mutable_progress()->set_peak_bytes(peak);
+  manager.OnWorkerReport(WorkerKey{id, attempt, rank}, progress);
+}
+
+// A script nothing has measured starts at once, with no probe and no predicted peak; once both ranks
+// have reported their first steps the peak they reached is recorded, so a second submit, while the
+// first still runs, is planned on it.
+TEST_F(JobManagerCalibrationTest, AFirstSeenScriptStartsAtOnceAndItsFirstStepsPlanTheNextOne) {
+  Start(1LL << 30);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(ScriptSpec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(10)));
+  fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(probe_->calls(), 0) << "no probe before the first run";
+  EXPECT_EQ(running.plan().per_device_batch(), 8);
+  EXPECT_EQ(running.plan().predicted().total_bytes(), 0);
+  EXPECT_THAT(absl::StrJoin(running.plan().reasons(), "\n"), HasSubstr("its first run is its measurement"));
+
+  ReportStep(*manager_, job->id(), 1, 0, 2, 300LL << 20);
+  EXPECT_THAT(Events(job->id()), ::testing::Not(HasSubstr("first steps peaked"))) << "rank 1 has not reported";
+  ReportStep(*manager_, job->id(), 1, 1, 2, 310LL << 20);
+  EXPECT_THAT(Events(job->id()), HasSubstr("memory: attempt 1's first steps peaked at 310.0 MiB at per-device "
+                                           "batch 8"));
+  EXPECT_THAT(Events(job->id()), HasSubstr("the plan keeps its batch"));
+
+  fitrun::v1::JobSpec second = ScriptSpec();
+  second.mutable_resources()->set_min_devices(1);
+  second.mutable_resources()->set_max_devices(1);
+  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> planned = manager_->DryRunPlan(second);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  // One device: 16 samples a step. The run's 310 MiB at 8 bounds 16 at 620 MiB (all of it per sample).
+  EXPECT_EQ(planned->second.per_device_batch(), 16);
+  EXPECT_NEAR(planned->second.predicted().total_bytes(), 620.0 * 1.03 * (1 << 20), 2.0 * (1 << 20));
+  EXPECT_THAT(absl::StrJoin(planned->second.reasons(), "\n"), HasSubstr("measured by its runs"));
+  EXPECT_EQ(probe_->calls(), 0);
+}
+
+// Where its first steps show the plan a larger batch fits on the devices it holds, the attempt
+// moves there at its next checkpoint: one restart, resuming from it, once per job.
+TEST_F(JobManagerCalibrationTest, AScriptMovesToTheLargerBatchItsFirstStepsAllowAtItsNextCheckpoint) {
+  Start(72LL << 20);
+  // Earlier runs: 30 MiB at batch 1, 36 MiB at 2 (6 MiB a sample, extrapolated): batch 8 looks like
+  // 72 MiB, over the 64.8 MiB usable, so the plan starts at 4 x 2.
+  const fitrun::v1::JobSpec normalized = manager_->DryRunPlan(ScriptSpec())->first;  // as submitted: read files
+  calibrator_->RecordRun(normalized, "", 1, 30LL << 20);
+  calibrator_->RecordRun(normalized, "", 2, 36LL << 20);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(ScriptSpec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(10)));
+  const fitrun::v1::Job first = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(first.plan().per_device_batch(), 4);
+  ASSERT_EQ(first.plan().grad_accum_steps(), 2);
+  // At 4 it peaks at 38 MiB: the slope flattens, and batch 8 fits.
+  ReportStep(*manager_, job->id(), 1, 0, 2, 38LL << 20);
+  ReportStep(*manager_, job->id(), 1, 1, 2, 38LL << 20);
+  EXPECT_THAT(Events(job->id()), HasSubstr("the plan takes per-device batch 8 x 1 accumulation"));
+  EXPECT_THAT(Events(job->id()), HasSubstr("moving there at the next checkpoint"));
+  EXPECT_EQ(manager_->Get(job->id())->state(), fitrun::v1::JOB_STATE_RUNNING) << "not before a checkpoint";
+  fitrun::v1::WorkerReport checkpoint;
+  checkpoint.mutable_checkpoint_saved()->set_step(5);
+  manager_->OnWorkerReport(WorkerKey{job->id(), 1, 0}, checkpoint);
+  WaitForState(job->id(), fitrun::v1::JOB_STATE_RESTARTING);
+  launcher_.Exit(0, 143);
+  launcher_.Exit(1, 143);
+  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(10)));
+  const fitrun::v1::Job moved = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(moved.plan().per_device_batch(), 8);
+  EXPECT_EQ(moved.plan().grad_accum_steps(), 1);
+  EXPECT_EQ(moved.measured_moves(), 1);
+  EXPECT_THAT(moved.attempt_history(0).outcome(), HasSubstr("from the checkpoint of step 5"));
+  // Its first steps again: measured and kept, whatever they show (one move per job).
+  ReportStep(*manager_, job->id(), 2, 0, 2, 44LL << 20);
+  ReportStep(*manager_, job->id(), 2, 1, 2, 44LL << 20);
+  EXPECT_THAT(Events(job->id()), HasSubstr("attempt 2's first steps peaked at 44.0 MiB"));
+}
+
 TEST_F(JobManagerCalibrationTest, SubmitAnswersAtOnceAndTheJobWaitsInPlanningForTheProbe) {
   // 16 MiB devices: the analytic estimate (40 MiB of fixed overheads) fits nothing on them, so only
   // the measurement can tell that the job fits.

@@ -171,8 +171,9 @@ TEST_F(JobManagerGpuTest, AScriptsOwnAllocatorSettingsArePlannedWith) {
   absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> planned = manager_->DryRunPlan(spec);
   ASSERT_TRUE(planned.ok()) << planned.status();
   EXPECT_EQ(planned->second.cuda_allocator_config(), "max_split_size_mb:128");
-  EXPECT_THAT(absl::StrJoin(planned->second.reasons(), "\n"), HasSubstr("2.2x"))
-      << "without expandable segments the allocator keeps far more";
+  // Nothing has measured the script: its run does, with those settings.
+  EXPECT_THAT(absl::StrJoin(planned->second.reasons(), "\n"), HasSubstr("no peak is predicted"));
+  EXPECT_EQ(planned->second.predicted().total_bytes(), 0);
 }
 
 TEST_F(JobManagerGpuTest, ARunsPeaksAreKeptAndCorrectTheNextPlanOnThatGpuModel) {

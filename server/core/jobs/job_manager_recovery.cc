@@ -244,7 +244,8 @@ void JobManager::HandleAttemptFailure(JobEntry& entry, FailureKind kind, const s
         decision = absl::StrCat("spec.resources.per_device_batch fixes the batch at ",
                                 job.spec().resources().per_device_batch(),
                                 ", so fitrun cannot choose a smaller one; remove it or set a smaller one");
-      } else if (!job.oom_history().empty() && job.oom_history(job.oom_history_size() - 1).per_device_batch() == 1) {
+      } else if (!job.oom_history().empty() && job.oom_history(job.oom_history_size() - 1).per_device_batch() == 1 &&
+                 !gate_.MeasuringMayFindAPlan(job.spec(), job.run_as())) {
         decision = "even a per-device batch of 1 does not fit; devices with more memory, a smaller model or "
                    "spec.precision bf16 would";
       } else if (job.oom_replans() >= tolerance.max_oom_retries()) {

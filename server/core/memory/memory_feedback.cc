@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/core/units.h"
 
 namespace fitrun::server {
 
@@ -16,11 +17,11 @@ PlanLimits LimitsAfterOutOfMemory(const OutOfMemoryHistory& history) {
   PlanLimits limits;
   for (const fitrun::v1::OutOfMemory& oom : history) {
     if (oom.per_device_batch() <= 0) continue;
+    int64_t& bound =
+        oom.activation_checkpointing() ? limits.max_per_device_batch_recomputing : limits.max_per_device_batch;
     const int64_t below = oom.per_device_batch() - 1;
-    if (limits.max_per_device_batch == 0 || below < limits.max_per_device_batch) {
-      // A batch of 1 that ran out of memory leaves nothing below it; 0 would mean "no bound".
-      limits.max_per_device_batch = std::max<int64_t>(below, 1);
-    }
+    // A batch of 1 that ran out of memory leaves nothing below it; 0 would mean "no bound".
+    if (bound == 0 || below < bound) bound = std::max<int64_t>(below, 1);
   }
   return limits;
 }
@@ -37,6 +38,15 @@ ModelProfile ProfileAfterOutOfMemory(ModelProfile model, const fitrun::v1::JobSp
     // An error of ranks that kept their activations says nothing of a model recomputing them, and
     // the other way round.
     if (oom.activation_checkpointing() != model.activation_checkpointing) continue;
+    if (model.Unmeasured()) {
+      // Nothing measured it before it ran out: what it needed is all the plan knows, taken as growing
+      // with the batch (smaller batches are judged by its share per sample).
+      model.memory_unmeasured = false;
+      absl::StrAppend(&model.memory_source,
+                      absl::StrFormat("; then it ran out of memory at micro-batch %d needing at least %s, all of "
+                                      "it taken to grow with the batch",
+                                      b, FormatBytes(MemoryNeededAt(oom))));
+    }
     // Held against the estimate of the strategy the rank ran: with sharded optimizer states it
     // needed less than a rank keeping them all.
     const int shards = std::max(1, oom.optimizer_state_shards());

@@ -24,7 +24,8 @@ using OutOfMemoryHistory = google::protobuf::RepeatedPtrField<fitrun::v1::OutOfM
 // The bytes an OOM shows the rank needed: at least what it held plus what it asked for.
 int64_t MemoryNeededAt(const fitrun::v1::OutOfMemory& oom);
 
-// Batches below the smallest one that ran out of memory (no bound for an empty history).
+// Batches below the smallest one that ran out of memory, for the model as it ran (keeping or
+// recomputing its activations); no bound for an empty history.
 PlanLimits LimitsAfterOutOfMemory(const OutOfMemoryHistory& history);
 
 // `model` with its per-sample bytes raised (a calibrated model: its measured curve scaled) so that,

@@ -1,6 +1,7 @@
 #include "server/core/memory/memory_feedback.h"
 #include "server/core/specs/workloads.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -11,6 +12,7 @@ namespace fitrun::server {
 namespace {
 
 constexpr int64_t kMiB = 1LL << 20;
+using ::testing::HasSubstr;
 
 fitrun::v1::JobSpec MlpSpec() { return MlpTestSpec(256, 2, 2); }
 
@@ -41,6 +43,20 @@ TEST(MemoryFeedbackTest, LimitIsBelowTheSmallestBatchThatRanOut) {
   OutOfMemoryHistory at_one;
   *at_one.Add() = Oom(1, 0, 0, 0);
   EXPECT_EQ(LimitsAfterOutOfMemory(at_one).max_per_device_batch, 1);  // never "no bound"
+}
+
+// Ranks that kept their activations and ran out at 2 say nothing of the model recomputing them.
+TEST(MemoryFeedbackTest, EachFormOfTheModelIsBoundedByItsOwnErrors) {
+  OutOfMemoryHistory history;
+  *history.Add() = Oom(2, 0, 0, 0);
+  fitrun::v1::OutOfMemory recomputing = Oom(8, 0, 0, 0);
+  recomputing.set_activation_checkpointing(true);
+  *history.Add() = recomputing;
+  const PlanLimits limits = LimitsAfterOutOfMemory(history);
+  EXPECT_EQ(limits.MaxPerDeviceBatch(/*recomputing=*/false), 1);
+  EXPECT_EQ(limits.MaxPerDeviceBatch(/*recomputing=*/true), 7);
+  history.RemoveLast();
+  EXPECT_EQ(LimitsAfterOutOfMemory(history).MaxPerDeviceBatch(true), 0) << "no bound on the form that never ran";
 }
 
 TEST(MemoryFeedbackTest, EstimateAtTheFailedBatchCoversWhatWasMeasured) {
@@ -143,6 +159,28 @@ TEST(MemoryFeedbackTest, ReplanAfterOutOfMemoryHalvesTheBatchAndKeepsTheGlobalBa
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_LT(plan->per_device_batch(), 128);
   EXPECT_EQ(plan->device_ids_size() * plan->per_device_batch() * plan->grad_accum_steps(), 256);
+  EXPECT_LE(plan->predicted().total_bytes(), cap);
+}
+
+// A script nothing measured before it ran out of memory: what it needed is all there is, taken as
+// growing with the batch, and the plan after it is held against that.
+TEST(MemoryFeedbackTest, AnUnmeasuredScriptIsBoundedByWhatItsOutOfMemoryErrorNeeded) {
+  fitrun::v1::JobSpec spec = MlpSpec();
+  spec.clear_model();
+  spec.mutable_script()->add_command("train.py");
+  const ModelProfile unmeasured = *ProfileFor(spec);
+  ASSERT_TRUE(unmeasured.Unmeasured());
+  const int64_t cap = 256 * kMiB;
+  OutOfMemoryHistory history;
+  *history.Add() = Oom(128, 200 * kMiB, 60 * kMiB, cap);
+  const ModelProfile corrected = ProfileAfterOutOfMemory(unmeasured, spec, history, {});
+  EXPECT_FALSE(corrected.Unmeasured());
+  EXPECT_THAT(corrected.memory_source, HasSubstr("ran out of memory at micro-batch 128 needing at least 260.0 MiB"));
+  absl::StatusOr<fitrun::v1::Plan> plan =
+      PlanJob(spec, corrected, {{"cpu:0", cap}, {"cpu:1", cap}}, {}, LimitsAfterOutOfMemory(history));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->per_device_batch(), 64) << "260 MiB for 128 samples: 64 is predicted to fit 256 MiB";
+  EXPECT_GT(plan->predicted().total_bytes(), 130 * kMiB);
   EXPECT_LE(plan->predicted().total_bytes(), cap);
 }
 

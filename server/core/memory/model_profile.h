@@ -45,6 +45,13 @@ struct ModelProfile {
   std::optional<MemoryCurve> measured;
   // Where the memory figures came from, for the plan's reasons.
   std::string memory_source;
+  // A script nothing has measured yet (no run, no probe): no estimate exists, so a plan takes the
+  // largest per-device batch the spec and its limits allow on the devices' whole memory, predicts no
+  // peak, and its ranks' first steps measure it (a plan from the run). Cleared once an out-of-memory
+  // error bounds it (memory_feedback.h).
+  bool memory_unmeasured = false;
+  // Whether a plan has nothing to go on: unmeasured, and no measured curve stands in.
+  bool Unmeasured() const { return memory_unmeasured && !measured.has_value(); }
   // Set when the planner cannot choose a per-device batch from these figures (a script whose memory
   // does not follow the batch, or that could not be measured): why, and the fix. A spec that fixes
   // resources.per_device_batch still plans.

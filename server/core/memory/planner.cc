@@ -365,12 +365,15 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
                                 strategy.sharded && !spec.has_script() ? n : 1);
     };
     const auto fits = [&](const Strategy& strategy, int64_t b) {
+      // Nothing measured: its run measures it (ModelProfile::memory_unmeasured).
+      if (strategy.model->Unmeasured()) return true;
       return ChargedBytes(estimate_with(strategy, b), costs) <= budget;
     };
     // The largest allowed divisor of the per-rank batch that fits the strategy (0: none).
     const auto largest_fitting = [&](const Strategy& strategy) -> int64_t {
       for (int64_t b : DivisorsDescending(per_rank)) {
-        if (limits.max_per_device_batch > 0 && b > limits.max_per_device_batch) continue;
+        const int64_t bound = limits.MaxPerDeviceBatch(strategy.model->activation_checkpointing);
+        if (bound > 0 && b > bound) continue;
         if (fits(strategy, b)) return b;
       }
       return 0;
@@ -410,9 +413,10 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       }
       if (candidates.empty()) {
         const Strategy& roomiest = strategies.back();
-        if (limits.max_per_device_batch > 0 && limits.max_per_device_batch < per_rank && fits(roomiest, 1)) {
+        const int64_t bound = limits.MaxPerDeviceBatch(roomiest.model->activation_checkpointing);
+        if (bound > 0 && bound < per_rank && fits(roomiest, 1)) {
           rejected.push_back(absl::StrCat(described, ": no divisor of the ", per_rank,
-                                          " samples per device per step is at most ", limits.max_per_device_batch,
+                                          " samples per device per step is at most ", bound,
                                           ", the largest batch below the one that ran out of memory"));
           continue;
         }
@@ -455,7 +459,8 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     }
     const ModelProfile& chosen_model = *strategy.model;
     const bool sharded = strategy.sharded;
-    fitrun::v1::MemoryBreakdown predicted = estimate_with(strategy, chosen);
+    fitrun::v1::MemoryBreakdown predicted =
+        chosen_model.Unmeasured() ? fitrun::v1::MemoryBreakdown() : estimate_with(strategy, chosen);
     // Why the strategy, beside the batch: what the spec says, or what the others would have given.
     std::string why_sharding = must_shard ? "spec.ddp.zero_stage is 1" : "";
     if (sharded && !must_shard) {
@@ -478,7 +483,7 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       for (const std::string& node : layout.node_names) plan.add_nodes(node);
       plan.set_devices_per_node(layout.per_node);
     }
-    if (costs.any()) {
+    if (costs.any() && !chosen_model.Unmeasured()) {
       // The reserve the allocator keeps grows only up to what the device leaves it.
       FitReserveToLimit(predicted, costs.capacity_binds_allocator_only
                                        ? free_bytes
@@ -512,7 +517,18 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     for (const std::string& r : rejected) absl::StrAppend(&why_devices, "; not ", r);
     plan.add_reasons(why_devices);
 
-    if (resources.per_device_batch() > 0) {
+    if (chosen_model.Unmeasured()) {
+      plan.add_reasons(absl::StrCat(
+          "per_device_batch: ", chosen,
+          resources.per_device_batch() > 0
+              ? " fixed by spec.resources.per_device_batch"
+              : absl::StrCat(", the largest divisor of the ", per_rank, " samples each device takes per step",
+                             limits.MaxPerDeviceBatch(chosen_model.activation_checkpointing) > 0
+                                 ? absl::StrCat(" up to ", limits.MaxPerDeviceBatch(chosen_model.activation_checkpointing))
+                                 : ""),
+          "; no peak is predicted: nothing has measured the script yet, so it runs with the device's memory (",
+          FormatBytes(budget), " usable on ", tightest.id, ") and its first steps measure its peak"));
+    } else if (resources.per_device_batch() > 0) {
       plan.add_reasons(absl::StrCat("per_device_batch: ", chosen, " fixed by spec.resources.per_device_batch; predicted peak ",
                                     FormatBytes(ChargedBytes(predicted, costs)), " against ", FormatBytes(budget), " usable",
                                     ChargedBytes(predicted, costs) > budget ? " (PREDICTED NOT TO FIT)" : "",
@@ -528,8 +544,8 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
       if (chosen_model.measured.has_value()) {
         absl::StrAppend(&why_batch, "; its peak is ", chosen_model.measured->HowEstimated(chosen));
       }
-      if (limits.max_per_device_batch > 0) {
-        absl::StrAppend(&why_batch, "; at most ", limits.max_per_device_batch,
+      if (limits.MaxPerDeviceBatch(chosen_model.activation_checkpointing) > 0) {
+        absl::StrAppend(&why_batch, "; at most ", limits.MaxPerDeviceBatch(chosen_model.activation_checkpointing),
                         " because a larger batch ran out of memory in an earlier attempt");
       }
       plan.add_reasons(why_batch);
@@ -574,7 +590,9 @@ absl::StatusOr<Plan> PlanJob(const JobSpec& spec, const ModelProfile& model,
     if (!chosen_model.memory_source.empty()) {
       plan.add_reasons(absl::StrCat("memory estimate: ", chosen_model.memory_source));
     }
-    if (costs.any()) {
+    if (costs.any() && chosen_model.Unmeasured()) {
+      plan.set_cuda_allocator_config(costs.allocator_config);
+    } else if (costs.any()) {
       plan.set_cuda_allocator_config(costs.allocator_config);
       plan.add_reasons(absl::StrCat(
           "device memory beyond the tensors: the caching allocator's reserve ",

@@ -41,8 +41,15 @@ struct DeviceCapacity {
 
 // Bounds the coordinator adds to a spec, on top of what the spec itself allows.
 struct PlanLimits {
-  // After an out-of-memory error at per-device batch b: plan only batches below b (0: no bound).
+  // After an out-of-memory error at per-device batch b: plan only batches below b (0: no bound), of
+  // the model as the rank ran it: keeping its activations, or recomputing them (an error of one says
+  // nothing of the other).
   int64_t max_per_device_batch = 0;
+  int64_t max_per_device_batch_recomputing = 0;
+  // The bound for a model that keeps (false) or recomputes (true) its activations.
+  int64_t MaxPerDeviceBatch(bool recomputing) const {
+    return recomputing ? max_per_device_batch_recomputing : max_per_device_batch;
+  }
   // The most nodes a plan may span (0: no bound), and why, for the error when a spec needs more
   // (e.g. "multi-node plans need storage every node sees: start fitrund with --shared_dir").
   int max_nodes = 0;

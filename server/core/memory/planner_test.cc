@@ -431,6 +431,29 @@ TEST(PlannerTest, AScriptThatMustAccumulateIsToldHow) {
   EXPECT_THAT(reasons, HasSubstr("(FITRUN_GRAD_ACCUM_STEPS, or --accum); one that does not trains on a global batch of 64\n"));
 }
 
+// A script nothing has measured: the plan takes every device and the largest batch the spec
+// allows, however small the devices, predicts no peak and says that its first steps measure it;
+// below a batch that ran out of memory, the largest divisor under it.
+TEST(PlannerTest, AnUnmeasuredScriptTakesTheLargestBatchAndPredictsNothing) {
+  fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);
+  spec.clear_model();
+  spec.mutable_script()->add_command("train.py");
+  const ModelProfile model = Profile(spec);
+  ASSERT_TRUE(model.Unmeasured());
+  absl::StatusOr<fitrun::v1::Plan> plan = PlanJob(spec, model, Devices(2, 1 * kMiB));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device_ids_size(), 2);
+  EXPECT_EQ(plan->per_device_batch(), 128);
+  EXPECT_EQ(plan->predicted().total_bytes(), 0);
+  EXPECT_THAT(absl::StrJoin(plan->reasons(), "\n"), HasSubstr("its first steps measure its peak"));
+  PlanLimits below;
+  below.max_per_device_batch = 100;
+  plan = PlanJob(spec, model, Devices(2, 1 * kMiB), {}, below);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->per_device_batch(), 64);
+  EXPECT_EQ(plan->grad_accum_steps(), 2);
+}
+
 TEST(PlannerTest, TheBatchIsAlwaysADivisorSoTheGlobalBatchIsExact) {
   fitrun::v1::JobSpec spec = MlpSpec(96, 1, 1);
   const ModelProfile model = Profile(spec);

@@ -459,9 +459,10 @@ absl::StatusOr<ModelProfile> ProfileFor(const JobSpec& spec) {
   if (spec.has_script()) {
     ModelProfile script;
     script.activation_checkpointing = SpecActivationCheckpointing(spec).value_or(false);
+    script.memory_unmeasured = true;
     script.memory_source =
-        "not measured yet: a script's memory is known only from its probe (fitrun-worker --probe runs it once "
-        "per micro-batch)";
+        "not measured yet: a script's memory is known only by running it, so its first run is its measurement "
+        "(its ranks' peaks in their first steps), and the probe runs it only where that run ran out of memory";
     return script;
   }
   absl::StatusOr<const WorkloadKind*> kind = FindWorkload(spec);
