@@ -35,6 +35,7 @@ constexpr unsigned int kInitialProcesses = 64;
 struct NvmlProcessMemory::Api {
   std::unique_ptr<contract::NvmlLibrary> nvml;
   NvmlReturn (*get_handle_by_pci_bus_id)(const char*, NvmlDevice*) = nullptr;
+  NvmlReturn (*get_handle_by_index)(unsigned int, NvmlDevice*) = nullptr;
   NvmlReturn (*get_compute_processes)(NvmlDevice, unsigned int*, nvmlProcessInfo_t*) = nullptr;
   const char* compute_processes_name = "";
 
@@ -57,6 +58,9 @@ absl::StatusOr<std::unique_ptr<NvmlProcessMemory>> NvmlProcessMemory::Create(Opt
       !status.ok()) {
     return status;
   }
+  if (absl::Status status = lib.Resolve("nvmlDeviceGetHandleByIndex_v2", &api.get_handle_by_index); !status.ok()) {
+    return status;
+  }
   // _v3 on current drivers, _v2 (the same record) on those before it.
   for (const char* name : {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"}) {
     if (lib.Resolve(name, &api.get_compute_processes).ok()) {
@@ -77,17 +81,29 @@ absl::StatusOr<int64_t> NvmlProcessMemory::ProcessBytes(const std::string& pci_b
   if (NvmlReturn code = api_->get_handle_by_pci_bus_id(pci_bus_id.c_str(), &device); code != kNvmlSuccess) {
     return api_->Error(absl::StrCat("nvmlDeviceGetHandleByPciBusId_v2(", pci_bus_id, ")"), code);
   }
+  return BytesOn(device, absl::StrCat("the GPU at ", pci_bus_id), pid);
+}
+
+absl::StatusOr<int64_t> NvmlProcessMemory::ProcessBytesAtIndex(unsigned int nvml_index, int64_t pid) {
+  NvmlDevice device = nullptr;
+  if (NvmlReturn code = api_->get_handle_by_index(nvml_index, &device); code != kNvmlSuccess) {
+    return api_->Error(absl::StrCat("nvmlDeviceGetHandleByIndex_v2(", nvml_index, ")"), code);
+  }
+  return BytesOn(device, absl::StrCat("cuda:", nvml_index), pid);
+}
+
+absl::StatusOr<int64_t> NvmlProcessMemory::BytesOn(void* device, const std::string& where, int64_t pid) {
   std::vector<nvmlProcessInfo_t> processes(kInitialProcesses);
   NvmlReturn code = kNvmlErrorInsufficientSize;
   unsigned int count = 0;
   // Processes may start between the driver saying how many there are and the next call.
   for (int attempt = 0; attempt < 4 && code == kNvmlErrorInsufficientSize; ++attempt) {
     count = static_cast<unsigned int>(processes.size());
-    code = api_->get_compute_processes(device, &count, processes.data());
+    code = api_->get_compute_processes(static_cast<NvmlDevice>(device), &count, processes.data());
     if (code == kNvmlErrorInsufficientSize) processes.resize(std::max<size_t>(count, processes.size()) * 2);
   }
   if (code != kNvmlSuccess) {
-    return api_->Error(absl::StrCat(api_->compute_processes_name, "(", pci_bus_id, ")"), code);
+    return api_->Error(absl::StrCat(api_->compute_processes_name, "(", where, ")"), code);
   }
   // A process has one record per GPU, or one per GPU instance it uses on a MIG-partitioned GPU.
   int64_t bytes = 0;
@@ -96,13 +112,13 @@ absl::StatusOr<int64_t> NvmlProcessMemory::ProcessBytes(const std::string& pci_b
     if (static_cast<int64_t>(processes[i].pid) != pid) continue;
     if (processes[i].usedGpuMemory == kValueNotAvailable) {
       return absl::UnavailableError(
-          absl::StrCat("NVML does not know process ", pid, "'s memory on ", pci_bus_id, " (no permission?)"));
+          absl::StrCat("NVML does not know process ", pid, "'s memory on ", where, " (no permission?)"));
     }
     listed = true;
     bytes += static_cast<int64_t>(processes[i].usedGpuMemory);
   }
   if (!listed) {
-    return absl::NotFoundError(absl::StrCat("NVML lists no process ", pid, " on the GPU at ", pci_bus_id,
+    return absl::NotFoundError(absl::StrCat("NVML lists no process ", pid, " on ", where,
                                             " (in a container, NVML names processes by the host's pids)"));
   }
   return bytes;
@@ -131,6 +147,47 @@ int64_t DeviceMemoryGauge::Sample() {
   }
   peak_ = std::max(peak_, bytes);
   return bytes;
+}
+
+ProcessFootprintSampler::ProcessFootprintSampler(ProcessGpuMemoryReader* reader, unsigned int nvml_index, int64_t pid,
+                                                 absl::Duration interval)
+    : reader_(reader), nvml_index_(nvml_index), pid_(pid) {
+  thread_ = std::thread([this, interval] {
+    absl::MutexLock lock(&mu_);
+    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), interval)) {
+      mu_.Unlock();
+      SampleOnce();
+      mu_.Lock();
+    }
+  });
+}
+
+ProcessFootprintSampler::~ProcessFootprintSampler() { Stop(); }
+
+void ProcessFootprintSampler::SampleOnce() {
+  // Not listed (not on the GPU yet, or gone): nothing to add.
+  absl::StatusOr<int64_t> bytes = reader_->ProcessBytesAtIndex(nvml_index_, pid_);
+  if (!bytes.ok()) return;
+  absl::MutexLock lock(&mu_);
+  peak_ = std::max(peak_, *bytes);
+}
+
+int64_t ProcessFootprintSampler::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) {
+    thread_.join();
+    SampleOnce();
+  }
+  absl::MutexLock lock(&mu_);
+  return peak_;
+}
+
+int64_t ProcessFootprintSampler::peak() {
+  absl::MutexLock lock(&mu_);
+  return peak_;
 }
 
 std::string DeviceMemoryGauge::Describe() const {

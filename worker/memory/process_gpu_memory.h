@@ -10,8 +10,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace fitrun::worker {
 
@@ -25,6 +29,9 @@ class ProcessGpuMemoryReader {
   // (none yet, or pids of another PID namespace in a container); another error when the driver
   // cannot say.
   virtual absl::StatusOr<int64_t> ProcessBytes(const std::string& pci_bus_id, int64_t pid) = 0;
+  // The same, for the GPU at NVML's index `nvml_index`: the one fitrund names cuda:<index>
+  // (server/devices/nvml_devices.cc numbers them so), for a process that knows no CUDA.
+  virtual absl::StatusOr<int64_t> ProcessBytesAtIndex(unsigned int nvml_index, int64_t pid) = 0;
 };
 
 // ProcessGpuMemoryReader over libnvidia-ml: nvmlDeviceGetHandleByPciBusId_v2 and
@@ -45,10 +52,13 @@ class NvmlProcessMemory final : public ProcessGpuMemoryReader {
   NvmlProcessMemory& operator=(const NvmlProcessMemory&) = delete;
 
   absl::StatusOr<int64_t> ProcessBytes(const std::string& pci_bus_id, int64_t pid) override;
+  absl::StatusOr<int64_t> ProcessBytesAtIndex(unsigned int nvml_index, int64_t pid) override;
 
  private:
   struct Api;
   NvmlProcessMemory();
+  // The bytes `pid` holds on `device` (an NVML handle), `where` naming it in errors.
+  absl::StatusOr<int64_t> BytesOn(void* device, const std::string& where, int64_t pid);
 
   std::unique_ptr<Api> api_;  // the loaded library and the entry points read here
 };
@@ -78,6 +88,33 @@ class DeviceMemoryGauge {
   const std::function<absl::StatusOr<int64_t>()> whole_device_;
   std::string fallback_reason_;  // empty while the reader is used
   int64_t peak_ = 0;
+};
+
+// The highest footprint one process (a script rank's Python) reaches on one GPU, sampled by NVML on a
+// thread of its own every `interval` until Stop: what a supervisor that links no CUDA knows of a
+// script that reports nothing. The caching allocator keeps what it reserved, so its footprint only
+// grows between samples: sampling misses little. Thread-safe.
+class ProcessFootprintSampler {
+ public:
+  // `reader` must outlive the sampler.
+  ProcessFootprintSampler(ProcessGpuMemoryReader* reader, unsigned int nvml_index, int64_t pid,
+                          absl::Duration interval);
+  ~ProcessFootprintSampler();
+  // Samples once more and stops sampling; returns the peak (0: NVML never listed the process).
+  int64_t Stop();
+  // The highest sample so far.
+  int64_t peak();
+
+ private:
+  void SampleOnce();
+
+  ProcessGpuMemoryReader* const reader_;
+  const unsigned int nvml_index_;
+  const int64_t pid_;
+  absl::Mutex mu_;
+  int64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
 };
 
 }  // namespace fitrun::worker

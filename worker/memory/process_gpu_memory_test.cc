@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace fitrun::worker {
 namespace {
@@ -98,6 +99,33 @@ TEST_F(NvmlProcessMemoryTest, AProcessOrGpuNvmlDoesNotListIsAnError) {
   EXPECT_THAT(no_gpu.status().message(), HasSubstr("nvmlDeviceGetHandleByPciBusId_v2(0000:b3:00.0) failed: Not Found"));
 }
 
+// fitrund's cuda:N is NVML's index N: a supervisor that knows no CUDA finds its script's GPU by it.
+TEST_F(NvmlProcessMemoryTest, AGpuIsFoundByNvmlsIndexToo) {
+  add_process_(1, 4242, 3 * kGiB);
+  std::unique_ptr<NvmlProcessMemory> nvml = Open();
+  ASSERT_NE(nvml, nullptr);
+  EXPECT_EQ(*nvml->ProcessBytesAtIndex(1, 4242), 3 * kGiB);
+  EXPECT_THAT(nvml->ProcessBytesAtIndex(0, 4242).status().message(), HasSubstr("no process 4242 on cuda:0"));
+  EXPECT_FALSE(nvml->ProcessBytesAtIndex(7, 4242).ok());
+}
+
+// A script's footprint, sampled until stopped: the highest sample, missing ones (not on the GPU
+// yet) adding nothing.
+TEST_F(NvmlProcessMemoryTest, TheSamplerKeepsAProcesssHighestFootprint) {
+  std::unique_ptr<NvmlProcessMemory> nvml = Open();
+  ASSERT_NE(nvml, nullptr);
+  ProcessFootprintSampler sampler(nvml.get(), 0, 5151, absl::Milliseconds(5));
+  add_process_(0, 5151, 2 * kGiB);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (sampler.peak() < 2 * kGiB && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(sampler.peak(), 2 * kGiB) << "sampled while it runs";
+  reset_();
+  add_process_(0, 5151, 1 * kGiB);
+  EXPECT_EQ(sampler.Stop(), 2 * kGiB);
+  ProcessFootprintSampler never(nvml.get(), 0, 6161, absl::Milliseconds(5));
+  EXPECT_EQ(never.Stop(), 0);
+}
+
 TEST(NvmlProcessMemoryCreateTest, NoDriverIsNotFound) {
   absl::StatusOr<std::unique_ptr<NvmlProcessMemory>> nvml = NvmlProcessMemory::Create({"/nonexistent/libnvidia-ml.so.1"});
   EXPECT_EQ(nvml.status().code(), absl::StatusCode::kNotFound) << nvml.status();
@@ -115,6 +143,9 @@ class FakeReader final : public ProcessGpuMemoryReader {
     absl::StatusOr<int64_t> answer = answers.front();
     answers.pop_front();
     return answer;
+  }
+  absl::StatusOr<int64_t> ProcessBytesAtIndex(unsigned int nvml_index, int64_t pid) override {
+    return ProcessBytes(absl::StrCat("index ", nvml_index), pid);
   }
 };
 

@@ -20,6 +20,7 @@
 #include "absl/synchronization/notification.h"
 #include "proto/contract/launch_contract.h"
 #include "google/protobuf/util/json_util.h"
+#include "worker/memory/process_gpu_memory.h"
 #include "worker/script/script_process.h"
 
 namespace fitrun::worker {
@@ -35,6 +36,9 @@ constexpr absl::Duration kScriptStopNotice = absl::Seconds(1);
 // per rank (and a burst of kOutputBurst): a script printing every step must not turn the job's event
 // stream into its stdout. The rank's log keeps every line.
 constexpr double kOutputLinesPerSecond = 20;
+// How often a script's footprint on its GPU is read from NVML (a caching allocator's reserve only
+// grows between frees, so little is missed).
+constexpr absl::Duration kFootprintSampling = absl::Milliseconds(250);
 constexpr double kOutputBurst = 100;
 
 // Token bucket over the script's stdout lines; counts what it held back. Used by the stdout reader
@@ -131,6 +135,9 @@ class ScriptRank final : public TrainingProgram {
     const absl::Time started = absl::Now();
     absl::StatusOr<std::unique_ptr<ScriptProcess>> process = ScriptProcess::Start(*command, callbacks);
     if (!process.ok()) return runtime.Fail(kTrainingFailed, process.status());
+    // On a GPU the driver's per-process figure is the script's whole footprint there, the one
+    // measurement of a script that reports nothing.
+    std::unique_ptr<ProcessFootprintSampler> footprint = SampleFootprint(device, (*process)->pid());
 
     absl::Notification exited;
     std::thread terminator;
@@ -145,7 +152,11 @@ class ScriptRank final : public TrainingProgram {
     exited.Notify();
     runtime.stop().Attach(nullptr);
     if (terminator.joinable()) terminator.join();
-    return Ended(exit, (*process)->StderrTail(), settings, (*process)->Memory(), absl::Now() - started);
+    fitrun::contract::meter::MemoryReading memory = (*process)->Memory();
+    if (footprint != nullptr) {
+      if (const int64_t process_peak = footprint->Stop(); process_peak > 0) memory.device_peak_bytes = process_peak;
+    }
+    return Ended(exit, (*process)->StderrTail(), settings, memory, absl::Now() - started);
   }
 
  private:
@@ -162,6 +173,8 @@ class ScriptRank final : public TrainingProgram {
       finished.set_final_loss(last_loss_);
       finished.set_train_seconds(absl::ToDoubleSeconds(ran));
       finished.set_peak_bytes(peak.peak_bytes);
+      finished.set_reserved_peak_bytes(peak.reserved_peak_bytes);
+      finished.set_device_peak_bytes(peak.device_peak_bytes);
       finished.mutable_metrics()->insert(last_metrics_.begin(), last_metrics_.end());
       return runtime.Finish(finished, absl::StrCat("the script finished after ", last_step_, " reported steps",
                                                    peak.peak_bytes > 0
@@ -246,8 +259,24 @@ class ScriptRank final : public TrainingProgram {
     }
   }
 
+  // NVML's sampler of the script's footprint on its GPU; null on a CPU device or without NVML.
+  std::unique_ptr<ProcessFootprintSampler> SampleFootprint(const PlanDevice& device, pid_t script) {
+    if (device.kind != PlanDevice::Kind::kCuda) return nullptr;
+    if (nvml_ == nullptr) {
+      absl::StatusOr<std::unique_ptr<NvmlProcessMemory>> nvml = NvmlProcessMemory::Create({});
+      if (!nvml.ok()) {
+        runtime_->sink().OnLog(absl::StrCat("the script's footprint on its GPU is not sampled: ", nvml.status().message()));
+        return nullptr;
+      }
+      nvml_ = *std::move(nvml);
+    }
+    return std::make_unique<ProcessFootprintSampler>(nvml_.get(), static_cast<unsigned int>(device.index), script,
+                                                     kFootprintSampling);
+  }
+
   const WorkerOptions options_;
   RankRuntime* runtime_ = nullptr;
+  std::unique_ptr<NvmlProcessMemory> nvml_;
   absl::Mutex mu_;
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;
   double last_loss_ ABSL_GUARDED_BY(mu_) = 0;

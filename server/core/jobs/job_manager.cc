@@ -590,7 +590,9 @@ void JobManager::RecordAttemptMemory(JobEntry& entry) {
   GpuRunPeaks gpu;
   int64_t measured = 0;
   for (const RankState& rank : entry.active->ranks) {
-    if (rank.peak_bytes <= 0 || (rank.last_step < enough_steps && !rank.finished)) continue;
+    if ((rank.peak_bytes <= 0 && rank.device_peak_bytes <= 0) || (rank.last_step < enough_steps && !rank.finished)) {
+      continue;
+    }
     measured = std::max(measured, rank.peak_bytes);
     gpu.reserved_bytes = std::max(gpu.reserved_bytes, rank.reserved_peak_bytes);
     gpu.device_bytes = std::max(gpu.device_bytes, rank.device_peak_bytes);
@@ -601,18 +603,32 @@ void JobManager::RecordAttemptMemory(JobEntry& entry) {
                                          static_cast<double>(record.predicted_peak_bytes()));
     }
   }
+  // A script that reported nothing on a GPU: its supervisor read only the driver's footprint.
+  const bool from_footprint = measured <= 0 && gpu.device_bytes > 0;
+  if (from_footprint) measured = AllocatedFromFootprintOf(entry, gpu.device_bytes);
   if (measured <= 0) return;
   record.set_measured_peak_bytes(measured);
   record.set_measured_reserved_peak_bytes(gpu.reserved_bytes);
   record.set_measured_device_peak_bytes(gpu.device_bytes);
   if (!LearnRunPeak(entry, record.per_device_batch(), measured, gpu.device_bytes)) return;
   gpu.allocated_bytes = measured;
-  if (options_.device_costs != nullptr && gpu.device_bytes > 0 && record.device_ids_size() > 0) {
+  // Costs are learnt from the allocator's bytes beside the footprint, not from a figure derived by them.
+  if (options_.device_costs != nullptr && gpu.device_bytes > 0 && !from_footprint && record.device_ids_size() > 0) {
     for (const fitrun::v1::Device& device : devices_->Snapshot()) {
       if (device.id() != record.device_ids(0) || device.kind() != fitrun::v1::DEVICE_KIND_CUDA) continue;
       options_.device_costs->RecordRun(job.run_as(), device.name(), job.plan().cuda_allocator_config(), gpu);
     }
   }
+}
+
+int64_t JobManager::AllocatedFromFootprintOf(const JobEntry& entry, int64_t footprint) {
+  const Job& job = entry.record.job;
+  for (const fitrun::v1::Device& device : devices_->Snapshot()) {
+    if (entry.active->device_ids.empty() || device.id() != entry.active->device_ids.front()) continue;
+    if (device.kind() != fitrun::v1::DEVICE_KIND_CUDA) return 0;
+    return AllocatedFromFootprint(footprint, GpuCosts(device.name(), AllocatorConfigFor(job.spec()), job.run_as()));
+  }
+  return 0;
 }
 
 bool JobManager::LearnRunPeak(JobEntry& entry, int64_t per_device_batch, int64_t measured, int64_t device_peak) {

@@ -336,6 +336,9 @@ class JobManager {
   // The memory a finished attempt's ranks reported against its plan: recorded on the attempt, in the
   // metrics, and with the calibrator, which corrects the workload's curve from it.
   void RecordAttemptMemory(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The allocator's bytes a GPU rank's whole footprint (NVML's figure) stands for on the attempt's
+  // device (AllocatedFromFootprint with its model's costs); 0 on a CPU device.
+  int64_t AllocatedFromFootprintOf(const JobEntry& entry, int64_t footprint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives a run's peak at `per_device_batch` (its ranks' highest, allocator bytes; `device_peak` the
   // process's whole footprint on a GPU, 0 elsewhere) to the calibration, unless fitrund's own
   // figures say it cannot be true (then its watchers are told, and false is returned).

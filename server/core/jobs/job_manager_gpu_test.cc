@@ -210,5 +210,44 @@ TEST_F(JobManagerGpuTest, ARunsPeaksAreKeptAndCorrectTheNextPlanOnThatGpuModel) 
   EXPECT_THAT(absl::StrJoin(next->second.reasons(), "\n"), HasSubstr("1 run(s) on NVIDIA H100 80GB HBM3"));
 }
 
+// An unchanged script on a GPU reports nothing: its supervisor's NVML sample of its footprint is
+// the one figure, and the attempt learns the allocator's bytes it stands for (the footprint less the
+// GPU model's costs outside the allocator, over its reserve), not the costs from a figure they made.
+TEST_F(JobManagerGpuTest, AScriptThatReportsNothingIsMeasuredByItsFootprint) {
+  Start(FakeDeviceInventory::Gpus(1, 80 * kGiB, kH100));
+  const std::filesystem::path dir = state_dir_ / "script";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "train.py") << "print('training')\n";
+  fitrun::v1::JobSpec spec;
+  spec.set_name("unchanged");
+  spec.mutable_script()->add_command("/usr/bin/python3");
+  spec.mutable_script()->add_command("train.py");
+  spec.mutable_script()->set_working_dir(dir.string());
+  spec.set_global_batch_size(8);
+  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const DeviceCosts costs = book_->CostsFor("", kH100, "expandable_segments:True");
+  const int64_t allocated = 2 * kGiB;
+  const int64_t footprint =
+      costs.outside_allocator_bytes() + static_cast<int64_t>(static_cast<double>(allocated) * costs.reserve_ratio);
+  fitrun::v1::WorkerReport finished;
+  finished.mutable_finished()->set_device_peak_bytes(footprint);
+  manager_->OnWorkerReport(WorkerKey{job->id(), 1, 0}, finished);
+  launcher_.Exit(0, 0);
+  WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  fitrun::v1::Job ended = *manager_->Get(job->id());
+  while (ended.attempt_history(0).measured_peak_bytes() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+    ended = *manager_->Get(job->id());
+  }
+  EXPECT_NEAR(ended.attempt_history(0).measured_peak_bytes(), allocated, 1024);
+  EXPECT_EQ(ended.attempt_history(0).measured_device_peak_bytes(), footprint);
+  EXPECT_NEAR(book_->CostsFor("", kH100, "expandable_segments:True").reserve_ratio, costs.reserve_ratio, 1e-9)
+      << "nothing learnt about the costs from a figure derived with them";
+}
+
 }  // namespace
 }  // namespace fitrun::server

@@ -1,5 +1,6 @@
 #include "server/core/memory/device_costs.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/match.h"
@@ -19,6 +20,13 @@ bool UsesExpandableSegments(const std::string& allocator_config) {
     }
   }
   return expandable;
+}
+
+int64_t AllocatedFromFootprint(int64_t footprint_bytes, const DeviceCosts& costs) {
+  const int64_t reserved = std::max<int64_t>(
+      0, footprint_bytes - costs.outside_allocator_bytes());
+  if (reserved <= costs.reserve_floor_bytes) return reserved;
+  return static_cast<int64_t>(static_cast<double>(reserved) / std::max(1.0, costs.reserve_ratio));
 }
 
 DeviceCosts DefaultCudaCosts(const std::string& allocator_config) {

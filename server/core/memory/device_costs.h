@@ -71,6 +71,13 @@ inline constexpr char kDefaultCudaAllocatorConfig[] = "expandable_segments:True"
 // cap the largest trainable batch reached.
 DeviceCosts DefaultCudaCosts(const std::string& allocator_config);
 
+// What a rank's caching allocator handed out at its peak, as far as its whole footprint on the GPU
+// (NVML's per-process figure) says: the footprint less what lies outside the allocator, over the
+// reserve it keeps. The inverse of what a plan adds to the allocator's bytes, for a script that
+// reports nothing of its own (its supervisor reads only the driver's figure); 0 when the footprint
+// is all outside.
+int64_t AllocatedFromFootprint(int64_t footprint_bytes, const DeviceCosts& costs);
+
 // Whether a PYTORCH_CUDA_ALLOC_CONF value turns expandable segments on.
 bool UsesExpandableSegments(const std::string& allocator_config);
 

@@ -128,5 +128,19 @@ TEST(DeviceCostsTest, TheFootprintPredictedForAnH100RunIsAtOrAboveItAndWithinFif
   EXPECT_LE(predicted_footprint, 1.15 * measured_footprint);
 }
 
+// A script's footprint on the GPU back to its allocator's bytes: the context, libraries and NCCL
+// off, then the reserve the allocator keeps over what it hands out.
+TEST(DeviceCostsTest, TheAllocatorsBytesFromAProcesssFootprint) {
+  DeviceCosts costs;
+  costs.context_bytes = 500 * kMiB;
+  costs.library_workspace_bytes = 100 * kMiB;
+  costs.communication_bytes = 400 * kMiB;
+  costs.reserve_ratio = 1.25;
+  costs.reserve_floor_bytes = 88 * kMiB;
+  EXPECT_EQ(AllocatedFromFootprint(1000 * kMiB + 1250 * kMiB, costs), 1000 * kMiB);
+  EXPECT_EQ(AllocatedFromFootprint(1050 * kMiB, costs), 50 * kMiB) << "under the floor: the reserve is all there is";
+  EXPECT_EQ(AllocatedFromFootprint(600 * kMiB, costs), 0);
+}
+
 }  // namespace
 }  // namespace fitrun::server

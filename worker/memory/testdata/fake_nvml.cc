@@ -77,6 +77,12 @@ int nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, void** handle) {
   *handle = gpu;
   return 0;
 }
+int nvmlDeviceGetHandleByIndex_v2(unsigned int index, void** handle) {
+  if (!initialized) return 1;
+  if (index >= 2) return 6;  // NVML_ERROR_NOT_FOUND
+  *handle = &gpus[index];
+  return 0;
+}
 int nvmlDeviceGetComputeRunningProcesses_v3(void* handle, unsigned int* count, nvmlProcessInfo_t* infos) {
   if (!initialized) return 1;
   const std::vector<FakeProcess>& processes = static_cast<FakeGpu*>(handle)->processes;
