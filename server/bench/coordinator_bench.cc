@@ -294,7 +294,7 @@ class BatchingSender {
   void WriteLoop() {
     absl::MutexLock lock(&mu_);
     while (true) {
-      auto ready = [this] { return stopping_ || !queue_.empty(); };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;
       fitrun::v1::WorkerReport message;

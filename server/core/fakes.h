@@ -213,7 +213,7 @@ class FakeWorkerLauncher : public WorkerLauncher {
   }
   bool WaitForLaunches(size_t n, absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
-    auto enough = [this, n] { return launches_.size() >= n; };
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return launches_.size() >= n; };
     return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
   }
 
@@ -388,7 +388,7 @@ class FakeMemoryProbe : public MemoryProbe {
     (void)run_as;
     absl::MutexLock lock(&mu_);
     probed_.push_back(spec);
-    auto released = [this] { return !held_; };
+    auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !held_; };
     mu_.Await(absl::Condition(&released));
     if (!error_.ok()) return error_;
     return std::unique_ptr<MemoryProbeSession>(new Session(this, max_bytes));

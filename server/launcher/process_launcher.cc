@@ -206,7 +206,7 @@ void ProcessLauncher::KillerLoop() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     const absl::Time next = kill_deadlines_.empty() ? absl::InfiniteFuture() : kill_deadlines_.begin()->first;
-    auto wake = [this, next] { return stopping_ || (!kill_deadlines_.empty() && kill_deadlines_.begin()->first < next); };
+    auto wake = [this, next]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || (!kill_deadlines_.empty() && kill_deadlines_.begin()->first < next); };
     mu_.AwaitWithDeadline(absl::Condition(&wake), next);
     const absl::Time now = absl::Now();
     while (!kill_deadlines_.empty() && kill_deadlines_.begin()->first <= now) {

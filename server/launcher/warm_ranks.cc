@@ -162,7 +162,7 @@ void WarmRanks::Refill(const WorkerLaunch& launch, int count) {
 void WarmRanks::StarterLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
-    auto ready = [this] { return stopping_ || !requests_.empty(); };
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !requests_.empty(); };
     mu_.Await(absl::Condition(&ready));
     if (stopping_) return;
     const Request request = requests_.front();

@@ -12,7 +12,7 @@ LogFollowTicker::LogFollowTicker() {
   thread_ = std::thread([this] {
     absl::MutexLock lock(&mu_);
     while (!stopping_) {
-      auto stopping = [this] { return stopping_; };
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
       mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(250));
       if (stopping_) break;
       std::vector<std::function<void()>> ticks;

@@ -48,7 +48,7 @@ class LogStreamReactor : public PolledWriteReactor<fitrun::v1::LogChunk> {
   void Start();
 
  private:
-  Step Next(fitrun::v1::LogChunk* next, grpc::Status* status) override;
+  Step Next(fitrun::v1::LogChunk* next, grpc::Status* status) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void BeforeDelete() override {
     if (ticking_) ticker_->Remove(tick_);

@@ -71,7 +71,7 @@ class WatchJobReactor : public WatchReactorBase<fitrun::v1::JobEvent> {
   using WatchReactorBase::WatchReactorBase;
 
  private:
-  Step Next(fitrun::v1::JobEvent* next, grpc::Status* status) override;
+  Step Next(fitrun::v1::JobEvent* next, grpc::Status* status) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   static constexpr size_t kBatch = 64;
   std::deque<EventHub::EventRef> pending_ ABSL_GUARDED_BY(mu_);
@@ -85,7 +85,7 @@ class WatchJobEventsReactor : public WatchReactorBase<grpc::ByteBuffer> {
   using WatchReactorBase::WatchReactorBase;
 
  private:
-  Step Next(grpc::ByteBuffer* next, grpc::Status* status) override;
+  Step Next(grpc::ByteBuffer* next, grpc::Status* status) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Well under gRPC's default 4 MiB receive limit; one event larger than this still goes alone.
   static constexpr size_t kMaxEvents = 1024;

@@ -132,10 +132,10 @@ void SqliteJobStore::CheckpointLoop() {
   constexpr absl::Duration kSpacing = absl::Milliseconds(100);
   absl::MutexLock lock(&checkpoint_mu_);
   while (!stopping_) {
-    auto due = [this] { return stopping_ || checkpoint_requested_; };
+    auto due = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_) { return stopping_ || checkpoint_requested_; };
     checkpoint_mu_.AwaitWithTimeout(absl::Condition(&due), kIdleInterval);
     if (stopping_) break;
-    auto stopping = [this] { return stopping_; };
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_) { return stopping_; };
     if (checkpoint_mu_.AwaitWithTimeout(absl::Condition(&stopping), kSpacing)) break;
     checkpoint_requested_ = false;
     checkpoint_mu_.Unlock();

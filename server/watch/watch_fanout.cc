@@ -22,7 +22,7 @@ void WatchFanout::Run() {
   const size_t threads = static_cast<size_t>(std::max(1, options_.threads));
   absl::MutexLock lock(&mu_);
   while (true) {
-    auto ready = [this] { return stopping_ || next_ < pass_.size() || !queue_.empty(); };
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || next_ < pass_.size() || !queue_.empty(); };
     mu_.Await(absl::Condition(&ready));
     if (stopping_) return;
     if (next_ < pass_.size()) {

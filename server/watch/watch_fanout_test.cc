@@ -26,7 +26,7 @@ class Recorder {
   // Waits until `count` pumps ran (a test failure after 10 s).
   std::vector<absl::Time> WaitFor(size_t count) {
     absl::MutexLock lock(&mu_);
-    auto enough = [&] { return ran_.size() >= count; };
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ran_.size() >= count; };
     EXPECT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10))) << "ran " << ran_.size();
     return ran_;
   }

@@ -390,7 +390,7 @@ void MemoryCalibrator::Loop() {
   absl::MutexLock lock(&mu_);
   while (true) {
     // The oldest task whose workload no other thread is probing.
-    auto runnable = [this] {
+    auto runnable = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (stopping_) return true;
       for (const Task& task : queue_) {
         if (busy_.count(task.key) == 0) return true;
@@ -399,7 +399,8 @@ void MemoryCalibrator::Loop() {
     };
     mu_.Await(absl::Condition(&runnable));
     if (stopping_) return;
-    auto it = std::find_if(queue_.begin(), queue_.end(), [this](const Task& t) { return busy_.count(t.key) == 0; });
+    auto it = std::find_if(queue_.begin(), queue_.end(),
+                           [this](const Task& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return busy_.count(t.key) == 0; });
     Task task = std::move(*it);
     queue_.erase(it);
     busy_.insert(task.key);

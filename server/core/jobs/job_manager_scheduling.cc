@@ -52,7 +52,7 @@ void JobManager::SchedulerLoop() {
         wake = std::min(wake, *entry.active->awaiting_reports_until);
       }
     }
-    auto ready = [this] { return schedule_requested_ || shutting_down_; };
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return schedule_requested_ || shutting_down_; };
     mu_.AwaitWithDeadline(absl::Condition(&ready), wake);
     if (shutting_down_) return;
     // A burst of submits, reports and exits is one pass, not one pass each: every pass walks the
