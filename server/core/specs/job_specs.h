@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "fitrun/v1/job.pb.h"
+#include "server/core/specs/spec_defaults.h"
 
 namespace fitrun::server {
 
@@ -42,7 +43,7 @@ absl::Status ValidateJobSpec(const fitrun::v1::JobSpec& spec, fitrun::v1::SpecFi
 // kRankProcessHostBytes for the process itself, kGpuRankHostBytes on a GPU.
 inline constexpr int64_t kMinHostMemoryPerRank = int64_t{64} << 20;
 inline constexpr int kMinProcessesPerRank = 32;
-inline constexpr int kDefaultProcessesPerRank = 512;
+inline constexpr int kDefaultProcessesPerRank = spec_defaults::kMaxProcessesPerRank;
 inline constexpr int64_t kRankProcessHostBytes = int64_t{2} << 30;
 inline constexpr int64_t kGpuRankHostBytes = int64_t{4} << 30;
 

@@ -339,24 +339,27 @@ void ApplyJobSpecDefaults(JobSpec& spec) {
   if (optimizer->reference_batch_size() == 0) optimizer->set_reference_batch_size(spec.global_batch_size());
   if (spec.precision() == fitrun::v1::PRECISION_UNSPECIFIED) spec.set_precision(fitrun::v1::PRECISION_FP32);
   auto* resources = spec.mutable_resources();
-  if (resources->min_devices() == 0) resources->set_min_devices(1);
-  if (resources->memory_headroom() == 0) resources->set_memory_headroom(0.1);
-  if (resources->max_processes() == 0) resources->set_max_processes(kDefaultProcessesPerRank);
-  if (spec.checkpoint().keep_last() == 0) spec.mutable_checkpoint()->set_keep_last(2);
+  if (resources->min_devices() == 0) resources->set_min_devices(spec_defaults::kMinDevices);
+  if (resources->memory_headroom() == 0) resources->set_memory_headroom(spec_defaults::kMemoryHeadroom);
+  if (resources->max_processes() == 0) resources->set_max_processes(spec_defaults::kMaxProcessesPerRank);
+  if (spec.checkpoint().keep_last() == 0) spec.mutable_checkpoint()->set_keep_last(spec_defaults::kKeepLastCheckpoints);
   auto* ddp = spec.mutable_ddp();
-  if (ddp->bucket_cap_mb() == 0) ddp->set_bucket_cap_mb(25);
-  if (ddp->collective_timeout_seconds() == 0) ddp->set_collective_timeout_seconds(60);
+  if (ddp->bucket_cap_mb() == 0) ddp->set_bucket_cap_mb(spec_defaults::kBucketCapMb);
+  if (ddp->collective_timeout_seconds() == 0) {
+    ddp->set_collective_timeout_seconds(spec_defaults::kCollectiveTimeoutSeconds);
+  }
   if (ddp->comm_hook() == fitrun::v1::COMM_HOOK_UNSPECIFIED) ddp->set_comm_hook(fitrun::v1::COMM_HOOK_NONE);
   if (ddp->comm_hook() == fitrun::v1::COMM_HOOK_POWERSGD) {
-    // PyTorch's PowerSGDState defaults.
-    if (!ddp->has_powersgd_rank()) ddp->set_powersgd_rank(1);
-    if (!ddp->has_powersgd_start_iter()) ddp->set_powersgd_start_iter(1000);
+    if (!ddp->has_powersgd_rank()) ddp->set_powersgd_rank(spec_defaults::kPowerSgdRank);
+    if (!ddp->has_powersgd_start_iter()) ddp->set_powersgd_start_iter(spec_defaults::kPowerSgdStartIter);
   }
   auto* tolerance = spec.mutable_fault_tolerance();
-  if (!tolerance->has_max_restarts()) tolerance->set_max_restarts(3);
-  if (!tolerance->has_max_oom_retries()) tolerance->set_max_oom_retries(3);
-  if (tolerance->heartbeat_timeout_seconds() == 0) tolerance->set_heartbeat_timeout_seconds(60);
-  if (tolerance->stop_grace_seconds() == 0) tolerance->set_stop_grace_seconds(2);
+  if (!tolerance->has_max_restarts()) tolerance->set_max_restarts(spec_defaults::kMaxRestarts);
+  if (!tolerance->has_max_oom_retries()) tolerance->set_max_oom_retries(spec_defaults::kMaxOomRetries);
+  if (tolerance->heartbeat_timeout_seconds() == 0) {
+    tolerance->set_heartbeat_timeout_seconds(spec_defaults::kHeartbeatTimeoutSeconds);
+  }
+  if (tolerance->stop_grace_seconds() == 0) tolerance->set_stop_grace_seconds(spec_defaults::kStopGraceSeconds);
   if (spec.data().kind() == fitrun::v1::DATA_KIND_TENSORS) {
     auto* data = spec.mutable_data();
     if (data->target().empty()) data->set_target(fitrun::contract::data::kDefaultTargetKey);
