@@ -19,6 +19,13 @@ std::optional<FirstStepsPeak> MeasuredInFirstSteps(const ActiveAttempt& attempt,
   return measured;
 }
 
+std::optional<FirstStepsPeak> FirstStepsDue(const JobEntry& entry) {
+  if (!entry.active || entry.active->first_steps_measured) return std::nullopt;
+  const fitrun::v1::Job& job = entry.record.job;
+  if (!job.spec().has_script() || job.state() != fitrun::v1::JOB_STATE_RUNNING) return std::nullopt;
+  return MeasuredInFirstSteps(*entry.active, job.plan());
+}
+
 bool WorthMovingTo(const fitrun::v1::Plan& running, const fitrun::v1::Plan& replanned) {
   if (replanned.device_ids_size() != running.device_ids_size()) return false;
   for (int i = 0; i < running.device_ids_size(); ++i) {

@@ -38,6 +38,10 @@ struct FirstStepsPeak {
 // memory or whose ranks report no steps (an unchanged torchrun script: its peak is taken at its end).
 std::optional<FirstStepsPeak> MeasuredInFirstSteps(const ActiveAttempt& attempt, const fitrun::v1::Plan& plan);
 
+// The measurement when `entry`'s running script attempt has just completed it and nothing took it
+// yet; nullopt otherwise (a built-in job, an attempt already measured, one still in its first steps).
+std::optional<FirstStepsPeak> FirstStepsDue(const JobEntry& entry);
+
 // Whether `replanned` (the plan asked again after the measurement) is worth a restart of an
 // attempt running `running`: the same devices and strategy, a larger per-device batch.
 bool WorthMovingTo(const fitrun::v1::Plan& running, const fitrun::v1::Plan& replanned);

@@ -360,8 +360,9 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
     if (!entry.active || entry.active->attempt != key.attempt) break;  // a late report of an older attempt
     ReportIngest::Ingested ingested = ingest_.Ingest(entry, key.rank, *report);
     for (JobEvent& event : ingested.events) events.push_back(std::move(event));
-    if (report->has_progress() || report->has_finished()) {
-      // What a script's first steps measured goes out after the report that completed it.
+    if ((report->has_progress() || report->has_finished()) && FirstStepsDue(entry).has_value()) {
+      // What a script's first steps measured goes out after the report that completed it (once per
+      // attempt; otherwise a batch's events go to the store in one transaction).
       (void)PublishAllLocked(entry, std::exchange(events, {}));
       AfterFirstSteps(entry);
     }
@@ -657,11 +658,9 @@ bool JobManager::LearnRunPeak(JobEntry& entry, int64_t per_device_batch, int64_t
 }
 
 void JobManager::AfterFirstSteps(JobEntry& entry) {
-  if (!entry.active || entry.active->first_steps_measured) return;
-  Job& job = entry.record.job;
-  if (!job.spec().has_script() || job.state() != fitrun::v1::JOB_STATE_RUNNING) return;
-  const std::optional<FirstStepsPeak> measured = MeasuredInFirstSteps(*entry.active, job.plan());
+  const std::optional<FirstStepsPeak> measured = FirstStepsDue(entry);
   if (!measured.has_value()) return;
+  Job& job = entry.record.job;
   entry.active->first_steps_measured = true;
   if (!LearnRunPeak(entry, measured->per_device_batch, measured->peak_bytes, 0)) return;
   // Asked again with what the run measured, on the devices it holds (each with its whole memory).
