@@ -13,20 +13,23 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "proto/contract/model_shapes.h"
 
 namespace fitrun::worker {
 namespace {
 
 namespace F = torch::nn::functional;
 
-// PyTorch's MNIST MLP: 784-512-512-10 with ReLU.
+namespace shapes = fitrun::contract::models;
+
+// PyTorch's MNIST MLP: 784-512-512-10 with ReLU (proto/contract/model_shapes.h).
 class Mlp final : public Model {
  public:
   Mlp()
       : Model("Mlp"),
-        fc1_(register_module("fc1", torch::nn::Linear(784, 512))),
-        fc2_(register_module("fc2", torch::nn::Linear(512, 512))),
-        fc3_(register_module("fc3", torch::nn::Linear(512, 10))) {}
+        fc1_(register_module("fc1", torch::nn::Linear(shapes::kImagePixels, shapes::kMlpHidden))),
+        fc2_(register_module("fc2", torch::nn::Linear(shapes::kMlpHidden, shapes::kMlpHidden))),
+        fc3_(register_module("fc3", torch::nn::Linear(shapes::kMlpHidden, shapes::kClasses))) {}
 
   at::Tensor Forward(const ModelInputs& inputs) override {
     at::Tensor x = inputs.at(0).flatten(1);
@@ -47,10 +50,13 @@ class Cnn final : public Model {
  public:
   Cnn()
       : Model("Cnn"),
-        conv1_(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)))),
-        conv2_(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)))),
-        fc1_(register_module("fc1", torch::nn::Linear(9216, 128))),
-        fc2_(register_module("fc2", torch::nn::Linear(128, 10))) {}
+        conv1_(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, shapes::kCnnConv1Channels,
+                                                                                      shapes::kCnnKernel)))),
+        conv2_(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(shapes::kCnnConv1Channels,
+                                                                                      shapes::kCnnConv2Channels,
+                                                                                      shapes::kCnnKernel)))),
+        fc1_(register_module("fc1", torch::nn::Linear(shapes::kCnnFlattened, shapes::kCnnHidden))),
+        fc2_(register_module("fc2", torch::nn::Linear(shapes::kCnnHidden, shapes::kClasses))) {}
 
   at::Tensor Forward(const ModelInputs& inputs) override {
     at::Tensor x = inputs.at(0);
@@ -64,7 +70,7 @@ class Cnn final : public Model {
     x = F::relu(conv1_->forward(x));
     // Pooling before the ReLU computes exactly the same values and gradients (ReLU is monotonic, and
     // a window whose maximum is <= 0 passes no gradient either way), on a quarter of the elements.
-    x = F::relu(F::max_pool2d(conv2_->forward(x), F::MaxPool2dFuncOptions(2)));
+    x = F::relu(F::max_pool2d(conv2_->forward(x), F::MaxPool2dFuncOptions(shapes::kCnnPool)));
     // flatten copies a channels-last map into PyTorch's (C, H, W) order, the one fc1's weights expect.
     x = F::relu(fc1_->forward(x.flatten(1)));
     return fc2_->forward(x);

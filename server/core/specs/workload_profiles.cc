@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/contract/data_contract.h"
+#include "proto/contract/model_shapes.h"
 
 namespace fitrun::server {
 namespace {
@@ -57,28 +58,37 @@ absl::Status MissingFacts(const std::string& field, const std::string& what) {
 
 }  // namespace
 
-// mlp: 784-512-512-10 with ReLU. Autograd saves each Linear's input and each ReLU's output; backward
-// holds one activation-gradient per layer at a time, counted as the widest layer twice.
+// mlp: 784-512-512-10 with ReLU (proto/contract/model_shapes.h). Autograd saves each Linear's input
+// and each ReLU's output; backward holds one activation-gradient per layer at a time, counted as the
+// widest layer twice.
 ModelProfile MlpProfile() {
+  namespace shapes = fitrun::contract::models;
   ModelProfile p;
-  p.parameter_count = Linear(784, 512) + Linear(512, 512) + Linear(512, 10);
-  const int64_t saved = 784 + 512 + 512 + 512 + 512 + 10 + 10;  // inputs, pre/post ReLU, logits, softmax
-  const int64_t backward_transient = 2 * 784;
+  p.parameter_count = Linear(shapes::kImagePixels, shapes::kMlpHidden) + Linear(shapes::kMlpHidden, shapes::kMlpHidden) +
+                      Linear(shapes::kMlpHidden, shapes::kClasses);
+  // Inputs, pre and post ReLU of both hidden layers, logits, softmax.
+  const int64_t saved = shapes::kImagePixels + 4 * shapes::kMlpHidden + 2 * shapes::kClasses;
+  const int64_t backward_transient = 2 * shapes::kImagePixels;
   p.activation_bytes_per_sample = (saved + backward_transient) * kFloat;
   p.input_bytes_per_sample = kFashionMnistSampleBytes;
   p.train_samples = kFashionMnistTrainSamples;
   return p;
 }
 
-// cnn: conv 1->32 3x3, conv 32->64 3x3, max-pool 2, fc 9216->128, fc 128->10.
+// cnn: conv 1->32 3x3, conv 32->64 3x3, max-pool 2, fc 9216->128, fc 128->10
+// (proto/contract/model_shapes.h).
 ModelProfile CnnProfile() {
+  namespace shapes = fitrun::contract::models;
   ModelProfile p;
-  p.parameter_count = Conv(1, 32, 3) + Conv(32, 64, 3) + Linear(9216, 128) + Linear(128, 10);
-  const int64_t conv1 = 32 * 26 * 26;
-  const int64_t conv2 = 64 * 24 * 24;
-  const int64_t pooled = 64 * 12 * 12;
+  p.parameter_count = Conv(1, shapes::kCnnConv1Channels, shapes::kCnnKernel) +
+                      Conv(shapes::kCnnConv1Channels, shapes::kCnnConv2Channels, shapes::kCnnKernel) +
+                      Linear(shapes::kCnnFlattened, shapes::kCnnHidden) + Linear(shapes::kCnnHidden, shapes::kClasses);
+  const int64_t conv1 = shapes::kCnnConv1Channels * shapes::kCnnConv1Side * shapes::kCnnConv1Side;
+  const int64_t conv2 = shapes::kCnnConv2Channels * shapes::kCnnConv2Side * shapes::kCnnConv2Side;
+  const int64_t pooled = shapes::kCnnFlattened;
   // conv outputs and their ReLUs, the pooled map (plus its int64 argmax indices), fc activations.
-  const int64_t saved_floats = 784 + 2 * conv1 + 2 * conv2 + pooled + 2 * 128 + 2 * 10;
+  const int64_t saved_floats =
+      shapes::kImagePixels + 2 * conv1 + 2 * conv2 + pooled + 2 * shapes::kCnnHidden + 2 * shapes::kClasses;
   const int64_t saved_bytes = saved_floats * kFloat + pooled * 8;
   // Backward materialises the gradient of the widest activations (conv2 and conv1) at once.
   const int64_t backward_transient = (conv2 + conv1) * kFloat;
