@@ -464,6 +464,13 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   }
   manager_options.data_roots.emplace(data_roots);
   manager_options.max_open_jobs_per_owner = options.max_jobs_per_user;
+  if (options.retain_finished_jobs < 0 || options.max_events_per_job < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.retain_finished_jobs < 0 ? "--retain_finished_jobs" : "--max_events_per_job",
+        ": 0 (no bound) or more (got ", std::min(options.retain_finished_jobs, options.max_events_per_job), ")"));
+  }
+  manager_options.retain_finished_jobs = options.retain_finished_jobs;
+  manager_options.max_events_per_job = options.max_events_per_job;
   if (options.min_account_uid < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--min_account_uid: at least 1, root's jobs never run as root (got ",
                                                    options.min_account_uid, ")"));
