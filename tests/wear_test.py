@@ -4,20 +4,25 @@ stranger on the metrics port or the WorkerChannel. Each case fails without its b
 
 - a stolen token's flood of final, failure and out-of-memory reports stores one of each, and a flood
   of log lines stops at the job's event cap with a line saying so;
-- ended jobs beyond --retain_finished_jobs leave the store, events and all, and its file stops growing;
+- ended jobs beyond --retain_finished_jobs leave the store, events and all;
+- a user calling PlanJob in a loop from many threads is refused past a rate and a few calls at once,
+  while another user's plans answer at once;
 
 Runs as any user: the job's token is read from fitrund's database, as a job's own processes would
 find it in their environment.
 """
 
+import hashlib
 import os
 import sqlite3
 import tempfile
+import threading
+import time
 import unittest
 
 import grpc
 
-from fitrun.client import Client
+from fitrun.client import Client, ClientError
 from fitrun.v1 import job_pb2, worker_pb2, worker_pb2_grpc
 from jobs import Fitrund, state_name, wait_for
 import junit_main
@@ -69,10 +74,15 @@ class WearTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.state = os.path.join(WORK, "state")
-        cls.daemon = Fitrund(cls.state, ["--devices=cpu:2x1GiB", "--memory_probe=false",
-                                         f"--retain_finished_jobs={RETAINED}", f"--max_events_per_job={EVENT_CAP}"])
+        tokens = os.path.join(WORK, "tokens")
+        with open(tokens, "w") as f:
+            for user in ("alice", "mallory"):
+                f.write(f"{user} user {hashlib.sha256(f'{user}-token'.encode()).hexdigest()}\n")
+        cls.daemon = Fitrund(cls.state, ["--devices=cpu:2x1GiB", "--memory_probe=false", f"--auth_tokens={tokens}",
+                                         "--unix_accounts=none", f"--retain_finished_jobs={RETAINED}",
+                                         f"--max_events_per_job={EVENT_CAP}"])
         assert cls.daemon.address, cls.daemon.log()
-        cls.client = Client(cls.daemon.address, timeout=30)
+        cls.client = Client(cls.daemon.address, timeout=30, token="alice-token")
         cls.store = Store(cls.state)
 
     @classmethod
@@ -151,6 +161,47 @@ class WearTest(unittest.TestCase):
         listed = [job.id for job in self.client.list()]
         self.assertFalse(set(gone) & set(listed))
         self.client.cancel(blocker)
+
+    def test_a_plan_flood_is_refused_past_its_rate_and_another_users_plans_answer_at_once(self):
+        mallory = Client(self.daemon.address, timeout=30, token="mallory-token")
+        outcomes = {"ok": 0, "refused": 0, "other": []}
+        lock = threading.Lock()
+
+        def flood(thread):
+            for i in range(60):
+                spec = mlp(f"plan-{thread}-{i}", steps=100 + i)
+                try:
+                    mallory.plan(spec)
+                    kind = "ok"
+                except ClientError as error:
+                    kind = "refused" if error.reason == "PLANS_PER_USER_LIMIT" else None
+                    if kind is None:
+                        with lock:
+                            outcomes["other"].append(str(error))
+                        continue
+                with lock:
+                    outcomes[kind] += 1
+
+        started = time.monotonic()
+        threads = [threading.Thread(target=flood, args=(t,)) for t in range(8)]
+        for thread in threads:
+            thread.start()
+        slowest = 0.0
+        while any(thread.is_alive() for thread in threads):
+            asked = time.monotonic()
+            self.assertTrue(self.client.plan(mlp("alices-plan")).plan.device_ids)
+            slowest = max(slowest, time.monotonic() - asked)
+            time.sleep(0.1)  # a person, or a tool polling for a calibrated plan
+        for thread in threads:
+            thread.join()
+        elapsed = time.monotonic() - started
+        print(f"wear: 480 PlanJob calls from 8 threads in {elapsed:.1f} s: {outcomes['ok']} answered, "
+              f"{outcomes['refused']} refused; another user's slowest plan meanwhile {slowest * 1000:.0f} ms",
+              flush=True)
+        self.assertEqual(outcomes["other"], [])
+        self.assertGreater(outcomes["refused"], 0)
+        self.assertLessEqual(outcomes["ok"], 40 + 20 * elapsed + 1, "a burst of 40, then 20 a second")
+        self.assertLess(slowest, 2.0)
 
 
 if __name__ == "__main__":
