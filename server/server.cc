@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -255,6 +256,37 @@ absl::Status OnlyTraversable(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// The coordinators running on this machine now, by tag (CoordinatorTag of each fitrund process's
+// host and --state_dir, from /proc): a fitrund of any version is seen, whatever it recorded.
+std::set<std::string> LiveCoordinatorTags(const std::string& host) {
+  std::set<std::string> tags;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", std::filesystem::directory_options::skip_permission_denied)) {
+    const std::string pid = entry.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream comm(entry.path() / "comm");
+    std::string name;
+    if (!std::getline(comm, name) || name != "fitrund") continue;
+    std::ifstream cmdline(entry.path() / "cmdline", std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    const std::vector<std::string> args = absl::StrSplit(text, '\0');
+    std::string state_dir = "fitrun-state";  // the flag's default
+    for (size_t i = 0; i < args.size(); ++i) {
+      absl::string_view arg = absl::StripPrefix(absl::StripPrefix(args[i], "-"), "-");
+      if (absl::ConsumePrefix(&arg, "state_dir=")) {
+        state_dir = std::string(arg);
+      } else if (arg == "state_dir" && i + 1 < args.size()) {
+        state_dir = args[i + 1];
+      }
+    }
+    std::error_code error;
+    const std::filesystem::path cwd = std::filesystem::read_symlink(entry.path() / "cwd", error);
+    if (error) continue;
+    // As the process computed it: std::filesystem::absolute, its working directory joined.
+    tags.insert(SlurmLauncher::CoordinatorTag(host, (cwd / state_dir).string()));
+  }
+  return tags;
+}
+
 // --job_cgroups: whether attempts' processes get cgroups of their own, said on fitrund's log either
 // way. `on` refuses to start without them; `auto` uses them when fitrund is root and may.
 absl::Status StartJobCgroups(const ServerOptions& options, RunningServer* server) {
@@ -294,6 +326,14 @@ absl::Status StartJobCgroups(const ServerOptions& options, RunningServer* server
   }
   fprintf(stderr, "fitrund: job cgroups: %s\n", support.text.c_str());
   server->cgroups = std::move(support.cgroups);
+  // What coordinators that died (killed, or unable to empty them) left beside this one's.
+  const std::set<std::string> live = LiveCoordinatorTags(host);
+  const std::vector<std::string> removed =
+      server->cgroups->RemoveGoneCoordinators([&live](const std::string& tag) { return live.count(tag) > 0; });
+  if (!removed.empty()) {
+    fprintf(stderr, "fitrund: job cgroups: removed %zu empty cgroup(s) of coordinators no longer running (%s%s)\n",
+            removed.size(), removed.front().c_str(), removed.size() > 1 ? ", ..." : "");
+  }
   return absl::OkStatus();
 }
 

@@ -547,8 +547,14 @@ absl::StatusOr<std::unique_ptr<JobCgroup>> JobCgroups::Make(const std::string& n
   std::vector<std::string> dirs;
   std::vector<std::string> made;
   bool existed = false;
-  for (const std::string& base : base_dirs_) {
+  for (size_t i = 0; i < base_dirs_.size(); ++i) {
+    const std::string& base = base_dirs_[i];
     const std::string dir = Join(base, name);
+    // The coordinator's own directory may be gone: removed as empty by a fitrund starting at the
+    // moment this one's was (RemoveGoneCoordinators), or by hand. Made again.
+    if (!IsDirectory(base) && i < parent_dirs_.size()) {
+      (void)MakeLevels(parent_dirs_[i], base.substr(base.find_last_of('/') + 1), version_ == CgroupVersion::kV2);
+    }
     if (mkdir(dir.c_str(), 0755) == 0) {
       made.push_back(dir);
     } else if (errno == EEXIST) {
@@ -649,6 +655,50 @@ absl::Status JobCgroups::RemoveDirectories() const {
   // Another coordinator's directory keeps the parent (rmdir then fails, which is fine).
   for (const std::string& parent : parent_dirs_) rmdir(parent.c_str());
   return absl::OkStatus();
+}
+
+namespace {
+
+// Removes `dir` and every cgroup below it that is empty, deepest first; appends what it removed.
+// Returns whether `dir` itself went.
+bool RemoveEmptyTree(const std::string& dir, std::vector<std::string>* removed) {
+  bool all_gone = true;
+  if (DIR* listing = opendir(dir.c_str()); listing != nullptr) {
+    std::vector<std::string> children;
+    while (const dirent* entry = readdir(listing)) {
+      const std::string name = entry->d_name;
+      if (name != "." && name != ".." && IsDirectory(Join(dir, name))) children.push_back(Join(dir, name));
+    }
+    closedir(listing);
+    for (const std::string& child : children) all_gone &= RemoveEmptyTree(child, removed);
+  }
+  if (!all_gone || rmdir(dir.c_str()) != 0) return false;
+  removed->push_back(dir);
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::string> JobCgroups::RemoveGoneCoordinators(
+    const std::function<bool(const std::string& tag)>& alive) const {
+  std::vector<std::string> removed;
+  const std::string own = base_dirs_.front().substr(base_dirs_.front().find_last_of('/') + 1);
+  for (const std::string& parent : parent_dirs_) {
+    DIR* listing = opendir(parent.c_str());
+    if (listing == nullptr) continue;
+    std::vector<std::string> tags;
+    while (const dirent* entry = readdir(listing)) {
+      const std::string name = entry->d_name;
+      if (absl::StartsWith(name, "fitrund-") && ValidName(name) && name != own && IsDirectory(Join(parent, name))) {
+        tags.push_back(name);
+      }
+    }
+    closedir(listing);
+    for (const std::string& tag : tags) {
+      if (!alive(tag)) RemoveEmptyTree(Join(parent, tag), &removed);
+    }
+  }
+  return removed;
 }
 
 CgroupSupport ProbeCgroupSupport(JobCgroups::Options options) {

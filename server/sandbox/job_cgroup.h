@@ -15,6 +15,7 @@
 #define FITRUN_SERVER_SANDBOX_JOB_CGROUP_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -138,6 +139,11 @@ class JobCgroups {
   // Removes the coordinator's directory, and the parent's when no other coordinator uses it; for a
   // coordinator that stopped everything it started. FAILED_PRECONDITION while cgroups remain.
   absl::Status RemoveDirectories() const;
+  // Removes the empty cgroups other coordinators left under the same parent (a fitrund killed, or
+  // one that could not empty them) when `alive` says their coordinator (by tag) is gone; a cgroup
+  // with a process in it stays (a dead coordinator's ranks, for it to re-adopt when it restarts),
+  // and so does every cgroup above it. Returns the directories removed.
+  std::vector<std::string> RemoveGoneCoordinators(const std::function<bool(const std::string& tag)>& alive) const;
 
  private:
   JobCgroups(CgroupVersion version, std::vector<std::string> base_dirs, std::vector<std::string> controllers,
