@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <memory>
@@ -63,7 +64,23 @@ LocalLauncher::~LocalLauncher() {
 }
 
 absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attempt, RankExitCallback on_exit) {
-  absl::StatusOr<int> port = options_.pick_master_port();
+  std::unique_ptr<RendezvousStore> store;
+  absl::StatusOr<int> port = absl::UnknownError("no rendezvous");
+  if (options_.pick_master_port) {
+    port = options_.pick_master_port();
+  } else {
+    RendezvousStore::Options store_options;
+    const bool as_account = !attempt.ranks.empty() && attempt.ranks.front().run_as.has_value();
+    store_options.uid = as_account ? attempt.ranks.front().run_as->uid : geteuid();
+    store_options.name = absl::StrCat(attempt.job_id, " attempt ", attempt.attempt);
+    absl::StatusOr<std::unique_ptr<RendezvousStore>> started = RendezvousStore::Start(store_options);
+    if (started.ok()) {
+      store = *std::move(started);
+      port = store->port();
+    } else {
+      port = started.status();
+    }
+  }
   if (!port.ok()) return port.status();
   LaunchedAttempt launched;
   std::shared_ptr<AttemptCgroup> cgroup;
@@ -95,6 +112,10 @@ absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attem
     WorkerLaunch one = attempt.ranks[rank];
     one.env.emplace_back(launch::kMasterAddr, launched.master_addr);
     one.env.emplace_back(launch::kMasterPort, absl::StrCat(launched.master_port));
+    if (store != nullptr) {
+      one.env.emplace_back(launch::kUseAgentStore, "True");
+      one.env.emplace_back(launch::kRestartCount, absl::StrCat(std::max(0, attempt.attempt - 1)));
+    }
     ProcessLauncher::ExitCallback on_rank_exit = [on_exit, abandoned, rank, cgroup](const WorkerExit& exit) {
       if (abandoned->load()) return;
       WorkerExit seen = exit;
@@ -124,9 +145,10 @@ absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attem
     absl::MutexLock lock(&mu_);
     refill_on_release_.emplace(launched.handle, std::make_pair(attempt.ranks[0], static_cast<int>(attempt.ranks.size())));
   }
-  if (cgroup != nullptr) {
+  if (cgroup != nullptr || store != nullptr) {
     absl::MutexLock lock(&mu_);
-    cgroups_[launched.handle] = cgroup;
+    if (cgroup != nullptr) cgroups_[launched.handle] = cgroup;
+    if (store != nullptr) stores_[launched.handle] = std::move(store);
   }
   return launched;
 }
@@ -205,8 +227,13 @@ void LocalLauncher::NoteHostMemory(AttemptCgroup& attempt, WorkerExit& exit) {
 
 void LocalLauncher::Release(const std::string& handle) {
   std::shared_ptr<AttemptCgroup> cgroup;
+  std::unique_ptr<RendezvousStore> store;  // closed here, off the lock
   {
     absl::MutexLock lock(&mu_);
+    if (auto held = stores_.find(handle); held != stores_.end()) {
+      store = std::move(held->second);
+      stores_.erase(held);
+    }
     // The next job of this account finds as many ranks warm (built-in jobs only; see warm_ranks.h).
     // Started now, not at launch: loading LibTorch beside a job's starting ranks would slow them.
     if (auto refill = refill_on_release_.find(handle); refill != refill_on_release_.end()) {

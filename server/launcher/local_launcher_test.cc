@@ -6,7 +6,11 @@
 // stale cgroups removed and nothing left behind.
 #include "server/launcher/local_launcher.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <signal.h>
 
 #include <atomic>
@@ -92,6 +96,36 @@ TEST(LocalLauncherTest, RanksMeetAtTheChosenRendezvousAndExitPerRank) {
   EXPECT_EQ(Slurp(attempt.ranks[1].log_path), "1 127.0.0.1:29555\n");
 }
 
+// Whether something listens on 127.0.0.1:`port`.
+bool Listening(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const bool connected = connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return connected;
+}
+
+TEST(LocalLauncherTest, EachAttemptMeetsAtAStoreFitrundHoldsFromBeforeItsRanksUntilItsRelease) {
+  Exits exits;
+  LocalLauncher launcher{LocalLauncher::Options()};
+  const std::vector<std::string> print = {
+      "/bin/sh", "-c", "echo $MASTER_ADDR $TORCHELASTIC_USE_AGENT_STORE $TORCHELASTIC_RESTART_COUNT"};
+  AttemptLaunch attempt = Attempt("local-store", {print, print});
+  absl::StatusOr<LaunchedAttempt> launched = launcher.Launch(attempt, exits.Callback());
+  ASSERT_TRUE(launched.ok()) << launched.status();
+  ASSERT_TRUE(exits.WaitFor(2, absl::Seconds(10)));
+  // Every rank a client of the store (attempt 2: torchrun's restart count 1), which is up and held
+  // though no rank hosts it.
+  EXPECT_EQ(Slurp(attempt.ranks[0].log_path), "127.0.0.1 True 1\n");
+  EXPECT_EQ(Slurp(attempt.ranks[1].log_path), "127.0.0.1 True 1\n");
+  EXPECT_TRUE(Listening(launched->master_port));
+  launcher.Release(launched->handle);
+  EXPECT_FALSE(Listening(launched->master_port)) << "the attempt's rendezvous outlived its release";
+}
+
 TEST(LocalLauncherTest, StopsOneRankThroughTheHandle) {
   Exits exits;
   LocalLauncher launcher([] { return 29556; });
@@ -146,7 +180,7 @@ TEST(LocalLauncherTest, AdoptsTheRecordedRanksThatStillRun) {
 
   // A second launcher (a restarted coordinator) takes over rank 0; rank 1 is gone, and a rank the
   // record says exited is not even looked at.
-  LocalLauncher second;
+  LocalLauncher second{LocalLauncher::Options()};
   RecordedAttempt recorded{"j-000001", 2, launched->handle, launched->pids, {true, true}};
   EXPECT_EQ(second.Adopt(recorded, exits.Callback()), (std::vector<bool>{true, false}));
   RecordedAttempt wrong_attempt{"j-000001", 3, launched->handle, launched->pids, {true, false}};
