@@ -11,7 +11,9 @@ trusts"):
 - a script cannot read its rank's job token;
 - a spec asking for more than the operator's ceilings is refused, naming the flag;
 - another account can neither take an attempt's rendezvous port before its ranks do nor join the
-  c10d store behind it (fitrund holds both, and serves the job's account only).
+  c10d store behind it (fitrund holds both, and serves the job's account only);
+- a spec naming another account's private file through /proc/<pid>/cwd is refused without a word of
+  where it leads (fitrund reads specs with the owner's rights and no capability of root's).
 
 Skipped, and reported as skipped, when not run as root.
 """
@@ -326,6 +328,43 @@ for hello in (bytes([6]), bytes([0]) + struct.pack("<I", 0x3C85F7CE) + bytes([13
             self.client().get(job_id)), 240, f"{job_id} to end")
         self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
         self.assertIn("refused a connection", self.daemon.log())
+
+    def test_a_spec_reaching_another_accounts_private_file_through_proc_is_refused(self):
+        bob = pwd.getpwnam(self.bob)
+        private = os.path.join(self.data, f"bob-private-{os.getpid()}")
+        inner = os.path.join(private, "inner")
+        os.makedirs(inner)
+        notes = os.path.join(inner, "notes.txt")
+        with open(notes, "w") as f:
+            f.write("bob's private notes. " * 200)
+        for path in (private, inner, notes):
+            os.chown(path, bob.pw_uid, bob.pw_gid)
+        os.chmod(private, 0o700)  # alice cannot search it
+        os.chmod(inner, 0o755)
+        os.chmod(notes, 0o644)
+
+        def become_bob():
+            os.setgid(bob.pw_gid)
+            os.setgroups([])
+            os.setuid(bob.pw_uid)
+        holder = subprocess.Popen(["/bin/sleep", "300"], cwd=inner, preexec_fn=become_bob)
+        link = os.path.join(self.data, f"through-proc-{os.getpid()}.txt")
+        try:
+            os.symlink(f"/proc/{holder.pid}/cwd/notes.txt", link)
+            os.lchown(link, self.alice_uid, -1)
+            spec = {"name": "peek", "model": {"builtin": "gpt", "gpt": {"layers": 1, "heads": 2, "hidden": 32,
+                                                                         "context": 16}},
+                    "data": {"kind": "text", "path": link}, "optimizer": {"kind": "adamw", "lr": 0.001},
+                    "global_batch_size": 8, "max_steps": 2, "resources": {"min_devices": 1, "max_devices": 1}}
+            with self.assertRaises(ClientError) as refused:
+                self.client().submit(spec)
+            self.assertEqual(refused.exception.code, "INVALID_ARGUMENT", refused.exception)
+            self.assertNotIn("bob-private", str(refused.exception))
+        finally:
+            holder.kill()
+            holder.wait()
+            os.remove(link)
+            shutil.rmtree(private, ignore_errors=True)
 
     def test_a_spec_above_the_operators_ceilings_is_refused_naming_the_flag(self):
         for resources, flag in (({"host_memory": "1TiB"}, "--max_rank_host_memory"),
