@@ -108,6 +108,7 @@ absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attem
   // exits are not reported (the caller was told the attempt never started).
   auto abandoned = std::make_shared<std::atomic<bool>>(false);
   std::vector<std::string> warm_ids(attempt.ranks.size());
+  std::vector<int64_t> start_ticks;
   for (size_t rank = 0; rank < attempt.ranks.size(); ++rank) {
     WorkerLaunch one = attempt.ranks[rank];
     one.env.emplace_back(launch::kMasterAddr, launched.master_addr);
@@ -137,10 +138,12 @@ absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attem
       return absl::Status(pid.status().code(), absl::StrCat("rank ", rank, ": ", pid.status().message()));
     }
     launched.pids.push_back(*pid);
+    // Read while the launcher has not reaped it: the pid is still this rank's.
+    start_ticks.push_back(ProcessStartTicks(*pid));
   }
   // Each rank's fork, its switch to the job's account and its exec, as ProcessLauncher waits for them.
   launched.phases.push_back({"spawn", absl::Now() - spawn_start});
-  launched.handle = LocalLaunchHandle(launched.pids, warm_ids);
+  launched.handle = LocalLaunchHandle(launched.pids, warm_ids, start_ticks);
   if (warm_ != nullptr && !attempt.ranks.empty()) {
     absl::MutexLock lock(&mu_);
     refill_on_release_.emplace(launched.handle, std::make_pair(attempt.ranks[0], static_cast<int>(attempt.ranks.size())));
@@ -194,13 +197,22 @@ std::vector<bool> LocalLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
   std::vector<bool> adopted(attempt.pids.size(), false);
   // A warm rank's environment is the pool's, not its job's: its handle names the id it carries.
   const std::vector<std::string> warm_ids = WarmIdsInLocalLaunchHandle(attempt.handle).value_or(std::vector<std::string>());
+  const std::vector<int64_t> start_ticks =
+      StartTicksInLocalLaunchHandle(attempt.handle).value_or(std::vector<int64_t>());
   for (size_t rank = 0; rank < attempt.pids.size(); ++rank) {
     if (rank >= attempt.maybe_running.size() || !attempt.maybe_running[rank] || attempt.pids[rank] <= 0) continue;
     const bool warm = rank < warm_ids.size() && !warm_ids[rank].empty();
-    std::vector<std::pair<std::string, std::string>> identity = {{launch::kJobId, attempt.job_id},
-                                                                 {launch::kAttempt, absl::StrCat(attempt.attempt)},
-                                                                 {launch::kRank, absl::StrCat(rank)}};
-    if (warm) identity = {{launch::kWarmRank, warm_ids[rank]}};
+    // Whatever its environment says (any account can start a process with that environment, and
+    // get the pid once the rank is gone): the job's account, the start recorded at launch, and the
+    // attempt's cgroup when there is one.
+    ProcessLauncher::Identity identity;
+    identity.env = {{launch::kJobId, attempt.job_id},
+                    {launch::kAttempt, absl::StrCat(attempt.attempt)},
+                    {launch::kRank, absl::StrCat(rank)}};
+    if (warm) identity.env = {{launch::kWarmRank, warm_ids[rank]}};
+    identity.uid = attempt.run_as.has_value() ? attempt.run_as->uid : geteuid();
+    identity.start_ticks = rank < start_ticks.size() ? start_ticks[rank] : 0;
+    if (cgroup != nullptr) identity.in_cgroup = [cgroup](int pid) { return cgroup->cgroup->Contains(pid); };
     absl::StatusOr<int> pid = processes_.Adopt(
         attempt.pids[rank], identity,
         [on_exit, rank, cgroup](const WorkerExit& exit) {
@@ -208,6 +220,10 @@ std::vector<bool> LocalLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
           if (cgroup != nullptr) NoteHostMemory(*cgroup, seen);
           on_exit(static_cast<int>(rank), seen);
         });
+    if (!pid.ok() && !absl::StrContains(pid.status().message(), "is gone")) {
+      std::fprintf(stderr, "fitrund: job %s attempt %d rank %zu: not re-adopted: %s\n", attempt.job_id.c_str(),
+                   attempt.attempt, rank, std::string(pid.status().message()).c_str());
+    }
     adopted[rank] = pid.ok();
   }
   return adopted;

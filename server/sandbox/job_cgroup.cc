@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -442,7 +443,7 @@ absl::Status JobCgroup::KillAll(absl::Duration timeout) {
     }
     absl::StatusOr<std::vector<int>> pids = Pids();
     if (pids.ok()) {
-      for (int pid : *pids) kill(pid, SIGKILL);
+      for (int pid : *pids) KillIfInside(pid);
     }
     if (frozen) {
       if (absl::Status status = WriteFile(freeze_file, thaw_value); !status.ok()) return status;
@@ -452,6 +453,53 @@ absl::Status JobCgroup::KillAll(absl::Duration timeout) {
     if (!gone.ok()) return gone.status();
     if (*gone) return absl::OkStatus();
   }
+}
+
+namespace {
+
+// The cgroup `dir` as /proc/<pid>/cgroup names it: relative to its hierarchy's mount, which is the
+// highest directory above it on the same file system.
+std::string RelativeToMount(const std::string& dir) {
+  struct stat own {};
+  if (stat(dir.c_str(), &own) != 0) return "";
+  std::string top = dir;
+  while (true) {
+    const size_t slash = top.find_last_of('/');
+    if (slash == std::string::npos || slash == 0) break;
+    const std::string parent = top.substr(0, slash);
+    struct stat above {};
+    if (stat(parent.c_str(), &above) != 0 || above.st_dev != own.st_dev) break;
+    top = parent;
+  }
+  const std::string relative = dir.substr(top.size());
+  return relative.empty() ? "/" : relative;
+}
+
+}  // namespace
+
+bool JobCgroup::Contains(int pid) const {
+  if (directories_.empty()) return false;
+  const std::string want = RelativeToMount(directories_.front());
+  const std::string& controller = controllers_.front();  // v1: memory; v2: ""
+  absl::StatusOr<std::string> cgroups = ReadFile(absl::StrCat("/proc/", pid, "/cgroup"));
+  if (!cgroups.ok() || want.empty()) return false;
+  for (absl::string_view line : absl::StrSplit(*cgroups, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> fields = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (fields.size() != 3) continue;
+    const bool hierarchy = controller.empty() ? fields[0] == "0" && fields[1].empty()
+                                              : absl::StrContains(absl::StrCat(",", fields[1], ","),
+                                                                  absl::StrCat(",", controller, ","));
+    if (hierarchy) return fields[2] == want;
+  }
+  return false;
+}
+
+void JobCgroup::KillIfInside(int pid) const {
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return;  // gone already
+  // The pidfd pins a process; if it is in this cgroup, it is one of ours, whatever pid it has.
+  if (Contains(pid)) syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+  close(pidfd);
 }
 
 absl::Status JobCgroup::Remove(absl::Duration timeout) {

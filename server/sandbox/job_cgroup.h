@@ -79,6 +79,9 @@ class JobCgroup {
   absl::Status MoveIn(int pid) const;
   // Every process in it, in any of its directories.
   absl::StatusOr<std::vector<int>> Pids() const;
+  // Whether the process `pid` is in it (its /proc/<pid>/cgroup names this cgroup's first directory,
+  // relative to its hierarchy's mount): a process re-adopted after a restart must be.
+  bool Contains(int pid) const;
   // The limits as the kernel holds them (rounded to its pages).
   absl::StatusOr<CgroupLimits> ReadLimits() const;
   absl::StatusOr<HostMemoryStats> HostMemory() const;
@@ -86,7 +89,9 @@ class JobCgroup {
   absl::StatusOr<int64_t> HostMemoryOomKills() const;
   // Kills every process in it and waits until none is left (at most `timeout`): v2's cgroup.kill
   // where the kernel has it; otherwise freeze (v1 freezer, v2 cgroup.freeze) so nothing forks
-  // meanwhile, SIGKILL every pid in cgroup.procs, thaw, and repeat until cgroup.procs is empty.
+  // meanwhile, SIGKILL every pid in cgroup.procs, thaw, and repeat until cgroup.procs is empty. Each
+  // pid read is signalled through a pidfd, and only once it is seen in this cgroup after the pidfd
+  // pinned it: a pid that was recycled between the read and the kill is never signalled.
   absl::Status KillAll(absl::Duration timeout = absl::Seconds(10));
   // Removes its directories once no process is left in them (waiting at most `timeout` for exiting
   // ones); a directory already gone is fine. FAILED_PRECONDITION naming the directory otherwise.
@@ -94,6 +99,8 @@ class JobCgroup {
 
  private:
   std::string Dir(absl::string_view controller) const;  // "" when not in that hierarchy
+  // SIGKILL to `pid` through a pidfd, if the process the pidfd pins is in this cgroup.
+  void KillIfInside(int pid) const;
 
   const std::string name_;
   const CgroupVersion version_;

@@ -387,6 +387,24 @@ TEST_F(RealCgroupTest, MakingAnExistingCgroupEmptiesItFirst) {
   EXPECT_TRUE((*again)->Remove().ok());
 }
 
+TEST_F(RealCgroupTest, ContainsOnlyTheProcessesInIt) {
+  absl::StatusOr<std::unique_ptr<JobCgroup>> cgroup = throwaway_.cgroups()->Make("j-000008-a1", {});
+  ASSERT_TRUE(cgroup.ok()) << cgroup.status();
+  const pid_t inside = Start(**cgroup, "exec sleep 300");
+  ASSERT_TRUE(WaitUntil([&] { return !(*cgroup)->Pids()->empty(); }, absl::Seconds(5)));
+  EXPECT_TRUE((*cgroup)->Contains(inside));
+  EXPECT_FALSE((*cgroup)->Contains(getpid())) << "the test is in its parent's cgroup, not in this one";
+  // Its sibling's process is not in it, though the names differ only in the attempt.
+  absl::StatusOr<std::unique_ptr<JobCgroup>> sibling = throwaway_.cgroups()->Make("j-000008-a2", {});
+  ASSERT_TRUE(sibling.ok());
+  EXPECT_FALSE((*sibling)->Contains(inside));
+  ASSERT_TRUE((*cgroup)->KillAll().ok());
+  Wait(inside);
+  EXPECT_FALSE((*cgroup)->Contains(inside)) << "a pid that is gone is in no cgroup";
+  EXPECT_TRUE((*cgroup)->Remove().ok());
+  EXPECT_TRUE((*sibling)->Remove().ok());
+}
+
 TEST_F(RealCgroupTest, AStartingCoordinatorRemovesTheEmptyCgroupsOfCoordinatorsThatAreGone) {
   // Three others under the same parent: one gone with only empty cgroups left, one gone with a rank
   // still running (for it to re-adopt), one alive.
