@@ -2,11 +2,14 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -255,6 +258,21 @@ absl::Status OnlyTraversable(const std::string& dir) {
   if (error) return absl::FailedPreconditionError(absl::StrCat("cannot set the mode of ", dir, ": ", error.message()));
   return absl::OkStatus();
 }
+
+// Takes gRPC's reflection plugin out of a server's builder: linking its library installs it in
+// every server, so leaving it out means removing it.
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments* args) override { (void)args; }
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+                                    return dynamic_cast<grpc::reflection::ProtoServerReflectionPlugin*>(
+                                               plugin.get()) != nullptr;
+                                  }),
+                   plugins->end());
+  }
+};
 
 // The coordinators running on this machine now, by tag (CoordinatorTag of each fitrund process's
 // host and --state_dir, from /proc): a fitrund of any version is seen, whatever it recorded.
@@ -628,6 +646,9 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   // gRPC binds with SO_REUSEPORT by default, which would let a second fitrund share the port and take
   // half of the first one's connections: a port in use must stop the start instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Reflection lists every method and message to anyone who connects, before any credential is
+  // asked for: for a local fitrund's tools only, never a secured one's.
+  if (server->authenticator->secured()) builder.SetOption(std::make_unique<WithoutReflection>());
   int bound_port = 0;
   builder.AddListeningPort(server->address, *credentials, &bound_port);
   builder.RegisterService(server->coordinator_service.get());

@@ -7,6 +7,11 @@ stranger on the metrics port or the WorkerChannel. Each case fails without its b
 - ended jobs beyond --retain_finished_jobs leave the store, events and all;
 - a user calling PlanJob in a loop from many threads is refused past a rate and a few calls at once,
   while another user's plans answer at once;
+- WorkerChannel streams that never say hello are ended at their deadline, and one peer may hold only a
+  few; a stolen token opens only a few streams for its rank;
+- a secured fitrund answers no reflection request;
+- the metrics port answers within seconds while dozens of connections send their requests a byte at a
+  time.
 
 Runs as any user: the job's token is read from fitrund's database, as a job's own processes would
 find it in their environment.
@@ -202,6 +207,107 @@ class WearTest(unittest.TestCase):
         self.assertGreater(outcomes["refused"], 0)
         self.assertLessEqual(outcomes["ok"], 40 + 20 * elapsed + 1, "a burst of 40, then 20 a second")
         self.assertLess(slowest, 2.0)
+
+    def test_streams_without_a_hello_end_at_their_deadline_and_one_peer_holds_a_few(self):
+        release = threading.Event()
+
+        def silent():  # a stream that never sends its hello
+            release.wait(60)
+            return
+            yield
+
+        outcomes = []
+        lock = threading.Lock()
+
+        def hold(channel):
+            started = time.monotonic()
+            try:
+                for _ in worker_pb2_grpc.WorkerChannelStub(channel).Connect(silent(), timeout=60):
+                    pass
+                code = "OK"
+            except grpc.RpcError as error:
+                code = error.code().name
+            with lock:
+                outcomes.append((code, time.monotonic() - started))
+
+        with grpc.insecure_channel(self.daemon.address) as channel:
+            threads = [threading.Thread(target=hold, args=(channel,)) for _ in range(20)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(40)
+            release.set()
+        print(f"wear: 20 streams without a hello: {sorted(outcomes)}", flush=True)
+        refused = [t for code, t in outcomes if code == "RESOURCE_EXHAUSTED"]
+        expired = [t for code, t in outcomes if code == "DEADLINE_EXCEEDED"]
+        self.assertEqual(len(refused), 4, outcomes)
+        self.assertEqual(len(expired), 16, outcomes)
+        self.assertTrue(all(t < 5 for t in refused), outcomes)
+        self.assertTrue(all(8 < t < 30 for t in expired), outcomes)
+
+    def test_a_stolen_token_opens_only_a_few_streams_for_its_rank(self):
+        job_id = self.running_job("many-streams")
+        hello = worker_pb2.WorkerReport(hello=worker_pb2.Hello(job_id=job_id, attempt=1, rank=1, world_size=2,
+                                                               job_token=self.store.token(job_id)))
+        release = threading.Event()
+
+        def hello_then_wait():
+            yield hello
+            release.wait(60)
+
+        codes = []
+        streams = []
+        try:
+            with grpc.insecure_channel(self.daemon.address) as channel:
+                stub = worker_pb2_grpc.WorkerChannelStub(channel)
+                for _ in range(8):
+                    call = stub.Connect(hello_then_wait(), timeout=60)
+                    streams.append(call)
+                time.sleep(2)  # each said hello; the refused ones have ended
+                for call in streams:
+                    codes.append(call.code().name if call.done() else "open")
+                release.set()
+        finally:
+            self.client.cancel(job_id)
+        print(f"wear: 8 streams with rank 1's stolen token: {codes}", flush=True)
+        # The rank's own stream and three more at most.
+        self.assertEqual(codes.count("open"), 3, codes)
+        self.assertEqual(codes.count("RESOURCE_EXHAUSTED"), 5, codes)
+
+    def test_a_secured_fitrund_answers_no_reflection_request(self):
+        list_services = b"\x3a\x00"  # ServerReflectionRequest{list_services: ""}
+        with grpc.insecure_channel(self.daemon.address) as channel:
+            call = channel.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                         request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            with self.assertRaises(grpc.RpcError) as refused:
+                list(call(iter([list_services]), timeout=10))
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+
+    def test_the_metrics_port_answers_while_dozens_of_connections_send_a_byte_at_a_time(self):
+        import socket
+
+        with open(os.path.join(self.state, "fitrund.metrics_address")) as f:
+            host, port = f.read().strip().rsplit(":", 1)
+        slow = []
+        for _ in range(60):
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never the blank line
+            slow.append(sock)
+        try:
+            import urllib.request
+
+            started = time.monotonic()
+            request = urllib.request.Request(f"http://{host}:{port}/metrics",
+                                             headers={"Authorization": "Bearer alice-token"})
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                self.assertEqual(answer.status, 200)
+            took = time.monotonic() - started
+        finally:
+            for sock in slow:
+                sock.close()
+        print(f"wear: /metrics answered in {took:.1f} s behind 60 connections that never finish their request",
+              flush=True)
+        self.assertLess(took, 15)
 
 
 if __name__ == "__main__":
