@@ -58,6 +58,9 @@ if [[ $mode == full ]]; then
   runs+=(--nocache_test_results)
   timing=$(bazel query 'attr(tags, "timing", tests(//...))' 2>/dev/null | sed 's/$/$/' | paste -sd, -)
   if [[ -n $timing ]]; then runs+=("--runs_per_test=$timing@20"); fi
+  # The GPU machines' torch (an earlier full run installed it): the rendezvous fitrund holds is
+  # checked against its TCPStore too (server/launcher:rendezvous_store_test).
+  if [[ -x .venv-torch/bin/python ]]; then runs+=("--test_env=FITRUN_TORCH2_PYTHON=$PWD/.venv-torch/bin/python"); fi
 fi
 
 log=$(mktemp)

@@ -381,6 +381,7 @@ class BuiltinTraining final : public TrainingProgram {
     ProcessGroupOptions group_options;
     group_options.master_addr = options_.master_addr;
     group_options.master_port = options_.master_port;
+    group_options.agent_store = options_.agent_store;
     group_options.rank = options_.rank;
     group_options.world_size = options_.world_size;
     group_options.collective_timeout = absl::Seconds(timeout_seconds);

@@ -77,7 +77,8 @@ JobManager::JobManager(Options options, JobStore* store, DeviceInventory* device
       admission_(Admission::Options{options_.data_roots, options_.max_nodes, options_.max_nodes_reason,
                                     options_.max_open_jobs_per_owner, options_.max_rank_host_memory_bytes,
                                     options_.max_rank_processes, options_.min_account_uid}),
-      ingest_(metrics, options_.clock),
+      ingest_(metrics, options_.clock, ReportIngest::Options{options_.max_events_per_job}),
+      retention_(options_.retain_finished_jobs),
       gate_(options_.memory_calibrator, calibration_callbacks_.Wrap([this] {
               absl::MutexLock lock(&mu_);
               RequestSchedule();
@@ -175,6 +176,9 @@ absl::Status JobManager::LoadStoredJobs() {
         break;
       default:
         break;
+    }
+    if (IsTerminal(entry.record.job.state())) {
+      retention_.Ended(id, FromProto(entry.record.job.finished_at()), entry.record.submit_order);
     }
   }
   RequestSchedule();
@@ -526,7 +530,11 @@ absl::Status JobManager::Transition(JobEntry& entry, JobState to, const std::str
   }
   // A job counts against its owner's limit from its admission to its end.
   if (admitting && !IsTerminal(to)) admission_.Opened(job.owner());
-  if (!admitting && IsTerminal(to) && !IsTerminal(from)) admission_.Closed(job.owner());
+  if (!admitting && IsTerminal(to) && !IsTerminal(from)) {
+    admission_.Closed(job.owner());
+    retention_.Ended(job.id(), FromProto(job.finished_at()), entry.record.submit_order);
+    RequestSchedule();  // the pass forgets what retention lets go
+  }
   return absl::OkStatus();
 }
 
@@ -569,6 +577,32 @@ absl::Status JobManager::PublishAllLocked(JobEntry& entry, std::vector<JobEvent>
   }
   hub_.Publish(std::move(events));
   return status;
+}
+
+void JobManager::ForgetExcessJobsLocked() {
+  const int64_t newest = ids_by_order_.empty() ? 0 : ids_by_order_.rbegin()->first;
+  const std::vector<std::string> forgotten = retention_.TakeExcess([&](const std::string& id) {
+    auto it = jobs_.find(id);
+    return it == jobs_.end() || (!it->second.active && it->second.record.submit_order != newest);
+  });
+  for (const std::string& id : forgotten) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    admission_.Forget(it->second.record.job);
+    ids_by_order_.erase(it->second.record.submit_order);
+    jobs_.erase(it);
+    hub_.Forget(id);
+    forgotten_.push_back(id);
+  }
+}
+
+void JobManager::DeleteJobRows(const std::vector<std::string>& job_ids) {
+  if (job_ids.empty()) return;
+  // Left in the store on a failure, they are forgotten again at the next start.
+  if (absl::Status status = store_->DeleteJobs(job_ids); !status.ok()) {
+    fprintf(stderr, "fitrund: could not delete %zu ended job(s) beyond --retain_finished_jobs from the store: %s\n",
+            job_ids.size(), std::string(status.message()).c_str());
+  }
 }
 
 void JobManager::Persist(const JobEntry& entry) {
