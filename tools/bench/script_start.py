@@ -140,7 +140,12 @@ def first_steps(text):
 def fitrun_job(args, fitrund, spec, work, name):
     """Submits `spec`, waits for its end, and returns its figures (seconds from just before the submit)."""
     start = time.time()
-    submitted = fitrund.cli("submit", spec)
+    try:
+        submitted = fitrund.cli("submit", spec)
+    except RuntimeError as refused:  # a spec refused at submit: no job, no figures, the reason kept
+        return {"job": None, "state": f"REFUSED ({refused})", "first_step_s": None, "launched_s": None,
+                "end_s": time.time() - start, "per_device_batch": 0, "grad_accum_steps": 1, "devices": 0,
+                "attempts": 0, "ooms": 0}
     job_id = re.search(r"submitted job (\S+)", submitted).group(1)
     deadline = time.monotonic() + args.job_timeout
     job = {}
