@@ -29,6 +29,7 @@ machine's Python runs it. From the repository root:
   /usr/bin/python3 tools/bench/script_start.py [--runs 3]
 """
 import argparse
+import glob
 import json
 import os
 import re
@@ -133,8 +134,13 @@ def when(text):
 
 
 def first_steps(text):
-    """{rank: the wall clock of its first optimizer step} from a log."""
-    return {int(m.group(1)): float(m.group(2)) for m in FIRST_STEP.finditer(text)}
+    """{rank: the wall clock of its first optimizer step} from a log (a rank of a restarted attempt
+    prints it again: the earliest counts)."""
+    stamps = {}
+    for m in FIRST_STEP.finditer(text):
+        rank, stamp = int(m.group(1)), float(m.group(2))
+        stamps[rank] = min(stamp, stamps.get(rank, stamp))
+    return stamps
 
 
 def fitrun_job(args, fitrund, spec, work, name):
@@ -163,12 +169,13 @@ def fitrun_job(args, fitrund, spec, work, name):
         f.write(json.dumps(job, indent=1))
     with open(os.path.join(work, f"{name}.events"), "w") as f:
         f.write(events)
+    # Every attempt's rank logs, in fitrund's state directory (`fitrun logs` prints the latest attempt's):
+    # a job that ran out of memory and resumed reached its first step in its first attempt.
     stamps = {}
-    for rank in range(args.ranks):
-        try:
-            stamps.update(first_steps(fitrund.cli("logs", job_id, "--rank", str(rank))))
-        except RuntimeError:
-            pass
+    for log in sorted(glob.glob(os.path.join(fitrund.state, "jobs", job_id, "attempt-*", "rank-*.log"))):
+        with open(log, errors="replace") as f:
+            for r, stamp in first_steps(f.read()).items():
+                stamps[r] = min(stamp, stamps.get(r, stamp))
     # The first RUNNING: how long planning (and any probe) held the job before its ranks launched.
     running = None
     for line in events.splitlines():

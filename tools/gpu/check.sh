@@ -36,8 +36,8 @@
 # goal, verdict); a figure that is missing fails. Device memory is NVML's per process, sampled every
 # 0.1 s during each job (nvidia-smi --query-compute-apps) for the job's rank pids. Every wait is
 # bounded: a job has JOB_SECONDS (default 150; 400 in a rehearsal) from submit to its end, a part
-# PART_SECONDS (default 450 for parts 1-3, 330 for parts 4-8; 900 in a rehearsal); a job still running
-# then is cancelled and its figures fail. A script rank's own Python runs under its supervisor: its pid
+# PART_SECONDS (default 450 for parts 1-3, 330 for parts 4-8; 900 in a rehearsal), and on a GPU no job
+# gets more than what is left of its part; a job still running then is cancelled and its figures fail. A script rank's own Python runs under its supervisor: its pid
 # is found during the job (its FITRUN_ASSIGNMENT) so that NVML's figure is the script's.
 #
 # The worker: the kit's, when the machine's torch is the one the kit was built against (its MANIFEST);
@@ -100,9 +100,15 @@ if [[ -n "${OUT:-}" ]]; then results=$OUT/results.tsv; else results=$work/result
 
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
-# Seconds a job (or a reference run) may take now: JOB_SECONDS, or what is left of the part if less
-# (at least 10), so that a part ends within its budget whatever its jobs do.
+# Seconds left of the part (at least 30).
+part_time_left() {
+  awk -v a="$part_started" -v b="$(now)" -v t="$part_seconds" 'BEGIN { l = t - (b - a); if (l < 30) l = 30; printf "%d", l }'
+}
+# Seconds a job (or a reference run) may take now: JOB_SECONDS, or on a GPU what is left of the part if
+# less (at least 10), so that a part ends within its device call whatever its jobs do. A rehearsal has
+# no device call to fit: its jobs get JOB_SECONDS, however loaded the machine is.
 job_limit() {
+  if ((rehearse)); then echo "$job_seconds"; return; fi
   awk -v a="$part_started" -v b="$(now)" -v t="$part_seconds" -v j="$job_seconds" \
     'BEGIN { l = t - (b - a); if (l > j) l = j; if (l < 10) l = 10; printf "%d", l }'
 }
@@ -688,7 +694,10 @@ step_script_start() {
     --worker "$installed/worker/fitrun-worker" --python "$(script_python)" --launcher torchrun
     --module-path "$installed/client/python" --work "$work/jobs/script-start"
     --json "$work/jobs/script-start.json" --job-timeout "$job_seconds")
-  local limit=$(( $(awk -v a="$part_started" -v b="$(now)" -v t="$part_seconds" 'BEGIN { printf "%d", t - (b - a) }') - 15 ))
+  # The bench's bound: on a GPU what is left of the part, less the figures' time; in a rehearsal its
+  # four sides' JOB_SECONDS.
+  local limit=$((4 * job_seconds))
+  ((rehearse)) || limit=$(( $(part_time_left) - 15 ))
   if ((rehearse)); then
     args+=(--devices cpu:1x2GiB --ranks 1 --runs 1 --max-steps 6)
   else

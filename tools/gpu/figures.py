@@ -67,6 +67,14 @@ def load(path):
         return json.load(f)
 
 
+def load_if_there(path):
+    """A reference run's result, or {} when the run left none (its figures are then missing)."""
+    try:
+        return load(path)
+    except (OSError, ValueError):
+        return {}
+
+
 def events(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -360,7 +368,7 @@ def cmd_pace(a):
         state_row(a.prefix, job)
         rates.append(rate_from_progress(job, events(events_path), a.warmup_steps)
                      if job.get("state") == "JOB_STATE_SUCCEEDED" else None)
-    eager, compiled, peak = load(a.eager), load(a.compile), load(a.peak)
+    eager, compiled, peak = load_if_there(a.eager), load_if_there(a.compile), load_if_there(a.peak)
     sides = {"fitrun": rates, "eager": eager.get("samples_per_second", []),
              "compile": compiled.get("samples_per_second", [])}
     medians = {side: median(values) for side, values in sides.items()}
@@ -373,7 +381,7 @@ def cmd_pace(a):
     for side, goal in (("eager", 1.10), ("compile", 0.9)):
         ratio = round(medians["fitrun"] / medians[side], 3) if medians["fitrun"] and medians[side] else None
         row(a.prefix, f"fitrun_over_{side}", ratio, f">= {goal}", ratio is not None and ratio >= goal, cpu)
-    flops = eager.get("flops_per_sample")
+    flops = eager.get("flops_per_sample") or compiled.get("flops_per_sample")
     tflops = peak.get("tflops")
     mfu = {}
     for side in sides:
@@ -392,7 +400,7 @@ def cmd_pace(a):
 
 
 def cmd_peak(a):
-    peak = load(a.peak)
+    peak = load_if_there(a.peak)
     value = peak.get("tflops")
     row(a.prefix, "bf16_matmul_tflops", float(f"{value:.3g}") if value else None,
         f"recorded ({peak.get('n')}^3 on {peak.get('device')})", bool(value))
@@ -408,8 +416,10 @@ def cmd_torchrun_pace(a):
         rates.append(train_samples_per_second(job) if job.get("state") == "JOB_STATE_SUCCEEDED" else None)
     references = []
     for path in a.reference:
-        with open(path) as f:
-            lines = [line for line in f if line.startswith("{")]
+        lines = []
+        if os.path.exists(path):
+            with open(path) as f:
+                lines = [line for line in f if line.startswith("{")]
         references.append(json.loads(lines[-1])["samples_per_second"] if lines else None)
     ours, theirs = median(rates), median(references)
     row(a.prefix, "fitrun_samples_per_s", round(ours, 1) if ours else None, f"median (each: {spread(rates, 1)})",
