@@ -185,7 +185,7 @@ void BucketedReducer::LaunchReadyBuckets(bool include_last) {
   }
 }
 
-absl::StatusOr<double> BucketedReducer::Synchronize(double local_loss) {
+absl::StatusOr<at::Tensor> BucketedReducer::SynchronizeWithLoss(const at::Tensor& local_loss) {
   absl::MutexLock lock(&mu_);
   try {
     if (hook_error_) std::rethrow_exception(std::exchange(hook_error_, nullptr));
@@ -201,7 +201,8 @@ absl::StatusOr<double> BucketedReducer::Synchronize(double local_loss) {
       --bucket.pending;
     }
     Bucket& last = buckets_.back();
-    last.flat[last.flat.numel() - 1].fill_(local_loss);
+    // Rounded to float32 as the bucket holds it; copied on the device, so the host does not wait.
+    last.flat[last.flat.numel() - 1].copy_(local_loss);
     LaunchReadyBuckets(/*include_last=*/true);
 
     // Every gradient is its bucket slot (MoveGradientIntoBucket ran for each this step), so the
@@ -212,7 +213,8 @@ absl::StatusOr<double> BucketedReducer::Synchronize(double local_loss) {
     stats_.wait_time += absl::Now() - wait_start;
     ++stats_.synchronized_steps;
 
-    const double loss = last.flat[last.flat.numel() - 1].item<double>();
+    // A copy: the bucket is overwritten by the next step.
+    at::Tensor loss = last.flat[last.flat.numel() - 1].clone();
     ResetForNextStep();
     return loss;
   } catch (const std::exception& e) {

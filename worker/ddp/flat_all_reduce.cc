@@ -39,7 +39,7 @@ FlatAllReduceSynchronizer::FlatAllReduceSynchronizer(c10::intrusive_ptr<c10d::Pr
                                                      at::Tensor flat)
     : group_(std::move(group)), parameters_(std::move(parameters)), flat_(std::move(flat)) {}
 
-absl::StatusOr<double> FlatAllReduceSynchronizer::Synchronize(double local_loss) {
+absl::StatusOr<at::Tensor> FlatAllReduceSynchronizer::SynchronizeWithLoss(const at::Tensor& local_loss) {
   try {
     at::NoGradGuard no_grad;
     int64_t offset = 0;
@@ -54,7 +54,7 @@ absl::StatusOr<double> FlatAllReduceSynchronizer::Synchronize(double local_loss)
       }
       offset += p.numel();
     }
-    flat_[gradient_elements_].fill_(local_loss);
+    flat_[gradient_elements_].copy_(local_loss);
 
     std::vector<at::Tensor> tensors = {flat_};
     group_->allreduce(tensors)->wait();
@@ -70,7 +70,7 @@ absl::StatusOr<double> FlatAllReduceSynchronizer::Synchronize(double local_loss)
       }
       offset += p.numel();
     }
-    return flat_[gradient_elements_].item<double>();
+    return flat_[gradient_elements_].clone();
   } catch (const std::exception& e) {
     return StatusFromC10dException(e, "all-reducing gradients");
   }

@@ -25,7 +25,7 @@ class FlatAllReduceSynchronizer final : public GradientSynchronizer {
       c10::intrusive_ptr<c10d::ProcessGroup> group, const std::vector<at::Tensor>& parameters);
 
   void BeforeBackward(bool) override {}
-  absl::StatusOr<double> Synchronize(double local_loss) override;
+  absl::StatusOr<at::Tensor> SynchronizeWithLoss(const at::Tensor& local_loss) override;
 
  private:
   FlatAllReduceSynchronizer(c10::intrusive_ptr<c10d::ProcessGroup> group,

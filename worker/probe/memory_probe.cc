@@ -53,7 +53,7 @@ class FlatBufferSynchronizer final : public GradientSynchronizer {
     counter_->ResetPeak();
   }
 
-  absl::StatusOr<double> Synchronize(double local_loss) override {
+  absl::StatusOr<at::Tensor> SynchronizeWithLoss(const at::Tensor& local_loss) override {
     backward_peak_ = std::max(backward_peak_, counter_->Peak());
     counter_->ResetPeak();
     at::NoGradGuard no_grad;
