@@ -306,7 +306,8 @@ Trainer::Trainer(TrainerOptions options, std::shared_ptr<Model> model, TensorDat
       sampler_(std::move(sampler)),
       optimizer_(std::move(optimizer)),
       synchronizer_(synchronizer),
-      sink_(sink) {}
+      sink_(sink),
+      parameters_(model_->parameters()) {}
 
 Trainer::~Trainer() = default;
 
@@ -397,138 +398,177 @@ absl::Status Trainer::MaybeCheckpoint(int64_t step) {
   return absl::OkStatus();
 }
 
+// What a run carries from one step to the next: where its time went, and what the last progress
+// report covered.
+struct Trainer::RunState {
+  explicit RunState(absl::Duration progress_interval) : throttle(progress_interval) {}
+
+  TrainResult::StepTimes times;
+  ProgressThrottle throttle;
+  absl::Time start;
+  absl::Time last_report;
+  int64_t samples_since_report = 0;
+  int64_t step_at_report = 0;
+  absl::Duration synchronizing_at_report;
+  // The global loss of the last step.
+  double loss = 0;
+};
+
+// Charges the time since the last mark to a phase of the step.
+class Trainer::PhaseClock {
+ public:
+  void Charge(absl::Duration& phase) {
+    const absl::Time now = absl::Now();
+    phase += now - mark_;
+    mark_ = now;
+  }
+
+ private:
+  absl::Time mark_ = absl::Now();
+};
+
 absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   const TrainerOptions& o = options_;
-  const int64_t b = o.per_device_batch;
-  const int k = o.grad_accum_steps;
   model_->train();
-
-  ProgressThrottle throttle(o.progress_interval);
-  const absl::Time start = absl::Now();
-  absl::Time last_report = start;
-  int64_t samples_since_report = 0;
-  int64_t step_at_report = start_step_;
-  absl::Duration synchronizing_at_report;
-  int64_t cached_epoch = -1;
-  std::vector<int64_t> shard;
-  double loss = 0;
-  TrainResult::StepTimes times;
-  const std::vector<at::Tensor> parameters = model_->parameters();
-
+  RunState run(o.progress_interval);
+  run.start = absl::Now();
+  run.last_report = run.start;
+  run.step_at_report = start_step_;
   for (int64_t step = start_step_ + 1; step <= o.total_steps; ++step) {
     current_step_ = step;
-    if (stop_requested_.load()) {
-      return absl::CancelledError(absl::StrCat("stopped before step ", step));
-    }
-    MaybeInjectFault(step);
-    if (stop_requested_.load()) {
-      return absl::CancelledError(absl::StrCat("stopped before step ", step));
-    }
-
-    const int64_t epoch = (step - 1) / o.steps_per_epoch;
-    const int64_t step_in_epoch = (step - 1) % o.steps_per_epoch;
-    if (epoch != cached_epoch) {
-      shard = sampler_.EpochIndices(epoch);
-      cached_epoch = epoch;
-    }
-
-    absl::Time mark = absl::Now();
-    // Charges the time since the last mark to `phase`.
-    auto charge = [&mark](absl::Duration& phase) {
-      const absl::Time now = absl::Now();
-      phase += now - mark;
-      mark = now;
-    };
-    ZeroGradientsInPlace(parameters);
-    charge(times.optimizer);
-    double local_loss = 0;
-    for (int m = 0; m < k; ++m) {
-      const int64_t begin = (step_in_epoch * k + m) * b;
-      const at::Tensor indices = at::from_blob(shard.data() + begin, {b}, at::kLong);
-      const ModelInputs inputs = InputRowsOn(train_, indices, o.device);
-      const at::Tensor targets = RowsOn(train_.targets, indices, o.device);
-      charge(times.batch);
-      at::Tensor micro_loss;
-      {
-        AutocastScope autocast(o.precision, on_cuda_);
-        micro_loss = model_->Loss(inputs, targets);
-        if (autocast.active()) micro_loss = micro_loss.to(at::kFloat);
-      }
-      charge(times.forward);
-      synchronizer_->BeforeBackward(m == k - 1);
-      // Scaled so that the accumulated gradient is the mean over the step's k*b samples.
-      at::Tensor objective = micro_loss / k;
-      if (scaler_ != nullptr) objective = scaler_->Scale(objective);
-      objective.backward();
-      local_loss += micro_loss.item<double>() / k;
-      charge(times.backward);
-    }
-    absl::StatusOr<double> global_loss = synchronizer_->Synchronize(local_loss);
-    charge(times.synchronize);
+    if (absl::Status s = BeforeStep(step); !s.ok()) return s;
+    PhaseClock clock;
+    absl::StatusOr<at::Tensor> local_loss = ForwardAndBackward(step, clock, run.times);
+    if (!local_loss.ok()) return local_loss.status();
+    absl::StatusOr<at::Tensor> global_loss = synchronizer_->SynchronizeWithLoss(*local_loss);
+    clock.Charge(run.times.synchronize);
     if (!global_loss.ok()) {
       return absl::Status(global_loss.status().code(),
                           absl::StrCat("step ", step, ": ", global_loss.status().message()));
     }
-    loss = *global_loss;
+    run.loss = global_loss->item<double>();
     // Every rank sees the same global loss, so every rank stops here together.
-    if (!std::isfinite(loss)) {
-      return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
+    if (!std::isfinite(run.loss)) {
+      return absl::InternalError(absl::StrCat("loss is ", run.loss, " at step ", step,
                                               " (learning rate ", o.learning_rate, " too high?)"));
     }
-    bool stepped = true;
-    if (scaler_ != nullptr) {
-      // The gradients are already the means over ranks, so every rank reaches the same verdict.
-      const double scale = scaler_->scale();
-      stepped = scaler_->UnscaleStepAndUpdate(parameters, [this] { optimizer_->step(); });
-      if (!stepped) {
-        sink_->OnLog(absl::StrCat("step ", step, ": inf/NaN gradients at loss scale ", scale,
-                                  "; optimizer step skipped, loss scale now ", scaler_->scale()));
-      }
-    } else {
-      optimizer_->step();
-    }
-    if (stepped && o.optimizer_state_sharding != nullptr) {
-      if (absl::Status s = o.optimizer_state_sharding->ShareSteppedParameters(); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
-      }
-    }
-    charge(times.optimizer);
-    samples_since_report += b * k;
+    if (absl::Status s = StepOptimizer(step); !s.ok()) return s;
+    clock.Charge(run.times.optimizer);
+    run.samples_since_report += o.per_device_batch * o.grad_accum_steps;
     if (absl::Status s = MaybeCheckpoint(step); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("checkpoint of step ", step, ": ", s.message()));
     }
+    MaybeReportProgress(step, run);
+  }
+  return FinishRun(run);
+}
 
-    const absl::Time now = absl::Now();
-    if (throttle.ShouldReport(step, o.total_steps, now)) {
-      const double seconds = absl::ToDoubleSeconds(now - last_report);
-      StepProgress progress;
-      progress.rank = o.rank;
-      progress.step = step;
-      progress.total_steps = o.total_steps;
-      progress.epoch = static_cast<int32_t>(epoch + 1);
-      progress.loss = loss;
-      progress.samples_per_second = seconds > 0 ? samples_since_report / seconds : 0;
-      progress.step_seconds = seconds / static_cast<double>(std::max<int64_t>(1, step - step_at_report));
-      progress.exposed_communication_share =
-          seconds > 0 ? absl::ToDoubleSeconds(times.synchronize - synchronizing_at_report) / seconds : 0;
-      sink_->OnProgress(progress);
-      last_report = now;
-      samples_since_report = 0;
-      step_at_report = step;
-      synchronizing_at_report = times.synchronize;
+absl::Status Trainer::BeforeStep(int64_t step) {
+  if (stop_requested_.load()) return absl::CancelledError(absl::StrCat("stopped before step ", step));
+  MaybeInjectFault(step);
+  if (stop_requested_.load()) return absl::CancelledError(absl::StrCat("stopped before step ", step));
+  return absl::OkStatus();
+}
+
+const std::vector<int64_t>& Trainer::EpochShard(int64_t epoch) {
+  if (epoch != epoch_shard_epoch_) {
+    epoch_shard_ = sampler_.EpochIndices(epoch);
+    epoch_shard_epoch_ = epoch;
+  }
+  return epoch_shard_;
+}
+
+absl::StatusOr<at::Tensor> Trainer::ForwardAndBackward(int64_t step, PhaseClock& clock,
+                                                       TrainResult::StepTimes& times) {
+  const TrainerOptions& o = options_;
+  const int64_t b = o.per_device_batch;
+  const int k = o.grad_accum_steps;
+  const std::vector<int64_t>& shard = EpochShard((step - 1) / o.steps_per_epoch);
+  const int64_t step_in_epoch = (step - 1) % o.steps_per_epoch;
+  ZeroGradientsInPlace(parameters_);
+  clock.Charge(times.optimizer);
+  // This rank's mean loss over the step's micro-batches, summed in float64 on the device as it
+  // would be on the host, so that the host reads it once, after the all-reduce.
+  at::Tensor local_loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(o.device));
+  for (int m = 0; m < k; ++m) {
+    const int64_t begin = (step_in_epoch * k + m) * b;
+    const at::Tensor indices = at::from_blob(const_cast<int64_t*>(shard.data()) + begin, {b}, at::kLong);
+    const ModelInputs inputs = InputRowsOn(train_, indices, o.device);
+    const at::Tensor targets = RowsOn(train_.targets, indices, o.device);
+    clock.Charge(times.batch);
+    at::Tensor micro_loss;
+    {
+      AutocastScope autocast(o.precision, on_cuda_);
+      micro_loss = model_->Loss(inputs, targets);
+      if (autocast.active()) micro_loss = micro_loss.to(at::kFloat);
+    }
+    clock.Charge(times.forward);
+    synchronizer_->BeforeBackward(m == k - 1);
+    // Scaled so that the accumulated gradient is the mean over the step's k*b samples.
+    at::Tensor objective = micro_loss / k;
+    if (scaler_ != nullptr) objective = scaler_->Scale(objective);
+    objective.backward();
+    local_loss += micro_loss.detach().to(at::kDouble) / k;
+    clock.Charge(times.backward);
+  }
+  return local_loss;
+}
+
+absl::Status Trainer::StepOptimizer(int64_t step) {
+  bool stepped = true;
+  if (scaler_ != nullptr) {
+    // The gradients are already the means over ranks, so every rank reaches the same verdict.
+    const double scale = scaler_->scale();
+    stepped = scaler_->UnscaleStepAndUpdate(parameters_, [this] { optimizer_->step(); });
+    if (!stepped) {
+      sink_->OnLog(absl::StrCat("step ", step, ": inf/NaN gradients at loss scale ", scale,
+                                "; optimizer step skipped, loss scale now ", scaler_->scale()));
+    }
+  } else {
+    optimizer_->step();
+  }
+  if (stepped && options_.optimizer_state_sharding != nullptr) {
+    if (absl::Status s = options_.optimizer_state_sharding->ShareSteppedParameters(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
     }
   }
+  return absl::OkStatus();
+}
 
+void Trainer::MaybeReportProgress(int64_t step, RunState& run) {
+  const absl::Time now = absl::Now();
+  if (!run.throttle.ShouldReport(step, options_.total_steps, now)) return;
+  const double seconds = absl::ToDoubleSeconds(now - run.last_report);
+  StepProgress progress;
+  progress.rank = options_.rank;
+  progress.step = step;
+  progress.total_steps = options_.total_steps;
+  progress.epoch = static_cast<int32_t>((step - 1) / options_.steps_per_epoch + 1);
+  progress.loss = run.loss;
+  progress.samples_per_second = seconds > 0 ? run.samples_since_report / seconds : 0;
+  progress.step_seconds = seconds / static_cast<double>(std::max<int64_t>(1, step - run.step_at_report));
+  progress.exposed_communication_share =
+      seconds > 0 ? absl::ToDoubleSeconds(run.times.synchronize - run.synchronizing_at_report) / seconds : 0;
+  sink_->OnProgress(progress);
+  run.last_report = now;
+  run.samples_since_report = 0;
+  run.step_at_report = step;
+  run.synchronizing_at_report = run.times.synchronize;
+}
+
+absl::StatusOr<TrainResult> Trainer::FinishRun(const RunState& run) {
+  const TrainerOptions& o = options_;
   TrainResult result;
   result.steps = o.total_steps;
-  result.final_loss = loss;
-  result.train_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  result.final_loss = run.loss;
+  result.train_seconds = absl::ToDoubleSeconds(absl::Now() - run.start);
   result.parameter_checksum = ParameterChecksum(*model_);
-  result.step_times = times;
+  result.step_times = run.times;
   if (scaler_ != nullptr) {
     result.skipped_steps = scaler_->skipped_steps();
     result.loss_scale = scaler_->scale();
   }
+  const TrainResult::StepTimes& times = run.times;
   if (o.total_steps > start_step_) {
     sink_->OnLog(absl::StrFormat(
         "step time: batch %.1f%%, forward %.1f%%, backward %.1f%%, synchronize %.1f%%, optimizer %.1f%% "
@@ -541,17 +581,21 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
     sink_->OnLog(absl::StrCat("loss scaling: ", result.skipped_steps, " optimizer steps skipped, final scale ",
                               result.loss_scale));
   }
-  if (test_.has_value()) {
-    // On the training device, moved once (a no-op on the CPU); the models batch it from there.
-    const TensorDataset test = test_->To(o.device);
-    absl::StatusOr<Evaluation> evaluation = model_->Evaluate(test, o.eval_batch);
-    if (!evaluation.ok()) return evaluation.status();
-    sink_->OnLog(evaluation->summary);
-    result.has_test_accuracy = evaluation->accuracy.has_value();
-    result.test_accuracy = evaluation->accuracy.value_or(0);
-    result.test_metrics = evaluation->metrics;
-  }
+  if (absl::Status s = EvaluateTestSet(result); !s.ok()) return s;
   return result;
+}
+
+absl::Status Trainer::EvaluateTestSet(TrainResult& result) {
+  if (!test_.has_value()) return absl::OkStatus();
+  // On the training device, moved once (a no-op on the CPU); the models batch it from there.
+  const TensorDataset test = test_->To(options_.device);
+  absl::StatusOr<Evaluation> evaluation = model_->Evaluate(test, options_.eval_batch);
+  if (!evaluation.ok()) return evaluation.status();
+  sink_->OnLog(evaluation->summary);
+  result.has_test_accuracy = evaluation->accuracy.has_value();
+  result.test_accuracy = evaluation->accuracy.value_or(0);
+  result.test_metrics = evaluation->metrics;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> EvaluateAccuracy(Model& model, const TensorDataset& set, int64_t batch) {

@@ -153,9 +153,28 @@ class Trainer {
           std::unique_ptr<torch::optim::Optimizer> optimizer, GradientSynchronizer* synchronizer,
           ProgressSink* sink);
 
+  struct RunState;
+  class PhaseClock;
+
+  // The loop: each step's parts below, in order.
   absl::StatusOr<TrainResult> RunUnchecked();
+  // Cancelled when a stop was requested; runs the spec's fault injection.
+  absl::Status BeforeStep(int64_t step);
   // Fault injection: ends the process before `step` when the spec says so.
   void MaybeInjectFault(int64_t step);
+  // Zeroes the gradients and runs the step's micro-batches, forward and backward; returns this rank's
+  // mean loss over them (float64, on the device).
+  absl::StatusOr<at::Tensor> ForwardAndBackward(int64_t step, PhaseClock& clock, TrainResult::StepTimes& times);
+  // This rank's sample indices for `epoch`, computed once per epoch.
+  const std::vector<int64_t>& EpochShard(int64_t epoch);
+  // The optimizer step (skipped under loss scaling when a gradient is not finite), then the stepped
+  // parameters shared when the optimizer states are sharded. An error means a collective failed.
+  absl::Status StepOptimizer(int64_t step);
+  // A progress report after `step` when the throttle lets one through.
+  void MaybeReportProgress(int64_t step, RunState& run);
+  // After the last step: the run's figures and logs, and rank 0's evaluation.
+  absl::StatusOr<TrainResult> FinishRun(const RunState& run);
+  absl::Status EvaluateTestSet(TrainResult& result);
   // Rank 0's checkpoint after `step` (with sharded states, every rank's share first); a failed
   // write is logged and training goes on. An error means a collective failed.
   absl::Status MaybeCheckpoint(int64_t step);
@@ -174,6 +193,10 @@ class Trainer {
   ProgressSink* sink_;
   // With sharded optimizer states: which of the model's parameters this rank's optimizer steps.
   std::optional<OptimizerShard> shard_;
+  // Every parameter of the model, in registration order (the ones the optimizer steps or not).
+  const std::vector<at::Tensor> parameters_;
+  std::vector<int64_t> epoch_shard_;
+  int64_t epoch_shard_epoch_ = -1;
   std::atomic<bool> stop_requested_{false};
   int64_t start_step_ = 0;
   int64_t current_step_ = 0;
