@@ -108,21 +108,6 @@ absl::Status CheckModelDevice(const Model& model, const c10::Device& device) {
   return absl::OkStatus();
 }
 
-// Rows `indices` of a host tensor, on `device`. The gather makes a fresh pageable tensor, so a
-// non_blocking copy to CUDA is still synchronous with respect to the host; pinning it first would
-// cost another host copy per micro-batch, which only pays off with a prefetching loader. On the CPU
-// the move is a no-op.
-at::Tensor RowsOn(const at::Tensor& host, const at::Tensor& indices, const c10::Device& device) {
-  return host.index_select(0, indices).to(at::TensorOptions().device(device), /*non_blocking=*/true);
-}
-
-ModelInputs InputRowsOn(const TensorDataset& host, const at::Tensor& indices, const c10::Device& device) {
-  ModelInputs inputs;
-  inputs.reserve(host.inputs.size());
-  for (const at::Tensor& input : host.inputs) inputs.push_back(RowsOn(input, indices, device));
-  return inputs;
-}
-
 // Zeroes every parameter's gradient, keeping the tensors: the bucketed reducer's gradients are views
 // into its buckets (worker/ddp/bucketed_reducer.h), and set to None (Optimizer::zero_grad's default
 // from LibTorch 2.0) they would be allocated anew by the next backward, beside the buckets, every
@@ -204,6 +189,10 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& o, int64_t train_size)
   if (o.checkpoint_every_steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("spec.checkpoint.every_steps: must be >= 0 (got ",
                                                    o.checkpoint_every_steps, ")"));
+  }
+  if (o.loss_check_interval_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("loss check interval must be >= 0 (got ",
+                                                   o.loss_check_interval_steps, ")"));
   }
   if (o.eval_batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("eval batch must be >= 1 (got ", o.eval_batch, ")"));
@@ -290,6 +279,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options,
                                                       std::move(test), *std::move(sampler),
                                                       *std::move(optimizer), synchronizer, sink));
   trainer->on_cuda_ = on_cuda;
+  trainer->loss_check_interval_ = trainer->options_.loss_check_interval_steps > 0
+                                      ? trainer->options_.loss_check_interval_steps
+                                      : (on_cuda ? kGpuLossCheckSteps : 1);
   trainer->scaler_ = std::move(scaler);
   trainer->shard_ = std::move(shard);
   return trainer;
@@ -410,8 +402,8 @@ struct Trainer::RunState {
   int64_t samples_since_report = 0;
   int64_t step_at_report = 0;
   absl::Duration synchronizing_at_report;
-  // The global loss of the last step.
-  double loss = 0;
+  // The global losses, read back when a figure needs them.
+  LossReadback losses;
 };
 
 // Charges the time since the last mark to a phase of the step.
@@ -430,6 +422,7 @@ class Trainer::PhaseClock {
 absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   const TrainerOptions& o = options_;
   model_->train();
+  if (absl::Status s = StartMicroBatches(); !s.ok()) return s;
   RunState run(o.progress_interval);
   run.start = absl::Now();
   run.last_report = run.start;
@@ -446,11 +439,9 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
       return absl::Status(global_loss.status().code(),
                           absl::StrCat("step ", step, ": ", global_loss.status().message()));
     }
-    run.loss = global_loss->item<double>();
-    // Every rank sees the same global loss, so every rank stops here together.
-    if (!std::isfinite(run.loss)) {
-      return absl::InternalError(absl::StrCat("loss is ", run.loss, " at step ", step,
-                                              " (learning rate ", o.learning_rate, " too high?)"));
+    run.losses.Add(step, *global_loss);
+    if (LossCheckDue(step, o.total_steps, loss_check_interval_, o.checkpoint_every_steps)) {
+      if (absl::Status s = CheckLosses(run); !s.ok()) return s;
     }
     if (absl::Status s = StepOptimizer(step); !s.ok()) return s;
     clock.Charge(run.times.optimizer);
@@ -463,6 +454,20 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   return FinishRun(run);
 }
 
+absl::Status Trainer::StartMicroBatches() {
+  MicroBatchOrder order;
+  order.first_step = start_step_ + 1;
+  order.total_steps = options_.total_steps;
+  order.steps_per_epoch = options_.steps_per_epoch;
+  order.grad_accum_steps = options_.grad_accum_steps;
+  order.per_device_batch = options_.per_device_batch;
+  absl::StatusOr<std::unique_ptr<MicroBatchSource>> batches =
+      CreateMicroBatchSource(options_.data_placement, train_, sampler_, order, options_.device);
+  if (!batches.ok()) return batches.status();
+  batches_ = *std::move(batches);
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::BeforeStep(int64_t step) {
   if (stop_requested_.load()) return absl::CancelledError(absl::StrCat("stopped before step ", step));
   MaybeInjectFault(step);
@@ -470,36 +475,23 @@ absl::Status Trainer::BeforeStep(int64_t step) {
   return absl::OkStatus();
 }
 
-const std::vector<int64_t>& Trainer::EpochShard(int64_t epoch) {
-  if (epoch != epoch_shard_epoch_) {
-    epoch_shard_ = sampler_.EpochIndices(epoch);
-    epoch_shard_epoch_ = epoch;
-  }
-  return epoch_shard_;
-}
-
 absl::StatusOr<at::Tensor> Trainer::ForwardAndBackward(int64_t step, PhaseClock& clock,
                                                        TrainResult::StepTimes& times) {
   const TrainerOptions& o = options_;
-  const int64_t b = o.per_device_batch;
   const int k = o.grad_accum_steps;
-  const std::vector<int64_t>& shard = EpochShard((step - 1) / o.steps_per_epoch);
-  const int64_t step_in_epoch = (step - 1) % o.steps_per_epoch;
   ZeroGradientsInPlace(parameters_);
   clock.Charge(times.optimizer);
   // This rank's mean loss over the step's micro-batches, summed in float64 on the device as it
   // would be on the host, so that the host reads it once, after the all-reduce.
   at::Tensor local_loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(o.device));
   for (int m = 0; m < k; ++m) {
-    const int64_t begin = (step_in_epoch * k + m) * b;
-    const at::Tensor indices = at::from_blob(const_cast<int64_t*>(shard.data()) + begin, {b}, at::kLong);
-    const ModelInputs inputs = InputRowsOn(train_, indices, o.device);
-    const at::Tensor targets = RowsOn(train_.targets, indices, o.device);
+    absl::StatusOr<MicroBatch> batch = batches_->Get(step, m);
+    if (!batch.ok()) return batch.status();
     clock.Charge(times.batch);
     at::Tensor micro_loss;
     {
       AutocastScope autocast(o.precision, on_cuda_);
-      micro_loss = model_->Loss(inputs, targets);
+      micro_loss = model_->Loss(batch->inputs, batch->targets);
       if (autocast.active()) micro_loss = micro_loss.to(at::kFloat);
     }
     clock.Charge(times.forward);
@@ -535,6 +527,17 @@ absl::Status Trainer::StepOptimizer(int64_t step) {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::CheckLosses(RunState& run) {
+  run.losses.ReadAll();
+  // Every rank holds the same global losses and checks after the same steps, so every rank stops
+  // here together.
+  if (const std::optional<LossReadback::NonFinite>& bad = run.losses.first_non_finite(); bad.has_value()) {
+    return absl::InternalError(absl::StrCat("loss is ", bad->loss, " at step ", bad->step, " (learning rate ",
+                                            options_.learning_rate, " too high?)"));
+  }
+  return absl::OkStatus();
+}
+
 void Trainer::MaybeReportProgress(int64_t step, RunState& run) {
   const absl::Time now = absl::Now();
   if (!run.throttle.ShouldReport(step, options_.total_steps, now)) return;
@@ -544,7 +547,8 @@ void Trainer::MaybeReportProgress(int64_t step, RunState& run) {
   progress.step = step;
   progress.total_steps = options_.total_steps;
   progress.epoch = static_cast<int32_t>((step - 1) / options_.steps_per_epoch + 1);
-  progress.loss = run.loss;
+  run.losses.ReadAll();
+  progress.loss = run.losses.last_loss();
   progress.samples_per_second = seconds > 0 ? run.samples_since_report / seconds : 0;
   progress.step_seconds = seconds / static_cast<double>(std::max<int64_t>(1, step - run.step_at_report));
   progress.exposed_communication_share =
@@ -556,11 +560,12 @@ void Trainer::MaybeReportProgress(int64_t step, RunState& run) {
   run.synchronizing_at_report = run.times.synchronize;
 }
 
-absl::StatusOr<TrainResult> Trainer::FinishRun(const RunState& run) {
+absl::StatusOr<TrainResult> Trainer::FinishRun(RunState& run) {
   const TrainerOptions& o = options_;
+  run.losses.ReadAll();  // already read at the last step, which always checks
   TrainResult result;
   result.steps = o.total_steps;
-  result.final_loss = run.loss;
+  result.final_loss = run.losses.last_loss();
   result.train_seconds = absl::ToDoubleSeconds(absl::Now() - run.start);
   result.parameter_checksum = ParameterChecksum(*model_);
   result.step_times = run.times;

@@ -20,6 +20,8 @@
 #include "worker/ddp/optimizer_state_sharding.h"
 #include "worker/models/model.h"
 #include "worker/trainer/grad_scaler.h"
+#include "worker/trainer/loss_readback.h"
+#include "worker/trainer/micro_batches.h"
 #include "worker/trainer/progress_sink.h"
 
 namespace torch::optim {
@@ -35,6 +37,9 @@ struct TrainerOptions {
   // Where this rank computes (the plan's device_ids[rank]): the model's parameters must already be
   // there (Create checks); micro-batches and the test set are moved there from host memory.
   c10::Device device = c10::Device(c10::kCPU);
+  // Where the training set lives while the rank trains (worker/trainer/micro_batches.h): on the host
+  // (the CPU's way), or on a GPU, moved there once, or gathered ahead into pinned host memory.
+  DataPlacement data_placement = DataPlacement::kHost;
   int64_t per_device_batch = 0;
   int grad_accum_steps = 1;
   // plan.learning_rate (already scaled for the global batch); optimizer.lr is not used.
@@ -48,6 +53,12 @@ struct TrainerOptions {
   fitrun::v1::FaultInjection fault_injection;
   // Progress goes to the sink at most this often, plus the first and the last step.
   absl::Duration progress_interval = absl::Milliseconds(250);
+  // How often, in steps, the host reads the global losses back and stops on one that is not finite
+  // (worker/trainer/loss_readback.h): 0 chooses every step on the CPU, where a read costs nothing,
+  // and every kGpuLossCheckSteps on a GPU, where each read makes the host wait for the device. A
+  // progress report reads its own step's loss whenever it goes out, and checkpoints and the last
+  // step always check.
+  int64_t loss_check_interval_steps = 0;
   // Test samples per evaluation forward pass (fitrun-worker uses the per-device batch).
   int64_t eval_batch = 1000;
   // spec.precision: FP32 (or UNSPECIFIED) everywhere, or autocast for forward and loss (parameters,
@@ -72,6 +83,10 @@ struct TrainerOptions {
   // for more than is left (it throws c10::OutOfMemoryError). Tests replace it.
   std::function<void()> exhaust_memory;
 };
+
+// TrainerOptions::loss_check_interval_steps on a GPU: a diverging run goes on for at most this many
+// steps before it stops, and the host waits for the device once per this many steps.
+inline constexpr int64_t kGpuLossCheckSteps = 50;
 
 // What a rank reports when it finishes.
 struct TrainResult {
@@ -158,6 +173,8 @@ class Trainer {
 
   // The loop: each step's parts below, in order.
   absl::StatusOr<TrainResult> RunUnchecked();
+  // Where the micro-batches come from, for a run starting after start_step_.
+  absl::Status StartMicroBatches();
   // Cancelled when a stop was requested; runs the spec's fault injection.
   absl::Status BeforeStep(int64_t step);
   // Fault injection: ends the process before `step` when the spec says so.
@@ -165,15 +182,15 @@ class Trainer {
   // Zeroes the gradients and runs the step's micro-batches, forward and backward; returns this rank's
   // mean loss over them (float64, on the device).
   absl::StatusOr<at::Tensor> ForwardAndBackward(int64_t step, PhaseClock& clock, TrainResult::StepTimes& times);
-  // This rank's sample indices for `epoch`, computed once per epoch.
-  const std::vector<int64_t>& EpochShard(int64_t epoch);
   // The optimizer step (skipped under loss scaling when a gradient is not finite), then the stepped
   // parameters shared when the optimizer states are sharded. An error means a collective failed.
   absl::Status StepOptimizer(int64_t step);
+  // Reads the pending losses; Internal when one was not finite, naming its step.
+  absl::Status CheckLosses(RunState& run);
   // A progress report after `step` when the throttle lets one through.
   void MaybeReportProgress(int64_t step, RunState& run);
   // After the last step: the run's figures and logs, and rank 0's evaluation.
-  absl::StatusOr<TrainResult> FinishRun(const RunState& run);
+  absl::StatusOr<TrainResult> FinishRun(RunState& run);
   absl::Status EvaluateTestSet(TrainResult& result);
   // Rank 0's checkpoint after `step` (with sharded states, every rank's share first); a failed
   // write is logged and training goes on. An error means a collective failed.
@@ -183,6 +200,8 @@ class Trainer {
   std::shared_ptr<Model> model_;
   // Whether options_.device is a CUDA device: picks CUDA autocast over CPU autocast.
   bool on_cuda_ = false;
+  // options_.loss_check_interval_steps, resolved for the device.
+  int64_t loss_check_interval_ = 1;
   // Set when loss scaling is on (FP16 on CUDA, or TrainerOptions::loss_scaling).
   std::unique_ptr<GradScaler> scaler_;
   TensorDataset train_;
@@ -195,8 +214,8 @@ class Trainer {
   std::optional<OptimizerShard> shard_;
   // Every parameter of the model, in registration order (the ones the optimizer steps or not).
   const std::vector<at::Tensor> parameters_;
-  std::vector<int64_t> epoch_shard_;
-  int64_t epoch_shard_epoch_ = -1;
+  // Set when Run starts, from where its first step is.
+  std::unique_ptr<MicroBatchSource> batches_;
   std::atomic<bool> stop_requested_{false};
   int64_t start_step_ = 0;
   int64_t current_step_ = 0;

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/memory/capped_allocator.h"
 #include "worker/trainer/fake_progress_sink.h"
@@ -215,6 +216,31 @@ TEST_F(TrainerTest, DivergingLossIsAnError) {
   absl::StatusOr<TrainResult> result = (*trainer)->Run();
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
   EXPECT_TRUE(absl::StrContains(result.status().message(), "loss is")) << result.status();
+}
+
+// On a GPU the host reads the losses back only every few steps: a diverging run then stops at the
+// next such step, every rank at the same one, and says the same as a run that checked every step.
+TEST_F(TrainerTest, DivergingLossChecksEveryFewStepsNameTheSameStep) {
+  TrainerOptions options = BaseOptions();
+  options.learning_rate = 1e12;
+  options.progress_interval = absl::Hours(1);  // no report reads in between, but the first step's
+  auto every_step = Make(options, false);
+  ASSERT_TRUE(every_step.ok());
+  const absl::Status checked_each = (*every_step)->Run().status();
+  ASSERT_EQ(checked_each.code(), absl::StatusCode::kInternal);
+  const int64_t diverged_at = (*every_step)->current_step();
+  ASSERT_LT(diverged_at, 5) << checked_each;
+
+  options.loss_check_interval_steps = 5;
+  auto every_five = Make(options, false);
+  ASSERT_TRUE(every_five.ok());
+  const absl::Status checked_later = (*every_five)->Run().status();
+  EXPECT_EQ(checked_later, checked_each);
+  EXPECT_TRUE(absl::StrContains(checked_later.message(), absl::StrCat("at step ", diverged_at))) << checked_later;
+  EXPECT_EQ((*every_five)->current_step(), 5);
+
+  options.loss_check_interval_steps = -1;
+  EXPECT_EQ(Make(options, false).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The trainer runs on the device its options name and refuses a model that is not there (the meta
