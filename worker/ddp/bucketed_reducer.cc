@@ -180,7 +180,9 @@ void BucketedReducer::LaunchReadyBuckets(bool include_last) {
          (include_last || next_bucket_ < last)) {
     Bucket& bucket = buckets_[next_bucket_];
     at::NoGradGuard no_grad;
+    const absl::Time start = absl::Now();
     bucket.reduction = hook_->Start(bucket.view);
+    stats_.start_time += absl::Now() - start;
     ++next_bucket_;
   }
 }
@@ -262,5 +264,7 @@ BucketedReducer::CommStats BucketedReducer::comm_stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;
 }
+
+absl::Duration BucketedReducer::ExposedCommunication() const { return comm_stats().exposed(); }
 
 }  // namespace fitrun::worker

@@ -69,10 +69,15 @@ class BucketedReducer final : public GradientSynchronizer {
     CommHookOptions comm_hook;
   };
 
-  // Time the training thread spent blocked on communication, for the exposed-communication share.
+  // Time the training thread spent on communication, for the exposed-communication share.
   struct CommStats {
     int64_t synchronized_steps = 0;
+    // In the hooks' Start, from backward's gradient hooks and Synchronize: handing a bucket to Gloo's
+    // or NCCL's thread (and a compressing hook's casts), or, through shared memory, the whole sum,
+    // which runs on the training thread.
+    absl::Duration start_time;
     absl::Duration wait_time;  // inside Synchronize, waiting for the buckets' all-reduce
+    absl::Duration exposed() const { return start_time + wait_time; }
   };
 
   // `parameters` in registration order, the same on every rank; those that do not require gradients
@@ -97,6 +102,8 @@ class BucketedReducer final : public GradientSynchronizer {
   // Parameter indices (into the Create() list of trained parameters) of each bucket, in launch order.
   std::vector<std::vector<int>> BucketLayout() const;
   CommStats comm_stats() const;
+  // comm_stats().exposed().
+  absl::Duration ExposedCommunication() const override;
   // The communication hook, for logs ("none", "fp16", "powersgd (rank 1, ...)").
   std::string CommHookDescription() const;
 

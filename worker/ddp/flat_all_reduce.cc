@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "worker/ddp/c10d_status.h"
 
 namespace fitrun::worker {
@@ -40,6 +41,13 @@ FlatAllReduceSynchronizer::FlatAllReduceSynchronizer(c10::intrusive_ptr<c10d::Pr
     : group_(std::move(group)), parameters_(std::move(parameters)), flat_(std::move(flat)) {}
 
 absl::StatusOr<at::Tensor> FlatAllReduceSynchronizer::SynchronizeWithLoss(const at::Tensor& local_loss) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<at::Tensor> mean = AllReduce(local_loss);
+  exposed_ += absl::Now() - start;
+  return mean;
+}
+
+absl::StatusOr<at::Tensor> FlatAllReduceSynchronizer::AllReduce(const at::Tensor& local_loss) {
   try {
     at::NoGradGuard no_grad;
     int64_t offset = 0;

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace fitrun::worker {
 
@@ -34,6 +35,11 @@ class GradientSynchronizer {
   // out; the process group is not usable afterwards), or, ResourceExhausted, that the device's memory
   // ran out.
   virtual absl::StatusOr<at::Tensor> SynchronizeWithLoss(const at::Tensor& local_loss) = 0;
+
+  // How long the training thread has been held up by communication so far, over every step: the
+  // collectives it ran or started itself and its waits for those backward did not hide. Zero for a
+  // synchronizer that communicates with no one.
+  virtual absl::Duration ExposedCommunication() const { return absl::ZeroDuration(); }
 
   // The same for a loss held on the host, the mean read back (tests, and callers without a device).
   absl::StatusOr<double> Synchronize(double local_loss) {

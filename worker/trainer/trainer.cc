@@ -401,7 +401,8 @@ struct Trainer::RunState {
   absl::Time last_report;
   int64_t samples_since_report = 0;
   int64_t step_at_report = 0;
-  absl::Duration synchronizing_at_report;
+  // The synchronizer's exposed communication at the last report.
+  absl::Duration exposed_at_report;
   // The global losses, read back when a figure needs them.
   LossReadback losses;
 };
@@ -427,6 +428,7 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   run.start = absl::Now();
   run.last_report = run.start;
   run.step_at_report = start_step_;
+  run.exposed_at_report = synchronizer_->ExposedCommunication();
   for (int64_t step = start_step_ + 1; step <= o.total_steps; ++step) {
     current_step_ = step;
     if (absl::Status s = BeforeStep(step); !s.ok()) return s;
@@ -551,13 +553,14 @@ void Trainer::MaybeReportProgress(int64_t step, RunState& run) {
   progress.loss = run.losses.last_loss();
   progress.samples_per_second = seconds > 0 ? run.samples_since_report / seconds : 0;
   progress.step_seconds = seconds / static_cast<double>(std::max<int64_t>(1, step - run.step_at_report));
+  const absl::Duration exposed = synchronizer_->ExposedCommunication();
   progress.exposed_communication_share =
-      seconds > 0 ? absl::ToDoubleSeconds(run.times.synchronize - run.synchronizing_at_report) / seconds : 0;
+      seconds > 0 ? absl::ToDoubleSeconds(exposed - run.exposed_at_report) / seconds : 0;
   sink_->OnProgress(progress);
   run.last_report = now;
   run.samples_since_report = 0;
   run.step_at_report = step;
-  run.synchronizing_at_report = run.times.synchronize;
+  run.exposed_at_report = exposed;
 }
 
 absl::StatusOr<TrainResult> Trainer::FinishRun(RunState& run) {

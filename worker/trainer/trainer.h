@@ -107,7 +107,7 @@ struct TrainResult {
     absl::Duration batch;        // assembling micro-batches from the shard
     absl::Duration forward;      // forward and loss (under autocast when asked)
     absl::Duration backward;     // backward, including the reducer's hooks and bucket launches
-    absl::Duration synchronize;  // GradientSynchronizer::Synchronize: waiting for the all-reduce
+    absl::Duration synchronize;  // GradientSynchronizer::SynchronizeWithLoss: the last bucket's and the wait
     absl::Duration optimizer;    // zero_grad, unscaling and the optimizer step
   };
   StepTimes step_times;
