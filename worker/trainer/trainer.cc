@@ -19,28 +19,42 @@
 #include "absl/time/clock.h"
 #include "worker/memory/oom_error.h"
 #include "worker/torch_compat.h"
+#include "worker/trainer/fused_optimizers.h"
 
 namespace fitrun::worker {
 namespace {
 
+// torch::optim's optimizer of the spec's kind, or its fused form (the same state, one kernel a step).
+template <typename PlainT, typename FusedT, typename OptionsT>
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(bool fused, std::vector<at::Tensor> parameters,
+                                                       const OptionsT& options) {
+  if (fused) return std::make_unique<FusedT>(std::move(parameters), options);
+  return std::make_unique<PlainT>(std::move(parameters), options);
+}
+
 absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> CreateOptimizer(
     const TrainerOptions& options, std::vector<at::Tensor> parameters) {
   const fitrun::v1::OptimizerSpec& spec = options.optimizer;
+  const bool fused =
+      options.fused_optimizer.value_or(options.device.is_cuda() && torch_compat::HasFusedOptimizerKernels());
+  if (fused && !torch_compat::HasFusedOptimizerKernels()) {
+    return absl::InvalidArgumentError(absl::StrCat("fused optimizer kernels: this LibTorch (", TORCH_VERSION,
+                                                   ") has none"));
+  }
   switch (spec.kind()) {
     case fitrun::v1::OPTIMIZER_KIND_UNSPECIFIED:
     case fitrun::v1::OPTIMIZER_KIND_SGD:
-      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::SGD(
-          std::move(parameters), torch::optim::SGDOptions(options.learning_rate)
-                                     .momentum(spec.momentum())
-                                     .weight_decay(spec.weight_decay())));
+      return MakeOptimizer<torch::optim::SGD, FusedSgd>(
+          fused, std::move(parameters),
+          torch::optim::SGDOptions(options.learning_rate).momentum(spec.momentum()).weight_decay(spec.weight_decay()));
     case fitrun::v1::OPTIMIZER_KIND_ADAM:
-      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::Adam(
-          std::move(parameters),
-          torch::optim::AdamOptions(options.learning_rate).weight_decay(spec.weight_decay())));
+      return MakeOptimizer<torch::optim::Adam, FusedAdam>(
+          fused, std::move(parameters),
+          torch::optim::AdamOptions(options.learning_rate).weight_decay(spec.weight_decay()));
     case fitrun::v1::OPTIMIZER_KIND_ADAMW:
-      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::AdamW(
-          std::move(parameters),
-          torch::optim::AdamWOptions(options.learning_rate).weight_decay(spec.weight_decay())));
+      return MakeOptimizer<torch::optim::AdamW, FusedAdamW>(
+          fused, std::move(parameters),
+          torch::optim::AdamWOptions(options.learning_rate).weight_decay(spec.weight_decay()));
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("spec.optimizer.kind: unknown optimizer ", static_cast<int>(spec.kind())));

@@ -50,6 +50,10 @@ struct TrainerOptions {
   uint64_t seed = 0;
   // kind, momentum and weight_decay; UNSPECIFIED means SGD.
   fitrun::v1::OptimizerSpec optimizer;
+  // The optimizer's step in fused kernels (worker/trainer/fused_optimizers.h): unset chooses them on
+  // a CUDA device where LibTorch has them (2.x); true asks for them on any device, and fails Create
+  // where LibTorch has none; false keeps torch::optim's step.
+  std::optional<bool> fused_optimizer;
   fitrun::v1::FaultInjection fault_injection;
   // Progress goes to the sink at most this often, plus the first and the last step.
   absl::Duration progress_interval = absl::Milliseconds(250);
