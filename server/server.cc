@@ -585,7 +585,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
     // Measure with the threads a rank gets, since intra-op threads take scratch memory of their own.
     const std::vector<fitrun::v1::Device> inventory = server->devices->Snapshot();
     probe_options.cpu_threads = inventory.empty() ? 1 : std::max(1, inventory.front().cpu_threads());
-    probe_options.script_device_id = ScriptProbeDeviceOf(inventory);
+    probe_options.probe_device_id = ProbeDeviceOf(inventory);
     absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> probe = ProcessMemoryProbe::Create(probe_options);
     if (!probe.ok()) return probe.status();
     server->memory_probe = *std::move(probe);
