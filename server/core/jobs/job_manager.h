@@ -37,6 +37,7 @@
 #include "server/core/device_inventory.h"
 #include "server/core/job_store.h"
 #include "server/core/jobs/admission.h"
+#include "server/core/jobs/open_jobs.h"
 #include "server/core/jobs/event_hub.h"
 #include "server/core/jobs/job_entry.h"
 #include "server/core/jobs/placement.h"
@@ -372,12 +373,14 @@ class JobManager {
   WorkerLauncher* const launcher_;
   CoordinatorMetrics* const metrics_;
   EventHub hub_;
+  // Immutable: specs are checked outside the lock (they read the spec's files).
+  const Admission admission_;
 
   absl::Mutex mu_;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
   // Job ids by submission order (for paging).
   std::map<int64_t, std::string> ids_by_order_ ABSL_GUARDED_BY(mu_);
-  Admission admission_ ABSL_GUARDED_BY(mu_);
+  OpenJobs open_jobs_ ABSL_GUARDED_BY(mu_);
   const ReportIngest ingest_;
   Retention retention_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> forgotten_ ABSL_GUARDED_BY(mu_);
