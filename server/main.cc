@@ -89,6 +89,13 @@ ABSL_FLAG(int64_t, max_rank_processes, 0,
           "limit, kernel.threads-max and pid_max, at most 32768); a spec asking for more is refused");
 ABSL_FLAG(int, max_jobs_per_user, 10000, "Jobs one user may have queued or running at once");
 ABSL_FLAG(int, max_streams_per_user, 1000, "Watch and log streams one user may have open at once");
+ABSL_FLAG(int64_t, retain_finished_jobs, 10000,
+          "Ended jobs kept, the newest by when they ended; older ones are deleted with their events from the "
+          "store (their directories stay). 0: every job is kept");
+ABSL_FLAG(int64_t, max_events_per_job, 100000,
+          "Events one job stores before its ranks' progress, log and checkpoint reports are no longer kept as "
+          "events (its progress still moves; state changes, plans, out-of-memory and final reports are always "
+          "kept). 0: no cap");
 ABSL_FLAG(std::string, cluster, "local",
           "Where ranks run: local (child processes of fitrund on this machine) or slurm (batch jobs on the Slurm "
           "cluster SLURM_CONF names, planned across its nodes)");
@@ -148,6 +155,8 @@ int main(int argc, char** argv) {
   options.max_jobs_per_user = absl::GetFlag(FLAGS_max_jobs_per_user);
   options.warm_ranks = absl::GetFlag(FLAGS_warm_ranks);
   options.max_streams_per_user = absl::GetFlag(FLAGS_max_streams_per_user);
+  options.retain_finished_jobs = absl::GetFlag(FLAGS_retain_finished_jobs);
+  options.max_events_per_job = absl::GetFlag(FLAGS_max_events_per_job);
   options.cluster = absl::GetFlag(FLAGS_cluster);
   options.slurm_partition = absl::GetFlag(FLAGS_slurm_partition);
   options.slurm_account = absl::GetFlag(FLAGS_slurm_account);

@@ -2,16 +2,20 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -255,6 +259,52 @@ absl::Status OnlyTraversable(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// Takes gRPC's reflection plugin out of a server's builder: linking its library installs it in
+// every server, so leaving it out means removing it.
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments* args) override { (void)args; }
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+                                    return dynamic_cast<grpc::reflection::ProtoServerReflectionPlugin*>(
+                                               plugin.get()) != nullptr;
+                                  }),
+                   plugins->end());
+  }
+};
+
+// The coordinators running on this machine now, by tag (CoordinatorTag of each fitrund process's
+// host and --state_dir, from /proc): a fitrund of any version is seen, whatever it recorded.
+std::set<std::string> LiveCoordinatorTags(const std::string& host) {
+  std::set<std::string> tags;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", std::filesystem::directory_options::skip_permission_denied)) {
+    const std::string pid = entry.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream comm(entry.path() / "comm");
+    std::string name;
+    if (!std::getline(comm, name) || name != "fitrund") continue;
+    std::ifstream cmdline(entry.path() / "cmdline", std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    const std::vector<std::string> args = absl::StrSplit(text, '\0');
+    std::string state_dir = "fitrun-state";  // the flag's default
+    for (size_t i = 0; i < args.size(); ++i) {
+      absl::string_view arg = absl::StripPrefix(absl::StripPrefix(args[i], "-"), "-");
+      if (absl::ConsumePrefix(&arg, "state_dir=")) {
+        state_dir = std::string(arg);
+      } else if (arg == "state_dir" && i + 1 < args.size()) {
+        state_dir = args[i + 1];
+      }
+    }
+    std::error_code error;
+    const std::filesystem::path cwd = std::filesystem::read_symlink(entry.path() / "cwd", error);
+    if (error) continue;
+    // As the process computed it: std::filesystem::absolute, its working directory joined.
+    tags.insert(SlurmLauncher::CoordinatorTag(host, (cwd / state_dir).string()));
+  }
+  return tags;
+}
+
 // --job_cgroups: whether attempts' processes get cgroups of their own, said on fitrund's log either
 // way. `on` refuses to start without them; `auto` uses them when fitrund is root and may.
 absl::Status StartJobCgroups(const ServerOptions& options, RunningServer* server) {
@@ -294,6 +344,14 @@ absl::Status StartJobCgroups(const ServerOptions& options, RunningServer* server
   }
   fprintf(stderr, "fitrund: job cgroups: %s\n", support.text.c_str());
   server->cgroups = std::move(support.cgroups);
+  // What coordinators that died (killed, or unable to empty them) left beside this one's.
+  const std::set<std::string> live = LiveCoordinatorTags(host);
+  const std::vector<std::string> removed =
+      server->cgroups->RemoveGoneCoordinators([&live](const std::string& tag) { return live.count(tag) > 0; });
+  if (!removed.empty()) {
+    fprintf(stderr, "fitrund: job cgroups: removed %zu empty cgroup(s) of coordinators no longer running (%s%s)\n",
+            removed.size(), removed.front().c_str(), removed.size() > 1 ? ", ..." : "");
+  }
   return absl::OkStatus();
 }
 
@@ -464,6 +522,13 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   }
   manager_options.data_roots.emplace(data_roots);
   manager_options.max_open_jobs_per_owner = options.max_jobs_per_user;
+  if (options.retain_finished_jobs < 0 || options.max_events_per_job < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.retain_finished_jobs < 0 ? "--retain_finished_jobs" : "--max_events_per_job",
+        ": 0 (no bound) or more (got ", std::min(options.retain_finished_jobs, options.max_events_per_job), ")"));
+  }
+  manager_options.retain_finished_jobs = options.retain_finished_jobs;
+  manager_options.max_events_per_job = options.max_events_per_job;
   if (options.min_account_uid < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--min_account_uid: at least 1, root's jobs never run as root (got ",
                                                    options.min_account_uid, ")"));
@@ -520,7 +585,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
     // Measure with the threads a rank gets, since intra-op threads take scratch memory of their own.
     const std::vector<fitrun::v1::Device> inventory = server->devices->Snapshot();
     probe_options.cpu_threads = inventory.empty() ? 1 : std::max(1, inventory.front().cpu_threads());
-    probe_options.script_device_id = ScriptProbeDeviceOf(inventory);
+    probe_options.probe_device_id = ProbeDeviceOf(inventory);
     absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> probe = ProcessMemoryProbe::Create(probe_options);
     if (!probe.ok()) return probe.status();
     server->memory_probe = *std::move(probe);
@@ -581,6 +646,9 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   // gRPC binds with SO_REUSEPORT by default, which would let a second fitrund share the port and take
   // half of the first one's connections: a port in use must stop the start instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Reflection lists every method and message to anyone who connects, before any credential is
+  // asked for: for a local fitrund's tools only, never a secured one's.
+  if (server->authenticator->secured()) builder.SetOption(std::make_unique<WithoutReflection>());
   int bound_port = 0;
   builder.AddListeningPort(server->address, *credentials, &bound_port);
   builder.RegisterService(server->coordinator_service.get());

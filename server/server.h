@@ -82,6 +82,10 @@ struct ServerOptions {
   // Idle warm ranks fitrund keeps at most (server/launcher/warm_ranks.h); 0: none.
   int warm_ranks = 0;
   int max_streams_per_user = 1000;
+  // Retention: ended jobs kept (0: all), and events one job stores before its ranks' chatter is no
+  // longer kept (0: no cap). See server/core/jobs/retention.h and report_ingest.h.
+  int64_t retain_finished_jobs = 10000;
+  int64_t max_events_per_job = 100000;
   // Where ranks run: "local" (this machine) or "slurm" (a Slurm cluster, the one SLURM_CONF names).
   std::string cluster = "local";
   // On Slurm: sbatch's --partition and --account, more sbatch arguments (split at whitespace), GPU

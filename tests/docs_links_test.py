@@ -502,7 +502,7 @@ DEFAULT_SOURCES = {
             "client/python/fitrun/contract.py", "server/launcher/slurm_launcher.cc",
             "worker/slurm/rank_shim.sh", "worker/CMakeLists.txt", "tools/demo.sh"],
     "other": ["server/bench/*.cc", "server/bench/*/*.cc", "worker/options.cc", "tools/bench/*.py",
-              ".bazelrc"],
+              "tools/bench/scripts/*.py", "deploy/examples/scripts/*/train.py", ".bazelrc"],
 }
 
 

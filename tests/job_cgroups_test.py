@@ -8,7 +8,9 @@ real fitrun-supervisor ranks and real /usr/bin/python3 scripts:
   spec.resources.host_memory when its batch is fixed, and is re-planned with a smaller batch when
   not;
 - a fitrund SIGKILLed mid-run and restarted re-opens the attempt's cgroup, so a cancel still kills
-  the daemon.
+  the daemon;
+- a starting fitrund removes the empty cgroups that fitrunds no longer running left (one SIGKILLed, one
+  that left an emptied attempt's cgroup), and leaves a running one's.
 
 Every fitrund here makes its cgroups under a parent named for this run (--cgroup_parent), which the
 test checks is empty and removes at the end. Skipped, and reported as skipped, when not root or when
@@ -240,6 +242,30 @@ class JobCgroupsTest(unittest.TestCase):
         # What a running fitrund says it uses.
         self.assertIn(f"job cgroups: cgroup v", self.daemon.log())
         self.assertIn(f"/{PARENT}/fitrund-", self.daemon.log())
+
+    def test_a_starting_fitrund_removes_the_empty_cgroups_of_fitrunds_that_are_gone(self):
+        killed = self.start(os.path.join(self.work, "killed"))
+        self.assertIsNotNone(killed.address, killed.log())
+        killed.kill()  # SIGKILL: nothing removes its directory
+        killed_dirs = [d.strip() for d in killed.log().split("cgroups under ", 1)[1].splitlines()[0].split(", ")]
+        running_dirs = [d.strip() for d in self.daemon.log().split("cgroups under ", 1)[1].splitlines()[0].split(", ")]
+        # An older one's, with the cgroup of an attempt it had emptied, in each hierarchy fitrund uses.
+        dead = [os.path.join(os.path.dirname(d), "fitrund-00000000deadbeef") for d in running_dirs]
+        for directory in dead:
+            os.makedirs(os.path.join(directory, "j-999999-a1"))
+        for directory in killed_dirs + running_dirs:
+            self.assertTrue(os.path.isdir(directory), directory)
+        starting = self.start(os.path.join(self.work, "starting"))
+        try:
+            self.assertIsNotNone(starting.address, starting.log())
+            for directory in killed_dirs + dead:
+                self.assertFalse(os.path.exists(directory), f"{directory} left behind")
+            for directory in running_dirs:
+                self.assertTrue(os.path.isdir(directory), f"a running fitrund's {directory} was removed")
+            self.assertIn("removed", starting.log())
+            self.assertIn("empty cgroup(s) of coordinators no longer running", starting.log())
+        finally:
+            starting.stop()
 
     def test_after_fitrund_is_killed_and_restarted_a_cancel_still_kills_the_daemon(self):
         state = os.path.join(self.work, "restarted")

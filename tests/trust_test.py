@@ -9,14 +9,20 @@ trusts"):
 - a data file swapped for a FIFO after submit freezes no scheduling pass;
 - a forged 60 GB peak changes no other user's plan;
 - a script cannot read its rank's job token;
-- a spec asking for more than the operator's ceilings is refused, naming the flag.
+- a spec asking for more than the operator's ceilings is refused, naming the flag;
+- another account can neither take an attempt's rendezvous port before its ranks do nor join the
+  c10d store behind it (fitrund holds both, and serves the job's account only);
+- a spec naming another account's private file through /proc/<pid>/cwd is refused without a word of
+  where it leads (fitrund reads specs with the owner's rights and no capability of root's).
 
 Skipped, and reported as skipped, when not run as root.
 """
 
 import os
+import pwd
 import shutil
 import stat
+import subprocess
 import tempfile
 import time
 import unittest
@@ -243,6 +249,122 @@ class TrustTest(unittest.TestCase):
         self.assertIn("hostile: token in own environment: none", log)
         self.assertIn("hostile: supervisor's environ: denied", log)
         self.assertIn("hostile: supervisor's mem: denied", log)
+
+    def toy(self, name, *args, steps=6):
+        return {
+            "name": name,
+            "script": {"command": ["/usr/bin/python3", "toy_train.py", "--steps", str(steps), *args],
+                       "working_dir": self.scripts, "env": {"OMP_NUM_THREADS": "1"}},
+            "global_batch_size": 16,
+            "optimizer": {"lr": 0.001},
+            "resources": {"min_devices": 2, "max_devices": 2, "per_device_batch": 8},
+            "fault_tolerance": {"max_restarts": 0},
+        }
+
+    def rendezvous_port(self, job_id):
+        """The MASTER_PORT the job's ranks were given, read as root from their environment."""
+        def port():
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+                except OSError:
+                    continue
+                if env.get(b"FITRUN_JOB_ID") == job_id.encode() and b"MASTER_PORT" in env:
+                    return int(env[b"MASTER_PORT"])
+            return None
+        return wait_for(port, 60, f"{job_id}'s ranks to start")
+
+    def as_bob(self, program, timeout=30):
+        """Runs a Python program as bob's account (another user's, or any local account's); its output."""
+        bob = pwd.getpwnam(self.bob)
+
+        def become():
+            os.setgid(bob.pw_gid)
+            os.setgroups([])
+            os.setuid(bob.pw_uid)
+        return subprocess.run(["/usr/bin/python3", "-c", program], preexec_fn=become, capture_output=True,
+                              text=True, timeout=timeout, cwd="/").stdout
+
+    def test_another_account_cannot_take_an_attempts_rendezvous_port_before_its_ranks(self):
+        # The ranks take five seconds before they meet: the port they were given must be held meanwhile.
+        job_id = self.client().submit(self.toy("squatted", "--start_delay", "5"))
+        port = self.rendezvous_port(job_id)
+        said = self.as_bob(f"""
+import socket, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("127.0.0.1", {port}))
+    s.listen(16)
+    print("squatted", flush=True)
+    time.sleep(20)  # as a store the ranks would meet at
+except OSError as error:
+    print("refused:", error.strerror)
+""")
+        job = wait_for(lambda: (lambda j: j if state_name(j) in ("SUCCEEDED", "FAILED") else None)(
+            self.client().get(job_id)), 240, f"{job_id} to end")
+        self.assertIn("refused: Address already in use", said)
+        self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+
+    def test_another_account_cannot_join_an_attempts_store(self):
+        job_id = self.client().submit(self.toy("joined", "--step_seconds", "0.3", steps=40))
+        port = self.rendezvous_port(job_id)
+        wait_for(lambda: self.client().get(job_id).last_progress.step > 0, 120, f"{job_id} to train")
+        # A 1.13 client's GETNUMKEYS, then a 2.x client's VALIDATE and PING: any answer means joined.
+        said = self.as_bob(f"""
+import socket, struct
+for hello in (bytes([6]), bytes([0]) + struct.pack("<I", 0x3C85F7CE) + bytes([13]) + struct.pack("<I", 7)):
+    s = socket.create_connection(("127.0.0.1", {port}), timeout=10)
+    s.sendall(hello)
+    try:
+        reply = s.recv(8)
+    except OSError:
+        reply = b""
+    print("answered" if reply else "refused", flush=True)
+""")
+        self.assertEqual(said.split(), ["refused", "refused"], said)
+        job = wait_for(lambda: (lambda j: j if state_name(j) in ("SUCCEEDED", "FAILED") else None)(
+            self.client().get(job_id)), 240, f"{job_id} to end")
+        self.assertEqual(state_name(job), "SUCCEEDED", job.failure_reason)
+        self.assertIn("refused a connection", self.daemon.log())
+
+    def test_a_spec_reaching_another_accounts_private_file_through_proc_is_refused(self):
+        bob = pwd.getpwnam(self.bob)
+        private = os.path.join(self.data, f"bob-private-{os.getpid()}")
+        inner = os.path.join(private, "inner")
+        os.makedirs(inner)
+        notes = os.path.join(inner, "notes.txt")
+        with open(notes, "w") as f:
+            f.write("bob's private notes. " * 200)
+        for path in (private, inner, notes):
+            os.chown(path, bob.pw_uid, bob.pw_gid)
+        os.chmod(private, 0o700)  # alice cannot search it
+        os.chmod(inner, 0o755)
+        os.chmod(notes, 0o644)
+
+        def become_bob():
+            os.setgid(bob.pw_gid)
+            os.setgroups([])
+            os.setuid(bob.pw_uid)
+        holder = subprocess.Popen(["/bin/sleep", "300"], cwd=inner, preexec_fn=become_bob)
+        link = os.path.join(self.data, f"through-proc-{os.getpid()}.txt")
+        try:
+            os.symlink(f"/proc/{holder.pid}/cwd/notes.txt", link)
+            os.lchown(link, self.alice_uid, -1)
+            spec = {"name": "peek", "model": {"builtin": "gpt", "gpt": {"layers": 1, "heads": 2, "hidden": 32,
+                                                                         "context": 16}},
+                    "data": {"kind": "text", "path": link}, "optimizer": {"kind": "adamw", "lr": 0.001},
+                    "global_batch_size": 8, "max_steps": 2, "resources": {"min_devices": 1, "max_devices": 1}}
+            with self.assertRaises(ClientError) as refused:
+                self.client().submit(spec)
+            self.assertEqual(refused.exception.code, "INVALID_ARGUMENT", refused.exception)
+            self.assertNotIn("bob-private", str(refused.exception))
+        finally:
+            holder.kill()
+            holder.wait()
+            os.remove(link)
+            shutil.rmtree(private, ignore_errors=True)
 
     def test_a_spec_above_the_operators_ceilings_is_refused_naming_the_flag(self):
         for resources, flag in (({"host_memory": "1TiB"}, "--max_rank_host_memory"),

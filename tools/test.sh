@@ -3,9 +3,10 @@
 # with one line `tests: N passed, N failed` (individual test cases, counted from Bazel's reports; a
 # skipped case is named on its own line and counted as "N skipped, " in front). The full tier reruns
 # every test (no cached results) and each test tagged "timing" 20 times; a case that fails in any
-# run fails. The full tier then proves the GPU path as far as a machine without a GPU can
+# run fails. The full tier then checks fitrund's lock discipline with clang's thread-safety analysis
+# (tools/thread_safety.sh) and proves the GPU path as far as a machine without a GPU can
 # (tools/gpu/rehearse.sh: the CUDA worker built against the GPU machines' torch 2.11, its unit tests
-# on CPU, the kit, the GPU check rehearsed on CPU devices), and counts its cases with Bazel's.
+# on CPU, the kit, the GPU check rehearsed on CPU devices), and counts their cases with Bazel's.
 #
 #   bash tools/test.sh           every test: what CI runs
 #   bash tools/test.sh --quick   the unit tests, for the inner loop: no test tagged e2e (real daemons,
@@ -58,6 +59,9 @@ if [[ $mode == full ]]; then
   runs+=(--nocache_test_results)
   timing=$(bazel query 'attr(tags, "timing", tests(//...))' 2>/dev/null | sed 's/$/$/' | paste -sd, -)
   if [[ -n $timing ]]; then runs+=("--runs_per_test=$timing@20"); fi
+  # The GPU machines' torch (an earlier full run installed it): the rendezvous fitrund holds is
+  # checked against its TCPStore too (server/launcher:rendezvous_store_test).
+  if [[ -x .venv-torch/bin/python ]]; then runs+=("--test_env=FITRUN_TORCH2_PYTHON=$PWD/.venv-torch/bin/python"); fi
 fi
 
 log=$(mktemp)
@@ -67,8 +71,9 @@ status=${PIPESTATUS[0]}
 
 gpu_reports=()
 if [[ $mode == full ]]; then
+  bash tools/thread_safety.sh lock-reports
   bash tools/gpu/rehearse.sh gpu-work/reports
-  gpu_reports=(--junit=gpu-work/reports)
+  gpu_reports=(--junit=lock-reports --junit=gpu-work/reports)
 fi
 
 /usr/bin/python3 tools/test_summary.py "$log" "${config[@]}" "${gpu_reports[@]}" $targets

@@ -100,6 +100,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromEnvironment(const EnvLookup& look
   absl::StatusOr<int> master_port = RequiredInt(lookup, launch::kMasterPort, 1, 65535);
   if (!master_port.ok()) return master_port.status();
   options.master_port = *master_port;
+  options.agent_store = Optional(lookup, launch::kUseAgentStore) == "True";
 
   absl::StatusOr<std::string> assignment = Required(lookup, launch::kAssignment);
   if (!assignment.ok()) return assignment.status();

@@ -23,6 +23,9 @@ struct WorkerOptions {
   int local_world_size = 1;  // LOCAL_WORLD_SIZE (default WORLD_SIZE)
   std::string master_addr;   // MASTER_ADDR
   int master_port = 0;       // MASTER_PORT
+  // TORCHELASTIC_USE_AGENT_STORE=True: the launcher holds the store (fitrund, for a local attempt)
+  // and rank 0 is its client like every rank, rather than its host.
+  bool agent_store = false;
   std::string assignment_path;  // FITRUN_ASSIGNMENT
   // FITRUN_COORDINATOR (host:port); empty means standalone: reports only go to the log.
   std::string coordinator;

@@ -22,6 +22,11 @@
 //    c10::CachingDeviceAllocator (c10/core/CachingDeviceAllocator.h): CudaStatType, CudaDeviceStats.
 //  - torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl address as a string in
 //    1.13 and as the pointer itself in 2.x: OptimizerStateKey.
+//  - 2.x has the optimizers' fused kernels (at::_fused_sgd_, _fused_adam_, _fused_adamw_: one kernel
+//    for all of a group's parameters, on CUDA and CPU); 1.13 has none, and torch::optim has no
+//    `fused` option in either: HasFusedOptimizerKernels, FusedSgdStep, FusedAdamStep.
+//  - 2.x has at::scaled_dot_product_attention (flash and memory-efficient kernels that never hold
+//    the attention map); 1.13 has not: ScaledDotProductCausalAttention.
 // What needs no shim, only a spelling or a build setting that holds in both:
 //  - at::NoGradGuard is declared in <ATen/core/grad_mode.h>, which <ATen/ATen.h> includes in 1.13
 //    and not in 2.x: include it where the guard is used.
@@ -39,7 +44,8 @@
 //
 // Kept light (libfitrun_memory.so, preloaded into every script rank, includes it through the
 // capped allocator): c10d's classes are only declared here, and ProcessGroupOver is defined in
-// torch_compat.cc.
+// torch_compat.cc. The tensor ops below are defined in torch_compat_ops.cc, which only the worker
+// links (//worker:torch_compat_ops).
 
 #ifndef FITRUN_WORKER_TORCH_COMPAT_H_
 #define FITRUN_WORKER_TORCH_COMPAT_H_
@@ -50,7 +56,9 @@
 #include <torch/version.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #ifdef FITRUN_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -117,6 +125,30 @@ using OptimizerStateKeyType = void*;
 using OptimizerStateKeyType = std::string;
 #endif
 OptimizerStateKeyType OptimizerStateKey(const at::Tensor& parameter);
+
+// Whether this LibTorch has the fused optimizer kernels (2.x). Without them the two functions below
+// throw c10::Error.
+bool HasFusedOptimizerKernels();
+
+// One step of SGD over `parameters` in one kernel, as torch::optim::SGD's step computes it (weight
+// decay added to the gradient, then momentum without dampening or Nesterov), up to rounding.
+// `momentum_buffers` (empty when momentum is 0) are overwritten with the gradients on the first step.
+void FusedSgdStep(const std::vector<at::Tensor>& parameters, const std::vector<at::Tensor>& gradients,
+                  const std::vector<at::Tensor>& momentum_buffers, double lr, double momentum, double weight_decay,
+                  bool first_step);
+
+// One step of Adam (`decoupled_weight_decay`: AdamW) over `parameters` in one kernel, as
+// torch::optim::Adam and AdamW compute it, up to rounding, at the optimizer step `step` (already
+// counted: 1 on the first). The moments are updated in place.
+void FusedAdamStep(const std::vector<at::Tensor>& parameters, const std::vector<at::Tensor>& gradients,
+                   const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs, int64_t step,
+                   double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled_weight_decay);
+
+// Causal attention over heads: q, k and v are [B, heads, T, head_dim], the result too. 2.x's
+// scaled_dot_product_attention where LibTorch has it (its kernels do not materialise the T x T
+// scores, and under autocast they run in 16 bits), else softmax(q k^T / sqrt(head_dim)) v written out
+// with the future masked. The two agree within float rounding.
+at::Tensor ScaledDotProductCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 #ifdef FITRUN_WITH_CUDA
 // The CUDA caching allocator's statistics (getDeviceStats) and the index into each of their arrays.

@@ -15,6 +15,12 @@ inline constexpr char kWorldSize[] = "WORLD_SIZE";
 inline constexpr char kLocalWorldSize[] = "LOCAL_WORLD_SIZE";
 inline constexpr char kMasterAddr[] = "MASTER_ADDR";
 inline constexpr char kMasterPort[] = "MASTER_PORT";
+// torchrun's agent store: with "True", every rank is a client of the store at MASTER_ADDR:MASTER_PORT
+// and none hosts it (torch.distributed's env:// rendezvous, and fitrun-worker, read it). On one machine
+// fitrund holds that store for the attempt (server/launcher/rendezvous_store.h). The restart count
+// is torchrun's too (1.13 prefixes the store's keys with it): the attempt's number less one.
+inline constexpr char kUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
+inline constexpr char kRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
 
 // fitrun's own: where to report (the WorkerChannel address), as which job, attempt and with which
 // token, and the file holding the rank's WorkerAssignment (spec, plan, checkpoint directory, caps).

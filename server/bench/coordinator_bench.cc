@@ -362,6 +362,7 @@ bool BenchmarkIngestAndLatency(const BenchOptions& bench) {
   JobManager::Options options;
   options.state_dir = dir;
   options.worker_binary = "/bin/true";
+  options.max_events_per_job = 0;  // what ingest costs, however many events one job has
   FakeJobStore in_memory_store;  // --in_memory_store: what the coordinator costs without SQLite
   JobStore* job_store = bench.in_memory_store ? static_cast<JobStore*>(&in_memory_store) : store->get();
   auto manager = JobManager::Create(options, job_store, &devices, &launcher, &metrics);

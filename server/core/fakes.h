@@ -81,6 +81,19 @@ class FakeJobStore : public JobStore {
     }
     return out;
   }
+  absl::Status DeleteJobs(absl::Span<const std::string> job_ids) override {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : job_ids) {
+      jobs_.erase(id);
+      events_.erase(id);
+    }
+    return absl::OkStatus();
+  }
+  size_t event_count(const std::string& job_id) {
+    absl::MutexLock lock(&mu_);
+    auto it = events_.find(job_id);
+    return it == events_.end() ? 0 : it->second.size();
+  }
   void FailPuts(absl::Status status) {
     absl::MutexLock lock(&mu_);
     put_status_ = std::move(status);

@@ -45,6 +45,9 @@ class JobStore {
   // Up to `limit` events of the job with sequence >= from_sequence, in order.
   virtual absl::StatusOr<std::vector<fitrun::v1::JobEvent>> ReadEvents(const std::string& job_id,
                                                                         int64_t from_sequence, int limit) = 0;
+  // Removes the jobs, their events and their attempts, all or none (the operator's retention:
+  // server/core/jobs/retention.h).
+  virtual absl::Status DeleteJobs(absl::Span<const std::string> job_ids) = 0;
 };
 
 }  // namespace fitrun::server

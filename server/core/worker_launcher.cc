@@ -10,49 +10,70 @@ namespace fitrun::server {
 
 namespace {
 
-// Each rank's pid and warm id (empty: none) in a LocalLaunchHandle.
-absl::StatusOr<std::vector<std::pair<int, std::string>>> RanksInLocalLaunchHandle(const std::string& handle) {
+struct HandleRank {
+  int pid = 0;
+  int64_t start_ticks = 0;  // 0: not recorded
+  std::string warm_id;      // empty: none
+};
+
+// Each rank of a LocalLaunchHandle: "<pid>[@<start ticks>][~<warm id>]".
+absl::StatusOr<std::vector<HandleRank>> RanksInLocalLaunchHandle(const std::string& handle) {
   absl::string_view rest = handle;
   if (!absl::ConsumePrefix(&rest, "pids:")) {
     return absl::InvalidArgumentError(absl::StrCat("'", handle, "' is not a local launch's handle"));
   }
-  std::vector<std::pair<int, std::string>> ranks;
+  std::vector<HandleRank> ranks;
   for (absl::string_view field : absl::StrSplit(rest, ',', absl::SkipEmpty())) {
-    std::pair<absl::string_view, absl::string_view> pid_and_warm = absl::StrSplit(field, absl::MaxSplits('~', 1));
-    int pid = 0;
-    if (!absl::SimpleAtoi(pid_and_warm.first, &pid) || pid < 0) {
+    std::pair<absl::string_view, absl::string_view> process_and_warm = absl::StrSplit(field, absl::MaxSplits('~', 1));
+    std::pair<absl::string_view, absl::string_view> pid_and_start =
+        absl::StrSplit(process_and_warm.first, absl::MaxSplits('@', 1));
+    HandleRank rank;
+    if (!absl::SimpleAtoi(pid_and_start.first, &rank.pid) || rank.pid < 0 ||
+        (!pid_and_start.second.empty() && !absl::SimpleAtoi(pid_and_start.second, &rank.start_ticks))) {
       return absl::InvalidArgumentError(absl::StrCat("'", handle, "' is not a local launch's handle"));
     }
-    ranks.emplace_back(pid, std::string(pid_and_warm.second));
+    rank.warm_id = std::string(process_and_warm.second);
+    ranks.push_back(std::move(rank));
   }
   return ranks;
 }
 
 }  // namespace
 
-std::string LocalLaunchHandle(const std::vector<int>& pids, const std::vector<std::string>& warm_ids) {
+std::string LocalLaunchHandle(const std::vector<int>& pids, const std::vector<std::string>& warm_ids,
+                              const std::vector<int64_t>& start_ticks) {
   std::vector<std::string> fields;
   for (size_t rank = 0; rank < pids.size(); ++rank) {
-    const bool warm = rank < warm_ids.size() && !warm_ids[rank].empty();
-    fields.push_back(warm ? absl::StrCat(pids[rank], "~", warm_ids[rank]) : absl::StrCat(pids[rank]));
+    std::string field = absl::StrCat(pids[rank]);
+    if (rank < start_ticks.size() && start_ticks[rank] > 0) absl::StrAppend(&field, "@", start_ticks[rank]);
+    if (rank < warm_ids.size() && !warm_ids[rank].empty()) absl::StrAppend(&field, "~", warm_ids[rank]);
+    fields.push_back(std::move(field));
   }
   return absl::StrCat("pids:", absl::StrJoin(fields, ","));
 }
 
 absl::StatusOr<std::vector<int>> PidsInLocalLaunchHandle(const std::string& handle) {
-  absl::StatusOr<std::vector<std::pair<int, std::string>>> ranks = RanksInLocalLaunchHandle(handle);
+  absl::StatusOr<std::vector<HandleRank>> ranks = RanksInLocalLaunchHandle(handle);
   if (!ranks.ok()) return ranks.status();
   std::vector<int> pids;
-  for (const auto& [pid, warm_id] : *ranks) pids.push_back(pid);
+  for (const HandleRank& rank : *ranks) pids.push_back(rank.pid);
   return pids;
 }
 
 absl::StatusOr<std::vector<std::string>> WarmIdsInLocalLaunchHandle(const std::string& handle) {
-  absl::StatusOr<std::vector<std::pair<int, std::string>>> ranks = RanksInLocalLaunchHandle(handle);
+  absl::StatusOr<std::vector<HandleRank>> ranks = RanksInLocalLaunchHandle(handle);
   if (!ranks.ok()) return ranks.status();
   std::vector<std::string> warm_ids;
-  for (const auto& [pid, warm_id] : *ranks) warm_ids.push_back(warm_id);
+  for (const HandleRank& rank : *ranks) warm_ids.push_back(rank.warm_id);
   return warm_ids;
+}
+
+absl::StatusOr<std::vector<int64_t>> StartTicksInLocalLaunchHandle(const std::string& handle) {
+  absl::StatusOr<std::vector<HandleRank>> ranks = RanksInLocalLaunchHandle(handle);
+  if (!ranks.ok()) return ranks.status();
+  std::vector<int64_t> ticks;
+  for (const HandleRank& rank : *ranks) ticks.push_back(rank.start_ticks);
+  return ticks;
 }
 
 }  // namespace fitrun::server

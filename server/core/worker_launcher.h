@@ -123,15 +123,20 @@ struct RecordedAttempt {
   std::optional<UnixAccount> run_as;
 };
 
-// The handle of ranks started as local processes: "pids:<rank 0's pid>,<rank 1's>,...", a warm
-// rank's pid followed by "~<its FITRUN_WARM_RANK>" (`warm_ids`: per rank, empty for one started for
-// its job; none: every rank). Attempts recorded before handles were stored were all local, so their
-// handle is made from their pids.
-std::string LocalLaunchHandle(const std::vector<int>& pids, const std::vector<std::string>& warm_ids = {});
+// The handle of ranks started as local processes: "pids:<rank 0's>,<rank 1's>,...", each rank its
+// pid, "@<its start time>" when recorded (/proc/<pid>/stat's clock ticks after boot, so a restarted
+// fitrund never takes a process that got the pid later for the rank), and for a warm rank
+// "~<its FITRUN_WARM_RANK>" (`warm_ids`: per rank, empty for one started for its job; none: every
+// rank). Attempts recorded before handles were stored were all local, so their handle is made from
+// their pids.
+std::string LocalLaunchHandle(const std::vector<int>& pids, const std::vector<std::string>& warm_ids = {},
+                              const std::vector<int64_t>& start_ticks = {});
 // The pids in a LocalLaunchHandle; INVALID_ARGUMENT for any other handle.
 absl::StatusOr<std::vector<int>> PidsInLocalLaunchHandle(const std::string& handle);
 // Per rank of a LocalLaunchHandle, its warm rank's id, empty for a rank started for its job.
 absl::StatusOr<std::vector<std::string>> WarmIdsInLocalLaunchHandle(const std::string& handle);
+// Per rank of a LocalLaunchHandle, its recorded start time (0: none recorded).
+absl::StatusOr<std::vector<int64_t>> StartTicksInLocalLaunchHandle(const std::string& handle);
 
 // Implementations are thread-safe. `on_exit` runs once per rank launched or adopted, on a launcher
 // thread, and must not block for long.

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <memory>
@@ -63,7 +64,23 @@ LocalLauncher::~LocalLauncher() {
 }
 
 absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attempt, RankExitCallback on_exit) {
-  absl::StatusOr<int> port = options_.pick_master_port();
+  std::unique_ptr<RendezvousStore> store;
+  absl::StatusOr<int> port = absl::UnknownError("no rendezvous");
+  if (options_.pick_master_port) {
+    port = options_.pick_master_port();
+  } else {
+    RendezvousStore::Options store_options;
+    const bool as_account = !attempt.ranks.empty() && attempt.ranks.front().run_as.has_value();
+    store_options.uid = as_account ? attempt.ranks.front().run_as->uid : geteuid();
+    store_options.name = absl::StrCat(attempt.job_id, " attempt ", attempt.attempt);
+    absl::StatusOr<std::unique_ptr<RendezvousStore>> started = RendezvousStore::Start(store_options);
+    if (started.ok()) {
+      store = *std::move(started);
+      port = store->port();
+    } else {
+      port = started.status();
+    }
+  }
   if (!port.ok()) return port.status();
   LaunchedAttempt launched;
   std::shared_ptr<AttemptCgroup> cgroup;
@@ -91,10 +108,15 @@ absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attem
   // exits are not reported (the caller was told the attempt never started).
   auto abandoned = std::make_shared<std::atomic<bool>>(false);
   std::vector<std::string> warm_ids(attempt.ranks.size());
+  std::vector<int64_t> start_ticks;
   for (size_t rank = 0; rank < attempt.ranks.size(); ++rank) {
     WorkerLaunch one = attempt.ranks[rank];
     one.env.emplace_back(launch::kMasterAddr, launched.master_addr);
     one.env.emplace_back(launch::kMasterPort, absl::StrCat(launched.master_port));
+    if (store != nullptr) {
+      one.env.emplace_back(launch::kUseAgentStore, "True");
+      one.env.emplace_back(launch::kRestartCount, absl::StrCat(std::max(0, attempt.attempt - 1)));
+    }
     ProcessLauncher::ExitCallback on_rank_exit = [on_exit, abandoned, rank, cgroup](const WorkerExit& exit) {
       if (abandoned->load()) return;
       WorkerExit seen = exit;
@@ -116,17 +138,20 @@ absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attem
       return absl::Status(pid.status().code(), absl::StrCat("rank ", rank, ": ", pid.status().message()));
     }
     launched.pids.push_back(*pid);
+    // Read while the launcher has not reaped it: the pid is still this rank's.
+    start_ticks.push_back(ProcessStartTicks(*pid));
   }
   // Each rank's fork, its switch to the job's account and its exec, as ProcessLauncher waits for them.
   launched.phases.push_back({"spawn", absl::Now() - spawn_start});
-  launched.handle = LocalLaunchHandle(launched.pids, warm_ids);
+  launched.handle = LocalLaunchHandle(launched.pids, warm_ids, start_ticks);
   if (warm_ != nullptr && !attempt.ranks.empty()) {
     absl::MutexLock lock(&mu_);
     refill_on_release_.emplace(launched.handle, std::make_pair(attempt.ranks[0], static_cast<int>(attempt.ranks.size())));
   }
-  if (cgroup != nullptr) {
+  if (cgroup != nullptr || store != nullptr) {
     absl::MutexLock lock(&mu_);
-    cgroups_[launched.handle] = cgroup;
+    if (cgroup != nullptr) cgroups_[launched.handle] = cgroup;
+    if (store != nullptr) stores_[launched.handle] = std::move(store);
   }
   return launched;
 }
@@ -172,13 +197,22 @@ std::vector<bool> LocalLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
   std::vector<bool> adopted(attempt.pids.size(), false);
   // A warm rank's environment is the pool's, not its job's: its handle names the id it carries.
   const std::vector<std::string> warm_ids = WarmIdsInLocalLaunchHandle(attempt.handle).value_or(std::vector<std::string>());
+  const std::vector<int64_t> start_ticks =
+      StartTicksInLocalLaunchHandle(attempt.handle).value_or(std::vector<int64_t>());
   for (size_t rank = 0; rank < attempt.pids.size(); ++rank) {
     if (rank >= attempt.maybe_running.size() || !attempt.maybe_running[rank] || attempt.pids[rank] <= 0) continue;
     const bool warm = rank < warm_ids.size() && !warm_ids[rank].empty();
-    std::vector<std::pair<std::string, std::string>> identity = {{launch::kJobId, attempt.job_id},
-                                                                 {launch::kAttempt, absl::StrCat(attempt.attempt)},
-                                                                 {launch::kRank, absl::StrCat(rank)}};
-    if (warm) identity = {{launch::kWarmRank, warm_ids[rank]}};
+    // Whatever its environment says (any account can start a process with that environment, and
+    // get the pid once the rank is gone): the job's account, the start recorded at launch, and the
+    // attempt's cgroup when there is one.
+    ProcessLauncher::Identity identity;
+    identity.env = {{launch::kJobId, attempt.job_id},
+                    {launch::kAttempt, absl::StrCat(attempt.attempt)},
+                    {launch::kRank, absl::StrCat(rank)}};
+    if (warm) identity.env = {{launch::kWarmRank, warm_ids[rank]}};
+    identity.uid = attempt.run_as.has_value() ? attempt.run_as->uid : geteuid();
+    identity.start_ticks = rank < start_ticks.size() ? start_ticks[rank] : 0;
+    if (cgroup != nullptr) identity.in_cgroup = [cgroup](int pid) { return cgroup->cgroup->Contains(pid); };
     absl::StatusOr<int> pid = processes_.Adopt(
         attempt.pids[rank], identity,
         [on_exit, rank, cgroup](const WorkerExit& exit) {
@@ -186,6 +220,10 @@ std::vector<bool> LocalLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
           if (cgroup != nullptr) NoteHostMemory(*cgroup, seen);
           on_exit(static_cast<int>(rank), seen);
         });
+    if (!pid.ok() && !absl::StrContains(pid.status().message(), "is gone")) {
+      std::fprintf(stderr, "fitrund: job %s attempt %d rank %zu: not re-adopted: %s\n", attempt.job_id.c_str(),
+                   attempt.attempt, rank, std::string(pid.status().message()).c_str());
+    }
     adopted[rank] = pid.ok();
   }
   return adopted;
@@ -205,8 +243,13 @@ void LocalLauncher::NoteHostMemory(AttemptCgroup& attempt, WorkerExit& exit) {
 
 void LocalLauncher::Release(const std::string& handle) {
   std::shared_ptr<AttemptCgroup> cgroup;
+  std::unique_ptr<RendezvousStore> store;  // closed here, off the lock
   {
     absl::MutexLock lock(&mu_);
+    if (auto held = stores_.find(handle); held != stores_.end()) {
+      store = std::move(held->second);
+      stores_.erase(held);
+    }
     // The next job of this account finds as many ranks warm (built-in jobs only; see warm_ranks.h).
     // Started now, not at launch: loading LibTorch beside a job's starting ranks would slow them.
     if (auto refill = refill_on_release_.find(handle); refill != refill_on_release_.end()) {

@@ -1,5 +1,7 @@
 // WorkerLauncher on this machine: every rank of an attempt a child process of fitrund
-// (ProcessLauncher), meeting at 127.0.0.1 on a port that was free when the attempt launched. The
+// (ProcessLauncher), meeting at the c10d store fitrund holds for the attempt on 127.0.0.1
+// (rendezvous_store.h: bound before the first rank starts, until the attempt is released, served
+// to the job's account only; the ranks are its clients, as torchrun's are of its agent's store). The
 // attempt's handle is LocalLaunchHandle of its ranks' pids.
 //
 // With job cgroups (server/sandbox/job_cgroup.h), each attempt's ranks start in a cgroup of their
@@ -25,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/core/worker_launcher.h"
 #include "server/launcher/process_launcher.h"
+#include "server/launcher/rendezvous_store.h"
 #include "server/launcher/warm_ranks.h"
 #include "server/sandbox/job_cgroup.h"
 
@@ -33,7 +36,9 @@ namespace fitrun::server {
 class LocalLauncher : public WorkerLauncher {
  public:
   struct Options {
-    std::function<absl::StatusOr<int>()> pick_master_port = PickFreeTcpPort;
+    // Unset (the default): each attempt meets at a RendezvousStore of its own. Set, for tests whose
+    // ranks do not rendezvous: MASTER_PORT is what it returns, and nothing holds it.
+    std::function<absl::StatusOr<int>()> pick_master_port;
     // Where attempts' cgroups are made (fitrund --job_cgroups); nullptr: ranks stay in fitrund's.
     // Must outlive the launcher.
     JobCgroups* cgroups = nullptr;
@@ -47,7 +52,7 @@ class LocalLauncher : public WorkerLauncher {
     int warm_ranks = 0;
     std::string worker_binary;
   };
-  explicit LocalLauncher(std::function<absl::StatusOr<int>()> pick_master_port = PickFreeTcpPort);
+  explicit LocalLauncher(std::function<absl::StatusOr<int>()> pick_master_port);
   explicit LocalLauncher(Options options);
   ~LocalLauncher() override;
   LocalLauncher(const LocalLauncher&) = delete;
@@ -60,9 +65,11 @@ class LocalLauncher : public WorkerLauncher {
   void KillIfStillRunningAfter(const std::string& handle, int rank, absl::Duration grace) override;
   // A rank is adopted when its recorded pid is alive and carries the attempt's FITRUN_JOB_ID,
   // FITRUN_ATTEMPT and RANK, or, for a warm rank, the FITRUN_WARM_RANK its handle records. The
-  // attempt's cgroup, when there is one, is re-opened by name.
+  // attempt's cgroup, when there is one, is re-opened by name. Its store went with the fitrund that
+  // held it: ranks past their rendezvous do not use it again.
   std::vector<bool> Adopt(const RecordedAttempt& attempt, RankExitCallback on_exit) override;
-  // Kills what is left in the attempt's cgroup and removes it (later, on the launcher's thread).
+  // Kills what is left in the attempt's cgroup and removes it (later, on the launcher's thread), and
+  // closes its rendezvous.
   void Release(const std::string& handle) override;
   // Removes this coordinator's cgroups that no launched or adopted attempt holds (and memory
   // probes' of an earlier fitrund): their attempts ended while no coordinator watched.
@@ -97,6 +104,8 @@ class LocalLauncher : public WorkerLauncher {
   absl::Mutex mu_;
   // The cgroups of attempts launched or adopted and not released, by handle.
   std::map<std::string, std::shared_ptr<AttemptCgroup>> cgroups_ ABSL_GUARDED_BY(mu_);
+  // The rendezvous of attempts launched and not released, by handle.
+  std::map<std::string, std::unique_ptr<RendezvousStore>> stores_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<AttemptCgroup>> to_release_ ABSL_GUARDED_BY(mu_);
   // Per launched attempt with warm ranks on: one of its ranks and how many it had, for the warm ranks
   // its release starts.

@@ -6,7 +6,12 @@
 // stale cgroups removed and nothing left behind.
 #include "server/launcher/local_launcher.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <signal.h>
 
 #include <atomic>
@@ -84,12 +89,45 @@ TEST(LocalLauncherTest, RanksMeetAtTheChosenRendezvousAndExitPerRank) {
   EXPECT_EQ(launched->master_addr, "127.0.0.1");
   EXPECT_EQ(launched->master_port, 29555);
   ASSERT_EQ(launched->pids.size(), 2u);
-  EXPECT_EQ(launched->handle, LocalLaunchHandle(launched->pids));
+  EXPECT_EQ(*PidsInLocalLaunchHandle(launched->handle), launched->pids);
+  EXPECT_EQ(*StartTicksInLocalLaunchHandle(launched->handle),
+            (std::vector<int64_t>{ProcessStartTicks(launched->pids[0]), ProcessStartTicks(launched->pids[1])}))
+      << "each rank's start, for a restarted fitrund to know it by";
   ASSERT_TRUE(exits.WaitFor(2, absl::Seconds(10)));
   EXPECT_EQ(exits.exits()[0].exit_code, 0);
   EXPECT_EQ(exits.exits()[1].exit_code, 1);
   EXPECT_EQ(Slurp(attempt.ranks[0].log_path), "0 127.0.0.1:29555\n");
   EXPECT_EQ(Slurp(attempt.ranks[1].log_path), "1 127.0.0.1:29555\n");
+}
+
+// Whether something listens on 127.0.0.1:`port`.
+bool Listening(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const bool connected = connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return connected;
+}
+
+TEST(LocalLauncherTest, EachAttemptMeetsAtAStoreFitrundHoldsFromBeforeItsRanksUntilItsRelease) {
+  Exits exits;
+  LocalLauncher launcher{LocalLauncher::Options()};
+  const std::vector<std::string> print = {
+      "/bin/sh", "-c", "echo $MASTER_ADDR $TORCHELASTIC_USE_AGENT_STORE $TORCHELASTIC_RESTART_COUNT"};
+  AttemptLaunch attempt = Attempt("local-store", {print, print});
+  absl::StatusOr<LaunchedAttempt> launched = launcher.Launch(attempt, exits.Callback());
+  ASSERT_TRUE(launched.ok()) << launched.status();
+  ASSERT_TRUE(exits.WaitFor(2, absl::Seconds(10)));
+  // Every rank a client of the store (attempt 2: torchrun's restart count 1), which is up and held
+  // though no rank hosts it.
+  EXPECT_EQ(Slurp(attempt.ranks[0].log_path), "127.0.0.1 True 1\n");
+  EXPECT_EQ(Slurp(attempt.ranks[1].log_path), "127.0.0.1 True 1\n");
+  EXPECT_TRUE(Listening(launched->master_port));
+  launcher.Release(launched->handle);
+  EXPECT_FALSE(Listening(launched->master_port)) << "the attempt's rendezvous outlived its release";
 }
 
 TEST(LocalLauncherTest, StopsOneRankThroughTheHandle) {
@@ -146,7 +184,7 @@ TEST(LocalLauncherTest, AdoptsTheRecordedRanksThatStillRun) {
 
   // A second launcher (a restarted coordinator) takes over rank 0; rank 1 is gone, and a rank the
   // record says exited is not even looked at.
-  LocalLauncher second;
+  LocalLauncher second{LocalLauncher::Options()};
   RecordedAttempt recorded{"j-000001", 2, launched->handle, launched->pids, {true, true}};
   EXPECT_EQ(second.Adopt(recorded, exits.Callback()), (std::vector<bool>{true, false}));
   RecordedAttempt wrong_attempt{"j-000001", 3, launched->handle, launched->pids, {true, false}};
@@ -154,6 +192,54 @@ TEST(LocalLauncherTest, AdoptsTheRecordedRanksThatStillRun) {
   second.Stop(launched->handle, 0, absl::Seconds(5));
   ASSERT_TRUE(exits.WaitFor(1, absl::Seconds(10)));
   EXPECT_EQ(exits.exits().count(0), 1u);
+}
+
+// As root: a process with exactly `want` as its pid (/proc/sys/kernel/ns_last_pid), running
+// /bin/sleep as `uid` with the rank's environment: what any account may start once the rank is gone
+// and its pid free. -1 when another process on the machine took the pid first every time.
+pid_t ImpostorWithPid(pid_t want, uid_t uid) {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    {
+      std::ofstream last("/proc/sys/kernel/ns_last_pid");
+      last << want - 1;
+    }
+    const pid_t child = fork();
+    if (child == 0) {
+      if (getpid() != want) _exit(99);
+      if (setgid(uid) != 0 || setuid(uid) != 0) _exit(98);
+      char* const argv[] = {const_cast<char*>("/bin/sleep"), const_cast<char*>("60"), nullptr};
+      char* const envp[] = {const_cast<char*>("FITRUN_JOB_ID=j-000001"), const_cast<char*>("FITRUN_ATTEMPT=2"),
+                            const_cast<char*>("RANK=0"), nullptr};
+      execve("/bin/sleep", argv, envp);
+      _exit(97);
+    }
+    if (child == want) return child;
+    waitpid(child, nullptr, 0);
+  }
+  return -1;
+}
+
+TEST(LocalLauncherTest, AProcessThatTookARanksPidIsNotAdoptedWhateverItsEnvironment) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root, to choose a process's pid";
+  for (const uid_t impostor_uid : {uid_t{65534}, uid_t{0}}) {  // another account; fitrund's own, later
+    Exits first_exits;
+    LocalLauncher first([] { return 29565; });
+    absl::StatusOr<LaunchedAttempt> launched =
+        first.Launch(Attempt("local-impostor", {{"/bin/sleep", "60"}}), first_exits.Callback());
+    ASSERT_TRUE(launched.ok()) << launched.status();
+    const pid_t rank = launched->pids[0];
+    first.Stop(launched->handle, 0, absl::ZeroDuration());
+    ASSERT_TRUE(first_exits.WaitFor(1, absl::Seconds(10)));
+    const pid_t impostor = ImpostorWithPid(rank, impostor_uid);
+    if (impostor < 0) GTEST_SKIP() << "pid " << rank << " was taken by another process first";
+    Exits exits;
+    LocalLauncher second{LocalLauncher::Options()};
+    RecordedAttempt recorded{"j-000001", 2, launched->handle, launched->pids, {true}};
+    EXPECT_EQ(second.Adopt(recorded, exits.Callback()), std::vector<bool>{false})
+        << "adopted a process of uid " << impostor_uid << " that took the rank's pid";
+    kill(impostor, SIGKILL);
+    waitpid(impostor, nullptr, 0);
+  }
 }
 
 // ---- with job cgroups (root) ----
@@ -333,6 +419,11 @@ TEST(LocalLaunchHandleTest, AWarmRanksIdFollowsItsPidAndBothComeBack) {
   EXPECT_EQ(*PidsInLocalLaunchHandle(handle), (std::vector<int>{101, 102, 103}));
   EXPECT_EQ(*WarmIdsInLocalLaunchHandle(handle), (std::vector<std::string>{"", "9f3a", ""}));
   EXPECT_EQ(LocalLaunchHandle({7, 8}), "pids:7,8") << "no warm rank: the handle as it always was";
+  const std::string started = LocalLaunchHandle({7, 8}, {"", "ab"}, {1234, 5678});
+  EXPECT_EQ(started, "pids:7@1234,8@5678~ab");
+  EXPECT_EQ(*StartTicksInLocalLaunchHandle(started), (std::vector<int64_t>{1234, 5678}));
+  EXPECT_EQ(*WarmIdsInLocalLaunchHandle(started), (std::vector<std::string>{"", "ab"}));
+  EXPECT_EQ(*StartTicksInLocalLaunchHandle("pids:7,8"), (std::vector<int64_t>{0, 0})) << "an older fitrund's";
   EXPECT_FALSE(PidsInLocalLaunchHandle("pids:x~1").ok());
   EXPECT_FALSE(WarmIdsInLocalLaunchHandle("slurm:42").ok());
 }

@@ -17,6 +17,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "proto/contract/launch_contract.h"
@@ -25,6 +26,59 @@
 namespace fitrun::server {
 
 namespace launch = fitrun::contract::launch;
+
+namespace {
+
+int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+bool PidfdSignal(int pidfd, int signal) {
+  return syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0) == 0;
+}
+
+std::string ReadProcFile(pid_t pid, const char* name) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/", name), std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The real uid of the process (/proc/<pid>/status's first Uid: field), or -1.
+int64_t RealUid(pid_t pid) {
+  for (absl::string_view line : absl::StrSplit(ReadProcFile(pid, "status"), '\n')) {
+    if (!absl::ConsumePrefix(&line, "Uid:")) continue;
+    std::vector<absl::string_view> ids = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    int64_t uid = -1;
+    if (!ids.empty() && absl::SimpleAtoi(ids[0], &uid)) return uid;
+  }
+  return -1;
+}
+
+// Why the process at `pid` is not `identity`; empty when it is.
+std::string Differs(pid_t pid, const ProcessLauncher::Identity& identity) {
+  std::set<std::string> variables;
+  for (absl::string_view v : absl::StrSplit(ReadProcFile(pid, "environ"), '\0')) variables.emplace(v);
+  for (const auto& [key, value] : identity.env) {
+    if (!variables.count(key + "=" + value)) return absl::StrCat(key, " differs");
+  }
+  if (const int64_t uid = RealUid(pid); uid != static_cast<int64_t>(identity.uid)) {
+    return absl::StrCat("it runs as uid ", uid, ", not ", identity.uid);
+  }
+  if (identity.start_ticks > 0 && ProcessStartTicks(pid) != identity.start_ticks) {
+    return "it started after the rank did (its pid was recycled)";
+  }
+  if (identity.in_cgroup && !identity.in_cgroup(pid)) return "it is not in the attempt's cgroup";
+  return "";
+}
+
+}  // namespace
+
+int64_t ProcessStartTicks(int pid) {
+  const std::string stat = ReadProcFile(pid, "stat");
+  // After the command's closing parenthesis (the command may hold spaces): state is field 3.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::vector<absl::string_view> fields = absl::StrSplit(absl::string_view(stat).substr(close + 1), ' ', absl::SkipEmpty());
+  int64_t ticks = 0;
+  return fields.size() > 19 && absl::SimpleAtoi(fields[19], &ticks) ? ticks : 0;  // field 22
+}
 
 ProcessLauncher::ProcessLauncher() {
   killer_ = std::thread([this] { KillerLoop(); });
@@ -35,7 +89,7 @@ ProcessLauncher::~ProcessLauncher() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    for (const auto& [pid, alive] : alive_) kill(-pid, SIGKILL);
+    for (const auto& [pid, pidfd] : alive_) SignalLocked(pid, SIGKILL);
     waiters.swap(waiters_);
   }
   for (auto& [id, thread] : waiters) thread.join();
@@ -79,7 +133,7 @@ absl::StatusOr<int> ProcessLauncher::Launch(const WorkerLaunch& launch, ExitCall
   absl::StatusOr<pid_t> pid = stopping_ ? absl::UnavailableError("the launcher is shutting down") : Spawn(spawn);
   CloseFd(&token.read_end);
   if (!pid.ok()) return pid.status();
-  alive_[*pid] = true;
+  alive_[*pid] = PidfdOpen(*pid);  // our child, not reaped yet: the pid is still its
   StartWaiter([this, pid = *pid, on_exit = std::move(on_exit)](int64_t waiter) { Wait(pid, waiter, on_exit); });
   return static_cast<int>(*pid);
 }
@@ -109,7 +163,7 @@ absl::StatusOr<ProcessLauncher::Warm> ProcessLauncher::StartWarm(const std::vect
     CloseFd(&identity->write_end);
     return pid.status();
   }
-  alive_[*pid] = true;
+  alive_[*pid] = PidfdOpen(*pid);
   StartWaiter([this, pid = *pid, on_exit = std::move(on_exit)](int64_t waiter) { Wait(pid, waiter, on_exit); });
   return Warm{static_cast<int>(*pid), identity->write_end};
 }
@@ -126,27 +180,23 @@ void ProcessLauncher::StartWaiter(std::function<void(int64_t)> body) {
   waiters_[waiter] = std::thread([body = std::move(body), waiter] { body(waiter); });
 }
 
-absl::StatusOr<int> ProcessLauncher::Adopt(int pid, const std::vector<std::pair<std::string, std::string>>& expected_env,
-                                           ExitCallback on_exit) {
-  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+absl::StatusOr<int> ProcessLauncher::Adopt(int pid, const Identity& identity, ExitCallback on_exit) {
+  const int pidfd = PidfdOpen(pid);
   if (pidfd < 0) return absl::NotFoundError(absl::StrCat("process ", pid, " is gone"));
-  // Read the environment only after the pidfd pins the process, so it cannot be a recycled pid.
-  std::ifstream in(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
-  const std::string environ_text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::set<std::string> variables;
-  for (absl::string_view v : absl::StrSplit(environ_text, '\0')) variables.emplace(v);
-  for (const auto& [key, value] : expected_env) {
-    if (!variables.count(key + "=" + value)) {
-      close(pidfd);
-      return absl::NotFoundError(absl::StrCat("process ", pid, " is not the expected worker (", key, " differs)"));
-    }
+  // Read after the pidfd pins a process, and checked against it afterwards: if it is still alive,
+  // everything read was of that process, not of one that took its pid meanwhile.
+  std::string differs = Differs(pid, identity);
+  if (differs.empty() && !PidfdSignal(pidfd, 0)) differs = "it exited meanwhile";
+  if (!differs.empty()) {
+    close(pidfd);
+    return absl::NotFoundError(absl::StrCat("process ", pid, " is not the expected worker: ", differs));
   }
   absl::MutexLock lock(&mu_);
   if (stopping_) {
     close(pidfd);
     return absl::UnavailableError("the launcher is shutting down");
   }
-  alive_[pid] = true;
+  alive_[pid] = dup(pidfd);  // the waiter polls its own, and closes it
   StartWaiter([this, pid, pidfd, on_exit = std::move(on_exit)](int64_t waiter) {
     WaitAdopted(pid, pidfd, waiter, on_exit);
   });
@@ -159,7 +209,7 @@ void ProcessLauncher::WaitAdopted(pid_t pid, int pidfd, int64_t waiter, ExitCall
   }
   {
     absl::MutexLock lock(&mu_);
-    alive_.erase(pid);
+    ForgetLocked(pid);
   }
   close(pidfd);
   WorkerExit exit;
@@ -176,7 +226,7 @@ void ProcessLauncher::Wait(pid_t pid, int64_t waiter, ExitCallback on_exit) {
   }
   {
     absl::MutexLock lock(&mu_);
-    alive_.erase(pid);
+    ForgetLocked(pid);
   }
   const ChildExit ended = Reap(pid);
   WorkerExit exit;
@@ -187,11 +237,39 @@ void ProcessLauncher::Wait(pid_t pid, int64_t waiter, ExitCallback on_exit) {
   finished_waiters_.push_back(waiter);
 }
 
+void ProcessLauncher::SignalLocked(pid_t pid, int signal) {
+  auto it = alive_.find(pid);
+  if (it == alive_.end()) return;
+  // A pidfd that failed to open (none: -1) leaves the child's own reaping as the guard.
+  if (it->second >= 0 && !PidfdSignal(it->second, signal)) return;
+  kill(-pid, signal);  // the rest of its group: the leader is alive, so the group id is still its
+}
+
+void ProcessLauncher::ForgetLocked(pid_t pid) {
+  auto it = alive_.find(pid);
+  if (it == alive_.end()) return;
+  if (it->second >= 0) close(it->second);
+  alive_.erase(it);
+}
+
+void ProcessLauncher::KillNow(int handle) {
+  absl::MutexLock lock(&mu_);
+  SignalLocked(static_cast<pid_t>(handle), SIGKILL);
+}
+
+absl::Status ProcessLauncher::WhileAlive(int handle, const std::function<absl::Status()>& body) {
+  absl::MutexLock lock(&mu_);
+  if (!alive_.count(static_cast<pid_t>(handle))) {
+    return absl::FailedPreconditionError(absl::StrCat("process ", handle, " is gone"));
+  }
+  return body();
+}
+
 void ProcessLauncher::Stop(int handle, absl::Duration grace) {
   const pid_t pid = static_cast<pid_t>(handle);
   absl::MutexLock lock(&mu_);
   if (!alive_.count(pid)) return;
-  kill(-pid, SIGTERM);
+  SignalLocked(pid, SIGTERM);
   kill_deadlines_.emplace(absl::Now() + grace, pid);
 }
 
@@ -212,7 +290,7 @@ void ProcessLauncher::KillerLoop() {
     while (!kill_deadlines_.empty() && kill_deadlines_.begin()->first <= now) {
       const pid_t pid = kill_deadlines_.begin()->second;
       kill_deadlines_.erase(kill_deadlines_.begin());
-      if (alive_.count(pid)) kill(-pid, SIGKILL);
+      SignalLocked(pid, SIGKILL);
     }
   }
 }

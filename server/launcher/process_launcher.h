@@ -46,22 +46,44 @@ class ProcessLauncher {
   void Stop(int pid, absl::Duration grace);
   // No SIGTERM (the worker is sending its last words), but SIGKILL if still alive after `grace`.
   void KillIfStillRunningAfter(int pid, absl::Duration grace);
-  // Takes over a worker started by an earlier coordinator: `pid` must be alive and carry every
-  // variable of `expected_env` (so a recycled pid is never adopted); NOT_FOUND when it is gone.
-  // Watches it through a pidfd, which works for processes that are not our children.
-  absl::StatusOr<int> Adopt(int pid, const std::vector<std::pair<std::string, std::string>>& expected_env,
-                            ExitCallback on_exit);
+  // SIGKILL to the worker's process group now (a warm rank that would not take its job).
+  void KillNow(int pid);
+  // Runs `body` while the worker `pid` cannot be reaped, so a pid `body` writes (into a cgroup's
+  // cgroup.procs) is this worker's and no recycled one's; FAILED_PRECONDITION when it is gone.
+  absl::Status WhileAlive(int pid, const std::function<absl::Status()>& body);
+
+  // What a worker started by an earlier coordinator must be for Adopt to take it over, since any
+  // account can start a process with any environment and a pid is recycled: every variable of `env`,
+  // the Unix account `uid` as its real uid, the start time recorded at its launch (`start_ticks`,
+  // /proc/<pid>/stat's; 0 for a launch recorded before fitrund kept it), and, when `in_cgroup` is
+  // set, its attempt's cgroup.
+  struct Identity {
+    std::vector<std::pair<std::string, std::string>> env;
+    uid_t uid = 0;
+    int64_t start_ticks = 0;
+    std::function<bool(int pid)> in_cgroup;
+  };
+  // Takes over a worker started by an earlier coordinator when it is alive and is `identity`;
+  // NOT_FOUND (saying what differs) otherwise. Everything is read after a pidfd pins the process and
+  // checked against the same pidfd afterwards, and it is watched and signalled through it, which
+  // works for processes that are not our children.
+  absl::StatusOr<int> Adopt(int pid, const Identity& identity, ExitCallback on_exit);
 
  private:
   void Wait(pid_t pid, int64_t waiter, ExitCallback on_exit);
   void WaitAdopted(pid_t pid, int pidfd, int64_t waiter, ExitCallback on_exit);
+  // Signals a live worker and its process group: its pidfd first, which fails for a process that is
+  // gone, so the group signal that follows never reaches a recycled pid's.
+  void SignalLocked(pid_t pid, int signal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets a worker that exited, closing its pidfd.
+  void ForgetLocked(pid_t pid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartWaiter(std::function<void(int64_t)> body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KillerLoop();
 
   absl::Mutex mu_;
-  // Workers not yet reaped; a pid leaves this set before it is reaped, so a signal is never sent
-  // to a recycled pid.
-  std::map<pid_t, bool> alive_ ABSL_GUARDED_BY(mu_);
+  // Workers not yet reaped, with a pidfd of each; a pid leaves this map before it is reaped, so a
+  // signal is never sent to a recycled pid.
+  std::map<pid_t, int> alive_ ABSL_GUARDED_BY(mu_);
   std::multimap<absl::Time, pid_t> kill_deadlines_ ABSL_GUARDED_BY(mu_);
   // Waiter threads (keyed by launch, since pids are recycled); finished ones are joined at the next
   // launch so a long-lived daemon does not accumulate them.
@@ -72,8 +94,14 @@ class ProcessLauncher {
   std::thread killer_;
 };
 
-// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close).
+// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close): for
+// fitrund's own --listen=HOST:0, never for a port another account must not take (an attempt's
+// rendezvous is a RendezvousStore, held from bind to use).
 absl::StatusOr<int> PickFreeTcpPort();
+
+// When the process started, in clock ticks after boot (/proc/<pid>/stat's 22nd field); 0 when it
+// cannot be read. With the pid, it names one process for the whole boot.
+int64_t ProcessStartTicks(int pid);
 
 }  // namespace fitrun::server
 

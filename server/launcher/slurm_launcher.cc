@@ -358,6 +358,13 @@ std::vector<bool> SlurmLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
                  status.ok() ? status->state.c_str() : std::string(status.status().message()).c_str());
     return adopted;
   }
+  // A recorded id is a bare number: after slurmctld lost its state it may name anyone's job. Only
+  // this job's, as it was submitted, is taken over (and so ever cancelled).
+  if (const std::string other = NotThisJobs(*status, attempt); !other.empty()) {
+    std::fprintf(stderr, "fitrund: job %s attempt %d: Slurm job %s is not this job's (%s); not adopted\n",
+                 attempt.job_id.c_str(), attempt.attempt, job_id->c_str(), other.c_str());
+    return adopted;
+  }
   Tracked tracked;
   tracked.world_size = world_size;
   tracked.on_exit = std::move(on_exit);
@@ -372,6 +379,16 @@ std::vector<bool> SlurmLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
   tracked.run_as = attempt.run_as;
   Track(*job_id, std::move(tracked));
   return adopted;
+}
+
+std::string SlurmLauncher::NotThisJobs(const slurm::SlurmJobStatus& job, const RecordedAttempt& attempt) const {
+  const int64_t uid = attempt.run_as.has_value() ? attempt.run_as->uid : geteuid();
+  if (job.user_id != uid) return absl::StrCat("it is uid ", job.user_id, "'s, not ", uid, "'s");
+  if (job.name != absl::StrCat("fitrun-", attempt.job_id)) return absl::StrCat("it is named '", job.name, "'");
+  if (job.comment != options_.coordinator_tag) {
+    return absl::StrCat("its comment is '", job.comment, "', not this coordinator's '", options_.coordinator_tag, "'");
+  }
+  return "";
 }
 
 void SlurmLauncher::ReleaseUnowned(const std::vector<std::string>& owned_handles) {

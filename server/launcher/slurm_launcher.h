@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "server/core/worker_launcher.h"
 #include "server/slurm/slurm_command.h"
+#include "server/slurm/slurm_text.h"
 
 namespace fitrun::server {
 
@@ -83,6 +84,10 @@ class SlurmLauncher : public WorkerLauncher {
   void ReleaseUnowned(const std::vector<std::string>& owned_handles) override;
 
  private:
+  // Why the Slurm job `job` is not the recorded attempt's (its user, its name, this coordinator's
+  // comment); empty when it is.
+  std::string NotThisJobs(const slurm::SlurmJobStatus& job, const RecordedAttempt& attempt) const;
+
   struct Tracked {
     // Where the shim's exit files are: <job_dir>/<attempt_dir_name>, the run_as account's.
     std::string job_dir;

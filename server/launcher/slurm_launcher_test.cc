@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <tuple>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -43,8 +45,9 @@ class ScriptedSlurm {
       }
       if (program == "scontrol") {
         if (state_.empty()) return absl::UnavailableError("slurm_load_jobs error: Invalid job id specified");
-        return absl::StrCat("JobId=42 JobName=fitrun-j1 JobState=", state_, " Reason=", reason_,
-                            " ExitCode=0:0 WorkDir=", work_dir_, " NodeList=n[1-2]\n");
+        return absl::StrCat("JobId=42 JobName=", name_, " UserId=someone(", user_id_, ") GroupId=someone(",
+                            user_id_, ") JobState=", state_, " Reason=", reason_, " ExitCode=0:0 WorkDir=", work_dir_,
+                            " NodeList=n[1-2]", comment_.empty() ? "" : " Comment=", comment_, "\n");
       }
       if (program == "scancel") return std::string("");
       return absl::NotFoundError(program);
@@ -54,6 +57,13 @@ class ScriptedSlurm {
     absl::MutexLock lock(&mu_);
     state_ = state;
     reason_ = reason;
+  }
+  // Whose job 42 is (scontrol show job's UserId, JobName and Comment).
+  void SetOwner(int64_t user_id, const std::string& name, const std::string& comment) {
+    absl::MutexLock lock(&mu_);
+    user_id_ = user_id;
+    name_ = name;
+    comment_ = comment;
   }
   void SetSqueueError(const std::string& error) {
     absl::MutexLock lock(&mu_);
@@ -84,6 +94,9 @@ class ScriptedSlurm {
   std::string squeue_error_;
   std::string listing_;
   std::string work_dir_;
+  int64_t user_id_ = getuid();
+  std::string name_ = "fitrun-j1";
+  std::string comment_ = "fitrund-tag";
 };
 
 // Reports from the launcher, for the test to wait on.
@@ -390,6 +403,31 @@ TEST_F(SlurmLauncherTest, AdoptsAJobSlurmStillRunsAndNotOneThatEnded) {
   EXPECT_EQ(again.Adopt(recorded, reports_.OnExit()), std::vector<bool>(4, false));
   EXPECT_EQ(again.Adopt({"j1", 1, "pids:1,2", {1, 2}, {true, true}, {}}, reports_.OnExit()),
             std::vector<bool>(2, false));
+}
+
+TEST_F(SlurmLauncherTest, AJobIdNamingAnotherUsersOrCoordinatorsJobIsNeitherAdoptedNorCancelled) {
+  // The id on record now names another job (Slurm's ids restart with a fresh controller state): one
+  // of another account, one another coordinator submitted, one named for another job.
+  RecordedAttempt recorded{"j1", 1, "slurm:42", {0, 0, 0, 0}, {true, true, true, true}, reports_.OnAllocation(),
+                           attempt_dir_.parent_path().string(), "attempt-1"};
+  slurm_.Set("RUNNING");
+  for (const auto& [user_id, name, comment] :
+       std::vector<std::tuple<int64_t, std::string, std::string>>{{getuid() + 1000, "fitrun-j1", "fitrund-tag"},
+                                                                  {getuid(), "fitrun-j1", "fitrund-other"},
+                                                                  {getuid(), "fitrun-j2", "fitrund-tag"},
+                                                                  {getuid(), "fitrun-j1", ""}}) {
+    slurm_.SetOwner(user_id, name, comment);
+    SlurmLauncher launcher(Options());
+    EXPECT_EQ(launcher.Adopt(recorded, reports_.OnExit()), std::vector<bool>(4, false)) << name << " " << comment;
+    for (int rank = 0; rank < 4; ++rank) launcher.Stop("slurm:42", rank, absl::ZeroDuration());
+    absl::SleepFor(absl::Milliseconds(100));  // a few of the poller's rounds
+  }
+  EXPECT_EQ(slurm_.Count("scancel 42") + slurm_.Count("scancel --signal=TERM --full 42"), 0)
+      << "a job that is not this job's was cancelled";
+  // Its own is.
+  slurm_.SetOwner(getuid(), "fitrun-j1", "fitrund-tag");
+  SlurmLauncher launcher(Options());
+  EXPECT_EQ(launcher.Adopt(recorded, reports_.OnExit()), std::vector<bool>(4, true));
 }
 
 TEST_F(SlurmLauncherTest, ReleasesOnlyThisCoordinatorsUnownedAllocations) {

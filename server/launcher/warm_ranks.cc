@@ -126,7 +126,9 @@ std::optional<WarmRanks::Taken> WarmRanks::Take(const WorkerLaunch& launch, Proc
     }
     if (rank == nullptr) return std::nullopt;
     if (cgroup != nullptr) {
-      if (absl::Status moved = cgroup->MoveIn(rank->pid); !moved.ok()) {
+      // While the launcher cannot reap it, so the pid written is this rank's and no recycled one's.
+      if (absl::Status moved = processes_->WhileAlive(rank->pid, [&] { return cgroup->MoveIn(rank->pid); });
+          !moved.ok()) {
         std::fprintf(stderr, "fitrund: warm rank %d: %s; starting the rank cold\n", rank->pid,
                      std::string(moved.message()).c_str());
         LetGo(*rank);
@@ -146,7 +148,7 @@ std::optional<WarmRanks::Taken> WarmRanks::Take(const WorkerLaunch& launch, Proc
     // filled its pipe (fitrund holds the job manager's lock here): one that does not take its
     // identity in time is killed, which is the same crash.
     if (!WriteToPipeWithin(rank->identity_fd, IdentityMessage(launch), kIdentityDeadline).ok()) {
-      kill(rank->pid, SIGKILL);
+      processes_->KillNow(rank->pid);  // through its pidfd: never a process that took its pid
     }
     LetGo(*rank);
     return Taken{rank->pid, rank->warm_id};

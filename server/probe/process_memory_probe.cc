@@ -332,7 +332,7 @@ absl::StatusOr<ProbeLine> ParseProbeLine(absl::string_view json) {
   return line;
 }
 
-std::string ScriptProbeDeviceOf(const std::vector<fitrun::v1::Device>& offered) {
+std::string ProbeDeviceOf(const std::vector<fitrun::v1::Device>& offered) {
   const fitrun::v1::Device* roomiest = nullptr;
   for (const fitrun::v1::Device& device : offered) {
     if (device.kind() != fitrun::v1::DEVICE_KIND_CUDA || absl::StrContains(device.id(), "/")) continue;
@@ -373,17 +373,15 @@ absl::StatusOr<std::unique_ptr<MemoryProbeSession>> ProcessMemoryProbe::Start(co
   if (access(binary.c_str(), X_OK) != 0) {
     return absl::FailedPreconditionError(absl::StrCat("memory probe: cannot start ", binary, ": ", std::strerror(errno)));
   }
-  // A one-rank assignment: the probe reads the spec, rank 0's threads and its memory cap, and a script's
-  // probe its device from the plan (none: the host).
+  // A one-rank assignment: the probe reads the spec, rank 0's threads and its memory cap, and from the
+  // plan the GPU it runs a script on or times a built-in workload's steps on (none: the host).
   fitrun::v1::WorkerAssignment assignment;
   assignment.set_job_id("memory-probe");
   *assignment.mutable_spec() = spec;
   assignment.add_cpu_threads(options_.cpu_threads);
   assignment.add_memory_cap_bytes(std::max<int64_t>(0, max_bytes));
   assignment.set_dataset_cache_dir(dataset_cache_dir);
-  if (spec.has_script() && !options_.script_device_id.empty()) {
-    assignment.mutable_plan()->add_device_ids(options_.script_device_id);
-  }
+  if (!options_.probe_device_id.empty()) assignment.mutable_plan()->add_device_ids(options_.probe_device_id);
   std::string text;
   google::protobuf::TextFormat::PrintToString(assignment, &text);
   const std::string name = absl::StrCat("probe-", getpid(), "-", next_id_++);

@@ -33,11 +33,12 @@ class ProcessMemoryProbe : public MemoryProbe {
     // What probes a script job's workload: fitrun-supervisor, which loads no LibTorch beside the
     // script's own; empty: worker_binary.
     std::string script_binary;
-    // Where a script's probe runs: a GPU of the offer ("cuda:0", or a slice "cuda:0#1") puts the
-    // script's one probe rank on that GPU, where the fitrun module measures torch.cuda's allocated
-    // peak (a script keeps its tensors on its GPU, where the host's preloaded allocator sees none of
-    // them); empty: the host. Built-in workloads are always measured on the host.
-    std::string script_device_id;
+    // The GPU a probe uses ("cuda:0", or a slice "cuda:0#1"; empty: none, the host): a script's one
+    // probe rank runs on it, where the fitrun module measures torch.cuda's allocated peak (a script
+    // keeps its tensors on its GPU, where the host's preloaded allocator sees none of them); a
+    // built-in workload's memory is still measured on the host, by the counting allocator, but its
+    // steps are timed on this GPU, so that the plan weighs strategies by the GPU's step times.
+    std::string probe_device_id;
     // Where the probes' assignment files go (created if missing).
     std::string work_dir;
     // The ranks' decoded-dataset cache (WorkerAssignment.dataset_cache_dir): the probe usually loads a
@@ -69,10 +70,10 @@ class ProcessMemoryProbe : public MemoryProbe {
   std::atomic<int64_t> next_id_{0};
 };
 
-// Where a script's probe runs among the devices offered (ProcessMemoryProbe::Options::script_device_id):
-// the GPU on this machine with the most memory (a cluster node's GPUs, "n1/cuda:0", are not this
+// The GPU a probe uses among the devices offered (ProcessMemoryProbe::Options::probe_device_id): the
+// one on this machine with the most memory (a cluster node's GPUs, "n1/cuda:0", are not this
 // machine's), or empty when this machine offers none.
-std::string ScriptProbeDeviceOf(const std::vector<fitrun::v1::Device>& offered);
+std::string ProbeDeviceOf(const std::vector<fitrun::v1::Device>& offered);
 
 // One line of fitrun-worker --probe's output, read.
 struct ProbeLine {

@@ -294,14 +294,14 @@ echo '{"model_state_bytes": 0, "train_samples": 0}'
 while read b; do echo "{\"batch\": $b, \"peak_bytes\": 7, \"backward_peak_bytes\": 7, \"other_peak_bytes\": 0}"; done)sh");
 }
 
-TEST(ProcessMemoryProbeTest, AScriptIsProbedOnTheConfiguredGpuAndABuiltinOnTheHost) {
+TEST(ProcessMemoryProbeTest, AScriptIsProbedOnTheConfiguredGpuAndABuiltinTimedThere) {
   fitrun::v1::JobSpec script = Spec();
   script.clear_model();
   script.mutable_script()->add_command("/usr/bin/python3");
   {
     ProcessMemoryProbe::Options options = OptionsFor(DeviceCheckingWorker("probe_gpu.sh", /*expect_device=*/true));
     options.script_binary = options.worker_binary;
-    options.script_device_id = "cuda:1#0";
+    options.probe_device_id = "cuda:1#0";
     options.nice = 0;
     auto probe = *ProcessMemoryProbe::Create(options);
     absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(script, 1 << 30, "");
@@ -309,9 +309,19 @@ TEST(ProcessMemoryProbeTest, AScriptIsProbedOnTheConfiguredGpuAndABuiltinOnTheHo
     EXPECT_EQ(*(*session)->MeasurePeak(2), 7);
   }
   {
-    // A built-in workload is measured on the host, whatever the GPUs.
+    // A built-in workload's probe is told the GPU too: it times its steps there (its memory it
+    // measures on the host).
+    ProcessMemoryProbe::Options options = OptionsFor(DeviceCheckingWorker("probe_timed.sh", /*expect_device=*/true));
+    options.probe_device_id = "cuda:1#0";
+    options.nice = 0;
+    auto probe = *ProcessMemoryProbe::Create(options);
+    absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30, "");
+    ASSERT_TRUE(session.ok()) << session.status();
+    EXPECT_EQ(*(*session)->MeasurePeak(2), 7);
+  }
+  {
+    // Without GPUs, a built-in workload's probe names no device and runs on the host, as ever.
     ProcessMemoryProbe::Options options = OptionsFor(DeviceCheckingWorker("probe_host.sh", /*expect_device=*/false));
-    options.script_device_id = "cuda:1#0";
     options.nice = 0;
     auto probe = *ProcessMemoryProbe::Create(options);
     absl::StatusOr<std::unique_ptr<MemoryProbeSession>> session = probe->Start(Spec(), 1 << 30, "");
@@ -320,7 +330,7 @@ TEST(ProcessMemoryProbeTest, AScriptIsProbedOnTheConfiguredGpuAndABuiltinOnTheHo
   }
 }
 
-TEST(ScriptProbeDeviceOfTest, TheRoomiestGpuOfThisMachine) {
+TEST(ProbeDeviceOfTest, TheRoomiestGpuOfThisMachine) {
   auto device = [](const std::string& id, fitrun::v1::DeviceKind kind, int64_t total) {
     fitrun::v1::Device d;
     d.set_id(id);
@@ -328,15 +338,15 @@ TEST(ScriptProbeDeviceOfTest, TheRoomiestGpuOfThisMachine) {
     d.set_total_bytes(total);
     return d;
   };
-  EXPECT_EQ(ScriptProbeDeviceOf({}), "");
-  EXPECT_EQ(ScriptProbeDeviceOf({device("cpu:0", fitrun::v1::DEVICE_KIND_CPU, 8LL << 30)}), "");
-  EXPECT_EQ(ScriptProbeDeviceOf({device("cpu:0", fitrun::v1::DEVICE_KIND_CPU, 80LL << 30),
-                                 device("cuda:0#0", fitrun::v1::DEVICE_KIND_CUDA, 1LL << 30),
-                                 device("cuda:0#1", fitrun::v1::DEVICE_KIND_CUDA, 2LL << 30),
-                                 device("n1/cuda:0", fitrun::v1::DEVICE_KIND_CUDA, 80LL << 30)}),
+  EXPECT_EQ(ProbeDeviceOf({}), "");
+  EXPECT_EQ(ProbeDeviceOf({device("cpu:0", fitrun::v1::DEVICE_KIND_CPU, 8LL << 30)}), "");
+  EXPECT_EQ(ProbeDeviceOf({device("cpu:0", fitrun::v1::DEVICE_KIND_CPU, 80LL << 30),
+                           device("cuda:0#0", fitrun::v1::DEVICE_KIND_CUDA, 1LL << 30),
+                           device("cuda:0#1", fitrun::v1::DEVICE_KIND_CUDA, 2LL << 30),
+                           device("n1/cuda:0", fitrun::v1::DEVICE_KIND_CUDA, 80LL << 30)}),
             "cuda:0#1");
   // A cluster's GPUs are on its nodes: the coordinator's machine has none to probe on.
-  EXPECT_EQ(ScriptProbeDeviceOf({device("n1/cuda:0", fitrun::v1::DEVICE_KIND_CUDA, 80LL << 30)}), "");
+  EXPECT_EQ(ProbeDeviceOf({device("n1/cuda:0", fitrun::v1::DEVICE_KIND_CUDA, 80LL << 30)}), "");
 }
 
 TEST(ProcessMemoryProbeTest, AProbeRunsInACgroupOfItsOwnThatGoesWithItAndWhatItStarted) {

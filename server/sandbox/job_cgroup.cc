@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -442,7 +443,7 @@ absl::Status JobCgroup::KillAll(absl::Duration timeout) {
     }
     absl::StatusOr<std::vector<int>> pids = Pids();
     if (pids.ok()) {
-      for (int pid : *pids) kill(pid, SIGKILL);
+      for (int pid : *pids) KillIfInside(pid);
     }
     if (frozen) {
       if (absl::Status status = WriteFile(freeze_file, thaw_value); !status.ok()) return status;
@@ -452,6 +453,53 @@ absl::Status JobCgroup::KillAll(absl::Duration timeout) {
     if (!gone.ok()) return gone.status();
     if (*gone) return absl::OkStatus();
   }
+}
+
+namespace {
+
+// The cgroup `dir` as /proc/<pid>/cgroup names it: relative to its hierarchy's mount, which is the
+// highest directory above it on the same file system.
+std::string RelativeToMount(const std::string& dir) {
+  struct stat own {};
+  if (stat(dir.c_str(), &own) != 0) return "";
+  std::string top = dir;
+  while (true) {
+    const size_t slash = top.find_last_of('/');
+    if (slash == std::string::npos || slash == 0) break;
+    const std::string parent = top.substr(0, slash);
+    struct stat above {};
+    if (stat(parent.c_str(), &above) != 0 || above.st_dev != own.st_dev) break;
+    top = parent;
+  }
+  const std::string relative = dir.substr(top.size());
+  return relative.empty() ? "/" : relative;
+}
+
+}  // namespace
+
+bool JobCgroup::Contains(int pid) const {
+  if (directories_.empty()) return false;
+  const std::string want = RelativeToMount(directories_.front());
+  const std::string& controller = controllers_.front();  // v1: memory; v2: ""
+  absl::StatusOr<std::string> cgroups = ReadFile(absl::StrCat("/proc/", pid, "/cgroup"));
+  if (!cgroups.ok() || want.empty()) return false;
+  for (absl::string_view line : absl::StrSplit(*cgroups, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> fields = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (fields.size() != 3) continue;
+    const bool hierarchy = controller.empty() ? fields[0] == "0" && fields[1].empty()
+                                              : absl::StrContains(absl::StrCat(",", fields[1], ","),
+                                                                  absl::StrCat(",", controller, ","));
+    if (hierarchy) return fields[2] == want;
+  }
+  return false;
+}
+
+void JobCgroup::KillIfInside(int pid) const {
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return;  // gone already
+  // The pidfd pins a process; if it is in this cgroup, it is one of ours, whatever pid it has.
+  if (Contains(pid)) syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+  close(pidfd);
 }
 
 absl::Status JobCgroup::Remove(absl::Duration timeout) {
@@ -547,8 +595,14 @@ absl::StatusOr<std::unique_ptr<JobCgroup>> JobCgroups::Make(const std::string& n
   std::vector<std::string> dirs;
   std::vector<std::string> made;
   bool existed = false;
-  for (const std::string& base : base_dirs_) {
+  for (size_t i = 0; i < base_dirs_.size(); ++i) {
+    const std::string& base = base_dirs_[i];
     const std::string dir = Join(base, name);
+    // The coordinator's own directory may be gone: removed as empty by a fitrund starting at the
+    // moment this one's was (RemoveGoneCoordinators), or by hand. Made again.
+    if (!IsDirectory(base) && i < parent_dirs_.size()) {
+      (void)MakeLevels(parent_dirs_[i], base.substr(base.find_last_of('/') + 1), version_ == CgroupVersion::kV2);
+    }
     if (mkdir(dir.c_str(), 0755) == 0) {
       made.push_back(dir);
     } else if (errno == EEXIST) {
@@ -649,6 +703,50 @@ absl::Status JobCgroups::RemoveDirectories() const {
   // Another coordinator's directory keeps the parent (rmdir then fails, which is fine).
   for (const std::string& parent : parent_dirs_) rmdir(parent.c_str());
   return absl::OkStatus();
+}
+
+namespace {
+
+// Removes `dir` and every cgroup below it that is empty, deepest first; appends what it removed.
+// Returns whether `dir` itself went.
+bool RemoveEmptyTree(const std::string& dir, std::vector<std::string>* removed) {
+  bool all_gone = true;
+  if (DIR* listing = opendir(dir.c_str()); listing != nullptr) {
+    std::vector<std::string> children;
+    while (const dirent* entry = readdir(listing)) {
+      const std::string name = entry->d_name;
+      if (name != "." && name != ".." && IsDirectory(Join(dir, name))) children.push_back(Join(dir, name));
+    }
+    closedir(listing);
+    for (const std::string& child : children) all_gone &= RemoveEmptyTree(child, removed);
+  }
+  if (!all_gone || rmdir(dir.c_str()) != 0) return false;
+  removed->push_back(dir);
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::string> JobCgroups::RemoveGoneCoordinators(
+    const std::function<bool(const std::string& tag)>& alive) const {
+  std::vector<std::string> removed;
+  const std::string own = base_dirs_.front().substr(base_dirs_.front().find_last_of('/') + 1);
+  for (const std::string& parent : parent_dirs_) {
+    DIR* listing = opendir(parent.c_str());
+    if (listing == nullptr) continue;
+    std::vector<std::string> tags;
+    while (const dirent* entry = readdir(listing)) {
+      const std::string name = entry->d_name;
+      if (absl::StartsWith(name, "fitrund-") && ValidName(name) && name != own && IsDirectory(Join(parent, name))) {
+        tags.push_back(name);
+      }
+    }
+    closedir(listing);
+    for (const std::string& tag : tags) {
+      if (!alive(tag)) RemoveEmptyTree(Join(parent, tag), &removed);
+    }
+  }
+  return removed;
 }
 
 CgroupSupport ProbeCgroupSupport(JobCgroups::Options options) {

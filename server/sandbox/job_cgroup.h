@@ -15,6 +15,7 @@
 #define FITRUN_SERVER_SANDBOX_JOB_CGROUP_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -78,6 +79,9 @@ class JobCgroup {
   absl::Status MoveIn(int pid) const;
   // Every process in it, in any of its directories.
   absl::StatusOr<std::vector<int>> Pids() const;
+  // Whether the process `pid` is in it (its /proc/<pid>/cgroup names this cgroup's first directory,
+  // relative to its hierarchy's mount): a process re-adopted after a restart must be.
+  bool Contains(int pid) const;
   // The limits as the kernel holds them (rounded to its pages).
   absl::StatusOr<CgroupLimits> ReadLimits() const;
   absl::StatusOr<HostMemoryStats> HostMemory() const;
@@ -85,7 +89,9 @@ class JobCgroup {
   absl::StatusOr<int64_t> HostMemoryOomKills() const;
   // Kills every process in it and waits until none is left (at most `timeout`): v2's cgroup.kill
   // where the kernel has it; otherwise freeze (v1 freezer, v2 cgroup.freeze) so nothing forks
-  // meanwhile, SIGKILL every pid in cgroup.procs, thaw, and repeat until cgroup.procs is empty.
+  // meanwhile, SIGKILL every pid in cgroup.procs, thaw, and repeat until cgroup.procs is empty. Each
+  // pid read is signalled through a pidfd, and only once it is seen in this cgroup after the pidfd
+  // pinned it: a pid that was recycled between the read and the kill is never signalled.
   absl::Status KillAll(absl::Duration timeout = absl::Seconds(10));
   // Removes its directories once no process is left in them (waiting at most `timeout` for exiting
   // ones); a directory already gone is fine. FAILED_PRECONDITION naming the directory otherwise.
@@ -93,6 +99,8 @@ class JobCgroup {
 
  private:
   std::string Dir(absl::string_view controller) const;  // "" when not in that hierarchy
+  // SIGKILL to `pid` through a pidfd, if the process the pidfd pins is in this cgroup.
+  void KillIfInside(int pid) const;
 
   const std::string name_;
   const CgroupVersion version_;
@@ -138,6 +146,11 @@ class JobCgroups {
   // Removes the coordinator's directory, and the parent's when no other coordinator uses it; for a
   // coordinator that stopped everything it started. FAILED_PRECONDITION while cgroups remain.
   absl::Status RemoveDirectories() const;
+  // Removes the empty cgroups other coordinators left under the same parent (a fitrund killed, or
+  // one that could not empty them) when `alive` says their coordinator (by tag) is gone; a cgroup
+  // with a process in it stays (a dead coordinator's ranks, for it to re-adopt when it restarts),
+  // and so does every cgroup above it. Returns the directories removed.
+  std::vector<std::string> RemoveGoneCoordinators(const std::function<bool(const std::string& tag)>& alive) const;
 
  private:
   JobCgroups(CgroupVersion version, std::vector<std::string> base_dirs, std::vector<std::string> controllers,

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "server/sandbox/throwaway_cgroups.h"
@@ -384,6 +385,72 @@ TEST_F(RealCgroupTest, MakingAnExistingCgroupEmptiesItFirst) {
   EXPECT_EQ(Wait(orphan).signal, SIGKILL);
   EXPECT_EQ((*again)->ReadLimits()->memory_bytes, 128 << 20);
   EXPECT_TRUE((*again)->Remove().ok());
+}
+
+TEST_F(RealCgroupTest, ContainsOnlyTheProcessesInIt) {
+  absl::StatusOr<std::unique_ptr<JobCgroup>> cgroup = throwaway_.cgroups()->Make("j-000008-a1", {});
+  ASSERT_TRUE(cgroup.ok()) << cgroup.status();
+  const pid_t inside = Start(**cgroup, "exec sleep 300");
+  ASSERT_TRUE(WaitUntil([&] { return !(*cgroup)->Pids()->empty(); }, absl::Seconds(5)));
+  EXPECT_TRUE((*cgroup)->Contains(inside));
+  EXPECT_FALSE((*cgroup)->Contains(getpid())) << "the test is in its parent's cgroup, not in this one";
+  // Its sibling's process is not in it, though the names differ only in the attempt.
+  absl::StatusOr<std::unique_ptr<JobCgroup>> sibling = throwaway_.cgroups()->Make("j-000008-a2", {});
+  ASSERT_TRUE(sibling.ok());
+  EXPECT_FALSE((*sibling)->Contains(inside));
+  ASSERT_TRUE((*cgroup)->KillAll().ok());
+  Wait(inside);
+  EXPECT_FALSE((*cgroup)->Contains(inside)) << "a pid that is gone is in no cgroup";
+  EXPECT_TRUE((*cgroup)->Remove().ok());
+  EXPECT_TRUE((*sibling)->Remove().ok());
+}
+
+TEST_F(RealCgroupTest, AStartingCoordinatorRemovesTheEmptyCgroupsOfCoordinatorsThatAreGone) {
+  // Three others under the same parent: one gone with only empty cgroups left, one gone with a rank
+  // still running (for it to re-adopt), one alive.
+  auto other = [this](const std::string& tag) {
+    JobCgroups::Options options = throwaway_.options();
+    options.coordinator_tag = tag;
+    return *JobCgroups::Create(options);
+  };
+  std::unique_ptr<JobCgroups> gone = other("fitrund-00000000000000d1");
+  std::unique_ptr<JobCgroups> gone_busy = other("fitrund-00000000000000d2");
+  std::unique_ptr<JobCgroups> alive = other("fitrund-00000000000000a1");
+  ASSERT_TRUE(gone->Make("j-000001-a1", {}).ok());
+  ASSERT_TRUE(gone->Make("j-000002-a1", {}).ok());
+  absl::StatusOr<std::unique_ptr<JobCgroup>> busy = gone_busy->Make("j-000003-a1", {});
+  ASSERT_TRUE(busy.ok());
+  ASSERT_TRUE(gone_busy->Make("j-000004-a1", {}).ok());
+  const pid_t rank = Start(**busy, "exec sleep 300");
+  ASSERT_TRUE(WaitUntil([&] { return !(*busy)->Pids()->empty(); }, absl::Seconds(5)));
+  ASSERT_TRUE(alive->Make("j-000005-a1", {}).ok());
+  ASSERT_TRUE(throwaway_.cgroups()->Make("j-000006-a1", {}).ok());
+
+  const std::vector<std::string> removed =
+      throwaway_.cgroups()->RemoveGoneCoordinators([](const std::string& tag) { return tag == "fitrund-00000000000000a1"; });
+  EXPECT_TRUE(gone->List().empty());
+  for (const std::string& dir : gone->directories()) EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
+  EXPECT_EQ(gone_busy->List(), std::vector<std::string>{"j-000003-a1"}) << "the running rank's cgroup stays";
+  EXPECT_EQ(alive->List(), std::vector<std::string>{"j-000005-a1"});
+  EXPECT_EQ(throwaway_.cgroups()->List(), std::vector<std::string>{"j-000006-a1"}) << "its own are its own";
+  EXPECT_EQ(removed.size(), 4 * gone->directories().size()) << absl::StrJoin(removed, " ");
+
+  // A coordinator whose own directory went meanwhile makes it again for its next attempt.
+  ASSERT_TRUE((*alive->Open("j-000005-a1"))->Remove().ok());
+  for (const std::string& dir : alive->directories()) ASSERT_EQ(rmdir(dir.c_str()), 0) << dir;
+  absl::StatusOr<std::unique_ptr<JobCgroup>> again = alive->Make("j-000007-a1", {64 << 20, 16});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->ReadLimits()->max_tasks, 16);
+  EXPECT_TRUE((*again)->Remove().ok());
+
+  kill(rank, SIGKILL);
+  Wait(rank);
+  ASSERT_TRUE((*busy)->Remove().ok());
+  ASSERT_TRUE((*throwaway_.cgroups()->Open("j-000006-a1"))->Remove().ok());
+  for (JobCgroups* cgroups : {gone.get(), gone_busy.get(), alive.get()}) {
+    for (const std::string& name : cgroups->List()) (void)(*cgroups->Open(name))->Remove();
+    (void)cgroups->RemoveDirectories();
+  }
 }
 
 TEST_F(RealCgroupTest, TheProbeSaysThisMachineCanConfineJobs) {

@@ -2,11 +2,13 @@
 
 #include <grp.h>
 #include <pwd.h>
+#include <linux/capability.h>
 #include <sys/fsuid.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -19,6 +21,31 @@ namespace {
 // ids are per process), and only this thread's must change.
 int ThreadSetGroups(const std::vector<gid_t>& groups) {
   return static_cast<int>(syscall(SYS_setgroups, groups.size(), groups.data()));
+}
+
+// This thread's capabilities (capget and capset on thread id 0 act on the calling thread only), as
+// {effective, permitted, inheritable} of each of the two 32-bit words.
+bool ThreadCapabilities(uint32_t words[6]) {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capget, &header, data) != 0) return false;
+  for (int i = 0; i < 2; ++i) {
+    words[3 * i] = data[i].effective;
+    words[3 * i + 1] = data[i].permitted;
+    words[3 * i + 2] = data[i].inheritable;
+  }
+  return true;
+}
+
+bool SetThreadCapabilities(const uint32_t words[6]) {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  for (int i = 0; i < 2; ++i) {
+    data[i].effective = words[3 * i];
+    data[i].permitted = words[3 * i + 1];
+    data[i].inheritable = words[3 * i + 2];
+  }
+  return syscall(SYS_capset, &header, data) == 0;
 }
 
 }  // namespace
@@ -85,11 +112,27 @@ FileAccessAs::FileAccessAs(const UnixAccount& account) {
   // setfsuid reports nothing useful on failure; read the id back.
   if (static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1))) != account.uid) {
     status_ = absl::InternalError(absl::StrCat("setfsuid(", account.uid, ") for ", account.name, " did not take"));
+    return;
   }
+  // Last: the switches above need CAP_SETUID and CAP_SETGID. The permitted set stays, so the
+  // destructor can raise them again.
+  uint32_t none[6];
+  if (!ThreadCapabilities(saved_capabilities_)) {
+    status_ = absl::InternalError(absl::StrCat("capget for ", account.name, ": ", std::strerror(errno)));
+    return;
+  }
+  std::copy(saved_capabilities_, saved_capabilities_ + 6, none);
+  none[0] = none[3] = 0;  // effective
+  if (!SetThreadCapabilities(none)) {
+    status_ = absl::InternalError(absl::StrCat("dropping capabilities for ", account.name, ": ", std::strerror(errno)));
+    return;
+  }
+  capabilities_dropped_ = true;
 }
 
 FileAccessAs::~FileAccessAs() {
   if (!switched_) return;
+  if (capabilities_dropped_) SetThreadCapabilities(saved_capabilities_);
   // Switching the file-system uid back to 0 returns this thread's file-system capabilities; the
   // groups need CAP_SETGID, which the switch never took.
   setfsuid(saved_fsuid_);

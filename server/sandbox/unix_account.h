@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -40,9 +41,12 @@ bool CanRunAsOtherAccounts();
 absl::Status GiveToAccount(const std::string& path, const UnixAccount& account, unsigned mode);
 
 // While alive, the calling thread opens, stats and lists files with `account`'s rights (file-system
-// uid and gid and supplementary groups, which Linux keeps per thread), and the thread's file-system
-// capabilities are dropped; the destructor restores fitrund's own. Other threads are untouched.
-// Only meaningful when CanRunAsOtherAccounts(); otherwise ok() is false and nothing changes.
+// uid and gid and supplementary groups, which Linux keeps per thread), and every capability of the
+// thread is dropped from its effective set, not only the file-system ones a file-system uid change
+// drops: root's CAP_SYS_PTRACE would otherwise let a path through /proc/<pid>/cwd or /root (magic
+// links) into another account's private directories. The destructor restores fitrund's own. Other
+// threads are untouched. Only meaningful when CanRunAsOtherAccounts(); otherwise ok() is false and
+// nothing changes.
 class FileAccessAs {
  public:
   explicit FileAccessAs(const UnixAccount& account);
@@ -56,6 +60,10 @@ class FileAccessAs {
  private:
   absl::Status status_;
   bool switched_ = false;
+  // The thread's capabilities before (capget's two 32-bit words of effective, permitted and
+  // inheritable), when they were dropped.
+  bool capabilities_dropped_ = false;
+  uint32_t saved_capabilities_[6] = {};
   uid_t saved_fsuid_ = 0;
   gid_t saved_fsgid_ = 0;
   std::vector<gid_t> saved_groups_;

@@ -3,7 +3,9 @@
 #include "server/sandbox/unix_account.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -11,7 +13,9 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/sandbox/throwaway_account.h"
 
@@ -103,6 +107,38 @@ TEST_F(FileAccessAsTest, GroupMembershipCounts) {
   FileAccessAs as(*account);
   ASSERT_TRUE(as.status().ok()) << as.status();
   EXPECT_TRUE(CanRead(shared));
+}
+
+TEST_F(FileAccessAsTest, AMagicLinkIntoAnotherProcesssPrivateDirectoryIsNotFollowed) {
+  absl::StatusOr<UnixAccount> account = LookUpUnixAccount(account_.name());
+  ASSERT_TRUE(account.ok()) << account.status();
+  // A world-readable file in a world-searchable directory, under a directory only root may search,
+  // and a process of root's whose working directory is that inner directory.
+  const std::filesystem::path inner = dir_ / "private" / "inner";
+  std::filesystem::create_directories(inner);
+  chmod((dir_ / "private").c_str(), 0700);
+  chmod(inner.c_str(), 0755);
+  std::ofstream(inner / "file") << "behind a private directory\n";
+  chmod((inner / "file").c_str(), 0644);
+  const pid_t holder = fork();
+  if (holder == 0) {
+    if (chdir(inner.c_str()) != 0) _exit(1);
+    pause();
+    _exit(0);
+  }
+  ASSERT_GT(holder, 0);
+  const std::string through_proc = absl::StrCat("/proc/", holder, "/cwd/file");
+  for (int i = 0; i < 200 && !CanRead(through_proc); ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(CanRead(through_proc)) << "root follows it";
+  {
+    FileAccessAs as(*account);
+    ASSERT_TRUE(as.status().ok()) << as.status();
+    EXPECT_FALSE(CanRead((inner / "file").string())) << "the account searched root's private directory";
+    EXPECT_FALSE(CanRead(through_proc)) << "the account went through /proc/<pid>/cwd with root's CAP_SYS_PTRACE";
+  }
+  EXPECT_TRUE(CanRead(through_proc)) << "root's capabilities did not come back";
+  kill(holder, SIGKILL);
+  waitpid(holder, nullptr, 0);
 }
 
 }  // namespace

@@ -144,6 +144,8 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanJob(grpc::CallbackServerContex
                                                       const fitrun::v1::PlanJobRequest* request,
                                                       fitrun::v1::PlanJobResponse* response) {
   return Unary(context, [&](const Caller& caller) -> absl::Status {
+    absl::StatusOr<CallQuota::Ticket> admitted = plan_quota_.Admit(caller.user);
+    if (!admitted.ok()) return admitted.status();
     if (absl::Status size = CheckSpecSize(*request); !size.ok()) return size;
     absl::StatusOr<fitrun::v1::JobSpec> spec = SpecFrom(*request);
     if (!spec.ok()) return spec.status();

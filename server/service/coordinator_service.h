@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "fitrun/v1/coordinator.grpc.pb.h"
 #include "server/auth/authenticator.h"
+#include "server/core/jobs/call_quota.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/service/grpc_status.h"
 #include "server/service/log_stream.h"
@@ -32,6 +33,9 @@ class CoordinatorService final
     // Every job runs as its owner's Unix account (fitrund is root and has users): a user without
     // one cannot submit or plan.
     bool run_jobs_as_owners = false;
+    // PlanJob per user: how often and how many at once (it reads the spec's files and may queue
+    // memory probes).
+    CallQuota::Options plan_quota;
   };
   explicit CoordinatorService(JobManager* manager) : CoordinatorService(manager, Options()) {}
   CoordinatorService(JobManager* manager, Options options)
@@ -39,6 +43,7 @@ class CoordinatorService final
         authenticator_(options.authenticator),
         run_jobs_as_owners_(options.run_jobs_as_owners),
         max_streams_per_user_(options.max_streams_per_user),
+        plan_quota_(options.plan_quota),
         fanout_(options.fanout) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context, const fitrun::v1::SubmitJobRequest* request,
@@ -98,6 +103,7 @@ class CoordinatorService final
   const int max_streams_per_user_;
   absl::Mutex streams_mu_;
   std::map<std::string, int> streams_by_user_ ABSL_GUARDED_BY(streams_mu_);
+  CallQuota plan_quota_;
   // Wakes following log streams a few times a second to look for appended bytes.
   LogFollowTicker ticker_;
   WatchFanout fanout_;

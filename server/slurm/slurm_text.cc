@@ -237,6 +237,18 @@ absl::StatusOr<SlurmJobStatus> ParseShowJob(absl::string_view text) {
       return absl::InvalidArgumentError(absl::StrCat(where, "ExitCode=", Quote(*exit), " is not CODE:SIGNAL"));
     }
   }
+  if (const std::string* user = Find(fields, "UserId"); user != nullptr) {
+    // name(uid)
+    const size_t open = user->rfind('(');
+    if (open == std::string::npos || user->back() != ')' ||
+        !absl::SimpleAtoi(absl::string_view(*user).substr(open + 1, user->size() - open - 2), &job.user_id)) {
+      job.user_id = -1;
+    }
+  }
+  if (const std::string* name = Find(fields, "JobName"); name != nullptr) job.name = *name;
+  if (const std::string* comment = Find(fields, "Comment"); comment != nullptr && !IsUnset(*comment)) {
+    job.comment = *comment;
+  }
   return job;
 }
 

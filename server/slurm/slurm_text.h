@@ -70,6 +70,11 @@ struct SlurmJobStatus {
   std::string nodes;   // Its node list in Slurm's compressed form ("n[1-2]"); "" before it has nodes
   int exit_code = 0;   // ExitCode=A:B's A (the batch script's exit status); squeue does not report it
   int exit_signal = 0;  // and B, the signal that ended it (0 when none)
+  // Whose job it is and what it was submitted as (scontrol show job only; squeue leaves them
+  // unset): UserId=name(uid)'s uid (-1 when not shown), JobName, and Comment ("" when none).
+  int64_t user_id = -1;
+  std::string name;
+  std::string comment;
 
   // A final state: COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED, OUT_OF_MEMORY,
   // BOOT_FAIL, DEADLINE, REVOKED. A job in one never runs again.
@@ -80,7 +85,8 @@ struct SlurmJobStatus {
 };
 
 // The first non-blank line of `scontrol show job --oneliner <id>`. JobId and JobState are required;
-// Reason, NodeList and ExitCode (A:B) are optional, but a malformed ExitCode is an error.
+// Reason, NodeList, ExitCode (A:B), UserId, JobName and Comment are optional, but a malformed ExitCode
+// is an error.
 absl::StatusOr<SlurmJobStatus> ParseShowJob(absl::string_view line);
 
 // The format ParseSqueue reads: pass it to `squeue --noheader --format=` as is.

@@ -331,6 +331,31 @@ absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::LoadJobs() {
   return records;
 }
 
+absl::Status SqliteJobStore::DeleteJobs(absl::Span<const std::string> job_ids) {
+  if (job_ids.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  if (absl::Status status = Exec("BEGIN IMMEDIATE;"); !status.ok()) return status;
+  for (const char* sql : {"DELETE FROM events WHERE job_id = ?1;", "DELETE FROM attempts WHERE job_id = ?1;",
+                          "DELETE FROM jobs WHERE id = ?1;"}) {
+    Statement remove(db_, sql);
+    if (!remove.ok()) {
+      const absl::Status error = SqliteError(db_, "preparing DeleteJobs");
+      (void)Exec("ROLLBACK;");
+      return error;
+    }
+    for (const std::string& id : job_ids) {
+      sqlite3_reset(remove.get());
+      remove.BindText(1, id);
+      if (sqlite3_step(remove.get()) != SQLITE_DONE) {
+        const absl::Status error = SqliteError(db_, "deleting a job");
+        (void)Exec("ROLLBACK;");
+        return error;
+      }
+    }
+  }
+  return Exec("COMMIT;");
+}
+
 absl::StatusOr<int64_t> SqliteJobStore::LastEventSequence(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   Statement query(db_, "SELECT COALESCE(MAX(sequence), 0) FROM events WHERE job_id = ?1;");

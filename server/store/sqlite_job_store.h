@@ -52,6 +52,9 @@ class SqliteJobStore : public JobStore {
   absl::StatusOr<int64_t> LastEventSequence(const std::string& job_id) override;
   absl::StatusOr<std::vector<fitrun::v1::JobEvent>> ReadEvents(const std::string& job_id, int64_t from_sequence,
                                                                 int limit) override;
+  // The pages they held are reused by later writes (the file does not shrink, nor grow while the
+  // rows deleted make room for the rows added).
+  absl::Status DeleteJobs(absl::Span<const std::string> job_ids) override;
   // Checkpoint passes run so far (for tests).
   int64_t checkpoints();
 

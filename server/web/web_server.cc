@@ -623,8 +623,13 @@ absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(
   server->context_->tls = options.tls;
   const int threads = options.max_event_streams + 8;  // every event stream holds one; the rest serve requests
   // civetweb's "s" suffix: this port speaks TLS only.
-  const std::vector<std::string> civet_options = {"listening_ports", absl::StrCat(options.listen, https ? "s" : ""),
-                                                  "num_threads", absl::StrCat(threads)};
+  // A request must arrive whole, and a reply be taken, within request_timeout: a client that sends
+  // its headers a byte at a time (or never) holds one of the threads for that long at most, not
+  // civetweb's 30 s default, so a few dozen slow connections cannot take the port from everyone.
+  const std::vector<std::string> civet_options = {
+      "listening_ports", absl::StrCat(options.listen, https ? "s" : ""), "num_threads", absl::StrCat(threads),
+      "request_timeout_ms", absl::StrCat(absl::ToInt64Milliseconds(options.request_timeout)),
+      "keep_alive_timeout_ms", "500"};
   CivetCallbacks callbacks;
   callbacks.log_message = &CivetContext::Log;
   if (https) callbacks.init_ssl = &CivetContext::InitSsl;

@@ -75,6 +75,9 @@ class WebServer {
     std::vector<std::string> hosts;
     // An idle event stream sends a comment this often, so a closed page is noticed.
     absl::Duration keepalive = absl::Seconds(15);
+    // How long a request may take to arrive whole, and a reply to be taken (civetweb's
+    // request_timeout_ms): a slow client holds a thread no longer.
+    absl::Duration request_timeout = absl::Seconds(5);
     // Who may read what: the gRPC API's users. nullptr, or an Authenticator that is not secured:
     // local mode, everyone is the local admin (must outlive the server).
     const Authenticator* authenticator = nullptr;

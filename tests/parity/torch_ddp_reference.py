@@ -40,17 +40,38 @@ class Mlp(nn.Module):
 
 
 class Cnn(nn.Module):
-    def __init__(self):
+    """fitrun's cnn as PyTorch's examples/mnist writes it (`matched=False`), or with the layout the
+    built-in model computes in (worker/models/model.cc, `matched=True`): the images channels-last,
+    oneDNN's own layout, and the pooling before the second ReLU (the same values and gradients, on a
+    quarter of the elements). The parameters keep PyTorch's layout either way."""
+
+    def __init__(self, matched=False):
         super().__init__()
+        self.matched = matched
         self.conv1 = nn.Conv2d(1, 32, 3)
         self.conv2 = nn.Conv2d(32, 64, 3)
         self.fc1 = nn.Linear(9216, 128)
         self.fc2 = nn.Linear(128, 10)
 
     def forward(self, x):
+        if not self.matched:
+            x = F.relu(self.conv1(x))
+            x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+            return self.fc2(F.relu(self.fc1(x.flatten(1))))
+        if x.device.type == "cpu":
+            # Set by strides: a one-channel image counts as contiguous either way, so
+            # x.contiguous(memory_format=torch.channels_last) would keep it NCHW.
+            x = torch.empty(x.shape, dtype=x.dtype, memory_format=torch.channels_last).copy_(x)
         x = F.relu(self.conv1(x))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(F.max_pool2d(self.conv2(x), 2))
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def make_model(name, layout="plain"):
+    """fitrun's built-in `name` ("mlp" or "cnn") in `layout`: "plain" as PyTorch users write it,
+    "matched" as the built-in model computes (only the cnn differs)."""
+    return Mlp() if name == "mlp" else Cnn(matched=layout == "matched")
+
 
 
 def bf16_compress_hook_on_gloo(process_group, bucket):
@@ -146,6 +167,8 @@ def main():
     parser.add_argument("--data", required=True)
     parser.add_argument("--dump", required=True)
     parser.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    parser.add_argument("--layout", choices=["plain", "matched"], default="plain",
+                        help="the cnn as PyTorch's example writes it, or in the built-in model's layout")
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--batch", type=int, required=True, help="per-rank batch")
     parser.add_argument("--lr", type=float, required=True)
@@ -179,7 +202,7 @@ def main():
 
 
 def train(args, hook, rank, world, images, labels, shares, steps_per_epoch):
-    model = Mlp() if args.model == "mlp" else Cnn()
+    model = make_model(args.model, args.layout)
     load_initial_parameters(model, args.dump)
     ddp = nn.parallel.DistributedDataParallel(model)
     register_comm_hook(ddp, hook, args.powersgd_rank, args.powersgd_start_iter)

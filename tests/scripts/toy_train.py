@@ -26,12 +26,16 @@ parser.add_argument("--leave_daemon", default="",
 parser.add_argument("--host_hog_mib", type=int, default=0,
                     help="rank 0, on attempt 1, fills this much host memory (outside torch) at --host_hog_at_step")
 parser.add_argument("--host_hog_at_step", type=int, default=2)
+parser.add_argument("--start_delay", type=float, default=0.0,
+                    help="seconds to wait before joining the process group (not in the probe)")
 args = parser.parse_args()
 own_checkpoints = os.environ["FITRUN_CHECKPOINT_DIR"] if args.own_checkpoints else None
 
 run = fitrun.init()
 torch.manual_seed(0)
 torch.set_num_threads(1)
+if args.start_delay and not run.probe:
+    time.sleep(args.start_delay)
 dist.init_process_group("gloo")
 if args.leave_daemon and dist.get_rank() == 0 and not run.probe:
     import subprocess

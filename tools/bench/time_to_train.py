@@ -2,21 +2,27 @@
 """Time to train: `fitrun submit --watch` against PyTorch DDP launched directly, in one run.
 
 For deploy/examples/fashion-mnist-mlp.yaml and fashion-mnist-cnn.yaml (one epoch, global batch 256, two
-ranks on this machine's two virtual CPU devices; fitrun's ranks sum through shared memory, PyTorch's over
-Gloo), it measures
+ranks on this machine's two virtual CPU devices) it measures, in each round and in this order:
   - fitrun, first submit: a fresh fitrund (empty state directory: no calibration, no dataset cache)
     already serving; from starting `fitrun submit SPEC --watch` to its exit at SUCCEEDED;
   - fitrun, second submit of the same spec to the same fitrund (a model seen before);
+    both with the ranks' sums through shared memory, and again over Gloo on loopback (fitrund and so
+    its ranks run with FITRUN_ALL_REDUCE=gloo), as PyTorch's ranks sum;
   - PyTorch: tools/bench/torch_ddp_direct.py, the same job as a user's script, two processes started
-    directly; from their start to both exiting.
-Time to first step: from the start until the first step is reported (fitrun: the watch's `step 1/`
-line; PyTorch: rank 0's `first step done`). samples/s: rank 0's own figure over its training loop.
-For each fitrun submit it also prints where the time before the first step and after the last went,
-from the arrival times of the watch's lines.
+    directly; from their start to both exiting; the model as PyTorch's example writes it ("as
+    written") and in the built-in model's layout with glibc keeping freed blocks ("matched", see
+    ddp_bench.py).
+Both sides' clocks start when this program starts the command (`fitrun submit`, or the two PyTorch
+processes) and stop when it reads the line that says so: the first step is the watch's `step 1/` line
+(fitrun's rank 0 reports its first step through fitrund) or rank 0's own `first step done`, printed
+after its first optimizer step. fitrund itself is started before the clock, as a service is. samples/s:
+rank 0's own figure over its training loop. For each fitrun submit it also prints where the time
+before the first step and after the last went, from the arrival times of the watch's lines.
 
 A program that prints figures, not a test: nothing is asserted. Usage (from the repository root):
   bazel build -c opt //server:fitrund //worker:fitrun-worker //client:fitrun
   /usr/bin/python3 tools/bench/time_to_train.py [--runs 3] [--models mlp,cnn]
+      [--all-reduce shared-memory,gloo] [--reference plain,matched]
 """
 import argparse
 import json
@@ -36,11 +42,11 @@ SPECS = {m: os.path.join(ROOT, "deploy", "examples", f"fashion-mnist-{m}.yaml") 
 DIRECT = os.path.join(ROOT, "tools", "bench", "torch_ddp_direct.py")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_bench import free_port  # noqa: E402
+from ddp_bench import MATCHED_MALLOC_ENV, free_port  # noqa: E402
 
 
 class Fitrund:
-    def __init__(self, work):
+    def __init__(self, work, env=None):
         self.state = os.path.join(work, "state")
         os.makedirs(self.state)
         self.log = open(os.path.join(work, "fitrund.log"), "w")
@@ -48,7 +54,7 @@ class Fitrund:
             [os.path.join(BIN, "server", "fitrund"), "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
              f"--state_dir={self.state}", "--devices=auto",
              f"--worker_binary={os.path.join(BIN, 'worker', 'fitrun-worker')}"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})))
         address_file = os.path.join(self.state, "fitrund.address")
         deadline = time.monotonic() + 60
         while not (os.path.exists(address_file) and os.path.getsize(address_file) > 0):
@@ -104,7 +110,7 @@ def submit_and_watch(fitrund, spec):
     return seen
 
 
-def start_direct_ranks(model, work, *extra):
+def start_direct_ranks(model, work, *extra, layout="plain"):
     """torch_ddp_direct.py's two ranks, started as a user would (the torchrun contract by hand); returns
     when they started and the processes (rank 0's output on a pipe)."""
     port = free_port()
@@ -113,16 +119,17 @@ def start_direct_ranks(model, work, *extra):
     for rank in range(2):
         # OMP_NUM_THREADS=1 as torchrun sets it for several processes a node (OpenBLAS reads it too).
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1")
+                   OMP_NUM_THREADS="1", **(MATCHED_MALLOC_ENV if layout == "matched" else {}))
         procs.append(subprocess.Popen(
-            ["/usr/bin/python3", DIRECT, "--model", model, "--checkpoint", os.path.join(work, f"{model}.pt"), *extra],
+            ["/usr/bin/python3", DIRECT, "--model", model, "--layout", layout, "--checkpoint",
+             os.path.join(work, f"{model}.pt"), *extra],
             env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=subprocess.STDOUT,
             text=True))
     return start, procs
 
 
-def torch_direct(model, work):
-    start, procs = start_direct_ranks(model, work)
+def torch_direct(model, work, layout):
+    start, procs = start_direct_ranks(model, work, layout=layout)
     first_step, result = None, None
     for line in procs[0].stdout:
         if line.startswith("first step done"):
@@ -155,40 +162,61 @@ def spread(values, unit=" s", digits=2):
     return f"{statistics.median(values):.{digits}f}{unit} ({values[0]:.{digits}f}-{values[-1]:.{digits}f})"
 
 
+FITRUN_SUMS = {"shared-memory": "", "gloo": ", Gloo"}
+REFERENCES = {"plain": "PyTorch, as written", "matched": "PyTorch, matched"}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--all-reduce", default="shared-memory,gloo",
+                        help="how fitrun's ranks sum: shared-memory, gloo, or both")
+    parser.add_argument("--reference", default="plain,matched",
+                        help="PyTorch's model: plain (as written), matched (the built-in layout), or both")
     args = parser.parse_args()
+    for value, allowed, flag in ((args.all_reduce, FITRUN_SUMS, "--all-reduce"), (args.reference, REFERENCES, "--reference")):
+        if not value or any(v not in allowed for v in value.split(",")):
+            sys.exit(f"{flag}: a comma-separated list of {', '.join(allowed)}")
     for binary in ("server/fitrund", "worker/fitrun-worker", "client/fitrun"):
         if not os.path.exists(os.path.join(BIN, binary)):
             sys.exit("build first: bazel build -c opt //server:fitrund //worker:fitrun-worker //client:fitrun")
+    sums = args.all_reduce.split(",")
+    references = args.reference.split(",")
+    fitrun_sides = [f"fitrun {submit}{FITRUN_SUMS[s]}" for s in sums for submit in ("first", "second")]
+    sides = fitrun_sides + [REFERENCES[r] for r in references]
     results = {}  # (model, side) -> list of runs
     for run in range(args.runs):
         for model in args.models.split(","):
-            with tempfile.TemporaryDirectory(prefix="fitrun-ttt-") as work:
-                fitrund = Fitrund(work)
-                try:
-                    results.setdefault((model, "fitrun first"), []).append(submit_and_watch(fitrund, SPECS[model]))
-                    results.setdefault((model, "fitrun second"), []).append(submit_and_watch(fitrund, SPECS[model]))
-                finally:
-                    fitrund.stop()
-                results.setdefault((model, "pytorch"), []).append(torch_direct(model, work))
-            print(f"run {run + 1}: {model} done", file=sys.stderr, flush=True)
+            for how in sums:
+                with tempfile.TemporaryDirectory(prefix="fitrun-ttt-") as work:
+                    fitrund = Fitrund(work, {"FITRUN_ALL_REDUCE": "gloo"} if how == "gloo" else None)
+                    try:
+                        for submit in ("first", "second"):
+                            results.setdefault((model, f"fitrun {submit}{FITRUN_SUMS[how]}"), []).append(
+                                submit_and_watch(fitrund, SPECS[model]))
+                    finally:
+                        fitrund.stop()
+            for layout in references:
+                with tempfile.TemporaryDirectory(prefix="fitrun-ttt-") as work:
+                    results.setdefault((model, REFERENCES[layout]), []).append(torch_direct(model, work, layout))
+            print(f"run {run + 1}: {model} done (load average {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
 
-    print(f"one epoch of Fashion-MNIST, global batch 256, 2 ranks x 1 thread (fitrun sums through shared "
-          f"memory, PyTorch over Gloo); {os.cpu_count()} cores; "
-          f"median (min-max) of {args.runs} run(s)")
-    print("| model | side | submit to end | to first step | samples/s | test accuracy | end vs PyTorch |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print(f"one epoch of Fashion-MNIST, global batch 256, 2 ranks x 1 thread (fitrun's sums through shared "
+          f"memory, or over Gloo on loopback; PyTorch's over Gloo); {os.cpu_count()} cores; "
+          f"median (min-max) of {args.runs} run(s), the sides interleaved")
+    print("| model | side | submit to end | to first step | samples/s | test accuracy | "
+          + " | ".join(f"end vs {REFERENCES[r]}" for r in references) + " |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in references) + " |")
     for model in args.models.split(","):
-        torch_wall = statistics.median(r["exit"] for r in results[(model, "pytorch")])
-        for side in ("fitrun first", "fitrun second", "pytorch"):
+        torch_wall = {r: statistics.median(x["exit"] for x in results[(model, REFERENCES[r])]) for r in references}
+        for side in sides:
             rows = results[(model, side)]
-            ratio = statistics.median(r["exit"] for r in rows) / torch_wall
+            wall = statistics.median(r["exit"] for r in rows)
+            ratios = " | ".join(f"{wall / torch_wall[r]:.2f}x" for r in references)
             print(f"| {model} | {side} | {spread([r['exit'] for r in rows])} | "
                   f"{spread([r['first step'] for r in rows])} | {spread([r['samples_per_second'] for r in rows], '', 0)} | "
-                  f"{statistics.median(r['accuracy'] for r in rows):.4f} | {ratio:.2f}x |")
+                  f"{statistics.median(r['accuracy'] for r in rows):.4f} | {ratios} |")
     # What a pool of idle workers with LibTorch loaded could save at most per launch: the worker's own
     # start (it prints its usage for an unknown argument and exits), beside Python's `import torch`.
     worker = os.path.join(BIN, "worker", "fitrun-worker")
@@ -203,7 +231,7 @@ def main():
     print("| model | side | " + " | ".join(names) + " |")
     print("| --- | --- | " + " | ".join("---:" for _ in names) + " |")
     for model in args.models.split(","):
-        for side in ("fitrun first", "fitrun second"):
+        for side in fitrun_sides:
             rows = results[(model, side)]
             cells = [f"{statistics.median(r[n] for r in rows if n in r):.2f}" if any(n in r for r in rows) else "-"
                      for n in names]

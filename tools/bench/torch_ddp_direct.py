@@ -32,13 +32,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "parity"))
-from torch_ddp_reference import Cnn, Mlp, load  # noqa: E402  fitrun's two models, its normalization
+from torch_ddp_reference import load, make_model  # noqa: E402  fitrun's two models, its normalization
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     parser.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    parser.add_argument("--layout", choices=["plain", "matched"], default="plain",
+                        help="the cnn as PyTorch's example writes it, or in fitrun's built-in layout")
     parser.add_argument("--global-batch", type=int, default=256)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--checkpoint", required=True)
@@ -63,7 +65,7 @@ def main():
         device = torch.device("cpu")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = torch.nn.parallel.DistributedDataParallel((Mlp() if args.model == "mlp" else Cnn()).to(device),
+    model = torch.nn.parallel.DistributedDataParallel(make_model(args.model, args.layout).to(device),
                                                       device_ids=[device.index] if device.type == "cuda" else None)
     phase("joined", time.perf_counter() - began)
     began = time.perf_counter()

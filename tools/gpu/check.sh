@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: fitrun on a real GPU, from the kit tools/gpu/kit.sh builds on Debian 12 (the bundle,
-# the CUDA worker built against the GPU machines' torch, data). In two parts, each one device call of
-# at most 8 minutes, in the repository root with gpu-kit/ beside it:
+# the CUDA worker built against the GPU machines' torch, data). In parts, each one device call (parts 1
+# and 2 together about 5 minutes on an H200, each of parts 3-8 at most 6), in the repository root with
+# gpu-kit/ beside it:
 #
 #   bash tools/gpu/check.sh 1            # the machine, the kit's worker, fitrund, whole-GPU jobs with their
 #                                        # memory against NVML, the mlp's wall against torchrun's,
@@ -10,20 +11,34 @@
 #                                        # resumed, script jobs on the machine's PyTorch
 #   bash tools/gpu/check.sh 3            # activation checkpointing on GPU slices: the plan's choice
 #                                        # against both strategies pinned, each trained
+#   bash tools/gpu/check.sh 4            # the seeds' built-in workloads (sasrec, the GPT recommender) at
+#                                        # their sizes, fp16 and bf16, whole GPU and slices, each plan
+#                                        # against NVML; a slice's OOM spoken of as the slice's
+#   bash tools/gpu/check.sh 5            # the seeds' example scripts (sasrec with fp16 AMP, protein,
+#                                        # mnist-ddp) and a script's real OOM on a slice
+#   bash tools/gpu/check.sh 6            # submit to first step of a script job, first and second
+#                                        # submit, against the same script under torchrun
+#                                        # (tools/bench/script_start.py)
+#   bash tools/gpu/check.sh 7            # the pace: a GPT-2-small-shaped gpt (12 x 768, context 1024,
+#                                        # bf16) and the seed's sasrec under fitrun, against the same
+#                                        # models in PyTorch eager and under torch.compile, and MFU
+#   bash tools/gpu/check.sh 8            # the mlp and the cnn: fitrun's samples/s against torchrun's
 #   bash tools/gpu/check.sh --rehearse   # every part here, on CPU devices with the kit's worker and
 #                                        # .venv-torch's Python (tools/setup-torch.sh): every spec and
 #                                        # command the GPU runs, the CUDA-only figures skipped by name
 #
-# With the device tool: run(command="bash tools/gpu/check.sh 1", carry=["gpu-kit"], timeout_s=500), then
-# the same with 2; $OUT/results.tsv (and $OUT/logs.tar.gz) come back.
+# With the device tool: run(command="bash tools/gpu/check.sh 1 2", carry=["gpu-kit"], timeout_s=500), or
+# one of parts 3-8 a call (timeout_s=420); $OUT/results.tsv (and $OUT/logs.tar.gz) come back. The
+# machine, the kit's worker and the bundle are checked once a call, before its first part.
 #
 # Every figure is read back from fitrund's own record of the job (fitrun get --json, fitrun events)
 # by tools/gpu/figures.py and held against its goal in results.tsv (part, step, what, figure, value,
 # goal, verdict); a figure that is missing fails. Device memory is NVML's per process, sampled every
 # 0.1 s during each job (nvidia-smi --query-compute-apps) for the job's rank pids. Every wait is
 # bounded: a job has JOB_SECONDS (default 150; 400 in a rehearsal) from submit to its end, a part
-# PART_SECONDS (default 450; 900 in a rehearsal); a job still running then is cancelled and its
-# figures fail.
+# PART_SECONDS (default 450 for parts 1-3, 330 for parts 4-8; 900 in a rehearsal), and on a GPU no job
+# gets more than what is left of its part; a job still running then is cancelled and its figures fail. A script rank's own Python runs under its supervisor: its pid
+# is found during the job (its FITRUN_ASSIGNMENT) so that NVML's figure is the script's.
 #
 # The worker: the kit's, when the machine's torch is the one the kit was built against (its MANIFEST);
 # worker/ finds the machine's torch through gpu-work/kit/torch-lib and cuda-lib, links made here to
@@ -43,13 +58,13 @@ parts=()
 for arg in "$@"; do
   case $arg in
     --rehearse) rehearse=1 ;;
-    1 | 2 | 3) parts+=("$arg") ;;
-    *) echo "usage: bash tools/gpu/check.sh 1|2|3 | --rehearse [1|2|3]" >&2; exit 2 ;;
+    [1-8]) parts+=("$arg") ;;
+    *) echo "usage: bash tools/gpu/check.sh PART... | --rehearse [PART...]   (PART: 1-8)" >&2; exit 2 ;;
   esac
 done
 if ((${#parts[@]} == 0)); then
-  ((rehearse)) || { echo "usage: bash tools/gpu/check.sh 1|2|3 | --rehearse [1|2|3]" >&2; exit 2; }
-  parts=(1 2 3)
+  ((rehearse)) || { echo "usage: bash tools/gpu/check.sh PART... | --rehearse [PART...]   (PART: 1-8)" >&2; exit 2; }
+  parts=(1 2 3 4 5 6 7 8)
 fi
 
 kit=$(readlink -f "${FITRUN_GPU_KIT:-gpu-kit}")
@@ -66,11 +81,16 @@ fi
 # with whatever else runs, so there the same jobs get longer before they count as hung.
 if ((rehearse)); then
   job_seconds=${JOB_SECONDS:-400}
-  part_seconds=${PART_SECONDS:-900}
 else
   job_seconds=${JOB_SECONDS:-150}
-  part_seconds=${PART_SECONDS:-450}
 fi
+part_budget() {
+  if [[ -n "${PART_SECONDS:-}" ]]; then echo "$PART_SECONDS"
+  elif ((rehearse)); then echo 900
+  elif (($1 <= 3)); then echo 450
+  else echo 330
+  fi
+}
 logs=$work/logs
 installed=$work/kit        # the kit's worker and bundle, unpacked
 bundle_root=$work/bundle/fitrun
@@ -80,6 +100,18 @@ if [[ -n "${OUT:-}" ]]; then results=$OUT/results.tsv; else results=$work/result
 
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+# Seconds left of the part (at least 30).
+part_time_left() {
+  awk -v a="$part_started" -v b="$(now)" -v t="$part_seconds" 'BEGIN { l = t - (b - a); if (l < 30) l = 30; printf "%d", l }'
+}
+# Seconds a job (or a reference run) may take now: JOB_SECONDS, or on a GPU what is left of the part if
+# less (at least 10), so that a part ends within its device call whatever its jobs do. A rehearsal has
+# no device call to fit: its jobs get JOB_SECONDS, however loaded the machine is.
+job_limit() {
+  if ((rehearse)); then echo "$job_seconds"; return; fi
+  awk -v a="$part_started" -v b="$(now)" -v t="$part_seconds" -v j="$job_seconds" \
+    'BEGIN { l = t - (b - a); if (l > j) l = j; if (l < 10) l = 10; printf "%d", l }'
+}
 have_gpu() { ((rehearse == 0)) && command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
 
 # --- steps ----------------------------------------------------------------------------------------
@@ -114,6 +146,7 @@ figures() { "$python" "$repo/tools/gpu/figures.py" "$@" | tee -a "$results"; ret
 # A step starts its fitrund in its own subshell: the pid and the state directory are kept in files,
 # so that the next step, and the trap, stop it and whatever ranks it left.
 sampler_pid=""
+pids_pid=""
 state=""
 stop_fitrund() {
   local pid state_dir
@@ -134,7 +167,30 @@ stop_fitrund() {
 }
 stop_sampler() {
   [[ -n "$sampler_pid" ]] && kill "$sampler_pid" 2>/dev/null || true
+  [[ -n "$pids_pid" ]] && kill "$pids_pid" 2>/dev/null || true
   sampler_pid=""
+  pids_pid=""
+}
+# sample_rank_pids OUT: writes, until stopped, every pid whose FITRUN_ASSIGNMENT lies under the current
+# fitrund's jobs/ (ranks and the scripts under their supervisors; not probes): NVML lists a script's
+# own Python, not its supervisor.
+sample_rank_pids() {
+  "$python" - "$state/jobs/" >"$1" <<'PY' &
+import os, sys, time
+needle, checked = ("FITRUN_ASSIGNMENT=" + sys.argv[1]).encode(), set()
+while True:  # a process's environment is its parent's from the fork on: each pid is read once
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and pid not in checked:
+            checked.add(pid)
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if needle in f.read():
+                        print(pid, flush=True)
+            except OSError:
+                pass
+    time.sleep(0.2)
+PY
+  pids_pid=$!
 }
 finish() {
   local status=$?
@@ -148,13 +204,22 @@ finish() {
 trap finish EXIT
 trap 'exit 130' INT TERM
 
-# fitrund NAME DEVICES [FLAG...]: a fitrund of the step's own, with the kit's worker.
+# fitrund NAME DEVICES [FLAG...]: a fitrund of the step's own, with the kit's worker. NAME@STATE starts
+# it on the state directory an earlier fitrund of the step left (state-STATE), so that what that one
+# measured (a workload's probe, a GPU's costs) is not measured again.
 fitrund() {
   local name=$1 devices=$2
   shift 2
   stop_fitrund
-  state=$work/state-$name
-  rm -rf "$state" && mkdir -p "$state"
+  if [[ $name == *@* ]]; then
+    state=$work/state-${name#*@}
+    name=${name%@*}
+    rm -f "$state/fitrund.address" "$state/fitrund.metrics_address"
+  else
+    state=$work/state-$name
+    rm -rf "$state"
+  fi
+  mkdir -p "$state"
   local flags=(--listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --state_dir="$state" --devices="$devices"
     --worker_binary="$installed/worker/fitrun-worker" --stop_workers_on_exit
     --data_roots="$installed/datasets,$work/specs,$repo")
@@ -189,6 +254,7 @@ run_job() {
   if have_gpu; then
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 100 >"$work/jobs/$name.nvml" 2>/dev/null &
     sampler_pid=$!
+    sample_rank_pids "$work/jobs/$name.pids"
   fi
   if ! id=$(fitrun submit "$file" 2>"$work/jobs/$name.submit"); then
     stop_sampler
@@ -197,11 +263,13 @@ run_job() {
   fi
   id=$(awk '/submitted job/ { print $3 }' <<<"$id")
   echo "$name: job $id"
-  timeout "$job_seconds" "$bundle_root/bin/fitrun" --coordinator="$(cat "$state/fitrund.address")" watch "$id" \
+  local limit
+  limit=$(job_limit)
+  timeout "$limit" "$bundle_root/bin/fitrun" --coordinator="$(cat "$state/fitrund.address")" watch "$id" \
     >"$work/jobs/$name.watch" 2>&1 || true
   stop_sampler
   if ! fitrun get --json "$id" | "$python" -c 'import json, sys; s = json.load(sys.stdin)["state"]; sys.exit(s not in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED"))'; then
-    echo "$name: not ended after $job_seconds s: cancelled"
+    echo "$name: not ended after $limit s: cancelled"
     fitrun cancel "$id" --reason "the GPU check's time for it ran out" >/dev/null || true
     sleep 3
   fi
@@ -480,26 +548,300 @@ seed: 1")" || status=1
   return $status
 }
 
+# --- parts 4-8: the seeds' workloads, a script's start, the pace ----------------------------------------
+# On a GPU a precision; in a rehearsal, where CPU devices refuse fp16, bf16 stands in for it.
+on_cpu_bf16() { if ((rehearse)) && [[ $1 == fp16 ]]; then echo bf16; else echo "$1"; fi; }
+job_id() { "$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$work/jobs/$1.json"; }
+nvml_of() { echo --nvml "$work/jobs/$1.nvml" --pids "$work/jobs/$1.pids"; }
+# The python a script job runs, as its spec names it (an absolute path, found on the PATH).
+script_python() { command -v "$python"; }
+
+# A ratings file of MovieLens-1M's size (6,040 users, 3,706 items, about a million ratings; a small one
+# in a rehearsal), written once by tools/make_movielens_sample.py.
+seed_ratings() {
+  local file=$work/specs/ratings-seed.dat
+  if [[ ! -s $file ]]; then
+    if ((rehearse)); then
+      "$python" "$repo/tools/make_movielens_sample.py" "$file" --users 600 --items 300 >/dev/null
+    else
+      "$python" "$repo/tools/make_movielens_sample.py" "$file" --users 6040 --items 3706 --min-ratings 20 \
+        --max-ratings 300 >/dev/null
+    fi
+  fi
+  echo "$file"
+}
+
+# sasrec_seed PRECISION STEPS [YAML]: the SASRec guide's model (3 blocks of 100, 4 heads, 100 items of
+# history, Adam at 0.002, 1024 users a step), a tiny one in a rehearsal.
+sasrec_seed() {
+  local shape="{max_len: 100, hidden: 100, blocks: 3, heads: 4}" batch=1024
+  ((rehearse)) && shape="{max_len: 20, hidden: 32, blocks: 1, heads: 2}" && batch=64
+  printf 'model: {builtin: sasrec, sasrec: %s}\ndata: {kind: movielens, path: %s}\noptimizer: {kind: adam, lr: 0.002, lr_scaling: none}\nglobal_batch_size: %s\nmax_steps: %s\nprecision: %s\nseed: 1\n%s' \
+    "$shape" "$(seed_ratings)" "$batch" "$2" "$(on_cpu_bf16 "$1")" "${3:-}"
+}
+
+# gpt_recommender_seed PRECISION STEPS: the recommender guide's GPT (embed_dim 64, as
+# deploy/examples/gpt-recommender-movielens.yaml shapes it) at its batch of 2048 users.
+gpt_recommender_seed() {
+  local batch=2048
+  ((rehearse)) && batch=32
+  printf 'model: {builtin: gpt, gpt: {layers: 2, heads: 2, hidden: 64, context: 50}}\ndata: {kind: movielens, path: %s}\noptimizer: {kind: adam, lr: 0.001, lr_scaling: none}\nglobal_batch_size: %s\nmax_steps: %s\nprecision: %s\nseed: 1\n' \
+    "$(seed_ratings)" "$batch" "$2" "$(on_cpu_bf16 "$1")"
+}
+
+# --- part 4 ---------------------------------------------------------------------------------------------
+# The seeds' built-in workloads at their sizes, each on the whole GPU and in the other precision on a
+# 2 GiB slice, each plan's predicted device memory against NVML's peak for the rank's process (goal
+# 1.00-1.10) and its HR@10 read back. Then an out-of-memory error on a slice (fault injection at step 3,
+# resumed from step 2): its event, the re-plan's reason and the driver's figures must give the slice's
+# 2 GiB, not the GPU's.
+step_seeds_builtin() {
+  local status=0 whole=cuda:0 slice=cuda:0@2GiB cap=$((2 << 30)) steps=60 name
+  ((rehearse)) && whole=cpu:1x4GiB && slice=cpu:1x1GiB && cap=$((1 << 30)) && steps=6
+  seed_ratings >/dev/null
+  fitrund seeds-whole "$whole" --memory_probe=true
+  run_job sasrec-seed-fp16 "$(spec gpu-sasrec-seed-fp16 "$(sasrec_seed fp16 "$steps")")" || status=1
+  run_job gpt-recommender-seed-bf16 "$(spec gpu-gpt-recommender-seed-bf16 "$(gpt_recommender_seed bf16 $((steps / 2)))")" ||
+    status=1
+  fitrund seeds-slice@seeds-whole "$slice" --memory_probe=true
+  run_job sasrec-seed-bf16-slice "$(spec gpu-sasrec-seed-bf16-slice "$(sasrec_seed bf16 "$steps")")" || status=1
+  run_job gpt-recommender-seed-fp16-slice \
+    "$(spec gpu-gpt-recommender-seed-fp16-slice "$(gpt_recommender_seed fp16 $((steps / 2)))")" || status=1
+  for name in sasrec-seed-fp16 gpt-recommender-seed-bf16 sasrec-seed-bf16-slice gpt-recommender-seed-fp16-slice; do
+    figures job "4	seeds_builtin	$name" "$work/jobs/$name.json" "$work/jobs/$name.events" $(nvml_of "$name") \
+      --nvml-goal 1.00-1.10 --metric hr@10:0.0 $(rehearsal_flag) || status=1
+  done
+  fitrund seeds-oom@seeds-whole "$slice" --memory_probe=true
+  run_job sasrec-seed-oom-slice "$(spec gpu-sasrec-seed-oom-slice "$(sasrec_seed bf16 6 "checkpoint: {every_steps: 2}
+fault_injection: {kind: oom, rank: 0, at_step: 3}")")" || status=1
+  figures oom_slice "4	seeds_builtin	sasrec-oom-slice" "$work/jobs/sasrec-seed-oom-slice.json" \
+    "$work/jobs/sasrec-seed-oom-slice.events" --cap "$cap" $(rehearsal_flag) || status=1
+  return $status
+}
+
+# --- part 5 ---------------------------------------------------------------------------------------------
+# The seeds' example scripts (deploy/examples/scripts) with the machine's PyTorch under
+# fitrun-supervisor: sasrec as the SASRec guide runs it (--use_amp: fp16 and a loss scaler; 3 blocks of
+# 100, 4 heads, 1024 users a step) and mnist-ddp (an unchanged torchrun script) on the whole GPU, protein
+# as the protein guide sizes it (hidden 256, 3 layers, 32 sequences a step, bf16) on a 3 GiB slice; each
+# SUCCEEDED with its metric, each plan against NVML (goal 1.00-1.10). Then a script's real out-of-memory
+# error on the slice (tools/bench/scripts/lm_train.py --oom_at_step 3): what fitrun says of it must be
+# the slice's.
+step_seeds_scripts() {
+  [[ -x "$installed/worker/fitrun-supervisor" ]] || { echo "no fitrun-supervisor in the kit"; return 1; }
+  local status=0 whole=cuda:0 slice=cuda:0@3GiB cap=$((3 << 30)) py
+  local sasrec_sizes='--num_heads, "4", --num_blocks, "3", --hidden_units, "100", --maxlen, "100"' sasrec_batch=1024
+  local protein_sizes='--hidden_dim, "256", --num_layers, "3", --num_heads, "4"' steps=60 mnist_steps=100
+  if ((rehearse)); then
+    whole=cpu:2x2GiB slice=cpu:1x2GiB cap=$((2 << 30)) steps=4 mnist_steps=30 sasrec_batch=64
+    sasrec_sizes='--num_heads, "2", --num_blocks, "1", --hidden_units, "32", --maxlen, "20"'
+    protein_sizes='--hidden_dim, "64", --num_layers, "1", --num_heads, "4"'
+  fi
+  py=$(script_python)
+  fitrund scripts-whole "$whole" --memory_probe=true
+  run_job script-sasrec "$(spec gpu-script-sasrec "script:
+  command: [$py, train.py, --ratings, $(seed_ratings), --num_epochs, \"1000\", --max_steps, \"$steps\", --use_amp, $sasrec_sizes, --dropout_rate, \"0.2\"]
+  working_dir: $repo/deploy/examples/scripts/sasrec
+  env: {OMP_NUM_THREADS: \"1\"}
+optimizer: {kind: adam, lr: 0.002, lr_scaling: none}
+global_batch_size: $sasrec_batch
+resources: {min_devices: 1, max_devices: 1}")" || status=1
+  figures job "5	seeds_scripts	sasrec-use_amp" "$work/jobs/script-sasrec.json" "$work/jobs/script-sasrec.events" \
+    $(nvml_of script-sasrec) --nvml-goal 1.00-1.10 --metric hr@10:0.0 $(rehearsal_flag) || status=1
+  run_job script-mnist-ddp "$(spec gpu-script-mnist-ddp "script:
+  command: [$py, train.py, --data, $installed/datasets/fashion-mnist, --epochs, \"1\", --max_steps, \"$mnist_steps\"]
+  working_dir: $repo/deploy/examples/scripts/mnist-ddp
+  batch_flag: --batch_size
+  env: {OMP_NUM_THREADS: \"1\"}
+optimizer: {kind: sgd, lr: 0.05, momentum: 0.9, lr_scaling: none}
+global_batch_size: 256
+resources: {min_devices: 1, max_devices: 1}")" || status=1
+  figures job "5	seeds_scripts	mnist-ddp" "$work/jobs/script-mnist-ddp.json" "$work/jobs/script-mnist-ddp.events" \
+    $(nvml_of script-mnist-ddp) --nvml-goal 1.00-1.10 --unreported \
+    --log-dir "$state/jobs/$(job_id script-mnist-ddp)" --log-metric "test accuracy:0.6" $(rehearsal_flag) || status=1
+  fitrund scripts-slice@scripts-whole "$slice" --memory_probe=true
+  run_job script-protein "$(spec gpu-script-protein "script:
+  command: [$py, train.py, --epochs, \"100\", --max_steps, \"$steps\", $protein_sizes]
+  working_dir: $repo/deploy/examples/scripts/protein
+  env: {OMP_NUM_THREADS: \"1\"}
+optimizer: {kind: adamw, lr: 0.0001, weight_decay: 0.01, lr_scaling: none}
+global_batch_size: 32
+precision: bf16
+resources: {min_devices: 1, max_devices: 1}")" || status=1
+  figures job "5	seeds_scripts	protein-bf16-slice" "$work/jobs/script-protein.json" "$work/jobs/script-protein.events" \
+    $(nvml_of script-protein) --nvml-goal 1.00-1.10 --metric val_masked_accuracy:0.0 $(rehearsal_flag) || status=1
+  run_job script-oom-slice "$(spec gpu-script-oom-slice "script:
+  command: [$py, lm_train.py, --max_steps, \"6\", --checkpoint_every, \"2\", --oom_at_step, \"3\"]
+  working_dir: $repo/tools/bench/scripts
+  batch_flag: --batch_size
+  grad_accum_flag: --grad_accum_steps
+  env: {OMP_NUM_THREADS: \"1\"}
+optimizer: {kind: adamw, lr: 0.0003, lr_scaling: none}
+global_batch_size: 16
+resources: {min_devices: 1, max_devices: 1}")" || status=1
+  figures oom_slice "5	seeds_scripts	lm_train-oom-slice" "$work/jobs/script-oom-slice.json" \
+    "$work/jobs/script-oom-slice.events" --cap "$cap" $(rehearsal_flag) || status=1
+  return $status
+}
+
+# --- part 6 ---------------------------------------------------------------------------------------------
+# tools/bench/script_start.py: from just before `fitrun submit` to the script's first optimizer step
+# (tools/bench/scripts/lm_train.py, bf16 on the GPU), for a first submit to a fresh fitrund, a second
+# submit of the same spec and a second one differing in an argument that changes no memory, against
+# the same script under torchrun itself; as many runs as fit the part (goal: at least 2).
+step_script_start() {
+  local args=(--fitrund "$bundle_root/bin/fitrund" --fitrun "$bundle_root/bin/fitrun"
+    --worker "$installed/worker/fitrun-worker" --python "$(script_python)" --launcher torchrun
+    --module-path "$installed/client/python" --work "$work/jobs/script-start"
+    --json "$work/jobs/script-start.json" --job-timeout "$job_seconds")
+  # The bench's bound: on a GPU what is left of the part, less the figures' time; in a rehearsal its
+  # four sides' JOB_SECONDS.
+  local limit=$((4 * job_seconds))
+  ((rehearse)) || limit=$(( $(part_time_left) - 15 ))
+  if ((rehearse)); then
+    args+=(--devices cpu:1x2GiB --ranks 1 --runs 1 --max-steps 6)
+  else
+    # No run starts that would end past the part's time, if it takes as long as the one before.
+    args+=(--devices cuda:0 --ranks 1 --runs 3 --budget $((limit - 10)) --script-args "--precision bf16"
+      --fitrund-flag=--worker_cuda)
+  fi
+  rm -rf "$work/jobs/script-start" "$work/jobs/script-start.json"
+  timeout -k 10 "$limit" "$python" "$repo/tools/bench/script_start.py" "${args[@]}" || true
+  figures script_start "6	script_start	lm_train" "$work/jobs/script-start.json" \
+    $( ((rehearse)) || echo --gpu) $(rehearsal_flag)
+}
+
+# --- part 7 ---------------------------------------------------------------------------------------------
+# The pace: a GPT-2-small-shaped gpt (12 x 768, context 1024, bf16, AdamW) and the seed's sasrec (fp16)
+# trained by fitrun's built-in models (three jobs each; samples/s from fitrund's progress events past the
+# warm-up) beside the same models in PyTorch, eager and under torch.compile, on the same GPU
+# (tools/bench/pace_reference.py: three timed windows after the warm-up), and each one's MFU against a
+# bf16 matmul's TFLOP/s measured here first. Goals: fitrun >= 1.10x eager, >= 0.9x torch.compile, the
+# gpt at >= 40% MFU. In a rehearsal: one job a model, tiny shapes, torch.compile's aot_eager backend
+# (inductor's CPU code takes minutes on two cores), the ratios skipped by name.
+step_pace() {
+  local status=0 device=cuda:0 runs=3 reference_device=cuda corpus=$work/specs/pace-corpus.txt table=$work/jobs/pace-table.md
+  local compile_args=(--mode compile) windows=(--warmup 10 --steps 20 --repeats 3) peak_size=8192
+  local gpt_shape=(12 12 768 1024) gpt_batch=32 gpt_steps=60 gpt_warm=10 sasrec_steps=200 sasrec_warm=20 half=fp16 run
+  if ((rehearse)); then
+    device=cpu:1x4GiB runs=1 reference_device=cpu peak_size=256 gpt_shape=(2 2 64 64) gpt_batch=8 gpt_steps=12
+    gpt_warm=2 sasrec_steps=12 sasrec_warm=2 half=bf16
+    compile_args=(--mode compile --compile-backend aot_eager) windows=(--warmup 2 --steps 4 --repeats 1)
+  fi
+  for _ in 1 2 3 4; do cat "$repo"/docs/*.md; done >"$corpus"
+  fitrund pace "$device" --memory_probe=false
+  timeout -k 10 "$(job_limit)" "$python" "$repo/tools/bench/pace_reference.py" peak --device "$reference_device" \
+    --size "$peak_size" --json "$work/jobs/pace-peak.json" || status=1
+  figures peak "7	pace	matmul" "$work/jobs/pace-peak.json" || status=1
+  printf '| model | side | samples/s (median) | each | vs eager | MFU |\n| --- | --- | ---: | --- | ---: | ---: |\n' >"$table"
+
+  local gpt_spec
+  gpt_spec="model:
+  builtin: gpt
+  gpt: {layers: ${gpt_shape[0]}, heads: ${gpt_shape[1]}, hidden: ${gpt_shape[2]}, context: ${gpt_shape[3]}}
+data: {kind: text, path: $corpus}
+optimizer: {kind: adamw, lr: 0.0003, weight_decay: 0.01, lr_scaling: none}
+global_batch_size: $gpt_batch
+max_steps: $gpt_steps
+precision: bf16
+resources: {min_devices: 1, max_devices: 1, per_device_batch: $gpt_batch}
+seed: 1"
+  local fitrun_runs=()
+  for run in $(seq 1 "$runs"); do
+    run_job "pace-gpt-$run" "$(spec "gpu-pace-gpt-$run" "$gpt_spec")" || status=1
+    fitrun_runs+=(--fitrun "$work/jobs/pace-gpt-$run.json,$work/jobs/pace-gpt-$run.events")
+  done
+  for mode in eager compile; do
+    local mode_args=(--mode eager)
+    [[ $mode == compile ]] && mode_args=("${compile_args[@]}")
+    timeout -k 10 "$(job_limit)" "$python" "$repo/tools/bench/pace_reference.py" gpt --device "$reference_device" \
+      --data "$corpus" --layers "${gpt_shape[0]}" --heads "${gpt_shape[1]}" --hidden "${gpt_shape[2]}" \
+      --context "${gpt_shape[3]}" --batch "$gpt_batch" --precision bf16 --optimizer adamw --lr 0.0003 \
+      --weight-decay 0.01 "${windows[@]}" "${mode_args[@]}" --json "$work/jobs/pace-gpt-$mode.json" || status=1
+  done
+  figures pace "7	pace	gpt-12x768" "${fitrun_runs[@]}" --eager "$work/jobs/pace-gpt-eager.json" \
+    --compile "$work/jobs/pace-gpt-compile.json" --peak "$work/jobs/pace-peak.json" --warmup-steps "$gpt_warm" \
+    --mfu-goal 0.4 --table "$table" $(rehearsal_flag) || status=1
+
+  local sasrec_shape=(3 4 100 100) sasrec_batch=1024
+  ((rehearse)) && sasrec_shape=(1 2 32 20) && sasrec_batch=64
+  fitrun_runs=()
+  for run in $(seq 1 "$runs"); do
+    run_job "pace-sasrec-$run" "$(spec "gpu-pace-sasrec-$run" "$(sasrec_seed fp16 "$sasrec_steps" \
+      "resources: {min_devices: 1, max_devices: 1, per_device_batch: $sasrec_batch}")")" || status=1
+    fitrun_runs+=(--fitrun "$work/jobs/pace-sasrec-$run.json,$work/jobs/pace-sasrec-$run.events")
+  done
+  for mode in eager compile; do
+    local mode_args=(--mode eager)
+    [[ $mode == compile ]] && mode_args=("${compile_args[@]}")
+    timeout -k 10 "$(job_limit)" "$python" "$repo/tools/bench/pace_reference.py" sasrec --device "$reference_device" \
+      --data "$(seed_ratings)" --blocks "${sasrec_shape[0]}" --heads "${sasrec_shape[1]}" --hidden "${sasrec_shape[2]}" \
+      --max-len "${sasrec_shape[3]}" --batch "$sasrec_batch" --precision "$(on_cpu_bf16 "$half")" --optimizer adam \
+      --lr 0.002 "${windows[@]}" "${mode_args[@]}" --json "$work/jobs/pace-sasrec-$mode.json" || status=1
+  done
+  figures pace "7	pace	sasrec-seed" "${fitrun_runs[@]}" --eager "$work/jobs/pace-sasrec-eager.json" \
+    --compile "$work/jobs/pace-sasrec-compile.json" --peak "$work/jobs/pace-peak.json" --warmup-steps "$sasrec_warm" \
+    --table "$table" $(rehearsal_flag) || status=1
+  echo
+  cat "$table"
+  return $status
+}
+
+# --- part 8 ---------------------------------------------------------------------------------------------
+# The mlp and the cnn (300 and 150 steps of 256, SGD with momentum) under fitrun and as a PyTorch user's
+# script under torchrun (tools/bench/torch_ddp_direct.py --device cuda, one rank, the data on the GPU),
+# three runs each: training samples/s over each side's whole loop, goal fitrun >= 1.0x torchrun's.
+step_torchrun_pace() {
+  local status=0 device=cuda:0 reference_device=cuda runs=3 model run steps
+  ((rehearse)) && device=cpu:1x4GiB reference_device=cpu runs=1
+  fitrund torchrun-pace "$device" --memory_probe=true
+  for model in mlp cnn; do
+    steps=300
+    [[ $model == cnn ]] && steps=150
+    ((rehearse)) && steps=$([[ $model == mlp ]] && echo 30 || echo 6)
+    local fitrun_runs=() references=() model_spec=$MLP
+    [[ $model == cnn ]] && model_spec=$CNN
+    for run in $(seq 1 "$runs"); do
+      run_job "$model-pace-$run" "$(spec "gpu-$model-pace-$run" "$model_spec
+optimizer: {kind: sgd, lr: 0.05, momentum: 0.9, lr_scaling: none}
+global_batch_size: 256
+max_steps: $steps
+seed: 1")" || status=1
+      fitrun_runs+=(--fitrun "$work/jobs/$model-pace-$run.json")
+      timeout -k 10 "$(job_limit)" "$python" -m torch.distributed.run --standalone --nproc_per_node=1 \
+        "$repo/tools/bench/torch_ddp_direct.py" --device "$reference_device" --model "$model" \
+        --data "$installed/datasets/fashion-mnist" --checkpoint "$work/torchrun-$model.pt" --max-steps "$steps" \
+        >"$work/jobs/$model-torchrun-$run.out" 2>&1 || status=1
+      references+=(--reference "$work/jobs/$model-torchrun-$run.out")
+    done
+    figures torchrun_pace "8	torchrun_pace	$model" "${fitrun_runs[@]}" "${references[@]}" $(rehearsal_flag) || status=1
+  done
+  return $status
+}
+
 # --- the parts ------------------------------------------------------------------------------------------
 started=$(now)
 for part in "${parts[@]}"; do
   part_started=$(now)
+  part_seconds=$(part_budget "$part")
   current_part=$part
-  step "$part" environment
-  step "$part" worker
-  step "$part" bundle
+  # The machine, the kit's worker and the bundle: once a call, before its first part.
+  if [[ -z "${outcome[bundle]:-}" ]]; then
+    step "$part" environment
+    step "$part" worker
+    step "$part" bundle
+  fi
   if [[ ${outcome[worker]} == PASS && ${outcome[bundle]} == PASS ]]; then
-    if [[ $part == 1 ]]; then
-      step 1 whole_gpu
-      step 1 torchrun
-      step 1 precision
-    elif [[ $part == 2 ]]; then
-      step 2 slices
-      step 2 oom
-      step 2 script
-    else
-      step 3 strategies
-    fi
+    case $part in
+      1) step 1 whole_gpu; step 1 torchrun; step 1 precision ;;
+      2) step 2 slices; step 2 oom; step 2 script ;;
+      3) step 3 strategies ;;
+      4) step 4 seeds_builtin ;;
+      5) step 5 seeds_scripts ;;
+      6) step 6 script_start ;;
+      7) step 7 pace ;;
+      8) step 8 torchrun_pace ;;
+    esac
   fi
   stop_fitrund
 done

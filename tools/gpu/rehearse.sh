@@ -10,8 +10,8 @@
 # 3. The CUDA worker and its unit tests built with CMake against that torch, the tests run on CPU
 #    (tools/gpu/worker_tests.sh build-cuda): one JUnit report per test binary.
 # 4. The kit a GPU machine is carried (tools/gpu/kit.sh), within what a device call carries.
-# 5. The GPU check, both parts, on CPU devices with the kit's worker (tools/gpu/check.sh --rehearse):
-#    a case per figure, the figures only a GPU gives skipped by name.
+# 5. The GPU check, every part (1-8), on CPU devices with the kit's worker (tools/gpu/check.sh
+#    --rehearse): a case per figure, the figures only a GPU gives and the timings skipped by name.
 #
 # Out: REPORTS_DIR/*.xml (JUnit, the format of Bazel's test.xml) and REPORTS_DIR/*.log. A stage that
 # cannot run (a download, a build) is one failed case naming its log; the stages after it, which need

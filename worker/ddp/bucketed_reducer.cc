@@ -180,12 +180,14 @@ void BucketedReducer::LaunchReadyBuckets(bool include_last) {
          (include_last || next_bucket_ < last)) {
     Bucket& bucket = buckets_[next_bucket_];
     at::NoGradGuard no_grad;
+    const absl::Time start = absl::Now();
     bucket.reduction = hook_->Start(bucket.view);
+    stats_.start_time += absl::Now() - start;
     ++next_bucket_;
   }
 }
 
-absl::StatusOr<double> BucketedReducer::Synchronize(double local_loss) {
+absl::StatusOr<at::Tensor> BucketedReducer::SynchronizeWithLoss(const at::Tensor& local_loss) {
   absl::MutexLock lock(&mu_);
   try {
     if (hook_error_) std::rethrow_exception(std::exchange(hook_error_, nullptr));
@@ -201,7 +203,8 @@ absl::StatusOr<double> BucketedReducer::Synchronize(double local_loss) {
       --bucket.pending;
     }
     Bucket& last = buckets_.back();
-    last.flat[last.flat.numel() - 1].fill_(local_loss);
+    // Rounded to float32 as the bucket holds it; copied on the device, so the host does not wait.
+    last.flat[last.flat.numel() - 1].copy_(local_loss);
     LaunchReadyBuckets(/*include_last=*/true);
 
     // Every gradient is its bucket slot (MoveGradientIntoBucket ran for each this step), so the
@@ -212,7 +215,8 @@ absl::StatusOr<double> BucketedReducer::Synchronize(double local_loss) {
     stats_.wait_time += absl::Now() - wait_start;
     ++stats_.synchronized_steps;
 
-    const double loss = last.flat[last.flat.numel() - 1].item<double>();
+    // A copy: the bucket is overwritten by the next step.
+    at::Tensor loss = last.flat[last.flat.numel() - 1].clone();
     ResetForNextStep();
     return loss;
   } catch (const std::exception& e) {
@@ -260,5 +264,7 @@ BucketedReducer::CommStats BucketedReducer::comm_stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;
 }
+
+absl::Duration BucketedReducer::ExposedCommunication() const { return comm_stats().exposed(); }
 
 }  // namespace fitrun::worker

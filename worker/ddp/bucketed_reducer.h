@@ -48,7 +48,7 @@ namespace fitrun::worker {
 //    same order even when hooks fire in a different order on different ranks.
 //  - What goes on the wire is the communication hook's (comm_hook.h: plain all-reduce, fp16 or bf16
 //    compression, PowerSGD): the reducer hands it each bucket, in index order, when the bucket is
-//    complete. Synchronize() launches what is left (parameters whose gradient backward did not
+//    complete. SynchronizeWithLoss() launches what is left (parameters whose gradient backward did not
 //    produce count as zeros) and waits for every bucket in index order, after which the hook has
 //    left the means in the gradients. The step's loss rides in the last bucket's final element,
 //    after the gradients, as an element hooks never compress: no extra collective for the plain
@@ -69,10 +69,15 @@ class BucketedReducer final : public GradientSynchronizer {
     CommHookOptions comm_hook;
   };
 
-  // Time the training thread spent blocked on communication, for the exposed-communication share.
+  // Time the training thread spent on communication, for the exposed-communication share.
   struct CommStats {
     int64_t synchronized_steps = 0;
+    // In the hooks' Start, from backward's gradient hooks and Synchronize: handing a bucket to Gloo's
+    // or NCCL's thread (and a compressing hook's casts), or, through shared memory, the whole sum,
+    // which runs on the training thread.
+    absl::Duration start_time;
     absl::Duration wait_time;  // inside Synchronize, waiting for the buckets' all-reduce
+    absl::Duration exposed() const { return start_time + wait_time; }
   };
 
   // `parameters` in registration order, the same on every rank; those that do not require gradients
@@ -90,12 +95,15 @@ class BucketedReducer final : public GradientSynchronizer {
   // at the slot again, so that backward accumulates into the buckets in place.
   void BeforeBackward(bool last_micro_batch) override;
   // RESOURCE_EXHAUSTED when the device's memory ran out in a hook or a collective (worker/memory/
-  // oom_error.h); otherwise as GradientSynchronizer says.
-  absl::StatusOr<double> Synchronize(double local_loss) override;
+  // oom_error.h); otherwise as GradientSynchronizer says. The mean loss is a float32 copy of the
+  // last bucket's loss element, on the buckets' device.
+  absl::StatusOr<at::Tensor> SynchronizeWithLoss(const at::Tensor& local_loss) override;
 
   // Parameter indices (into the Create() list of trained parameters) of each bucket, in launch order.
   std::vector<std::vector<int>> BucketLayout() const;
   CommStats comm_stats() const;
+  // comm_stats().exposed().
+  absl::Duration ExposedCommunication() const override;
   // The communication hook, for logs ("none", "fp16", "powersgd (rank 1, ...)").
   std::string CommHookDescription() const;
 

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "worker/ddp/bucketed_reducer.h"
 #include "worker/ddp/flat_all_reduce.h"
 #include "worker/testing/free_port.h"
 #include "worker/ddp/process_group.h"
@@ -130,6 +131,40 @@ void RendezvousAndSum(bool shared_memory) {
 TEST(ConnectProcessGroupTest, RendezvousOverTcpStoreSumsThroughSharedMemory) { RendezvousAndSum(true); }
 
 TEST(ConnectProcessGroupTest, RendezvousOverTcpStoreSumsOverGlooWhenAsked) { RendezvousAndSum(false); }
+
+// A sum through shared memory runs on the training thread, inside the hook that starts it (in
+// backward, or in Synchronize for the last bucket), not in the wait: the reducer counts it as exposed
+// communication all the same. Rank 1 comes late, so rank 0's sum waits for it.
+TEST(ConnectProcessGroupTest, ASharedMemorySumIsExposedCommunication) {
+  SkipUnlessCpuRanks(kWorld);
+  const int port = FreeLoopbackPort();
+  const absl::Duration late = absl::Milliseconds(300);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([port, rank, late] {
+      ProcessGroupOptions options{"127.0.0.1", port, rank, kWorld, kTimeout, kTimeout};
+      options.shared_memory_all_reduce = true;
+      auto group = ConnectProcessGroup(options);
+      ASSERT_TRUE(group.ok()) << group.status();
+      ASSERT_TRUE(SumsInSharedMemory(**group));
+      TwoParameters module(1.0f + rank);
+      auto reducer = BucketedReducer::Create(*group, module.parameters(), BucketedReducer::Options());
+      ASSERT_TRUE(reducer.ok()) << reducer.status();
+      (*reducer)->BeforeBackward(true);
+      (module.a.sum() + module.b.sum()).backward();
+      if (rank == 1) absl::SleepFor(late);
+      ASSERT_TRUE((*reducer)->Synchronize(1.0).ok());
+      const BucketedReducer::CommStats stats = (*reducer)->comm_stats();
+      EXPECT_EQ(stats.exposed(), stats.start_time + stats.wait_time);
+      EXPECT_EQ((*reducer)->ExposedCommunication(), stats.exposed());
+      if (rank == 0) {
+        EXPECT_GE(stats.start_time, late / 2) << "the sum waited for rank 1 on the training thread";
+        EXPECT_LT(stats.wait_time, late / 2) << "and its work was done when Synchronize waited";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
 
 // A peer that leaves while the other waits in a shared-memory sum: the survivor's wait throws, as
 // Gloo's does for a closed connection, and the group refuses every later sum.

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "worker/ddp/c10d_status.h"
 
 namespace fitrun::worker {
@@ -39,7 +40,14 @@ FlatAllReduceSynchronizer::FlatAllReduceSynchronizer(c10::intrusive_ptr<c10d::Pr
                                                      at::Tensor flat)
     : group_(std::move(group)), parameters_(std::move(parameters)), flat_(std::move(flat)) {}
 
-absl::StatusOr<double> FlatAllReduceSynchronizer::Synchronize(double local_loss) {
+absl::StatusOr<at::Tensor> FlatAllReduceSynchronizer::SynchronizeWithLoss(const at::Tensor& local_loss) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<at::Tensor> mean = AllReduce(local_loss);
+  exposed_ += absl::Now() - start;
+  return mean;
+}
+
+absl::StatusOr<at::Tensor> FlatAllReduceSynchronizer::AllReduce(const at::Tensor& local_loss) {
   try {
     at::NoGradGuard no_grad;
     int64_t offset = 0;
@@ -54,7 +62,7 @@ absl::StatusOr<double> FlatAllReduceSynchronizer::Synchronize(double local_loss)
       }
       offset += p.numel();
     }
-    flat_[gradient_elements_].fill_(local_loss);
+    flat_[gradient_elements_].copy_(local_loss);
 
     std::vector<at::Tensor> tensors = {flat_};
     group_->allreduce(tensors)->wait();
@@ -70,7 +78,7 @@ absl::StatusOr<double> FlatAllReduceSynchronizer::Synchronize(double local_loss)
       }
       offset += p.numel();
     }
-    return flat_[gradient_elements_].item<double>();
+    return flat_[gradient_elements_].clone();
   } catch (const std::exception& e) {
     return StatusFromC10dException(e, "all-reducing gradients");
   }

@@ -25,17 +25,21 @@ class FlatAllReduceSynchronizer final : public GradientSynchronizer {
       c10::intrusive_ptr<c10d::ProcessGroup> group, const std::vector<at::Tensor>& parameters);
 
   void BeforeBackward(bool) override {}
-  absl::StatusOr<double> Synchronize(double local_loss) override;
+  absl::StatusOr<at::Tensor> SynchronizeWithLoss(const at::Tensor& local_loss) override;
+  // All of SynchronizeWithLoss: nothing of it overlaps backward.
+  absl::Duration ExposedCommunication() const override { return exposed_; }
 
  private:
   FlatAllReduceSynchronizer(c10::intrusive_ptr<c10d::ProcessGroup> group,
                             std::vector<at::Tensor> parameters, at::Tensor flat);
+  absl::StatusOr<at::Tensor> AllReduce(const at::Tensor& local_loss);
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::vector<at::Tensor> parameters_;
   // Every gradient's slot, then the loss; allocated once and reused every step.
   at::Tensor flat_;
   int64_t gradient_elements_ = 0;
+  absl::Duration exposed_;
 };
 
 }  // namespace fitrun::worker

@@ -220,14 +220,14 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> ConnectProcessGroup(
   try {
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(options.master_port);
-    store_options.isServer = options.rank == 0;
+    store_options.isServer = options.rank == 0 && !options.agent_store;
     store_options.numWorkers = options.world_size;
     // Our own barrier below waits for the peers with a clear error; the store's would only time out.
     store_options.waitWorkers = false;
     // LibTorch 1.13's client gives up without retrying when its timeout is under two seconds (it
     // retries once a second and truncates to whole seconds), so the store never gets less.
     store_options.timeout = ToChrono(std::max(options.rendezvous_timeout, absl::Seconds(2)));
-    if (options.rank != 0) {
+    if (!store_options.isServer) {
       WaitUntilAccepting(options.master_addr, options.master_port, absl::Now() + options.rendezvous_timeout);
     }
     store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);

@@ -47,9 +47,13 @@ struct ProcessGroupOptions {
   // machine; worker/ddp/shared_memory_backend.h). Off (FITRUN_ALL_REDUCE=gloo): over Gloo's sockets,
   // as ranks on separate machines would be.
   bool shared_memory_all_reduce = true;
+  // The store at master_addr:master_port is the launcher's (torchrun's agent store; fitrund's for a
+  // local attempt): rank 0 connects to it as every rank does instead of hosting it.
+  bool agent_store = false;
 };
 
-// Rendezvous through a c10d::TCPStore (rank 0 hosts it at master_addr:master_port), waits until all
+// Rendezvous through a c10d::TCPStore (rank 0 hosts it at master_addr:master_port, unless the launcher
+// does: agent_store), waits until all
 // ranks have joined, then builds the process group of the options' backend (kSingleRank: no
 // rendezvous, CreateSingleRankProcessGroup). Fails with DeadlineExceeded when the peers do not show
 // up within the rendezvous timeout.

@@ -3,7 +3,14 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#ifdef FITRUN_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 #include <algorithm>
+#include <cstdio>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -53,7 +60,7 @@ class FlatBufferSynchronizer final : public GradientSynchronizer {
     counter_->ResetPeak();
   }
 
-  absl::StatusOr<double> Synchronize(double local_loss) override {
+  absl::StatusOr<at::Tensor> SynchronizeWithLoss(const at::Tensor& local_loss) override {
     backward_peak_ = std::max(backward_peak_, counter_->Peak());
     counter_->ResetPeak();
     at::NoGradGuard no_grad;
@@ -98,7 +105,42 @@ class LastStepTimeSink final : public ProgressSink {
 
 constexpr double kDefaultLearningRate = 1e-3;  // any positive rate allocates the same
 
+// Makes the plan's GPU this process's, caps its caching allocator at the probe's budget (0: none) and
+// moves `model` there.
+absl::StatusOr<c10::Device> ModelOnGpu(const PlanDevice& gpu, int64_t budget_bytes, Model& model) {
+#ifdef FITRUN_WITH_CUDA
+  try {
+    const int available = c10::cuda::device_count();
+    if (gpu.index >= available) {
+      return absl::InvalidArgumentError(absl::StrCat("plan.device_ids[0] is cuda:", gpu.index, " but this process sees ",
+                                                     available, " CUDA devices"));
+    }
+    const auto index = static_cast<c10::DeviceIndex>(gpu.index);
+    c10::cuda::set_device(index);
+    if (budget_bytes > 0) {
+      const double total = static_cast<double>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
+      c10::cuda::CUDACachingAllocator::setMemoryFraction(std::min(1.0, budget_bytes / total), index);
+    }
+    const c10::Device device(c10::kCUDA, index);
+    model.to(device);
+    return device;
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cuda:", gpu.index, ": ", e.what()));
+  }
+#else
+  (void)gpu, (void)budget_bytes, (void)model;
+  return absl::UnimplementedError("this fitrun-worker was built without CUDA");
+#endif
+}
+
 }  // namespace
+
+std::optional<PlanDevice> ProbeTimingDeviceOf(const fitrun::v1::WorkerAssignment& assignment) {
+  if (assignment.plan().device_ids_size() == 0) return std::nullopt;
+  absl::StatusOr<PlanDevice> device = ParsePlanDevice(assignment.plan().device_ids(0), "plan.device_ids[0]");
+  if (!device.ok() || device->kind != PlanDevice::Kind::kCuda) return std::nullopt;
+  return *device;
+}
 
 absl::StatusOr<std::unique_ptr<MemoryProbe>> MemoryProbe::Create(const fitrun::v1::WorkerAssignment& assignment,
                                                                 CappedCpuAllocator* counter) {
@@ -121,6 +163,20 @@ absl::StatusOr<std::unique_ptr<MemoryProbe>> MemoryProbe::Create(const fitrun::v
   absl::StatusOr<Workload> workload = LoadWorkload(spec, /*with_test=*/false, &dataset_cache);
   if (!workload.ok()) return workload.status();
   std::unique_ptr<MemoryProbe> probe(new MemoryProbe(assignment, *std::move(workload), counter));
+  if (std::optional<PlanDevice> gpu = ProbeTimingDeviceOf(assignment); gpu.has_value()) {
+    // A model of its own on the GPU, loaded before the counting allocator is installed: the host's
+    // measurement neither sees it nor shares a model with it.
+    absl::StatusOr<Workload> timed = LoadWorkload(spec, /*with_test=*/false, &dataset_cache);
+    absl::StatusOr<c10::Device> device =
+        timed.ok() ? ModelOnGpu(*gpu, ProbeResourcesOf(assignment).memory_cap_bytes, *timed->model) : timed.status();
+    if (device.ok()) {
+      probe->timing_device_ = *device;
+      probe->timed_ = *std::move(timed);
+    } else {
+      std::fprintf(stderr, "memory probe: steps timed on the host, not on %s: %s\n",
+                   assignment.plan().device_ids(0).c_str(), std::string(device.status().message()).c_str());
+    }
+  }
   counter->Install();
   try {
     MoveModuleStateIntoAllocator(*probe->workload_.model);
@@ -134,42 +190,84 @@ absl::StatusOr<std::unique_ptr<MemoryProbe>> MemoryProbe::Create(const fitrun::v
   return probe;
 }
 
+TrainerOptions MemoryProbe::RunOptions(int64_t batch, int steps, const c10::Device& device) const {
+  const fitrun::v1::JobSpec& spec = assignment_.spec();
+  TrainerOptions options;
+  options.device = device;
+  options.per_device_batch = batch;
+  options.learning_rate =
+      assignment_.plan().learning_rate() > 0 ? assignment_.plan().learning_rate() : kDefaultLearningRate;
+  options.total_steps = steps;
+  options.seed = spec.seed();
+  options.optimizer = spec.optimizer();
+  options.precision = spec.precision();
+  options.progress_interval = absl::ZeroDuration();  // every step, for the last one's time
+  // A rank on a GPU keeps its data there (where the plan leaves room); the few samples the probe
+  // steps through always fit.
+  if (device.is_cuda()) options.data_placement = DataPlacement::kDevice;
+  return options;
+}
+
 absl::StatusOr<ProbePeak> MemoryProbe::Measure(int64_t batch, int steps) {
   if (batch < 1 || batch > train_samples()) {
     return absl::InvalidArgumentError(absl::StrCat("probe batch: must be in 1..", train_samples(),
                                                    " (the training samples of spec.data.path), got ", batch));
   }
   if (steps < 2) return absl::InvalidArgumentError(absl::StrCat("probe steps must be >= 2 (got ", steps, ")"));
-  const fitrun::v1::JobSpec& spec = assignment_.spec();
-  TrainerOptions trainer_options;
-  trainer_options.per_device_batch = batch;
-  trainer_options.learning_rate =
-      assignment_.plan().learning_rate() > 0 ? assignment_.plan().learning_rate() : kDefaultLearningRate;
-  trainer_options.total_steps = steps;
-  trainer_options.seed = spec.seed();
-  trainer_options.optimizer = spec.optimizer();
-  trainer_options.precision = spec.precision();
-  trainer_options.progress_interval = absl::ZeroDuration();  // every step, for the last one's time
   // Enough samples for every step; the trainer wraps into further epochs when the set is smaller.
-  const int64_t slice = std::min<int64_t>(train_samples(), batch * steps);
-  TensorDataset train = workload_.train.Slice(0, slice);
+  const TensorDataset train = workload_.train.Slice(0, std::min<int64_t>(train_samples(), batch * steps));
+  ProbePeak peak;
   try {
     // A fresh rank: no gradients and no optimizer state of an earlier measurement are alive.
     for (at::Tensor& p : workload_.model->parameters()) p.mutable_grad() = at::Tensor();
     counter_->ResetPeak();
     FlatBufferSynchronizer synchronizer(workload_.model->parameters(), counter_);
     LastStepTimeSink sink;
-    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
-        Trainer::Create(trainer_options, workload_.model, train, std::nullopt, &synchronizer, &sink);
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(
+        RunOptions(batch, steps, c10::Device(c10::kCPU)), workload_.model, train, std::nullopt, &synchronizer, &sink);
     if (!trainer.ok()) return trainer.status();
     absl::StatusOr<TrainResult> run = (*trainer)->Run();
     if (!run.ok()) return run.status();
     synchronizer.Finish();
-    return ProbePeak{batch, std::max(synchronizer.backward_peak(), synchronizer.other_peak()),
+    peak = ProbePeak{batch, std::max(synchronizer.backward_peak(), synchronizer.other_peak()),
                      synchronizer.backward_peak(), synchronizer.other_peak(), sink.last_step_seconds()};
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("memory probe at batch ", batch, ": ", e.what()));
   }
+  if (timed_.has_value()) {
+    // The host's step time says nothing of the GPU's: a batch the GPU could not time is not timed.
+    absl::StatusOr<double> seconds = TimeOnDevice(batch, steps);
+    if (!seconds.ok()) {
+      std::fprintf(stderr, "memory probe: batch %lld not timed on %s: %s\n", static_cast<long long>(batch),
+                   timing_device_.str().c_str(), std::string(seconds.status().message()).c_str());
+    }
+    peak.step_seconds = seconds.value_or(0);
+  }
+  return peak;
+}
+
+absl::StatusOr<double> MemoryProbe::TimeOnDevice(int64_t batch, int steps) {
+  Model& model = *timed_->model;
+  const TensorDataset train = timed_->train.Slice(0, std::min<int64_t>(timed_->train.size(), batch * steps));
+  absl::StatusOr<double> seconds;
+  try {
+    for (at::Tensor& p : model.parameters()) p.mutable_grad() = at::Tensor();
+    LocalGradientSynchronizer synchronizer;
+    LastStepTimeSink sink;
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(
+        RunOptions(batch, steps, timing_device_), timed_->model, train, std::nullopt, &synchronizer, &sink);
+    absl::StatusOr<TrainResult> run = trainer.ok() ? (*trainer)->Run() : absl::StatusOr<TrainResult>(trainer.status());
+    // Each step's progress report read its loss back, so the last step's time is the device's own.
+    seconds = run.ok() ? absl::StatusOr<double>(sink.last_step_seconds()) : run.status();
+  } catch (const std::exception& e) {
+    seconds = absl::InternalError(e.what());
+  }
+  for (at::Tensor& p : model.parameters()) p.mutable_grad() = at::Tensor();
+#ifdef FITRUN_WITH_CUDA
+  // What this batch held goes back to the device, so that the next batch's time starts from the same.
+  c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  return seconds;
 }
 
 }  // namespace fitrun::worker

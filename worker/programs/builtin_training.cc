@@ -40,6 +40,7 @@
 #include "worker/models/workload.h"
 #include "worker/runtime/compute_threads.h"
 #include "worker/torch_compat.h"
+#include "worker/trainer/micro_batches.h"
 #include "worker/trainer/trainer.h"
 
 namespace fitrun::worker {
@@ -364,6 +365,7 @@ class BuiltinTraining final : public TrainingProgram {
       memory_sink_ = std::make_unique<MemoryStampingSink>(
           sink_, [index, gauge = device_gauge_.get()] { return CudaMemoryFigures(index, gauge); });
       trainer_sink_ = memory_sink_.get();
+      PlaceTrainingSet(cap);
       sink_->OnLog(absl::StrCat("model on ", device_.str(), cap > 0 ? absl::StrCat("; slice of ", cap, " bytes: the caching allocator's limit") : "",
                                 ", PYTORCH_CUDA_ALLOC_CONF=", std::getenv("PYTORCH_CUDA_ALLOC_CONF") != nullptr
                                                                    ? std::getenv("PYTORCH_CUDA_ALLOC_CONF")
@@ -373,6 +375,28 @@ class BuiltinTraining final : public TrainingProgram {
     return std::nullopt;
   }
 
+#ifdef FITRUN_WITH_CUDA
+  // On a GPU, the training set (and rank 0's test set) goes where the plan left room for it: the
+  // device, so that no step waits for the host, or else pinned host memory, prefetched.
+  void PlaceTrainingSet(int64_t slice_cap_bytes) {
+    const fitrun::v1::Plan& plan = assignment_.plan();
+    int64_t room = 0;
+    if (slice_cap_bytes > 0) {
+      room = slice_cap_bytes - plan.predicted().allocator_bytes();  // a slice binds the allocator only
+    } else if (plan.usable_bytes() > 0) {
+      room = plan.usable_bytes() - plan.predicted().total_bytes();
+    } else if (absl::StatusOr<CudaFreeAndTotal> info = CudaMemoryInfo(device_.index()); info.ok()) {
+      room = info->free_bytes;  // a plan without figures: what the device has free now
+    }
+    const int64_t bytes =
+        DatasetBytes(workload_.train) + (workload_.test.has_value() ? DatasetBytes(*workload_.test) : 0);
+    trainer_options_.data_placement = ChooseDataPlacement(device_, bytes, room);
+    sink_->OnLog(absl::StrCat("training data (", bytes, " bytes) in ",
+                              DataPlacementName(trainer_options_.data_placement), "; the plan leaves ", room,
+                              " bytes of the device"));
+  }
+#endif
+
   // The rendezvous and rank 0's parameters, broadcast.
   Phase JoinGroup() {
     const fitrun::v1::JobSpec& spec = assignment_.spec();
@@ -381,6 +405,7 @@ class BuiltinTraining final : public TrainingProgram {
     ProcessGroupOptions group_options;
     group_options.master_addr = options_.master_addr;
     group_options.master_port = options_.master_port;
+    group_options.agent_store = options_.agent_store;
     group_options.rank = options_.rank;
     group_options.world_size = options_.world_size;
     group_options.collective_timeout = absl::Seconds(timeout_seconds);
@@ -525,18 +550,22 @@ class BuiltinTraining final : public TrainingProgram {
   }
 
   // The figures the benchmark and an operator want: this rank's throughput and the share of training
-  // time spent blocked on gradient communication that backward did not hide.
+  // time the training thread spent on gradient communication that backward did not hide: the
+  // collectives it ran itself (a sum through shared memory runs on it, inside backward's hooks) or
+  // started, and its waits for the rest.
   void LogCommunication(const BucketedReducer& reducer, const TrainResult& result, int64_t start_step,
                         const TrainerOptions& o) {
     const BucketedReducer::CommStats stats = reducer.comm_stats();
-    const double wait = absl::ToDoubleSeconds(stats.wait_time);
+    const double exposed = absl::ToDoubleSeconds(stats.exposed());
     const double samples = static_cast<double>(result.steps - start_step) * o.per_device_batch *
                            o.grad_accum_steps * o.world_size;
     sink_->OnLog(absl::StrFormat(
-        "communication: %d buckets, exposed all-reduce wait %.3f s over %d steps = %.1f%% of %.3f s "
-        "training; %.1f samples/s (all ranks); comm hook %s",
-        static_cast<int>(reducer.BucketLayout().size()), wait, stats.synchronized_steps,
-        result.train_seconds > 0 ? 100.0 * wait / result.train_seconds : 0.0, result.train_seconds,
+        "communication: %d buckets, exposed %.3f s over %d steps = %.1f%% of %.3f s training (collectives "
+        "run or started on the training thread %.3f s, all-reduce wait %.3f s); %.1f samples/s (all ranks); "
+        "comm hook %s",
+        static_cast<int>(reducer.BucketLayout().size()), exposed, stats.synchronized_steps,
+        result.train_seconds > 0 ? 100.0 * exposed / result.train_seconds : 0.0, result.train_seconds,
+        absl::ToDoubleSeconds(stats.start_time), absl::ToDoubleSeconds(stats.wait_time),
         result.train_seconds > 0 ? samples / result.train_seconds : 0.0, reducer.CommHookDescription()));
   }
   int Finish(const TrainResult& result) {

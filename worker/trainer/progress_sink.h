@@ -20,8 +20,9 @@ struct StepProgress {
   int32_t epoch = 0;  // 1-based epoch the step belongs to
   double loss = 0;    // mean over all ranks of the step's loss
   double samples_per_second = 0;  // this rank's samples since its previous report
-  // Since its previous report: the mean wall time of a step, and the share of that time spent in
-  // the gradient synchronization (communication backward did not hide). Built-in trainer only.
+  // Since its previous report: the mean wall time of a step, and the share of that time the training
+  // thread spent on gradient communication backward did not hide (GradientSynchronizer::
+  // ExposedCommunication: sums it ran itself, collectives it started, waits). Built-in trainer only.
   double step_seconds = 0;
   double exposed_communication_share = 0;
   int64_t live_bytes = 0;

@@ -19,28 +19,42 @@
 #include "absl/time/clock.h"
 #include "worker/memory/oom_error.h"
 #include "worker/torch_compat.h"
+#include "worker/trainer/fused_optimizers.h"
 
 namespace fitrun::worker {
 namespace {
 
+// torch::optim's optimizer of the spec's kind, or its fused form (the same state, one kernel a step).
+template <typename PlainT, typename FusedT, typename OptionsT>
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(bool fused, std::vector<at::Tensor> parameters,
+                                                       const OptionsT& options) {
+  if (fused) return std::make_unique<FusedT>(std::move(parameters), options);
+  return std::make_unique<PlainT>(std::move(parameters), options);
+}
+
 absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> CreateOptimizer(
     const TrainerOptions& options, std::vector<at::Tensor> parameters) {
   const fitrun::v1::OptimizerSpec& spec = options.optimizer;
+  const bool fused =
+      options.fused_optimizer.value_or(options.device.is_cuda() && torch_compat::HasFusedOptimizerKernels());
+  if (fused && !torch_compat::HasFusedOptimizerKernels()) {
+    return absl::InvalidArgumentError(absl::StrCat("fused optimizer kernels: this LibTorch (", TORCH_VERSION,
+                                                   ") has none"));
+  }
   switch (spec.kind()) {
     case fitrun::v1::OPTIMIZER_KIND_UNSPECIFIED:
     case fitrun::v1::OPTIMIZER_KIND_SGD:
-      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::SGD(
-          std::move(parameters), torch::optim::SGDOptions(options.learning_rate)
-                                     .momentum(spec.momentum())
-                                     .weight_decay(spec.weight_decay())));
+      return MakeOptimizer<torch::optim::SGD, FusedSgd>(
+          fused, std::move(parameters),
+          torch::optim::SGDOptions(options.learning_rate).momentum(spec.momentum()).weight_decay(spec.weight_decay()));
     case fitrun::v1::OPTIMIZER_KIND_ADAM:
-      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::Adam(
-          std::move(parameters),
-          torch::optim::AdamOptions(options.learning_rate).weight_decay(spec.weight_decay())));
+      return MakeOptimizer<torch::optim::Adam, FusedAdam>(
+          fused, std::move(parameters),
+          torch::optim::AdamOptions(options.learning_rate).weight_decay(spec.weight_decay()));
     case fitrun::v1::OPTIMIZER_KIND_ADAMW:
-      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::AdamW(
-          std::move(parameters),
-          torch::optim::AdamWOptions(options.learning_rate).weight_decay(spec.weight_decay())));
+      return MakeOptimizer<torch::optim::AdamW, FusedAdamW>(
+          fused, std::move(parameters),
+          torch::optim::AdamWOptions(options.learning_rate).weight_decay(spec.weight_decay()));
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("spec.optimizer.kind: unknown optimizer ", static_cast<int>(spec.kind())));
@@ -106,21 +120,6 @@ absl::Status CheckModelDevice(const Model& model, const c10::Device& device) {
     }
   }
   return absl::OkStatus();
-}
-
-// Rows `indices` of a host tensor, on `device`. The gather makes a fresh pageable tensor, so a
-// non_blocking copy to CUDA is still synchronous with respect to the host; pinning it first would
-// cost another host copy per micro-batch, which only pays off with a prefetching loader. On the CPU
-// the move is a no-op.
-at::Tensor RowsOn(const at::Tensor& host, const at::Tensor& indices, const c10::Device& device) {
-  return host.index_select(0, indices).to(at::TensorOptions().device(device), /*non_blocking=*/true);
-}
-
-ModelInputs InputRowsOn(const TensorDataset& host, const at::Tensor& indices, const c10::Device& device) {
-  ModelInputs inputs;
-  inputs.reserve(host.inputs.size());
-  for (const at::Tensor& input : host.inputs) inputs.push_back(RowsOn(input, indices, device));
-  return inputs;
 }
 
 // Zeroes every parameter's gradient, keeping the tensors: the bucketed reducer's gradients are views
@@ -204,6 +203,10 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& o, int64_t train_size)
   if (o.checkpoint_every_steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("spec.checkpoint.every_steps: must be >= 0 (got ",
                                                    o.checkpoint_every_steps, ")"));
+  }
+  if (o.loss_check_interval_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("loss check interval must be >= 0 (got ",
+                                                   o.loss_check_interval_steps, ")"));
   }
   if (o.eval_batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("eval batch must be >= 1 (got ", o.eval_batch, ")"));
@@ -290,6 +293,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options,
                                                       std::move(test), *std::move(sampler),
                                                       *std::move(optimizer), synchronizer, sink));
   trainer->on_cuda_ = on_cuda;
+  trainer->loss_check_interval_ = trainer->options_.loss_check_interval_steps > 0
+                                      ? trainer->options_.loss_check_interval_steps
+                                      : (on_cuda ? kGpuLossCheckSteps : 1);
   trainer->scaler_ = std::move(scaler);
   trainer->shard_ = std::move(shard);
   return trainer;
@@ -306,7 +312,8 @@ Trainer::Trainer(TrainerOptions options, std::shared_ptr<Model> model, TensorDat
       sampler_(std::move(sampler)),
       optimizer_(std::move(optimizer)),
       synchronizer_(synchronizer),
-      sink_(sink) {}
+      sink_(sink),
+      parameters_(model_->parameters()) {}
 
 Trainer::~Trainer() = default;
 
@@ -397,138 +404,193 @@ absl::Status Trainer::MaybeCheckpoint(int64_t step) {
   return absl::OkStatus();
 }
 
+// What a run carries from one step to the next: where its time went, and what the last progress
+// report covered.
+struct Trainer::RunState {
+  explicit RunState(absl::Duration progress_interval) : throttle(progress_interval) {}
+
+  TrainResult::StepTimes times;
+  ProgressThrottle throttle;
+  absl::Time start;
+  absl::Time last_report;
+  int64_t samples_since_report = 0;
+  int64_t step_at_report = 0;
+  // The synchronizer's exposed communication at the last report.
+  absl::Duration exposed_at_report;
+  // The global losses, read back when a figure needs them.
+  LossReadback losses;
+};
+
+// Charges the time since the last mark to a phase of the step.
+class Trainer::PhaseClock {
+ public:
+  void Charge(absl::Duration& phase) {
+    const absl::Time now = absl::Now();
+    phase += now - mark_;
+    mark_ = now;
+  }
+
+ private:
+  absl::Time mark_ = absl::Now();
+};
+
 absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
   const TrainerOptions& o = options_;
-  const int64_t b = o.per_device_batch;
-  const int k = o.grad_accum_steps;
   model_->train();
-
-  ProgressThrottle throttle(o.progress_interval);
-  const absl::Time start = absl::Now();
-  absl::Time last_report = start;
-  int64_t samples_since_report = 0;
-  int64_t step_at_report = start_step_;
-  absl::Duration synchronizing_at_report;
-  int64_t cached_epoch = -1;
-  std::vector<int64_t> shard;
-  double loss = 0;
-  TrainResult::StepTimes times;
-  const std::vector<at::Tensor> parameters = model_->parameters();
-
+  if (absl::Status s = StartMicroBatches(); !s.ok()) return s;
+  RunState run(o.progress_interval);
+  run.start = absl::Now();
+  run.last_report = run.start;
+  run.step_at_report = start_step_;
+  run.exposed_at_report = synchronizer_->ExposedCommunication();
   for (int64_t step = start_step_ + 1; step <= o.total_steps; ++step) {
     current_step_ = step;
-    if (stop_requested_.load()) {
-      return absl::CancelledError(absl::StrCat("stopped before step ", step));
-    }
-    MaybeInjectFault(step);
-    if (stop_requested_.load()) {
-      return absl::CancelledError(absl::StrCat("stopped before step ", step));
-    }
-
-    const int64_t epoch = (step - 1) / o.steps_per_epoch;
-    const int64_t step_in_epoch = (step - 1) % o.steps_per_epoch;
-    if (epoch != cached_epoch) {
-      shard = sampler_.EpochIndices(epoch);
-      cached_epoch = epoch;
-    }
-
-    absl::Time mark = absl::Now();
-    // Charges the time since the last mark to `phase`.
-    auto charge = [&mark](absl::Duration& phase) {
-      const absl::Time now = absl::Now();
-      phase += now - mark;
-      mark = now;
-    };
-    ZeroGradientsInPlace(parameters);
-    charge(times.optimizer);
-    double local_loss = 0;
-    for (int m = 0; m < k; ++m) {
-      const int64_t begin = (step_in_epoch * k + m) * b;
-      const at::Tensor indices = at::from_blob(shard.data() + begin, {b}, at::kLong);
-      const ModelInputs inputs = InputRowsOn(train_, indices, o.device);
-      const at::Tensor targets = RowsOn(train_.targets, indices, o.device);
-      charge(times.batch);
-      at::Tensor micro_loss;
-      {
-        AutocastScope autocast(o.precision, on_cuda_);
-        micro_loss = model_->Loss(inputs, targets);
-        if (autocast.active()) micro_loss = micro_loss.to(at::kFloat);
-      }
-      charge(times.forward);
-      synchronizer_->BeforeBackward(m == k - 1);
-      // Scaled so that the accumulated gradient is the mean over the step's k*b samples.
-      at::Tensor objective = micro_loss / k;
-      if (scaler_ != nullptr) objective = scaler_->Scale(objective);
-      objective.backward();
-      local_loss += micro_loss.item<double>() / k;
-      charge(times.backward);
-    }
-    absl::StatusOr<double> global_loss = synchronizer_->Synchronize(local_loss);
-    charge(times.synchronize);
+    if (absl::Status s = BeforeStep(step); !s.ok()) return s;
+    PhaseClock clock;
+    absl::StatusOr<at::Tensor> local_loss = ForwardAndBackward(step, clock, run.times);
+    if (!local_loss.ok()) return local_loss.status();
+    absl::StatusOr<at::Tensor> global_loss = synchronizer_->SynchronizeWithLoss(*local_loss);
+    clock.Charge(run.times.synchronize);
     if (!global_loss.ok()) {
       return absl::Status(global_loss.status().code(),
                           absl::StrCat("step ", step, ": ", global_loss.status().message()));
     }
-    loss = *global_loss;
-    // Every rank sees the same global loss, so every rank stops here together.
-    if (!std::isfinite(loss)) {
-      return absl::InternalError(absl::StrCat("loss is ", loss, " at step ", step,
-                                              " (learning rate ", o.learning_rate, " too high?)"));
+    run.losses.Add(step, *global_loss);
+    if (LossCheckDue(step, o.total_steps, loss_check_interval_, o.checkpoint_every_steps)) {
+      if (absl::Status s = CheckLosses(run); !s.ok()) return s;
     }
-    bool stepped = true;
-    if (scaler_ != nullptr) {
-      // The gradients are already the means over ranks, so every rank reaches the same verdict.
-      const double scale = scaler_->scale();
-      stepped = scaler_->UnscaleStepAndUpdate(parameters, [this] { optimizer_->step(); });
-      if (!stepped) {
-        sink_->OnLog(absl::StrCat("step ", step, ": inf/NaN gradients at loss scale ", scale,
-                                  "; optimizer step skipped, loss scale now ", scaler_->scale()));
-      }
-    } else {
-      optimizer_->step();
-    }
-    if (stepped && o.optimizer_state_sharding != nullptr) {
-      if (absl::Status s = o.optimizer_state_sharding->ShareSteppedParameters(); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
-      }
-    }
-    charge(times.optimizer);
-    samples_since_report += b * k;
+    if (absl::Status s = StepOptimizer(step); !s.ok()) return s;
+    clock.Charge(run.times.optimizer);
+    run.samples_since_report += o.per_device_batch * o.grad_accum_steps;
     if (absl::Status s = MaybeCheckpoint(step); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("checkpoint of step ", step, ": ", s.message()));
     }
+    MaybeReportProgress(step, run);
+  }
+  return FinishRun(run);
+}
 
-    const absl::Time now = absl::Now();
-    if (throttle.ShouldReport(step, o.total_steps, now)) {
-      const double seconds = absl::ToDoubleSeconds(now - last_report);
-      StepProgress progress;
-      progress.rank = o.rank;
-      progress.step = step;
-      progress.total_steps = o.total_steps;
-      progress.epoch = static_cast<int32_t>(epoch + 1);
-      progress.loss = loss;
-      progress.samples_per_second = seconds > 0 ? samples_since_report / seconds : 0;
-      progress.step_seconds = seconds / static_cast<double>(std::max<int64_t>(1, step - step_at_report));
-      progress.exposed_communication_share =
-          seconds > 0 ? absl::ToDoubleSeconds(times.synchronize - synchronizing_at_report) / seconds : 0;
-      sink_->OnProgress(progress);
-      last_report = now;
-      samples_since_report = 0;
-      step_at_report = step;
-      synchronizing_at_report = times.synchronize;
+absl::Status Trainer::StartMicroBatches() {
+  MicroBatchOrder order;
+  order.first_step = start_step_ + 1;
+  order.total_steps = options_.total_steps;
+  order.steps_per_epoch = options_.steps_per_epoch;
+  order.grad_accum_steps = options_.grad_accum_steps;
+  order.per_device_batch = options_.per_device_batch;
+  absl::StatusOr<std::unique_ptr<MicroBatchSource>> batches =
+      CreateMicroBatchSource(options_.data_placement, train_, sampler_, order, options_.device);
+  if (!batches.ok()) return batches.status();
+  batches_ = *std::move(batches);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::BeforeStep(int64_t step) {
+  if (stop_requested_.load()) return absl::CancelledError(absl::StrCat("stopped before step ", step));
+  MaybeInjectFault(step);
+  if (stop_requested_.load()) return absl::CancelledError(absl::StrCat("stopped before step ", step));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> Trainer::ForwardAndBackward(int64_t step, PhaseClock& clock,
+                                                       TrainResult::StepTimes& times) {
+  const TrainerOptions& o = options_;
+  const int k = o.grad_accum_steps;
+  ZeroGradientsInPlace(parameters_);
+  clock.Charge(times.optimizer);
+  // This rank's mean loss over the step's micro-batches, summed in float64 on the device as it
+  // would be on the host, so that the host reads it once, after the all-reduce.
+  at::Tensor local_loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(o.device));
+  for (int m = 0; m < k; ++m) {
+    absl::StatusOr<MicroBatch> batch = batches_->Get(step, m);
+    if (!batch.ok()) return batch.status();
+    clock.Charge(times.batch);
+    at::Tensor micro_loss;
+    {
+      AutocastScope autocast(o.precision, on_cuda_);
+      micro_loss = model_->Loss(batch->inputs, batch->targets);
+      if (autocast.active()) micro_loss = micro_loss.to(at::kFloat);
+    }
+    clock.Charge(times.forward);
+    synchronizer_->BeforeBackward(m == k - 1);
+    // Scaled so that the accumulated gradient is the mean over the step's k*b samples.
+    at::Tensor objective = micro_loss / k;
+    if (scaler_ != nullptr) objective = scaler_->Scale(objective);
+    objective.backward();
+    local_loss += micro_loss.detach().to(at::kDouble) / k;
+    clock.Charge(times.backward);
+  }
+  return local_loss;
+}
+
+absl::Status Trainer::StepOptimizer(int64_t step) {
+  bool stepped = true;
+  if (scaler_ != nullptr) {
+    // The gradients are already the means over ranks, so every rank reaches the same verdict.
+    const double scale = scaler_->scale();
+    stepped = scaler_->UnscaleStepAndUpdate(parameters_, [this] { optimizer_->step(); });
+    if (!stepped) {
+      sink_->OnLog(absl::StrCat("step ", step, ": inf/NaN gradients at loss scale ", scale,
+                                "; optimizer step skipped, loss scale now ", scaler_->scale()));
+    }
+  } else {
+    optimizer_->step();
+  }
+  if (stepped && options_.optimizer_state_sharding != nullptr) {
+    if (absl::Status s = options_.optimizer_state_sharding->ShareSteppedParameters(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
     }
   }
+  return absl::OkStatus();
+}
 
+absl::Status Trainer::CheckLosses(RunState& run) {
+  run.losses.ReadAll();
+  // Every rank holds the same global losses and checks after the same steps, so every rank stops
+  // here together.
+  if (const std::optional<LossReadback::NonFinite>& bad = run.losses.first_non_finite(); bad.has_value()) {
+    return absl::InternalError(absl::StrCat("loss is ", bad->loss, " at step ", bad->step, " (learning rate ",
+                                            options_.learning_rate, " too high?)"));
+  }
+  return absl::OkStatus();
+}
+
+void Trainer::MaybeReportProgress(int64_t step, RunState& run) {
+  const absl::Time now = absl::Now();
+  if (!run.throttle.ShouldReport(step, options_.total_steps, now)) return;
+  const double seconds = absl::ToDoubleSeconds(now - run.last_report);
+  StepProgress progress;
+  progress.rank = options_.rank;
+  progress.step = step;
+  progress.total_steps = options_.total_steps;
+  progress.epoch = static_cast<int32_t>((step - 1) / options_.steps_per_epoch + 1);
+  run.losses.ReadAll();
+  progress.loss = run.losses.last_loss();
+  progress.samples_per_second = seconds > 0 ? run.samples_since_report / seconds : 0;
+  progress.step_seconds = seconds / static_cast<double>(std::max<int64_t>(1, step - run.step_at_report));
+  const absl::Duration exposed = synchronizer_->ExposedCommunication();
+  progress.exposed_communication_share =
+      seconds > 0 ? absl::ToDoubleSeconds(exposed - run.exposed_at_report) / seconds : 0;
+  sink_->OnProgress(progress);
+  run.last_report = now;
+  run.samples_since_report = 0;
+  run.step_at_report = step;
+  run.exposed_at_report = exposed;
+}
+
+absl::StatusOr<TrainResult> Trainer::FinishRun(RunState& run) {
+  const TrainerOptions& o = options_;
+  run.losses.ReadAll();  // already read at the last step, which always checks
   TrainResult result;
   result.steps = o.total_steps;
-  result.final_loss = loss;
-  result.train_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  result.final_loss = run.losses.last_loss();
+  result.train_seconds = absl::ToDoubleSeconds(absl::Now() - run.start);
   result.parameter_checksum = ParameterChecksum(*model_);
-  result.step_times = times;
+  result.step_times = run.times;
   if (scaler_ != nullptr) {
     result.skipped_steps = scaler_->skipped_steps();
     result.loss_scale = scaler_->scale();
   }
+  const TrainResult::StepTimes& times = run.times;
   if (o.total_steps > start_step_) {
     sink_->OnLog(absl::StrFormat(
         "step time: batch %.1f%%, forward %.1f%%, backward %.1f%%, synchronize %.1f%%, optimizer %.1f%% "
@@ -541,17 +603,21 @@ absl::StatusOr<TrainResult> Trainer::RunUnchecked() {
     sink_->OnLog(absl::StrCat("loss scaling: ", result.skipped_steps, " optimizer steps skipped, final scale ",
                               result.loss_scale));
   }
-  if (test_.has_value()) {
-    // On the training device, moved once (a no-op on the CPU); the models batch it from there.
-    const TensorDataset test = test_->To(o.device);
-    absl::StatusOr<Evaluation> evaluation = model_->Evaluate(test, o.eval_batch);
-    if (!evaluation.ok()) return evaluation.status();
-    sink_->OnLog(evaluation->summary);
-    result.has_test_accuracy = evaluation->accuracy.has_value();
-    result.test_accuracy = evaluation->accuracy.value_or(0);
-    result.test_metrics = evaluation->metrics;
-  }
+  if (absl::Status s = EvaluateTestSet(result); !s.ok()) return s;
   return result;
+}
+
+absl::Status Trainer::EvaluateTestSet(TrainResult& result) {
+  if (!test_.has_value()) return absl::OkStatus();
+  // On the training device, moved once (a no-op on the CPU); the models batch it from there.
+  const TensorDataset test = test_->To(options_.device);
+  absl::StatusOr<Evaluation> evaluation = model_->Evaluate(test, options_.eval_batch);
+  if (!evaluation.ok()) return evaluation.status();
+  sink_->OnLog(evaluation->summary);
+  result.has_test_accuracy = evaluation->accuracy.has_value();
+  result.test_accuracy = evaluation->accuracy.value_or(0);
+  result.test_metrics = evaluation->metrics;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> EvaluateAccuracy(Model& model, const TensorDataset& set, int64_t batch) {

@@ -20,6 +20,8 @@
 #include "worker/ddp/optimizer_state_sharding.h"
 #include "worker/models/model.h"
 #include "worker/trainer/grad_scaler.h"
+#include "worker/trainer/loss_readback.h"
+#include "worker/trainer/micro_batches.h"
 #include "worker/trainer/progress_sink.h"
 
 namespace torch::optim {
@@ -35,6 +37,9 @@ struct TrainerOptions {
   // Where this rank computes (the plan's device_ids[rank]): the model's parameters must already be
   // there (Create checks); micro-batches and the test set are moved there from host memory.
   c10::Device device = c10::Device(c10::kCPU);
+  // Where the training set lives while the rank trains (worker/trainer/micro_batches.h): on the host
+  // (the CPU's way), or on a GPU, moved there once, or gathered ahead into pinned host memory.
+  DataPlacement data_placement = DataPlacement::kHost;
   int64_t per_device_batch = 0;
   int grad_accum_steps = 1;
   // plan.learning_rate (already scaled for the global batch); optimizer.lr is not used.
@@ -45,9 +50,19 @@ struct TrainerOptions {
   uint64_t seed = 0;
   // kind, momentum and weight_decay; UNSPECIFIED means SGD.
   fitrun::v1::OptimizerSpec optimizer;
+  // The optimizer's step in fused kernels (worker/trainer/fused_optimizers.h): unset chooses them on
+  // a CUDA device where LibTorch has them (2.x); true asks for them on any device, and fails Create
+  // where LibTorch has none; false keeps torch::optim's step.
+  std::optional<bool> fused_optimizer;
   fitrun::v1::FaultInjection fault_injection;
   // Progress goes to the sink at most this often, plus the first and the last step.
   absl::Duration progress_interval = absl::Milliseconds(250);
+  // How often, in steps, the host reads the global losses back and stops on one that is not finite
+  // (worker/trainer/loss_readback.h): 0 chooses every step on the CPU, where a read costs nothing,
+  // and every kGpuLossCheckSteps on a GPU, where each read makes the host wait for the device. A
+  // progress report reads its own step's loss whenever it goes out, and checkpoints and the last
+  // step always check.
+  int64_t loss_check_interval_steps = 0;
   // Test samples per evaluation forward pass (fitrun-worker uses the per-device batch).
   int64_t eval_batch = 1000;
   // spec.precision: FP32 (or UNSPECIFIED) everywhere, or autocast for forward and loss (parameters,
@@ -73,6 +88,10 @@ struct TrainerOptions {
   std::function<void()> exhaust_memory;
 };
 
+// TrainerOptions::loss_check_interval_steps on a GPU: a diverging run goes on for at most this many
+// steps before it stops, and the host waits for the device once per this many steps.
+inline constexpr int64_t kGpuLossCheckSteps = 50;
+
 // What a rank reports when it finishes.
 struct TrainResult {
   int64_t steps = 0;
@@ -92,7 +111,7 @@ struct TrainResult {
     absl::Duration batch;        // assembling micro-batches from the shard
     absl::Duration forward;      // forward and loss (under autocast when asked)
     absl::Duration backward;     // backward, including the reducer's hooks and bucket launches
-    absl::Duration synchronize;  // GradientSynchronizer::Synchronize: waiting for the all-reduce
+    absl::Duration synchronize;  // GradientSynchronizer::SynchronizeWithLoss: the last bucket's and the wait
     absl::Duration optimizer;    // zero_grad, unscaling and the optimizer step
   };
   StepTimes step_times;
@@ -153,9 +172,30 @@ class Trainer {
           std::unique_ptr<torch::optim::Optimizer> optimizer, GradientSynchronizer* synchronizer,
           ProgressSink* sink);
 
+  struct RunState;
+  class PhaseClock;
+
+  // The loop: each step's parts below, in order.
   absl::StatusOr<TrainResult> RunUnchecked();
+  // Where the micro-batches come from, for a run starting after start_step_.
+  absl::Status StartMicroBatches();
+  // Cancelled when a stop was requested; runs the spec's fault injection.
+  absl::Status BeforeStep(int64_t step);
   // Fault injection: ends the process before `step` when the spec says so.
   void MaybeInjectFault(int64_t step);
+  // Zeroes the gradients and runs the step's micro-batches, forward and backward; returns this rank's
+  // mean loss over them (float64, on the device).
+  absl::StatusOr<at::Tensor> ForwardAndBackward(int64_t step, PhaseClock& clock, TrainResult::StepTimes& times);
+  // The optimizer step (skipped under loss scaling when a gradient is not finite), then the stepped
+  // parameters shared when the optimizer states are sharded. An error means a collective failed.
+  absl::Status StepOptimizer(int64_t step);
+  // Reads the pending losses; Internal when one was not finite, naming its step.
+  absl::Status CheckLosses(RunState& run);
+  // A progress report after `step` when the throttle lets one through.
+  void MaybeReportProgress(int64_t step, RunState& run);
+  // After the last step: the run's figures and logs, and rank 0's evaluation.
+  absl::StatusOr<TrainResult> FinishRun(RunState& run);
+  absl::Status EvaluateTestSet(TrainResult& result);
   // Rank 0's checkpoint after `step` (with sharded states, every rank's share first); a failed
   // write is logged and training goes on. An error means a collective failed.
   absl::Status MaybeCheckpoint(int64_t step);
@@ -164,6 +204,8 @@ class Trainer {
   std::shared_ptr<Model> model_;
   // Whether options_.device is a CUDA device: picks CUDA autocast over CPU autocast.
   bool on_cuda_ = false;
+  // options_.loss_check_interval_steps, resolved for the device.
+  int64_t loss_check_interval_ = 1;
   // Set when loss scaling is on (FP16 on CUDA, or TrainerOptions::loss_scaling).
   std::unique_ptr<GradScaler> scaler_;
   TensorDataset train_;
@@ -174,6 +216,10 @@ class Trainer {
   ProgressSink* sink_;
   // With sharded optimizer states: which of the model's parameters this rank's optimizer steps.
   std::optional<OptimizerShard> shard_;
+  // Every parameter of the model, in registration order (the ones the optimizer steps or not).
+  const std::vector<at::Tensor> parameters_;
+  // Set when Run starts, from where its first step is.
+  std::unique_ptr<MicroBatchSource> batches_;
   std::atomic<bool> stop_requested_{false};
   int64_t start_step_ = 0;
   int64_t current_step_ = 0;

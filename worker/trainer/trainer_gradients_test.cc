@@ -34,7 +34,7 @@ class GradientRecorder final : public GradientSynchronizer {
     zeroed_.push_back(zero);
     first_micro_batch_ = last_micro_batch;
   }
-  absl::StatusOr<double> Synchronize(double local_loss) override { return local_loss; }
+  absl::StatusOr<at::Tensor> SynchronizeWithLoss(const at::Tensor& local_loss) override { return local_loss; }
 
   const std::vector<std::vector<const void*>>& before_backward() const { return before_backward_; }
   const std::vector<bool>& zeroed() const { return zeroed_; }

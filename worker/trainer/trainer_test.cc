@@ -4,8 +4,10 @@
 #include <torch/torch.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/memory/capped_allocator.h"
+#include "worker/torch_compat.h"
 #include "worker/trainer/fake_progress_sink.h"
 
 namespace fitrun::worker {
@@ -215,6 +217,57 @@ TEST_F(TrainerTest, DivergingLossIsAnError) {
   absl::StatusOr<TrainResult> result = (*trainer)->Run();
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
   EXPECT_TRUE(absl::StrContains(result.status().message(), "loss is")) << result.status();
+}
+
+// The fused optimizer kernels (LibTorch 2.x, CPU and CUDA) train as torch::optim's step does, up to
+// rounding; a LibTorch without them refuses to be asked for them.
+TEST_F(TrainerTest, FusedOptimizersTrainAsTorchOptimDoes) {
+  for (auto kind : {fitrun::v1::OPTIMIZER_KIND_SGD, fitrun::v1::OPTIMIZER_KIND_ADAMW}) {
+    TrainerOptions options = BaseOptions();
+    options.optimizer.set_kind(kind);
+    options.optimizer.set_weight_decay(0.01);
+    if (kind == fitrun::v1::OPTIMIZER_KIND_ADAMW) options.learning_rate = 1e-3;
+    options.fused_optimizer = true;
+    auto fused = Make(options, false);
+    if (!torch_compat::HasFusedOptimizerKernels()) {
+      EXPECT_EQ(fused.status().code(), absl::StatusCode::kInvalidArgument);
+      continue;
+    }
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    absl::StatusOr<TrainResult> fused_result = (*fused)->Run();
+    options.fused_optimizer = false;
+    auto plain = Make(options, false);
+    ASSERT_TRUE(plain.ok());
+    absl::StatusOr<TrainResult> plain_result = (*plain)->Run();
+    ASSERT_TRUE(fused_result.ok() && plain_result.ok());
+    EXPECT_NEAR(fused_result->final_loss, plain_result->final_loss, 1e-4 * plain_result->final_loss)
+        << fitrun::v1::OptimizerKind_Name(kind);
+  }
+}
+
+// On a GPU the host reads the losses back only every few steps: a diverging run then stops at the
+// next such step, every rank at the same one, and says the same as a run that checked every step.
+TEST_F(TrainerTest, DivergingLossChecksEveryFewStepsNameTheSameStep) {
+  TrainerOptions options = BaseOptions();
+  options.learning_rate = 1e12;
+  options.progress_interval = absl::Hours(1);  // no report reads in between, but the first step's
+  auto every_step = Make(options, false);
+  ASSERT_TRUE(every_step.ok());
+  const absl::Status checked_each = (*every_step)->Run().status();
+  ASSERT_EQ(checked_each.code(), absl::StatusCode::kInternal);
+  const int64_t diverged_at = (*every_step)->current_step();
+  ASSERT_LT(diverged_at, 5) << checked_each;
+
+  options.loss_check_interval_steps = 5;
+  auto every_five = Make(options, false);
+  ASSERT_TRUE(every_five.ok());
+  const absl::Status checked_later = (*every_five)->Run().status();
+  EXPECT_EQ(checked_later, checked_each);
+  EXPECT_TRUE(absl::StrContains(checked_later.message(), absl::StrCat("at step ", diverged_at))) << checked_later;
+  EXPECT_EQ((*every_five)->current_step(), 5);
+
+  options.loss_check_interval_steps = -1;
+  EXPECT_EQ(Make(options, false).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The trainer runs on the device its options name and refuses a model that is not there (the meta

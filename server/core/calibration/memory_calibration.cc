@@ -4,16 +4,20 @@
 #include "proto/contract/atomic_file.h"
 #include "server/core/specs/job_specs.h"
 #include "server/core/units.h"
+#include "server/core/digest.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -145,10 +149,19 @@ static std::string WorkloadCalibrationKey(const fitrun::v1::JobSpec& spec) {
   return OneField(key);
 }
 
+// What a hashed key starts with; a cache line of any other key is of an older fitrund.
+constexpr char kHashedKeyPrefix[] = "v5 ";
+constexpr char kAccountInKey[] = " | account ";
+
 std::string CalibrationKey(const fitrun::v1::JobSpec& spec, const std::string& run_as) {
-  std::string key = WorkloadCalibrationKey(spec);
-  if (!run_as.empty()) absl::StrAppend(&key, " | account ", run_as);
+  std::string key = absl::StrCat(kHashedKeyPrefix, Sha256Hex(WorkloadCalibrationKey(spec)));
+  if (!run_as.empty()) absl::StrAppend(&key, kAccountInKey, run_as);
   return OneField(key);
+}
+
+std::string AccountOfCalibrationKey(const std::string& key) {
+  const size_t at = key.find(kAccountInKey);
+  return at == std::string::npos ? "" : key.substr(at + std::strlen(kAccountInKey));
 }
 
 
@@ -243,6 +256,8 @@ absl::Status MemoryCalibrator::LoadCache() {
   while (std::getline(in, line)) {
     ++cache_lines_;
     std::vector<std::string> fields = absl::StrSplit(line, '\t');
+    if (fields.size() < 2 || !absl::StartsWith(fields[1], kHashedKeyPrefix)) continue;  // an older fitrund's key
+    KeepWorkload(fields[1]);
     if (fields.size() == 5 && fields[0] == kSweep) {
       Calibration c;
       std::vector<MeasuredPeak> points;
@@ -316,6 +331,35 @@ void MemoryCalibrator::RewriteCache() {
   cache_lines_ = lines;
 }
 
+bool MemoryCalibrator::QueueFullFor(const std::string& run_as) const {
+  int queued = 0;
+  for (const Task& task : queue_) queued += task.run_as == run_as ? 1 : 0;
+  return queued >= options_.max_queued_per_account;
+}
+
+void MemoryCalibrator::KeepWorkload(const std::string& key) {
+  std::deque<std::string>& keys = workloads_by_account_[AccountOfCalibrationKey(key)];
+  if (std::find(keys.begin(), keys.end(), key) != keys.end()) return;
+  keys.push_back(key);
+  for (auto it = keys.begin(); static_cast<int>(keys.size()) > options_.max_workloads_per_account && it != keys.end();) {
+    const auto measuring = measuring_.lower_bound({*it, std::numeric_limits<int64_t>::min()});
+    if (sweeping_.count(*it) > 0 || busy_.count(*it) > 0 || (measuring != measuring_.end() && measuring->first == *it)) {
+      ++it;
+      continue;
+    }
+    ForgetWorkload(*it);
+    it = keys.erase(it);
+  }
+}
+
+void MemoryCalibrator::ForgetWorkload(const std::string& key) {
+  done_.erase(key);
+  runs_before_sweep_.erase(key);
+  batch_one_over_.erase(key);
+  failed_measurements_.erase(failed_measurements_.lower_bound({key, std::numeric_limits<int64_t>::min()}),
+                             failed_measurements_.upper_bound({key, std::numeric_limits<int64_t>::max()}));
+}
+
 MemoryCalibrator::Lookup MemoryCalibrator::Find(const fitrun::v1::JobSpec& spec, const std::string& run_as) {
   const std::string key = CalibrationKey(spec, run_as);
   absl::MutexLock lock(&mu_);
@@ -343,7 +387,7 @@ bool MemoryCalibrator::StartCalibration(const fitrun::v1::JobSpec& spec, const s
                                         int64_t max_bytes, std::function<void()> on_done) {
   const std::string key = CalibrationKey(spec, run_as);
   absl::MutexLock lock(&mu_);
-  if (stopping_ || done_.count(key) > 0 || sweeping_.count(key) > 0) return false;
+  if (stopping_ || done_.count(key) > 0 || sweeping_.count(key) > 0 || QueueFullFor(run_as)) return false;
   sweeping_.insert(key);
   Task task{key, spec, 0, SweepLimits{}, std::move(on_done), run_as};
   task.limits.max_batch = std::max<int64_t>(1, max_batch);
@@ -359,7 +403,7 @@ bool MemoryCalibrator::StartMeasurement(const fitrun::v1::JobSpec& spec, const s
   absl::MutexLock lock(&mu_);
   auto it = done_.find(key);
   if (stopping_ || batch < 1 || it == done_.end() || !it->second.ok() || it->second->measured.Measured(batch) ||
-      measuring_.count({key, batch}) > 0 || failed_measurements_.count({key, batch}) > 0) {
+      measuring_.count({key, batch}) > 0 || failed_measurements_.count({key, batch}) > 0 || QueueFullFor(run_as)) {
     return false;
   }
   measuring_.insert({key, batch});
@@ -383,6 +427,7 @@ void MemoryCalibrator::RecordRun(const fitrun::v1::JobSpec& spec, const std::str
   auto it = done_.find(key);
   const bool swept = it != done_.end() && it->second.ok();
   KeepRun(swept ? it->second->runs : runs_before_sweep_[key], {batch, peak_bytes});
+  KeepWorkload(key);
   AppendToCache(PairLine(kRun, key, {batch, peak_bytes}));
 }
 
@@ -500,6 +545,7 @@ absl::StatusOr<Calibration> MemoryCalibrator::StoreSweep(const std::string& key,
   // Failures stay in memory only: a restarted coordinator tries again (the binary may be fixed).
   absl::StatusOr<Calibration>& stored = done_.insert_or_assign(key, result).first->second;
   sweeping_.erase(key);
+  KeepWorkload(key);
   if (!stored.ok()) {
     std::fprintf(stderr, "fitrund: measuring %s failed: %s\n", key.c_str(), std::string(stored.status().message()).c_str());
     return stored;

@@ -68,8 +68,12 @@ class MemoryProbe {
 // environment and the script file's version. Not the batch, devices or steps. And whose processes
 // measured it: `run_as`, the Unix account a job's probes and ranks run as ("": fitrund's own user).
 // Every figure comes from processes that account controls (a script can print any peak; a rank's
-// report is its word), so it calibrates that account's plans and no other's.
+// report is its word), so it calibrates that account's plans and no other's. The workload is named
+// by the SHA-256 of all that (a script's part alone may be 64 KiB of spec, and its environment is
+// the user's), the account in the clear: "v5 <hex>[ | account <run_as>]".
 std::string CalibrationKey(const fitrun::v1::JobSpec& spec, const std::string& run_as);
+// The account a key's figures are from ("" for fitrund's own user).
+std::string AccountOfCalibrationKey(const std::string& key);
 
 // Empty when the measured peaks follow the batch; otherwise why a script's batch cannot be planned
 // (the same peak, to 0.01%, from micro-batch 1 to at least 8) and the fix.
@@ -130,6 +134,11 @@ class MemoryCalibrator {
     int runs_kept = 16;
     // Probes measuring at once (of different workloads).
     int threads = 1;
+    // What one account's jobs and plans may hold of the calibrator: probes queued at once (a
+    // workload asked past it waits, unmeasured, and is asked again by the next scheduling pass),
+    // and workloads kept (its least recently measured one is forgotten past it).
+    int max_queued_per_account = 4;
+    int max_workloads_per_account = 256;
     // Told how long each probe ran; nullptr: nobody.
     CoordinatorMetrics* metrics = nullptr;
   };
@@ -203,6 +212,12 @@ class MemoryCalibrator {
   // Appends a run's peak to `runs`, keeping the newest options_.runs_kept.
   void KeepRun(std::vector<MeasuredPeak>& runs, const MeasuredPeak& run) const;
   bool CacheOverGrown() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the account has options_.max_queued_per_account probes queued.
+  bool QueueFullFor(const std::string& run_as) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts `key` among its account's workloads, forgetting the account's oldest past
+  // options_.max_workloads_per_account (never one queued or being measured).
+  void KeepWorkload(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetWorkload(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   MemoryProbe* const probe_;
@@ -217,6 +232,8 @@ class MemoryCalibrator {
   std::map<std::string, int64_t> batch_one_over_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);  // a task of the workload runs
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  // Each account's workloads (done_ and runs_before_sweep_ keys), oldest first.
+  std::map<std::string, std::deque<std::string>> workloads_by_account_ ABSL_GUARDED_BY(mu_);
   int64_t probes_run_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t cache_lines_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

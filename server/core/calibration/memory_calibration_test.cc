@@ -472,6 +472,81 @@ TEST(MemoryCalibratorTest, ProbesOfDifferentWorkloadsQueueAndEachRuns) {
   EXPECT_EQ(calibrator->probes_run(), 3);
 }
 
+TEST(CalibrationKeyTest, IsAShortDigestWhateverTheSpecHoldsWithTheAccountInTheClear) {
+  fitrun::v1::JobSpec script = MlpSpec();
+  script.clear_model();
+  script.clear_data();
+  script.mutable_script()->add_command("python3");
+  script.mutable_script()->add_command("train.py");
+  script.mutable_script()->set_working_dir("/srv/alice");
+  for (int i = 0; i < 200; ++i) {
+    (*script.mutable_script()->mutable_env())["VARIABLE_" + std::to_string(i)] = std::string(300, 'x');
+  }
+  const std::string key = CalibrationKey(script, "alice");
+  EXPECT_LT(key.size(), 100u) << key;
+  EXPECT_THAT(key, Not(HasSubstr("VARIABLE_")));
+  EXPECT_EQ(AccountOfCalibrationKey(key), "alice");
+  EXPECT_EQ(AccountOfCalibrationKey(CalibrationKey(script, "")), "");
+  (*script.mutable_script()->mutable_env())["VARIABLE_0"] = "y";
+  EXPECT_NE(CalibrationKey(script, "alice"), key);
+}
+
+// A workload of its own for each n: a gpt n + 1 times 8 wide.
+fitrun::v1::JobSpec NthWorkload(int n) {
+  fitrun::v1::JobSpec spec = MlpSpec();
+  spec.mutable_model()->set_builtin("gpt");
+  spec.mutable_model()->mutable_gpt()->set_layers(1);
+  spec.mutable_model()->mutable_gpt()->set_heads(1);
+  spec.mutable_model()->mutable_gpt()->set_hidden(8 * (n + 1));
+  spec.mutable_model()->mutable_gpt()->set_context(8);
+  return spec;
+}
+
+TEST(MemoryCalibratorTest, OneAccountQueuesAFewProbesAtOnceAndOthersStillQueueTheirs) {
+  FakeMemoryProbe probe(MlpPeakBytes);
+  MemoryCalibrator::Options options;
+  options.max_queued_per_account = 2;
+  auto calibrator = *MemoryCalibrator::Create(options, &probe);
+  probe.Hold();
+  // The first is taken off the queue by the probe thread (and waits in the held probe).
+  ASSERT_TRUE(calibrator->StartCalibration(NthWorkload(0), "mallory", 64, 1 << 30, nullptr));
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (probe.probed().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  int queued = 0;
+  for (int i = 1; i < 100; ++i) queued += calibrator->StartCalibration(NthWorkload(i), "mallory", 64, 1 << 30, nullptr);
+  EXPECT_EQ(queued, 2);
+  EXPECT_EQ(calibrator->Find(NthWorkload(50), "mallory").state, MemoryCalibrator::State::kMissing)
+      << "not queued: asked again later";
+  EXPECT_TRUE(calibrator->StartCalibration(NthWorkload(0), "alice", 64, 1 << 30, nullptr));
+  probe.Release();
+}
+
+TEST(MemoryCalibratorTest, OneAccountKeepsABoundedNumberOfWorkloadsAndNoOtherAccountsAreTouched) {
+  FakeMemoryProbe probe(MlpPeakBytes);
+  MemoryCalibrator::Options options;
+  options.max_workloads_per_account = 3;
+  options.cache_path = TempPath("bounded-workloads.tsv");
+  std::filesystem::remove(options.cache_path);
+  auto calibrator = *MemoryCalibrator::Create(options, &probe);
+  auto measure = [](MemoryCalibrator& c, const fitrun::v1::JobSpec& spec, const std::string& run_as) {
+    absl::Notification done;
+    ASSERT_TRUE(c.StartCalibration(spec, run_as, 64, 1 << 30, [&done] { done.Notify(); }));
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  };
+  measure(*calibrator, NthWorkload(0), "alice");
+  for (int i = 0; i < 6; ++i) measure(*calibrator, NthWorkload(i), "mallory");
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(calibrator->Find(NthWorkload(i), "mallory").state,
+              i < 3 ? MemoryCalibrator::State::kMissing : MemoryCalibrator::State::kReady) << i;
+  }
+  EXPECT_EQ(calibrator->Find(NthWorkload(0), "alice").state, MemoryCalibrator::State::kReady);
+  // The same after a restart on the cache file.
+  auto restarted = *MemoryCalibrator::Create(options, &probe);
+  EXPECT_EQ(restarted->Find(NthWorkload(2), "mallory").state, MemoryCalibrator::State::kMissing);
+  EXPECT_EQ(restarted->Find(NthWorkload(5), "mallory").state, MemoryCalibrator::State::kReady);
+  EXPECT_EQ(restarted->Find(NthWorkload(0), "alice").state, MemoryCalibrator::State::kReady);
+}
+
 TEST(CallbackGuardTest, CallbacksDoNothingOnceTheGuardIsGone) {
   int calls = 0;
   std::function<void()> callback;

@@ -71,41 +71,11 @@ absl::Status Admission::CheckRequestId(const std::string& request_id) {
   return absl::OkStatus();
 }
 
-std::optional<std::string> Admission::EarlierJob(const std::string& owner, const std::string& request_id) const {
-  if (request_id.empty()) return std::nullopt;
-  auto it = ids_by_request_.find({owner, request_id});
-  if (it == ids_by_request_.end()) return std::nullopt;
-  return it->second;
-}
-
 absl::Status Admission::SameSubmit(const std::string& request_id, const fitrun::v1::Job& earlier,
                                    const fitrun::v1::JobSpec& spec) {
   if (google::protobuf::util::MessageDifferencer::Equals(earlier.spec(), spec)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("request_id: '", request_id, "' already created job ", earlier.id(),
                                                  " with a different spec; use a new request_id"));
-}
-
-absl::Status Admission::CheckQuota(const std::string& owner) const {
-  if (options_.max_open_jobs_per_owner <= 0) return absl::OkStatus();
-  auto open = open_jobs_by_owner_.find(owner);
-  if (open == open_jobs_by_owner_.end() || open->second < options_.max_open_jobs_per_owner) return absl::OkStatus();
-  return WithReason(absl::ResourceExhaustedError(absl::StrCat(
-                        "jobs: ", owner.empty() ? "this user" : owner, " has ", open->second,
-                        " jobs queued or running, the limit (--max_jobs_per_user); wait for some to end or cancel them")),
-                    "JOBS_PER_USER_LIMIT");
-}
-
-void Admission::Remember(const fitrun::v1::Job& job) {
-  if (!job.request_id().empty()) ids_by_request_[{job.owner(), job.request_id()}] = job.id();
-}
-
-void Admission::Forget(const fitrun::v1::Job& job) {
-  if (!job.request_id().empty()) ids_by_request_.erase({job.owner(), job.request_id()});
-}
-
-void Admission::Closed(const std::string& owner) {
-  auto it = open_jobs_by_owner_.find(owner);
-  if (it != open_jobs_by_owner_.end() && --it->second <= 0) open_jobs_by_owner_.erase(it);
 }
 
 }  // namespace fitrun::server

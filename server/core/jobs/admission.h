@@ -1,17 +1,15 @@
-// Which submits and dry-run plans fitrund accepts, before anything is planned or stored: the spec
-// (its files confined to the data roots before any is opened, then validated and defaulted, within
-// the coordinator's node bound), the request id that makes a submit idempotent per owner, and the
-// number of jobs one owner may have open. One Admit serves SubmitJob and PlanJob alike.
+// Which specs fitrund accepts, before anything is planned or stored: the spec (its files confined to
+// the data roots before any is opened, then validated and defaulted, within the coordinator's node
+// bound and the operator's ceilings), and the form of a request id. It serves SubmitJob and PlanJob
+// alike. Who has which jobs open is open_jobs.h's.
 //
-// Thread-safety: CheckSpec touches no state (it reads the spec's files) and runs outside the job
-// manager's lock; the rest is bookkeeping the job manager calls under its lock.
+// Thread-safety: immutable; CheckSpec reads the spec's files and runs outside the job manager's lock.
 #ifndef FITRUN_SERVER_CORE_JOBS_ADMISSION_H_
 #define FITRUN_SERVER_CORE_JOBS_ADMISSION_H_
 
 #include <sys/types.h>
 
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -31,8 +29,6 @@ class Admission {
     // The most nodes a plan may span (0: any), and why, for a spec that asks for more.
     int max_nodes = 1;
     std::string max_nodes_reason;
-    // Jobs one owner may have queued or running at once (RESOURCE_EXHAUSTED beyond); 0: no limit.
-    int max_open_jobs_per_owner = 0;
     // The operator's ceilings on what a spec may ask for one rank (spec.resources.host_memory and
     // max_processes); 0: none.
     int64_t max_rank_host_memory_bytes = 0;
@@ -54,33 +50,16 @@ class Admission {
   // INVALID_ARGUMENT for a request id of more than 128 characters.
   static absl::Status CheckRequestId(const std::string& request_id);
 
-  // The job an earlier submit of `owner` with `request_id` created, when there was one (its answer
-  // may have been lost); nullopt for an empty request id.
-  std::optional<std::string> EarlierJob(const std::string& owner, const std::string& request_id) const;
   // OK when the earlier job's spec is `spec`: the retry gets that job back. INVALID_ARGUMENT
   // otherwise: a request id names one submit.
   static absl::Status SameSubmit(const std::string& request_id, const fitrun::v1::Job& earlier,
                                  const fitrun::v1::JobSpec& spec);
-
-  // RESOURCE_EXHAUSTED (reason JOBS_PER_USER_LIMIT) when `owner` has as many jobs open as allowed.
-  absl::Status CheckQuota(const std::string& owner) const;
-
-  // The bookkeeping: a job stored (its request id now names it), its admission undone (the store
-  // refused it), a job that counts against its owner until it ends, and its end.
-  void Remember(const fitrun::v1::Job& job);
-  void Forget(const fitrun::v1::Job& job);
-  void Opened(const std::string& owner) { ++open_jobs_by_owner_[owner]; }
-  void Closed(const std::string& owner);
 
  private:
   // INVALID_ARGUMENT naming the field and the flag when a rank asks for more than the ceilings.
   absl::Status WithinCeilings(const fitrun::v1::Resources& resources) const;
 
   const Options options_;
-  // Job ids by (owner, request_id), for idempotent submits.
-  std::map<std::pair<std::string, std::string>, std::string> ids_by_request_;
-  // Jobs not yet ended, by owner (what max_open_jobs_per_owner bounds).
-  std::map<std::string, int> open_jobs_by_owner_;
 };
 
 }  // namespace fitrun::server

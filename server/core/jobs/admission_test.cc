@@ -1,6 +1,5 @@
 // Admission on its own: the spec checked (data roots first, then validation and defaults, then the
-// node bound), request ids bounded and mapped to the job they created, the per-owner quota with its
-// reason, and the bookkeeping that undoes an admission the store refused.
+// node bound), request ids bounded, and a retry that must carry the same spec.
 #include "server/core/jobs/admission.h"
 
 #include <gmock/gmock.h>
@@ -116,18 +115,6 @@ TEST(AdmissionTest, RequestIdsAreBoundedTo128Characters) {
               HasSubstr("request_id: at most 128 characters (got 129)"));
 }
 
-TEST(AdmissionTest, ARequestIdNamesTheJobItCreatedPerOwnerUntilForgotten) {
-  Admission admission({});
-  const fitrun::v1::Job job = JobOf("j-000001", "alice", "r1");
-  EXPECT_FALSE(admission.EarlierJob("alice", "r1").has_value());
-  admission.Remember(job);
-  EXPECT_EQ(admission.EarlierJob("alice", "r1"), "j-000001");
-  EXPECT_FALSE(admission.EarlierJob("bob", "r1").has_value()) << "request ids are per owner";
-  EXPECT_FALSE(admission.EarlierJob("alice", "").has_value()) << "no request id, no idempotency";
-  admission.Forget(job);
-  EXPECT_FALSE(admission.EarlierJob("alice", "r1").has_value());
-}
-
 TEST(AdmissionTest, ARetryMustCarryTheSameSpec) {
   const fitrun::v1::Job earlier = JobOf("j-000001", "alice", "r1");
   EXPECT_TRUE(Admission::SameSubmit("r1", earlier, earlier.spec()).ok());
@@ -136,30 +123,6 @@ TEST(AdmissionTest, ARetryMustCarryTheSameSpec) {
   const absl::Status status = Admission::SameSubmit("r1", earlier, other);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("request_id: 'r1' already created job j-000001 with a different spec"));
-}
-
-TEST(AdmissionTest, AnOwnersOpenJobsAreBoundedAndAnEndedOneMakesRoom) {
-  Admission::Options options;
-  options.max_open_jobs_per_owner = 2;
-  Admission admission(options);
-  admission.Opened("alice");
-  admission.Opened("alice");
-  admission.Opened("bob");
-  const absl::Status full = admission.CheckQuota("alice");
-  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(full.message(), HasSubstr("jobs: alice has 2 jobs queued or running"));
-  EXPECT_EQ(full.GetPayload(kReasonPayload).value_or(absl::Cord()), "JOBS_PER_USER_LIMIT");
-  EXPECT_TRUE(admission.CheckQuota("bob").ok());
-  admission.Closed("alice");
-  EXPECT_TRUE(admission.CheckQuota("alice").ok());
-  admission.Closed("carol");  // never opened: nothing to undo
-  EXPECT_TRUE(admission.CheckQuota("carol").ok());
-}
-
-TEST(AdmissionTest, WithoutALimitEveryOwnerMayOpenAnyNumber) {
-  Admission admission({});
-  for (int i = 0; i < 1000; ++i) admission.Opened("alice");
-  EXPECT_TRUE(admission.CheckQuota("alice").ok());
 }
 
 }  // namespace

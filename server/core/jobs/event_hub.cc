@@ -10,6 +10,14 @@ void EventHub::RestoreSequence(const std::string& job_id, int64_t last_sequence)
   log.last_sequence = std::max(log.last_sequence, last_sequence);
 }
 
+void EventHub::Forget(const std::string& job_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    logs_.erase(job_id);
+  }
+  Wake(job_id);
+}
+
 EventHub::EventRef EventHub::MakeRef(fitrun::v1::JobEvent event) {
   auto stored = std::make_shared<StoredEvent>();
   stored->event = std::move(event);

@@ -47,6 +47,8 @@ class EventHub {
 
   // Continues a job's numbering after a restart: the next event gets last_sequence + 1.
   void RestoreSequence(const std::string& job_id, int64_t last_sequence);
+  // Drops what is kept of a job the coordinator forgets (retention) and wakes its listeners.
+  void Forget(const std::string& job_id);
 
   // Keeps an event that already carries its job id, time and sequence number (NextSequence of its
   // job: one publisher per job numbers its events) and wakes the job's listeners.

@@ -59,6 +59,11 @@ struct RankState {
   absl::Time report_budget_at = absl::InfinitePast();
   int64_t reports_dropped = 0;
   absl::Time drops_told_at = absl::InfinitePast();
+  // Its attempt's end as it reported it, once: a final or failure report, and an out-of-memory
+  // report before it. Repeats are dropped (and counted in reports_dropped).
+  bool end_reported = false;
+  bool oom_reported = false;
+  int64_t repeated_ends_dropped = 0;
 };
 
 struct ActiveAttempt {
@@ -89,6 +94,8 @@ struct JobEntry {
   std::string waiting_for;
   // Its workload's CalibrationKey, computed once (scheduling passes look it up for every queued job).
   std::string calibration_key;
+  // Rank reports not kept because the job had stored ReportIngest's cap of events.
+  int64_t reports_over_event_cap = 0;
 };
 
 }  // namespace fitrun::server

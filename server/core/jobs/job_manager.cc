@@ -75,9 +75,11 @@ JobManager::JobManager(Options options, JobStore* store, DeviceInventory* device
       launcher_(launcher),
       metrics_(metrics),
       admission_(Admission::Options{options_.data_roots, options_.max_nodes, options_.max_nodes_reason,
-                                    options_.max_open_jobs_per_owner, options_.max_rank_host_memory_bytes,
-                                    options_.max_rank_processes, options_.min_account_uid}),
-      ingest_(metrics, options_.clock),
+                                    options_.max_rank_host_memory_bytes, options_.max_rank_processes,
+                                    options_.min_account_uid}),
+      open_jobs_(options_.max_open_jobs_per_owner),
+      ingest_(metrics, options_.clock, ReportIngest::Options{options_.max_events_per_job}),
+      retention_(options_.retain_finished_jobs),
       gate_(options_.memory_calibrator, calibration_callbacks_.Wrap([this] {
               absl::MutexLock lock(&mu_);
               RequestSchedule();
@@ -153,8 +155,8 @@ absl::Status JobManager::LoadStoredJobs() {
     JobEntry& entry = jobs_[id];
     entry.record = std::move(record);
     ids_by_order_[entry.record.submit_order] = id;
-    if (!IsTerminal(entry.record.job.state())) admission_.Opened(entry.record.job.owner());
-    admission_.Remember(entry.record.job);
+    if (!IsTerminal(entry.record.job.state())) open_jobs_.Opened(entry.record.job.owner());
+    open_jobs_.Remember(entry.record.job);
     metrics_->JobStateChanged(fitrun::v1::JOB_STATE_UNSPECIFIED, entry.record.job.state());
     switch (entry.record.job.state()) {
       case fitrun::v1::JOB_STATE_PLANNING:
@@ -176,6 +178,9 @@ absl::Status JobManager::LoadStoredJobs() {
       default:
         break;
     }
+    if (IsTerminal(entry.record.job.state())) {
+      retention_.Ended(id, FromProto(entry.record.job.finished_at()), entry.record.submit_order);
+    }
   }
   RequestSchedule();
   return absl::OkStatus();
@@ -196,13 +201,13 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, c
   if (!normalized.ok()) return normalized.status();
 
   absl::MutexLock lock(&mu_);
-  if (std::optional<std::string> earlier = admission_.EarlierJob(owner, request_id); earlier.has_value()) {
+  if (std::optional<std::string> earlier = open_jobs_.EarlierJob(owner, request_id); earlier.has_value()) {
     // A retry of a submit that got through (its answer may have been lost) gets that job back.
     const Job& job = jobs_.at(*earlier).record.job;
     if (absl::Status same = Admission::SameSubmit(request_id, job, *normalized); !same.ok()) return same;
     return job;
   }
-  if (absl::Status room = admission_.CheckQuota(owner); !room.ok()) return room;
+  if (absl::Status room = open_jobs_.CheckQuota(owner); !room.ok()) return room;
   // A job that could never run on this node is refused now rather than queued forever. Its memory
   // is judged here only when its workload is measured: the analytic estimate is an upper bound, so
   // "does not fit" from it waits for the measurement, which runs off this call's path.
@@ -233,13 +238,13 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, c
   *job.mutable_created_at() = ToProto(options_.clock());
   JobEntry& stored = jobs_[id] = std::move(entry);
   ids_by_order_[order] = id;
-  admission_.Remember(stored.record.job);
+  open_jobs_.Remember(stored.record.job);
   const std::string reason =
       probe_first ? "submitted; its workload's memory is measured first (fitrun-worker --probe)" : "submitted";
   // Durable before it is acknowledged (a job accepted is never dropped): admitting a new job stores
   // it with its first event, and a job the store refused never existed.
   if (absl::Status status = Transition(stored, fitrun::v1::JOB_STATE_QUEUED, reason); !status.ok()) {
-    admission_.Forget(stored.record.job);
+    open_jobs_.Forget(stored.record.job);
     jobs_.erase(id);
     ids_by_order_.erase(order);
     return status;
@@ -526,8 +531,12 @@ absl::Status JobManager::Transition(JobEntry& entry, JobState to, const std::str
     metrics_->JobEnded(to, launched - created, finished - created);
   }
   // A job counts against its owner's limit from its admission to its end.
-  if (admitting && !IsTerminal(to)) admission_.Opened(job.owner());
-  if (!admitting && IsTerminal(to) && !IsTerminal(from)) admission_.Closed(job.owner());
+  if (admitting && !IsTerminal(to)) open_jobs_.Opened(job.owner());
+  if (!admitting && IsTerminal(to) && !IsTerminal(from)) {
+    open_jobs_.Closed(job.owner());
+    retention_.Ended(job.id(), FromProto(job.finished_at()), entry.record.submit_order);
+    RequestSchedule();  // the pass forgets what retention lets go
+  }
   return absl::OkStatus();
 }
 
@@ -570,6 +579,32 @@ absl::Status JobManager::PublishAllLocked(JobEntry& entry, std::vector<JobEvent>
   }
   hub_.Publish(std::move(events));
   return status;
+}
+
+void JobManager::ForgetExcessJobsLocked() {
+  const int64_t newest = ids_by_order_.empty() ? 0 : ids_by_order_.rbegin()->first;
+  const std::vector<std::string> forgotten = retention_.TakeExcess([&](const std::string& id) {
+    auto it = jobs_.find(id);
+    return it == jobs_.end() || (!it->second.active && it->second.record.submit_order != newest);
+  });
+  for (const std::string& id : forgotten) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    open_jobs_.Forget(it->second.record.job);
+    ids_by_order_.erase(it->second.record.submit_order);
+    jobs_.erase(it);
+    hub_.Forget(id);
+    forgotten_.push_back(id);
+  }
+}
+
+void JobManager::DeleteJobRows(const std::vector<std::string>& job_ids) {
+  if (job_ids.empty()) return;
+  // Left in the store on a failure, they are forgotten again at the next start.
+  if (absl::Status status = store_->DeleteJobs(job_ids); !status.ok()) {
+    fprintf(stderr, "fitrund: could not delete %zu ended job(s) beyond --retain_finished_jobs from the store: %s\n",
+            job_ids.size(), std::string(status.message()).c_str());
+  }
 }
 
 void JobManager::Persist(const JobEntry& entry) {

@@ -37,10 +37,12 @@
 #include "server/core/device_inventory.h"
 #include "server/core/job_store.h"
 #include "server/core/jobs/admission.h"
+#include "server/core/jobs/open_jobs.h"
 #include "server/core/jobs/event_hub.h"
 #include "server/core/jobs/job_entry.h"
 #include "server/core/jobs/placement.h"
 #include "server/core/jobs/report_ingest.h"
+#include "server/core/jobs/retention.h"
 #include "server/core/memory/estimator.h"
 #include "server/core/memory/planner.h"
 #include "server/core/specs/data_roots.h"
@@ -75,6 +77,11 @@ class JobManager {
     std::optional<DataRoots> data_roots;
     // Jobs one owner may have queued or running at once (RESOURCE_EXHAUSTED beyond); 0: no limit.
     int max_open_jobs_per_owner = 0;
+    // Events one job stores before its ranks' progress, log and checkpoint reports are no longer kept
+    // (ReportIngest::Options); 0: no cap.
+    int64_t max_events_per_job = ReportIngest::kDefaultMaxEventsPerJob;
+    // Ended jobs kept (Retention): older ones are forgotten, in memory and in the store; 0: all.
+    int64_t retain_finished_jobs = 10000;
     // The operator's ceilings on one rank's host memory and tasks (specs above them are refused; a
     // rank's default host memory stays under), and the host memory every running job's ranks may be
     // promised together on this host (plans take fewer devices, or wait, beyond it); 0: none, as on
@@ -287,6 +294,11 @@ class JobManager {
   absl::Status PublishAllLocked(JobEntry& entry, std::vector<fitrun::v1::JobEvent> events, bool only_if_stored = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Persist(const JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the ended jobs beyond Options::retain_finished_jobs (never one whose ranks are still
+  // stopping, nor the newest job, whose order numbers the next); their rows wait in forgotten_ for
+  // DeleteJobRows, which the scheduler calls outside the lock.
+  void ForgetExcessJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeleteJobRows(const std::vector<std::string>& job_ids) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every device, with the memory a plan may use and, while a rank holds it, its job, rank, planned
   // and peak bytes.
@@ -361,13 +373,17 @@ class JobManager {
   WorkerLauncher* const launcher_;
   CoordinatorMetrics* const metrics_;
   EventHub hub_;
+  // Immutable: specs are checked outside the lock (they read the spec's files).
+  const Admission admission_;
 
   absl::Mutex mu_;
   std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
   // Job ids by submission order (for paging).
   std::map<int64_t, std::string> ids_by_order_ ABSL_GUARDED_BY(mu_);
-  Admission admission_ ABSL_GUARDED_BY(mu_);
+  OpenJobs open_jobs_ ABSL_GUARDED_BY(mu_);
   const ReportIngest ingest_;
+  Retention retention_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> forgotten_ ABSL_GUARDED_BY(mu_);
   // device id -> (job id, rank) of the rank holding it.
   std::map<std::string, std::pair<std::string, int>> device_owner_ ABSL_GUARDED_BY(mu_);
   int64_t next_submit_order_ ABSL_GUARDED_BY(mu_) = 1;

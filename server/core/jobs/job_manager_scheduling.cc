@@ -71,12 +71,25 @@ void JobManager::SchedulerLoop() {
     }
     SchedulePass();
     last_pass_ = absl::Now();
+    if (!forgotten_.empty()) {
+      const std::vector<std::string> forgotten = std::exchange(forgotten_, {});
+      mu_.Unlock();  // deleting a job's events takes a while; nothing waits for it
+      DeleteJobRows(forgotten);
+      mu_.Lock();
+    }
   }
 }
 
 JobManager::SchedulingPassTimes JobManager::RunSchedulingPass() {
-  absl::MutexLock lock(&mu_);
-  return SchedulePass();
+  SchedulingPassTimes times;
+  std::vector<std::string> forgotten;
+  {
+    absl::MutexLock lock(&mu_);
+    times = SchedulePass();
+    forgotten = std::exchange(forgotten_, {});
+  }
+  DeleteJobRows(forgotten);
+  return times;
 }
 
 JobManager::SchedulingPassTimes JobManager::SchedulePass() {
@@ -134,6 +147,8 @@ JobManager::SchedulingPassTimes JobManager::SchedulePass() {
     ++times.placed;
   }
   times.launching = absl::Now() - placed;
+  // Here, where no caller holds an entry: forgetting erases entries.
+  ForgetExcessJobsLocked();
   return times;
 }
 

@@ -116,6 +116,39 @@ TEST_F(JobManagerTest, ASubmitTheStoreRefusesIsNotAcknowledgedAndLeavesNoJob) {
   EXPECT_EQ(manager_->List({}).size(), 1u);
 }
 
+TEST_F(JobManagerTest, EndedJobsBeyondTheRetentionAreForgottenWithTheirEvents) {
+  FakeJobStore store;
+  JobManager::Options options;
+  options.state_dir = (state_dir_ / "retention").string();
+  options.worker_binary = "/bin/fitrun-worker";
+  options.worker_channel_address = "127.0.0.1:1";
+  options.retain_finished_jobs = 2;
+  absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(options, &store, &devices_, &launcher_, &metrics_);
+  ASSERT_TRUE(manager.ok()) << manager.status();
+  // A job on both devices, open throughout: the others wait behind it until cancelled.
+  absl::StatusOr<fitrun::v1::Job> open = (*manager)->Submit(MlpSpec("open", 256, 10, 2, 2));
+  ASSERT_TRUE(open.ok()) << open.status();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    absl::StatusOr<fitrun::v1::Job> job = (*manager)->Submit(MlpSpec("kept", 256, 10, 2, 2));
+    ASSERT_TRUE(job.ok()) << job.status();
+    ids.push_back(job->id());
+    ASSERT_TRUE((*manager)->Cancel(job->id(), "done").ok());
+  }
+  (*manager)->RunSchedulingPass();
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (store.job_count() > 3 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(store.job_count(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(absl::IsNotFound((*manager)->Get(ids[i]).status())) << ids[i];
+    EXPECT_EQ(store.event_count(ids[i]), 0u) << ids[i];
+  }
+  for (int i = 3; i < 5; ++i) EXPECT_TRUE((*manager)->Get(ids[i]).ok()) << ids[i];
+  // The job still open is never forgotten, however many ended after it.
+  EXPECT_TRUE((*manager)->Get(open->id()).ok());
+  EXPECT_EQ((*manager)->List({}).size(), 3u) << "the open job and the two newest ended ones";
+}
+
 TEST_F(JobManagerTest, LaunchesOneWorkerPerDeviceWithTheTorchrunContract) {
   absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 2));
   ASSERT_TRUE(job.ok());

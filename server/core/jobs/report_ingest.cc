@@ -1,10 +1,13 @@
 #include "server/core/jobs/report_ingest.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace fitrun::server {
 namespace {
@@ -19,6 +22,76 @@ std::string CutText(const std::string& text, size_t limit) {
 }
 
 }  // namespace
+
+bool ReportIngest::RepeatsAnEnd(RankState& rank, const fitrun::v1::WorkerReport& report) {
+  if (report.has_oom()) {
+    if (rank.end_reported || rank.oom_reported) return true;
+    rank.oom_reported = true;
+    return false;
+  }
+  if (report.has_finished() || report.has_failed()) {
+    if (rank.end_reported) return true;
+    rank.end_reported = true;
+  }
+  return false;
+}
+
+bool ReportIngest::WithinBudget(RankState& rank, const fitrun::v1::WorkerReport& report, bool ends,
+                                absl::Time now) const {
+  if (rank.report_budget_bytes == -1) {
+    rank.report_budget_bytes = kReportBurstBytes;
+  } else if (now > rank.report_budget_at) {
+    rank.report_budget_bytes = std::min(
+        kReportBurstBytes,
+        rank.report_budget_bytes + kReportBytesPerSecond * absl::ToDoubleSeconds(now - rank.report_budget_at));
+  }
+  rank.report_budget_at = now;
+  const double bytes = static_cast<double>(report.ByteSizeLong());
+  if (bytes > rank.report_budget_bytes && !ends) return false;
+  // A first final report may leave the budget in debt: the rank's later reports pay it back.
+  rank.report_budget_bytes -= bytes;
+  return true;
+}
+
+std::optional<fitrun::v1::JobEvent> ReportIngest::DropsLine(RankState& rank, int rank_index, absl::Time now,
+                                                            bool now_or_never) const {
+  if (rank.reports_dropped == 0 && rank.repeated_ends_dropped == 0) return std::nullopt;
+  if (!now_or_never && now - rank.drops_told_at < kDropsToldEvery) return std::nullopt;
+  std::vector<std::string> parts;
+  if (rank.reports_dropped > 0) {
+    parts.push_back(absl::StrFormat("rank %d sends reports faster than %.0f KiB/s: %d were not kept", rank_index,
+                                    kReportBytesPerSecond / 1024, rank.reports_dropped));
+  }
+  if (rank.repeated_ends_dropped > 0) {
+    parts.push_back(absl::StrFormat(
+        "rank %d sent %d more final, failure or out-of-memory reports than its attempt's one end; they were not kept",
+        rank_index, rank.repeated_ends_dropped));
+  }
+  fitrun::v1::JobEvent event;
+  event.mutable_log()->set_rank(rank_index);
+  event.mutable_log()->set_text(absl::StrJoin(parts, "; "));
+  rank.reports_dropped = 0;
+  rank.repeated_ends_dropped = 0;
+  rank.drops_told_at = now;
+  return event;
+}
+
+bool ReportIngest::OverEventCap(JobEntry& entry, Ingested& ingested) const {
+  if (options_.max_events_per_job <= 0 || entry.record.job.last_sequence() < options_.max_events_per_job) {
+    return false;
+  }
+  if (entry.reports_over_event_cap++ == 0) {
+    fitrun::v1::JobEvent event;
+    event.mutable_log()->set_rank(-1);
+    event.mutable_log()->set_text(absl::StrCat(
+        "the job has stored ", entry.record.job.last_sequence(), " events, the most a job keeps (fitrund ",
+        "--max_events_per_job): from here its ranks' progress, log and checkpoint reports are not kept as events ",
+        "(its progress still moves); its state changes, plans, out-of-memory and final reports still are, and its ",
+        "ranks' ends say how many were not kept"));
+    ingested.events.push_back(std::move(event));
+  }
+  return true;
+}
 
 ReportIngest::Ingested ReportIngest::Ingest(JobEntry& entry, int rank_index,
                                             const fitrun::v1::WorkerReport& report) const {
@@ -39,30 +112,40 @@ ReportIngest::Ingested ReportIngest::Ingest(JobEntry& entry, int rank_index,
     ingested.events.push_back(std::move(event));
     return ingested;
   }
-  if (report.has_progress() || report.has_log() || report.has_checkpoint_saved() || report.has_checkpoint_failed()) {
-    if (rank.report_budget_bytes < 0) {
-      rank.report_budget_bytes = kReportBurstBytes;
-    } else if (now > rank.report_budget_at) {
-      rank.report_budget_bytes = std::min(
-          kReportBurstBytes,
-          rank.report_budget_bytes + kReportBytesPerSecond * absl::ToDoubleSeconds(now - rank.report_budget_at));
+  const bool ends = report.has_finished() || report.has_failed() || report.has_oom();
+  if (ends && RepeatsAnEnd(rank, report)) {
+    ++rank.repeated_ends_dropped;
+    (void)WithinBudget(rank, report, /*ends=*/false, now);  // it costs the budget all the same
+    if (std::optional<fitrun::v1::JobEvent> line = DropsLine(rank, rank_index, now, false)) {
+      ingested.events.push_back(*std::move(line));
     }
-    rank.report_budget_at = now;
-    const double bytes = static_cast<double>(report.ByteSizeLong());
-    if (bytes > rank.report_budget_bytes) {
-      ++rank.reports_dropped;
-      if (now - rank.drops_told_at >= kDropsToldEvery) {
-        event.mutable_log()->set_rank(rank_index);
-        event.mutable_log()->set_text(absl::StrFormat(
-            "rank %d sends reports faster than %.0f KiB/s: %d were not kept", rank_index,
-            kReportBytesPerSecond / 1024, rank.reports_dropped));
-        rank.reports_dropped = 0;
-        rank.drops_told_at = now;
-        ingested.events.push_back(std::move(event));
-      }
-      return ingested;
+    return ingested;
+  }
+  if (!WithinBudget(rank, report, ends, now)) {
+    ++rank.reports_dropped;
+    if (std::optional<fitrun::v1::JobEvent> line = DropsLine(rank, rank_index, now, false)) {
+      ingested.events.push_back(*std::move(line));
     }
-    rank.report_budget_bytes -= bytes;
+    return ingested;
+  }
+  const bool chatter =
+      report.has_progress() || report.has_log() || report.has_checkpoint_saved() || report.has_checkpoint_failed();
+  // Past the cap the report still moves the rank and the job (their progress, peaks); only its
+  // event is not kept.
+  const bool keep_event = !(chatter && OverEventCap(entry, ingested));
+  if (report.has_finished() || report.has_failed()) {
+    // The rank's last word: what was dropped of it, before its end.
+    if (std::optional<fitrun::v1::JobEvent> line = DropsLine(rank, rank_index, now, true)) {
+      ingested.events.push_back(*std::move(line));
+    }
+    if (entry.reports_over_event_cap > 0) {
+      fitrun::v1::JobEvent over;
+      over.mutable_log()->set_rank(-1);
+      over.mutable_log()->set_text(absl::StrCat(entry.reports_over_event_cap, " progress, log and checkpoint ",
+                                                "reports of the job's ranks were not kept so far, past its ",
+                                                options_.max_events_per_job, " events"));
+      ingested.events.push_back(std::move(over));
+    }
   }
   switch (report.report_case()) {
     case fitrun::v1::WorkerReport::kProgress: {
@@ -129,7 +212,7 @@ ReportIngest::Ingested ReportIngest::Ingest(JobEntry& entry, int rank_index,
     default:
       return ingested;  // heartbeats carry no event; a hello or nested batch here is ignored
   }
-  ingested.events.push_back(std::move(event));
+  if (keep_event) ingested.events.push_back(std::move(event));
   return ingested;
 }
 

@@ -9,7 +9,9 @@
 #ifndef FITRUN_SERVER_CORE_JOBS_REPORT_INGEST_H_
 #define FITRUN_SERVER_CORE_JOBS_REPORT_INGEST_H_
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -22,8 +24,19 @@ namespace fitrun::server {
 
 class ReportIngest {
  public:
+  struct Options {
+    // Events one job may store before the events of its ranks' progress, log and checkpoint reports
+    // are no longer kept (fitrund --max_events_per_job): the reports still move the ranks and the
+    // job (progress, peaks), and its state changes, plans, out-of-memory and final reports are still
+    // kept. 0: no cap.
+    int64_t max_events_per_job = kDefaultMaxEventsPerJob;
+  };
+  static constexpr int64_t kDefaultMaxEventsPerJob = 100000;
+
+  ReportIngest(CoordinatorMetrics* metrics, std::function<absl::Time()> clock, Options options)
+      : metrics_(metrics), clock_(std::move(clock)), options_(options) {}
   ReportIngest(CoordinatorMetrics* metrics, std::function<absl::Time()> clock)
-      : metrics_(metrics), clock_(std::move(clock)) {}
+      : ReportIngest(metrics, std::move(clock), Options()) {}
 
   // What a report asks of the job manager once its events are out.
   enum class Next {
@@ -47,17 +60,33 @@ class ReportIngest {
   // larger than kMaxReportBytes is not kept (a line says so).
   static constexpr size_t kMaxTextBytes = 16 * 1024;
   static constexpr size_t kMaxReportBytes = 64 * 1024;
-  // And how fast: a rank's progress, log and checkpoint reports may take kReportBurstBytes at once and
-  // kReportBytesPerSecond after that (a training step's report is a few hundred bytes); past it they
-  // are dropped, and the job's events say how many, at most every kDropsToldEvery. Its final,
-  // out-of-memory and failure reports always go through.
+  // And how fast: every report of a rank (heartbeats too) takes from a budget of kReportBurstBytes at
+  // once and kReportBytesPerSecond after that (a training step's report is a few hundred bytes); past
+  // it reports are dropped, and the job's events say how many, at most every kDropsToldEvery.
+  // A rank's attempt ends once: its first final or failure report (and one out-of-memory report
+  // before it) always goes through, whatever the budget, and costs it like any other; every later
+  // one is dropped and counted the same way, since a job token is all it takes to send them.
   static constexpr double kReportBytesPerSecond = 1 << 20;
   static constexpr double kReportBurstBytes = 16 << 20;
   static constexpr absl::Duration kDropsToldEvery = absl::Seconds(10);
 
  private:
+  // Whether the report is one more final, failure or out-of-memory report than a rank's attempt
+  // may send (recording the first ones on the rank).
+  static bool RepeatsAnEnd(RankState& rank, const fitrun::v1::WorkerReport& report);
+  // Takes the report's bytes from the rank's budget; false when it is spent (a first final report
+  // passes anyway).
+  bool WithinBudget(RankState& rank, const fitrun::v1::WorkerReport& report, bool ends, absl::Time now) const;
+  // The line saying how many of the rank's reports were dropped, when it is time to say it (or
+  // `now_or_never`: its attempt ended).
+  std::optional<fitrun::v1::JobEvent> DropsLine(RankState& rank, int rank_index, absl::Time now,
+                                                bool now_or_never) const;
+  // Whether the job has stored as many events as its ranks' chatter may take; says so once.
+  bool OverEventCap(JobEntry& entry, Ingested& ingested) const;
+
   CoordinatorMetrics* const metrics_;
   const std::function<absl::Time()> clock_;
+  const Options options_;
 };
 
 }  // namespace fitrun::server

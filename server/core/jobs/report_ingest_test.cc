@@ -158,10 +158,7 @@ TEST_F(ReportIngestTest, ARankSendingFasterThanItsBudgetHasReportsDroppedAndCoun
   ASSERT_EQ(told.events.size(), 1u);
   EXPECT_EQ(told.events[0].log().text(), "rank 1 sends reports faster than 1024 KiB/s: 1 were not kept");
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(ingest_.Ingest(entry_, 1, log).events.empty());
-  // Its final report is never dropped, nor is the other rank held back.
-  fitrun::v1::WorkerReport finished;
-  finished.mutable_finished()->set_steps(3);
-  EXPECT_EQ(ingest_.Ingest(entry_, 1, finished).next, ReportIngest::Next::kFinished);
+  // The other rank is not held back.
   EXPECT_EQ(ingest_.Ingest(entry_, 0, log).events.size(), 1u);
   // Ten seconds after the line, ten seconds' worth goes through again, and the next drop is told
   // with every drop since (the five above and itself).
@@ -180,6 +177,93 @@ TEST_F(ReportIngestTest, ARankSendingFasterThanItsBudgetHasReportsDroppedAndCoun
   EXPECT_NEAR(through, absl::ToDoubleSeconds(ReportIngest::kDropsToldEvery) * ReportIngest::kReportBytesPerSecond / bytes,
               2);
   EXPECT_EQ(told_later, "rank 1 sends reports faster than 1024 KiB/s: 6 were not kept");
+  // Its final report goes through with the budget spent, after a line with what was dropped since.
+  ingest_.Ingest(entry_, 1, log);
+  fitrun::v1::WorkerReport finished;
+  finished.mutable_finished()->set_steps(3);
+  ReportIngest::Ingested end = ingest_.Ingest(entry_, 1, finished);
+  EXPECT_EQ(end.next, ReportIngest::Next::kFinished);
+  ASSERT_EQ(end.events.size(), 2u);
+  EXPECT_EQ(end.events[0].log().text(), "rank 1 sends reports faster than 1024 KiB/s: 1 were not kept");
+  EXPECT_TRUE(end.events[1].has_rank_finished());
+}
+
+TEST_F(ReportIngestTest, EveryKindOfReportTakesFromTheBudget) {
+  // Heartbeats and repeated ends are counted too: a flood of either spends the budget.
+  fitrun::v1::WorkerReport heartbeat;
+  heartbeat.mutable_heartbeat()->set_step(123456789);
+  const int heartbeats = static_cast<int>(ReportIngest::kReportBurstBytes / static_cast<double>(heartbeat.ByteSizeLong()));
+  for (int i = 0; i < heartbeats; ++i) ingest_.Ingest(entry_, 1, heartbeat);
+  fitrun::v1::WorkerReport log;
+  log.mutable_log()->set_text("after the flood");
+  ReportIngest::Ingested dropped = ingest_.Ingest(entry_, 1, log);
+  ASSERT_EQ(dropped.events.size(), 1u);
+  EXPECT_THAT(dropped.events[0].log().text(), HasSubstr("faster than 1024 KiB/s"));
+}
+
+TEST_F(ReportIngestTest, ARanksAttemptEndsOnceAndRepeatedEndsAreDroppedAndCounted) {
+  fitrun::v1::WorkerReport oom;
+  oom.mutable_oom()->set_step(4);
+  fitrun::v1::WorkerReport failed;
+  failed.mutable_failed()->set_reason(std::string(ReportIngest::kMaxTextBytes, 'f'));
+  fitrun::v1::WorkerReport finished;
+  finished.mutable_finished()->set_steps(3);
+  // An out-of-memory report and the failure after it: the one end a rank that ran out of memory has.
+  EXPECT_EQ(ingest_.Ingest(entry_, 1, oom).next, ReportIngest::Next::kOutOfMemory);
+  EXPECT_EQ(ingest_.Ingest(entry_, 1, failed).events.size(), 1u);
+  // Anything final after that is dropped, never its event: a thousand failures store nothing.
+  size_t events = 0;
+  for (int i = 0; i < 1000; ++i) {
+    for (const fitrun::v1::WorkerReport* report : {&oom, &failed, &finished}) {
+      ReportIngest::Ingested again = ingest_.Ingest(entry_, 1, *report);
+      EXPECT_EQ(again.next, ReportIngest::Next::kNothing);
+      for (const fitrun::v1::JobEvent& event : again.events) {
+        EXPECT_THAT(event.log().text(), HasSubstr("were not kept")) << event.ShortDebugString();
+      }
+      events += again.events.size();
+    }
+  }
+  EXPECT_LE(events, 1u) << "one line says so, at most every ten seconds";
+  EXPECT_FALSE(entry_.active->ranks[1].finished.has_value());
+  now_ += ReportIngest::kDropsToldEvery;
+  ReportIngest::Ingested told = ingest_.Ingest(entry_, 1, finished);
+  ASSERT_EQ(told.events.size(), 1u);
+  EXPECT_THAT(told.events[0].log().text(), HasSubstr("more final, failure or out-of-memory reports than its "
+                                                     "attempt's one end; they were not kept"));
+  // A finished rank cannot fail afterwards, nor finish twice.
+  EXPECT_EQ(ingest_.Ingest(entry_, 0, finished).next, ReportIngest::Next::kFinished);
+  EXPECT_EQ(ingest_.Ingest(entry_, 0, finished).next, ReportIngest::Next::kNothing);
+  EXPECT_TRUE(ingest_.Ingest(entry_, 0, failed).events.empty());
+  EXPECT_TRUE(entry_.active->ranks[0].failure_report.empty());
+}
+
+TEST_F(ReportIngestTest, PastTheJobsEventCapRankChatterIsNotKeptWithALineAndItsEndSaysHowMuch) {
+  ReportIngest capped(&metrics_, [this] { return now_; }, ReportIngest::Options{100});
+  entry_.record.job.set_last_sequence(99);
+  fitrun::v1::WorkerReport log;
+  log.mutable_log()->set_text("line");
+  EXPECT_EQ(capped.Ingest(entry_, 0, log).events[0].log().text(), "line");
+  entry_.record.job.set_last_sequence(100);
+  ReportIngest::Ingested first = capped.Ingest(entry_, 0, log);
+  ASSERT_EQ(first.events.size(), 1u);
+  EXPECT_THAT(first.events[0].log().text(), HasSubstr("--max_events_per_job"));
+  entry_.record.job.set_last_sequence(101);
+  fitrun::v1::WorkerReport progress;
+  progress.mutable_progress()->set_step(9);
+  EXPECT_TRUE(capped.Ingest(entry_, 1, progress).events.empty());
+  EXPECT_TRUE(capped.Ingest(entry_, 0, log).events.empty());
+  EXPECT_EQ(entry_.active->ranks[1].last_step, 9) << "its progress still counts, only its event is not kept";
+  // What matters to the job still is.
+  fitrun::v1::WorkerReport oom;
+  oom.mutable_oom()->set_step(4);
+  EXPECT_EQ(capped.Ingest(entry_, 1, oom).next, ReportIngest::Next::kOutOfMemory);
+  fitrun::v1::WorkerReport finished;
+  finished.mutable_finished()->set_steps(3);
+  ReportIngest::Ingested end = capped.Ingest(entry_, 0, finished);
+  EXPECT_EQ(end.next, ReportIngest::Next::kFinished);
+  ASSERT_EQ(end.events.size(), 2u);
+  EXPECT_EQ(end.events[0].log().text(),
+            "3 progress, log and checkpoint reports of the job's ranks were not kept so far, past its 100 events");
 }
 
 TEST_F(ReportIngestTest, AHeartbeatCarriesNoEventButMarksTheRankHeard) {

@@ -123,8 +123,9 @@ absl::Status ValidateScript(const JobSpec& spec, fitrun::v1::SpecFileFacts* fact
   for (const auto& [key, value] : script.env()) {
     const std::string field = absl::StrCat("spec.script.env.", key);
     if (key.empty() || key.find('=') != std::string::npos) return FieldError(field, "not a variable name");
-    const std::vector<std::string> torchrun = {launch::kRank,          launch::kLocalRank,  launch::kWorldSize,
-                                               launch::kLocalWorldSize, launch::kMasterAddr, launch::kMasterPort};
+    const std::vector<std::string> torchrun = {launch::kRank,          launch::kLocalRank,     launch::kWorldSize,
+                                               launch::kLocalWorldSize, launch::kMasterAddr,    launch::kMasterPort,
+                                               launch::kUseAgentStore,  launch::kRestartCount};
     if (absl::StartsWith(key, "FITRUN_") || std::find(torchrun.begin(), torchrun.end(), key) != torchrun.end()) {
       return FieldError(field, "set by fitrun for every rank; remove it from spec.script.env");
     }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fashion-MNIST MLP (784-512-512-10) with DistributedDataParallel over Gloo: a plain torchrun script.
+"""Fashion-MNIST MLP (784-512-512-10) with DistributedDataParallel: a plain torchrun script.
 
 Nothing here knows about fitrun. It reads torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...)
 and its own flags, as it would on any cluster:
@@ -9,7 +9,9 @@ and its own flags, as it would on any cluster:
 fitrun runs it unchanged (mnist-ddp.yaml beside it): it sets the same environment and
 appends the per-device batch it planned as `--batch_size N` (the spec's script.batch_flag).
 
-The data are the four IDX files of Debian's dataset-fashion-mnist package, read with gzip and numpy.
+On a GPU each process takes LOCAL_RANK's, as torchrun scripts do, and the ranks all-reduce over NCCL
+(over Gloo on CPUs, and when ranks share a GPU). The data are the four IDX files of Debian's
+dataset-fashion-mnist package, read with gzip and numpy.
 """
 import argparse
 import contextlib
@@ -65,6 +67,16 @@ def load_split(folder, prefix):
     return TensorDataset(x.unsqueeze(1), torch.from_numpy(labels.astype(np.int64)))
 
 
+def pick_device():
+    """LOCAL_RANK's GPU when there is one (ranks sharing one GPU take it in turn), else the CPU; a rank on
+    one of fitrun's virtual CPU devices (FITRUN_DEVICE_KIND=cpu) stays on the CPU."""
+    if os.environ.get("FITRUN_DEVICE_KIND") == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
 class Mlp(nn.Module):
     """PyTorch's MNIST-example MLP: 784-512-512-10 with ReLU."""
 
@@ -87,7 +99,9 @@ def main():
     # Started by torchrun (or fitrun) the environment is set; by hand, a group of one.
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
         os.environ.setdefault(name, value)
-    dist.init_process_group("gloo")
+    device = pick_device()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    dist.init_process_group("nccl" if device.type == "cuda" and local_world <= torch.cuda.device_count() else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
 
@@ -102,12 +116,12 @@ def main():
     if args.max_steps:
         total_steps = min(total_steps, args.max_steps)
 
-    model = DDP(Mlp())
+    model = DDP(Mlp().to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     if rank == 0:
         print(f"fashion-mnist mlp: {len(train_set)} training images loaded in {time.time() - started:.2f}s; "
               f"{world} process(es) x batch {args.batch_size} x {accum} accumulation, lr {args.lr}, "
-              f"{total_steps} steps", flush=True)
+              f"{total_steps} steps on {device}", flush=True)
 
     step, started, running_loss, since_log = 0, time.time(), 0.0, 0
     for epoch in range(args.epochs):
@@ -115,7 +129,7 @@ def main():
         batches = iter(loader)
         for _ in range(steps_per_epoch):
             for micro in range(accum):
-                images, labels = next(batches)
+                images, labels = (t.to(device) for t in next(batches))
                 # Only the last micro-batch of a step all-reduces the gradients.
                 with model.no_sync() if micro < accum - 1 else contextlib.nullcontext():
                     loss = F.cross_entropy(model(images), labels) / accum
@@ -126,7 +140,7 @@ def main():
             step += 1
             since_log += 1
             if step % args.log_every == 0 or step == total_steps:
-                mean_loss = torch.tensor([running_loss / since_log])
+                mean_loss = torch.tensor([running_loss / since_log], device=device)
                 dist.all_reduce(mean_loss)
                 if rank == 0:
                     elapsed = time.time() - started
@@ -140,11 +154,12 @@ def main():
 
     # Test accuracy: each process scores its share of the test set; the counts are summed.
     model.eval()
-    counts = torch.zeros(2)
+    counts = torch.zeros(2, device=device)
     my_share = Subset(test_set, range(rank, len(test_set), world))  # no padding: each image counted once
     with torch.no_grad():
         for images, labels in DataLoader(my_share, batch_size=args.test_batch_size or args.batch_size):
-            counts += torch.tensor([(model(images).argmax(dim=1) == labels).sum().item(), len(labels)])
+            images, labels = images.to(device), labels.to(device)
+            counts += torch.tensor([(model(images).argmax(dim=1) == labels).sum().item(), len(labels)], device=device)
     dist.all_reduce(counts)
     if rank == 0:
         print(f"trained {step} steps in {time.time() - started:.1f}s; test accuracy {counts[0] / counts[1]:.4f}", flush=True)

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""A masked-residue protein language model (BERT-style), trained data-parallel with DDP over Gloo.
+"""A masked-residue protein language model (BERT-style), trained data-parallel with DDP.
 
 A small transformer encoder reads amino-acid tokens; 15% of the residues of every sequence are chosen,
 and of those 80% become [MASK], 10% a random amino acid and 10% stay as they are; the model predicts
 the original residue at each chosen position. Every 10th sequence of the FASTA file is held out and
-the masked-residue accuracy on it is measured after each epoch.
+the masked-residue accuracy on it is measured after each epoch. On a GPU each process takes LOCAL_RANK's,
+as torchrun scripts do, and the ranks all-reduce over NCCL (over Gloo on CPUs, and when ranks share a GPU).
 
 The usual torchrun script, plus the fitrun module for what fitrun plans and watches:
 
@@ -70,13 +71,26 @@ def fail(message):
     sys.exit(EXIT_BAD_CONFIGURATION)
 
 
-def init_distributed():
-    """torchrun's env:// rendezvous; a single process of its own when started without a launcher."""
+def pick_device():
+    """LOCAL_RANK's GPU when there is one (ranks sharing one GPU take it in turn), else the CPU; a rank on
+    one of fitrun's virtual CPU devices (FITRUN_DEVICE_KIND=cpu) stays on the CPU."""
+    if os.environ.get("FITRUN_DEVICE_KIND") == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def init_distributed(device):
+    """torchrun's env:// rendezvous; a single process of its own when started without a launcher. NCCL
+    between GPUs, Gloo on CPUs and between ranks that share a GPU (NCCL refuses two ranks on one)."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    backend = "nccl" if device.type == "cuda" and local_world <= torch.cuda.device_count() else "gloo"
     if "RANK" in os.environ:
-        dist.init_process_group("gloo")
+        dist.init_process_group(backend)
     else:
         store = os.path.join(tempfile.mkdtemp(prefix="protein-mlm-"), "store")
-        dist.init_process_group("gloo", init_method="file://" + store, rank=0, world_size=1)
+        dist.init_process_group(backend, init_method="file://" + store, rank=0, world_size=1)
 
 
 def read_fasta(path):
@@ -167,19 +181,19 @@ def masked_stats(logits, labels):
 
 
 @torch.no_grad()
-def evaluate(model, val_batches):
+def evaluate(model, val_batches, device):
     """Masked-residue loss and accuracy over the held-out set, each rank a share, summed over ranks."""
     model.eval()
-    totals = torch.zeros(3, dtype=torch.float64)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
     for inputs, labels in val_batches:
-        loss_sum, correct, count = masked_stats(model(inputs), labels)
-        totals += torch.tensor([loss_sum.item(), correct.item(), count.item()], dtype=torch.float64)
+        loss_sum, correct, count = masked_stats(model(inputs.to(device)), labels.to(device))
+        totals += torch.tensor([loss_sum.item(), correct.item(), count.item()], dtype=torch.float64, device=device)
     model.train()
     dist.all_reduce(totals)
     return totals[0].item() / max(totals[2].item(), 1), totals[1].item() / max(totals[2].item(), 1)
 
 
-def train(run, args):
+def train(run, args, device):
     """Trains (or resumes) to the end or to a stop request; returns the exit code."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
@@ -209,7 +223,8 @@ def train(run, args):
     loader = DataLoader(train_set, batch_size=batch, sampler=sampler, collate_fn=masker)
 
     model = ProteinMLM(args.max_len, args.hidden_dim, args.num_layers, args.num_heads, args.dropout)
-    ddp = DDP(model)
+    model.to(device)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=lr, weight_decay=args.weight_decay)
     # The plan's strategy, where the spec lets fitrun choose one (script.applies_strategy): the encoder
     # layers recomputed in backward, the AdamW states sharded over the ranks. Unchanged otherwise.
@@ -232,7 +247,7 @@ def train(run, args):
     if rank == 0:
         print(f"protein-mlm: {len(train_set)} training and {len(val_set)} held-out sequences from {args.data}; "
               f"{world} rank(s) x batch {batch} x {accum} accumulation = {global_batch} per step, lr {lr:g}, "
-              f"{total_steps} steps{f' (resuming at step {step})' if step else ''}"
+              f"{total_steps} steps on {device}{f' (resuming at step {step})' if step else ''}"
               f"{' [memory probe]' if run.probe else ''}", flush=True)
 
     # The held-out set is masked once, the same way on every rank, and split between the ranks.
@@ -244,7 +259,7 @@ def train(run, args):
     mine = torch.arange(rank, len(val_set), world)
     val_batches = [(val_inputs[mine[i:i + batch]], val_labels[mine[i:i + batch]]) for i in range(0, len(mine), batch)]
 
-    stats = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, masked positions since the last report
+    stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, masked positions since the last report
     samples_since_report, start = 0, time.time()
     epoch_samples = steps_per_epoch * global_batch
     evaluated = None  # (step, held-out loss, held-out accuracy) of the last evaluation
@@ -260,12 +275,13 @@ def train(run, args):
             next(batches)
         while samples_in_epoch + global_batch <= epoch_samples and step < total_steps:
             for micro in range(accum):
-                inputs, labels = next(batches)
+                inputs, labels = (t.to(device) for t in next(batches))
                 sync = contextlib.nullcontext() if micro == accum - 1 else ddp.no_sync()
                 with sync:
                     loss_sum, correct, count = masked_stats(ddp(inputs), labels)
                     (loss_sum / count.clamp(min=1) / accum).backward()
-                stats += torch.tensor([loss_sum.item(), correct.item(), count.item()], dtype=torch.float64)
+                stats += torch.tensor([loss_sum.item(), correct.item(), count.item()], dtype=torch.float64,
+                                      device=device)
                 samples_since_report += inputs.shape[0]
             torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
             optimizer.step()
@@ -288,7 +304,7 @@ def train(run, args):
                 save(step, epoch, samples_in_epoch)
 
             # A stop request reaches each rank on its own; they agree on it so none waits in a collective.
-            stop = torch.tensor([1.0 if run.should_stop() else 0.0])
+            stop = torch.tensor([1.0 if run.should_stop() else 0.0], device=device)
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
             if stop.item():
                 save(step, epoch, samples_in_epoch)
@@ -298,17 +314,17 @@ def train(run, args):
         if samples_in_epoch + global_batch > epoch_samples:  # the epoch is done
             epoch, samples_in_epoch = epoch + 1, 0
             if not run.probe:
-                evaluated = (step,) + evaluate(model, val_batches)
+                evaluated = (step,) + evaluate(model, val_batches, device)
                 if rank == 0:
                     print(f"epoch {epoch}: held-out loss {evaluated[1]:.4f}, "
                           f"masked accuracy {evaluated[2]:.3f}", flush=True)
 
     if run.probe:
         # One evaluation batch, so that fitrund's memory probe measures what a real run does.
-        evaluate(model, val_batches[:1])
+        evaluate(model, val_batches[:1], device)
     else:
         if evaluated is None or evaluated[0] != step:
-            evaluated = (step,) + evaluate(model, val_batches)
+            evaluated = (step,) + evaluate(model, val_batches, device)
         _, val_loss, val_accuracy = evaluated
         save(step, epoch, samples_in_epoch)
         if rank == 0:
@@ -323,8 +339,9 @@ def main():
     run = fitrun.init()
     args = parse_args(run)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    init_distributed()
-    code = train(run, args)
+    device = pick_device()
+    init_distributed(device)
+    code = train(run, args, device)
     # train's DistributedDataParallel is gone by now, so the process group is torn down here, with the
     # GIL released. Left to DDP's reducer (when it holds the last reference) torch 1.13 tears the group
     # down holding the GIL, which can deadlock with a Gloo thread freeing a collective's tensor.

@@ -12,7 +12,8 @@ the user never rated: HR@10 and NDCG@10.
     fitrun submit deploy/examples/scripts/sasrec/sasrec.yaml --watch     # from the repository root
 
 The flags follow SASRec.pytorch's (--maxlen, --hidden_units, --num_blocks, --num_heads, --dropout_rate,
---num_epochs, --lr, --batch_size per process). Under fitrun the per-device batch, gradient accumulation,
+--num_epochs, --lr, --batch_size per process, --use_amp). On a GPU each process takes LOCAL_RANK's, as
+torchrun scripts do, and the ranks all-reduce over NCCL (over Gloo when ranks share a GPU). Under fitrun the per-device batch, gradient accumulation,
 learning rate, step limit and checkpoint directory come from the plan; rank 0 checkpoints every
 --checkpoint_every steps and a restarted job resumes from the latest checkpoint.
 """
@@ -55,6 +56,8 @@ def parse_args(run):
     p.add_argument("--num_blocks", type=int, default=2)
     p.add_argument("--num_heads", type=int, default=1)
     p.add_argument("--dropout_rate", type=float, default=0.2)
+    p.add_argument("--use_amp", action="store_true",
+                   help="automatic mixed precision: float16 with loss scaling on a GPU, bfloat16 on the CPU")
     p.add_argument("--l2_emb", type=float, default=0.0, help="L2 penalty on the item embeddings")
     p.add_argument("--log_every", type=int, default=10, help="optimizer steps between progress reports")
     p.add_argument("--checkpoint_every", type=int, default=100, help="optimizer steps between checkpoints (0: end only)")
@@ -67,13 +70,26 @@ def fail(message):
     sys.exit(EXIT_BAD_CONFIGURATION)
 
 
-def init_distributed():
-    """torchrun's env:// rendezvous; a single process of its own when started without a launcher."""
+def pick_device():
+    """LOCAL_RANK's GPU when there is one (ranks sharing one GPU take it in turn), else the CPU; a rank on
+    one of fitrun's virtual CPU devices (FITRUN_DEVICE_KIND=cpu) stays on the CPU."""
+    if os.environ.get("FITRUN_DEVICE_KIND") == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def init_distributed(device):
+    """torchrun's env:// rendezvous; a single process of its own when started without a launcher. NCCL
+    between GPUs, Gloo on CPUs and between ranks that share a GPU (NCCL refuses two ranks on one)."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    backend = "nccl" if device.type == "cuda" and local_world <= torch.cuda.device_count() else "gloo"
     if "RANK" in os.environ:
-        dist.init_process_group("gloo")
+        dist.init_process_group(backend)
     else:
         store = os.path.join(tempfile.mkdtemp(prefix="sasrec-"), "store")
-        dist.init_process_group("gloo", init_method="file://" + store, rank=0, world_size=1)
+        dist.init_process_group(backend, init_method="file://" + store, rank=0, world_size=1)
 
 
 def read_sequences(path):
@@ -174,13 +190,13 @@ def sample_negatives(positives, history, num_items, generator):
 
 
 @torch.no_grad()
-def evaluate(model, sequences, num_items, maxlen, rank, world, seed, batch, limit=None):
+def evaluate(model, sequences, num_items, maxlen, rank, world, seed, batch, device, limit=None):
     """HR@10 and NDCG@10 of each user's held-out last item among 100 sampled unrated items; the users
     are split between the ranks and the sums all-reduced. `batch` users at a time (the training batch,
     so that the whole run's memory follows the plan's batch), the first `limit` of this rank's users."""
     model.eval()
     generator = torch.Generator()
-    totals = torch.zeros(3, dtype=torch.float64)  # hits, ndcg, users
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # hits, ndcg, users
     mine = list(range(rank, len(sequences), world))[:limit]
     for start in range(0, len(mine), batch):
         users = mine[start:start + batch]
@@ -198,7 +214,7 @@ def evaluate(model, sequences, num_items, maxlen, rank, world, seed, batch, limi
                     negatives += [seq[0]] * (TEST_NEGATIVES - len(negatives))
             histories.append(left_padded(seq[:-1], maxlen))
             candidates.append([seq[-1]] + negatives)
-        scores = model.score(torch.tensor(histories), torch.tensor(candidates))
+        scores = model.score(torch.tensor(histories, device=device), torch.tensor(candidates, device=device))
         rank_of_true = (scores[:, 1:] > scores[:, :1]).sum(1)  # 0 = ranked first
         hit = rank_of_true < 10
         totals[0] += hit.sum().item()
@@ -209,7 +225,7 @@ def evaluate(model, sequences, num_items, maxlen, rank, world, seed, batch, limi
     return totals[0].item() / totals[2].item(), totals[1].item() / totals[2].item()
 
 
-def train(run, args):
+def train(run, args, device):
     """Trains (or resumes) to the end or to a stop request; returns the exit code."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
@@ -238,8 +254,20 @@ def train(run, args):
     sampler = DistributedSampler(range(len(sequences)), num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(range(len(sequences)), batch_size=batch, sampler=sampler)
     model = SASRec(num_items, args.maxlen, args.hidden_units, args.num_blocks, args.num_heads, args.dropout_rate)
-    ddp = DDP(model)
+    model.to(device)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=lr, betas=(0.9, 0.98))
+    # --use_amp as SASRec.pytorch's: float16 and a loss scaler on a GPU; bfloat16, which needs none, on
+    # the CPU. The spec's precision (FITRUN_PRECISION) asks the same.
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.precision)
+    if args.use_amp:
+        amp = torch.float16 if device.type == "cuda" else torch.bfloat16
+    if amp is torch.float16 and device.type != "cuda":
+        fail("float16 autocast needs a GPU; use bf16 on the CPU")
+    scaler = None
+    if amp is torch.float16:
+        scaler = torch.amp.GradScaler("cuda") if hasattr(torch.amp, "GradScaler") else torch.cuda.amp.GradScaler()
+    amp_note = {torch.float16: " (float16 autocast)", torch.bfloat16: " (bfloat16 autocast)"}.get(amp, "")
 
     step, epoch, samples_in_epoch = 0, 0, 0
     if not run.probe:
@@ -258,13 +286,13 @@ def train(run, args):
     if rank == 0:
         print(f"sasrec: {len(sequences)} users, {num_items} items, {sum(map(len, sequences))} ratings from "
               f"{args.ratings} in {loaded:.1f}s; {world} rank(s) x batch {batch} x {accum} accumulation = "
-              f"{global_batch} users per step, lr {lr:g}, {total_steps} steps"
+              f"{global_batch} users per step, lr {lr:g}, {total_steps} steps on {device}{amp_note}"
               f"{f' (resuming at step {step})' if step else ''}{' [memory probe]' if run.probe else ''}", flush=True)
 
     negatives_rng = torch.Generator()
     epoch_samples = steps_per_epoch * global_batch
     step_epoch = epoch + 1 if samples_in_epoch else max(epoch, 1)
-    running = torch.zeros(2, dtype=torch.float64)  # loss sum, micro-batches since the last report
+    running = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, micro-batches since the last report
     samples_since_report, started = 0, time.time()
     loss_value = None  # the training loss last reported
     while step < total_steps:
@@ -280,18 +308,25 @@ def train(run, args):
                 rows = next(users)
                 history, positives = histories[rows], targets[rows]
                 negatives = sample_negatives(positives, history, num_items, negatives_rng)
+                history, positives, negatives = (t.to(device) for t in (history, positives, negatives))
                 sync = contextlib.nullcontext() if micro == accum - 1 else ddp.no_sync()
                 with sync:
-                    pos_logits, neg_logits = ddp(history, positives, negatives)
-                    real = positives != 0
-                    loss = (F.binary_cross_entropy_with_logits(pos_logits[real], torch.ones_like(pos_logits[real]))
-                            + F.binary_cross_entropy_with_logits(neg_logits[real], torch.zeros_like(neg_logits[real])))
-                    if args.l2_emb:
-                        loss = loss + args.l2_emb * model.item_emb.weight.pow(2).sum()
-                    (loss / accum).backward()
-                running += torch.tensor([loss.item(), 1.0], dtype=torch.float64)
+                    with torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext():
+                        pos_logits, neg_logits = ddp(history, positives, negatives)
+                        real = positives != 0
+                        loss = (F.binary_cross_entropy_with_logits(pos_logits[real], torch.ones_like(pos_logits[real]))
+                                + F.binary_cross_entropy_with_logits(neg_logits[real], torch.zeros_like(neg_logits[real])))
+                        if args.l2_emb:
+                            loss = loss + args.l2_emb * model.item_emb.weight.pow(2).sum()
+                    objective = loss / accum
+                    (scaler.scale(objective) if scaler else objective).backward()
+                running += torch.tensor([loss.item(), 1.0], dtype=torch.float64, device=device)
                 samples_since_report += len(rows)
-            optimizer.step()
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             samples_in_epoch += global_batch
@@ -310,7 +345,7 @@ def train(run, args):
                 save(step, epoch, samples_in_epoch)
 
             # A stop request reaches each rank on its own; they agree on it so none waits in a collective.
-            stop = torch.tensor([1.0 if run.should_stop() else 0.0])
+            stop = torch.tensor([1.0 if run.should_stop() else 0.0], device=device)
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
             if stop.item():
                 save(step, epoch, samples_in_epoch)
@@ -322,10 +357,10 @@ def train(run, args):
 
     if run.probe:
         # One evaluation batch, so that fitrund's memory probe measures what a real run does.
-        evaluate(model, sequences, num_items, args.maxlen, rank, world, args.seed, batch, limit=batch)
+        evaluate(model, sequences, num_items, args.maxlen, rank, world, args.seed, batch, device, limit=batch)
     else:
         save(step, epoch, samples_in_epoch)
-        hr, ndcg = evaluate(model, sequences, num_items, args.maxlen, rank, world, args.seed, batch)
+        hr, ndcg = evaluate(model, sequences, num_items, args.maxlen, rank, world, args.seed, batch, device)
         if rank == 0:
             run.report(step, loss=loss_value, total_steps=total_steps, epoch=step_epoch,
                        metrics={"hr@10": hr, "ndcg@10": ndcg})
@@ -338,8 +373,9 @@ def main():
     run = fitrun.init()
     args = parse_args(run)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    init_distributed()
-    code = train(run, args)
+    device = pick_device()
+    init_distributed(device)
+    code = train(run, args, device)
     # train's DistributedDataParallel is gone by now, so the process group is torn down here, with the
     # GIL released. Left to DDP's reducer (when it holds the last reference) torch 1.13 tears the group
     # down holding the GIL, which can deadlock with a Gloo thread freeing a collective's tensor.
