@@ -500,7 +500,7 @@ DEFAULT_SOURCES = {
     "spec_proto": ["proto/fitrun/v1/job.proto"],
     "env": ["proto/contract/launch_contract.h", "client/cli.cc", "client/python/fitrun/client.py",
             "client/python/fitrun/contract.py", "server/launcher/slurm_launcher.cc",
-            "worker/slurm/rank_shim.sh", "worker/CMakeLists.txt", "tools/demo.sh"],
+            "worker/slurm/rank_shim.sh", "worker/CMakeLists.txt", "tools/demo.sh", "tools/test.sh"],
     "other": ["server/bench/*.cc", "server/bench/*/*.cc", "worker/options.cc", "tools/bench/*.py",
               "tools/bench/scripts/*.py", "deploy/examples/scripts/*/train.py", ".bazelrc"],
 }
