@@ -218,7 +218,9 @@ TEST(SqliteJobStoreTest, DeletedJobsTakeTheirEventsAndAttemptsAndTheirPagesAreRe
       events[i].mutable_log()->set_text(std::string(4096, 'e'));
     }
     ASSERT_TRUE((*store)->AppendEvents(events).ok());
-    if (round > 0) ASSERT_TRUE((*store)->DeleteJobs({"j-" + std::to_string(round - 1)}).ok());
+    if (round > 0) {
+      ASSERT_TRUE((*store)->DeleteJobs({"j-" + std::to_string(round - 1)}).ok());
+    }
   }
   auto jobs = (*store)->LoadJobs();
   ASSERT_TRUE(jobs.ok());
