@@ -30,7 +30,7 @@ else
     $targets >"$log" 2>&1
   status=$?
 fi
-findings=$(grep -c -- '-Wthread-safety' "$log")
+findings=$(grep -c -- 'error: .*-Wthread-safety' "$log")
 if ((status == 0)); then
   echo "thread-safety: server/ builds with clang's -Wthread-safety, no findings"
 else

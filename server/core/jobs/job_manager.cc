@@ -583,7 +583,9 @@ absl::Status JobManager::PublishAllLocked(JobEntry& entry, std::vector<JobEvent>
 
 void JobManager::ForgetExcessJobsLocked() {
   const int64_t newest = ids_by_order_.empty() ? 0 : ids_by_order_.rbegin()->first;
-  const std::vector<std::string> forgotten = retention_.TakeExcess([&](const std::string& id) {
+  // Called by TakeExcess on this thread, under the lock held here.
+  const std::vector<std::string> forgotten = retention_.TakeExcess([&](const std::string& id)
+                                                                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = jobs_.find(id);
     return it == jobs_.end() || (!it->second.active && it->second.record.submit_order != newest);
   });
