@@ -281,11 +281,8 @@ std::set<std::string> LiveCoordinatorTags(const std::string& host) {
   for (const auto& entry : std::filesystem::directory_iterator("/proc", std::filesystem::directory_options::skip_permission_denied)) {
     const std::string pid = entry.path().filename().string();
     if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream comm(entry.path() / "comm");
-    std::string name;
-    if (!std::getline(comm, name) || name != "fitrund") continue;
-    std::ifstream cmdline(entry.path() / "cmdline", std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    if (ReadProcFile(std::stoi(pid), "comm") != "fitrund\n") continue;
+    const std::string text = ReadProcFile(std::stoi(pid), "cmdline");
     const std::vector<std::string> args = absl::StrSplit(text, '\0');
     std::string state_dir = "fitrun-state";  // the flag's default
     for (size_t i = 0; i < args.size(); ++i) {

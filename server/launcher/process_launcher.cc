@@ -35,11 +35,6 @@ bool PidfdSignal(int pidfd, int signal) {
   return syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0) == 0;
 }
 
-std::string ReadProcFile(pid_t pid, const char* name) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/", name), std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // The real uid of the process (/proc/<pid>/status's first Uid: field), or -1.
 int64_t RealUid(pid_t pid) {
   for (absl::string_view line : absl::StrSplit(ReadProcFile(pid, "status"), '\n')) {
@@ -69,6 +64,25 @@ std::string Differs(pid_t pid, const ProcessLauncher::Identity& identity) {
 }
 
 }  // namespace
+
+std::string ReadProcFile(pid_t pid, const char* name) {
+  const int fd = open(absl::StrCat("/proc/", pid, "/", name).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text;
+  char buffer[4096];
+  while (true) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      text.clear();
+      break;
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return text;
+}
 
 int64_t ProcessStartTicks(int pid) {
   const std::string stat = ReadProcFile(pid, "stat");

@@ -99,6 +99,10 @@ class ProcessLauncher {
 // rendezvous is a RendezvousStore, held from bind to use).
 absl::StatusOr<int> PickFreeTcpPort();
 
+// /proc/<pid>/<name> whole; empty when the process is gone, also between the open and the read
+// (ESRCH). Read with read(2): a stream's buffer throws on that failed read where no istream catches it.
+std::string ReadProcFile(pid_t pid, const char* name);
+
 // When the process started, in clock ticks after boot (/proc/<pid>/stat's 22nd field); 0 when it
 // cannot be read. With the pid, it names one process for the whole boot.
 int64_t ProcessStartTicks(int pid);
