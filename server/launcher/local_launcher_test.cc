@@ -82,7 +82,12 @@ AttemptLaunch Attempt(const std::string& name, std::vector<std::vector<std::stri
 TEST(LocalLauncherTest, RanksMeetAtTheChosenRendezvousAndExitPerRank) {
   Exits exits;  // outlives the launcher, as in every test here: its going may still report exits
   LocalLauncher launcher([] { return 29555; });
-  const std::vector<std::string> print = {"/bin/sh", "-c", "echo $RANK $MASTER_ADDR:$MASTER_PORT; exit $RANK"};
+  // Each rank lives until the test has read its start from /proc, then prints and exits.
+  const std::string go = testing::TempDir() + "/local-rendezvous-go";
+  std::filesystem::remove(go);
+  const std::vector<std::string> print = {
+      "/bin/sh", "-c",
+      "while [ ! -e " + go + " ]; do sleep 0.01; done; echo $RANK $MASTER_ADDR:$MASTER_PORT; exit $RANK"};
   AttemptLaunch attempt = Attempt("local-rendezvous", {print, print});
   absl::StatusOr<LaunchedAttempt> launched = launcher.Launch(attempt, exits.Callback());
   ASSERT_TRUE(launched.ok()) << launched.status();
@@ -93,6 +98,7 @@ TEST(LocalLauncherTest, RanksMeetAtTheChosenRendezvousAndExitPerRank) {
   EXPECT_EQ(*StartTicksInLocalLaunchHandle(launched->handle),
             (std::vector<int64_t>{ProcessStartTicks(launched->pids[0]), ProcessStartTicks(launched->pids[1])}))
       << "each rank's start, for a restarted fitrund to know it by";
+  std::ofstream(go).put('\n');
   ASSERT_TRUE(exits.WaitFor(2, absl::Seconds(10)));
   EXPECT_EQ(exits.exits()[0].exit_code, 0);
   EXPECT_EQ(exits.exits()[1].exit_code, 1);
@@ -158,15 +164,15 @@ TEST(LocalLauncherTest, AnAttemptThatCannotStartWholeLeavesNothingRunning) {
   const std::string comm = "sleep";
   bool left = false;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    std::ifstream cmdline(entry.path() / "cmdline");
-    std::string text((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-    std::ifstream environ(entry.path() / "environ");
-    std::string env((std::istreambuf_iterator<char>(environ)), std::istreambuf_iterator<char>());
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = std::stoi(name);
+    const std::string text = ReadProcFile(pid, "cmdline");
+    const std::string env = ReadProcFile(pid, "environ");
     if (text.rfind("/bin/sleep", 0) == 0 && env.find("FITRUN_JOB_ID=j-000001") != std::string::npos &&
         env.find("MASTER_PORT=29557") != std::string::npos) {
-      std::ifstream stat(entry.path() / "stat");
-      std::string s((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-      left |= s.find(") Z ") == std::string::npos;  // a zombie awaiting its reaper is gone already
+      const std::string s = ReadProcFile(pid, "stat");
+      left |= !s.empty() && s.find(") Z ") == std::string::npos;  // a zombie awaiting its reaper is gone already
     }
   }
   EXPECT_FALSE(left) << "rank 0 of an attempt that never started is still running";
@@ -230,6 +236,10 @@ TEST(LocalLauncherTest, AProcessThatTookARanksPidIsNotAdoptedWhateverItsEnvironm
     const pid_t rank = launched->pids[0];
     first.Stop(launched->handle, 0, absl::ZeroDuration());
     ASSERT_TRUE(first_exits.WaitFor(1, absl::Seconds(10)));
+    // /proc counts a process's start in clock ticks (10 ms): an impostor started within the rank's
+    // own tick would share its start time, which no check by /proc can tell apart. A pid comes round
+    // again far later than that; here it is taken at once, so the test lets two ticks pass first.
+    absl::SleepFor(absl::Milliseconds(25));
     const pid_t impostor = ImpostorWithPid(rank, impostor_uid);
     if (impostor < 0) GTEST_SKIP() << "pid " << rank << " was taken by another process first";
     Exits exits;
@@ -245,8 +255,7 @@ TEST(LocalLauncherTest, AProcessThatTookARanksPidIsNotAdoptedWhateverItsEnvironm
 // ---- with job cgroups (root) ----
 
 bool Gone(int pid) {
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const std::string text = ReadProcFile(pid, "stat");
   const size_t close = text.rfind(')');
   return text.empty() || (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z');
 }
