@@ -15,13 +15,20 @@ int64_t MemoryNeededAt(const fitrun::v1::OutOfMemory& oom) {
 
 PlanLimits LimitsAfterOutOfMemory(const OutOfMemoryHistory& history) {
   PlanLimits limits;
-  for (const fitrun::v1::OutOfMemory& oom : history) {
-    if (oom.per_device_batch() <= 0) continue;
-    int64_t& bound =
-        oom.activation_checkpointing() ? limits.max_per_device_batch_recomputing : limits.max_per_device_batch;
-    const int64_t below = oom.per_device_batch() - 1;
+  const auto tighten = [](int64_t& bound, int64_t at_most) {
     // A batch of 1 that ran out of memory leaves nothing below it; 0 would mean "no bound".
-    if (bound == 0 || below < bound) bound = std::max<int64_t>(below, 1);
+    at_most = std::max<int64_t>(at_most, 1);
+    if (bound == 0 || at_most < bound) bound = at_most;
+  };
+  for (const fitrun::v1::OutOfMemory& oom : history) {
+    const int64_t b = oom.per_device_batch();
+    if (b <= 0) continue;
+    // The form the ranks ran: only batches below the one that ran out. The other form may still take
+    // that batch (recomputing needs less than keeping at the same batch; the other way round its
+    // figures are its own), but nothing says a larger one fits after an error.
+    const bool recomputing = oom.activation_checkpointing();
+    tighten(recomputing ? limits.max_per_device_batch_recomputing : limits.max_per_device_batch, b - 1);
+    tighten(recomputing ? limits.max_per_device_batch : limits.max_per_device_batch_recomputing, b);
   }
   return limits;
 }

@@ -45,18 +45,20 @@ TEST(MemoryFeedbackTest, LimitIsBelowTheSmallestBatchThatRanOut) {
   EXPECT_EQ(LimitsAfterOutOfMemory(at_one).max_per_device_batch, 1);  // never "no bound"
 }
 
-// Ranks that kept their activations and ran out at 2 say nothing of the model recomputing them.
-TEST(MemoryFeedbackTest, EachFormOfTheModelIsBoundedByItsOwnErrors) {
+// Ranks that ran out at a batch bound their own form below it, and the other form at it: recomputing
+// may still take the batch keeping failed at, but no form takes a larger batch after an error.
+TEST(MemoryFeedbackTest, EachFormIsBoundedBelowItsOwnErrorsAndAtTheOthers) {
   OutOfMemoryHistory history;
-  *history.Add() = Oom(2, 0, 0, 0);
   fitrun::v1::OutOfMemory recomputing = Oom(8, 0, 0, 0);
   recomputing.set_activation_checkpointing(true);
   *history.Add() = recomputing;
-  const PlanLimits limits = LimitsAfterOutOfMemory(history);
-  EXPECT_EQ(limits.MaxPerDeviceBatch(/*recomputing=*/false), 1);
+  PlanLimits limits = LimitsAfterOutOfMemory(history);
   EXPECT_EQ(limits.MaxPerDeviceBatch(/*recomputing=*/true), 7);
-  history.RemoveLast();
-  EXPECT_EQ(LimitsAfterOutOfMemory(history).MaxPerDeviceBatch(true), 0) << "no bound on the form that never ran";
+  EXPECT_EQ(limits.MaxPerDeviceBatch(/*recomputing=*/false), 8);
+  *history.Add() = Oom(2, 0, 0, 0);
+  limits = LimitsAfterOutOfMemory(history);
+  EXPECT_EQ(limits.MaxPerDeviceBatch(/*recomputing=*/false), 1);
+  EXPECT_EQ(limits.MaxPerDeviceBatch(/*recomputing=*/true), 2) << "keeping failed at 2: recomputing may take 2";
 }
 
 TEST(MemoryFeedbackTest, EstimateAtTheFailedBatchCoversWhatWasMeasured) {

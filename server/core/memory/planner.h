@@ -41,9 +41,9 @@ struct DeviceCapacity {
 
 // Bounds the coordinator adds to a spec, on top of what the spec itself allows.
 struct PlanLimits {
-  // After an out-of-memory error at per-device batch b: plan only batches below b (0: no bound), of
-  // the model as the rank ran it: keeping its activations, or recomputing them (an error of one says
-  // nothing of the other).
+  // After an out-of-memory error at per-device batch b (0: no bound), for the model keeping its
+  // activations and the one recomputing them: below b for the form the ranks ran, at most b for the
+  // other (LimitsAfterOutOfMemory).
   int64_t max_per_device_batch = 0;
   int64_t max_per_device_batch_recomputing = 0;
   // The bound for a model that keeps (false) or recomputes (true) its activations.
