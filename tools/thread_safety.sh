@@ -16,7 +16,8 @@ output_base=${THREAD_SAFETY_OUTPUT_BASE:-$HOME/.cache/fitrun-clang-ts}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
-# fitrund's libraries and programs (its tests' own threads are the tests' business), with
+# fitrund's libraries and programs (its tests' own threads are the tests' business), unoptimised (the
+# analysis is the compiler's front end; nothing built here runs), with
 # --symlink_prefix=/: no bazel-* links, which would point the workspace's at this output base.
 targets=$(bazel --output_base="$output_base" query 'kind("cc_library|cc_binary", //server/...)' 2>/dev/null)
 if [[ -z $targets ]]; then
@@ -26,7 +27,7 @@ else
   # shellcheck disable=SC2086  # one target per word
   bazel --output_base="$output_base" build --symlink_prefix=/ --noshow_progress --keep_going \
     --repo_env=CC=clang --repo_env=CXX=clang++ \
-    --copt=-Wthread-safety --copt=-Werror=thread-safety \
+    --copt=-Wthread-safety --copt=-Werror=thread-safety --copt=-O0 \
     $targets >"$log" 2>&1
   status=$?
 fi
