@@ -5,10 +5,12 @@ runs with the GPU machine's own Python.
 
   figures.py job     ROW_PREFIX JOB.json EVENTS.jsonl [--nvml SAMPLES.csv] [--pids FILE] [--nvml-goal LO-HI]
                      [--accuracy-floor X] [--metric NAME:FLOOR] [--log-dir DIR --log-metric TEXT:FLOOR]
-                     [--unreported] [--rehearsal]
+                     [--unreported] [--first-seen] [--rehearsal]
                      --pids: more pids of the job's ranks (a script rank's Python under its supervisor);
                      --log-metric: a figure the ranks printed ("test accuracy 0.83"), for a script that
-                     reports nothing (--unreported: no progress, so no first step to time)
+                     reports nothing (--unreported: no progress, so no first step to time);
+                     --first-seen: a script's first submit, which predicts nothing (its first run is its
+                     measurement): its first steps' peak must be on record instead, for the second submit
   figures.py compare ROW_PREFIX REFERENCE.json JOB.json --within X [--floor X]
   figures.py slice   ROW_PREFIX JOB.json CAP_BYTES --fill X [--nvml SAMPLES.csv] [--rehearsal]
   figures.py oom     ROW_PREFIX JOB.json EVENTS.jsonl
@@ -158,6 +160,19 @@ def log_text(folder):
     return text
 
 
+def first_seen_rows(prefix, job, history):
+    """A first-seen script's first run: no prediction, and its first steps' peak recorded for the plans
+    after it ("memory: attempt 1's first steps peaked at 3.6 MiB at per-device batch 64; recorded ...")."""
+    first = (job.get("attemptHistory") or [{}])[0]
+    predicted = int(first.get("predictedPeakBytes", 0))
+    row(prefix, "first_attempt_predicted_bytes", predicted, "0 (a first-seen script is its own measurement)",
+        predicted == 0)
+    logs = " ".join(e.get("log", {}).get("text", "") for e in history)
+    said = re.search(r"first steps peaked at ([0-9.]+) (GiB|MiB|KiB|bytes) at per-device batch (\d+)", logs)
+    peak = int(size_bytes(said.group(1), said.group(2))) if said else None
+    row(prefix, "first_steps_peak_bytes", peak, "> 0, recorded for the second submit's plan", bool(peak))
+
+
 def cmd_job(a):
     job = load(a.job)
     state_row(a.prefix, job)
@@ -170,7 +185,9 @@ def cmd_job(a):
     seconds = round(seconds, 2) if seconds is not None else None
     row(a.prefix, "submit_to_first_step_s", seconds, "recorded (beside torchrun's: step torchrun)",
         seconds is not None, "an unchanged torchrun script reports no steps" if a.unreported else None)
-    if a.rehearsal:
+    if a.first_seen:
+        first_seen_rows(a.prefix, job, events(a.events))
+    elif a.rehearsal:
         row(a.prefix, "predicted_over_nvml_measured", "-", a.nvml_goal, True, "rehearsal: NVML needs a GPU")
         allocated = int(attempt.get("measuredPeakBytes", 0)) or None
         row(a.prefix, "predicted_over_reported_peak", None if not (predicted and allocated) else
@@ -264,14 +281,30 @@ def cmd_oom(a):
     history = events(a.events)
     oom = [e for e in history if "oom" in e]
     row(a.prefix, "oom_events", len(oom), ">= 1", len(oom) >= 1)
-    attempts = job.get("attemptHistory", [])
-    batches = [int(x.get("perDeviceBatch", 0)) for x in attempts]
-    smaller = len(batches) >= 2 and 0 < batches[-1] < batches[0]
-    row(a.prefix, "per_device_batch_by_attempt", "/".join(map(str, batches)) or None, "attempt 2 smaller", smaller)
+    replanned_rows(a.prefix, job)
     logs = " ".join(e.get("log", {}).get("text", "") for e in history)
     resumed = re.search(r"resumed from the checkpoint of step (\d+)", logs)
     row(a.prefix, "resumed_from_step", int(resumed.group(1)) if resumed else None, ">= 1",
         bool(resumed) and int(resumed.group(1)) >= 1)
+
+
+def replanned_rows(prefix, job, cap=None):
+    """After an out-of-memory error the next attempt must need less: a smaller per-device batch, or the
+    same one with the model now recomputing its activations (never a larger batch in either form). On a
+    capped device its prediction must also fit the cap. (It may well predict more than the attempt that
+    failed did: that prediction was proven too low.)"""
+    attempts = job.get("attemptHistory", [])
+    batches = [int(x.get("perDeviceBatch", 0)) for x in attempts]
+    recomputing = bool((job.get("plan") or {}).get("activationCheckpointing"))
+    smaller = len(batches) >= 2 and 0 < batches[-1] < batches[0]
+    as_large_recomputing = len(batches) >= 2 and batches[-1] == batches[0] and recomputing
+    value = "/".join(map(str, batches)) + (" recomputing" if as_large_recomputing else "") if batches else None
+    row(prefix, "per_device_batch_by_attempt", value, "attempt 2 smaller, or as large recomputing activations",
+        smaller or as_large_recomputing)
+    if cap is not None:
+        predicted = int(attempts[-1].get("predictedPeakBytes", 0)) if len(attempts) >= 2 else None
+        row(prefix, "replan_predicted_bytes", predicted, f"within the slice's {cap}",
+            predicted is not None and 0 < predicted <= cap)
 
 
 def size_bytes(number, unit):
@@ -298,10 +331,7 @@ def cmd_oom_slice(a):
     total = int(ooms[0].get("deviceTotalBytes", 0)) if ooms else None
     row(a.prefix, "oom_event_device_total_bytes", total, f"the slice's {a.cap}", total is not None and 0 < total <= a.cap,
         "rehearsal: a CPU device has no driver figures" if a.rehearsal else None)
-    attempts = job.get("attemptHistory", [])
-    batches = [int(x.get("perDeviceBatch", 0)) for x in attempts]
-    row(a.prefix, "per_device_batch_by_attempt", "/".join(map(str, batches)) or None, "attempt 2 smaller",
-        len(batches) >= 2 and 0 < batches[-1] < batches[0])
+    replanned_rows(a.prefix, job, a.cap)
 
 
 def median(values):
@@ -502,7 +532,7 @@ def main():
     p.add_argument("--metric", action="append", default=[]), p.add_argument("--rehearsal", action="store_true")
     p.add_argument("--pids"), p.add_argument("--nvml-goal", default="1.00-1.15")
     p.add_argument("--log-dir"), p.add_argument("--log-metric", action="append", default=[])
-    p.add_argument("--unreported", action="store_true")
+    p.add_argument("--unreported", action="store_true"), p.add_argument("--first-seen", action="store_true")
     p = sub.add_parser("compare")
     p.add_argument("prefix"), p.add_argument("reference"), p.add_argument("job")
     p.add_argument("--within", type=float, required=True), p.add_argument("--floor", type=float)
