@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: fitrun on a real GPU, from the kit tools/gpu/kit.sh builds on Debian 12 (the bundle,
 # the CUDA worker built against the GPU machines' torch, data). In parts, each one device call (parts 1
-# and 2 together about 5 minutes on an H200, each of parts 3-8 at most 6), in the repository root with
+# and 2 together about 5 minutes on an H200, each of parts 3-8 at most 6, part 5 8), in the repository root with
 # gpu-kit/ beside it:
 #
 #   bash tools/gpu/check.sh 1            # the machine, the kit's worker, fitrund, whole-GPU jobs with their
@@ -28,7 +28,7 @@
 #                                        # command the GPU runs, the CUDA-only figures skipped by name
 #
 # With the device tool: run(command="bash tools/gpu/check.sh 1 2", carry=["gpu-kit"], timeout_s=500), or
-# one of parts 3-8 a call (timeout_s=420); $OUT/results.tsv (and $OUT/logs.tar.gz) come back. The
+# one of parts 3-8 a call (timeout_s=420; part 5 560); $OUT/results.tsv (and $OUT/logs.tar.gz) come back. The
 # machine, the kit's worker and the bundle are checked once a call, before its first part.
 #
 # Every figure is read back from fitrund's own record of the job (fitrun get --json, fitrun events)
@@ -36,7 +36,7 @@
 # goal, verdict); a figure that is missing fails. Device memory is NVML's per process, sampled every
 # 0.1 s during each job (nvidia-smi --query-compute-apps) for the job's rank pids. Every wait is
 # bounded: a job has JOB_SECONDS (default 150; 400 in a rehearsal) from submit to its end, a part
-# PART_SECONDS (default 450 for parts 1-3, 330 for parts 4-8; 900 in a rehearsal), and on a GPU no job
+# PART_SECONDS (default 450 for parts 1-3, 330 for parts 4-8, 480 for part 5; 900 in a rehearsal), and on a GPU no job
 # gets more than what is left of its part; a job still running then is cancelled and its figures fail. A script rank's own Python runs under its supervisor: its pid
 # is found during the job (its FITRUN_ASSIGNMENT) so that NVML's figure is the script's.
 #
@@ -88,6 +88,7 @@ part_budget() {
   if [[ -n "${PART_SECONDS:-}" ]]; then echo "$PART_SECONDS"
   elif ((rehearse)); then echo 900
   elif (($1 <= 3)); then echo 450
+  elif (($1 == 5)); then echo 480   # three scripts twice each
   else echo 330
   fi
 }
@@ -620,11 +621,34 @@ fault_injection: {kind: oom, rank: 0, at_step: 3}")")" || status=1
 }
 
 # --- part 5 ---------------------------------------------------------------------------------------------
+# script_twice JOB WHAT SPEC FIGURE_FLAGS...: a script fitrund has not seen is submitted twice. The first
+# submit is its own measurement: it must predict nothing and leave its first steps' peak on record. The
+# second, the same spec, is planned from that run: its prediction is held against the rank's peak
+# (NVML's on a GPU, goal 1.00-1.10). JOB_DIR in a flag stands for each run's job directory.
+script_twice() {
+  local job=$1 what=$2 file=$3 status=0 run flags arg
+  shift 3
+  for run in "$job-first" "$job"; do
+    run_job "$run" "$file" || status=1
+    flags=()
+    for arg in "$@"; do flags+=("${arg//JOB_DIR/$state/jobs/$(job_id "$run")}"); done
+    if [[ $run == "$job-first" ]]; then
+      figures job "5	seeds_scripts	$what-first" "$work/jobs/$run.json" "$work/jobs/$run.events" --first-seen \
+        "${flags[@]}" $(rehearsal_flag) || status=1
+    else
+      figures job "5	seeds_scripts	$what" "$work/jobs/$run.json" "$work/jobs/$run.events" $(nvml_of "$run") \
+        --nvml-goal 1.00-1.10 "${flags[@]}" $(rehearsal_flag) || status=1
+    fi
+  done
+  return $status
+}
+
 # The seeds' example scripts (deploy/examples/scripts) with the machine's PyTorch under
 # fitrun-supervisor: sasrec as the SASRec guide runs it (--use_amp: fp16 and a loss scaler; 3 blocks of
 # 100, 4 heads, 1024 users a step) and mnist-ddp (an unchanged torchrun script) on the whole GPU, protein
 # as the protein guide sizes it (hidden 256, 3 layers, 32 sequences a step, bf16) on a 3 GiB slice; each
-# SUCCEEDED with its metric, each plan against NVML (goal 1.00-1.10). Then a script's real out-of-memory
+# SUCCEEDED with its metric, each submitted twice (script_twice): the first run measures, the second's
+# plan is held against NVML (goal 1.00-1.10). Then a script's real out-of-memory
 # error on the slice (tools/bench/scripts/lm_train.py --oom_at_step 3): what fitrun says of it must be
 # the slice's.
 step_seeds_scripts() {
@@ -639,37 +663,30 @@ step_seeds_scripts() {
   fi
   py=$(script_python)
   fitrund scripts-whole "$whole" --memory_probe=true
-  run_job script-sasrec "$(spec gpu-script-sasrec "script:
+  script_twice script-sasrec sasrec-use_amp "$(spec gpu-script-sasrec "script:
   command: [$py, train.py, --ratings, $(seed_ratings), --num_epochs, \"1000\", --max_steps, \"$steps\", --use_amp, $sasrec_sizes, --dropout_rate, \"0.2\"]
   working_dir: $repo/deploy/examples/scripts/sasrec
   env: {OMP_NUM_THREADS: \"1\"}
 optimizer: {kind: adam, lr: 0.002, lr_scaling: none}
 global_batch_size: $sasrec_batch
-resources: {min_devices: 1, max_devices: 1}")" || status=1
-  figures job "5	seeds_scripts	sasrec-use_amp" "$work/jobs/script-sasrec.json" "$work/jobs/script-sasrec.events" \
-    $(nvml_of script-sasrec) --nvml-goal 1.00-1.10 --metric hr@10:0.0 $(rehearsal_flag) || status=1
-  run_job script-mnist-ddp "$(spec gpu-script-mnist-ddp "script:
+resources: {min_devices: 1, max_devices: 1}")" --metric hr@10:0.0 || status=1
+  script_twice script-mnist-ddp mnist-ddp "$(spec gpu-script-mnist-ddp "script:
   command: [$py, train.py, --data, $installed/datasets/fashion-mnist, --epochs, \"1\", --max_steps, \"$mnist_steps\"]
   working_dir: $repo/deploy/examples/scripts/mnist-ddp
   batch_flag: --batch_size
   env: {OMP_NUM_THREADS: \"1\"}
 optimizer: {kind: sgd, lr: 0.05, momentum: 0.9, lr_scaling: none}
 global_batch_size: 256
-resources: {min_devices: 1, max_devices: 1}")" || status=1
-  figures job "5	seeds_scripts	mnist-ddp" "$work/jobs/script-mnist-ddp.json" "$work/jobs/script-mnist-ddp.events" \
-    $(nvml_of script-mnist-ddp) --nvml-goal 1.00-1.10 --unreported \
-    --log-dir "$state/jobs/$(job_id script-mnist-ddp)" --log-metric "test accuracy:0.6" $(rehearsal_flag) || status=1
+resources: {min_devices: 1, max_devices: 1}")" --unreported --log-dir JOB_DIR --log-metric "test accuracy:0.6" || status=1
   fitrund scripts-slice@scripts-whole "$slice" --memory_probe=true
-  run_job script-protein "$(spec gpu-script-protein "script:
+  script_twice script-protein protein-bf16-slice "$(spec gpu-script-protein "script:
   command: [$py, train.py, --epochs, \"100\", --max_steps, \"$steps\", $protein_sizes]
   working_dir: $repo/deploy/examples/scripts/protein
   env: {OMP_NUM_THREADS: \"1\"}
 optimizer: {kind: adamw, lr: 0.0001, weight_decay: 0.01, lr_scaling: none}
 global_batch_size: 32
 precision: bf16
-resources: {min_devices: 1, max_devices: 1}")" || status=1
-  figures job "5	seeds_scripts	protein-bf16-slice" "$work/jobs/script-protein.json" "$work/jobs/script-protein.events" \
-    $(nvml_of script-protein) --nvml-goal 1.00-1.10 --metric val_masked_accuracy:0.0 $(rehearsal_flag) || status=1
+resources: {min_devices: 1, max_devices: 1}")" --metric val_masked_accuracy:0.0 || status=1
   run_job script-oom-slice "$(spec gpu-script-oom-slice "script:
   command: [$py, lm_train.py, --max_steps, \"6\", --checkpoint_every, \"2\", --oom_at_step, \"3\"]
   working_dir: $repo/tools/bench/scripts

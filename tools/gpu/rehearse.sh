@@ -10,9 +10,8 @@
 # 3. The CUDA worker and its unit tests built with CMake against that torch, the tests run on CPU
 #    (tools/gpu/worker_tests.sh build-cuda): one JUnit report per test binary.
 # 4. The kit a GPU machine is carried (tools/gpu/kit.sh), within what a device call carries.
-# 5. The GPU check on CPU devices with the kit's worker (tools/gpu/check.sh --rehearse), parts 1-3 and
-#    6-8 (below: why not 4 and 5 yet): a case per figure, the figures only a GPU gives and the timings
-#    skipped by name.
+# 5. The GPU check on CPU devices with the kit's worker (tools/gpu/check.sh --rehearse), every part: a
+#    case per figure, the figures only a GPU gives and the timings skipped by name.
 #
 # Out: REPORTS_DIR/*.xml (JUnit, the format of Bazel's test.xml) and REPORTS_DIR/*.log. A stage that
 # cannot run (a download, a build) is one failed case naming its log; the stages after it, which need
@@ -69,10 +68,7 @@ log "worker_tests: exit $tests_status, ${#missing[@]} test(s) without a report"
 stage kit bash tools/gpu/kit.sh || exit 1
 
 rm -rf gpu-work/rehearsal
-# Parts 4 and 5 wait: their memory figures hold a plan's prediction against the rank's peak, and a script
-# fitrund has not seen now starts on no prediction (it is planned from its own run), so those figures
-# must be read from the run that follows; until they are, the parts' rehearsal would fail on them.
-stage check bash tools/gpu/check.sh --rehearse 1 2 3 6 7 8
+stage check bash tools/gpu/check.sh --rehearse
 status=$?
 if [[ -s gpu-work/rehearsal/results.tsv ]]; then
   /usr/bin/python3 tools/gpu/figures.py junit gpu-work/rehearsal/results.tsv "$reports/check_figures.xml"
