@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "proto/contract/atomic_file.h"
+#include "proto/contract/free_port.h"
 #include "proto/contract/install_layout.h"
 #include "server/core/specs/job_specs.h"
 #include "server/core/units.h"
@@ -475,7 +476,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   std::string host = options.listen.substr(0, colon);
   std::string port = options.listen.substr(colon + 1);
   if (port == "0") {
-    absl::StatusOr<int> free_port = PickFreeTcpPort();
+    absl::StatusOr<int> free_port = contract::PickFreeLoopbackPort();
     if (!free_port.ok()) return free_port.status();
     port = absl::StrCat(*free_port);
   }

@@ -27,7 +27,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "worker/data/test_files.h"
-#include "worker/testing/free_port.h"
+#include "proto/contract/free_port.h"
 #include "worker/report/fake_coordinator.h"
 
 extern char** environ;
@@ -92,7 +92,7 @@ class WorkerProcessTest : public ::testing::Test {
     std::string text;
     ASSERT_TRUE(google::protobuf::TextFormat::PrintToString(assignment_, &text));
     std::ofstream(assignment_path) << text;
-    const int master_port = FreeLoopbackPort();
+    const int master_port = fitrun::contract::PickFreeLoopbackPort().value();
     const int world = world_;
     for (int rank = 0; rank < world; ++rank) {
       std::vector<std::string> env = {

@@ -47,7 +47,7 @@
 #include "fitrun/v1/coordinator.grpc.pb.h"
 #include "server/auth/authenticator.h"
 #include "server/bench/bench_daemon.h"
-#include "worker/testing/free_port.h"
+#include "proto/contract/free_port.h"
 
 ABSL_FLAG(std::string, fitrund, "bazel-bin/server/fitrund", "the fitrund binary");
 ABSL_FLAG(std::string, instant_worker, "bazel-bin/worker/testing/fitrun-instant-worker",
@@ -220,7 +220,7 @@ int Run() {
   std::filesystem::remove_all(state_dir);
   std::filesystem::create_directories(state_dir);
   // A fixed port: the restarted fitrund must come back where the clients dial.
-  const std::string address = absl::StrCat("127.0.0.1:", fitrun::worker::FreeLoopbackPort());
+  const std::string address = absl::StrCat("127.0.0.1:", fitrun::contract::PickFreeLoopbackPort().value());
   std::string worker = std::filesystem::absolute(absl::GetFlag(FLAGS_instant_worker)).string();
   BenchUsers users;
   std::string tokens_file;

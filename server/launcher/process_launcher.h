@@ -94,11 +94,6 @@ class ProcessLauncher {
   std::thread killer_;
 };
 
-// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close): for
-// fitrund's own --listen=HOST:0, never for a port another account must not take (an attempt's
-// rendezvous is a RendezvousStore, held from bind to use).
-absl::StatusOr<int> PickFreeTcpPort();
-
 // /proc/<pid>/<name> whole; empty when the process is gone, also between the open and the read
 // (ESRCH). Read with read(2): a stream's buffer throws on that failed read where no istream catches it.
 std::string ReadProcFile(pid_t pid, const char* name);

@@ -105,12 +105,5 @@ TEST(ProcessLauncherTest, MissingBinaryIsAnError) {
   EXPECT_NE(handle.status().message().find("cannot start /nonexistent/fitrun-worker"), absl::string_view::npos);
 }
 
-TEST(ProcessLauncherTest, FreePortIsBindable) {
-  absl::StatusOr<int> port = PickFreeTcpPort();
-  ASSERT_TRUE(port.ok());
-  EXPECT_GT(*port, 0);
-  EXPECT_LT(*port, 65536);
-}
-
 }  // namespace
 }  // namespace fitrun::server

@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "worker/ddp/bucketed_reducer.h"
 #include "worker/ddp/flat_all_reduce.h"
-#include "worker/testing/free_port.h"
+#include "proto/contract/free_port.h"
 #include "worker/ddp/process_group.h"
 #include "worker/ddp/shared_memory_backend.h"
 #include "worker/ddp/thread_ranks.h"
@@ -99,7 +99,7 @@ TEST(BroadcastTest, EveryRankEndsWithRankZerosParameters) {
 // results either way, for the tensors shared memory carries and for those it leaves to Gloo.
 void RendezvousAndSum(bool shared_memory) {
   SkipUnlessCpuRanks(kWorld);
-  const int port = FreeLoopbackPort();
+  const int port = fitrun::contract::PickFreeLoopbackPort().value();
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
     threads.emplace_back([port, rank, shared_memory] {
@@ -137,7 +137,7 @@ TEST(ConnectProcessGroupTest, RendezvousOverTcpStoreSumsOverGlooWhenAsked) { Ren
 // communication all the same. Rank 1 comes late, so rank 0's sum waits for it.
 TEST(ConnectProcessGroupTest, ASharedMemorySumIsExposedCommunication) {
   SkipUnlessCpuRanks(kWorld);
-  const int port = FreeLoopbackPort();
+  const int port = fitrun::contract::PickFreeLoopbackPort().value();
   const absl::Duration late = absl::Milliseconds(300);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
@@ -191,7 +191,7 @@ TEST(FlatAllReduceTest, APeerLeavingDuringASharedMemorySumFailsIt) {
 }
 
 TEST(ConnectProcessGroupTest, MissingPeerTimesOutWithAStatus) {
-  ProcessGroupOptions options{"127.0.0.1", FreeLoopbackPort(), 0, kWorld, absl::Milliseconds(500), kTimeout};
+  ProcessGroupOptions options{"127.0.0.1", fitrun::contract::PickFreeLoopbackPort().value(), 0, kWorld, absl::Milliseconds(500), kTimeout};
   auto group = ConnectProcessGroup(options);
   ASSERT_FALSE(group.ok());
   EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded) << group.status();

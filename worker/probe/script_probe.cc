@@ -1,9 +1,6 @@
 #include "worker/probe/script_probe.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,31 +13,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "proto/contract/free_port.h"
 #include "proto/contract/launch_contract.h"
 #include "worker/options.h"
 
 namespace fitrun::worker {
 namespace launch = fitrun::contract::launch;
-namespace {
-
-// A port nobody listens on now, for the one-rank group's store.
-absl::StatusOr<int> FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError("socket() failed");
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    close(fd);
-    return absl::InternalError("cannot pick a free port");
-  }
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
-}  // namespace
 
 absl::StatusOr<PlanDevice> ScriptProbeDevice(const fitrun::v1::WorkerAssignment& assignment) {
   if (assignment.plan().device_ids_size() == 0) return PlanDevice{};
@@ -95,7 +73,7 @@ absl::StatusOr<std::unique_ptr<ScriptProbe>> ScriptProbe::Create(const fitrun::v
 }
 
 absl::StatusOr<ProbePeak> ScriptProbe::Measure(int64_t batch) {
-  absl::StatusOr<int> port = FreePort();
+  absl::StatusOr<int> port = contract::PickFreeLoopbackPort();
   if (!port.ok()) return port.status();
   ScriptRunSettings settings = ScriptProbeRunSettings(assignment_, device_, batch);
   // Every variable of the launch contract a rank gets, so a script runs in the probe as it runs in

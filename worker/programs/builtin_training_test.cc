@@ -22,7 +22,7 @@
 #include "worker/models/model.h"
 #include "worker/report/fake_coordinator.h"
 #include "worker/runtime/rank_runtime.h"
-#include "worker/testing/free_port.h"
+#include "proto/contract/free_port.h"
 
 namespace fitrun::worker {
 namespace {
@@ -62,7 +62,7 @@ class BuiltinTrainingOutOfMemoryTest : public ::testing::Test {
     std::ofstream(assignment_path_) << text;
     WorkerOptions options;
     options.master_addr = "127.0.0.1";
-    options.master_port = FreeLoopbackPort();
+    options.master_port = fitrun::contract::PickFreeLoopbackPort().value();
     options.assignment_path = assignment_path_;
     options.coordinator = absl::StrCat("127.0.0.1:", coordinator_port_);
     options.job_id = "job-1";

@@ -1,5 +1,5 @@
 #include "worker/report/grpc_reporter.h"
-#include "worker/testing/free_port.h"
+#include "proto/contract/free_port.h"
 
 #include <atomic>
 #include <arpa/inet.h>
@@ -122,7 +122,7 @@ TEST(GrpcReporterTest, StopCommandReachesTheCallbackOnce) {
 // Flush does not wait for a connection that is not there: were either to wait, this test would not
 // end before its timeout (Flush is given an hour).
 TEST(GrpcReporterTest, UnreachableCoordinatorDropsReportsPastTheQueueInsteadOfBlocking) {
-  GrpcReporter::Options options = OptionsFor(FreeLoopbackPort());
+  GrpcReporter::Options options = OptionsFor(fitrun::contract::PickFreeLoopbackPort().value());
   options.queue_capacity = 16;
   auto reporter = GrpcReporter::Create(options, nullptr);
   ASSERT_TRUE(reporter.ok());
@@ -133,7 +133,7 @@ TEST(GrpcReporterTest, UnreachableCoordinatorDropsReportsPastTheQueueInsteadOfBl
 }
 
 TEST(GrpcReporterTest, ACoordinatorThatStartsLateStillGetsTheFinishedReport) {
-  const int port = FreeLoopbackPort();
+  const int port = fitrun::contract::PickFreeLoopbackPort().value();
   GrpcReporter::Options options = OptionsFor(port);
   options.max_backoff = absl::Milliseconds(200);
   auto reporter = GrpcReporter::Create(options, nullptr);
@@ -158,7 +158,7 @@ TEST(GrpcReporterTest, ACoordinatorThatStartsLateStillGetsTheFinishedReport) {
 // Reports queued while the coordinator was away go out together: the Hello alone first, then
 // batches of at most max_reports_per_message, in order.
 TEST(GrpcReporterTest, QueuedReportsTravelInBatchesAfterTheHello) {
-  const int port = FreeLoopbackPort();
+  const int port = fitrun::contract::PickFreeLoopbackPort().value();
   GrpcReporter::Options options = OptionsFor(port);
   options.max_backoff = absl::Milliseconds(200);
   options.max_reports_per_message = 4;
