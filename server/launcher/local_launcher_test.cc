@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "server/sandbox/throwaway_cgroups.h"
 #include "server/spawn/spawn.h"
+#include "server/testing/wait.h"
 
 namespace fitrun::server {
 namespace {
@@ -254,21 +255,6 @@ TEST(LocalLauncherTest, AProcessThatTookARanksPidIsNotAdoptedWhateverItsEnvironm
 
 // ---- with job cgroups (root) ----
 
-bool Gone(int pid) {
-  const std::string text = ReadProcFile(pid, "stat");
-  const size_t close = text.rfind(')');
-  return text.empty() || (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z');
-}
-
-bool WaitUntil(const std::function<bool()>& condition, absl::Duration timeout = absl::Seconds(10)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!condition()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return true;
-}
-
 class LocalLauncherCgroupTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -277,7 +263,7 @@ class LocalLauncherCgroupTest : public ::testing::Test {
   void TearDown() override {
     if (!throwaway_.available()) return;
     for (int pid : stray_) {
-      if (!Gone(pid)) kill(pid, SIGKILL);
+      if (!ProcessGone(pid)) kill(pid, SIGKILL);
     }
     EXPECT_EQ(throwaway_.Leftovers(), std::vector<std::string>{}) << "a cgroup was left behind";
     throwaway_.Clear();
@@ -355,9 +341,9 @@ TEST_F(LocalLauncherCgroupTest, RanksRunInTheAttemptsCgroupWithItsLimitsAndRelea
   launcher.Stop(launched->handle, 1, absl::Seconds(5));
   ASSERT_TRUE(exits.WaitFor(2, absl::Seconds(10)));
   EXPECT_FALSE(exits.exits()[0].host_memory_oom);
-  EXPECT_FALSE(Gone(daemon)) << "the process group stop reached the daemon: the test proves nothing";
+  EXPECT_FALSE(ProcessGone(daemon)) << "the process group stop reached the daemon: the test proves nothing";
   launcher.Release(launched->handle);
-  EXPECT_TRUE(WaitUntil([&] { return Gone(daemon); }));
+  EXPECT_TRUE(WaitUntil([&] { return ProcessGone(daemon); }));
   EXPECT_TRUE(WaitUntil([&] { return Released(); }));
   launcher.Release(launched->handle);  // once is enough; again does nothing
 }
@@ -414,9 +400,9 @@ TEST_F(LocalLauncherCgroupTest, ARestartedLauncherReopensTheCgroupOfTheRanksItAd
   launcher.Stop(handle, 0, absl::Seconds(5));
   ASSERT_TRUE(exits.WaitFor(1, absl::Seconds(10)));
   EXPECT_FALSE(Released()) << "an adopted attempt's cgroup is not stale";
-  EXPECT_FALSE(Gone(daemon));
+  EXPECT_FALSE(ProcessGone(daemon));
   launcher.Release(handle);
-  EXPECT_TRUE(WaitUntil([&] { return Gone(daemon); }));
+  EXPECT_TRUE(WaitUntil([&] { return ProcessGone(daemon); }));
   EXPECT_TRUE(WaitUntil([&] { return Released(); }));
   EXPECT_EQ(Reap(*pid).signal, SIGTERM);
   stray_.clear();
@@ -470,7 +456,7 @@ TEST_F(LocalLauncherCgroupTest, ALauncherThatGoesTakesEverythingInItsCgroupsWith
     ASSERT_TRUE(launched.ok()) << launched.status();
     daemon = WaitForPid(pid_file);
   }
-  EXPECT_TRUE(WaitUntil([&] { return Gone(daemon); }));
+  EXPECT_TRUE(WaitUntil([&] { return ProcessGone(daemon); }));
   EXPECT_TRUE(Released());
 }
 

@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "server/sandbox/throwaway_cgroups.h"
 #include "server/spawn/spawn.h"
+#include "server/testing/wait.h"
 
 namespace fitrun::server {
 namespace {
@@ -210,24 +211,6 @@ TEST_F(FakeUnifiedTreeTest, AHierarchyWithoutMemoryAndPidsIsRefusedSayingWhy) {
 
 // ---- this machine's cgroups, as root ----
 
-// Whether a process is gone (or a zombie nobody reaped yet, which runs nothing).
-bool Gone(int pid) {
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  if (text.empty()) return true;
-  const size_t close = text.rfind(')');
-  return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z';
-}
-
-bool WaitUntil(const std::function<bool()>& condition, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!condition()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return true;
-}
-
 class RealCgroupTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -303,7 +286,7 @@ TEST_F(RealCgroupTest, KillAllKillsADoubleForkedSetsidSleeperThatTheProcessGroup
   EXPECT_EQ(Wait(child).exit_code, 0);
   ASSERT_TRUE(WaitUntil([&] { return !Slurp(pid_file).empty(); }, absl::Seconds(10)));
   const int sleeper = std::stoi(Slurp(pid_file));
-  ASSERT_FALSE(Gone(sleeper));
+  ASSERT_FALSE(ProcessGone(sleeper));
   EXPECT_NE(getpgid(sleeper), child) << "the sleeper left the child's process group";
   kill(-child, SIGKILL);  // what stopping the rank's process group does
   absl::StatusOr<std::vector<int>> pids = (*cgroup)->Pids();
@@ -311,7 +294,7 @@ TEST_F(RealCgroupTest, KillAllKillsADoubleForkedSetsidSleeperThatTheProcessGroup
   EXPECT_EQ(*pids, std::vector<int>{sleeper}) << "only the sleeper is left, and the cgroup knows it";
 
   ASSERT_TRUE((*cgroup)->KillAll().ok());
-  EXPECT_TRUE(WaitUntil([&] { return Gone(sleeper); }, absl::Seconds(5)));
+  EXPECT_TRUE(WaitUntil([&] { return ProcessGone(sleeper); }, absl::Seconds(5)));
   EXPECT_TRUE((*cgroup)->Pids()->empty());
   EXPECT_TRUE((*cgroup)->Remove().ok());
 }
