@@ -22,7 +22,7 @@ before the first step and after the last went, from the arrival times of the wat
 A program that prints figures, not a test: nothing is asserted. Usage (from the repository root):
   bazel build -c opt //server:fitrund //worker:fitrun-worker //client:fitrun
   /usr/bin/python3 tools/bench/time_to_train.py [--runs 3] [--models mlp,cnn]
-      [--all-reduce shared-memory,gloo] [--reference plain,matched]
+      [--all-reduce shared-memory,gloo] [--reference plain,matched] [--bin DIR]
 """
 import argparse
 import json
@@ -36,7 +36,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# The -c opt outputs themselves: bazel-bin follows whichever configuration the tree's last build used.
+# The -c opt outputs themselves by default: bazel-bin follows whichever configuration the tree's last
+# build used. --bin names another (bazel-bin after a plain `bazel build`, which .bazelrc also builds at -O2).
 BIN = os.path.join(ROOT, "bazel-out", "k8-opt", "bin")
 SPECS = {m: os.path.join(ROOT, "deploy", "examples", f"fashion-mnist-{m}.yaml") for m in ("mlp", "cnn")}
 DIRECT = os.path.join(ROOT, "tools", "bench", "torch_ddp_direct.py")
@@ -167,6 +168,7 @@ REFERENCES = {"plain": "PyTorch, as written", "matched": "PyTorch, matched"}
 
 
 def main():
+    global BIN
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--models", default="mlp,cnn")
@@ -174,13 +176,17 @@ def main():
                         help="how fitrun's ranks sum: shared-memory, gloo, or both")
     parser.add_argument("--reference", default="plain,matched",
                         help="PyTorch's model: plain (as written), matched (the built-in layout), or both")
+    parser.add_argument("--bin", default=BIN, help="where fitrund, fitrun-worker and fitrun were built "
+                        "(default: the -c opt outputs; bazel-bin for a plain build)")
     args = parser.parse_args()
+    BIN = os.path.abspath(args.bin)
     for value, allowed, flag in ((args.all_reduce, FITRUN_SUMS, "--all-reduce"), (args.reference, REFERENCES, "--reference")):
         if not value or any(v not in allowed for v in value.split(",")):
             sys.exit(f"{flag}: a comma-separated list of {', '.join(allowed)}")
     for binary in ("server/fitrund", "worker/fitrun-worker", "client/fitrun"):
         if not os.path.exists(os.path.join(BIN, binary)):
-            sys.exit("build first: bazel build -c opt //server:fitrund //worker:fitrun-worker //client:fitrun")
+            sys.exit(f"{os.path.join(BIN, binary)} is missing: build first, bazel build -c opt //server:fitrund "
+                     "//worker:fitrun-worker //client:fitrun (or name the build with --bin)")
     sums = args.all_reduce.split(",")
     references = args.reference.split(",")
     fitrun_sides = [f"fitrun {submit}{FITRUN_SUMS[s]}" for s in sums for submit in ("first", "second")]
