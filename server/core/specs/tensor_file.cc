@@ -11,160 +11,16 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/core/specs/zip_archive.h"
 
 namespace fitrun::server {
 namespace {
 
 // Bounds for an untrusted file: a dict of tensors pickles to a few hundred bytes per tensor.
 constexpr size_t kMaxPickleBytes = size_t{16} << 20;
-constexpr size_t kMaxCentralDirectoryBytes = size_t{64} << 20;
 constexpr size_t kMaxStackDepth = 4096;
 
 absl::Status Invalid(absl::string_view what) { return absl::InvalidArgumentError(what); }
-
-// ---- the zip archive -------------------------------------------------------------------------------
-
-uint16_t U16(absl::string_view b, size_t at) {
-  return static_cast<uint16_t>(static_cast<uint8_t>(b[at]) | static_cast<uint8_t>(b[at + 1]) << 8);
-}
-uint32_t U32(absl::string_view b, size_t at) { return U16(b, at) | static_cast<uint32_t>(U16(b, at + 2)) << 16; }
-uint64_t U64(absl::string_view b, size_t at) { return U32(b, at) | static_cast<uint64_t>(U32(b, at + 4)) << 32; }
-
-struct ZipEntry {
-  uint64_t size = 0;          // uncompressed = compressed: torch.save stores, never deflates
-  uint64_t header_offset = 0;
-  uint16_t method = 0;
-};
-
-// Random access to the archive: a file descriptor, or bytes in memory.
-class Source {
- public:
-  virtual ~Source() = default;
-  virtual uint64_t size() const = 0;
-  // Exactly `n` bytes at `offset`, or an error.
-  virtual absl::StatusOr<std::string> Read(uint64_t offset, uint64_t n) const = 0;
-};
-
-class MemorySource final : public Source {
- public:
-  explicit MemorySource(absl::string_view bytes) : bytes_(bytes) {}
-  uint64_t size() const override { return bytes_.size(); }
-  absl::StatusOr<std::string> Read(uint64_t offset, uint64_t n) const override {
-    if (offset > bytes_.size() || n > bytes_.size() - offset) return Invalid("the archive is truncated");
-    return std::string(bytes_.substr(offset, n));
-  }
-
- private:
-  absl::string_view bytes_;
-};
-
-class FileSource final : public Source {
- public:
-  FileSource(int fd, uint64_t size) : fd_(fd), size_(size) {}
-  ~FileSource() override { close(fd_); }
-  uint64_t size() const override { return size_; }
-  absl::StatusOr<std::string> Read(uint64_t offset, uint64_t n) const override {
-    if (offset > size_ || n > size_ - offset) return Invalid("the archive is truncated");
-    std::string out(n, '\0');
-    for (uint64_t done = 0; done < n;) {
-      const ssize_t got = pread(fd_, out.data() + done, n - done, static_cast<off_t>(offset + done));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) return Invalid(absl::StrCat("cannot read it: ", got < 0 ? std::strerror(errno) : "short read"));
-      done += static_cast<uint64_t>(got);
-    }
-    return out;
-  }
-
- private:
-  int fd_;
-  uint64_t size_;
-};
-
-absl::StatusOr<std::map<std::string, ZipEntry>> ReadCentralDirectory(const Source& source) {
-  const uint64_t size = source.size();
-  if (size < 22) return Invalid("not a zip archive (too short)");
-  const uint64_t tail_size = std::min<uint64_t>(size, 65535 + 22);
-  absl::StatusOr<std::string> tail = source.Read(size - tail_size, tail_size);
-  if (!tail.ok()) return tail.status();
-  size_t eocd = std::string::npos;
-  for (size_t i = tail->size() - 22 + 1; i-- > 0;) {
-    if (U32(*tail, i) == 0x06054b50) {
-      eocd = i;
-      break;
-    }
-  }
-  if (eocd == std::string::npos) {
-    return Invalid("not a zip archive; torch.save writes one since PyTorch 1.6 (a file saved with "
-                   "_use_new_zipfile_serialization=False cannot be read: save it again with torch.save(obj, path))");
-  }
-  uint64_t entries = U16(*tail, eocd + 10);
-  uint64_t directory_size = U32(*tail, eocd + 12);
-  uint64_t directory_offset = U32(*tail, eocd + 16);
-  // Zip64: the locator sits just before the end record and points at the zip64 end record.
-  if (eocd >= 20 && U32(*tail, eocd - 20) == 0x07064b50) {
-    const uint64_t record_offset = U64(*tail, eocd - 20 + 8);
-    absl::StatusOr<std::string> record = source.Read(record_offset, 56);
-    if (!record.ok()) return record.status();
-    if (U32(*record, 0) != 0x06064b50) return Invalid("a damaged zip64 end record");
-    entries = U64(*record, 32);
-    directory_size = U64(*record, 40);
-    directory_offset = U64(*record, 48);
-  }
-  if (directory_size > kMaxCentralDirectoryBytes) return Invalid("a zip central directory too large to be torch.save's");
-  absl::StatusOr<std::string> directory = source.Read(directory_offset, directory_size);
-  if (!directory.ok()) return directory.status();
-  std::map<std::string, ZipEntry> out;
-  size_t at = 0;
-  for (uint64_t e = 0; e < entries; ++e) {
-    if (at + 46 > directory->size() || U32(*directory, at) != 0x02014b50) return Invalid("a damaged zip directory");
-    ZipEntry entry;
-    entry.method = U16(*directory, at + 10);
-    const uint64_t compressed = U32(*directory, at + 20);
-    entry.size = U32(*directory, at + 24);
-    entry.header_offset = U32(*directory, at + 42);
-    const size_t name_length = U16(*directory, at + 28);
-    const size_t extra_length = U16(*directory, at + 30);
-    const size_t comment_length = U16(*directory, at + 32);
-    if (at + 46 + name_length + extra_length + comment_length > directory->size()) {
-      return Invalid("a damaged zip directory");
-    }
-    std::string name = directory->substr(at + 46, name_length);
-    // Zip64 extended information: the 0xFFFFFFFF fields, in order, as 8-byte values.
-    absl::string_view extra = absl::string_view(*directory).substr(at + 46 + name_length, extra_length);
-    for (size_t x = 0; x + 4 <= extra.size();) {
-      const uint16_t id = U16(extra, x);
-      const uint16_t length = U16(extra, x + 2);
-      if (x + 4 + length > extra.size()) break;
-      if (id == 0x0001) {
-        size_t field = x + 4;
-        auto next = [&](uint64_t& value) {
-          if (value == 0xFFFFFFFF && field + 8 <= x + 4 + length) {
-            value = U64(extra, field);
-            field += 8;
-          }
-        };
-        next(entry.size);
-        uint64_t c = compressed;
-        next(c);
-        next(entry.header_offset);
-      }
-      x += 4 + length;
-    }
-    out[std::move(name)] = entry;
-    at += 46 + name_length + extra_length + comment_length;
-  }
-  return out;
-}
-
-absl::StatusOr<std::string> ReadEntry(const Source& source, const ZipEntry& entry, uint64_t limit) {
-  if (entry.method != 0) return Invalid("a compressed zip entry; torch.save stores its entries uncompressed");
-  if (entry.size > limit) return Invalid("a pickle too large to be a dict of tensors");
-  absl::StatusOr<std::string> header = source.Read(entry.header_offset, 30);
-  if (!header.ok()) return header.status();
-  if (U32(*header, 0) != 0x04034b50) return Invalid("a damaged zip entry");
-  const uint64_t data = entry.header_offset + 30 + U16(*header, 26) + U16(*header, 28);
-  return source.Read(data, entry.size);
-}
 
 // ---- the pickle --------------------------------------------------------------------------------
 
@@ -578,8 +434,8 @@ absl::StatusOr<Described> DescribeTensor(const Value& v, const std::string& key,
   return d;
 }
 
-absl::StatusOr<std::map<std::string, TensorInfo>> ParseArchive(const Source& source) {
-  absl::StatusOr<std::map<std::string, ZipEntry>> entries = ReadCentralDirectory(source);
+absl::StatusOr<std::map<std::string, TensorInfo>> ParseArchive(const ZipSource& source) {
+  absl::StatusOr<std::map<std::string, ZipEntry>> entries = ReadZipDirectory(source);
   if (!entries.ok()) return entries.status();
   std::string prefix;
   const ZipEntry* pickle = nullptr;
@@ -591,7 +447,7 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ParseArchive(const Source& sou
     }
   }
   if (pickle == nullptr) return Invalid("a zip archive without the data.pkl of torch.save");
-  absl::StatusOr<std::string> bytes = ReadEntry(source, *pickle, kMaxPickleBytes);
+  absl::StatusOr<std::string> bytes = ReadZipEntry(source, *pickle, kMaxPickleBytes);
   if (!bytes.ok()) return bytes.status();
   Unpickler unpickler(*bytes);
   absl::StatusOr<ValuePtr> top = unpickler.Run();
@@ -632,13 +488,13 @@ bool TensorInfo::integral() const {
 std::string TensorInfo::Describe() const { return absl::StrCat(dtype, " [", absl::StrJoin(shape, ", "), "]"); }
 
 absl::StatusOr<std::map<std::string, TensorInfo>> ParseTensorDict(absl::string_view file) {
-  return ParseArchive(MemorySource(file));
+  return ParseArchive(MemoryZipSource(file));
 }
 
 absl::StatusOr<std::map<std::string, TensorInfo>> ReadTensorDict(int fd, uint64_t size) {
   const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (own < 0) return absl::InternalError(absl::StrCat("dup: ", std::strerror(errno)));
-  FileSource source(own, size);
+  FileZipSource source(own, size);
   return ParseArchive(source);
 }
 
@@ -651,7 +507,7 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ReadTensorDict(const std::stri
     close(fd);
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a regular file"));
   }
-  FileSource source(fd, static_cast<uint64_t>(st.st_size));
+  FileZipSource source(fd, static_cast<uint64_t>(st.st_size));
   return ParseArchive(source);
 }
 

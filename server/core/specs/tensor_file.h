@@ -4,9 +4,9 @@
 // torch.save (PyTorch >= 1.6) writes a zip archive: <name>/data.pkl, a pickle (protocol 2) of the
 // object in which each tensor is a call of torch._utils._rebuild_tensor_v2 on a persistent storage
 // id ('storage', torch.<Type>Storage, key, location, numel), and <name>/data/<key>, each storage's
-// raw bytes. The reader walks the zip's central directory, interprets the pickle's opcodes on a
-// stack machine that builds plain values (it never resolves a global or calls anything, so a
-// hostile file can describe, not do), and checks that each tensor's bytes are in the archive.
+// raw bytes. The reader walks the zip's central directory (zip_archive.h), interprets the pickle's
+// opcodes on a stack machine that builds plain values (it never resolves a global or calls anything,
+// so a hostile file can describe, not do), and checks that each tensor's bytes are in the archive.
 //
 // Plain functions, thread-safe; the input is untrusted (bounded sizes, depth and counts).
 #ifndef FITRUN_SERVER_CORE_SPECS_TENSOR_FILE_H_
