@@ -174,9 +174,11 @@ absl::Status ResolveClientPaths(JobSpec& spec, const std::string& client_dir) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateJobSpec(const JobSpec& spec, fitrun::v1::SpecFileFacts* facts) {
-  fitrun::v1::SpecFileFacts ignored;
-  if (facts == nullptr) facts = &ignored;
+namespace {
+
+// ValidateJobSpec's steps, in the order it checks: each returns the first field it finds wrong.
+
+absl::Status ValidateName(const JobSpec& spec) {
   const std::string& name = spec.name();
   if (name.empty()) return FieldError("spec.name", "required; give the job a short name such as fashion-mnist-mlp");
   if (name.size() > 63) return FieldError("spec.name", absl::StrCat("at most 63 characters (got ", name.size(), ")"));
@@ -185,10 +187,11 @@ absl::Status ValidateJobSpec(const JobSpec& spec, fitrun::v1::SpecFileFacts* fac
       return FieldError("spec.name", absl::StrCat("use letters, digits, '-', '_' or '.' only (got '", name, "')"));
     }
   }
+  return absl::OkStatus();
+}
 
-  const bool script = spec.has_script();
-  if (absl::Status s = script ? ValidateScript(spec, facts) : ValidateModelAndData(spec, facts); !s.ok()) return s;
-
+// How long to train: the global batch, epochs, max_steps.
+absl::Status ValidateLength(const JobSpec& spec) {
   if (spec.global_batch_size() <= 0) {
     return FieldError("spec.global_batch_size",
                       absl::StrCat("must be a positive number of samples per step (got ", spec.global_batch_size(), ")"));
@@ -197,12 +200,16 @@ absl::Status ValidateJobSpec(const JobSpec& spec, fitrun::v1::SpecFileFacts* fac
   if (spec.max_steps() < 0) {
     return FieldError("spec.max_steps", absl::StrCat("must be >= 0 (got ", spec.max_steps(), ")"));
   }
-  if (spec.epochs() == 0 && spec.max_steps() == 0 && !script) {
+  if (spec.epochs() == 0 && spec.max_steps() == 0 && !spec.has_script()) {
     return FieldError("spec.epochs", "set epochs or max_steps to say how long to train");
   }
+  return absl::OkStatus();
+}
 
+absl::Status ValidateOptimizer(const JobSpec& spec) {
   const auto& optimizer = spec.optimizer();
   // A script brings its own optimizer; fitrun only scales the lr it is given (FITRUN_LR).
+  const bool script = spec.has_script();
   if (optimizer.kind() == fitrun::v1::OPTIMIZER_KIND_UNSPECIFIED && !script) {
     return FieldError("spec.optimizer.kind", "required; use one of: sgd, adam, adamw");
   }
@@ -223,10 +230,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec, fitrun::v1::SpecFileFacts* fac
     return FieldError("spec.optimizer.reference_batch_size",
                       absl::StrCat("must be >= 0 (got ", optimizer.reference_batch_size(), ")"));
   }
+  return absl::OkStatus();
+}
 
-  // fp16 needs CUDA devices (autocast with a gradient scaler): the planner, which knows the devices,
-  // refuses it on CPU ones.
-
+absl::Status ValidateResources(const JobSpec& spec) {
   const auto& resources = spec.resources();
   if (resources.min_devices() < 0) {
     return FieldError("spec.resources.min_devices", absl::StrCat("must be >= 1 (got ", resources.min_devices(), ")"));
@@ -289,7 +296,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec, fitrun::v1::SpecFileFacts* fac
                                    " (a rank's own threads count), or leave it out for 512 (got ",
                                    resources.max_processes(), ")"));
   }
+  return absl::OkStatus();
+}
 
+absl::Status ValidateCheckpointAndDdp(const JobSpec& spec) {
   if (spec.checkpoint().every_steps() < 0) {
     return FieldError("spec.checkpoint.every_steps", absl::StrCat("must be >= 0 (got ", spec.checkpoint().every_steps(), ")"));
   }
@@ -304,8 +314,11 @@ absl::Status ValidateJobSpec(const JobSpec& spec, fitrun::v1::SpecFileFacts* fac
     return FieldError("spec.ddp.collective_timeout_seconds",
                       absl::StrCat("must be > 0 (got ", spec.ddp().collective_timeout_seconds(), ")"));
   }
-  if (absl::Status s = ValidateDdp(spec); !s.ok()) return s;
+  return ValidateDdp(spec);
+}
 
+// Fault tolerance, and fault injection (the tests' and the benchmarks' faults).
+absl::Status ValidateFaults(const JobSpec& spec) {
   const auto& tolerance = spec.fault_tolerance();
   if (tolerance.max_restarts() < 0) {
     return FieldError("spec.fault_tolerance.max_restarts", absl::StrCat("must be >= 0 (got ", tolerance.max_restarts(), ")"));
@@ -328,6 +341,24 @@ absl::Status ValidateJobSpec(const JobSpec& spec, fitrun::v1::SpecFileFacts* fac
     if (fault.rank() < 0) return FieldError("spec.fault_injection.rank", "must be >= 0");
     if (fault.at_step() < 1) return FieldError("spec.fault_injection.at_step", "must be >= 1");
     if (fault.attempt() < 0) return FieldError("spec.fault_injection.attempt", "must be >= 1 (or 0 for the first)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const JobSpec& spec, fitrun::v1::SpecFileFacts* facts) {
+  fitrun::v1::SpecFileFacts ignored;
+  if (facts == nullptr) facts = &ignored;
+  if (absl::Status s = ValidateName(spec); !s.ok()) return s;
+  if (absl::Status s = spec.has_script() ? ValidateScript(spec, facts) : ValidateModelAndData(spec, facts); !s.ok()) {
+    return s;
+  }
+  // fp16 needs CUDA devices (autocast with a gradient scaler): the planner, which knows the devices,
+  // refuses it on CPU ones.
+  for (absl::Status (*step)(const JobSpec&) :
+       {ValidateLength, ValidateOptimizer, ValidateResources, ValidateCheckpointAndDdp, ValidateFaults}) {
+    if (absl::Status s = step(spec); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -200,6 +200,161 @@ FieldReader ScalarOrMapping(FieldReader scalar, std::vector<std::pair<std::strin
   };
 }
 
+// The spec's sections, each a reader that writes into `job` (which must outlive it).
+FieldReader ModelFields(JobSpec* job) {
+  auto* model = job->mutable_model();
+  return Mapping({
+      {"builtin", String([model](const std::string& v) { model->set_builtin(v); })},
+      {"torchscript", String([model](const std::string& v) { model->set_torchscript(v); })},
+      {"gpt", Mapping({
+                  {"layers", Int([model](int64_t v) { model->mutable_gpt()->set_layers(static_cast<int32_t>(v)); })},
+                  {"heads", Int([model](int64_t v) { model->mutable_gpt()->set_heads(static_cast<int32_t>(v)); })},
+                  {"hidden", Int([model](int64_t v) { model->mutable_gpt()->set_hidden(static_cast<int32_t>(v)); })},
+                  {"context", Int([model](int64_t v) { model->mutable_gpt()->set_context(static_cast<int32_t>(v)); })},
+                  {"tied_head", Bool([model](bool v) { model->mutable_gpt()->set_tied_head(v); })},
+                  {"activation_checkpointing",
+                   Bool([model](bool v) { model->mutable_gpt()->set_activation_checkpointing(v); })},
+              })},
+      {"sasrec", Mapping({
+                     {"max_len", Int([model](int64_t v) { model->mutable_sasrec()->set_max_len(static_cast<int32_t>(v)); })},
+                     {"hidden", Int([model](int64_t v) { model->mutable_sasrec()->set_hidden(static_cast<int32_t>(v)); })},
+                     {"blocks", Int([model](int64_t v) { model->mutable_sasrec()->set_blocks(static_cast<int32_t>(v)); })},
+                     {"heads", Int([model](int64_t v) { model->mutable_sasrec()->set_heads(static_cast<int32_t>(v)); })},
+                     {"activation_checkpointing",
+                      Bool([model](bool v) { model->mutable_sasrec()->set_activation_checkpointing(v); })},
+                 })},
+  });
+}
+
+FieldReader DataFields(JobSpec* job) {
+  auto* data = job->mutable_data();
+  return Mapping({
+      {"kind", EnumField<fitrun::v1::DataKind>(
+                   {{"fashion_mnist", fitrun::v1::DATA_KIND_FASHION_MNIST},
+                    {"text", fitrun::v1::DATA_KIND_TEXT},
+                    {"movielens", fitrun::v1::DATA_KIND_MOVIELENS},
+                    {"tensors", fitrun::v1::DATA_KIND_TENSORS}},
+                   [data](fitrun::v1::DataKind v) { data->set_kind(v); })},
+      {"path", String([data](const std::string& v) { data->set_path(v); })},
+      {"target", String([data](const std::string& v) { data->set_target(v); })},
+      {"inputs", StringList([data](const std::string& v) { data->add_inputs(v); })},
+      {"test_fraction", Double([data](double v) { data->set_test_fraction(v); })},
+      {"test_path", String([data](const std::string& v) { data->set_test_path(v); })},
+  });
+}
+
+FieldReader LossFields(JobSpec* job) {
+  const auto set_kind = [job](fitrun::v1::LossKind v) { job->mutable_loss()->set_kind(v); };
+  return ScalarOrMapping(EnumField<fitrun::v1::LossKind>(LossNames(), set_kind),
+                         {
+                             {"kind", EnumField<fitrun::v1::LossKind>(LossNames(), set_kind)},
+                             {"ignore_index", Int([job](int64_t v) { job->mutable_loss()->set_ignore_index(v); })},
+                         });
+}
+
+FieldReader ScriptFields(JobSpec* job) {
+  return Mapping({
+      {"command", StringList([job](const std::string& v) { job->mutable_script()->add_command(v); })},
+      {"working_dir", String([job](const std::string& v) { job->mutable_script()->set_working_dir(v); })},
+      {"env", StringMap([job](const std::string& k, const std::string& v) {
+         (*job->mutable_script()->mutable_env())[k] = v;
+       })},
+      {"batch_flag", String([job](const std::string& v) { job->mutable_script()->set_batch_flag(v); })},
+      {"grad_accum_flag",
+       String([job](const std::string& v) { job->mutable_script()->set_grad_accum_flag(v); })},
+      {"applies_strategy", Bool([job](bool v) { job->mutable_script()->set_applies_strategy(v); })},
+      {"activation_checkpointing",
+       Bool([job](bool v) { job->mutable_script()->set_activation_checkpointing(v); })},
+  });
+}
+
+FieldReader OptimizerFields(JobSpec* job) {
+  auto* optimizer = job->mutable_optimizer();
+  return Mapping({
+      {"kind", EnumField<fitrun::v1::OptimizerKind>(
+                   OptimizerNames(), [optimizer](fitrun::v1::OptimizerKind v) { optimizer->set_kind(v); })},
+      {"lr", Double([optimizer](double v) { optimizer->set_lr(v); })},
+      {"momentum", Double([optimizer](double v) { optimizer->set_momentum(v); })},
+      {"weight_decay", Double([optimizer](double v) { optimizer->set_weight_decay(v); })},
+      {"lr_scaling", EnumField<fitrun::v1::LrScaling>(
+                         {{"none", fitrun::v1::LR_SCALING_NONE},
+                          {"linear", fitrun::v1::LR_SCALING_LINEAR},
+                          {"sqrt", fitrun::v1::LR_SCALING_SQRT}},
+                         [optimizer](fitrun::v1::LrScaling v) { optimizer->set_lr_scaling(v); })},
+      {"reference_batch_size", Int([optimizer](int64_t v) { optimizer->set_reference_batch_size(v); })},
+  });
+}
+
+FieldReader ResourcesFields(JobSpec* job) {
+  auto* resources = job->mutable_resources();
+  return Mapping({
+      {"min_devices", Int([resources](int64_t v) { resources->set_min_devices(static_cast<int32_t>(v)); })},
+      {"max_devices", Int([resources](int64_t v) { resources->set_max_devices(static_cast<int32_t>(v)); })},
+      {"per_device_batch", Int([resources](int64_t v) { resources->set_per_device_batch(v); })},
+      {"memory_headroom", Double([resources](double v) { resources->set_memory_headroom(v); })},
+      {"min_nodes", Int([resources](int64_t v) { resources->set_min_nodes(static_cast<int32_t>(v)); })},
+      {"max_nodes", Int([resources](int64_t v) { resources->set_max_nodes(static_cast<int32_t>(v)); })},
+      {"time_limit_minutes",
+       Int([resources](int64_t v) { resources->set_time_limit_minutes(static_cast<int32_t>(v)); })},
+      {"host_memory", String([resources](const std::string& v) { resources->set_host_memory(v); })},
+      {"max_processes", Int([resources](int64_t v) {
+         resources->set_max_processes(static_cast<int32_t>(std::clamp<int64_t>(v, -1, INT32_MAX)));
+       })},
+  });
+}
+
+FieldReader CheckpointFields(JobSpec* job) {
+  auto* checkpoint = job->mutable_checkpoint();
+  return Mapping({
+      {"every_steps", Int([checkpoint](int64_t v) { checkpoint->set_every_steps(v); })},
+      {"keep_last", Int([checkpoint](int64_t v) { checkpoint->set_keep_last(static_cast<int32_t>(v)); })},
+  });
+}
+
+FieldReader DdpFields(JobSpec* job) {
+  auto* ddp = job->mutable_ddp();
+  return Mapping({
+      {"bucket_cap_mb", Double([ddp](double v) { ddp->set_bucket_cap_mb(v); })},
+      {"collective_timeout_seconds",
+       Int([ddp](int64_t v) { ddp->set_collective_timeout_seconds(static_cast<int32_t>(v)); })},
+      {"comm_hook", EnumField<fitrun::v1::CommHook>(
+                        CommHookNames(), [ddp](fitrun::v1::CommHook v) { ddp->set_comm_hook(v); })},
+      {"powersgd_rank",
+       Int([ddp](int64_t v) {
+         ddp->set_powersgd_rank(static_cast<int32_t>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX)));
+       })},
+      {"powersgd_start_iter", Int([ddp](int64_t v) { ddp->set_powersgd_start_iter(v); })},
+      {"zero_stage",
+       Int([ddp](int64_t v) {
+         ddp->set_zero_stage(static_cast<int32_t>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX)));
+       })},
+  });
+}
+
+FieldReader FaultToleranceFields(JobSpec* job) {
+  return Mapping({
+      {"max_restarts", Int([job](int64_t v) { job->mutable_fault_tolerance()->set_max_restarts(static_cast<int32_t>(v)); })},
+      {"max_oom_retries", Int([job](int64_t v) { job->mutable_fault_tolerance()->set_max_oom_retries(static_cast<int32_t>(v)); })},
+      {"heartbeat_timeout_seconds",
+       Int([job](int64_t v) { job->mutable_fault_tolerance()->set_heartbeat_timeout_seconds(static_cast<int32_t>(v)); })},
+      {"stop_grace_seconds", Double([job](double v) { job->mutable_fault_tolerance()->set_stop_grace_seconds(v); })},
+  });
+}
+
+FieldReader FaultInjectionFields(JobSpec* job) {
+  auto* fault = job->mutable_fault_injection();
+  return Mapping({
+      {"kind", EnumField<fitrun::v1::FaultInjection::Kind>(
+                   {{"exit", fitrun::v1::FaultInjection::KIND_EXIT},
+                    {"oom", fitrun::v1::FaultInjection::KIND_OOM}},
+                   [fault](fitrun::v1::FaultInjection::Kind v) { fault->set_kind(v); })},
+      {"rank", Int([fault](int64_t v) { fault->set_rank(static_cast<int32_t>(v)); })},
+      {"at_step", Int([fault](int64_t v) { fault->set_at_step(v); })},
+      {"exit_code", Int([fault](int64_t v) { fault->set_exit_code(static_cast<int32_t>(v)); })},
+      {"attempt", Int([fault](int64_t v) { fault->set_attempt(static_cast<int32_t>(v)); })},
+  });
+}
+
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
@@ -213,157 +368,34 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(absl::string_view yaml_text) {
   JobSpec spec;
   if (root.IsNull()) return FieldError("spec", "empty; a job spec needs at least name, model, data");
 
-  auto* model = spec.mutable_model();
-  auto* data = spec.mutable_data();
-  // A script job has neither; an unset message stays unset in the proto.
+  // A script job has neither a model nor data (their readers make both): an unset message stays unset.
   const auto clear_unused = [&] {
-    if (model->ByteSizeLong() == 0) spec.clear_model();
-    if (data->ByteSizeLong() == 0) spec.clear_data();
+    if (spec.model().ByteSizeLong() == 0) spec.clear_model();
+    if (spec.data().ByteSizeLong() == 0) spec.clear_data();
   };
-  auto* optimizer = spec.mutable_optimizer();
-  auto* resources = spec.mutable_resources();
-  auto* checkpoint = spec.mutable_checkpoint();
-  auto* ddp = spec.mutable_ddp();
-  auto* fault = spec.mutable_fault_injection();
 
   try {
     absl::Status status = ReadMapping(
         root, "spec",
         {
             {"name", String([&](const std::string& v) { spec.set_name(v); })},
-            {"model",
-             Mapping({
-                 {"builtin", String([&](const std::string& v) { model->set_builtin(v); })},
-                 {"torchscript", String([&](const std::string& v) { model->set_torchscript(v); })},
-                 {"gpt", Mapping({
-                             {"layers", Int([&](int64_t v) { model->mutable_gpt()->set_layers(static_cast<int32_t>(v)); })},
-                             {"heads", Int([&](int64_t v) { model->mutable_gpt()->set_heads(static_cast<int32_t>(v)); })},
-                             {"hidden", Int([&](int64_t v) { model->mutable_gpt()->set_hidden(static_cast<int32_t>(v)); })},
-                             {"context", Int([&](int64_t v) { model->mutable_gpt()->set_context(static_cast<int32_t>(v)); })},
-                             {"tied_head", Bool([&](bool v) { model->mutable_gpt()->set_tied_head(v); })},
-                             {"activation_checkpointing",
-                              Bool([&](bool v) { model->mutable_gpt()->set_activation_checkpointing(v); })},
-                         })},
-                 {"sasrec", Mapping({
-                                {"max_len", Int([&](int64_t v) { model->mutable_sasrec()->set_max_len(static_cast<int32_t>(v)); })},
-                                {"hidden", Int([&](int64_t v) { model->mutable_sasrec()->set_hidden(static_cast<int32_t>(v)); })},
-                                {"blocks", Int([&](int64_t v) { model->mutable_sasrec()->set_blocks(static_cast<int32_t>(v)); })},
-                                {"heads", Int([&](int64_t v) { model->mutable_sasrec()->set_heads(static_cast<int32_t>(v)); })},
-                                {"activation_checkpointing",
-                                 Bool([&](bool v) { model->mutable_sasrec()->set_activation_checkpointing(v); })},
-                            })},
-             })},
-            {"data", Mapping({
-                         {"kind", EnumField<fitrun::v1::DataKind>(
-                                      {{"fashion_mnist", fitrun::v1::DATA_KIND_FASHION_MNIST},
-                                       {"text", fitrun::v1::DATA_KIND_TEXT},
-                                       {"movielens", fitrun::v1::DATA_KIND_MOVIELENS},
-                                       {"tensors", fitrun::v1::DATA_KIND_TENSORS}},
-                                      [&](fitrun::v1::DataKind v) { data->set_kind(v); })},
-                         {"path", String([&](const std::string& v) { data->set_path(v); })},
-                         {"target", String([&](const std::string& v) { data->set_target(v); })},
-                         {"inputs", StringList([&](const std::string& v) { data->add_inputs(v); })},
-                         {"test_fraction", Double([&](double v) { data->set_test_fraction(v); })},
-                         {"test_path", String([&](const std::string& v) { data->set_test_path(v); })},
-                     })},
-            {"loss", ScalarOrMapping(EnumField<fitrun::v1::LossKind>(
-                                         LossNames(), [&](fitrun::v1::LossKind v) { spec.mutable_loss()->set_kind(v); }),
-                                     {
-                                         {"kind", EnumField<fitrun::v1::LossKind>(LossNames(), [&](fitrun::v1::LossKind v) {
-                                            spec.mutable_loss()->set_kind(v);
-                                          })},
-                                         {"ignore_index", Int([&](int64_t v) { spec.mutable_loss()->set_ignore_index(v); })},
-                                     })},
-            {"script",
-             Mapping({
-                 {"command", StringList([&](const std::string& v) { spec.mutable_script()->add_command(v); })},
-                 {"working_dir", String([&](const std::string& v) { spec.mutable_script()->set_working_dir(v); })},
-                 {"env", StringMap([&](const std::string& k, const std::string& v) {
-                    (*spec.mutable_script()->mutable_env())[k] = v;
-                  })},
-                 {"batch_flag", String([&](const std::string& v) { spec.mutable_script()->set_batch_flag(v); })},
-                 {"grad_accum_flag",
-                  String([&](const std::string& v) { spec.mutable_script()->set_grad_accum_flag(v); })},
-                 {"applies_strategy", Bool([&](bool v) { spec.mutable_script()->set_applies_strategy(v); })},
-                 {"activation_checkpointing",
-                  Bool([&](bool v) { spec.mutable_script()->set_activation_checkpointing(v); })},
-             })},
-            {"optimizer",
-             Mapping({
-                 {"kind", EnumField<fitrun::v1::OptimizerKind>(
-                              OptimizerNames(), [&](fitrun::v1::OptimizerKind v) { optimizer->set_kind(v); })},
-                 {"lr", Double([&](double v) { optimizer->set_lr(v); })},
-                 {"momentum", Double([&](double v) { optimizer->set_momentum(v); })},
-                 {"weight_decay", Double([&](double v) { optimizer->set_weight_decay(v); })},
-                 {"lr_scaling", EnumField<fitrun::v1::LrScaling>(
-                                    {{"none", fitrun::v1::LR_SCALING_NONE},
-                                     {"linear", fitrun::v1::LR_SCALING_LINEAR},
-                                     {"sqrt", fitrun::v1::LR_SCALING_SQRT}},
-                                    [&](fitrun::v1::LrScaling v) { optimizer->set_lr_scaling(v); })},
-                 {"reference_batch_size", Int([&](int64_t v) { optimizer->set_reference_batch_size(v); })},
-             })},
+            {"model", ModelFields(&spec)},
+            {"data", DataFields(&spec)},
+            {"loss", LossFields(&spec)},
+            {"script", ScriptFields(&spec)},
+            {"optimizer", OptimizerFields(&spec)},
             {"global_batch_size", Int([&](int64_t v) { spec.set_global_batch_size(v); })},
             {"epochs", Int([&](int64_t v) { spec.set_epochs(static_cast<int32_t>(v)); })},
             {"max_steps", Int([&](int64_t v) { spec.set_max_steps(v); })},
             {"precision", EnumField<fitrun::v1::Precision>(
                               PrecisionNames(), [&](fitrun::v1::Precision v) { spec.set_precision(v); })},
-            {"resources",
-             Mapping({
-                 {"min_devices", Int([&](int64_t v) { resources->set_min_devices(static_cast<int32_t>(v)); })},
-                 {"max_devices", Int([&](int64_t v) { resources->set_max_devices(static_cast<int32_t>(v)); })},
-                 {"per_device_batch", Int([&](int64_t v) { resources->set_per_device_batch(v); })},
-                 {"memory_headroom", Double([&](double v) { resources->set_memory_headroom(v); })},
-                 {"min_nodes", Int([&](int64_t v) { resources->set_min_nodes(static_cast<int32_t>(v)); })},
-                 {"max_nodes", Int([&](int64_t v) { resources->set_max_nodes(static_cast<int32_t>(v)); })},
-                 {"time_limit_minutes",
-                  Int([&](int64_t v) { resources->set_time_limit_minutes(static_cast<int32_t>(v)); })},
-                 {"host_memory", String([&](const std::string& v) { resources->set_host_memory(v); })},
-                 {"max_processes", Int([&](int64_t v) {
-                    resources->set_max_processes(static_cast<int32_t>(std::clamp<int64_t>(v, -1, INT32_MAX)));
-                  })},
-             })},
-            {"checkpoint",
-             Mapping({
-                 {"every_steps", Int([&](int64_t v) { checkpoint->set_every_steps(v); })},
-                 {"keep_last", Int([&](int64_t v) { checkpoint->set_keep_last(static_cast<int32_t>(v)); })},
-             })},
-            {"ddp", Mapping({
-                        {"bucket_cap_mb", Double([&](double v) { ddp->set_bucket_cap_mb(v); })},
-                        {"collective_timeout_seconds",
-                         Int([&](int64_t v) { ddp->set_collective_timeout_seconds(static_cast<int32_t>(v)); })},
-                        {"comm_hook", EnumField<fitrun::v1::CommHook>(
-                                          CommHookNames(), [&](fitrun::v1::CommHook v) { ddp->set_comm_hook(v); })},
-                        {"powersgd_rank",
-                         Int([&](int64_t v) {
-                           ddp->set_powersgd_rank(static_cast<int32_t>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX)));
-                         })},
-                        {"powersgd_start_iter", Int([&](int64_t v) { ddp->set_powersgd_start_iter(v); })},
-                        {"zero_stage",
-                         Int([&](int64_t v) {
-                           ddp->set_zero_stage(static_cast<int32_t>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX)));
-                         })},
-                    })},
+            {"resources", ResourcesFields(&spec)},
+            {"checkpoint", CheckpointFields(&spec)},
+            {"ddp", DdpFields(&spec)},
             {"seed", Int([&](int64_t v) { spec.set_seed(static_cast<uint64_t>(v)); })},
             {"priority", Int([&](int64_t v) { spec.set_priority(static_cast<int32_t>(v)); })},
-            {"fault_tolerance",
-             Mapping({
-                 {"max_restarts", Int([&](int64_t v) { spec.mutable_fault_tolerance()->set_max_restarts(static_cast<int32_t>(v)); })},
-                 {"max_oom_retries", Int([&](int64_t v) { spec.mutable_fault_tolerance()->set_max_oom_retries(static_cast<int32_t>(v)); })},
-                 {"heartbeat_timeout_seconds",
-                  Int([&](int64_t v) { spec.mutable_fault_tolerance()->set_heartbeat_timeout_seconds(static_cast<int32_t>(v)); })},
-                 {"stop_grace_seconds", Double([&](double v) { spec.mutable_fault_tolerance()->set_stop_grace_seconds(v); })},
-             })},
-            {"fault_injection",
-             Mapping({
-                 {"kind", EnumField<fitrun::v1::FaultInjection::Kind>(
-                              {{"exit", fitrun::v1::FaultInjection::KIND_EXIT},
-                               {"oom", fitrun::v1::FaultInjection::KIND_OOM}},
-                              [&](fitrun::v1::FaultInjection::Kind v) { fault->set_kind(v); })},
-                 {"rank", Int([&](int64_t v) { fault->set_rank(static_cast<int32_t>(v)); })},
-                 {"at_step", Int([&](int64_t v) { fault->set_at_step(v); })},
-                 {"exit_code", Int([&](int64_t v) { fault->set_exit_code(static_cast<int32_t>(v)); })},
-                 {"attempt", Int([&](int64_t v) { fault->set_attempt(static_cast<int32_t>(v)); })},
-             })},
+            {"fault_tolerance", FaultToleranceFields(&spec)},
+            {"fault_injection", FaultInjectionFields(&spec)},
         });
     if (!status.ok()) return status;
     clear_unused();
