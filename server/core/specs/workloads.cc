@@ -201,6 +201,73 @@ absl::Status ValidateRatingsFile(const JobSpec& spec, SpecFileFacts* facts) {
   return absl::OkStatus();
 }
 
+// The tensors dataset's test samples: a test file holding every key the training file's way (one sample
+// count, the same dtypes and sample shapes), or a fraction of the training file that leaves both sides
+// at least one sample.
+absl::Status ValidateTensorsTestSplit(const fitrun::v1::DataSpec& data, const std::map<std::string, TensorInfo>& tensors,
+                                      const std::vector<std::string>& inputs, const std::string& target, int64_t n) {
+  if (!data.test_path().empty()) {
+    if (data.has_test_fraction()) {
+      return FieldError("spec.data.test_fraction", "give either test_fraction or test_path, not both");
+    }
+    absl::StatusOr<SpecFile> test_file = SpecFile::Open(data.test_path());
+    absl::StatusOr<std::map<std::string, TensorInfo>> test =
+        test_file.ok() ? ReadTensorDict(test_file->fd(), static_cast<uint64_t>(test_file->size()))
+                       : absl::StatusOr<std::map<std::string, TensorInfo>>(test_file.status());
+    if (!test.ok()) {
+      return FieldError("spec.data.test_path", absl::StrCat("'", data.test_path(), "': ", test.status().message()));
+    }
+    std::vector<std::string> wanted = inputs;
+    wanted.push_back(target);
+    const int64_t test_n = test->count(target) > 0 && !test->at(target).shape.empty() ? test->at(target).shape[0] : -1;
+    for (const std::string& key : wanted) {
+      const TensorInfo& train = tensors.at(key);
+      auto it = test->find(key);
+      const bool same = it != test->end() && it->second.dtype == train.dtype && !it->second.shape.empty() &&
+                        it->second.shape.size() == train.shape.size() &&
+                        std::equal(train.shape.begin() + 1, train.shape.end(), it->second.shape.begin() + 1) &&
+                        it->second.shape[0] == test_n;
+      if (!same) {
+        return FieldError("spec.data.test_path",
+                          absl::StrCat("'", data.test_path(), "' must hold '", key, "' like the training file (",
+                                       train.Describe(), " there, all with one sample count); it has ",
+                                       it == test->end() ? std::string("no such tensor") : it->second.Describe()));
+      }
+    }
+  } else {
+    const double fraction = data.has_test_fraction() ? data.test_fraction() : fitrun::contract::data::kDefaultTestFraction;
+    if (!(fraction >= 0 && fraction < 1)) {
+      return FieldError("spec.data.test_fraction", absl::StrCat("must be in [0, 1) (got ", fraction, ")"));
+    }
+    const int64_t test_samples = fitrun::contract::data::TestSamples(n, fraction);
+    if (test_samples < 1) {
+      return FieldError("spec.data.test_fraction",
+                        absl::StrCat("holds out no test sample of ", n, "; raise it or give spec.data.test_path"));
+    }
+    if (n - test_samples < 1) return FieldError("spec.data.test_fraction", absl::StrCat("leaves no training sample of ", n));
+  }
+  return absl::OkStatus();
+}
+
+// The target against the loss (the worker checks the output too, on two samples, before training).
+absl::Status ValidateTargetForLoss(const JobSpec& spec, const std::string& target, const TensorInfo& target_info) {
+  const fitrun::v1::LossKind loss = spec.loss().kind();
+  if ((loss == fitrun::v1::LOSS_KIND_UNSPECIFIED || loss == fitrun::v1::LOSS_KIND_CROSS_ENTROPY) &&
+      !target_info.integral()) {
+    return FieldError("spec.loss", absl::StrCat("cross_entropy needs integer classes as its target; '", target, "' is ",
+                                                target_info.Describe(),
+                                                ". For a regression set loss: mse (or l1, smooth_l1)"));
+  }
+  if ((loss == fitrun::v1::LOSS_KIND_MSE || loss == fitrun::v1::LOSS_KIND_L1 || loss == fitrun::v1::LOSS_KIND_SMOOTH_L1 ||
+       loss == fitrun::v1::LOSS_KIND_BCE_WITH_LOGITS) &&
+      !target_info.floating()) {
+    return FieldError("spec.loss", absl::StrCat(spec.loss().ShortDebugString(), ": needs a floating-point target; '",
+                                                target, "' is ", target_info.Describe(),
+                                                " (for classes use loss: cross_entropy)"));
+  }
+  return absl::OkStatus();
+}
+
 // A tensors dataset at submit, read with server/core/specs/tensor_file.h: the keys the spec names, one
 // sample count, a test split, and a target the spec's loss can compare.
 absl::Status ValidateTensorsData(const JobSpec& spec, SpecFileFacts* facts) {
@@ -250,65 +317,11 @@ absl::Status ValidateTensorsData(const JobSpec& spec, SpecFileFacts* facts) {
                                                        "dimension 0"));
     }
   }
-  if (!data.test_path().empty()) {
-    if (data.has_test_fraction()) {
-      return FieldError("spec.data.test_fraction", "give either test_fraction or test_path, not both");
-    }
-    absl::StatusOr<SpecFile> test_file = SpecFile::Open(data.test_path());
-    absl::StatusOr<std::map<std::string, TensorInfo>> test =
-        test_file.ok() ? ReadTensorDict(test_file->fd(), static_cast<uint64_t>(test_file->size()))
-                       : absl::StatusOr<std::map<std::string, TensorInfo>>(test_file.status());
-    if (!test.ok()) {
-      return FieldError("spec.data.test_path", absl::StrCat("'", data.test_path(), "': ", test.status().message()));
-    }
-    std::vector<std::string> wanted = inputs;
-    wanted.push_back(target);
-    const int64_t test_n = test->count(target) > 0 && !test->at(target).shape.empty() ? test->at(target).shape[0] : -1;
-    for (const std::string& key : wanted) {
-      const TensorInfo& train = tensors->at(key);
-      auto it = test->find(key);
-      const bool same = it != test->end() && it->second.dtype == train.dtype && !it->second.shape.empty() &&
-                        it->second.shape.size() == train.shape.size() &&
-                        std::equal(train.shape.begin() + 1, train.shape.end(), it->second.shape.begin() + 1) &&
-                        it->second.shape[0] == test_n;
-      if (!same) {
-        return FieldError("spec.data.test_path",
-                          absl::StrCat("'", data.test_path(), "' must hold '", key, "' like the training file (",
-                                       train.Describe(), " there, all with one sample count); it has ",
-                                       it == test->end() ? std::string("no such tensor") : it->second.Describe()));
-      }
-    }
-  } else {
-    const double fraction = data.has_test_fraction() ? data.test_fraction() : fitrun::contract::data::kDefaultTestFraction;
-    if (!(fraction >= 0 && fraction < 1)) {
-      return FieldError("spec.data.test_fraction", absl::StrCat("must be in [0, 1) (got ", fraction, ")"));
-    }
-    const int64_t test_samples = fitrun::contract::data::TestSamples(n, fraction);
-    if (test_samples < 1) {
-      return FieldError("spec.data.test_fraction",
-                        absl::StrCat("holds out no test sample of ", n, "; raise it or give spec.data.test_path"));
-    }
-    if (n - test_samples < 1) return FieldError("spec.data.test_fraction", absl::StrCat("leaves no training sample of ", n));
-  }
+  if (absl::Status s = ValidateTensorsTestSplit(data, *tensors, inputs, target, n); !s.ok()) return s;
   // What plans need of it: every tensor is batched along dimension 0 (checked above).
   facts->set_tensor_samples(n);
   facts->set_tensor_sample_bytes(SampleBytes(*tensors));
-  // The target against the loss (the worker checks the output too, on two samples, before training).
-  const fitrun::v1::LossKind loss = spec.loss().kind();
-  if ((loss == fitrun::v1::LOSS_KIND_UNSPECIFIED || loss == fitrun::v1::LOSS_KIND_CROSS_ENTROPY) &&
-      !target_info.integral()) {
-    return FieldError("spec.loss", absl::StrCat("cross_entropy needs integer classes as its target; '", target, "' is ",
-                                                target_info.Describe(),
-                                                ". For a regression set loss: mse (or l1, smooth_l1)"));
-  }
-  if ((loss == fitrun::v1::LOSS_KIND_MSE || loss == fitrun::v1::LOSS_KIND_L1 || loss == fitrun::v1::LOSS_KIND_SMOOTH_L1 ||
-       loss == fitrun::v1::LOSS_KIND_BCE_WITH_LOGITS) &&
-      !target_info.floating()) {
-    return FieldError("spec.loss", absl::StrCat(spec.loss().ShortDebugString(), ": needs a floating-point target; '",
-                                                target, "' is ", target_info.Describe(),
-                                                " (for classes use loss: cross_entropy)"));
-  }
-  return absl::OkStatus();
+  return ValidateTargetForLoss(spec, target, target_info);
 }
 
 // spec.loss for a TorchScript model: ignore_index only with cross_entropy.
