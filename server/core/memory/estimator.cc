@@ -4,6 +4,56 @@
 #include <cmath>
 
 namespace fitrun::server {
+namespace {
+
+// Buffers an optimizer keeps per parameter: SGD none unless it has momentum (one); Adam and AdamW two
+// moments.
+int64_t OptimizerStatesPerParameter(const fitrun::v1::JobSpec& spec) {
+  switch (spec.optimizer().kind()) {
+    case fitrun::v1::OPTIMIZER_KIND_SGD:
+      return spec.optimizer().momentum() > 0 ? 1 : 0;
+    case fitrun::v1::OPTIMIZER_KIND_ADAM:
+    case fitrun::v1::OPTIMIZER_KIND_ADAMW:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+// The all-reduce's flat bucket buffers hold one copy of every gradient whatever the bucket cap,
+// and the gradients are views into them (worker/ddp/bucketed_reducer.h, as PyTorch's
+// gradient_as_bucket_view): counted once, as gradients, plus the loss slot. A communication hook
+// keeps more beside them (worker/ddp/comm_hook.h), per gradient element at its peak: fp16 and
+// bf16 a 2-byte copy of every bucket and, on Gloo, the all-gathered copies of up to 3 ranks (6),
+// then one bucket's float32 sum (at most 4); PowerSGD its error feedback and the copy of its input
+// (4 + 4), and the uncompressed gradients' all-reduce buffer (at most 4).
+int64_t HookBytesPerGradientElement(const fitrun::v1::JobSpec& spec) {
+  switch (spec.ddp().comm_hook()) {
+    case fitrun::v1::COMM_HOOK_FP16:
+    case fitrun::v1::COMM_HOOK_BF16:
+      return 2 + 6 + 4;
+    case fitrun::v1::COMM_HOOK_POWERSGD:
+      return 4 + 4 + 4;
+    default:
+      return 0;
+  }
+}
+
+// A GPU: the caching allocator holds its reserve on top of what it hands out (`m`'s total so far), and
+// the process holds the context, the libraries' workspaces and the collectives' buffers outside it.
+void AddDeviceCosts(const DeviceCosts& costs, fitrun::v1::MemoryBreakdown& m) {
+  const int64_t handed_out = m.total_bytes();
+  m.set_allocator_reserve_bytes(std::max(
+      costs.reserve_floor_bytes,
+      static_cast<int64_t>(std::ceil(static_cast<double>(handed_out) * std::max(0.0, costs.reserve_ratio - 1.0)))));
+  m.set_allocator_bytes(handed_out + m.allocator_reserve_bytes());
+  m.set_cuda_context_bytes(costs.context_bytes);
+  m.set_library_workspace_bytes(costs.library_workspace_bytes);
+  m.set_communication_bytes(costs.communication_bytes);
+  m.set_total_bytes(m.allocator_bytes() + costs.outside_allocator_bytes());
+}
+
+}  // namespace
 
 fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const fitrun::v1::JobSpec& spec,
                                                int64_t per_device_batch, const EstimatorOptions& options,
@@ -14,42 +64,9 @@ fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const 
   fitrun::v1::MemoryBreakdown m;
   m.set_weights_bytes(param_bytes);
   m.set_gradients_bytes(param_bytes);
-
-  // SGD keeps nothing unless it has momentum (one buffer); Adam and AdamW keep two moments.
-  int64_t optimizer_states = 0;
-  switch (spec.optimizer().kind()) {
-    case fitrun::v1::OPTIMIZER_KIND_SGD:
-      optimizer_states = spec.optimizer().momentum() > 0 ? 1 : 0;
-      break;
-    case fitrun::v1::OPTIMIZER_KIND_ADAM:
-    case fitrun::v1::OPTIMIZER_KIND_ADAMW:
-      optimizer_states = 2;
-      break;
-    default:
-      break;
-  }
-  m.set_optimizer_state_bytes(optimizer_states * param_bytes);
-
-  // The all-reduce's flat bucket buffers hold one copy of every gradient whatever the bucket cap,
-  // and the gradients are views into them (worker/ddp/bucketed_reducer.h, as PyTorch's
-  // gradient_as_bucket_view): counted once, as gradients, plus the loss slot. A communication hook
-  // keeps more beside them (worker/ddp/comm_hook.h), per gradient element at its peak: fp16 and
-  // bf16 a 2-byte copy of every bucket and, on Gloo, the all-gathered copies of up to 3 ranks (6),
-  // then one bucket's float32 sum (at most 4); PowerSGD its error feedback and the copy of its input
-  // (4 + 4), and the uncompressed gradients' all-reduce buffer (at most 4).
-  int64_t hook_bytes_per_element = 0;
-  switch (spec.ddp().comm_hook()) {
-    case fitrun::v1::COMM_HOOK_FP16:
-    case fitrun::v1::COMM_HOOK_BF16:
-      hook_bytes_per_element = 2 + 6 + 4;
-      break;
-    case fitrun::v1::COMM_HOOK_POWERSGD:
-      hook_bytes_per_element = 4 + 4 + 4;
-      break;
-    default:
-      break;
-  }
-  m.set_ddp_buckets_bytes(kFloat + hook_bytes_per_element * model.parameter_count);
+  m.set_optimizer_state_bytes(OptimizerStatesPerParameter(spec) * param_bytes);
+  // The flat buckets hold the gradients themselves (counted above): the loss slot, and what a hook keeps.
+  m.set_ddp_buckets_bytes(kFloat + HookBytesPerGradientElement(spec) * model.parameter_count);
 
   double margin = options.safety_margin;
   if (model.measured.has_value()) {
@@ -82,18 +99,7 @@ fitrun::v1::MemoryBreakdown EstimateRankMemory(const ModelProfile& model, const 
                            m.framework_overhead_bytes();
   m.set_safety_margin_bytes(static_cast<int64_t>(std::ceil(subtotal * margin)));
   m.set_total_bytes(subtotal + m.safety_margin_bytes());
-  if (!costs.any()) return m;
-  // A GPU: the caching allocator holds its reserve on top of what it hands out, and the process holds
-  // the context, the libraries' workspaces and the collectives' buffers outside the allocator.
-  const int64_t handed_out = m.total_bytes();
-  m.set_allocator_reserve_bytes(std::max(
-      costs.reserve_floor_bytes,
-      static_cast<int64_t>(std::ceil(static_cast<double>(handed_out) * std::max(0.0, costs.reserve_ratio - 1.0)))));
-  m.set_allocator_bytes(handed_out + m.allocator_reserve_bytes());
-  m.set_cuda_context_bytes(costs.context_bytes);
-  m.set_library_workspace_bytes(costs.library_workspace_bytes);
-  m.set_communication_bytes(costs.communication_bytes);
-  m.set_total_bytes(m.allocator_bytes() + costs.outside_allocator_bytes());
+  if (costs.any()) AddDeviceCosts(costs, m);
   return m;
 }
 
