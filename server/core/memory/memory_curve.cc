@@ -188,6 +188,27 @@ std::string MemoryCurve::HowEstimated(int64_t batch) const {
   return absl::StrCat("between the measured micro-batches ", (hi - 1)->batch, " and ", hi->batch);
 }
 
+namespace {
+
+// The micro-batch between two measured points where the bounds on the curve are furthest apart, when
+// that gap is more than `tolerance` of the peak there.
+std::optional<int64_t> WidestGapBatch(const std::vector<MeasuredPeak>& p, double tolerance) {
+  Gap widest;
+  for (size_t i = 0; i + 1 < p.size(); ++i) {
+    if (p[i + 1].batch - p[i].batch < 2) continue;
+    const Gap gap = LargestGap(p, i);
+    if (gap.share > widest.share) {
+      widest = gap;
+      widest.batch = std::clamp(std::round(gap.batch), static_cast<double>(p[i].batch + 1),
+                                static_cast<double>(p[i + 1].batch - 1));
+    }
+  }
+  if (widest.share > tolerance) return static_cast<int64_t>(widest.batch);
+  return std::nullopt;
+}
+
+}  // namespace
+
 SweepStep NextSweepBatch(const MemoryCurve& measured, const SweepLimits& limits) {
   const std::vector<MeasuredPeak>& p = measured.points();
   int64_t max_batch = std::max<int64_t>(1, limits.max_batch);
@@ -259,17 +280,7 @@ SweepStep NextSweepBatch(const MemoryCurve& measured, const SweepLimits& limits)
 
   // Refining: one more point where the bounds on the curve are furthest apart.
   if (static_cast<int>(n) < limits.max_points) {
-    Gap widest;
-    for (size_t i = 0; i + 1 < n; ++i) {
-      if (p[i + 1].batch - p[i].batch < 2) continue;
-      const Gap gap = LargestGap(p, i);
-      if (gap.share > widest.share) {
-        widest = gap;
-        widest.batch = std::clamp(std::round(gap.batch), static_cast<double>(p[i].batch + 1),
-                                  static_cast<double>(p[i + 1].batch - 1));
-      }
-    }
-    if (widest.share > limits.tolerance) return {static_cast<int64_t>(widest.batch), ""};
+    if (const std::optional<int64_t> batch = WidestGapBatch(p, limits.tolerance); batch.has_value()) return {*batch, ""};
   }
   return {0, stopped};
 }
