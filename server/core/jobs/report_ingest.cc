@@ -93,87 +93,92 @@ bool ReportIngest::OverEventCap(JobEntry& entry, Ingested& ingested) const {
   return true;
 }
 
-ReportIngest::Ingested ReportIngest::Ingest(JobEntry& entry, int rank_index,
-                                            const fitrun::v1::WorkerReport& report) const {
-  Ingested ingested;
+void ReportIngest::AddLastWords(JobEntry& entry, RankState& rank, int rank_index, absl::Time now,
+                                Ingested& ingested) const {
+  if (std::optional<fitrun::v1::JobEvent> line = DropsLine(rank, rank_index, now, true)) {
+    ingested.events.push_back(*std::move(line));
+  }
+  if (entry.reports_over_event_cap > 0) {
+    fitrun::v1::JobEvent over;
+    over.mutable_log()->set_rank(-1);
+    over.mutable_log()->set_text(absl::StrCat(entry.reports_over_event_cap, " progress, log and checkpoint ",
+                                              "reports of the job's ranks were not kept so far, past its ",
+                                              options_.max_events_per_job, " events"));
+    ingested.events.push_back(std::move(over));
+  }
+}
+
+void ReportIngest::TakeProgress(JobEntry& entry, int rank_index, const fitrun::v1::Progress& progress, absl::Time now,
+                                fitrun::v1::JobEvent& event, Ingested& ingested) const {
   fitrun::v1::Job& job = entry.record.job;
-  ActiveAttempt& attempt = *entry.active;
-  RankState& rank = attempt.ranks[rank_index];
-  const absl::Time now = clock_();
-  rank.last_heard = now;
-  fitrun::v1::JobEvent event;
+  RankState& rank = entry.active->ranks[rank_index];
+  *event.mutable_progress() = progress;
+  event.mutable_progress()->set_rank(rank_index);
+  rank.peak_bytes = std::max(rank.peak_bytes, progress.peak_bytes());
+  rank.reserved_peak_bytes = std::max(rank.reserved_peak_bytes, progress.reserved_peak_bytes());
+  rank.device_peak_bytes = std::max(rank.device_peak_bytes, progress.device_peak_bytes());
+  rank.last_step = std::max(rank.last_step, progress.step());
+  rank.last_progress = event.progress();
+  if (rank_index != 0) return;
+  const int64_t advanced = progress.step() - job.last_progress().step();
+  *job.mutable_last_progress() = event.progress();
+  metrics_->TrainingProgress(std::max<int64_t>(0, advanced));
+  if (entry.recovering_since && job.state() == fitrun::v1::JOB_STATE_RUNNING) {
+    const absl::Duration took = now - *entry.recovering_since;
+    entry.recovering_since.reset();
+    metrics_->Recovered(took);
+    fitrun::v1::JobEvent resumed;
+    resumed.mutable_log()->set_rank(-1);
+    resumed.mutable_log()->set_text(absl::StrFormat("training resumed at step %d of attempt %d, %.1f s after the failure",
+                                                    progress.step(), entry.active->attempt, absl::ToDoubleSeconds(took)));
+    ingested.events.push_back(std::move(resumed));
+  }
+}
+
+bool ReportIngest::Refused(RankState& rank, int rank_index, const fitrun::v1::WorkerReport& report, absl::Time now,
+                           Ingested& ingested) const {
   if (const size_t bytes = report.ByteSizeLong();
       bytes > kMaxReportBytes && !report.has_log() && !report.has_failed()) {
     const auto* kind = report.GetDescriptor()->FindFieldByNumber(report.report_case());
+    fitrun::v1::JobEvent event;
     event.mutable_log()->set_rank(rank_index);
     event.mutable_log()->set_text(absl::StrCat("rank ", rank_index, " sent a ", kind == nullptr ? "" : kind->name(),
                                                " report of ", bytes, " bytes, more than the ", kMaxReportBytes,
                                                " a report may carry; it was not kept"));
     ingested.events.push_back(std::move(event));
-    return ingested;
+    return true;
   }
   const bool ends = report.has_finished() || report.has_failed() || report.has_oom();
-  if (ends && RepeatsAnEnd(rank, report)) {
-    ++rank.repeated_ends_dropped;
-    (void)WithinBudget(rank, report, /*ends=*/false, now);  // it costs the budget all the same
-    if (std::optional<fitrun::v1::JobEvent> line = DropsLine(rank, rank_index, now, false)) {
-      ingested.events.push_back(*std::move(line));
-    }
-    return ingested;
+  const bool repeated = ends && RepeatsAnEnd(rank, report);
+  // A repeated end costs the budget all the same.
+  const bool within = WithinBudget(rank, report, ends && !repeated, now);
+  if (!repeated && within) return false;
+  ++(repeated ? rank.repeated_ends_dropped : rank.reports_dropped);
+  if (std::optional<fitrun::v1::JobEvent> line = DropsLine(rank, rank_index, now, false)) {
+    ingested.events.push_back(*std::move(line));
   }
-  if (!WithinBudget(rank, report, ends, now)) {
-    ++rank.reports_dropped;
-    if (std::optional<fitrun::v1::JobEvent> line = DropsLine(rank, rank_index, now, false)) {
-      ingested.events.push_back(*std::move(line));
-    }
-    return ingested;
-  }
+  return true;
+}
+
+ReportIngest::Ingested ReportIngest::Ingest(JobEntry& entry, int rank_index,
+                                            const fitrun::v1::WorkerReport& report) const {
+  Ingested ingested;
+  ActiveAttempt& attempt = *entry.active;
+  RankState& rank = attempt.ranks[rank_index];
+  const absl::Time now = clock_();
+  rank.last_heard = now;
+  if (Refused(rank, rank_index, report, now, ingested)) return ingested;
+  fitrun::v1::JobEvent event;
   const bool chatter =
       report.has_progress() || report.has_log() || report.has_checkpoint_saved() || report.has_checkpoint_failed();
   // Past the cap the report still moves the rank and the job (their progress, peaks); only its
   // event is not kept.
   const bool keep_event = !(chatter && OverEventCap(entry, ingested));
-  if (report.has_finished() || report.has_failed()) {
-    // The rank's last word: what was dropped of it, before its end.
-    if (std::optional<fitrun::v1::JobEvent> line = DropsLine(rank, rank_index, now, true)) {
-      ingested.events.push_back(*std::move(line));
-    }
-    if (entry.reports_over_event_cap > 0) {
-      fitrun::v1::JobEvent over;
-      over.mutable_log()->set_rank(-1);
-      over.mutable_log()->set_text(absl::StrCat(entry.reports_over_event_cap, " progress, log and checkpoint ",
-                                                "reports of the job's ranks were not kept so far, past its ",
-                                                options_.max_events_per_job, " events"));
-      ingested.events.push_back(std::move(over));
-    }
-  }
+  if (report.has_finished() || report.has_failed()) AddLastWords(entry, rank, rank_index, now, ingested);
   switch (report.report_case()) {
-    case fitrun::v1::WorkerReport::kProgress: {
-      *event.mutable_progress() = report.progress();
-      event.mutable_progress()->set_rank(rank_index);
-      rank.peak_bytes = std::max(rank.peak_bytes, report.progress().peak_bytes());
-      rank.reserved_peak_bytes = std::max(rank.reserved_peak_bytes, report.progress().reserved_peak_bytes());
-      rank.device_peak_bytes = std::max(rank.device_peak_bytes, report.progress().device_peak_bytes());
-      rank.last_step = std::max(rank.last_step, report.progress().step());
-      rank.last_progress = event.progress();
-      if (rank_index == 0) {
-        const int64_t advanced = report.progress().step() - job.last_progress().step();
-        *job.mutable_last_progress() = event.progress();
-        metrics_->TrainingProgress(std::max<int64_t>(0, advanced));
-        if (entry.recovering_since && job.state() == fitrun::v1::JOB_STATE_RUNNING) {
-          const absl::Duration took = now - *entry.recovering_since;
-          entry.recovering_since.reset();
-          metrics_->Recovered(took);
-          fitrun::v1::JobEvent resumed;
-          resumed.mutable_log()->set_rank(-1);
-          resumed.mutable_log()->set_text(absl::StrFormat("training resumed at step %d of attempt %d, %.1f s after the failure",
-                                                          report.progress().step(), attempt.attempt,
-                                                          absl::ToDoubleSeconds(took)));
-          ingested.events.push_back(std::move(resumed));
-        }
-      }
+    case fitrun::v1::WorkerReport::kProgress:
+      TakeProgress(entry, rank_index, report.progress(), now, event, ingested);
       break;
-    }
     case fitrun::v1::WorkerReport::kOom:
       *event.mutable_oom() = report.oom();
       event.mutable_oom()->set_rank(rank_index);

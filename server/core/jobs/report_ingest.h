@@ -83,6 +83,17 @@ class ReportIngest {
                                                 bool now_or_never) const;
   // Whether the job has stored as many events as its ranks' chatter may take; says so once.
   bool OverEventCap(JobEntry& entry, Ingested& ingested) const;
+  // Whether the report is not taken: larger than a report may be, one end too many, or past the
+  // rank's budget; the line saying so, when it is time, goes into `ingested`.
+  bool Refused(RankState& rank, int rank_index, const fitrun::v1::WorkerReport& report, absl::Time now,
+               Ingested& ingested) const;
+  // Before a rank's final or failure report: what was dropped of its reports, and of the job's past
+  // its event cap.
+  void AddLastWords(JobEntry& entry, RankState& rank, int rank_index, absl::Time now, Ingested& ingested) const;
+  // A progress report: the rank's peaks and step, and rank 0's the job's (and, after a failure, the
+  // line that training resumed).
+  void TakeProgress(JobEntry& entry, int rank_index, const fitrun::v1::Progress& progress, absl::Time now,
+                    fitrun::v1::JobEvent& event, Ingested& ingested) const;
 
   CoordinatorMetrics* const metrics_;
   const std::function<absl::Time()> clock_;
