@@ -38,13 +38,78 @@ int64_t ProcessesPerRank(const fitrun::v1::JobSpec& spec) {
   return spec.resources().max_processes() > 0 ? spec.resources().max_processes() : kDefaultProcessesPerRank;
 }
 
+namespace {
+
+// What every rank of the attempt reads at start (its assignment file): the spec as planned, the plan,
+// where checkpoints and the dataset cache are, and each rank's memory cap and threads. `by_id` holds
+// the devices by id (a plan's device it lacks reads as an empty one, as below).
+fitrun::v1::WorkerAssignment AssignmentFor(const fitrun::v1::Job& job, int attempt, const fitrun::v1::Plan& plan,
+                                           std::map<std::string, fitrun::v1::Device>& by_id,
+                                           const std::string& job_dir, const std::string& dataset_cache_dir) {
+  fitrun::v1::WorkerAssignment assignment;
+  assignment.set_job_id(job.id());
+  assignment.set_attempt(attempt);
+  // The plan's strategy written in: the ranks build the model it chose.
+  *assignment.mutable_spec() = SpecAsPlanned(job.spec(), plan);
+  *assignment.mutable_plan() = plan;
+  assignment.set_checkpoint_dir((std::filesystem::path(job_dir) / kCheckpointsDirectoryName).string());
+  assignment.set_dataset_cache_dir(dataset_cache_dir);
+  for (const std::string& id : plan.device_ids()) {
+    const fitrun::v1::Device& device = by_id[id];
+    // A virtual CPU device's whole memory; a GPU slice's cap on its caching allocator; a whole GPU
+    // none (the device itself is the limit).
+    assignment.add_memory_cap_bytes(device.kind() == fitrun::v1::DEVICE_KIND_CPU ? device.total_bytes()
+                                                                                 : device.slice_bytes());
+    assignment.add_cpu_threads(std::max(1, device.cpu_threads()));
+  }
+  return assignment;
+}
+
+// One rank's process: its program, directory, log, account and environment.
+WorkerLaunch RankLaunch(const fitrun::v1::Job& job, const std::string& token, int attempt, const fitrun::v1::Plan& plan,
+                        int rank, std::map<std::string, fitrun::v1::Device>& by_id, const std::string& job_dir,
+                        const std::string& assignment_path, const std::optional<UnixAccount>& run_as,
+                        const AttemptLaunchSettings& settings) {
+  WorkerLaunch launch;
+  launch.job_id = job.id();
+  launch.attempt = attempt;
+  launch.rank = rank;
+  launch.argv = {job.spec().has_script() && !settings.script_binary.empty() ? settings.script_binary
+                                                                           : settings.worker_binary};
+  launch.working_dir = (std::filesystem::path(job_dir) / AttemptDirectoryName(attempt)).string();
+  launch.log_path = (std::filesystem::path(job_dir) / RankLogName(attempt, rank)).string();
+  launch.run_as = run_as;
+  launch.job_token = token;
+  launch.env = {
+      {launch::kRank, absl::StrCat(rank)},
+      {launch::kLocalRank, absl::StrCat(rank)},
+      {launch::kWorldSize, absl::StrCat(plan.device_ids_size())},
+      {launch::kLocalWorldSize, absl::StrCat(plan.device_ids_size())},
+      {launch::kCoordinator, settings.worker_channel_address},
+      {launch::kJobId, job.id()},
+      {launch::kAttempt, absl::StrCat(attempt)},
+      {launch::kAssignment, assignment_path},
+  };
+  if (!settings.worker_tls_ca.empty()) launch.env.emplace_back(launch::kTlsCa, settings.worker_tls_ca);
+  // A built-in job's BLAS threads, its device's share of the cores; a script's are the script's.
+  if (!job.spec().has_script()) {
+    launch.env.emplace_back(launch::kOpenBlasThreads, absl::StrCat(std::max(1, by_id[plan.device_ids(rank)].cpu_threads())));
+  }
+  // The caching allocator's settings the plan assumed (CUDA devices only).
+  if (!plan.cuda_allocator_config().empty()) {
+    launch.env.emplace_back(launch::kCudaAllocatorConfig, plan.cuda_allocator_config());
+  }
+  return launch;
+}
+
+}  // namespace
+
 absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const std::string& token, int attempt,
                                               const fitrun::v1::Plan& plan,
                                               const std::vector<fitrun::v1::Device>& devices,
                                               const std::string& job_dir, const AttemptLaunchSettings& settings) {
   namespace fs = std::filesystem;
   const std::string attempt_name = AttemptDirectoryName(attempt);
-  const fs::path attempt_dir = fs::path(job_dir) / attempt_name;
   std::optional<UnixAccount> run_as;
   std::string dataset_cache_dir = settings.dataset_cache_dir;
   if (!job.run_as().empty()) {
@@ -69,24 +134,9 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
   std::map<std::string, fitrun::v1::Device> by_id;
   for (const fitrun::v1::Device& device : devices) by_id[device.id()] = device;
 
-  fitrun::v1::WorkerAssignment assignment;
-  assignment.set_job_id(job.id());
-  assignment.set_attempt(attempt);
-  // The plan's strategy written in: the ranks build the model it chose.
-  *assignment.mutable_spec() = SpecAsPlanned(job.spec(), plan);
-  *assignment.mutable_plan() = plan;
-  assignment.set_checkpoint_dir((fs::path(job_dir) / kCheckpointsDirectoryName).string());
-  assignment.set_dataset_cache_dir(dataset_cache_dir);
-  for (const std::string& id : plan.device_ids()) {
-    const fitrun::v1::Device& device = by_id[id];
-    // A virtual CPU device's whole memory; a GPU slice's cap on its caching allocator; a whole GPU
-    // none (the device itself is the limit).
-    assignment.add_memory_cap_bytes(device.kind() == fitrun::v1::DEVICE_KIND_CPU ? device.total_bytes()
-                                                                                 : device.slice_bytes());
-    assignment.add_cpu_threads(std::max(1, device.cpu_threads()));
-  }
   std::string assignment_text;
-  google::protobuf::TextFormat::PrintToString(assignment, &assignment_text);
+  google::protobuf::TextFormat::PrintToString(AssignmentFor(job, attempt, plan, by_id, job_dir, dataset_cache_dir),
+                                              &assignment_text);
   const std::string assignment_name = absl::StrCat(attempt_name, "/", kAssignmentFileName);
   if (absl::Status written = directory->WriteFile(assignment_name, assignment_text, 0600); !written.ok()) {
     return written;
@@ -120,36 +170,8 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
     launches.max_processes += ProcessesPerRank(job.spec());
   }
   for (int rank = 0; rank < world_size; ++rank) {
-    WorkerLaunch launch;
-    launch.job_id = job.id();
-    launch.attempt = attempt;
-    launch.rank = rank;
-    launch.argv = {job.spec().has_script() && !settings.script_binary.empty() ? settings.script_binary
-                                                                             : settings.worker_binary};
-    launch.working_dir = attempt_dir.string();
-    launch.log_path = (fs::path(job_dir) / RankLogName(attempt, rank)).string();
-    launch.run_as = run_as;
-    launch.job_token = token;
-    launch.env = {
-        {launch::kRank, absl::StrCat(rank)},
-        {launch::kLocalRank, absl::StrCat(rank)},
-        {launch::kWorldSize, absl::StrCat(world_size)},
-        {launch::kLocalWorldSize, absl::StrCat(world_size)},
-        {launch::kCoordinator, settings.worker_channel_address},
-        {launch::kJobId, job.id()},
-        {launch::kAttempt, absl::StrCat(attempt)},
-        {launch::kAssignment, assignment_path.string()},
-    };
-    if (!settings.worker_tls_ca.empty()) launch.env.emplace_back(launch::kTlsCa, settings.worker_tls_ca);
-    // A built-in job's BLAS threads, its device's share of the cores; a script's are the script's.
-    if (!job.spec().has_script()) {
-      launch.env.emplace_back(launch::kOpenBlasThreads, absl::StrCat(std::max(1, by_id[plan.device_ids(rank)].cpu_threads())));
-    }
-    // The caching allocator's settings the plan assumed (CUDA devices only).
-    if (!plan.cuda_allocator_config().empty()) {
-      launch.env.emplace_back(launch::kCudaAllocatorConfig, plan.cuda_allocator_config());
-    }
-    launches.ranks.push_back(std::move(launch));
+    launches.ranks.push_back(RankLaunch(job, token, attempt, plan, rank, by_id, job_dir, assignment_path.string(),
+                                        run_as, settings));
   }
   return launches;
 }
