@@ -375,13 +375,64 @@ void RunningServer::Shutdown(bool stop_workers) {
   manager.reset();
 }
 
-absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions& options) {
-  auto server = std::make_unique<RunningServer>();
+namespace startup {
+
+absl::StatusOr<ListenAddress> ResolveListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return absl::InvalidArgumentError("--listen: expected HOST:PORT, e.g. 127.0.0.1:7070");
+  ListenAddress address;
+  address.host = listen.substr(0, colon);
+  address.port = listen.substr(colon + 1);
+  if (address.port == "0") {
+    absl::StatusOr<int> free_port = contract::PickFreeLoopbackPort();
+    if (!free_port.ok()) return free_port.status();
+    address.port = absl::StrCat(*free_port);
+  }
+  const std::string& host = address.host;
+  address.dial_host = (host == "0.0.0.0" || host == "[::]" || host.empty()) ? "127.0.0.1" : host;
+  return address;
+}
+
+std::string WorkerChannelAddress(const std::string& advertise_address, const ListenAddress& listen) {
+  if (advertise_address.empty()) return absl::StrCat(listen.dial_host, ":", listen.port);
+  const bool has_port = advertise_address.find(':') != std::string::npos && advertise_address.back() != ']';
+  return has_port ? advertise_address : absl::StrCat(advertise_address, ":", listen.port);
+}
+
+absl::Status SetJobLimits(const ServerOptions& options, JobManager::Options& manager) {
+  manager.max_open_jobs_per_owner = options.max_jobs_per_user;
+  if (options.retain_finished_jobs < 0 || options.max_events_per_job < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.retain_finished_jobs < 0 ? "--retain_finished_jobs" : "--max_events_per_job",
+        ": 0 (no bound) or more (got ", std::min(options.retain_finished_jobs, options.max_events_per_job), ")"));
+  }
+  manager.retain_finished_jobs = options.retain_finished_jobs;
+  manager.max_events_per_job = options.max_events_per_job;
+  if (options.min_account_uid < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--min_account_uid: at least 1, root's jobs never run as root (got ",
+                                                   options.min_account_uid, ")"));
+  }
+  manager.min_account_uid = static_cast<uid_t>(options.min_account_uid);
+  return absl::OkStatus();
+}
+
+}  // namespace startup
+
+namespace {
+
+// BuildAndStart's steps, in the order it takes them. Each returns the first error it meets, named
+// after its flag; what a step builds it leaves in the RunningServer or the manager's options.
+
+absl::Status CheckUnixAccountsFlag(const ServerOptions& options) {
   if (options.unix_accounts != "listed" && options.unix_accounts != "same_name" && options.unix_accounts != "none") {
     return absl::InvalidArgumentError(
         absl::StrCat("--unix_accounts: expected listed, same_name or none (got '", options.unix_accounts, "')"));
   }
-  const bool as_owners = RunsJobsAsOwners(options);
+  return absl::OkStatus();
+}
+
+// The state directory, made and given its mode: 0711 when jobs run as their owners, else 0700.
+absl::Status PrepareStateDir(const ServerOptions& options, bool as_owners) {
   // Everything fitrund writes (its database with every job's spec and rank token, logs of its own,
   // caches) is its alone unless it says otherwise below, whoever runs it; the job directories it
   // gives to their owners.
@@ -400,111 +451,122 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
           absl::StrCat("--state_dir: cannot set the mode of ", options.state_dir, ": ", error.message()));
     }
   }
+  return absl::OkStatus();
+}
+
+// The state directory's lock, then the job store in it: the store is opened only by its one fitrund.
+absl::Status ClaimStateDir(const ServerOptions& options, RunningServer* server) {
   absl::StatusOr<int> lock = LockStateDir(options.state_dir);
   if (!lock.ok()) return lock.status();
   server->state_lock_fd = *lock;
-
   absl::StatusOr<std::unique_ptr<SqliteJobStore>> store =
       SqliteJobStore::Open((std::filesystem::path(options.state_dir) / "fitrun.db").string());
   if (!store.ok()) return store.status();
   server->store = *std::move(store);
+  return absl::OkStatus();
+}
 
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const int64_t memory = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
-  JobManager::Options manager_options;
-  if (options.cluster == "slurm") {
-    if (absl::Status status = StartSlurm(options, server.get(), &manager_options); !status.ok()) return status;
-  } else if (options.cluster != "local") {
+// --cluster: on Slurm, the cluster's devices and launcher; locally, no Slurm flag may be given.
+absl::Status ChooseCluster(const ServerOptions& options, RunningServer* server, JobManager::Options* manager_options) {
+  if (options.cluster == "slurm") return StartSlurm(options, server, manager_options);
+  if (options.cluster != "local") {
     return absl::InvalidArgumentError(absl::StrCat("--cluster: expected local or slurm (got '", options.cluster, "')"));
-  } else {
-    for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--slurm_partition", options.slurm_partition},
-                                      {"--slurm_account", options.slurm_account},
-                                      {"--slurm_sbatch_args", options.slurm_sbatch_args},
-                                      {"--slurm_gpu_memory", options.slurm_gpu_memory},
-                                      {"--slurm_virtual_devices", options.slurm_virtual_devices},
-                                      {"--shared_dir", options.shared_dir}}) {
-      if (!value.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": only with --cluster=slurm"));
-    }
   }
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--slurm_partition", options.slurm_partition},
+                                    {"--slurm_account", options.slurm_account},
+                                    {"--slurm_sbatch_args", options.slurm_sbatch_args},
+                                    {"--slurm_gpu_memory", options.slurm_gpu_memory},
+                                    {"--slurm_virtual_devices", options.slurm_virtual_devices},
+                                    {"--shared_dir", options.shared_dir}}) {
+    if (!value.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": only with --cluster=slurm"));
+  }
+  return absl::OkStatus();
+}
+
+// --devices naming GPUs whole or as slices: the driver's library must see them, and the worker train
+// on them.
+absl::Status OfferNamedGpus(const ServerOptions& options, RunningServer* server) {
+  absl::StatusOr<std::vector<GpuOfferItem>> offer = ParseGpuOffer(options.devices);
+  if (!offer.ok()) return offer.status();
+  if (!options.worker_cuda) {
+    return absl::InvalidArgumentError(absl::StrCat("--devices=", options.devices,
+                                                   " needs a fitrun-worker built with CUDA; pass --worker_cuda"));
+  }
+  absl::StatusOr<std::unique_ptr<NvmlDevices>> gpus = NvmlDevices::Create({});
+  if (!gpus.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("--devices=", options.devices, ": NVML (the NVIDIA driver's "
+                                                      "library) is needed to offer GPUs: ", gpus.status().message()));
+  }
+  absl::StatusOr<std::unique_ptr<GpuOffer>> offered = GpuOffer::Create(*std::move(offer), *std::move(gpus));
+  if (!offered.ok()) return offered.status();
+  server->devices = *std::move(offered);
+  return absl::OkStatus();
+}
+
+// --devices=auto: GPUs only when they can be used (NVML sees them and the worker can train on
+// them); otherwise the log says why not and the devices stay unset.
+void UseGpusIfTrainable(const ServerOptions& options, RunningServer* server) {
+  absl::StatusOr<std::unique_ptr<NvmlDevices>> gpus = NvmlDevices::Create({});
+  if (gpus.ok() && !(*gpus)->Snapshot().empty()) {
+    if (options.worker_cuda) {
+      server->devices = *std::move(gpus);
+    } else {
+      fprintf(stderr,
+              "fitrund: NVML sees %zu GPU(s), but fitrun-worker trains on CPU devices only (pass --worker_cuda "
+              "with a CUDA LibTorch build); using virtual CPU devices\n",
+              (*gpus)->Snapshot().size());
+    }
+  } else if (!gpus.ok() && !absl::IsNotFound(gpus.status())) {
+    fprintf(stderr, "fitrund: NVML: %s; using virtual CPU devices\n", std::string(gpus.status().message()).c_str());
+  }
+}
+
+// The device inventory, unless Slurm gave one: named GPUs, usable GPUs, else virtual CPU devices
+// over the machine's `cores` and `memory`.
+absl::Status ChooseDevices(const ServerOptions& options, int cores, int64_t memory, RunningServer* server) {
   if (server->devices == nullptr && NamesGpus(options.devices)) {
-    // GPUs named whole or as slices: the driver's library must see them, and the worker train on them.
-    absl::StatusOr<std::vector<GpuOfferItem>> offer = ParseGpuOffer(options.devices);
-    if (!offer.ok()) return offer.status();
-    if (!options.worker_cuda) {
-      return absl::InvalidArgumentError(absl::StrCat("--devices=", options.devices,
-                                                     " needs a fitrun-worker built with CUDA; pass --worker_cuda"));
-    }
-    absl::StatusOr<std::unique_ptr<NvmlDevices>> gpus = NvmlDevices::Create({});
-    if (!gpus.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("--devices=", options.devices, ": NVML (the NVIDIA driver's "
-                                                        "library) is needed to offer GPUs: ", gpus.status().message()));
-    }
-    absl::StatusOr<std::unique_ptr<GpuOffer>> offered = GpuOffer::Create(*std::move(offer), *std::move(gpus));
-    if (!offered.ok()) return offered.status();
-    server->devices = *std::move(offered);
+    if (absl::Status status = OfferNamedGpus(options, server); !status.ok()) return status;
   }
-  if (server->devices == nullptr && options.devices == "auto") {
-    // GPUs only when they can be used: NVML sees them and the worker can train on them.
-    absl::StatusOr<std::unique_ptr<NvmlDevices>> gpus = NvmlDevices::Create({});
-    if (gpus.ok() && !(*gpus)->Snapshot().empty()) {
-      if (options.worker_cuda) {
-        server->devices = *std::move(gpus);
-      } else {
-        fprintf(stderr,
-                "fitrund: NVML sees %zu GPU(s), but fitrun-worker trains on CPU devices only (pass --worker_cuda "
-                "with a CUDA LibTorch build); using virtual CPU devices\n",
-                (*gpus)->Snapshot().size());
-      }
-    } else if (!gpus.ok() && !absl::IsNotFound(gpus.status())) {
-      fprintf(stderr, "fitrund: NVML: %s; using virtual CPU devices\n", std::string(gpus.status().message()).c_str());
-    }
-  }
+  if (server->devices == nullptr && options.devices == "auto") UseGpusIfTrainable(options, server);
   if (server->devices == nullptr) {
     absl::StatusOr<std::unique_ptr<VirtualCpuDevices>> devices =
         VirtualCpuDevices::Create(options.devices, cores, memory);
     if (!devices.ok()) return devices.status();
     server->devices = *std::move(devices);
   }
+  return absl::OkStatus();
+}
 
-  server->registry = std::make_shared<prometheus::Registry>();
-  server->metrics = std::make_unique<PrometheusMetrics>(*server->registry, kFitrundVersion, absl::Now());
-
-  // Workers must be told the coordinator's address before the gRPC server (which needs the manager)
-  // is built, so a port 0 is resolved to a concrete free port first.
-  const size_t colon = options.listen.rfind(':');
-  if (colon == std::string::npos) return absl::InvalidArgumentError("--listen: expected HOST:PORT, e.g. 127.0.0.1:7070");
-  std::string host = options.listen.substr(0, colon);
-  std::string port = options.listen.substr(colon + 1);
-  if (port == "0") {
-    absl::StatusOr<int> free_port = contract::PickFreeLoopbackPort();
-    if (!free_port.ok()) return free_port.status();
-    port = absl::StrCat(*free_port);
-  }
-  server->address = absl::StrCat(host, ":", port);
-  const std::string dial_host = (host == "0.0.0.0" || host == "[::]" || host.empty()) ? "127.0.0.1" : host;
-
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(options, host);
-  if (!credentials.ok()) return credentials.status();
+// The gRPC users: tokens (--auth_tokens) and, with --tls_client_ca, client certificates.
+absl::Status StartAuthenticator(const ServerOptions& options, RunningServer* server) {
   Authenticator::Options auth_options{options.auth_tokens, !options.tls_client_ca.empty()};
   auth_options.same_name_accounts = options.unix_accounts == "same_name";
   absl::StatusOr<std::unique_ptr<Authenticator>> authenticator = Authenticator::Create(auth_options);
   if (!authenticator.ok()) return authenticator.status();
   server->authenticator = *std::move(authenticator);
+  return absl::OkStatus();
+}
 
-  if (absl::Status status = StartJobCgroups(options, server.get()); !status.ok()) return status;
-  const std::string worker_binary = options.worker_binary.empty() ? DefaultWorkerBinary() : options.worker_binary;
-  if (server->launcher == nullptr) {
-    LocalLauncher::Options launcher_options;
-    launcher_options.cgroups = server->cgroups.get();
-    if (options.warm_ranks < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--warm_ranks: 0 (none) or more (got ", options.warm_ranks, ")"));
-    }
-    launcher_options.warm_ranks = options.warm_ranks;
-    launcher_options.worker_binary = worker_binary;
-    server->launcher = std::make_unique<LocalLauncher>(std::move(launcher_options));
+// On this machine (no Slurm launcher chosen): ranks started as local processes, in the job cgroups
+// when there are any, and kept warm up to --warm_ranks.
+absl::Status StartLocalLauncher(const ServerOptions& options, const std::string& worker_binary, RunningServer* server) {
+  if (server->launcher != nullptr) return absl::OkStatus();
+  LocalLauncher::Options launcher_options;
+  launcher_options.cgroups = server->cgroups.get();
+  if (options.warm_ranks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--warm_ranks: 0 (none) or more (got ", options.warm_ranks, ")"));
   }
+  launcher_options.warm_ranks = options.warm_ranks;
+  launcher_options.worker_binary = worker_binary;
+  server->launcher = std::make_unique<LocalLauncher>(std::move(launcher_options));
+  return absl::OkStatus();
+}
+
+// --data_roots, or by default Debian's datasets and <state_dir>/uploads (made here); never '/'.
+absl::StatusOr<std::vector<std::string>> DataRoots(const ServerOptions& options, bool as_owners) {
   std::vector<std::string> data_roots = options.data_roots;
   if (data_roots.empty()) {
+    std::error_code error;
     const std::filesystem::path uploads = std::filesystem::path(options.state_dir) / "uploads";
     std::filesystem::create_directories(uploads, error);
     // A data root: what users may read there, their own rights decide.
@@ -518,99 +580,123 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
           "datasets, models and scripts");
     }
   }
-  manager_options.data_roots.emplace(data_roots);
-  manager_options.max_open_jobs_per_owner = options.max_jobs_per_user;
-  if (options.retain_finished_jobs < 0 || options.max_events_per_job < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        options.retain_finished_jobs < 0 ? "--retain_finished_jobs" : "--max_events_per_job",
-        ": 0 (no bound) or more (got ", std::min(options.retain_finished_jobs, options.max_events_per_job), ")"));
-  }
-  manager_options.retain_finished_jobs = options.retain_finished_jobs;
-  manager_options.max_events_per_job = options.max_events_per_job;
-  if (options.min_account_uid < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--min_account_uid: at least 1, root's jobs never run as root (got ",
-                                                   options.min_account_uid, ")"));
-  }
-  manager_options.min_account_uid = static_cast<uid_t>(options.min_account_uid);
-  if (absl::Status ceilings = SetRankCeilings(options, memory, manager_options); !ceilings.ok()) return ceilings;
+  return data_roots;
+}
+
+// Where ranks find what they read: fitrund's CA, the state and dataset-cache directories, the
+// worker and, when installed beside it, fitrun-supervisor.
+void SetWorkerFiles(const ServerOptions& options, const std::string& worker_binary, JobManager::Options& manager) {
   if (!options.tls_cert.empty()) {
-    manager_options.worker_tls_ca = std::filesystem::absolute(options.tls_ca.empty() ? options.tls_cert : options.tls_ca);
+    manager.worker_tls_ca = std::filesystem::absolute(options.tls_ca.empty() ? options.tls_cert : options.tls_ca);
   }
-  manager_options.state_dir = options.state_dir;
-  if (manager_options.dataset_cache_dir.empty()) {
-    manager_options.dataset_cache_dir = (std::filesystem::absolute(options.state_dir, error) / "datasets").string();
+  manager.state_dir = options.state_dir;
+  if (manager.dataset_cache_dir.empty()) {
+    std::error_code error;
+    manager.dataset_cache_dir = (std::filesystem::absolute(options.state_dir, error) / "datasets").string();
   }
-  if (manager_options.worker_binary.empty()) manager_options.worker_binary = worker_binary;
+  if (manager.worker_binary.empty()) manager.worker_binary = worker_binary;
   // Script jobs run under fitrun-supervisor when it is installed beside the worker: it loads no
   // LibTorch, so a script keeps the machine's own PyTorch to itself.
-  {
-    std::error_code error;
-    const std::filesystem::path supervisor =
-        std::filesystem::path(manager_options.worker_binary).parent_path() / "fitrun-supervisor";
-    if (std::filesystem::exists(supervisor, error)) manager_options.script_binary = supervisor.string();
-  }
-  manager_options.worker_channel_address = absl::StrCat(dial_host, ":", port);
-  if (!options.advertise_address.empty()) {
-    const bool has_port = options.advertise_address.find(':') != std::string::npos &&
-                          options.advertise_address.back() != ']';
-    manager_options.worker_channel_address =
-        has_port ? options.advertise_address : absl::StrCat(options.advertise_address, ":", port);
-  } else if (options.cluster == "slurm" && IsLoopback(dial_host)) {
+  std::error_code error;
+  const std::filesystem::path supervisor = std::filesystem::path(manager.worker_binary).parent_path() / "fitrun-supervisor";
+  if (std::filesystem::exists(supervisor, error)) manager.script_binary = supervisor.string();
+}
+
+// Where ranks dial the WorkerChannel, with a warning on Slurm when only this machine can reach it.
+void SetWorkerChannel(const ServerOptions& options, const startup::ListenAddress& listen, JobManager::Options& manager) {
+  manager.worker_channel_address = startup::WorkerChannelAddress(options.advertise_address, listen);
+  if (options.advertise_address.empty() && options.cluster == "slurm" && IsLoopback(listen.dial_host)) {
     fprintf(stderr,
             "fitrund: ranks on Slurm nodes will dial %s, a loopback address: only ranks on this machine reach it "
             "(give --advertise_address and a --listen address the nodes can reach)\n",
-            manager_options.worker_channel_address.c_str());
+            manager.worker_channel_address.c_str());
   }
-  manager_options.stop_workers_on_shutdown = options.stop_workers_on_exit;
-  const std::string probes_dir = (std::filesystem::path(options.state_dir) / "memory-probes").string();
-  if (as_owners) {
-    // Directories holding what is the owners' (job directories, their dataset caches, their
-    // probes' assignments): fitrund's, passable, not listable.
-    const std::string jobs_dir = manager_options.jobs_dir.empty()
-                                     ? (std::filesystem::path(options.state_dir) / "jobs").string()
-                                     : manager_options.jobs_dir;
-    for (const std::string& dir : {jobs_dir, manager_options.dataset_cache_dir, probes_dir}) {
-      if (absl::Status traversable = OnlyTraversable(dir); !traversable.ok()) return traversable;
-    }
+}
+
+std::string ProbesDir(const ServerOptions& options) {
+  return (std::filesystem::path(options.state_dir) / "memory-probes").string();
+}
+
+// Directories holding what is the owners' (job directories, their dataset caches, their probes'
+// assignments): fitrund's, passable, not listable.
+absl::Status ProtectOwnersDirs(const ServerOptions& options, const JobManager::Options& manager) {
+  const std::string jobs_dir =
+      manager.jobs_dir.empty() ? (std::filesystem::path(options.state_dir) / "jobs").string() : manager.jobs_dir;
+  for (const std::string& dir : {jobs_dir, manager.dataset_cache_dir, ProbesDir(options)}) {
+    if (absl::Status traversable = OnlyTraversable(dir); !traversable.ok()) return traversable;
   }
-  if (options.memory_probe) {
-    ProcessMemoryProbe::Options probe_options;
-    probe_options.worker_binary = manager_options.worker_binary;
-    probe_options.script_binary = manager_options.script_binary;
-    probe_options.work_dir = probes_dir;
-    probe_options.dataset_cache_dir = manager_options.dataset_cache_dir;
-    probe_options.cgroups = server->cgroups.get();
-    // Measure with the threads a rank gets, since intra-op threads take scratch memory of their own.
-    const std::vector<fitrun::v1::Device> inventory = server->devices->Snapshot();
-    probe_options.cpu_threads = inventory.empty() ? 1 : std::max(1, inventory.front().cpu_threads());
-    probe_options.probe_device_id = ProbeDeviceOf(inventory);
-    absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> probe = ProcessMemoryProbe::Create(probe_options);
-    if (!probe.ok()) return probe.status();
-    server->memory_probe = *std::move(probe);
-    MemoryCalibrator::Options calibrator_options;
-    calibrator_options.cache_path = (std::filesystem::path(options.state_dir) / "memory_calibration.tsv").string();
-    calibrator_options.metrics = server->metrics.get();
-    absl::StatusOr<std::unique_ptr<MemoryCalibrator>> calibrator =
-        MemoryCalibrator::Create(calibrator_options, server->memory_probe.get());
-    if (!calibrator.ok()) return calibrator.status();
-    server->memory_calibrator = *std::move(calibrator);
-    manager_options.memory_calibrator = server->memory_calibrator.get();
-  }
-  // What GPU runs teach about each GPU model's costs beyond the tensors, and the caching allocator's
-  // settings ranks on GPUs run with: fitrund's own environment's, or expandable segments.
+  return absl::OkStatus();
+}
+
+// The job manager's options from the flags: what specs may read, the limits, where ranks find their
+// files and fitrund, and (as owners) the owners' directories made passable.
+absl::Status DeriveManagerOptions(const ServerOptions& options, bool as_owners, int64_t memory,
+                                  const startup::ListenAddress& listen, const std::string& worker_binary,
+                                  JobManager::Options& manager) {
+  absl::StatusOr<std::vector<std::string>> data_roots = DataRoots(options, as_owners);
+  if (!data_roots.ok()) return data_roots.status();
+  manager.data_roots.emplace(*std::move(data_roots));
+  if (absl::Status limits = startup::SetJobLimits(options, manager); !limits.ok()) return limits;
+  if (absl::Status ceilings = SetRankCeilings(options, memory, manager); !ceilings.ok()) return ceilings;
+  SetWorkerFiles(options, worker_binary, manager);
+  SetWorkerChannel(options, listen, manager);
+  manager.stop_workers_on_shutdown = options.stop_workers_on_exit;
+  if (as_owners) return ProtectOwnersDirs(options, manager);
+  return absl::OkStatus();
+}
+
+// --memory_probe: the probe that measures a workload once, and the calibrator that learns from it,
+// handed to the manager.
+absl::Status StartMemoryProbe(const ServerOptions& options, RunningServer* server, JobManager::Options& manager) {
+  if (!options.memory_probe) return absl::OkStatus();
+  ProcessMemoryProbe::Options probe_options;
+  probe_options.worker_binary = manager.worker_binary;
+  probe_options.script_binary = manager.script_binary;
+  probe_options.work_dir = ProbesDir(options);
+  probe_options.dataset_cache_dir = manager.dataset_cache_dir;
+  probe_options.cgroups = server->cgroups.get();
+  // Measure with the threads a rank gets, since intra-op threads take scratch memory of their own.
+  const std::vector<fitrun::v1::Device> inventory = server->devices->Snapshot();
+  probe_options.cpu_threads = inventory.empty() ? 1 : std::max(1, inventory.front().cpu_threads());
+  probe_options.probe_device_id = ProbeDeviceOf(inventory);
+  absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> probe = ProcessMemoryProbe::Create(probe_options);
+  if (!probe.ok()) return probe.status();
+  server->memory_probe = *std::move(probe);
+  MemoryCalibrator::Options calibrator_options;
+  calibrator_options.cache_path = (std::filesystem::path(options.state_dir) / "memory_calibration.tsv").string();
+  calibrator_options.metrics = server->metrics.get();
+  absl::StatusOr<std::unique_ptr<MemoryCalibrator>> calibrator =
+      MemoryCalibrator::Create(calibrator_options, server->memory_probe.get());
+  if (!calibrator.ok()) return calibrator.status();
+  server->memory_calibrator = *std::move(calibrator);
+  manager.memory_calibrator = server->memory_calibrator.get();
+  return absl::OkStatus();
+}
+
+// What GPU runs teach about each GPU model's costs beyond the tensors, and the caching allocator's
+// settings ranks on GPUs run with: fitrund's own environment's, or expandable segments.
+absl::Status OpenDeviceCosts(const ServerOptions& options, RunningServer* server, JobManager::Options& manager) {
   absl::StatusOr<std::unique_ptr<DeviceCostsBook>> device_costs =
       DeviceCostsBook::Create((std::filesystem::path(options.state_dir) / "device_costs.tsv").string());
   if (!device_costs.ok()) return device_costs.status();
   server->device_costs = *std::move(device_costs);
-  manager_options.device_costs = server->device_costs.get();
+  manager.device_costs = server->device_costs.get();
   if (const char* allocator_config = std::getenv("PYTORCH_CUDA_ALLOC_CONF"); allocator_config != nullptr) {
-    manager_options.cuda_allocator_config = allocator_config;
+    manager.cuda_allocator_config = allocator_config;
   }
+  return absl::OkStatus();
+}
+
+absl::Status StartJobManager(const JobManager::Options& manager_options, RunningServer* server) {
   absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(
       manager_options, server->store.get(), server->devices.get(), server->launcher.get(), server->metrics.get());
   if (!manager.ok()) return manager.status();
   server->manager = *std::move(manager);
+  return absl::OkStatus();
+}
 
+// /metrics, the web page and its API on --metrics_listen, behind the gRPC API's users.
+absl::Status StartWebServer(const ServerOptions& options, RunningServer* server) {
   WebServer::Options web_options;
   web_options.listen = options.metrics_listen;
   if (absl::Status status = CheckMetricsListen(options); !status.ok()) return status;
@@ -618,12 +704,17 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   web_options.metrics_public = options.metrics_public;
   web_options.hosts = options.metrics_hosts;
   web_options.tls = WebTls{options.tls_cert, options.tls_key, options.tls_client_ca};
-  absl::StatusOr<std::unique_ptr<WebServer>> web = WebServer::Start(
-      web_options, server->manager.get(), {server->registry});
+  absl::StatusOr<std::unique_ptr<WebServer>> web = WebServer::Start(web_options, server->manager.get(), {server->registry});
   if (!web.ok()) return web.status();
   server->web = *std::move(web);
   server->metrics_address = server->web->address();
+  return absl::OkStatus();
+}
 
+// The gRPC services (the coordinator's API and the ranks' WorkerChannel) on server->address; a port
+// that cannot be bound shuts down what was started.
+absl::Status StartGrpcServer(const ServerOptions& options, bool as_owners,
+                             const std::shared_ptr<grpc::ServerCredentials>& credentials, RunningServer* server) {
   CoordinatorService::Options service_options;
   service_options.max_streams_per_user = options.max_streams_per_user;
   service_options.run_jobs_as_owners = as_owners;
@@ -648,7 +739,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
   // asked for: for a local fitrund's tools only, never a secured one's.
   if (server->authenticator->secured()) builder.SetOption(std::make_unique<WithoutReflection>());
   int bound_port = 0;
-  builder.AddListeningPort(server->address, *credentials, &bound_port);
+  builder.AddListeningPort(server->address, credentials, &bound_port);
   builder.RegisterService(server->coordinator_service.get());
   builder.RegisterService(server->worker_service.get());
   server->grpc_server = builder.BuildAndStart();
@@ -656,17 +747,73 @@ absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions
     server->Shutdown(/*stop_workers=*/true);
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", server->address));
   }
+  return absl::OkStatus();
+}
 
-  // Tools and tests started with port 0 learn the ports from these files, written whole after the
-  // server listens, so a watcher of a file never reads half.
+// Tools and tests started with port 0 learn the ports from these files, written whole after the
+// server listens, so a watcher of a file never reads half.
+absl::Status WriteAddressFiles(const ServerOptions& options, const RunningServer& server) {
   const std::filesystem::path state(options.state_dir);
-  if (absl::Status status = contract::WriteFileAtomically((state / "fitrund.address").string(), server->address + "\n"); !status.ok()) {
+  if (absl::Status status = contract::WriteFileAtomically((state / "fitrund.address").string(), server.address + "\n"); !status.ok()) {
     return status;
   }
-  if (absl::Status status = contract::WriteFileAtomically((state / "fitrund.metrics_address").string(), server->metrics_address + "\n");
+  return contract::WriteFileAtomically((state / "fitrund.metrics_address").string(), server.metrics_address + "\n");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions& options) {
+  auto server = std::make_unique<RunningServer>();
+  // First, with nothing made yet: whether jobs run as their owners decides every mode below.
+  if (absl::Status status = CheckUnixAccountsFlag(options); !status.ok()) return status;
+  const bool as_owners = RunsJobsAsOwners(options);
+  // The state directory before anything is written into it.
+  if (absl::Status status = PrepareStateDir(options, as_owners); !status.ok()) return status;
+  // The lock before the store, so two fitrunds never recover the same jobs.
+  if (absl::Status status = ClaimStateDir(options, server.get()); !status.ok()) return status;
+
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int64_t memory = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  JobManager::Options manager_options;
+  // The cluster first: Slurm brings its own devices, launcher and job directories.
+  if (absl::Status status = ChooseCluster(options, server.get(), &manager_options); !status.ok()) return status;
+  // Then this machine's devices, where Slurm gave none.
+  if (absl::Status status = ChooseDevices(options, cores, memory, server.get()); !status.ok()) return status;
+  // The registry before the parts that report to it (the calibrator, the manager).
+  server->registry = std::make_shared<prometheus::Registry>();
+  server->metrics = std::make_unique<PrometheusMetrics>(*server->registry, kFitrundVersion, absl::Now());
+
+  // Workers must be told the coordinator's address before the gRPC server (which needs the manager)
+  // is built, so a port 0 is resolved to a concrete free port first.
+  absl::StatusOr<startup::ListenAddress> listen = startup::ResolveListen(options.listen);
+  if (!listen.ok()) return listen.status();
+  server->address = listen->address();
+  // Credentials and users before the launcher: a bad TLS or token file stops the start before any rank.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(options, listen->host);
+  if (!credentials.ok()) return credentials.status();
+  if (absl::Status status = StartAuthenticator(options, server.get()); !status.ok()) return status;
+
+  // The cgroups before the launcher and the probe, which start processes in them.
+  if (absl::Status status = StartJobCgroups(options, server.get()); !status.ok()) return status;
+  const std::string worker_binary = options.worker_binary.empty() ? DefaultWorkerBinary() : options.worker_binary;
+  if (absl::Status status = StartLocalLauncher(options, worker_binary, server.get()); !status.ok()) return status;
+  // The manager's options once the cluster, the address and the worker are known.
+  if (absl::Status status = DeriveManagerOptions(options, as_owners, memory, *listen, worker_binary, manager_options);
       !status.ok()) {
     return status;
   }
+  // The probe runs the worker the manager's options name, in the devices' threads.
+  if (absl::Status status = StartMemoryProbe(options, server.get(), manager_options); !status.ok()) return status;
+  // What the manager plans GPU ranks with, read before it recovers and plans any job.
+  if (absl::Status status = OpenDeviceCosts(options, server.get(), manager_options); !status.ok()) return status;
+  // The manager last of the core parts: it recovers stored jobs with everything above.
+  if (absl::Status status = StartJobManager(manager_options, server.get()); !status.ok()) return status;
+
+  // The web server, then gRPC: both read the manager; a failed gRPC bind shuts the web server down.
+  if (absl::Status status = StartWebServer(options, server.get()); !status.ok()) return status;
+  if (absl::Status status = StartGrpcServer(options, as_owners, *credentials, server.get()); !status.ok()) return status;
+  // Last, once both ports listen: whoever reads these files may dial them at once.
+  if (absl::Status status = WriteAddressFiles(options, *server); !status.ok()) return status;
   return server;
 }
 

@@ -148,6 +148,30 @@ bool RunsJobsAsOwners(const ServerOptions& options);
 
 absl::StatusOr<std::unique_ptr<RunningServer>> BuildAndStart(const ServerOptions& options);
 
+// BuildAndStart's steps that derive something from the flags alone, here so that server_test.cc
+// checks them without starting a server.
+namespace startup {
+
+// --listen as gRPC will bind it: a port 0 already replaced by a free one, since ranks are told the
+// address before the gRPC server exists.
+struct ListenAddress {
+  std::string host;       // as given ("0.0.0.0", "[::1]", "")
+  std::string port;       // never "0"
+  std::string dial_host;  // where a local rank dials: host, or 127.0.0.1 for a wildcard host
+  std::string address() const { return host + ":" + port; }
+};
+absl::StatusOr<ListenAddress> ResolveListen(const std::string& listen);
+
+// Where ranks dial fitrund's WorkerChannel: --advertise_address (HOST, or HOST:PORT; a bare
+// "[v6]" gets the listen port), else the listen address as a local rank dials it.
+std::string WorkerChannelAddress(const std::string& advertise_address, const ListenAddress& listen);
+
+// --max_jobs_per_user, --retain_finished_jobs, --max_events_per_job and --min_account_uid into the
+// manager's options, or the first one out of range, named.
+absl::Status SetJobLimits(const ServerOptions& options, JobManager::Options& manager);
+
+}  // namespace startup
+
 }  // namespace fitrun::server
 
 #endif  // FITRUN_SERVER_SERVER_H_
