@@ -1,25 +1,32 @@
 #include "server/auth/authenticator.h"
 
-#include <cstdlib>
 #include <fstream>
 #include <string>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "server/testing/temp_dir.h"
+
 namespace fitrun::server {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string WriteTokens(const std::string& name, const std::string& text) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-  std::ofstream(path) << text;
-  return path;
-}
+class AuthenticatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(dir_.ok()); }
+  // Writes `text` to the file `name` of the test's own directory (again: replaces it) and names it.
+  std::string WriteTokens(const std::string& name, const std::string& text) {
+    const std::string path = dir_.Join(name);
+    std::ofstream(path) << text;
+    return path;
+  }
 
-TEST(AuthenticatorTest, LocalModeMakesEveryCallerTheLocalAdmin) {
+  TempDir dir_;
+};
+
+TEST_F(AuthenticatorTest, LocalModeMakesEveryCallerTheLocalAdmin) {
   auto local = Authenticator::Create({});
   ASSERT_TRUE(local.ok());
   EXPECT_FALSE((*local)->secured());
@@ -29,7 +36,7 @@ TEST(AuthenticatorTest, LocalModeMakesEveryCallerTheLocalAdmin) {
   EXPECT_TRUE(caller->admin);
 }
 
-TEST(AuthenticatorTest, TokensAreKnownByTheirHashAndGiveTheirUsersRole) {
+TEST_F(AuthenticatorTest, TokensAreKnownByTheirHashAndGiveTheirUsersRole) {
   // sha256("alice-secret") and sha256("root-secret"), as `printf '%s' ... | sha256sum` prints them.
   const std::string alice = Authenticator::Sha256Hex("alice-secret");
   const std::string root = Authenticator::Sha256Hex("root-secret");
@@ -47,7 +54,7 @@ TEST(AuthenticatorTest, TokensAreKnownByTheirHashAndGiveTheirUsersRole) {
   EXPECT_EQ((*auth)->Identify("", "alice").status().code(), absl::StatusCode::kUnauthenticated);
 }
 
-TEST(AuthenticatorTest, ClientCertificatesNameTheirHolderWithTheRoleTheFileGives) {
+TEST_F(AuthenticatorTest, ClientCertificatesNameTheirHolderWithTheRoleTheFileGives) {
   const std::string path = WriteTokens("cert_roles", "ops admin -\n");
   auto auth = Authenticator::Create({path, true});
   ASSERT_TRUE(auth.ok()) << auth.status();
@@ -59,7 +66,7 @@ TEST(AuthenticatorTest, ClientCertificatesNameTheirHolderWithTheRoleTheFileGives
   EXPECT_EQ((*certificates_only)->Identify("", "").status().code(), absl::StatusCode::kUnauthenticated);
 }
 
-TEST(AuthenticatorTest, ReloadTakesANewFileAndKeepsTheOldOneWhenTheNewOneIsBroken) {
+TEST_F(AuthenticatorTest, ReloadTakesANewFileAndKeepsTheOldOneWhenTheNewOneIsBroken) {
   const std::string path = WriteTokens("reload", "alice user " + Authenticator::Sha256Hex("one") + "\n");
   auto auth = Authenticator::Create({path, false});
   ASSERT_TRUE(auth.ok());
@@ -74,7 +81,7 @@ TEST(AuthenticatorTest, ReloadTakesANewFileAndKeepsTheOldOneWhenTheNewOneIsBroke
   EXPECT_THAT((*auth)->Reload().message(), HasSubstr("line 1: the role is admin or user"));
 }
 
-TEST(AuthenticatorTest, ATokensHashIdentifiesItsUserForAsLongAsTheFileHasIt) {
+TEST_F(AuthenticatorTest, ATokensHashIdentifiesItsUserForAsLongAsTheFileHasIt) {
   const std::string path = WriteTokens("by_hash", "alice user " + Authenticator::Sha256Hex("a") + " =\n" +
                                                       "root admin " + Authenticator::Sha256Hex("r") + "\n");
   auto auth = Authenticator::Create({path, false});
@@ -102,7 +109,7 @@ TEST(CallerTest, UsersSeeTheirOwnJobsAndAdminsEveryJob) {
   EXPECT_TRUE((Caller{"root", true}).MayAccess("bob"));
 }
 
-TEST(AuthenticatorTest, UsersCarryTheUnixAccountTheirJobsRunAs) {
+TEST_F(AuthenticatorTest, UsersCarryTheUnixAccountTheirJobsRunAs) {
   const std::string path = WriteTokens(
       "accounts", "alice user " + Authenticator::Sha256Hex("a") + " alice_unix\n" +  //
                       "bob user " + Authenticator::Sha256Hex("b") + " =\n" +            //
@@ -125,7 +132,7 @@ TEST(AuthenticatorTest, UsersCarryTheUnixAccountTheirJobsRunAs) {
   EXPECT_EQ((*by_rule)->Identify("", "erin")->unix_account, "erin");
 }
 
-TEST(AuthenticatorTest, TwoAccountsForOneUserAreRefusedNamingTheLine) {
+TEST_F(AuthenticatorTest, TwoAccountsForOneUserAreRefusedNamingTheLine) {
   const std::string path = WriteTokens("two-accounts", "alice user " + Authenticator::Sha256Hex("a") + " one\n" +
                                                            "alice user " + Authenticator::Sha256Hex("b") + " two\n");
   auto auth = Authenticator::Create({path, false});

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "server/testing/temp_dir.h"
 
 namespace fitrun::server {
 namespace {
@@ -120,9 +121,10 @@ TEST_F(NvmlDevicesTest, DestructionShutsNvmlDown) {
 }
 
 TEST_F(NvmlDevicesTest, MissingLibraryIsNotFound) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
   NvmlDevices::Options options;
-  options.library_path = absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp",
-                                      "/no-such-dir/libnvidia-ml.so.1");
+  options.library_path = dir.Join("no-such-dir/libnvidia-ml.so.1");
   auto nvml = NvmlDevices::Create(options);
   ASSERT_FALSE(nvml.ok());
   EXPECT_EQ(nvml.status().code(), absl::StatusCode::kNotFound) << nvml.status();

@@ -16,24 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/sandbox/throwaway_cgroups.h"
+#include "server/testing/temp_dir.h"
 
 namespace fitrun::server {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string TestDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
-
-// A stand-in for fitrun-worker: a shell script with the given body.
-std::string FakeWorker(const std::string& name, const std::string& body) {
-  const std::string path = (std::filesystem::path(TestDir()) / name).string();
-  std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
-  chmod(path.c_str(), 0755);
-  return path;
-}
 
 fitrun::v1::JobSpec Spec() {
   fitrun::v1::JobSpec spec;
@@ -42,14 +30,40 @@ fitrun::v1::JobSpec Spec() {
   return spec;
 }
 
-ProcessMemoryProbe::Options OptionsFor(const std::string& binary) {
-  ProcessMemoryProbe::Options options;
-  options.worker_binary = binary;
-  options.work_dir = (std::filesystem::path(TestDir()) / "probes").string();
-  options.start_timeout = absl::Seconds(10);
-  options.measure_timeout = absl::Seconds(10);
-  return options;
-}
+// Each test's fake workers and probe work directory in a directory of its own.
+class ProcessMemoryProbeTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(dir_.ok()); }
+
+  // A stand-in for fitrun-worker: a shell script with the given body.
+  std::string FakeWorker(const std::string& name, const std::string& body) {
+    const std::string path = dir_.Join(name);
+    std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+    chmod(path.c_str(), 0755);
+    return path;
+  }
+
+  ProcessMemoryProbe::Options OptionsFor(const std::string& binary) {
+    ProcessMemoryProbe::Options options;
+    options.worker_binary = binary;
+    options.work_dir = dir_.Join("probes");
+    options.start_timeout = absl::Seconds(10);
+    options.measure_timeout = absl::Seconds(10);
+    return options;
+  }
+
+  // The fake answers one batch when the assignment has, or has not, the device it greps for.
+  std::string DeviceCheckingWorker(const std::string& name, bool expect_device) {
+    const std::string check =
+        expect_device ? R"(grep -q 'device_ids: "cuda:1#0"' "$FITRUN_ASSIGNMENT" || { echo "no device" >&2; exit 2; })"
+                      : R"(! grep -q 'device_ids' "$FITRUN_ASSIGNMENT" || { echo "a device" >&2; exit 2; })";
+    return FakeWorker(name, check + R"sh(
+echo '{"model_state_bytes": 0, "train_samples": 0}'
+while read b; do echo "{\"batch\": $b, \"peak_bytes\": 7, \"backward_peak_bytes\": 7, \"other_peak_bytes\": 0}"; done)sh");
+  }
+
+  TempDir dir_;
+};
 
 TEST(ParseProbeLineTest, ReadsTheHeaderMeasurementsAndErrors) {
   absl::StatusOr<ProbeLine> header = ParseProbeLine(R"({"model_state_bytes": 2678824, "train_samples": 60000})");
@@ -88,13 +102,12 @@ std::string ExpectedProbeNice() {
   return absl::StrCat(std::min(19, own + 10));
 }
 
-TEST(ProcessMemoryProbeTest, OneProcessMeasuresEveryBatchItIsSent) {
+TEST_F(ProcessMemoryProbeTest, OneProcessMeasuresEveryBatchItIsSent) {
   // Checks its argv, that it runs niced, and that the assignment carries the spec, the threads, the
   // budget as the memory cap and the ranks' dataset cache; then answers each batch b read from stdin like a model whose peak is 1000 + 100 b,
   // refusing what passes the budget, and logs one line per batch to a file so the test can see
   // that a single process served them all.
-  const std::string log = (std::filesystem::path(TestDir()) / "probe_ok.log").string();
-  std::filesystem::remove(log);
+  const std::string log = dir_.Join("probe_ok.log");
   const std::string worker = FakeWorker("probe_ok.sh", R"sh(
 [ "$1" = "--probe" ] && [ -z "$2" ] || { echo "bad argv: $*" >&2; exit 2; }
 grep -q 'name: "probe-me"' "$FITRUN_ASSIGNMENT" || { echo "no spec in $FITRUN_ASSIGNMENT" >&2; exit 2; }
@@ -135,7 +148,7 @@ done)sh");
   EXPECT_TRUE(std::filesystem::is_empty(OptionsFor(worker).work_dir));
 }
 
-TEST(ProcessMemoryProbeTest, AWorkerThatRefusesTheSpecIsReportedWithItsStderr) {
+TEST_F(ProcessMemoryProbeTest, AWorkerThatRefusesTheSpecIsReportedWithItsStderr) {
   const std::string worker =
       FakeWorker("probe_bad.sh", "echo 'fitrun-worker --probe: spec.model.torchscript: not a module' >&2; exit 2");
   auto probe = *ProcessMemoryProbe::Create(OptionsFor(worker));
@@ -145,7 +158,7 @@ TEST(ProcessMemoryProbeTest, AWorkerThatRefusesTheSpecIsReportedWithItsStderr) {
   EXPECT_THAT(session.status().message(), HasSubstr("spec.model.torchscript: not a module"));
 }
 
-TEST(ProcessMemoryProbeTest, AWorkerThatDiesMidwayIsAnErrorNotACrash) {
+TEST_F(ProcessMemoryProbeTest, AWorkerThatDiesMidwayIsAnErrorNotACrash) {
   const std::string worker = FakeWorker("probe_dies.sh", R"(
 echo '{"model_state_bytes": 100, "train_samples": 1000}'
 read b
@@ -162,7 +175,7 @@ kill -SEGV $$)");
   EXPECT_FALSE((*session)->MeasurePeak(8).ok());
 }
 
-TEST(ProcessMemoryProbeTest, AHungWorkerIsKilledAtTheTimeout) {
+TEST_F(ProcessMemoryProbeTest, AHungWorkerIsKilledAtTheTimeout) {
   const std::string worker = FakeWorker("probe_hang.sh", R"(
 echo '{"model_state_bytes": 100, "train_samples": 1000}'
 exec sleep 60)");
@@ -179,7 +192,7 @@ exec sleep 60)");
 
 // The job's owner controls what the probe writes: a line that never ends stops the probe at 64 KiB
 // instead of growing in fitrund's memory until the measurement's timeout.
-TEST(ProcessMemoryProbeTest, ALineWithoutEndStopsTheProbe) {
+TEST_F(ProcessMemoryProbeTest, ALineWithoutEndStopsTheProbe) {
   const std::string worker = FakeWorker("probe_endless_line.sh", R"(
 echo '{"model_state_bytes": 100, "train_samples": 1000}'
 read b
@@ -202,9 +215,8 @@ exec sleep 20)");
 
 // A probe's child (its owner's) that keeps the probe's stderr open after the probe ended costs the
 // calibrator a short grace, not the child's lifetime.
-TEST(ProcessMemoryProbeTest, AChildHoldingStderrDoesNotHoldTheMeasurement) {
-  const std::string child_pid = (std::filesystem::path(TestDir()) / "probe_stderr_child.pid").string();
-  std::filesystem::remove(child_pid);
+TEST_F(ProcessMemoryProbeTest, AChildHoldingStderrDoesNotHoldTheMeasurement) {
+  const std::string child_pid = dir_.Join("probe_stderr_child.pid");
   const std::string worker = FakeWorker("probe_stderr_held.sh", absl::StrCat(R"(
 echo '{"model_state_bytes": 100, "train_samples": 1000}'
 read b
@@ -227,7 +239,7 @@ exit 3)"));
 
 // Its owner can stop the probe and fill the pipe fitrund writes batch sizes to (reopened through
 // /proc): sending one then fails at the measurement's timeout instead of blocking the calibrator.
-TEST(ProcessMemoryProbeTest, AProbeWhoseInputIsFullIsStoppedAtTheTimeout) {
+TEST_F(ProcessMemoryProbeTest, AProbeWhoseInputIsFullIsStoppedAtTheTimeout) {
   const std::string worker = FakeWorker("probe_full_input.sh", R"(
 exec 3>/proc/$$/fd/0
 timeout 1 cat /dev/zero </dev/null >&3
@@ -248,7 +260,7 @@ exec sleep 20)");
 
 // What a probe wrote on stderr reaches error messages (the job's events, an admin's terminal,
 // fitrund's log) with its control characters escaped, its tail starting at a whole UTF-8 character.
-TEST(ProcessMemoryProbeTest, ItsOutputInAMessageHasNoControlCharactersOrHalfCharacters) {
+TEST_F(ProcessMemoryProbeTest, ItsOutputInAMessageHasNoControlCharactersOrHalfCharacters) {
   const std::string worker = FakeWorker("probe_escapes.sh", R"(
 echo '{"model_state_bytes": 100, "train_samples": 1000}'
 read b
@@ -279,22 +291,12 @@ exit 3)");
   EXPECT_THAT((*short_session)->MeasurePeak(4).status().message(), HasSubstr("clear \\x1b[2J\\x0dline two"));
 }
 
-TEST(ProcessMemoryProbeTest, AMissingBinaryIsAnError) {
+TEST_F(ProcessMemoryProbeTest, AMissingBinaryIsAnError) {
   auto probe = *ProcessMemoryProbe::Create(OptionsFor("/nonexistent/fitrun-worker"));
   EXPECT_EQ(probe->Start(Spec(), 1 << 30, "").status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-// The fake answers one batch when the assignment has, or has not, the device it greps for.
-std::string DeviceCheckingWorker(const std::string& name, bool expect_device) {
-  const std::string check = expect_device
-                                ? R"(grep -q 'device_ids: "cuda:1#0"' "$FITRUN_ASSIGNMENT" || { echo "no device" >&2; exit 2; })"
-                                : R"(! grep -q 'device_ids' "$FITRUN_ASSIGNMENT" || { echo "a device" >&2; exit 2; })";
-  return FakeWorker(name, check + R"sh(
-echo '{"model_state_bytes": 0, "train_samples": 0}'
-while read b; do echo "{\"batch\": $b, \"peak_bytes\": 7, \"backward_peak_bytes\": 7, \"other_peak_bytes\": 0}"; done)sh");
-}
-
-TEST(ProcessMemoryProbeTest, AScriptIsProbedOnTheConfiguredGpuAndABuiltinTimedThere) {
+TEST_F(ProcessMemoryProbeTest, AScriptIsProbedOnTheConfiguredGpuAndABuiltinTimedThere) {
   fitrun::v1::JobSpec script = Spec();
   script.clear_model();
   script.mutable_script()->add_command("/usr/bin/python3");
@@ -349,14 +351,12 @@ TEST(ProbeDeviceOfTest, TheRoomiestGpuOfThisMachine) {
   EXPECT_EQ(ProbeDeviceOf({device("n1/cuda:0", fitrun::v1::DEVICE_KIND_CUDA, 80LL << 30)}), "");
 }
 
-TEST(ProcessMemoryProbeTest, AProbeRunsInACgroupOfItsOwnThatGoesWithItAndWhatItStarted) {
+TEST_F(ProcessMemoryProbeTest, AProbeRunsInACgroupOfItsOwnThatGoesWithItAndWhatItStarted) {
   ThrowawayCgroups throwaway("probe");
   if (!throwaway.available()) GTEST_SKIP() << throwaway.why();
   // A probe that leaves a daemon behind (setsid, its parent gone), as a script's probe could.
-  const std::string seen = (std::filesystem::path(TestDir()) / "probe_cgroup.txt").string();
-  const std::string daemon_pid = (std::filesystem::path(TestDir()) / "probe_daemon.pid").string();
-  std::filesystem::remove(seen);
-  std::filesystem::remove(daemon_pid);
+  const std::string seen = dir_.Join("probe_cgroup.txt");
+  const std::string daemon_pid = dir_.Join("probe_daemon.pid");
   const std::string worker = FakeWorker("probe_cgroup.sh", absl::StrCat(R"(
 grep -E ':(memory|pids):' /proc/self/cgroup > )", seen, R"(
 setsid /bin/sh -c 'sleep 300 & echo $! > )", daemon_pid, R"('
@@ -400,7 +400,7 @@ while read b; do echo "{\"batch\": $b, \"peak_bytes\": 1000, \"backward_peak_byt
 
 // A script the kernel kills at the probe's host memory limit has a batch that does not fit (as one
 // past the device's budget), not a broken script: the sweep stops below it.
-TEST(ProcessMemoryProbeTest, AScriptKilledAtTheHostMemoryLimitIsOverBudgetNotAFailure) {
+TEST_F(ProcessMemoryProbeTest, AScriptKilledAtTheHostMemoryLimitIsOverBudgetNotAFailure) {
   ThrowawayCgroups throwaway("probe-oom");
   if (!throwaway.available()) GTEST_SKIP() << throwaway.why();
   // Its "script" fills 64 MiB of host memory per sample, outside any device count; the worker reports

@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "server/sandbox/throwaway_account.h"
+#include "server/testing/temp_dir.h"
 
 namespace fitrun::server {
 namespace {
@@ -45,10 +46,9 @@ class OwnedDirectoryTest : public ::testing::TestWithParam<bool> {
   void SetUp() override {
     OwnedDirectory::UseDescriptorWalkForTesting(GetParam());
     // Under /tmp, reachable by a throwaway account, so only modes decide what it may do.
-    char pattern[] = "/tmp/fitrun-owned-XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    root_ = pattern;
-    chmod(pattern, 0755);
+    ASSERT_TRUE(dir_.ok());
+    root_ = dir_.path();
+    chmod(root_.c_str(), 0755);
     // A victim outside: a file and a directory only fitrund's user may change.
     victim_dir_ = root_ / "victim";
     fs::create_directory(victim_dir_);
@@ -62,7 +62,6 @@ class OwnedDirectoryTest : public ::testing::TestWithParam<bool> {
   }
   void TearDown() override {
     OwnedDirectory::UseDescriptorWalkForTesting(false);
-    if (!root_.empty()) fs::remove_all(root_);
   }
   void ExpectVictimsUntouched() {
     EXPECT_EQ(Read(victim_), "fitrund's alone\n");
@@ -73,6 +72,7 @@ class OwnedDirectoryTest : public ::testing::TestWithParam<bool> {
     EXPECT_EQ(fs::directory_iterator(victim_dir_)->path(), victim_) << "nothing new in the victim directory";
   }
 
+  TempDir dir_{"fitrun-owned-", "/tmp"};
   fs::path root_, victim_dir_, victim_, jobs_;
 };
 

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/sandbox/throwaway_account.h"
+#include "server/testing/temp_dir.h"
 
 namespace fitrun::server {
 namespace {
@@ -48,17 +49,12 @@ class FileAccessAsTest : public ::testing::Test {
     if (!account_.available()) GTEST_SKIP() << account_.why();
     // Under /tmp, not the test's own directory: the account must be able to reach the files, so
     // that only their modes decide.
-    char pattern[] = "/tmp/fitrun-file-access-XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-    chmod(pattern, 0755);
+    ASSERT_TRUE(dir_.ok());
+    chmod(dir_.path().c_str(), 0755);
     // Root's file, readable by root alone.
-    secret_ = (dir_ / "secret").string();
+    secret_ = dir_.Join("secret");
     std::ofstream(secret_) << "root only\n";
     chmod(secret_.c_str(), 0600);
-  }
-  void TearDown() override {
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
   bool CanRead(const std::string& path) {
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -66,7 +62,7 @@ class FileAccessAsTest : public ::testing::Test {
     return fd >= 0;
   }
   ThrowawayAccount account_{"fitrun-fa-"};
-  std::filesystem::path dir_;
+  TempDir dir_{"fitrun-file-access-", "/tmp"};
   std::string secret_;
 };
 
@@ -100,7 +96,7 @@ TEST_F(FileAccessAsTest, GroupMembershipCounts) {
   absl::StatusOr<UnixAccount> account = LookUpUnixAccount(account_.name());
   ASSERT_TRUE(account.ok()) << account.status();
   // Root's file, readable by the account's group.
-  const std::string shared = (dir_ / "group-readable").string();
+  const std::string shared = dir_.Join("group-readable");
   std::ofstream(shared) << "group\n";
   ASSERT_EQ(chown(shared.c_str(), 0, account->gid), 0);
   chmod(shared.c_str(), 0640);
@@ -114,9 +110,9 @@ TEST_F(FileAccessAsTest, AMagicLinkIntoAnotherProcesssPrivateDirectoryIsNotFollo
   ASSERT_TRUE(account.ok()) << account.status();
   // A world-readable file in a world-searchable directory, under a directory only root may search,
   // and a process of root's whose working directory is that inner directory.
-  const std::filesystem::path inner = dir_ / "private" / "inner";
+  const std::filesystem::path inner = dir_.Join("private/inner");
   std::filesystem::create_directories(inner);
-  chmod((dir_ / "private").c_str(), 0700);
+  chmod(dir_.Join("private").c_str(), 0700);
   chmod(inner.c_str(), 0755);
   std::ofstream(inner / "file") << "behind a private directory\n";
   chmod((inner / "file").c_str(), 0644);

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/testing/temp_dir.h"
 
 namespace fitrun::server::slurm {
 namespace {
@@ -121,7 +122,9 @@ TEST(RunSlurmCommandTest, TimeoutKillsAndReapsTheChildPromptly) {
 
 TEST(RunSlurmCommandTest, TimeoutAlsoKillsWhatTheCommandStarted) {
   // The shell starts a sleep that holds the pipes open, and tells its pid; both must be gone.
-  const std::string pid_file = absl::StrCat(std::getenv("TEST_TMPDIR"), "/grandchild.pid");
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string pid_file = dir.Join("grandchild.pid");
   absl::StatusOr<std::string> out =
       RunSlurmCommand({"/bin/sh", "-c", absl::StrCat("sleep 30 & echo $! > ", pid_file, "; wait")},
                       absl::Milliseconds(500));

@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/sandbox/throwaway_account.h"
+#include "server/testing/temp_dir.h"
 
 namespace fitrun::server {
 namespace {
@@ -60,14 +61,18 @@ TEST(SpawnTest, ChildGetsFitrundsEnvironmentWithTheOptionsOnTop) {
 }
 
 TEST(SpawnTest, StartsInTheWorkingDirectoryWithStdinFromDevNull) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
   SpawnOptions options;
-  options.working_dir = std::filesystem::temp_directory_path().string();
+  options.working_dir = dir.path();
   auto [printed, exit] = RunShell("pwd; cat; echo end", options);
   EXPECT_EQ(printed, options.working_dir + "\nend\n");
 }
 
 TEST(SpawnTest, OutputPathTakesStdoutAndStderrAppended) {
-  const std::string path = (std::filesystem::path(testing::TempDir()) / "child.log").string();
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir.Join("child.log");
   { std::ofstream(path) << "before\n"; }
   SpawnOptions options;
   options.argv = {"/bin/sh", "-c", "echo out; echo err >&2"};
@@ -190,20 +195,15 @@ class SpawnAsAccountTest : public ::testing::Test {
     ASSERT_TRUE(account.ok()) << account.status();
     account_ = *account;
     // A directory the account may write, reachable from /tmp (the test's own is under /root).
-    char pattern[] = "/tmp/fitrun-spawn-as-XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-    chmod(pattern, 0755);
-    writable_ = dir_ + "/mine";
+    ASSERT_TRUE(dir_.ok());
+    chmod(dir_.path().c_str(), 0755);
+    writable_ = dir_.Join("mine");
     mkdir(writable_.c_str(), 0700);
     ASSERT_EQ(chown(writable_.c_str(), account_.uid, account_.gid), 0);
   }
-  void TearDown() override {
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
   ThrowawayAccount throwaway_{"fitrun-sp-"};
   UnixAccount account_;
-  std::string dir_;
+  TempDir dir_{"fitrun-spawn-as-", "/tmp"};
   std::string writable_;
 };
 
@@ -255,7 +255,7 @@ TEST_F(SpawnAsAccountTest, OutputFileIsOpenedAsTheAccount) {
   EXPECT_EQ(info.st_uid, account_.uid);
 
   // Where only root may write, the child cannot start, and the error says which step failed.
-  options.output_path = dir_ + "/roots.log";
+  options.output_path = dir_.Join("roots.log");
   absl::StatusOr<pid_t> refused = Spawn(options);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find(absl::StrCat("as ", account_.name, ": opening its output file")),

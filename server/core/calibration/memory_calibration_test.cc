@@ -17,6 +17,7 @@
 #include "server/core/specs/job_specs.h"
 #include "server/core/memory/planner.h"
 #include "server/core/specs/test_specs.h"
+#include "server/testing/temp_dir.h"
 
 namespace fitrun::server {
 namespace {
@@ -49,11 +50,6 @@ MemoryCalibrator::Lookup WaitUntilMeasured(MemoryCalibrator& calibrator, const f
     lookup = calibrator.Find(spec, "");
   }
   return lookup;
-}
-
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return (std::filesystem::path(dir != nullptr ? dir : "/tmp") / name).string();
 }
 
 TEST(CalibrationKeyTest, ChangesWithWhatChangesMemoryOnly) {
@@ -118,7 +114,9 @@ TEST(CalibrationKeyTest, AScriptsStrategyAndPrecisionAreWorkloadsOfTheirOwn) {
 }
 
 TEST(CalibrationKeyTest, ARewrittenTorchScriptFileIsANewModelWhenSubmittedAgain) {
-  const std::string path = TempPath("model.pt");
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir.Join("model.pt");
   { std::ofstream(path) << "one"; }
   fitrun::v1::JobSpec spec = MlpSpec();
   spec.mutable_model()->set_torchscript(path);
@@ -260,8 +258,9 @@ TEST(MemoryCalibratorTest, AMeasurementJoinsTheCurveAndAFailedOneIsNotRepeated) 
 }
 
 TEST(MemoryCalibratorTest, TheCacheFileSurvivesARestartWithPointsAndRuns) {
-  const std::string path = TempPath("calibration-restart.tsv");
-  std::filesystem::remove(path);
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir.Join("calibration-restart.tsv");
   const fitrun::v1::JobSpec spec = MlpSpec();
   {
     FakeMemoryProbe probe(MlpPeakBytes);
@@ -304,8 +303,9 @@ TEST(RecomputingProfileTest, StartsFromTheKeptModelsMeasuredCurveScaledByTheAnal
 }
 
 TEST(MemoryCalibratorTest, TheSweepsStepTimesReachTheProfileAndSurviveARestart) {
-  const std::string path = TempPath("calibration-times.tsv");
-  std::filesystem::remove(path);
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir.Join("calibration-times.tsv");
   const fitrun::v1::JobSpec spec = MlpSpec();
   {
     FakeMemoryProbe probe(MlpPeakBytes);
@@ -328,8 +328,9 @@ TEST(MemoryCalibratorTest, TheSweepsStepTimesReachTheProfileAndSurviveARestart) 
 
 TEST(MemoryCalibratorTest, RunsBeforeTheFirstSweepSurviveARestartAndCorrectThatSweep) {
   // A job launched on its analytic estimate: its run is all fitrund knows of the workload.
-  const std::string path = TempPath("calibration-runs-first.tsv");
-  std::filesystem::remove(path);
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir.Join("calibration-runs-first.tsv");
   const fitrun::v1::JobSpec spec = MlpSpec();
   {
     FakeMemoryProbe probe(MlpPeakBytes);
@@ -353,8 +354,9 @@ TEST(MemoryCalibratorTest, RunsBeforeTheFirstSweepSurviveARestartAndCorrectThatS
 // larger peak where two ran one batch), kept across a restart; a built-in workload's runs wait for
 // its sweep instead. A sweep may still run and takes the runs along.
 TEST(MemoryCalibratorTest, AScriptsRunsAreItsCalibrationUntilASweep) {
-  const std::string path = TempPath("calibration-script-runs.tsv");
-  std::filesystem::remove(path);
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir.Join("calibration-script-runs.tsv");
   fitrun::v1::JobSpec script;
   script.mutable_script()->add_command("/usr/bin/python3");
   script.mutable_script()->add_command("train.py");
@@ -391,7 +393,9 @@ TEST(MemoryCalibratorTest, AScriptsRunsAreItsCalibrationUntilASweep) {
 }
 
 TEST(MemoryCalibratorTest, ATornOrOldLineIsSkippedAndTheFileIsCompacted) {
-  const std::string path = TempPath("calibration-torn.tsv");
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir.Join("calibration-torn.tsv");
   const fitrun::v1::JobSpec spec = MlpSpec();
   {
     std::ofstream out(path, std::ios::trunc);
@@ -522,11 +526,12 @@ TEST(MemoryCalibratorTest, OneAccountQueuesAFewProbesAtOnceAndOthersStillQueueTh
 }
 
 TEST(MemoryCalibratorTest, OneAccountKeepsABoundedNumberOfWorkloadsAndNoOtherAccountsAreTouched) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
   FakeMemoryProbe probe(MlpPeakBytes);
   MemoryCalibrator::Options options;
   options.max_workloads_per_account = 3;
-  options.cache_path = TempPath("bounded-workloads.tsv");
-  std::filesystem::remove(options.cache_path);
+  options.cache_path = dir.Join("bounded-workloads.tsv");
   auto calibrator = *MemoryCalibrator::Create(options, &probe);
   auto measure = [](MemoryCalibrator& c, const fitrun::v1::JobSpec& spec, const std::string& run_as) {
     absl::Notification done;

@@ -2,12 +2,13 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "server/testing/temp_dir.h"
 
 namespace fitrun::server {
 namespace {
@@ -17,9 +18,8 @@ using ::testing::HasSubstr;
 class DataRootsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    base_ = std::filesystem::path(tmp != nullptr ? tmp : "/tmp") / "data_roots_test";
-    std::filesystem::remove_all(base_);
+    ASSERT_TRUE(dir_.ok());
+    base_ = dir_.path();
     std::filesystem::create_directories(base_ / "root" / "project");
     std::filesystem::create_directories(base_ / "elsewhere");
     std::ofstream(base_ / "root" / "project" / "train.pt") << "x";
@@ -40,6 +40,7 @@ class DataRootsTest : public ::testing::Test {
     return std::string(DataRoots({(base_ / "root").string(), "/usr/share/datasets"}).Check(spec).message());
   }
 
+  TempDir dir_;
   std::filesystem::path base_;
 };
 

@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include "server/testing/temp_dir.h"
+
 namespace fitrun::server {
 namespace {
 
@@ -268,9 +270,9 @@ TEST(JobSpecTest, InvalidYamlSaysWhere) {
 
 // ---- the workload zoo: gpt on text, sasrec on MovieLens ratings, TorchScript modules -------------
 
-std::string WriteTempFile(const std::string& name, const std::string& bytes) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
+// Writes `bytes` to the file `name` in `dir` and names it.
+std::string WriteTempFile(const TempDir& dir, const std::string& name, const std::string& bytes) {
+  const std::string path = dir.Join(name);
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
 }
@@ -281,7 +283,9 @@ std::string GptYaml(const std::string& text_path, const std::string& gpt = "{lay
 }
 
 TEST(JobSpecTest, GptSpecParsesItsConfig) {
-  const std::string text = WriteTempFile("gpt.txt", std::string(5000, 'a'));
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string text = WriteTempFile(dir, "gpt.txt", std::string(5000, 'a'));
   absl::StatusOr<fitrun::v1::JobSpec> spec =
       Normalize(GptYaml(text, "{layers: 3, heads: 4, hidden: 64, context: 32, tied_head: true, "
                               "activation_checkpointing: true}"));
@@ -297,7 +301,9 @@ TEST(JobSpecTest, GptSpecParsesItsConfig) {
 }
 
 TEST(JobSpecTest, GptConfigErrorsNameTheField) {
-  const std::string text = WriteTempFile("gpt.txt", std::string(5000, 'a'));
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string text = WriteTempFile(dir, "gpt.txt", std::string(5000, 'a'));
   absl::Status heads = Normalize(GptYaml(text, "{layers: 2, heads: 3, hidden: 128, context: 64}")).status();
   EXPECT_EQ(heads.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(heads.message(), HasSubstr("spec.model.gpt.heads: must divide hidden"));
@@ -319,17 +325,19 @@ TEST(JobSpecTest, GptConfigErrorsNameTheField) {
 }
 
 TEST(JobSpecTest, GptDataMustBeAnExistingLargeEnoughTextFile) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
   absl::Status missing = Normalize(GptYaml("/nonexistent/corpus.txt")).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(missing.message(), HasSubstr("spec.data.path: no file '/nonexistent/corpus.txt'"));
 
   // context 64 needs 10 * 65 + 10 = 660 bytes so the last 10% holds a window.
-  const std::string small = WriteTempFile("small.txt", std::string(659, 'a'));
+  const std::string small = WriteTempFile(dir, "small.txt", std::string(659, 'a'));
   EXPECT_THAT(Normalize(GptYaml(small)).status().message(), HasSubstr("needs at least 660"));
-  const std::string enough = WriteTempFile("enough.txt", std::string(660, 'a'));
+  const std::string enough = WriteTempFile(dir, "enough.txt", std::string(660, 'a'));
   EXPECT_TRUE(Normalize(GptYaml(enough)).ok());
 
-  const std::string text = WriteTempFile("gpt.txt", std::string(5000, 'a'));
+  const std::string text = WriteTempFile(dir, "gpt.txt", std::string(5000, 'a'));
   std::string wrong_kind = GptYaml(text);
   wrong_kind.replace(wrong_kind.find("kind: text"), 10, "kind: fashion_mnist");
   EXPECT_THAT(Normalize(wrong_kind).status().message(),
@@ -337,7 +345,9 @@ TEST(JobSpecTest, GptDataMustBeAnExistingLargeEnoughTextFile) {
 }
 
 TEST(JobSpecTest, SasRecSpecParsesAndChecksItsConfig) {
-  const std::string ratings = WriteTempFile("ratings.dat", "1::10::5::100\n1::11::4::101\n1::12::3::102\n");
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string ratings = WriteTempFile(dir, "ratings.dat", "1::10::5::100\n1::11::4::101\n1::12::3::102\n");
   const std::string yaml = "name: rec\nmodel: {builtin: sasrec, sasrec: {max_len: 50, hidden: 64, blocks: 2, heads: HEADS}}\n"
                            "data: {kind: movielens, path: " + ratings + "}\noptimizer: {kind: adam, lr: 0.001}\nglobal_batch_size: 8\nepochs: 1\n";
   auto with_heads = [&](const std::string& heads) {
@@ -363,7 +373,9 @@ TEST(JobSpecTest, SasRecSpecParsesAndChecksItsConfig) {
 }
 
 TEST(JobSpecTest, TorchScriptNeedsAFileAndFashionMnist) {
-  const std::string module = WriteTempFile("model.pt", "not checked here");
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string module = WriteTempFile(dir, "model.pt", "not checked here");
   const std::string yaml = "name: ts\nmodel: {torchscript: PATH}\n"
                            "data: {kind: fashion_mnist, path: /usr/share/datasets/fashion-mnist}\n"
                            "optimizer: {kind: sgd, lr: 0.05}\nglobal_batch_size: 8\nepochs: 1\n";
@@ -396,7 +408,10 @@ absl::StatusOr<fitrun::v1::JobSpec> NormalizeScript(const std::string& script_ya
 }
 
 TEST(JobSpecTest, AScriptSpecIsCheckedWhereItsRanksWillRunIt) {
-  const std::string dir = std::filesystem::path(WriteTempFile("train.py", "print('hi')\n")).parent_path().string();
+  TempDir client_dir;
+  ASSERT_TRUE(client_dir.ok());
+  const std::string dir =
+      std::filesystem::path(WriteTempFile(client_dir, "train.py", "print('hi')\n")).parent_path().string();
   absl::StatusOr<fitrun::v1::JobSpec> spec = NormalizeScript(
       "{command: [/usr/bin/python3, train.py, --epochs, '1'], working_dir: ., env: {OMP_NUM_THREADS: '1'}, "
       "batch_flag: --batch_size, grad_accum_flag: --accum}",
@@ -451,7 +466,9 @@ TEST(JobSpecTest, AScriptSpecIsCheckedWhereItsRanksWillRunIt) {
 class TensorsSpecTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string dir = std::filesystem::path(WriteTempFile("tensors_write.py", R"PY(
+    dir_ = new TempDir("tensors-spec-test-");
+    ASSERT_TRUE(dir_->ok());
+    const std::string dir = std::filesystem::path(WriteTempFile(*dir_, "tensors_write.py", R"PY(
 import sys, torch
 d = sys.argv[1]
 x = torch.randn(40, 3)
@@ -467,16 +484,19 @@ open(d + "/model.pt", "wb").write(b"only its size is read at submit")
 )PY")).parent_path().string();
     const std::string command = "/usr/bin/python3 " + dir + "/tensors_write.py " + dir;
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
-    dir_ = new std::string(dir);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
   }
   static std::string Yaml(const std::string& data, const std::string& extra = "") {
-    return "name: t\nmodel: {torchscript: " + *dir_ + "/model.pt}\ndata: {kind: tensors, path: " + *dir_ + "/" + data +
-           "}\noptimizer: {kind: adam, lr: 0.001}\nglobal_batch_size: 8\nepochs: 1\n" + extra;
+    return "name: t\nmodel: {torchscript: " + dir_->Join("model.pt") + "}\ndata: {kind: tensors, path: " +
+           dir_->Join(data) + "}\noptimizer: {kind: adam, lr: 0.001}\nglobal_batch_size: 8\nepochs: 1\n" + extra;
   }
   static std::string Error(const std::string& yaml) { return std::string(Normalize(yaml).status().message()); }
-  static std::string* dir_;
+  static TempDir* dir_;
 };
-std::string* TensorsSpecTest::dir_ = nullptr;
+TempDir* TensorsSpecTest::dir_ = nullptr;
 
 TEST_F(TensorsSpecTest, AGoodFileGetsItsDefaultsAndALoss) {
   absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(Yaml("train.pt"));
@@ -491,7 +511,7 @@ TEST_F(TensorsSpecTest, AGoodFileGetsItsDefaultsAndALoss) {
   EXPECT_EQ(mapped->loss().ignore_index(), -100);
   EXPECT_TRUE(Normalize(Yaml("regression.pt", "loss: mse\n")).ok());
   std::string with_test = Yaml("train.pt");
-  with_test.replace(with_test.find("}\noptimizer"), 1, ", test_path: " + *dir_ + "/test.pt, inputs: [mask, x]}");
+  with_test.replace(with_test.find("}\noptimizer"), 1, ", test_path: " + dir_->path() + "/test.pt, inputs: [mask, x]}");
   absl::StatusOr<fitrun::v1::JobSpec> tested = Normalize(with_test);
   ASSERT_TRUE(tested.ok()) << tested.status();
   EXPECT_FALSE(tested->data().has_test_fraction());
@@ -500,20 +520,20 @@ TEST_F(TensorsSpecTest, AGoodFileGetsItsDefaultsAndALoss) {
 
 TEST_F(TensorsSpecTest, EveryMalformedFileOrFieldIsRefusedNamingTheFieldAndWhatWasFound) {
   EXPECT_THAT(Error(Yaml("no_target.pt")),
-              HasSubstr("spec.data.path: '" + *dir_ + "/no_target.pt' has no tensor 'target' (it has inputs float32 "
+              HasSubstr("spec.data.path: '" + dir_->path() + "/no_target.pt' has no tensor 'target' (it has inputs float32 "
                         "[40, 3]); name the target's key in spec.data.target"));
   EXPECT_THAT(Error(Yaml("train.pt").replace(Yaml("train.pt").find("}\noptimizer"), 1, ", target: label}")),
-              HasSubstr("spec.data.target: '" + *dir_ + "/train.pt' has no tensor 'label'"));
+              HasSubstr("spec.data.target: '" + dir_->path() + "/train.pt' has no tensor 'label'"));
   EXPECT_THAT(Error(Yaml("train.pt").replace(Yaml("train.pt").find("}\noptimizer"), 1, ", inputs: [x, y]}")),
-              HasSubstr("spec.data.inputs[1]: '" + *dir_ + "/train.pt' has no tensor 'y'"));
+              HasSubstr("spec.data.inputs[1]: '" + dir_->path() + "/train.pt' has no tensor 'y'"));
   EXPECT_THAT(Error(Yaml("uneven.pt")), HasSubstr("'x' is float32 [30, 3] but 'target' is int64 [40]"));
-  EXPECT_THAT(Error(Yaml("bare_tensor.pt")), HasSubstr("spec.data.path: '" + *dir_ + "/bare_tensor.pt': it holds an "
+  EXPECT_THAT(Error(Yaml("bare_tensor.pt")), HasSubstr("spec.data.path: '" + dir_->path() + "/bare_tensor.pt': it holds an "
                                                        "object made by torch._utils._rebuild_tensor_v2; save a dict"));
-  EXPECT_THAT(Error(Yaml("model.pt")), HasSubstr("spec.data.path: '" + *dir_ + "/model.pt': not a zip archive"));
-  EXPECT_THAT(Error(Yaml("nothing.pt")), HasSubstr("spec.data.path: no file '" + *dir_ + "/nothing.pt'"));
+  EXPECT_THAT(Error(Yaml("model.pt")), HasSubstr("spec.data.path: '" + dir_->path() + "/model.pt': not a zip archive"));
+  EXPECT_THAT(Error(Yaml("nothing.pt")), HasSubstr("spec.data.path: no file '" + dir_->path() + "/nothing.pt'"));
   EXPECT_THAT(Error(Yaml("train.pt").replace(Yaml("train.pt").find("}\noptimizer"), 1,
-                                              ", test_path: " + *dir_ + "/test_bad.pt}")),
-              HasSubstr("spec.data.test_path: '" + *dir_ + "/test_bad.pt' must hold 'mask' like the training file "
+                                              ", test_path: " + dir_->path() + "/test_bad.pt}")),
+              HasSubstr("spec.data.test_path: '" + dir_->path() + "/test_bad.pt' must hold 'mask' like the training file "
                         "(bool [40, 5] there, all with one sample count); it has bool [8, 4]"));
   EXPECT_THAT(Error(Yaml("train.pt").replace(Yaml("train.pt").find("}\noptimizer"), 1, ", test_fraction: 0.01}")),
               HasSubstr("spec.data.test_fraction: holds out no test sample of 40"));
@@ -558,8 +578,9 @@ void WriteGzipped(const std::string& path, int type_code, const std::vector<uint
 }
 
 // A Fashion-MNIST directory of `train` and `test` images (and as many labels, unless told otherwise).
-std::string FashionMnistDir(const std::string& name, uint32_t train, uint32_t test, uint32_t train_labels = 0) {
-  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+std::string FashionMnistDir(const TempDir& parent, const std::string& name, uint32_t train, uint32_t test,
+                            uint32_t train_labels = 0) {
+  const std::string dir = parent.Join(name);
   std::filesystem::create_directories(dir);
   WriteGzipped(dir + "/train-images-idx3-ubyte.gz", 0x08, {train, 28, 28});
   WriteGzipped(dir + "/train-labels-idx1-ubyte.gz", 0x08, {train_labels > 0 ? train_labels : train});
@@ -575,28 +596,32 @@ absl::StatusOr<fitrun::v1::JobSpec> OnImagesAt(const std::string& dir) {
 }
 
 TEST(JobSpecTest, TheTrainingImagesAreCountedFromTheirIdxHeader) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
   absl::StatusOr<fitrun::v1::JobSpec> full = Normalize(kValidYaml);
   ASSERT_TRUE(full.ok()) << full.status();
   EXPECT_EQ(full->file_facts().image_samples(), 60000) << "Debian's dataset-fashion-mnist";
   // A subset (the GPU kit carries 20,000 of the images) is an epoch of its own size.
-  absl::StatusOr<fitrun::v1::JobSpec> subset = OnImagesAt(FashionMnistDir("subset", 20000, 1000));
+  absl::StatusOr<fitrun::v1::JobSpec> subset = OnImagesAt(FashionMnistDir(dir, "subset", 20000, 1000));
   ASSERT_TRUE(subset.ok()) << subset.status();
   EXPECT_EQ(subset->file_facts().image_samples(), 20000);
   EXPECT_EQ(ProfileFor(*subset)->train_samples, 20000);
 }
 
 TEST(JobSpecTest, FashionMnistFilesThatAreNotItsIdxAreRefusedNamingTheFile) {
-  EXPECT_THAT(OnImagesAt(FashionMnistDir("labels", 20000, 1000, /*train_labels=*/19999)).status().message(),
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  EXPECT_THAT(OnImagesAt(FashionMnistDir(dir, "labels", 20000, 1000, /*train_labels=*/19999)).status().message(),
               HasSubstr("the train images file has 20000 images and its labels file 19999 labels"));
-  const std::string wrong_shape = FashionMnistDir("shape", 100, 10);
+  const std::string wrong_shape = FashionMnistDir(dir, "shape", 100, 10);
   WriteGzipped(wrong_shape + "/train-images-idx3-ubyte.gz", 0x08, {100, 32, 32});
   EXPECT_THAT(OnImagesAt(wrong_shape).status().message(),
               HasSubstr("train-images-idx3-ubyte.gz' is not Fashion-MNIST's images (unsigned bytes, N x 28 x 28): its "
                         "IDX header says type 0x8, dimensions 100 x 32 x 32"));
-  const std::string text = FashionMnistDir("text", 100, 10);
+  const std::string text = FashionMnistDir(dir, "text", 100, 10);
   WriteGzipped(text + "/t10k-labels-idx1-ubyte.gz", 0, {}, "user::item::rating\n");
   EXPECT_THAT(OnImagesAt(text).status().message(), HasSubstr("t10k-labels-idx1-ubyte.gz' is not an IDX file"));
-  const std::string plain = FashionMnistDir("plain", 100, 10);
+  const std::string plain = FashionMnistDir(dir, "plain", 100, 10);
   std::ofstream(plain + "/train-labels-idx1-ubyte.gz") << "not gzip at all";
   EXPECT_THAT(OnImagesAt(plain).status().message(), HasSubstr("spec.data.path: '"));
   EXPECT_THAT(OnImagesAt(plain).status().message(), HasSubstr("train-labels-idx1-ubyte.gz' is not"));

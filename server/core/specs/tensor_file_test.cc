@@ -10,21 +10,20 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "server/testing/temp_dir.h"
+
 namespace fitrun::server {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::filesystem::path Dir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  return std::filesystem::path(base != nullptr ? base : "/tmp");
-}
-
 // Files written by the real torch.save (Debian's python3-torch), once for the whole test.
 class TensorFileTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    dir_ = new TempDir("tensor-file-test-");
+    ASSERT_TRUE(dir_->ok());
     const std::string script = R"PY(
 import collections, sys, torch
 d = sys.argv[1]
@@ -42,20 +41,28 @@ cycle = []
 cycle.append(cycle)
 torch.save({"x": cycle}, d + "/cycle.pt")
 )PY";
-    const std::string script_path = (Dir() / "write.py").string();
+    const std::string script_path = dir_->Join("write.py");
     std::ofstream(script_path) << script;
-    const std::string command = "/usr/bin/python3 " + script_path + " " + Dir().string();
+    const std::string command = "/usr/bin/python3 " + script_path + " " + dir_->path();
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
   }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
 
-  static std::string Path(const std::string& name) { return (Dir() / name).string(); }
+  static std::string Dir() { return dir_->path(); }
+  static std::string Path(const std::string& name) { return dir_->Join(name); }
   static std::string Bytes(const std::string& name) {
     std::ifstream in(Path(name), std::ios::binary);
     std::stringstream s;
     s << in.rdbuf();
     return s.str();
   }
+
+  static TempDir* dir_;
 };
+TempDir* TensorFileTest::dir_ = nullptr;
 
 TEST_F(TensorFileTest, ReadsEveryTensorsDtypeAndShape) {
   absl::StatusOr<std::map<std::string, TensorInfo>> dict = ReadTensorDict(Path("dict.pt"));
@@ -88,7 +95,7 @@ TEST_F(TensorFileTest, AnythingButADictOfTensorsSaysWhatItFound) {
   EXPECT_THAT(ReadTensorDict(Path("complex.pt")).status().message(), HasSubstr("torch.ComplexFloatStorage"));
   EXPECT_THAT(ReadTensorDict(Path("legacy.pt")).status().message(), HasSubstr("_use_new_zipfile_serialization=False"));
   EXPECT_EQ(ReadTensorDict(Path("no-such-file.pt")).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(ReadTensorDict(Dir().string()).status().message(), HasSubstr("is not a regular file"));
+  EXPECT_THAT(ReadTensorDict(Dir()).status().message(), HasSubstr("is not a regular file"));
   EXPECT_THAT(ParseTensorDict("hello").status().message(), HasSubstr("not a zip archive"));
 }
 
