@@ -210,6 +210,50 @@ WebSessions::Options SessionOptions(const WebServer::Options& options) {
   return sessions;
 }
 
+// The request's path; "/" when civetweb has none.
+absl::string_view PathOf(const mg_request_info* request) {
+  return request->local_uri != nullptr ? request->local_uri : "/";
+}
+
+// Refuses (403) a POST or DELETE that a page of another site made the browser send; true when refused.
+bool RefusedCrossSite(mg_connection* connection) {
+  if (SameOrigin(connection)) return false;
+  RespondError(connection, 403, "refused: the request came from a page of another site (its Origin)");
+  return true;
+}
+
+// Where an event stream starts: ?from=N (400 unless a sequence number >= 1), or just after the
+// Last-Event-ID a reconnecting EventSource sends; nullopt when refused, the refusal sent.
+std::optional<int64_t> EventsFrom(mg_connection* connection, const mg_request_info* request) {
+  int64_t from = 1;
+  const std::string from_text = QueryParameter(request, "from");
+  if (!from_text.empty() && (!absl::SimpleAtoi(from_text, &from) || from < 1)) {
+    RespondError(connection, 400, "from: a sequence number >= 1");
+    return std::nullopt;
+  }
+  if (const char* last = mg_get_header(connection, "Last-Event-ID"); last != nullptr) {
+    int64_t last_id = 0;
+    if (absl::SimpleAtoi(last, &last_id) && last_id >= 1) from = last_id + 1;
+  }
+  return from;
+}
+
+// An event stream's `error` event, its last.
+std::string ErrorEvent(absl::string_view message) {
+  return absl::StrCat("event: error\ndata: {\"error\":", JsonString(message), "}\n\n");
+}
+
+// A batch of the job's events as server-sent events.
+std::string JobEvents(const std::vector<EventHub::EventRef>& events) {
+  std::string out;
+  for (const EventHub::EventRef& ref : events) {
+    // An EventsMissed notice (sequence 0) is not one of the job's events: no id to resume from.
+    if (ref->event.sequence() > 0) absl::StrAppend(&out, "id: ", ref->event.sequence(), "\n");
+    absl::StrAppend(&out, "event: job_event\ndata: ", ToJson(ref->event), "\n\n");
+  }
+  return out;
+}
+
 }  // namespace
 
 // What civetweb's log callback reaches (as the CivetServer's user context): the first error civetweb
@@ -280,86 +324,51 @@ class WebServer::Handler : public CivetHandler {
     return false;
   }
 
+  // GET: /metrics, the page, or the JSON API (RouteApiGet).
   bool handleGet(CivetServer*, mg_connection* connection) override {
     if (!KnownHost(connection)) return true;
     const mg_request_info* request = mg_get_request_info(connection);
-    const absl::string_view path = request->local_uri != nullptr ? request->local_uri : "/";
+    const absl::string_view path = PathOf(request);
     const WebCredentials credentials = CredentialsOf(connection);
-    if (path == "/metrics") {
-      absl::StatusOr<std::optional<Caller>> scraper = sessions_.MayScrape(credentials);
-      if (!scraper.ok()) {
-        RespondUnauthenticated(connection, scraper.status());
-        return true;
-      }
-      return ServeMetrics(connection, *scraper);
-    }
-    if (path == "/" || path == "/index.html") {
-      // Secured and signed out: the sign-in page, which comes back here once it has a session.
-      const bool known = sessions_.Identify(credentials).ok();
-      Respond(connection, 200, "text/html; charset=utf-8", known ? kPage : kLoginPage);
-      return true;
-    }
-    if (!absl::StartsWith(path, "/api/")) {
-      RespondError(connection, 404, absl::StrCat("no page at ", path));
-      return true;
-    }
-    absl::StatusOr<Caller> caller = sessions_.Identify(credentials);
-    if (!caller.ok()) {
-      RespondUnauthenticated(connection, caller.status());
-      return true;
-    }
-    if (path == "/api/session") {
-      RespondJson(connection, 200, absl::StrCat("{\"user\":", JsonString(caller->user), ",\"admin\":",
-                                                caller->admin ? "true" : "false", ",\"secured\":",
-                                                sessions_.secured() ? "true" : "false", "}"));
-      return true;
-    }
-    if (path == "/api/jobs") return ServeJobs(connection, *caller);
-    if (path == "/api/devices") return ServeDevices(connection, *caller);
-    absl::string_view rest = path;
-    if (absl::ConsumePrefix(&rest, "/api/jobs/") && !rest.empty()) {
-      if (absl::ConsumeSuffix(&rest, "/events")) {
-        return ServeEvents(connection, request, credentials, *caller, std::string(rest));
-      }
-      if (!absl::StrContains(rest, '/')) return ServeJob(connection, *caller, std::string(rest));
-    }
+    if (path == "/metrics") return ServeMetrics(connection, credentials);
+    if (path == "/" || path == "/index.html") return ServePage(connection, credentials);
+    if (absl::StartsWith(path, "/api/")) return RouteApiGet(connection, request, credentials, path);
     RespondError(connection, 404, absl::StrCat("no page at ", path));
     return true;
   }
 
+  // POST: signing in and out, from this server's own page only.
   bool handlePost(CivetServer*, mg_connection* connection) override {
     if (!KnownHost(connection)) return true;
     const mg_request_info* request = mg_get_request_info(connection);
-    const absl::string_view path = request->local_uri != nullptr ? request->local_uri : "/";
+    const absl::string_view path = PathOf(request);
     if (path != "/api/session" && path != "/api/logout") {
       RespondError(connection, path == "/" || absl::StartsWith(path, "/api/") ? 405 : 404,
                    absl::StrCat("POST ", path, ": only /api/session (sign in) and /api/logout (sign out) take a POST"));
       return true;
     }
-    if (!SameOrigin(connection)) {
-      RespondError(connection, 403, "refused: the request came from a page of another site (its Origin)");
-      return true;
-    }
+    if (RefusedCrossSite(connection)) return true;
     if (path == "/api/logout") return SignOut(connection);
     return SignIn(connection, request);
   }
 
+  // DELETE: signing out, from this server's own page only.
   bool handleDelete(CivetServer*, mg_connection* connection) override {
     if (!KnownHost(connection)) return true;
-    const mg_request_info* request = mg_get_request_info(connection);
-    const absl::string_view path = request->local_uri != nullptr ? request->local_uri : "/";
+    const absl::string_view path = PathOf(mg_get_request_info(connection));
     if (path != "/api/session" && path != "/api/logout") {
       RespondError(connection, 405, absl::StrCat("DELETE ", path, ": only /api/session and /api/logout (sign out)"));
       return true;
     }
-    if (!SameOrigin(connection)) {
-      RespondError(connection, 403, "refused: the request came from a page of another site (its Origin)");
-      return true;
-    }
+    if (RefusedCrossSite(connection)) return true;
     return SignOut(connection);
   }
 
  private:
+  // How a stream's wait for news ended: news, the keep-alive interval without any, or the server
+  // stopping.
+  enum class StreamWait { kNews, kIdle, kStopping };
+
   // What the request carried: the only place headers are read for identity.
   WebCredentials CredentialsOf(mg_connection* connection) const {
     WebCredentials credentials;
@@ -375,6 +384,43 @@ class WebServer::Handler : public CivetHandler {
       credentials.certificate_name = CertificateCommonName(request->client_cert->peer_cert);
     }
     return credentials;
+  }
+
+  // GET /api/...: every route needs a user (401 without); then the fixed paths, a job, its events.
+  bool RouteApiGet(mg_connection* connection, const mg_request_info* request, const WebCredentials& credentials,
+                   absl::string_view path) {
+    absl::StatusOr<Caller> caller = sessions_.Identify(credentials);
+    if (!caller.ok()) {
+      RespondUnauthenticated(connection, caller.status());
+      return true;
+    }
+    if (path == "/api/session") return ServeSession(connection, *caller);
+    if (path == "/api/jobs") return ServeJobs(connection, *caller);
+    if (path == "/api/devices") return ServeDevices(connection, *caller);
+    absl::string_view rest = path;
+    if (absl::ConsumePrefix(&rest, "/api/jobs/") && !rest.empty()) {
+      if (absl::ConsumeSuffix(&rest, "/events")) {
+        return ServeEvents(connection, request, credentials, *caller, std::string(rest));
+      }
+      if (!absl::StrContains(rest, '/')) return ServeJob(connection, *caller, std::string(rest));
+    }
+    RespondError(connection, 404, absl::StrCat("no page at ", path));
+    return true;
+  }
+
+  // Secured and signed out: the sign-in page, which comes back here once it has a session.
+  bool ServePage(mg_connection* connection, const WebCredentials& credentials) {
+    const bool known = sessions_.Identify(credentials).ok();
+    Respond(connection, 200, "text/html; charset=utf-8", known ? kPage : kLoginPage);
+    return true;
+  }
+
+  // GET /api/session: who the request is, and whether fitrund is secured.
+  bool ServeSession(mg_connection* connection, const Caller& caller) {
+    RespondJson(connection, 200, absl::StrCat("{\"user\":", JsonString(caller.user), ",\"admin\":",
+                                              caller.admin ? "true" : "false", ",\"secured\":",
+                                              sessions_.secured() ? "true" : "false", "}"));
+    return true;
   }
 
   bool SignIn(mg_connection* connection, const mg_request_info* request) {
@@ -421,14 +467,20 @@ class WebServer::Handler : public CivetHandler {
 
   // The registry's series (no job in their labels), then the devices and the jobs the scraper may
   // see: an admin's every job, a user's their own, an anonymous scrape's (--metrics_public) none.
-  bool ServeMetrics(mg_connection* connection, const std::optional<Caller>& scraper) {
+  bool ServeMetrics(mg_connection* connection, const WebCredentials& credentials) {
+    absl::StatusOr<std::optional<Caller>> scraper = sessions_.MayScrape(credentials);
+    if (!scraper.ok()) {
+      RespondUnauthenticated(connection, scraper.status());
+      return true;
+    }
     std::vector<prometheus::MetricFamily> families;
     for (const auto& collectable : collectables_) {
       std::vector<prometheus::MetricFamily> more = collectable->Collect();
       families.insert(families.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
     }
-    std::vector<prometheus::MetricFamily> live = live_.CollectFor([&scraper](const fitrun::v1::Job& job) {
-      return scraper.has_value() && scraper->MayAccess(job.owner());
+    const std::optional<Caller>& who = *scraper;  // none: an anonymous scrape
+    std::vector<prometheus::MetricFamily> live = live_.CollectFor([&who](const fitrun::v1::Job& job) {
+      return who.has_value() && who->MayAccess(job.owner());
     });
     families.insert(families.end(), std::make_move_iterator(live.begin()), std::make_move_iterator(live.end()));
     std::ostringstream out;
@@ -497,17 +549,8 @@ class WebServer::Handler : public CivetHandler {
   // ends, the page goes away, the request's credential stops being valid, or the server stops.
   bool ServeEvents(mg_connection* connection, const mg_request_info* request, const WebCredentials& credentials,
                    const Caller& caller, const std::string& job_id) {
-    int64_t from = 1;
-    const std::string from_text = QueryParameter(request, "from");
-    if (!from_text.empty() && (!absl::SimpleAtoi(from_text, &from) || from < 1)) {
-      RespondError(connection, 400, "from: a sequence number >= 1");
-      return true;
-    }
-    // A reconnecting EventSource says where it was.
-    if (const char* last = mg_get_header(connection, "Last-Event-ID"); last != nullptr) {
-      int64_t last_id = 0;
-      if (absl::SimpleAtoi(last, &last_id) && last_id >= 1) from = last_id + 1;
-    }
+    const std::optional<int64_t> from = EventsFrom(connection, request);
+    if (!from.has_value()) return true;
     absl::StatusOr<fitrun::v1::Job> job = VisibleJob(caller, job_id);
     if (!job.ok()) {
       RespondNoJob(connection, job_id);
@@ -515,25 +558,9 @@ class WebServer::Handler : public CivetHandler {
     }
     const std::string owner = job->owner();
     auto wake = std::make_shared<StreamWake>();
-    int64_t stream_id = 0;
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_ || static_cast<int>(wakes_.size()) >= options_.max_event_streams) {
-        RespondError(connection, 503, absl::StrCat(options_.max_event_streams, " event streams are open, the limit"));
-        return true;
-      }
-      // One user's streams leave room for everyone else's.
-      if (streams_by_user_[caller.user] >= options_.max_event_streams_per_user) {
-        RespondError(connection, 429,
-                     absl::StrCat(caller.user, " has ", options_.max_event_streams_per_user,
-                                  " event streams open, the most one user may; close one (a page's tab) first"));
-        return true;
-      }
-      ++streams_by_user_[caller.user];
-      stream_id = next_stream_++;
-      wakes_[stream_id] = wake;
-    }
-    WatchCursor cursor(manager_, job_id, from);
+    const std::optional<int64_t> stream_id = OpenStream(connection, caller.user, wake);
+    if (!stream_id.has_value()) return true;
+    WatchCursor cursor(manager_, job_id, *from);
     if (JobManager::IsTerminal(job->state())) cursor.EndAt(job->last_sequence());
     const auto pending = std::make_shared<std::atomic<bool>>(false);
     const int64_t subscription = manager_->events().Subscribe(job_id, [this, pending, weak = std::weak_ptr(wake)] {
@@ -543,55 +570,88 @@ class WebServer::Handler : public CivetHandler {
     });
     const std::string head = absl::StrCat("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n", kCommonHeaders,
                                           "Connection: close\r\n\r\n");
-    bool open = mg_write(connection, head.data(), head.size()) > 0;
+    if (mg_write(connection, head.data(), head.size()) > 0) StreamEvents(connection, credentials, owner, cursor, *wake);
+    manager_->events().Unsubscribe(subscription);
+    CloseStream(*stream_id, caller.user);
+    return true;
+  }
+
+  // Counts a new stream against the server's limit (503 beyond) and its user's (429), and keeps its
+  // wake-up for Stop; nullopt when refused, the refusal sent.
+  std::optional<int64_t> OpenStream(mg_connection* connection, const std::string& user,
+                                    std::shared_ptr<StreamWake> wake) {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ || static_cast<int>(wakes_.size()) >= options_.max_event_streams) {
+      RespondError(connection, 503, absl::StrCat(options_.max_event_streams, " event streams are open, the limit"));
+      return std::nullopt;
+    }
+    // One user's streams leave room for everyone else's.
+    if (streams_by_user_[user] >= options_.max_event_streams_per_user) {
+      RespondError(connection, 429,
+                   absl::StrCat(user, " has ", options_.max_event_streams_per_user,
+                                " event streams open, the most one user may; close one (a page's tab) first"));
+      return std::nullopt;
+    }
+    ++streams_by_user_[user];
+    const int64_t stream_id = next_stream_++;
+    wakes_[stream_id] = std::move(wake);
+    return stream_id;
+  }
+
+  void CloseStream(int64_t stream_id, const std::string& user) {
+    absl::MutexLock lock(&mu_);
+    wakes_.erase(stream_id);
+    if (--streams_by_user_[user] <= 0) streams_by_user_.erase(user);
+  }
+
+  // The stream's body: batches of events as the cursor yields them, a keep-alive comment when idle,
+  // until the job ends, a write fails, the credential lapses or the server stops.
+  void StreamEvents(mg_connection* connection, const WebCredentials& credentials, const std::string& owner,
+                    WatchCursor& cursor, StreamWake& wake) {
+    bool open = true;
     while (open) {
       {
-        absl::MutexLock lock(&wake->mu);
-        wake->woken = false;  // consumed before reading, so news during the read wakes the next wait
+        absl::MutexLock lock(&wake.mu);
+        wake.woken = false;  // consumed before reading, so news during the read wakes the next wait
       }
       // Signed out, expired, or its token removed since the stream opened: it ends here.
       if (absl::StatusOr<Caller> now = sessions_.Identify(credentials); !now.ok() || !now->MayAccess(owner)) {
-        const std::string out = absl::StrCat("event: error\ndata: {\"error\":",
-                                             JsonString(now.ok() ? "no longer allowed to see this job"
-                                                                 : now.status().message()),
-                                             "}\n\n");
+        const std::string out =
+            ErrorEvent(now.ok() ? "no longer allowed to see this job" : now.status().message());
         mg_write(connection, out.data(), out.size());
         break;
       }
       absl::StatusOr<std::vector<EventHub::EventRef>> events = cursor.Next(256);
-      std::string out;
       if (!events.ok()) {
-        out = absl::StrCat("event: error\ndata: {\"error\":", JsonString(events.status().message()), "}\n\n");
+        const std::string out = ErrorEvent(events.status().message());
         mg_write(connection, out.data(), out.size());
         break;
       }
-      for (const EventHub::EventRef& ref : *events) {
-        // An EventsMissed notice (sequence 0) is not one of the job's events: no id to resume from.
-        if (ref->event.sequence() > 0) absl::StrAppend(&out, "id: ", ref->event.sequence(), "\n");
-        absl::StrAppend(&out, "event: job_event\ndata: ", ToJson(ref->event), "\n\n");
-      }
+      std::string out = JobEvents(*events);
       if (cursor.Done()) out += "event: end\ndata: {}\n\n";
       if (!out.empty()) open = mg_write(connection, out.data(), out.size()) > 0;
       if (cursor.Done()) break;
       if (!events->empty()) continue;
-      bool stop = false;
-      bool woken = false;
-      {
-        absl::MutexLock lock(&wake->mu);
-        woken = wake->mu.AwaitWithTimeout(absl::Condition(&wake->woken), options_.keepalive);
-      }
-      {
-        absl::MutexLock lock(&mu_);
-        stop = stopping_;
-      }
-      if (stop) break;
-      if (!woken) open = mg_write(connection, ": keepalive\n\n", 13) > 0;
+      const StreamWait waited = AwaitNews(wake);
+      if (waited == StreamWait::kStopping) break;
+      if (waited == StreamWait::kIdle) open = mg_write(connection, ": keepalive\n\n", 13) > 0;
     }
-    manager_->events().Unsubscribe(subscription);
-    absl::MutexLock lock(&mu_);
-    wakes_.erase(stream_id);
-    if (--streams_by_user_[caller.user] <= 0) streams_by_user_.erase(caller.user);
-    return true;
+  }
+
+  // Waits up to the keep-alive interval for the stream's wake-up; the server stopping wins.
+  StreamWait AwaitNews(StreamWake& wake) {
+    bool woken = false;
+    {
+      absl::MutexLock lock(&wake.mu);
+      woken = wake.mu.AwaitWithTimeout(absl::Condition(&wake.woken), options_.keepalive);
+    }
+    bool stop = false;
+    {
+      absl::MutexLock lock(&mu_);
+      stop = stopping_;
+    }
+    if (stop) return StreamWait::kStopping;
+    return woken ? StreamWait::kNews : StreamWait::kIdle;
   }
 
   const Options options_;
