@@ -18,9 +18,11 @@
 #include "absl/time/clock.h"
 #include "fitrun/v1/coordinator.grpc.pb.h"
 #include "fitrun/v1/worker.grpc.pb.h"
-#include "server/core/fakes.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/core/jobs/job_manager_testing.h"
+#include "server/core/testing/fake_device_inventory.h"
+#include "server/core/testing/fake_job_store.h"
+#include "server/core/testing/fake_worker_launcher.h"
 #include "server/service/worker_channel_service.h"
 
 namespace fitrun::server {

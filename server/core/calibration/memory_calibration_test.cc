@@ -13,10 +13,10 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "server/core/memory/estimator.h"
-#include "server/core/fakes.h"
 #include "server/core/specs/job_specs.h"
 #include "server/core/memory/planner.h"
 #include "server/core/specs/test_specs.h"
+#include "server/core/testing/fake_memory_probe.h"
 #include "server/testing/temp_dir.h"
 
 namespace fitrun::server {

@@ -13,9 +13,9 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
-#include "server/core/fakes.h"
 #include "server/core/specs/test_specs.h"
 #include "server/core/specs/workloads.h"
+#include "server/core/testing/fake_memory_probe.h"
 
 namespace fitrun::server {
 namespace {

@@ -11,12 +11,16 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/core/fakes.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/core/jobs/job_manager_testing.h"
 #include "server/core/specs/job_specs.h"
 #include "server/core/calibration/memory_calibration.h"
 #include "server/core/specs/test_specs.h"
+#include "server/core/testing/fake_device_inventory.h"
+#include "server/core/testing/fake_job_store.h"
+#include "server/core/testing/fake_memory_probe.h"
+#include "server/core/testing/fake_worker_launcher.h"
+#include "server/core/testing/recording_metrics.h"
 
 namespace fitrun::server {
 namespace {

@@ -14,9 +14,12 @@
 #include "google/protobuf/text_format.h"
 #include "server/core/calibration/device_costs_book.h"
 #include "absl/strings/str_join.h"
-#include "server/core/fakes.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/core/jobs/job_manager_testing.h"
+#include "server/core/testing/fake_device_inventory.h"
+#include "server/core/testing/fake_job_store.h"
+#include "server/core/testing/fake_worker_launcher.h"
+#include "server/core/testing/recording_metrics.h"
 
 namespace fitrun::server {
 namespace {

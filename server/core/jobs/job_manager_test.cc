@@ -12,8 +12,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 
-#include "server/core/fakes.h"
 #include "server/core/specs/job_specs.h"
+#include "server/core/testing/fake_device_inventory.h"
+#include "server/core/testing/fake_job_store.h"
+#include "server/core/testing/fake_worker_launcher.h"
+#include "server/core/testing/recording_metrics.h"
 
 namespace fitrun::server {
 namespace {

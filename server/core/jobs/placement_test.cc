@@ -11,9 +11,9 @@
 #include <memory>
 #include <vector>
 
-#include "server/core/fakes.h"
 #include "server/core/specs/test_specs.h"
 #include "server/core/specs/workloads.h"
+#include "server/core/testing/fake_memory_probe.h"
 
 namespace fitrun::server {
 namespace {

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
-#include "server/core/fakes.h"
+#include "server/core/testing/recording_metrics.h"
 
 namespace fitrun::server {
 namespace {
