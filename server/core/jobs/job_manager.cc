@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/auth/same_secret.h"
 #include "server/core/jobs/proto_time.h"
 #include "server/core/specs/job_specs.h"
 #include "server/core/specs/workloads.h"
@@ -308,21 +309,10 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id, const std::str
 // ---------------------------------------------------------------------------------------------------
 // Workers
 
-bool SameSecret(const std::string& given, const std::string& secret) {
-  // Every byte of the longer is looked at, whatever differs first.
-  const size_t n = std::max(given.size(), secret.size());
-  unsigned char differ = given.size() == secret.size() ? 0 : 1;
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char a = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
-    const unsigned char b = i < secret.size() ? static_cast<unsigned char>(secret[i]) : 0;
-    differ |= static_cast<unsigned char>(a ^ b);
-  }
-  return differ == 0 && !secret.empty();
-}
-
 absl::StatusOr<WorkerKey> JobManager::AttachWorker(const fitrun::v1::Hello& hello,
                                                    std::weak_ptr<WorkerConnection> connection) {
   absl::MutexLock lock(&mu_);
+  AwaitLaunched(hello.job_id());
   // A missing job and a wrong token get one answer, and the comparison takes as long whatever the
   // token: a caller learns neither which jobs exist nor how much of a token it guessed.
   auto it = jobs_.find(hello.job_id());

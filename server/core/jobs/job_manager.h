@@ -50,10 +50,6 @@
 
 namespace fitrun::server {
 
-// Whether `given` is `secret`, in time that does not depend on where they differ; never for an
-// empty secret.
-bool SameSecret(const std::string& given, const std::string& secret);
-
 class JobManager {
  public:
   struct Options {

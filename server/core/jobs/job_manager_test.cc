@@ -413,14 +413,6 @@ TEST_F(JobManagerTest, AWrongTokenAndAMissingJobGetTheSameAnswer) {
   EXPECT_TRUE(manager_->AttachWorker(hello, {}).ok());
 }
 
-TEST(SameSecretTest, ComparesWholeSecretsOnly) {
-  EXPECT_TRUE(SameSecret("0123abcd", "0123abcd"));
-  EXPECT_FALSE(SameSecret("0123abce", "0123abcd"));
-  EXPECT_FALSE(SameSecret("0123abc", "0123abcd"));
-  EXPECT_FALSE(SameSecret("0123abcd0", "0123abcd"));
-  EXPECT_FALSE(SameSecret("", ""));
-}
-
 TEST_F(JobManagerTest, EventsAreDenseAndReplayableFromAnySequence) {
   absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 1));
   ASSERT_TRUE(job.ok());
