@@ -68,6 +68,10 @@ struct RankState {
 
 struct ActiveAttempt {
   int attempt = 0;
+  // From its devices' reservation until its ranks are started (outside the manager's lock) and the
+  // launch is committed or rolled back: no launch handle yet, so nothing may stop or release it, and
+  // its ranks' hellos, reports and exits wait for the commit.
+  bool launching = false;
   std::string launch_handle;
   std::vector<std::string> device_ids;
   std::vector<RankState> ranks;

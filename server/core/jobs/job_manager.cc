@@ -346,6 +346,7 @@ void JobManager::OnWorkerReport(const WorkerKey& key, const fitrun::v1::WorkerRe
 
 void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::v1::WorkerReport* const> reports) {
   absl::MutexLock lock(&mu_);
+  AwaitLaunched(key.job_id);
   auto it = jobs_.find(key.job_id);
   if (it == jobs_.end()) return;
   JobEntry& entry = it->second;
@@ -393,6 +394,7 @@ AllocationCallback JobManager::AllocationCallbackFor(const std::string& job_id, 
 
 void JobManager::OnAllocation(const std::string& job_id, int attempt, const AllocationStatus& status) {
   absl::MutexLock lock(&mu_);
+  AwaitLaunched(job_id);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
   JobEntry& entry = it->second;
@@ -455,7 +457,8 @@ void JobManager::MaybeSucceed(JobEntry& entry, bool deadline_passed) {
 }
 
 void JobManager::StopRanks(JobEntry& entry, const std::string& reason) {
-  if (!entry.active) return;
+  // An attempt still launching has no handle yet; its commit stops it if its job ended meanwhile.
+  if (!entry.active || entry.active->launching) return;
   for (size_t r = 0; r < entry.active->ranks.size(); ++r) {
     RankState& rank = entry.active->ranks[r];
     if (rank.exited) continue;
@@ -469,7 +472,7 @@ void JobManager::StopRanks(JobEntry& entry, const std::string& reason) {
 }
 
 void JobManager::MaybeReleaseAttempt(JobEntry& entry) {
-  if (!entry.active) return;
+  if (!entry.active || entry.active->launching) return;
   for (const RankState& rank : entry.active->ranks) {
     if (!rank.exited) return;
   }

@@ -9,6 +9,8 @@
 //
 // Thread-safety: all methods may be called from any thread (gRPC handlers, launcher exit threads).
 // One mutex guards the jobs; event listeners run under it and must not call back into the manager.
+// Nothing slow runs under it: specs' files are read before it is taken, and an attempt's directory,
+// cgroup and processes (or a cluster's sbatch) are made with it released (see PendingLaunch).
 #ifndef FITRUN_SERVER_CORE_JOBS_JOB_MANAGER_H_
 #define FITRUN_SERVER_CORE_JOBS_JOB_MANAGER_H_
 
@@ -233,11 +235,37 @@ class JobManager {
   absl::Status LoadStoredJobs();
 
   void SchedulerLoop();
-  SchedulingPassTimes SchedulePass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An attempt is launched in two phases, so that nothing slow (the job's directory, its cgroup,
+  // spawning ranks, a cluster's sbatch) runs under the lock every API call waits for:
+  // ReserveAttempt (locked) takes the plan's devices and marks the attempt launching; StartRanks
+  // (unlocked) writes the job's directory and starts the ranks; FinishLaunch (locked) commits the
+  // attempt (RUNNING) or rolls it back. What the unlocked phase needs is copied into a PendingLaunch.
+  struct PendingLaunch {
+    std::string job_id;
+    int attempt = 0;
+    fitrun::v1::Job job;
+    std::string token;
+    std::vector<fitrun::v1::Device> devices;
+    std::vector<LaunchPhase> phases;
+    WorkerLauncher::RankExitCallback on_exit;
+    AllocationCallback on_allocation;
+  };
+  // One pass's placing half, under the lock: returns the attempts to start.
+  std::vector<PendingLaunch> SchedulePass(SchedulingPassTimes& times) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The launching half: each attempt started with the lock released, then committed under it.
+  void LaunchReserved(std::vector<PendingLaunch> launches, SchedulingPassTimes& times)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RequestSchedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { schedule_requested_ = true; }
-  // Launches every rank of the job on the plan's devices; on failure stops those started.
   // `placement`: the job's plan in this pass and when and how long it was made.
-  absl::Status LaunchAttempt(JobEntry& entry, const Placement& placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PendingLaunch ReserveAttempt(JobEntry& entry, const Placement& placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every rank of the attempt started, or none (the launcher's promise).
+  absl::StatusOr<LaunchedAttempt> StartRanks(PendingLaunch& launch) ABSL_LOCKS_EXCLUDED(mu_);
+  void FinishLaunch(PendingLaunch& launch, absl::StatusOr<LaunchedAttempt> launched)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (the lock released meanwhile) until the job has no attempt in its launch's unlocked
+  // phase: a rank's hello, reports and exit are taken once its attempt is committed, as they were
+  // when the launch held the lock.
+  void AwaitLaunched(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the launcher calls when a rank of the job's attempt exits: reads the rank's log tail, when
   // the exit may be a failure, before it takes the lock (the file is the job's), then OnWorkerExit.
   WorkerLauncher::RankExitCallback ExitCallbackFor(const fitrun::v1::Job& job, int attempt);

@@ -59,6 +59,7 @@ WorkerLauncher::RankExitCallback JobManager::ExitCallbackFor(const Job& job, int
 
 void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit, const std::string& log_tail) {
   absl::MutexLock lock(&mu_);
+  AwaitLaunched(key.job_id);
   auto it = jobs_.find(key.job_id);
   if (it == jobs_.end()) return;
   JobEntry& entry = it->second;

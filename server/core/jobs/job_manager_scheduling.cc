@@ -69,7 +69,8 @@ void JobManager::SchedulerLoop() {
         MaybeReleaseAttempt(entry);
       }
     }
-    SchedulePass();
+    SchedulingPassTimes times;
+    LaunchReserved(SchedulePass(times), times);
     last_pass_ = absl::Now();
     if (!forgotten_.empty()) {
       const std::vector<std::string> forgotten = std::exchange(forgotten_, {});
@@ -85,15 +86,14 @@ JobManager::SchedulingPassTimes JobManager::RunSchedulingPass() {
   std::vector<std::string> forgotten;
   {
     absl::MutexLock lock(&mu_);
-    times = SchedulePass();
+    LaunchReserved(SchedulePass(times), times);
     forgotten = std::exchange(forgotten_, {});
   }
   DeleteJobRows(forgotten);
   return times;
 }
 
-JobManager::SchedulingPassTimes JobManager::SchedulePass() {
-  SchedulingPassTimes times;
+std::vector<JobManager::PendingLaunch> JobManager::SchedulePass(SchedulingPassTimes& times) {
   const absl::Time start = absl::Now();
   std::vector<JobEntry*> queued;
   for (auto& [id, entry] : jobs_) {
@@ -113,8 +113,8 @@ JobManager::SchedulingPassTimes JobManager::SchedulePass() {
   for (const DeviceCapacity& device : every_device) roomiest = std::max(roomiest, device.free_bytes);
   PlanningGate::Pass gate(&gate_, every_device, roomiest, GatePlanner());
   std::vector<Placement> placements = PlaceQueuedJobs(queued, std::move(free_devices), gate, PlacementPlanner());
-  const absl::Time placed = absl::Now();
-  times.placing = placed - start;
+  times.placing = absl::Now() - start;
+  std::vector<PendingLaunch> launches;
   for (Placement& placement : placements) {
     JobEntry& entry = *placement.entry;
     if (!placement.waiting_for.empty()) {
@@ -138,31 +138,36 @@ JobManager::SchedulingPassTimes JobManager::SchedulePass() {
       (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, entry.record.job.failure_reason());
       continue;
     }
-    if (absl::Status status = LaunchAttempt(entry, placement); !status.ok()) {
-      entry.record.job.set_failure_reason(absl::StrCat("launch failed: ", status.message()));
-      (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, entry.record.job.failure_reason());
-      MaybeReleaseAttempt(entry);
-      continue;
-    }
-    ++times.placed;
+    launches.push_back(ReserveAttempt(entry, placement));
   }
-  times.launching = absl::Now() - placed;
-  // Here, where no caller holds an entry: forgetting erases entries.
+  // Here, where no caller holds an entry: forgetting erases entries (never one with an attempt).
   ForgetExcessJobsLocked();
-  return times;
+  return launches;
 }
 
-absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Placement& placement) {
+void JobManager::LaunchReserved(std::vector<PendingLaunch> launches, SchedulingPassTimes& times) {
+  const absl::Time start = absl::Now();
+  for (PendingLaunch& launch : launches) {
+    mu_.Unlock();
+    absl::StatusOr<LaunchedAttempt> launched = StartRanks(launch);
+    mu_.Lock();
+    if (launched.ok()) ++times.placed;
+    FinishLaunch(launch, std::move(launched));
+  }
+  times.launching = absl::Now() - start;
+}
+
+JobManager::PendingLaunch JobManager::ReserveAttempt(JobEntry& entry, const Placement& placement) {
   const Plan& plan = *placement.plan;
   Job& job = entry.record.job;
+  PendingLaunch launch;
   // A first attempt's wait counts from the submit; a later one's from its previous attempt's end is
   // the recovery's business, not the launch's.
-  std::vector<LaunchPhase> phases;
   if (job.attempts() == 0 && job.has_created_at()) {
     const absl::Duration waited = options_.clock() - FromProto(job.created_at()) - placement.planning;
-    if (waited > absl::ZeroDuration()) phases.push_back({"queue", waited});
+    if (waited > absl::ZeroDuration()) launch.phases.push_back({"queue", waited});
   }
-  phases.push_back({"plan", placement.planning});
+  launch.phases.push_back({"plan", placement.planning});
   const int attempt_number = job.attempts() + 1;
   job.set_attempts(attempt_number);
   *job.mutable_plan() = plan;
@@ -172,6 +177,37 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Placement& placeme
   chosen.mutable_plan_chosen()->set_attempt(attempt_number);
   PublishLocked(entry, chosen);
 
+  // The devices are the attempt's from here on: the next placement sees them held.
+  const int world_size = plan.device_ids_size();
+  entry.active.emplace();
+  ActiveAttempt& active = *entry.active;
+  active.attempt = attempt_number;
+  active.launching = true;
+  active.device_ids.assign(plan.device_ids().begin(), plan.device_ids().end());
+  active.ranks.resize(world_size);
+  for (int rank = 0; rank < world_size; ++rank) device_owner_[active.device_ids[rank]] = {job.id(), rank};
+  if (!job.has_started_at()) *job.mutable_started_at() = ToProto(options_.clock());
+  // On record from the reservation, so a cancel while the ranks start ends this attempt's record.
+  fitrun::v1::AttemptRecord* record = job.add_attempt_history();
+  record->set_attempt(attempt_number);
+  for (const std::string& id : active.device_ids) record->add_device_ids(id);
+  record->set_per_device_batch(plan.per_device_batch());
+  record->set_grad_accum_steps(plan.grad_accum_steps());
+  record->set_predicted_peak_bytes(plan.predicted().total_bytes());
+  *record->mutable_started_at() = ToProto(options_.clock());
+  for (int rank = 0; rank < world_size; ++rank) record->add_ranks()->set_rank(rank);
+
+  launch.job_id = job.id();
+  launch.attempt = attempt_number;
+  launch.job = job;
+  launch.token = entry.record.token;
+  launch.devices = devices_->Snapshot();
+  launch.on_exit = ExitCallbackFor(job, attempt_number);
+  launch.on_allocation = AllocationCallbackFor(job.id(), attempt_number);
+  return launch;
+}
+
+absl::StatusOr<LaunchedAttempt> JobManager::StartRanks(PendingLaunch& launch) {
   AttemptLaunchSettings settings;
   settings.worker_binary = options_.worker_binary;
   settings.script_binary = options_.script_binary;
@@ -180,52 +216,63 @@ absl::Status JobManager::LaunchAttempt(JobEntry& entry, const Placement& placeme
   settings.dataset_cache_dir = options_.dataset_cache_dir;
   settings.max_rank_host_memory_bytes = options_.max_rank_host_memory_bytes;
   const absl::Time assembly_start = absl::Now();
-  absl::StatusOr<AttemptLaunch> assembled = AssembleAttempt(job, entry.record.token, attempt_number, plan,
-                                                            devices_->Snapshot(), JobDir(job.id()), settings);
+  absl::StatusOr<AttemptLaunch> assembled = AssembleAttempt(launch.job, launch.token, launch.attempt,
+                                                            launch.job.plan(), launch.devices,
+                                                            JobDir(launch.job_id), settings);
   if (!assembled.ok()) return assembled.status();
-  phases.push_back({"job directory", absl::Now() - assembly_start});
-  AttemptLaunch& attempt = *assembled;
-  attempt.on_allocation = AllocationCallbackFor(job.id(), attempt_number);
-  absl::StatusOr<LaunchedAttempt> launched = launcher_->Launch(attempt, ExitCallbackFor(job, attempt_number));
+  launch.phases.push_back({"job directory", absl::Now() - assembly_start});
+  assembled->on_allocation = launch.on_allocation;
+  absl::StatusOr<LaunchedAttempt> launched = launcher_->Launch(*assembled, launch.on_exit);
   if (!launched.ok()) return absl::InternalError(absl::StrCat("launching the ranks: ", launched.status().message()));
-  phases.insert(phases.end(), launched->phases.begin(), launched->phases.end());
+  launch.phases.insert(launch.phases.end(), launched->phases.begin(), launched->phases.end());
+  return launched;
+}
 
-  const int world_size = plan.device_ids_size();
-  entry.active.emplace();
+void JobManager::FinishLaunch(PendingLaunch& launch, absl::StatusOr<LaunchedAttempt> launched) {
+  // The job is still here: retention never forgets a job with an attempt.
+  JobEntry& entry = jobs_.at(launch.job_id);
   ActiveAttempt& active = *entry.active;
-  active.attempt = attempt_number;
-  active.launch_handle = launched->handle;
-  active.device_ids.assign(plan.device_ids().begin(), plan.device_ids().end());
-  active.ranks.resize(world_size);
-  for (int rank = 0; rank < world_size; ++rank) {
-    device_owner_[active.device_ids[rank]] = {job.id(), rank};
-    active.ranks[rank].pid = rank < static_cast<int>(launched->pids.size()) ? launched->pids[rank] : 0;
-    active.ranks[rank].last_heard = options_.clock();
-  }
-  if (!job.has_started_at()) *job.mutable_started_at() = ToProto(options_.clock());
-  fitrun::v1::AttemptRecord* record = job.add_attempt_history();
-  record->set_attempt(attempt_number);
-  for (const std::string& id : active.device_ids) record->add_device_ids(id);
-  record->set_per_device_batch(plan.per_device_batch());
-  record->set_grad_accum_steps(plan.grad_accum_steps());
-  record->set_predicted_peak_bytes(plan.predicted().total_bytes());
-  record->set_launch_handle(launched->handle);
-  *record->mutable_started_at() = ToProto(options_.clock());
-  for (int rank = 0; rank < world_size; ++rank) {
-    fitrun::v1::RankOutcome* outcome = record->add_ranks();
-    outcome->set_rank(rank);
-    outcome->set_pid(active.ranks[rank].pid);
-    // A rank that already exited (before this record existed) is on record too.
-    if (active.ranks[rank].exited) {
-      outcome->set_exited(true);
-      outcome->set_exit_code(active.ranks[rank].exit.exit_code);
-      outcome->set_signal(active.ranks[rank].exit.signal);
+  Job& job = entry.record.job;
+  active.launching = false;
+  fitrun::v1::AttemptRecord& record = *job.mutable_attempt_history(job.attempt_history_size() - 1);
+  if (!launched.ok()) {
+    const std::string reason = absl::StrCat("launch failed: ", launched.status().message());
+    RecordAttemptOutcome(entry, reason);
+    // The launcher left none of them running.
+    for (RankState& rank : active.ranks) rank.exited = true;
+    if (!IsTerminal(job.state())) {
+      job.set_failure_reason(reason);
+      (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, reason);
     }
+    MaybeReleaseAttempt(entry);
+    return;
   }
-  return Transition(entry, fitrun::v1::JOB_STATE_RUNNING,
-                    absl::StrCat("launched ", world_size, " rank(s)",
-                                 launched->warm_ranks > 0 ? absl::StrCat(" (", launched->warm_ranks, " warm)") : "",
-                                 " on ", absl::StrJoin(active.device_ids, ", "), "; ", FormatLaunchPhases(phases)));
+  active.launch_handle = launched->handle;
+  record.set_launch_handle(launched->handle);
+  for (size_t rank = 0; rank < active.ranks.size(); ++rank) {
+    active.ranks[rank].pid = rank < launched->pids.size() ? launched->pids[rank] : 0;
+    active.ranks[rank].last_heard = options_.clock();
+    record.mutable_ranks(static_cast<int>(rank))->set_pid(active.ranks[rank].pid);
+  }
+  if (IsTerminal(job.state())) {
+    // Cancelled while its ranks were starting: they stop now.
+    StopRanks(entry, job.failure_reason());
+    return;
+  }
+  (void)Transition(entry, fitrun::v1::JOB_STATE_RUNNING,
+                   absl::StrCat("launched ", active.ranks.size(), " rank(s)",
+                                launched->warm_ranks > 0 ? absl::StrCat(" (", launched->warm_ranks, " warm)") : "",
+                                " on ", absl::StrJoin(active.device_ids, ", "), "; ", FormatLaunchPhases(launch.phases)));
+  // Shutdown stopped every committed attempt's ranks while this one's were starting.
+  if (shutting_down_ && options_.stop_workers_on_shutdown) StopRanks(entry, "the coordinator is shutting down");
+}
+
+void JobManager::AwaitLaunched(const std::string& job_id) {
+  auto launched = [this, &job_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = jobs_.find(job_id);
+    return it == jobs_.end() || !it->second.active || !it->second.active->launching;
+  };
+  mu_.Await(absl::Condition(&launched));
 }
 
 absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, const std::string& run_as, bool only_free_devices) {
