@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "proto/contract/log.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "gRPC address (HOST:PORT; port 0 picks a free one)");
@@ -177,17 +178,16 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<std::unique_ptr<fitrun::server::RunningServer>> server = fitrun::server::BuildAndStart(options);
   if (!server.ok()) {
-    fprintf(stderr, "fitrund: %s\n", std::string(server.status().message()).c_str());
+    fitrun::contract::LogError("%s", server.status().message());
     return 1;
   }
   const char* web_scheme = options.tls_cert.empty() ? "http" : "https";
-  fprintf(stderr, "fitrund: serving on %s, metrics on %s://%s/metrics, web page on %s://%s/, state in %s%s\n",
-          (*server)->address.c_str(), web_scheme, (*server)->metrics_address.c_str(), web_scheme,
-          (*server)->metrics_address.c_str(),
-          options.state_dir.c_str(),
-          !(*server)->authenticator->secured() ? ""
-          : options.metrics_public       ? " (the page and its API for users only; /metrics for anyone)"
-                                         : " (the page, its API and /metrics for users only)");
+  fitrun::contract::LogInfo("serving on %s, metrics on %s://%s/metrics, web page on %s://%s/, state in %s%s",
+                            (*server)->address, web_scheme, (*server)->metrics_address, web_scheme,
+                            (*server)->metrics_address, options.state_dir,
+                            !(*server)->authenticator->secured() ? ""
+                            : options.metrics_public ? " (the page and its API for users only; /metrics for anyone)"
+                                                     : " (the page, its API and /metrics for users only)");
 
   int sig = 0;
   while (true) {
@@ -197,13 +197,16 @@ int main(int argc, char** argv) {
       // A new token file takes effect at once (web sessions check their token against it on every
       // request); a broken one leaves the old one in force.
       const absl::Status reloaded = (*server)->authenticator->Reload();
-      fprintf(stderr, "fitrund: SIGHUP: %s\n",
-              reloaded.ok() ? "reloaded --auth_tokens" : std::string(reloaded.message()).c_str());
+      if (reloaded.ok()) {
+        fitrun::contract::LogInfo("SIGHUP: reloaded --auth_tokens");
+      } else {
+        fitrun::contract::LogError("SIGHUP: %s", reloaded.message());
+      }
       continue;
     }
     break;
   }
-  fprintf(stderr, "fitrund: got %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  fitrun::contract::LogInfo("got %s, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
   (*server)->Shutdown(options.stop_workers_on_exit);
   if (!options.stop_workers_on_exit) {
     // Running ranks stay up for the next fitrund to re-adopt; leave without tearing down the

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/contract/launch_contract.h"
+#include "proto/contract/log.h"
 #include "worker/options.h"
 #include "worker/probe/probe_mode.h"
 #include "worker/programs/builtin_training.h"
@@ -45,7 +46,7 @@ int main(int argc, char** argv) {
   if (absl::Status warm = fitrun::worker::AwaitWarmIdentity(); absl::IsCancelled(warm)) {
     return 0;
   } else if (!warm.ok()) {
-    std::fprintf(stderr, "fitrun-worker: warm rank: %s\n", std::string(warm.message()).c_str());
+    fitrun::contract::LogError("warm rank: %s", warm.message());
     return 1;
   }
   absl::StatusOr<fitrun::worker::CommandLine> command_line = fitrun::worker::ParseCommandLine(argc, argv);
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<fitrun::worker::WorkerOptions> options =
       fitrun::worker::WorkerOptionsFromEnvironment(fitrun::worker::GetEnv);
   if (!options.ok()) {
-    std::fprintf(stderr, "fitrun-worker: %s\n", std::string(options.status().message()).c_str());
+    fitrun::contract::LogError("%s", options.status().message());
     return kBadConfiguration;
   }
   // A script job's rank supervises the user's script; any other trains a built-in workload. An

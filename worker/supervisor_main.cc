@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/contract/launch_contract.h"
+#include "proto/contract/log.h"
 #include "worker/options.h"
 #include "worker/probe/probe_protocol.h"
 #include "worker/probe/script_probe.h"
@@ -56,13 +57,12 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<fitrun::worker::WorkerOptions> options = fitrun::worker::WorkerOptionsFromEnvironment(GetEnv);
   if (!options.ok()) {
-    std::fprintf(stderr, "fitrun-supervisor: %s\n", std::string(options.status().message()).c_str());
+    fitrun::contract::LogError("%s", options.status().message());
     return kBadConfiguration;
   }
   absl::StatusOr<fitrun::v1::WorkerAssignment> assignment = fitrun::worker::LoadAssignment(options->assignment_path);
   if (!assignment.ok() || !assignment->spec().has_script()) {
-    std::fprintf(stderr, "fitrun-supervisor: %s\n",
-                 assignment.ok() ? kNotAScript : std::string(assignment.status().message()).c_str());
+    fitrun::contract::LogError("%s", assignment.ok() ? kNotAScript : std::string(assignment.status().message()));
     return kBadConfiguration;
   }
   std::unique_ptr<fitrun::worker::TrainingProgram> program = fitrun::worker::MakeScriptRank(*options);

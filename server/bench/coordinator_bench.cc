@@ -31,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "fitrun/v1/coordinator.grpc.pb.h"
 #include "fitrun/v1/worker.grpc.pb.h"
+#include "proto/contract/log.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/core/testing/fake_device_inventory.h"
 #include "server/core/testing/fake_job_store.h"
@@ -80,12 +81,12 @@ bool BenchmarkSchedulingPass() {
   options.run_scheduler_thread = false;
   auto manager = JobManager::Create(options, &store, &devices, &launcher, &metrics);
   if (!manager.ok()) {
-    fprintf(stderr, "%s\n", std::string(manager.status().message()).c_str());
+    contract::LogError("%s", manager.status().message());
     return false;
   }
   for (int i = 0; i < kJobs; ++i) {
     if (absl::StatusOr<fitrun::v1::Job> job = (*manager)->Submit(OneDeviceSpec(i)); !job.ok()) {
-      fprintf(stderr, "scheduling: submit %d: %s\n", i, std::string(job.status().message()).c_str());
+      contract::LogError("scheduling: submit %d: %s", i, job.status().message());
       return false;
     }
   }
@@ -251,7 +252,7 @@ class ThreadWatcher {
       const grpc::Status status = reader->Finish();
       if (!counters->stopping.load()) {
         counters->ended.fetch_add(1);
-        fprintf(stderr, "watcher %d ended early: %s\n", index, status.error_message().c_str());
+        contract::LogError("watcher %d ended early: %s", index, status.error_message());
       }
     });
   }
@@ -622,11 +623,11 @@ int main(int argc, char** argv) {
   bench.flood_batch = arg(4, 64);
   printf("fitrun coordinator benchmark (%u cores)\n", std::thread::hardware_concurrency());
   if (!fitrun::server::BenchmarkSchedulingPass()) {
-    fprintf(stderr, "coordinator_bench: the scheduling passes did not place what they should; no figures count\n");
+    fitrun::contract::LogError("the scheduling passes did not place what they should; no figures count");
     return 1;
   }
   if (!fitrun::server::BenchmarkIngestAndLatency(bench)) {
-    fprintf(stderr, "coordinator_bench: events were lost or streams ended early; the figures above do not count\n");
+    fitrun::contract::LogError("events were lost or streams ended early; the figures above do not count");
     return 1;
   }
   return 0;

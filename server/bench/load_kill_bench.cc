@@ -45,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "fitrun/v1/coordinator.grpc.pb.h"
+#include "proto/contract/log.h"
 #include "server/auth/authenticator.h"
 #include "server/bench/bench_daemon.h"
 #include "proto/contract/free_port.h"
@@ -93,7 +94,7 @@ class BenchUsers {
     for (int u = 0; u < count; ++u) {
       const std::string account = absl::StrCat("frl", getpid() % 100000, "-", u);
       if (std::system(("/usr/sbin/useradd --no-create-home --shell /usr/sbin/nologin --user-group " + account).c_str()) != 0) {
-        std::fprintf(stderr, "useradd %s failed (root is needed for --users)\n", account.c_str());
+        contract::LogError("useradd %s failed (root is needed for --users)", account);
         return false;
       }
       accounts_.push_back(account);
@@ -281,7 +282,7 @@ int Run() {
             }
             if (absl::Now() > give_up) {
               ++submissions.given_up;
-              std::fprintf(stderr, "gave up on %s: %s\n", request_id.c_str(), status.error_message().c_str());
+              contract::LogError("gave up on %s: %s", request_id, status.error_message());
               break;
             }
             ++submissions.retries;

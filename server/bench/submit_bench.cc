@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "fitrun/v1/coordinator.grpc.pb.h"
+#include "proto/contract/log.h"
 #include "server/bench/bench_daemon.h"
 
 ABSL_FLAG(std::string, fitrund, "bazel-bin/server/fitrund", "the fitrund binary");
@@ -89,7 +90,7 @@ Phase Submit(const std::string& address, const std::string& spec) {
         absl::MutexLock lock(&mu);
         if (!status.ok()) {
           ++phase.failed;
-          std::fprintf(stderr, "SubmitJob: %s\n", status.error_message().c_str());
+          contract::LogError("SubmitJob: %s", status.error_message());
           continue;
         }
         phase.latencies_ms.push_back(ms);
@@ -164,7 +165,7 @@ int Run() {
     Print("the same workload, measured", calibrated, "");
 
     std::vector<fitrun::v1::Job> stored;
-    if (!bench::ListAllJobs(*stub, &stored)) std::fprintf(stderr, "ListJobs failed\n");
+    if (!bench::ListAllJobs(*stub, &stored)) contract::LogError("ListJobs failed");
     const size_t acknowledged = unseen.ids.size() + calibrated.ids.size();
     std::printf("\nacknowledged %zu, stored %zu (each acknowledged job once: %s)\n", acknowledged, stored.size(),
                 stored.size() == acknowledged ? "yes" : "NO");

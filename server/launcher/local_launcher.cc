@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "proto/contract/launch_contract.h"
+#include "proto/contract/log.h"
 
 namespace fitrun::server {
 
@@ -57,7 +58,7 @@ LocalLauncher::~LocalLauncher() {
   // ReleaseUnowned.
   for (const std::shared_ptr<AttemptCgroup>& attempt : left) {
     if (absl::Status released = options_.kill_and_remove(*attempt->cgroup); !released.ok()) {
-      std::fprintf(stderr, "fitrund: %s; the next fitrund removes it\n", std::string(released.message()).c_str());
+      contract::LogWarning("%s; the next fitrund removes it", released.message());
     }
   }
   if (options_.cgroups != nullptr && options_.cgroups->List().empty()) (void)options_.cgroups->RemoveDirectories();
@@ -159,7 +160,7 @@ absl::StatusOr<LaunchedAttempt> LocalLauncher::Launch(const AttemptLaunch& attem
 int LocalLauncher::PidOf(const std::string& handle, int rank) {
   absl::StatusOr<std::vector<int>> pids = PidsInLocalLaunchHandle(handle);
   if (!pids.ok() || rank < 0 || rank >= static_cast<int>(pids->size())) {
-    std::fprintf(stderr, "fitrund: no rank %d in launch handle '%s'\n", rank, handle.c_str());
+    contract::LogError("no rank %d in launch handle '%s'", rank, handle);
     return 0;
   }
   return (*pids)[rank];
@@ -190,8 +191,7 @@ std::vector<bool> LocalLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
       absl::MutexLock lock(&mu_);
       cgroups_[attempt.handle] = cgroup;
     } else if (!absl::IsNotFound(opened.status())) {
-      std::fprintf(stderr, "fitrund: job %s attempt %d: %s\n", attempt.job_id.c_str(), attempt.attempt,
-                   std::string(opened.status().message()).c_str());
+      contract::LogError("job %s attempt %d: %s", attempt.job_id, attempt.attempt, opened.status().message());
     }
   }
   std::vector<bool> adopted(attempt.pids.size(), false);
@@ -221,8 +221,8 @@ std::vector<bool> LocalLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
           on_exit(static_cast<int>(rank), seen);
         });
     if (!pid.ok() && !absl::StrContains(pid.status().message(), "is gone")) {
-      std::fprintf(stderr, "fitrund: job %s attempt %d rank %zu: not re-adopted: %s\n", attempt.job_id.c_str(),
-                   attempt.attempt, rank, std::string(pid.status().message()).c_str());
+      contract::LogError("job %s attempt %d rank %d: not re-adopted: %s", attempt.job_id, attempt.attempt, rank,
+                        pid.status().message());
     }
     adopted[rank] = pid.ok();
   }
@@ -278,8 +278,7 @@ void LocalLauncher::ReleaseUnowned(const std::vector<std::string>& owned_handles
     if (held.count(name) || absl::StartsWith(name, own_probes)) continue;
     absl::StatusOr<std::unique_ptr<JobCgroup>> stale = options_.cgroups->Open(name);
     if (!stale.ok()) continue;
-    std::fprintf(stderr, "fitrund: removing the cgroup %s: no running attempt of this coordinator holds it\n",
-                 name.c_str());
+    contract::LogInfo("removing the cgroup %s: no running attempt of this coordinator holds it", name);
     auto attempt = std::make_shared<AttemptCgroup>();
     attempt->cgroup = *std::move(stale);
     Queue(std::move(attempt));
@@ -298,7 +297,7 @@ void LocalLauncher::Queue(std::shared_ptr<AttemptCgroup> attempt) {
   }
   // Stopping: released here and now, once.
   if (absl::Status released = options_.kill_and_remove(*attempt->cgroup); !released.ok()) {
-    std::fprintf(stderr, "fitrund: %s\n", std::string(released.message()).c_str());
+    contract::LogError("%s", released.message());
   }
 }
 
@@ -331,8 +330,7 @@ void LocalLauncher::ReleaserLoop() {
     if (released.ok()) continue;
     // Not empty yet (a process stuck in the kernel, a fork racing the kill): tried again later,
     // until it is gone.
-    std::fprintf(stderr, "fitrund: %s; trying again in %s\n", std::string(released.message()).c_str(),
-                 absl::FormatDuration(next->backoff).c_str());
+    contract::LogWarning("%s; trying again in %s", released.message(), absl::FormatDuration(next->backoff));
     absl::MutexLock lock(&mu_);
     next->release_at = absl::Now() + next->backoff;
     next->backoff = std::min(next->backoff * 2, options_.max_retry_after);

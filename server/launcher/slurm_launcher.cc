@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "proto/contract/launch_contract.h"
+#include "proto/contract/log.h"
 #include "server/sandbox/owned_directory.h"
 #include "server/slurm/slurm_text.h"
 
@@ -303,8 +304,8 @@ absl::StatusOr<LaunchedAttempt> SlurmLauncher::Launch(const AttemptLaunch& attem
   tracked.on_allocation = attempt.on_allocation;
   tracked.reported.assign(tracked.world_size, false);
   Track(*job_id, std::move(tracked));
-  std::fprintf(stderr, "fitrund: job %s attempt %d: Slurm job %s (%zu ranks)\n", attempt.job_id.c_str(),
-               attempt.attempt, job_id->c_str(), attempt.ranks.size());
+  contract::LogInfo("job %s attempt %d: Slurm job %s (%d ranks)", attempt.job_id, attempt.attempt, *job_id,
+                    attempt.ranks.size());
 
   LaunchedAttempt launched;
   launched.handle = HandleOf(*job_id);
@@ -345,24 +346,23 @@ std::vector<bool> SlurmLauncher::Adopt(const RecordedAttempt& attempt, RankExitC
   std::vector<bool> adopted(world_size, false);
   absl::StatusOr<std::string> job_id = SlurmJobIdOf(attempt.handle);
   if (!job_id.ok()) {
-    std::fprintf(stderr, "fitrund: job %s attempt %d: %s; not adopted\n", attempt.job_id.c_str(), attempt.attempt,
-                 std::string(job_id.status().message()).c_str());
+    contract::LogError("job %s attempt %d: %s; not adopted", attempt.job_id, attempt.attempt,
+                       job_id.status().message());
     return adopted;
   }
   absl::StatusOr<std::string> shown = options_.runner({"scontrol", "show", "job", "--oneliner", *job_id});
   absl::StatusOr<slurm::SlurmJobStatus> status =
       shown.ok() ? slurm::ParseShowJob(*shown) : absl::StatusOr<slurm::SlurmJobStatus>(shown.status());
   if (!status.ok() || status->Ended()) {
-    std::fprintf(stderr, "fitrund: job %s attempt %d: Slurm job %s is %s; not adopted\n", attempt.job_id.c_str(),
-                 attempt.attempt, job_id->c_str(),
-                 status.ok() ? status->state.c_str() : std::string(status.status().message()).c_str());
+    contract::LogError("job %s attempt %d: Slurm job %s is %s; not adopted", attempt.job_id, attempt.attempt, *job_id,
+                      status.ok() ? status->state : std::string(status.status().message()));
     return adopted;
   }
   // A recorded id is a bare number: after slurmctld lost its state it may name anyone's job. Only
   // this job's, as it was submitted, is taken over (and so ever cancelled).
   if (const std::string other = NotThisJobs(*status, attempt); !other.empty()) {
-    std::fprintf(stderr, "fitrund: job %s attempt %d: Slurm job %s is not this job's (%s); not adopted\n",
-                 attempt.job_id.c_str(), attempt.attempt, job_id->c_str(), other.c_str());
+    contract::LogError("job %s attempt %d: Slurm job %s is not this job's (%s); not adopted", attempt.job_id,
+                      attempt.attempt, *job_id, other);
     return adopted;
   }
   Tracked tracked;
@@ -398,20 +398,17 @@ void SlurmLauncher::ReleaseUnowned(const std::vector<std::string>& owned_handles
   // in the comment is this coordinator's own.
   absl::StatusOr<std::string> listed = options_.runner({"squeue", "--noheader", "--all", "--format=%i|%k"});
   if (!listed.ok()) {
-    std::fprintf(stderr, "fitrund: listing Slurm jobs to cancel orphans: %s\n",
-                 std::string(listed.status().message()).c_str());
+    contract::LogWarning("listing Slurm jobs to cancel orphans: %s", listed.status().message());
     return;
   }
   for (absl::string_view line : absl::StrSplit(*listed, '\n', absl::SkipWhitespace())) {
     std::vector<std::string> fields = absl::StrSplit(absl::StripAsciiWhitespace(line), absl::MaxSplits('|', 1));
     if (fields.size() != 2 || fields[1] != options_.coordinator_tag) continue;
     if (owned.count(HandleOf(fields[0])) > 0) continue;
-    std::fprintf(stderr, "fitrund: cancelling Slurm job %s: this coordinator submitted it but no job holds it\n",
-                 fields[0].c_str());
+    contract::LogWarning("cancelling Slurm job %s: this coordinator submitted it but no job holds it", fields[0]);
     absl::StatusOr<std::string> cancelled = options_.runner({"scancel", fields[0]});
     if (!cancelled.ok()) {
-      std::fprintf(stderr, "fitrund: scancel %s: %s\n", fields[0].c_str(),
-                   std::string(cancelled.status().message()).c_str());
+      contract::LogError("scancel %s: %s", fields[0], cancelled.status().message());
     }
   }
 }
@@ -487,11 +484,11 @@ bool SlurmLauncher::PollOnce() {
     if (parsed.ok()) {
       for (slurm::SlurmJobStatus& status : *parsed) statuses[status.id] = std::move(status);
     } else {
-      std::fprintf(stderr, "fitrund: reading squeue: %s; retrying\n", std::string(parsed.status().message()).c_str());
+      contract::LogWarning("reading squeue: %s; retrying", parsed.status().message());
       return false;
     }
   } else if (!absl::StrContains(listed.status().message(), "Invalid job id")) {
-    std::fprintf(stderr, "fitrund: squeue: %s; retrying\n", std::string(listed.status().message()).c_str());
+    contract::LogWarning("squeue: %s; retrying", listed.status().message());
     return false;
   }
   for (const std::string& id : ids) {
@@ -505,8 +502,7 @@ bool SlurmLauncher::PollOnce() {
         statuses[id] = *status;
         continue;
       }
-      std::fprintf(stderr, "fitrund: reading scontrol show job %s: %s; retrying\n", id.c_str(),
-                   std::string(status.status().message()).c_str());
+      contract::LogWarning("reading scontrol show job %s: %s; retrying", id, status.status().message());
     } else if (absl::StrContains(shown.status().message(), "Invalid job id")) {
       slurm::SlurmJobStatus gone;
       gone.id = id;
@@ -514,8 +510,7 @@ bool SlurmLauncher::PollOnce() {
       gone.reason = "no longer known to Slurm";
       statuses[id] = gone;
     } else {
-      std::fprintf(stderr, "fitrund: scontrol show job %s: %s; retrying\n", id.c_str(),
-                   std::string(shown.status().message()).c_str());
+      contract::LogWarning("scontrol show job %s: %s; retrying", id, shown.status().message());
     }
   }
 
@@ -526,8 +521,7 @@ bool SlurmLauncher::PollOnce() {
     absl::StatusOr<std::string> result =
         pending ? options_.runner({"scancel", id}) : options_.runner({"scancel", "--signal=TERM", "--full", id});
     if (!result.ok()) {
-      std::fprintf(stderr, "fitrund: stopping Slurm job %s: %s\n", id.c_str(),
-                   std::string(result.status().message()).c_str());
+      contract::LogError("stopping Slurm job %s: %s", id, result.status().message());
     }
   }
   for (const std::string& id : to_cancel) {
@@ -535,7 +529,7 @@ bool SlurmLauncher::PollOnce() {
     if (it != statuses.end() && it->second.Ended()) continue;
     absl::StatusOr<std::string> result = options_.runner({"scancel", id});
     if (!result.ok()) {
-      std::fprintf(stderr, "fitrund: scancel %s: %s\n", id.c_str(), std::string(result.status().message()).c_str());
+      contract::LogError("scancel %s: %s", id, result.status().message());
     }
   }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "proto/contract/launch_contract.h"
+#include "proto/contract/log.h"
 #include "server/spawn/spawn.h"
 
 namespace fitrun::server {
@@ -129,8 +130,7 @@ std::optional<WarmRanks::Taken> WarmRanks::Take(const WorkerLaunch& launch, Proc
       // While the launcher cannot reap it, so the pid written is this rank's and no recycled one's.
       if (absl::Status moved = processes_->WhileAlive(rank->pid, [&] { return cgroup->MoveIn(rank->pid); });
           !moved.ok()) {
-        std::fprintf(stderr, "fitrund: warm rank %d: %s; starting the rank cold\n", rank->pid,
-                     std::string(moved.message()).c_str());
+        contract::LogWarning("warm rank %d: %s; starting the rank cold", rank->pid, moved.message());
         LetGo(*rank);
         return std::nullopt;
       }
@@ -198,7 +198,7 @@ void WarmRanks::StarterLoop() {
           });
       mu_.Lock();
       if (!started.ok()) {
-        std::fprintf(stderr, "fitrund: cannot start a warm rank: %s\n", std::string(started.status().message()).c_str());
+        contract::LogWarning("cannot start a warm rank: %s", started.status().message());
         break;
       }
       rank->pid = started->pid;

@@ -24,6 +24,7 @@
 #include "proto/contract/launch_contract.h"
 #include "fitrun/v1/worker.pb.h"
 #include "google/protobuf/text_format.h"
+#include "proto/contract/log.h"
 #include "server/core/specs/job_specs.h"
 #include "server/core/units.h"
 #include "server/spawn/spawn.h"
@@ -132,7 +133,7 @@ absl::Status WriteBy(int fd, std::string_view data, absl::Duration deadline) {
 void RemoveCgroup(JobCgroup& cgroup) {
   absl::Status status = cgroup.KillAll(absl::Seconds(5));
   if (status.ok()) status = cgroup.Remove();
-  if (!status.ok()) std::fprintf(stderr, "fitrund: memory probe: %s\n", std::string(status.message()).c_str());
+  if (!status.ok()) contract::LogWarning("memory probe: %s", status.message());
 }
 
 // A running fitrun-worker --probe: its pipes, and what it has written so far.

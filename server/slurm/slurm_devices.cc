@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "proto/contract/log.h"
 
 namespace fitrun::server::slurm {
 namespace {
@@ -222,22 +223,22 @@ void SlurmDevices::Refresh() {
   if (!failure.empty()) {
     // A lasting failure (slurmctld down for an hour) is one line, not one per refresh.
     if (failure != last_failure_) {
-      std::fprintf(stderr, "fitrund: slurm inventory: %s; keeping the last list\n", OneLine(failure).c_str());
+      contract::LogWarning("slurm inventory: %s; keeping the last list", OneLine(failure));
     }
     last_failure_ = failure;
     return;
   }
   if (!last_failure_.empty()) {
-    std::fprintf(stderr, "fitrund: slurm inventory: scontrol answers again\n");
+    contract::LogInfo("slurm inventory: scontrol answers again");
     last_failure_.clear();
   }
   NodeDevices seen = DevicesOf(*nodes, options_);
   for (const MissingGpuMemory& m : seen.missing) {
     if (warned_missing_types_.insert(absl::StrCat(m.node, "\n", m.key)).second) {
-      std::fprintf(stderr,
-                   "fitrund: slurm inventory: node %s left out: no memory size for its GPU type '%s' "
-                   "(add %s=<size> to --slurm_gpu_memory)\n",
-                   m.node.c_str(), m.key.c_str(), m.key.c_str());
+      contract::LogWarning(
+          "slurm inventory: node %s left out: no memory size for its GPU type '%s' "
+          "(add %s=<size> to --slurm_gpu_memory)",
+          m.node, m.key, m.key);
     }
   }
   absl::MutexLock lock(&mu_);

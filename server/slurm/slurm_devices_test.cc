@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/contract/log.h"
 
 namespace fitrun::server::slurm {
 namespace {
@@ -312,6 +313,7 @@ TEST(SlurmDevicesTest, FailingRefreshKeepsTheLastListAndLogsOnce) {
   const std::vector<std::string> before = Ids((*devices)->Snapshot());
   ASSERT_EQ(before.size(), 4u);
 
+  contract::SetLogProgramName("fitrund");  // the name fitrund's log lines carry
   testing::internal::CaptureStderr();
   scontrol.Fail(kControllerDown);
   ASSERT_TRUE(scontrol.AwaitTwoMoreRefreshes());
@@ -347,6 +349,7 @@ TEST(SlurmDevicesTest, NodeWithANewGpuTypeOnRefreshIsLeftOutAndLoggedOnce) {
   absl::StatusOr<std::unique_ptr<SlurmDevices>> devices = SlurmDevices::Create(options);
   ASSERT_TRUE(devices.ok()) << devices.status();
 
+  contract::SetLogProgramName("fitrund");  // the name fitrund's log lines carry
   testing::internal::CaptureStderr();
   scontrol.Answer("NodeName=n1 State=IDLE CPUTot=2 Gres=gpu:t4:1\nNodeName=n2 State=IDLE CPUTot=2 Gres=gpu:h100:2\n");
   ASSERT_TRUE(scontrol.AwaitTwoMoreRefreshes());

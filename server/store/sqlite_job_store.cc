@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "proto/contract/log.h"
 
 namespace fitrun::server {
 namespace {
@@ -64,7 +65,7 @@ int Checkpoint(sqlite3* db, int mode) {
   int copied = 0;
   if (sqlite3_wal_checkpoint_v2(db, nullptr, mode, &wal_frames, &copied) != SQLITE_OK &&
       sqlite3_errcode(db) != SQLITE_BUSY) {
-    fprintf(stderr, "fitrund: checkpointing the job store: %s\n", sqlite3_errmsg(db));
+    contract::LogWarning("checkpointing the job store: %s", sqlite3_errmsg(db));
   }
   return wal_frames;
 }

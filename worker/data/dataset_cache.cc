@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "proto/contract/atomic_file.h"
+#include "proto/contract/log.h"
 
 namespace fitrun::worker {
 namespace {
@@ -248,7 +249,7 @@ void DatasetCache::Log(const std::string& line) const {
   if (options_.log) {
     options_.log(line);
   } else {
-    std::fprintf(stderr, "%s\n", line.c_str());
+    contract::Log(contract::LogSeverity::kWarning, line);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/contract/log.h"
 
 namespace fitrun::worker::testing {
 
@@ -27,7 +28,7 @@ void WriteGz(const std::string& path, const std::string& bytes) {
   gzFile file = gzopen(path.c_str(), "wb");
   if (file == nullptr || gzwrite(file, bytes.data(), bytes.size()) != static_cast<int>(bytes.size()) ||
       gzclose(file) != Z_OK) {
-    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    contract::LogError("cannot write %s", path);
     std::abort();
   }
 }

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "proto/contract/log.h"
 #include "worker/options.h"
 #include "worker/data/dataset_cache.h"
 #include "worker/ddp/gradient_synchronizer.h"
@@ -173,8 +174,8 @@ absl::StatusOr<std::unique_ptr<MemoryProbe>> MemoryProbe::Create(const fitrun::v
       probe->timing_device_ = *device;
       probe->timed_ = *std::move(timed);
     } else {
-      std::fprintf(stderr, "memory probe: steps timed on the host, not on %s: %s\n",
-                   assignment.plan().device_ids(0).c_str(), std::string(device.status().message()).c_str());
+      contract::LogWarning("memory probe: steps timed on the host, not on %s: %s", assignment.plan().device_ids(0),
+                           device.status().message());
     }
   }
   counter->Install();
@@ -238,8 +239,8 @@ absl::StatusOr<ProbePeak> MemoryProbe::Measure(int64_t batch, int steps) {
     // The host's step time says nothing of the GPU's: a batch the GPU could not time is not timed.
     absl::StatusOr<double> seconds = TimeOnDevice(batch, steps);
     if (!seconds.ok()) {
-      std::fprintf(stderr, "memory probe: batch %lld not timed on %s: %s\n", static_cast<long long>(batch),
-                   timing_device_.str().c_str(), std::string(seconds.status().message()).c_str());
+      contract::LogWarning("memory probe: batch %d not timed on %s: %s", batch, timing_device_.str(),
+                           seconds.status().message());
     }
     peak.step_seconds = seconds.value_or(0);
   }

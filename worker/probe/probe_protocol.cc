@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "proto/contract/launch_contract.h"
+#include "proto/contract/log.h"
 #include "worker/options.h"
 
 namespace fitrun::worker {
@@ -85,7 +86,7 @@ absl::StatusOr<fitrun::v1::WorkerAssignment> LoadProbeAssignment() {
 
 int ProbeExitCode(const std::string& program, const absl::Status& status) {
   if (status.ok()) return fitrun::contract::launch::kExitSuccess;
-  std::fprintf(stderr, "%s --probe: %s\n", program.c_str(), std::string(status.message()).c_str());
+  contract::LogError("%s --probe: %s", program, status.message());
   return fitrun::contract::launch::kExitBadConfiguration;
 }
 

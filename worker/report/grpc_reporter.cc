@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proto/contract/log.h"
 
 namespace fitrun::worker {
 namespace {
@@ -75,9 +76,8 @@ GrpcReporter::GrpcReporter(Options options, StopCallback on_stop,
 
 GrpcReporter::~GrpcReporter() { Shutdown(absl::ZeroDuration()); }
 
-void GrpcReporter::Log(const std::string& text) {
-  std::fprintf(stderr, "[rank %d] reporter: %s\n", options_.rank, text.c_str());
-  std::fflush(stderr);
+void GrpcReporter::Log(contract::LogSeverity severity, const std::string& text) {
+  contract::Log(severity, absl::StrCat("[rank ", options_.rank, "] reporter: ", text));
 }
 
 void GrpcReporter::Enqueue(fitrun::v1::WorkerReport report, bool must_deliver) {
@@ -239,7 +239,8 @@ bool GrpcReporter::OpenStream() {
     connected_ = true;
   }
   reader_ = std::thread([this, stream = stream_.get()] { ReaderLoop(stream); });
-  Log(absl::StrCat(ever_connected_ ? "reconnected to " : "connected to ", options_.coordinator));
+  Log(contract::LogSeverity::kInfo,
+      absl::StrCat(ever_connected_ ? "reconnected to " : "connected to ", options_.coordinator));
   ever_connected_ = true;
   logged_unreachable_ = false;
   return true;
@@ -289,8 +290,8 @@ void GrpcReporter::CloseStream(bool graceful) {
     }
   }
   if (!status.ok() || !graceful) {
-    Log(absl::StrCat("stream to ", options_.coordinator, " ended: ", status.error_code(), " ",
-                     status.error_message()));
+    Log(contract::LogSeverity::kWarning,
+        absl::StrCat("stream to ", options_.coordinator, " ended: ", status.error_code(), " ", status.error_message()));
   }
   stream_.reset();
   context_owner_.reset();
@@ -315,8 +316,8 @@ void GrpcReporter::WriterLoop() {
       }
       if (!OpenStream()) {
         if (!logged_unreachable_) {
-          Log(absl::StrCat("cannot reach the coordinator at ", options_.coordinator,
-                           "; training goes on and reports are retried"));
+          Log(contract::LogSeverity::kWarning, absl::StrCat("cannot reach the coordinator at ", options_.coordinator,
+                                                            "; training goes on and reports are retried"));
           logged_unreachable_ = true;
         }
         absl::MutexLock lock(&mu_);

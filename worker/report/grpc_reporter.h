@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "fitrun/v1/worker.grpc.pb.h"
+#include "proto/contract/log.h"
 #include "worker/trainer/progress_sink.h"
 
 namespace grpc {
@@ -93,7 +94,7 @@ class GrpcReporter final : public ProgressSink {
   bool OpenStream();
   // Ends the current stream; `graceful` half-closes and waits for the server first.
   void CloseStream(bool graceful);
-  void Log(const std::string& text);
+  void Log(contract::LogSeverity severity, const std::string& text);
 
   const Options options_;
   const StopCallback on_stop_;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "proto/contract/launch_contract.h"
+#include "proto/contract/log.h"
 
 namespace fitrun::worker {
 namespace {
@@ -49,8 +50,7 @@ void StopSwitch::Stop(const std::string& reason) {
   if (request_stop_) request_stop_(reason);
   std::thread([grace = grace_] {
     absl::SleepFor(grace);
-    std::fprintf(stderr, "fitrun-worker: still running %s after the stop command; exiting\n",
-                 absl::FormatDuration(grace).c_str());
+    contract::LogError("still running %s after the stop command; exiting", absl::FormatDuration(grace));
     std::_Exit(fitrun::contract::launch::kExitStopped);
   }).detach();
 }
@@ -148,8 +148,7 @@ int RankRuntime::Finish(const fitrun::v1::RankFinished& finished, const std::str
 
 int RankRuntime::Fail(ExitCode code, const absl::Status& status) {
   const std::string reason(status.message());
-  std::fprintf(stderr, "fitrun-worker: rank %d failed: %s\n", options_.rank, reason.c_str());
-  std::fflush(stderr);
+  contract::LogError("rank %d failed: %s", options_.rank, reason);
   if (reporter_ != nullptr) {
     reporter_->ReportFailed(reason);
     reporter_->Shutdown(timing_.fail_timeout);
@@ -178,7 +177,7 @@ int RunRank(const WorkerOptions& options, TrainingProgram& program) {
   // process closed to the job's other processes.
   WorkerOptions with_token = options;
   if (absl::Status taken = TakeJobToken(with_token); !taken.ok()) {
-    std::fprintf(stderr, "fitrun rank %d: %s\n", options.rank, std::string(taken.message()).c_str());
+    contract::LogError("rank %d: %s", options.rank, taken.message());
     return fitrun::contract::launch::kExitBadConfiguration;
   }
   RankRuntime runtime(with_token);

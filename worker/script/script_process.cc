@@ -26,6 +26,7 @@
 #include "proto/contract/find_command.h"
 #include "proto/contract/install_layout.h"
 #include "proto/contract/launch_contract.h"
+#include "proto/contract/log.h"
 
 extern char** environ;
 
@@ -162,8 +163,8 @@ absl::StatusOr<std::unique_ptr<ScriptProcess>> ScriptProcess::Start(const Script
   meter::MemoryMeter* page = nullptr;
   const int meter_fd = meter::Create(&page);
   if (meter_fd < 0) {
-    std::fprintf(stderr, "fitrun: no memory meter for the script (memfd_create: %s); its memory is not measured\n",
-                 std::strerror(errno));
+    contract::LogWarning("no memory meter for the script (memfd_create: %s); its memory is not measured",
+                         std::strerror(errno));
   }
   // Everything the child needs is built before fork: between fork and exec only async-signal-safe
   // calls are allowed in a threaded process.

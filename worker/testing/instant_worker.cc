@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "proto/contract/log.h"
 #include "worker/options.h"
 #include "worker/runtime/rank_runtime.h"
 
@@ -42,7 +43,7 @@ int main() {
         return value == nullptr ? std::nullopt : std::optional<std::string>(value);
       });
   if (!options.ok()) {
-    std::fprintf(stderr, "fitrun-instant-worker: %s\n", std::string(options.status().message()).c_str());
+    fitrun::contract::LogError("%s", options.status().message());
     return fitrun::contract::launch::kExitBadConfiguration;
   }
   fitrun::worker::InstantProgram program;

@@ -39,6 +39,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "proto/contract/log.h"
 #include "server/core/memory/estimator.h"
 #include "server/core/specs/workloads.h"
 #include "server/core/specs/job_specs.h"
@@ -218,7 +219,7 @@ int Run() {
   probe_options.measure_timeout = absl::Minutes(20);
   absl::StatusOr<std::unique_ptr<ProcessMemoryProbe>> probe = ProcessMemoryProbe::Create(probe_options);
   if (!probe.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(probe.status().message()).c_str());
+    fitrun::contract::LogError("%s", probe.status().message());
     return 1;
   }
   const int64_t device_bytes = absl::GetFlag(FLAGS_device_mib) << 20;

@@ -2,6 +2,7 @@
 #include "server/core/specs/workloads.h"
 
 #include "proto/contract/atomic_file.h"
+#include "proto/contract/log.h"
 #include "server/core/specs/job_specs.h"
 #include "server/core/units.h"
 #include "server/core/digest.h"
@@ -20,7 +21,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -388,11 +388,10 @@ void MemoryCalibrator::Loop() {
       } else {
         // Remembered so the plan goes ahead without it instead of asking again and again.
         failed_measurements_.insert({task.key, task.batch});
-        // On one line: the message quotes the probe's output, which is the job's code's, and must not
-        // pass for lines of fitrund's own.
-        std::fprintf(stderr, "fitrund: measuring micro-batch %lld of %s failed: %s\n",
-                     static_cast<long long>(task.batch), task.key.c_str(),
-                     absl::StrReplaceAll(point.status().message(), {{"\n", " | "}}).c_str());
+        // The log keeps it on one line: the message quotes the probe's output, which is the job's
+        // code's, and must not pass for lines of fitrund's own.
+        contract::LogWarning("measuring micro-batch %d of %s failed: %s", task.batch, task.key,
+                             point.status().message());
       }
     }
     if (options_.metrics != nullptr) options_.metrics->MemoryProbeRan(absl::Now() - started);
@@ -464,7 +463,7 @@ absl::StatusOr<Calibration> MemoryCalibrator::StoreSweep(const std::string& key,
   sweeping_.erase(key);
   KeepWorkload(key);
   if (!stored.ok()) {
-    std::fprintf(stderr, "fitrund: measuring %s failed: %s\n", key.c_str(), std::string(stored.status().message()).c_str());
+    contract::LogError("measuring %s failed: %s", key, stored.status().message());
     return stored;
   }
   if (auto before = runs_before_sweep_.extract(key)) {
