@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "proto/contract/log.h"
 
 namespace fitrun::server {
 namespace {
@@ -162,7 +163,7 @@ class RendezvousStore::Server {
       }
       if (poll(fds.data(), fds.size(), -1) < 0) {
         if (errno == EINTR) continue;
-        std::fprintf(stderr, "fitrund: rendezvous of %s: poll: %s\n", options_.name.c_str(), std::strerror(errno));
+        contract::LogError("rendezvous of %s: poll: %s", options_.name, std::strerror(errno));
         return;
       }
       if (fds[1].revents != 0) return;
@@ -212,11 +213,11 @@ class RendezvousStore::Server {
     const int64_t uid = SocketOwnerUid(ReadAll(options_.proc_net + "/tcp"), ReadAll(options_.proc_net + "/tcp6"), peer, local);
     if (uid != static_cast<int64_t>(options_.uid) || static_cast<int>(connections_.size()) >= options_.max_connections) {
       if (refused_->fetch_add(1) < 3) {
-        std::fprintf(stderr, "fitrund: rendezvous of %s: refused a connection from %s:%d (%s)\n",
-                     options_.name.c_str(), inet_ntoa(peer.sin_addr), ntohs(peer.sin_port),
-                     uid != static_cast<int64_t>(options_.uid)
-                         ? absl::StrCat("its socket is uid ", uid, "'s, not the job's account's, ", options_.uid).c_str()
-                         : "too many connections");
+        contract::LogError("rendezvous of %s: refused a connection from %s:%d (%s)", options_.name,
+                           inet_ntoa(peer.sin_addr), ntohs(peer.sin_port),
+                           uid != static_cast<int64_t>(options_.uid)
+                               ? absl::StrCat("its socket is uid ", uid, "'s, not the job's account's, ", options_.uid)
+                               : std::string("too many connections"));
       }
       close(fd);
       return;
