@@ -71,6 +71,9 @@ bool JobManager::IsTerminal(JobState state) {
 JobManager::JobManager(Options options, JobStore* store, DeviceInventory* devices, WorkerLauncher* launcher,
                        CoordinatorMetrics* metrics)
     : options_(std::move(options)),
+      planner_(JobPlanner::Options{options_.max_nodes, options_.max_nodes_reason, options_.max_rank_host_memory_bytes,
+                                   options_.host_memory_bytes, options_.estimator, options_.memory_calibrator,
+                                   options_.device_costs, options_.cuda_allocator_config}),
       store_(store),
       devices_(devices),
       launcher_(launcher),
@@ -657,7 +660,7 @@ int64_t JobManager::AllocatedFromFootprintOf(const JobEntry& entry, int64_t foot
   for (const fitrun::v1::Device& device : devices_->Snapshot()) {
     if (entry.active->device_ids.empty() || device.id() != entry.active->device_ids.front()) continue;
     if (device.kind() != fitrun::v1::DEVICE_KIND_CUDA) return 0;
-    return AllocatedFromFootprint(footprint, GpuCosts(device.name(), AllocatorConfigFor(job.spec()), job.run_as()));
+    return AllocatedFromFootprint(footprint, planner_.GpuCosts(device.name(), planner_.AllocatorConfigFor(job.spec()), job.run_as()));
   }
   return 0;
 }
@@ -700,9 +703,9 @@ void JobManager::AfterFirstSteps(JobEntry& entry) {
     for (const fitrun::v1::Device& device : DevicesLocked()) {
       const auto& ids = entry.active->device_ids;
       if (std::find(ids.begin(), ids.end(), device.id()) == ids.end()) continue;
-      held.push_back(CapacityOf(device, device.total_bytes(), AllocatorConfigFor(job.spec()), job.run_as()));
+      held.push_back(planner_.CapacityOf(device, device.total_bytes(), planner_.AllocatorConfigFor(job.spec()), job.run_as()));
     }
-    absl::StatusOr<fitrun::v1::Plan> replanned = PlanForJob(job, held, /*host_room=*/-1);
+    absl::StatusOr<fitrun::v1::Plan> replanned = planner_.PlanForJob(job, held, /*host_room=*/-1);
     if (replanned.ok() && WorthMovingTo(job.plan(), *replanned)) move_to = *replanned;
   }
   entry.active->move_at_checkpoint = move_to;

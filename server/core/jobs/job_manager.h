@@ -42,6 +42,7 @@
 #include "server/core/jobs/open_jobs.h"
 #include "server/core/jobs/event_hub.h"
 #include "server/core/jobs/job_entry.h"
+#include "server/core/jobs/job_planner.h"
 #include "server/core/jobs/placement.h"
 #include "server/core/jobs/report_ingest.h"
 #include "server/core/jobs/retention.h"
@@ -273,8 +274,6 @@ class JobManager {
   // The launcher's word on an attempt's allocation (a cluster scheduler's PENDING and its reason).
   void OnAllocation(const std::string& job_id, int attempt, const AllocationStatus& status);
   AllocationCallback AllocationCallbackFor(const std::string& job_id, int attempt);
-  // The node bound of options_ on top of the spec's own.
-  PlanLimits NodeLimits() const;
   void StopRanks(JobEntry& entry, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the attempt's devices once none of its processes is alive.
   void MaybeReleaseAttempt(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -331,40 +330,17 @@ class JobManager {
   absl::StatusOr<fitrun::v1::Plan> PlanOn(const fitrun::v1::JobSpec& spec, const std::string& run_as,
                                           bool only_free_devices)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The plan for a queued or restarting job on `devices`, with what its earlier attempts' out-of-memory
-  // errors taught (a smaller per-device batch, a corrected per-sample cost).
-  // `host_room`: the host memory its ranks may still be promised (-1: unbounded).
-  absl::StatusOr<fitrun::v1::Plan> PlanForJob(const fitrun::v1::Job& job, const std::vector<DeviceCapacity>& devices,
-                                              int64_t host_room) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string JobDir(const std::string& job_id) const;
-  // The spec's model profile, calibrated when the memory probe has measured it. A member of the same
-  // name as workloads.h's free function, so every plan the manager makes uses it.
-  // `run_as`: the job's account, whose calibration it is.
-  absl::StatusOr<ModelProfile> ProfileFor(const fitrun::v1::JobSpec& spec, const std::string& run_as) const;
   // Every device with its whole memory, as if idle (what a plan gets once the devices free up).
   std::vector<DeviceCapacity> EveryDeviceAsIfIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The host memory not yet promised to running attempts' ranks (Plan.host_memory_bytes), or -1
   // when the host's is not bounded (Options.host_memory_bytes 0).
   int64_t UnpromisedHostMemory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // PlanJob within the host memory `host_room` (-1: unbounded): as many devices as their ranks'
-  // host memory fits in (PlanLimits.max_devices), and the plan's host_memory_bytes set.
-  absl::StatusOr<fitrun::v1::Plan> PlanWithinHost(const fitrun::v1::JobSpec& spec, const ModelProfile& profile,
-                                                  const std::vector<DeviceCapacity>& devices, PlanLimits limits,
-                                                  int64_t host_room) const;
-  // A device as the planner sees it: `bytes` it may use, and on a GPU what a rank's process holds
-  // there beyond its tensors with the allocator settings `allocator_config`.
-  DeviceCapacity CapacityOf(const fitrun::v1::Device& device, int64_t bytes, const std::string& allocator_config,
-                            const std::string& run_as = "") const;
-  // A GPU model's costs beyond the tensors with `allocator_config`, as `run_as`'s runs taught them.
-  DeviceCosts GpuCosts(const std::string& gpu_model, const std::string& allocator_config,
-                       const std::string& run_as) const;
-  // The allocator settings a job's ranks run with on GPUs: its script's own, or fitrund's.
-  std::string AllocatorConfigFor(const fitrun::v1::JobSpec& spec) const;
-  // The planning gate's view of this manager: PlanForJob under the lock the caller holds, on devices
-  // as if the host were idle (its whole host memory).
+  // The planning gate's view of this manager: the planner's plan on devices as if the host were
+  // idle (its whole host memory).
   PlanningGate::Planner GatePlanner() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Placement's, for one scheduling pass: PlanForJob within the host memory not yet promised to
-  // running attempts nor to jobs placed earlier in the pass.
+  // Placement's, for one scheduling pass: the planner's plan within the host memory not yet
+  // promised to running attempts nor to jobs placed earlier in the pass.
   PlanningGate::Planner PlacementPlanner() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the job's watchers what it waits for in PLANNING (a state change into PLANNING, or a log
   // line when it is there already); nothing when that has not changed.
@@ -392,6 +368,8 @@ class JobManager {
   std::string ImpossiblePeak(const JobEntry& entry, int64_t reported) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
+  // Plans from specs, devices and calibration; holds no job and needs no lock.
+  const JobPlanner planner_;
   JobStore* const store_;
   DeviceInventory* const devices_;
   WorkerLauncher* const launcher_;
