@@ -26,6 +26,7 @@
 #include "proto/contract/atomic_file.h"
 #include "proto/contract/free_port.h"
 #include "proto/contract/install_layout.h"
+#include "proto/contract/log.h"
 #include "server/core/specs/job_specs.h"
 #include "server/core/units.h"
 #include "server/devices/gpu_offer.h"
@@ -320,7 +321,7 @@ absl::Status StartJobCgroups(const ServerOptions& options, RunningServer* server
     return absl::OkStatus();
   }
   if (options.job_cgroups == "auto" && geteuid() != 0) {
-    fprintf(stderr, "fitrund: job cgroups: off (fitrund is not root; --job_cgroups=on to try anyway)\n");
+    contract::LogInfo("job cgroups: off (fitrund is not root; --job_cgroups=on to try anyway)");
     return absl::OkStatus();
   }
   JobCgroups::Options cgroup_options;
@@ -337,17 +338,17 @@ absl::Status StartJobCgroups(const ServerOptions& options, RunningServer* server
       return absl::FailedPreconditionError(absl::StrCat("--job_cgroups=on: this machine cannot confine jobs: ",
                                                         support.text, "; or pass --job_cgroups=off"));
     }
-    fprintf(stderr, "fitrund: job cgroups: off (%s)\n", support.text.c_str());
+    contract::LogWarning("job cgroups: off (%s)", support.text.c_str());
     return absl::OkStatus();
   }
-  fprintf(stderr, "fitrund: job cgroups: %s\n", support.text.c_str());
+  contract::LogInfo("job cgroups: %s", support.text.c_str());
   server->cgroups = std::move(support.cgroups);
   // What coordinators that died (killed, or unable to empty them) left beside this one's.
   const std::set<std::string> live = LiveCoordinatorTags(host);
   const std::vector<std::string> removed =
       server->cgroups->RemoveGoneCoordinators([&live](const std::string& tag) { return live.count(tag) > 0; });
   if (!removed.empty()) {
-    fprintf(stderr, "fitrund: job cgroups: removed %zu empty cgroup(s) of coordinators no longer running (%s%s)\n",
+    contract::LogInfo("job cgroups: removed %zu empty cgroup(s) of coordinators no longer running (%s%s)",
             removed.size(), removed.front().c_str(), removed.size() > 1 ? ", ..." : "");
   }
   return absl::OkStatus();
@@ -511,13 +512,12 @@ void UseGpusIfTrainable(const ServerOptions& options, RunningServer* server) {
     if (options.worker_cuda) {
       server->devices = *std::move(gpus);
     } else {
-      fprintf(stderr,
-              "fitrund: NVML sees %zu GPU(s), but fitrun-worker trains on CPU devices only (pass --worker_cuda "
-              "with a CUDA LibTorch build); using virtual CPU devices\n",
+      contract::LogWarning("NVML sees %zu GPU(s), but fitrun-worker trains on CPU devices only (pass --worker_cuda "
+              "with a CUDA LibTorch build); using virtual CPU devices",
               (*gpus)->Snapshot().size());
     }
   } else if (!gpus.ok() && !absl::IsNotFound(gpus.status())) {
-    fprintf(stderr, "fitrund: NVML: %s; using virtual CPU devices\n", std::string(gpus.status().message()).c_str());
+    contract::LogWarning("NVML: %s; using virtual CPU devices", std::string(gpus.status().message()).c_str());
   }
 }
 
@@ -606,9 +606,8 @@ void SetWorkerFiles(const ServerOptions& options, const std::string& worker_bina
 void SetWorkerChannel(const ServerOptions& options, const startup::ListenAddress& listen, JobManager::Options& manager) {
   manager.worker_channel_address = startup::WorkerChannelAddress(options.advertise_address, listen);
   if (options.advertise_address.empty() && options.cluster == "slurm" && IsLoopback(listen.dial_host)) {
-    fprintf(stderr,
-            "fitrund: ranks on Slurm nodes will dial %s, a loopback address: only ranks on this machine reach it "
-            "(give --advertise_address and a --listen address the nodes can reach)\n",
+    contract::LogWarning("ranks on Slurm nodes will dial %s, a loopback address: only ranks on this machine reach it "
+            "(give --advertise_address and a --listen address the nodes can reach)",
             manager.worker_channel_address.c_str());
   }
 }

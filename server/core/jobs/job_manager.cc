@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "proto/contract/log.h"
 #include "server/auth/same_secret.h"
 #include "server/core/jobs/proto_time.h"
 #include "server/core/specs/job_specs.h"
@@ -569,7 +570,7 @@ absl::Status JobManager::PublishAllLocked(JobEntry& entry, std::vector<JobEvent>
   if (!status.ok()) {
     if (only_if_stored) return status;
     // The events still reach live watchers; the gap in the store is reported in the log.
-    fprintf(stderr, "fitrund: could not store events %s/%lld..%lld%s: %s\n", job_id.c_str(),
+    contract::LogError("could not store events %s/%lld..%lld%s: %s", job_id.c_str(),
             static_cast<long long>(events.front().sequence()), static_cast<long long>(events.back().sequence()),
             persist ? " with the job" : "", std::string(status.message()).c_str());
   }
@@ -600,14 +601,14 @@ void JobManager::DeleteJobRows(const std::vector<std::string>& job_ids) {
   if (job_ids.empty()) return;
   // Left in the store on a failure, they are forgotten again at the next start.
   if (absl::Status status = store_->DeleteJobs(job_ids); !status.ok()) {
-    fprintf(stderr, "fitrund: could not delete %zu ended job(s) beyond --retain_finished_jobs from the store: %s\n",
+    contract::LogError("could not delete %zu ended job(s) beyond --retain_finished_jobs from the store: %s",
             job_ids.size(), std::string(status.message()).c_str());
   }
 }
 
 void JobManager::Persist(const JobEntry& entry) {
   if (absl::Status status = store_->PutJob(entry.record); !status.ok()) {
-    fprintf(stderr, "fitrund: could not store job %s: %s\n", entry.record.job.id().c_str(),
+    contract::LogError("could not store job %s: %s", entry.record.job.id().c_str(),
             std::string(status.message()).c_str());
   }
 }
