@@ -17,10 +17,7 @@
 #include "server/core/calibration/memory_calibration.h"
 #include "server/core/specs/test_specs.h"
 #include "server/core/testing/fake_device_inventory.h"
-#include "server/core/testing/fake_job_store.h"
 #include "server/core/testing/fake_memory_probe.h"
-#include "server/core/testing/fake_worker_launcher.h"
-#include "server/core/testing/recording_metrics.h"
 
 namespace fitrun::server {
 namespace {
@@ -37,40 +34,30 @@ fitrun::v1::JobSpec MlpSpec(int64_t global_batch = 1024) {
 
 class JobManagerCalibrationTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    state_dir_ = std::filesystem::path(::testing::TempDir()) /
-                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::remove_all(state_dir_);
-    std::filesystem::create_directories(state_dir_);
-  }
   void TearDown() override {
-    manager_.reset();
+    jobs_.Stop();
     calibrator_.reset();
   }
 
   // Two devices of `bytes` each; the probe plays `peak`.
   void Start(int64_t bytes, FakeMemoryProbe::PeakFunction peak = MlpPeakBytes) {
-    devices_ = std::make_unique<FakeDeviceInventory>(2, bytes);
+    jobs_.set_devices(FakeDeviceInventory(2, bytes));
     probe_ = std::make_unique<FakeMemoryProbe>(std::move(peak));
-    calibrator_ = *MemoryCalibrator::Create({.cache_path = (state_dir_ / "memory_calibration.tsv").string()},
+    calibrator_ = *MemoryCalibrator::Create({.cache_path = (jobs_.state_dir() / "memory_calibration.tsv").string()},
                                             probe_.get());
-    JobManager::Options options;
-    options.state_dir = state_dir_.string();
-    options.worker_binary = "/bin/fitrun-worker";
-    options.worker_channel_address = "127.0.0.1:1";
-    options.final_report_wait = absl::Milliseconds(100);
-    options.memory_calibrator = calibrator_.get();
-    manager_ = *JobManager::Create(options, &store_, devices_.get(), &launcher_, &metrics_);
+    jobs_.options().final_report_wait = absl::Milliseconds(100);
+    jobs_.options().memory_calibrator = calibrator_.get();
+    ASSERT_EQ(jobs_.Start(), absl::OkStatus());
   }
 
   fitrun::v1::Job WaitForState(const std::string& id, fitrun::v1::JobState state) {
-    return server::WaitForState(*manager_, id, state);
+    return server::WaitForState(jobs_.manager(), id, state);
   }
 
   // Every log line and state-change reason the job's watchers saw.
   std::string Events(const std::string& id) {
     std::string text;
-    const absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = manager_->ReadEvents(id, 0, 10000);
+    const absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = jobs_.manager().ReadEvents(id, 0, 10000);
     EXPECT_TRUE(events.ok()) << events.status();
     if (!events.ok()) return text;
     for (const fitrun::v1::JobEvent& e : *events) {
@@ -87,23 +74,18 @@ class JobManagerCalibrationTest : public ::testing::Test {
       progress.mutable_progress()->set_step(10);
       progress.mutable_progress()->set_total_steps(10);
       progress.mutable_progress()->set_peak_bytes(peak - rank);  // rank 0 peaks highest
-      manager_->OnWorkerReport(WorkerKey{id, 1, rank}, progress);
+      jobs_.manager().OnWorkerReport(WorkerKey{id, 1, rank}, progress);
       fitrun::v1::WorkerReport finished;
       finished.mutable_finished()->set_steps(10);
-      manager_->OnWorkerReport(WorkerKey{id, 1, rank}, finished);
+      jobs_.manager().OnWorkerReport(WorkerKey{id, 1, rank}, finished);
     }
-    launcher_.Exit(0, 0);
-    launcher_.Exit(1, 0);
+    jobs_.launcher().Exit(0, 0);
+    jobs_.launcher().Exit(1, 0);
   }
 
-  std::filesystem::path state_dir_;
-  FakeJobStore store_;
-  FakeWorkerLauncher launcher_;
-  RecordingMetrics metrics_;
-  std::unique_ptr<FakeDeviceInventory> devices_;
   std::unique_ptr<FakeMemoryProbe> probe_;
   std::unique_ptr<MemoryCalibrator> calibrator_;
-  std::unique_ptr<JobManager> manager_;
+  TestJobManager jobs_;  // after the calibrator its options point to
 };
 
 // A user's training script (a file in the test's directory), global batch 16 on both devices.
@@ -136,18 +118,18 @@ void ReportStep(JobManager& manager, const std::string& id, int attempt, int ran
 // first still runs, is planned on it.
 TEST_F(JobManagerCalibrationTest, AFirstSeenScriptStartsAtOnceAndItsFirstStepsPlanTheNextOne) {
   Start(1LL << 30);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(ScriptSpec());
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(ScriptSpec());
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(10)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(10)));
   fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(probe_->calls(), 0) << "no probe before the first run";
   EXPECT_EQ(running.plan().per_device_batch(), 8);
   EXPECT_EQ(running.plan().predicted().total_bytes(), 0);
   EXPECT_THAT(absl::StrJoin(running.plan().reasons(), "\n"), HasSubstr("its first run is its measurement"));
 
-  ReportStep(*manager_, job->id(), 1, 0, 2, 300LL << 20);
+  ReportStep(jobs_.manager(), job->id(), 1, 0, 2, 300LL << 20);
   EXPECT_THAT(Events(job->id()), ::testing::Not(HasSubstr("first steps peaked"))) << "rank 1 has not reported";
-  ReportStep(*manager_, job->id(), 1, 1, 2, 310LL << 20);
+  ReportStep(jobs_.manager(), job->id(), 1, 1, 2, 310LL << 20);
   EXPECT_THAT(Events(job->id()), HasSubstr("memory: attempt 1's first steps peaked at 310.0 MiB at per-device "
                                            "batch 8"));
   EXPECT_THAT(Events(job->id()), HasSubstr("the plan keeps its batch"));
@@ -155,7 +137,7 @@ TEST_F(JobManagerCalibrationTest, AFirstSeenScriptStartsAtOnceAndItsFirstStepsPl
   fitrun::v1::JobSpec second = ScriptSpec();
   second.mutable_resources()->set_min_devices(1);
   second.mutable_resources()->set_max_devices(1);
-  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> planned = manager_->DryRunPlan(second);
+  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> planned = jobs_.manager().DryRunPlan(second);
   ASSERT_TRUE(planned.ok()) << planned.status();
   // One device: 16 samples a step. The run's 310 MiB at 8 bounds 16 at 620 MiB (all of it per sample).
   EXPECT_EQ(planned->second.per_device_batch(), 16);
@@ -170,36 +152,36 @@ TEST_F(JobManagerCalibrationTest, AScriptMovesToTheLargerBatchItsFirstStepsAllow
   Start(72LL << 20);
   // Earlier runs: 30 MiB at batch 1, 36 MiB at 2 (6 MiB a sample, extrapolated): batch 8 looks like
   // 72 MiB, over the 64.8 MiB usable, so the plan starts at 4 x 2.
-  const fitrun::v1::JobSpec normalized = manager_->DryRunPlan(ScriptSpec())->first;  // as submitted: read files
+  const fitrun::v1::JobSpec normalized = jobs_.manager().DryRunPlan(ScriptSpec())->first;  // as submitted: read files
   calibrator_->RecordRun(normalized, "", 1, 30LL << 20);
   calibrator_->RecordRun(normalized, "", 2, 36LL << 20);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(ScriptSpec());
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(ScriptSpec());
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(10)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(10)));
   const fitrun::v1::Job first = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   ASSERT_EQ(first.plan().per_device_batch(), 4);
   ASSERT_EQ(first.plan().grad_accum_steps(), 2);
   // At 4 it peaks at 38 MiB: the slope flattens, and batch 8 fits.
-  ReportStep(*manager_, job->id(), 1, 0, 2, 38LL << 20);
-  ReportStep(*manager_, job->id(), 1, 1, 2, 38LL << 20);
+  ReportStep(jobs_.manager(), job->id(), 1, 0, 2, 38LL << 20);
+  ReportStep(jobs_.manager(), job->id(), 1, 1, 2, 38LL << 20);
   EXPECT_THAT(Events(job->id()), HasSubstr("the plan takes per-device batch 8 x 1 accumulation"));
   EXPECT_THAT(Events(job->id()), HasSubstr("moving there at the next checkpoint"));
-  EXPECT_EQ(manager_->Get(job->id())->state(), fitrun::v1::JOB_STATE_RUNNING) << "not before a checkpoint";
+  EXPECT_EQ(jobs_.manager().Get(job->id())->state(), fitrun::v1::JOB_STATE_RUNNING) << "not before a checkpoint";
   fitrun::v1::WorkerReport checkpoint;
   checkpoint.mutable_checkpoint_saved()->set_step(5);
-  manager_->OnWorkerReport(WorkerKey{job->id(), 1, 0}, checkpoint);
+  jobs_.manager().OnWorkerReport(WorkerKey{job->id(), 1, 0}, checkpoint);
   WaitForState(job->id(), fitrun::v1::JOB_STATE_RESTARTING);
-  launcher_.Exit(0, 143);
-  launcher_.Exit(1, 143);
-  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(10)));
+  jobs_.launcher().Exit(0, 143);
+  jobs_.launcher().Exit(1, 143);
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(4, absl::Seconds(10)));
   const fitrun::v1::Job moved = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(moved.plan().per_device_batch(), 8);
   EXPECT_EQ(moved.plan().grad_accum_steps(), 1);
   EXPECT_EQ(moved.measured_moves(), 1);
   EXPECT_THAT(moved.attempt_history(0).outcome(), HasSubstr("from the checkpoint of step 5"));
   // Its first steps again: measured and kept, whatever they show (one move per job).
-  ReportStep(*manager_, job->id(), 2, 0, 2, 44LL << 20);
-  ReportStep(*manager_, job->id(), 2, 1, 2, 44LL << 20);
+  ReportStep(jobs_.manager(), job->id(), 2, 0, 2, 44LL << 20);
+  ReportStep(jobs_.manager(), job->id(), 2, 1, 2, 44LL << 20);
   EXPECT_THAT(Events(job->id()), HasSubstr("attempt 2's first steps peaked at 44.0 MiB"));
 }
 
@@ -208,19 +190,19 @@ TEST_F(JobManagerCalibrationTest, SubmitAnswersAtOnceAndTheJobWaitsInPlanningFor
   // the measurement can tell that the job fits.
   Start(16LL << 20);
   probe_->Hold();
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec());
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(MlpSpec());
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), fitrun::v1::JOB_STATE_QUEUED);
-  EXPECT_EQ(store_.job_count(), 1u);
+  EXPECT_EQ(jobs_.store().job_count(), 1u);
   WaitForState(job->id(), fitrun::v1::JOB_STATE_PLANNING);
   EXPECT_THAT(Events(job->id()), HasSubstr("measuring memory: fitrun-worker --probe"));
   // A scheduling pass while the probe is held: the job stays in PLANNING, nothing is launched.
-  manager_->RunSchedulingPass();
-  EXPECT_TRUE(launcher_.launches().empty());
-  EXPECT_EQ(manager_->Get(job->id())->state(), fitrun::v1::JOB_STATE_PLANNING);
+  jobs_.manager().RunSchedulingPass();
+  EXPECT_TRUE(jobs_.launcher().launches().empty());
+  EXPECT_EQ(jobs_.manager().Get(job->id())->state(), fitrun::v1::JOB_STATE_PLANNING);
 
   probe_->Release();
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   const fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   // 0.9 * 16 MiB / 1.03 = 14.66 MB of measured peak: 512 samples (13.84 MB) fit, and each rank takes
   // 512 per step. The sweep measured up to 512, the most a rank of this job can take.
@@ -231,19 +213,19 @@ TEST_F(JobManagerCalibrationTest, SubmitAnswersAtOnceAndTheJobWaitsInPlanningFor
   EXPECT_EQ(probe_->calls(), 1);
 
   // The next job of the workload is planned at once, without a probe.
-  ASSERT_TRUE(manager_->Submit(MlpSpec()).ok());
+  ASSERT_TRUE(jobs_.manager().Submit(MlpSpec()).ok());
   EXPECT_EQ(probe_->calls(), 1);
 }
 
 TEST_F(JobManagerCalibrationTest, OneJobWaitsInPlanningPerWorkloadTheOthersStayQueued) {
   Start(16LL << 20);
   probe_->Hold();
-  const std::string first = manager_->Submit(MlpSpec())->id();
+  const std::string first = jobs_.manager().Submit(MlpSpec())->id();
   WaitForState(first, fitrun::v1::JOB_STATE_PLANNING);
   // Submitted while the probe runs: accepted on the analytic estimate's upper bound, which fits
   // nothing here, because its workload is not measured yet.
-  const std::string second = manager_->Submit(MlpSpec())->id();
-  EXPECT_EQ(manager_->Get(second)->state(), fitrun::v1::JOB_STATE_QUEUED);
+  const std::string second = jobs_.manager().Submit(MlpSpec())->id();
+  EXPECT_EQ(jobs_.manager().Get(second)->state(), fitrun::v1::JOB_STATE_QUEUED);
   EXPECT_THAT(Events(second), HasSubstr("its workload's memory is measured first"));
   probe_->Release();
   WaitForState(first, fitrun::v1::JOB_STATE_RUNNING);
@@ -253,7 +235,7 @@ TEST_F(JobManagerCalibrationTest, OneJobWaitsInPlanningPerWorkloadTheOthersStayQ
 TEST_F(JobManagerCalibrationTest, DryRunNeverWaitsAndSaysItIsCalibrating) {
   Start(64LL << 20);
   probe_->Hold();
-  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> plan = manager_->DryRunPlan(MlpSpec());
+  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> plan = jobs_.manager().DryRunPlan(MlpSpec());
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::string reasons;
   for (const std::string& r : plan->second.reasons()) absl::StrAppend(&reasons, r, "\n");
@@ -264,7 +246,7 @@ TEST_F(JobManagerCalibrationTest, DryRunNeverWaitsAndSaysItIsCalibrating) {
   while (calibrator_->Find(MlpSpec(), "").state != MemoryCalibrator::State::kReady && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  plan = manager_->DryRunPlan(MlpSpec());
+  plan = jobs_.manager().DryRunPlan(MlpSpec());
   ASSERT_TRUE(plan.ok()) << plan.status();
   reasons.clear();
   for (const std::string& r : plan->second.reasons()) absl::StrAppend(&reasons, r, "\n");
@@ -274,10 +256,10 @@ TEST_F(JobManagerCalibrationTest, DryRunNeverWaitsAndSaysItIsCalibrating) {
 
 TEST_F(JobManagerCalibrationTest, ARoomyAnalyticPlanLaunchesAtOnceAndItsRunJoinsTheLaterSweep) {
   Start(1LL << 30);  // the mlp at 512 per rank: well under half of 1 GiB even by the analytic estimate
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec(1024));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(MlpSpec(1024));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), fitrun::v1::JOB_STATE_QUEUED);
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   const fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(probe_->calls(), 0);
   EXPECT_THAT(Events(job->id()), ::testing::Not(HasSubstr("measuring")));
@@ -301,9 +283,9 @@ TEST_F(JobManagerCalibrationTest, ABatchBeyondTheMeasuredOnesIsMeasuredBeforeLau
   Start(1LL << 30, [](int64_t b) { return 5'000'000 + 10'000 * b; });
   // Measured already (a roomy plan of an unmeasured workload would launch on its analytic estimate).
   ASSERT_TRUE(calibrator_->CalibrateNow(MlpSpec(16384), {.max_batch = 8192, .max_bytes = 1LL << 30}).ok());
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec(16384));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(MlpSpec(16384));
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   const fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(running.plan().per_device_batch(), 8192);
   EXPECT_THAT(Events(job->id()), HasSubstr("measuring the peak at per-device batch 8192 before launch"));
@@ -322,9 +304,9 @@ TEST_F(JobManagerCalibrationTest, WhenTheMeasurementSaysItDoesNotFitThePlanSteps
     return b <= 4096 ? 5'000'000 + 10'000 * b : 5'000'000 + 10'000 * 4096 + 100'000 * (b - 4096);
   };
   Start(200LL << 20, peak);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec(16384));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(MlpSpec(16384));
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(10)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(10)));
   const fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   const int64_t chosen = running.plan().per_device_batch();
   EXPECT_LT(chosen, 8192);
@@ -338,15 +320,15 @@ TEST_F(JobManagerCalibrationTest, AWrongStoredCalibrationIsCorrectedByOneRun) {
   // The stored calibration says the mlp needs half of what it does (a stale or doctored cache).
   const fitrun::v1::JobSpec spec = MlpSpec(512);
   {
-    std::ofstream out(state_dir_ / "memory_calibration.tsv");
+    std::ofstream out(jobs_.state_dir() / "memory_calibration.tsv");
     out << "sweep\t" << CalibrationKey(spec, "") << "\t2678824\t";
     for (int64_t b = 1; b <= 1024; b *= 2) out << (b > 1 ? "," : "") << b << ":" << MlpPeakBytes(b) / 2;
     out << "\tdoctored\n";
   }
   Start(4LL << 30);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(spec);
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   const fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   const int64_t batch = running.plan().per_device_batch();
   ASSERT_EQ(batch, 256);
@@ -356,19 +338,19 @@ TEST_F(JobManagerCalibrationTest, AWrongStoredCalibrationIsCorrectedByOneRun) {
   RunRanksToTheEnd(job->id(), MlpPeakBytes(batch));
   const fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (manager_->Get(job->id())->attempt_history(0).measured_peak_bytes() == 0 && absl::Now() < deadline) {
+  while (jobs_.manager().Get(job->id())->attempt_history(0).measured_peak_bytes() == 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  const fitrun::v1::AttemptRecord attempt = manager_->Get(job->id())->attempt_history(0);
+  const fitrun::v1::AttemptRecord attempt = jobs_.manager().Get(job->id())->attempt_history(0);
   EXPECT_EQ(attempt.predicted_peak_bytes(), predicted);
   EXPECT_EQ(attempt.measured_peak_bytes(), MlpPeakBytes(batch));
   // One ratio per rank, above 1: the plan promised too little.
-  ASSERT_EQ(metrics_.prediction_ratios().size(), 2u);
-  EXPECT_NEAR(metrics_.prediction_ratios()[0], static_cast<double>(MlpPeakBytes(batch)) / predicted, 1e-9);
-  EXPECT_GT(metrics_.prediction_ratios()[0], 1.1);
+  ASSERT_EQ(jobs_.metrics().prediction_ratios().size(), 2u);
+  EXPECT_NEAR(jobs_.metrics().prediction_ratios()[0], static_cast<double>(MlpPeakBytes(batch)) / predicted, 1e-9);
+  EXPECT_GT(jobs_.metrics().prediction_ratios()[0], 1.1);
 
   // The next plan of the workload covers what the run measured.
-  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> next = manager_->DryRunPlan(spec);
+  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> next = jobs_.manager().DryRunPlan(spec);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->second.per_device_batch(), batch);
   EXPECT_GE(next->second.predicted().total_bytes() - next->second.predicted().safety_margin_bytes(),
@@ -385,23 +367,23 @@ TEST_F(JobManagerCalibrationTest, ARankThatReportsNoProgressIsMeasuredByItsFinis
   // preloaded allocator and sends it with RankFinished.
   Start(4LL << 30);
   ASSERT_TRUE(calibrator_->CalibrateNow(MlpSpec(512), {.max_batch = 256, .max_bytes = 4LL << 30}).ok());
-  const std::string id = manager_->Submit(MlpSpec(512))->id();
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  const std::string id = jobs_.manager().Submit(MlpSpec(512))->id();
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   const int64_t batch = WaitForState(id, fitrun::v1::JOB_STATE_RUNNING).plan().per_device_batch();
   for (int rank = 0; rank < 2; ++rank) {
     fitrun::v1::WorkerReport finished;
     finished.mutable_finished()->set_peak_bytes(MlpPeakBytes(batch) + rank);
-    manager_->OnWorkerReport(WorkerKey{id, 1, rank}, finished);
+    jobs_.manager().OnWorkerReport(WorkerKey{id, 1, rank}, finished);
   }
-  launcher_.Exit(0, 0);
-  launcher_.Exit(1, 0);
+  jobs_.launcher().Exit(0, 0);
+  jobs_.launcher().Exit(1, 0);
   WaitForState(id, fitrun::v1::JOB_STATE_SUCCEEDED);
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (manager_->Get(id)->attempt_history(0).measured_peak_bytes() == 0 && absl::Now() < deadline) {
+  while (jobs_.manager().Get(id)->attempt_history(0).measured_peak_bytes() == 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  EXPECT_EQ(manager_->Get(id)->attempt_history(0).measured_peak_bytes(), MlpPeakBytes(batch) + 1);
-  EXPECT_EQ(metrics_.prediction_ratios().size(), 2u);
+  EXPECT_EQ(jobs_.manager().Get(id)->attempt_history(0).measured_peak_bytes(), MlpPeakBytes(batch) + 1);
+  EXPECT_EQ(jobs_.metrics().prediction_ratios().size(), 2u);
   ASSERT_EQ(calibrator_->Find(MlpSpec(512), "").calibration.runs.size(), 1u);
   EXPECT_EQ(calibrator_->Find(MlpSpec(512), "").calibration.runs[0].peak_bytes, MlpPeakBytes(batch) + 1);
 }
@@ -409,22 +391,22 @@ TEST_F(JobManagerCalibrationTest, ARankThatReportsNoProgressIsMeasuredByItsFinis
 TEST_F(JobManagerCalibrationTest, AnAttemptThatRanOutOfMemoryTeachesNothingAboutWhatFits) {
   Start(4LL << 30);
   ASSERT_TRUE(calibrator_->CalibrateNow(MlpSpec(512), {.max_batch = 256, .max_bytes = 4LL << 30}).ok());
-  const std::string id = manager_->Submit(MlpSpec(512))->id();
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  const std::string id = jobs_.manager().Submit(MlpSpec(512))->id();
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
   fitrun::v1::WorkerReport progress;
   progress.mutable_progress()->set_step(5);
   progress.mutable_progress()->set_peak_bytes(1 << 30);
-  manager_->OnWorkerReport(WorkerKey{id, 1, 0}, progress);
+  jobs_.manager().OnWorkerReport(WorkerKey{id, 1, 0}, progress);
   fitrun::v1::WorkerReport oom;
   oom.mutable_oom()->set_step(6);
   oom.mutable_oom()->set_per_device_batch(256);
-  manager_->OnWorkerReport(WorkerKey{id, 1, 1}, oom);
-  launcher_.Exit(0, -1, 15);
-  launcher_.Exit(1, 3);
+  jobs_.manager().OnWorkerReport(WorkerKey{id, 1, 1}, oom);
+  jobs_.launcher().Exit(0, -1, 15);
+  jobs_.launcher().Exit(1, 3);
   WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);  // re-planned and launched again
-  EXPECT_EQ(manager_->Get(id)->attempt_history(0).measured_peak_bytes(), 0);
-  EXPECT_TRUE(metrics_.prediction_ratios().empty());
+  EXPECT_EQ(jobs_.manager().Get(id)->attempt_history(0).measured_peak_bytes(), 0);
+  EXPECT_TRUE(jobs_.metrics().prediction_ratios().empty());
   EXPECT_TRUE(calibrator_->Find(MlpSpec(512), "").calibration.runs.empty());
 }
 
@@ -436,22 +418,22 @@ TEST_F(JobManagerCalibrationTest, ReportedPeaksTeachOnlyTheirOwnAccountAndNeverB
   ASSERT_TRUE(calibrator_->CalibrateNow(MlpSpec(512), limits).ok());
   ASSERT_TRUE(calibrator_->CalibrateNow(MlpSpec(512), limits, "nobody").ok());
   auto run_as_nobody = [this](int first_handle, int64_t peak, int64_t cgroup_peak) {
-    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec(512), "mallory", "", "nobody");
+    absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(MlpSpec(512), "mallory", "", "nobody");
     EXPECT_TRUE(job.ok()) << job.status();
-    EXPECT_TRUE(launcher_.WaitForLaunches(first_handle + 2, absl::Seconds(5)));
+    EXPECT_TRUE(jobs_.launcher().WaitForLaunches(first_handle + 2, absl::Seconds(5)));
     WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
     for (int rank = 0; rank < 2; ++rank) {
       fitrun::v1::WorkerReport progress;
       progress.mutable_progress()->set_step(10);
       progress.mutable_progress()->set_total_steps(10);
       progress.mutable_progress()->set_peak_bytes(peak);
-      manager_->OnWorkerReport(WorkerKey{job->id(), 1, rank}, progress);
+      jobs_.manager().OnWorkerReport(WorkerKey{job->id(), 1, rank}, progress);
       fitrun::v1::WorkerReport finished;
       finished.mutable_finished()->set_steps(10);
-      manager_->OnWorkerReport(WorkerKey{job->id(), 1, rank}, finished);
+      jobs_.manager().OnWorkerReport(WorkerKey{job->id(), 1, rank}, finished);
       WorkerExit exit;
       exit.host_memory_peak_bytes = cgroup_peak;
-      launcher_.ExitWith(first_handle + rank, exit);
+      jobs_.launcher().ExitWith(first_handle + rank, exit);
     }
     WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
     return job->id();
@@ -463,12 +445,13 @@ TEST_F(JobManagerCalibrationTest, ReportedPeaksTeachOnlyTheirOwnAccountAndNeverB
   EXPECT_THAT(Events(beyond_cgroup), HasSubstr("more than the attempt's processes held together"));
   EXPECT_TRUE(calibrator_->Find(MlpSpec(512), "nobody").calibration.runs.empty()) << "neither was learned from";
   // A possible peak, twice the probe's: nobody's next plans take it; everyone else's do not.
-  const int64_t batch = manager_->Get(forged)->plan().per_device_batch();
+  const int64_t batch = jobs_.manager().Get(forged)->plan().per_device_batch();
   run_as_nobody(4, 2 * MlpPeakBytes(batch), 8LL << 30);
   EXPECT_EQ(calibrator_->Find(MlpSpec(512), "nobody").calibration.runs.size(), 1u);
   EXPECT_TRUE(calibrator_->Find(MlpSpec(512), "").calibration.runs.empty());
   auto reasons = [this](const std::string& run_as) {
-    absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> plan = manager_->DryRunPlan(MlpSpec(512), run_as);
+    absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> plan =
+        jobs_.manager().DryRunPlan(MlpSpec(512), run_as);
     EXPECT_TRUE(plan.ok()) << plan.status();
     return plan.ok() ? absl::StrJoin(plan->second.reasons(), "\n") : "";
   };

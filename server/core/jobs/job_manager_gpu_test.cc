@@ -17,9 +17,6 @@
 #include "server/core/jobs/job_manager.h"
 #include "server/core/jobs/job_manager_testing.h"
 #include "server/core/testing/fake_device_inventory.h"
-#include "server/core/testing/fake_job_store.h"
-#include "server/core/testing/fake_worker_launcher.h"
-#include "server/core/testing/recording_metrics.h"
 
 namespace fitrun::server {
 namespace {
@@ -33,20 +30,13 @@ constexpr char kH100[] = "NVIDIA H100 80GB HBM3";
 class JobManagerGpuTest : public ::testing::Test {
  protected:
   void Start(FakeDeviceInventory devices) {
-    state_dir_ = std::filesystem::path(::testing::TempDir()) /
-                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::remove_all(state_dir_);
-    devices_ = std::make_unique<FakeDeviceInventory>(std::move(devices));
+    jobs_.set_devices(std::move(devices));
     book_ = *DeviceCostsBook::Create("");
-    JobManager::Options options;
-    options.state_dir = state_dir_.string();
-    options.worker_binary = "/bin/fitrun-worker";
-    options.worker_channel_address = "127.0.0.1:1";
-    options.final_report_wait = absl::Milliseconds(100);
-    options.device_costs = book_.get();
-    manager_ = *JobManager::Create(options, &store_, devices_.get(), &launcher_, &metrics_);
+    jobs_.options().final_report_wait = absl::Milliseconds(100);
+    jobs_.options().device_costs = book_.get();
+    ASSERT_EQ(jobs_.Start(), absl::OkStatus());
   }
-  void TearDown() override { manager_.reset(); }
+  void TearDown() override { jobs_.Stop(); }
 
   fitrun::v1::WorkerAssignment AssignmentOf(const WorkerLaunch& launch) {
     const std::map<std::string, std::string> env(launch.env.begin(), launch.env.end());
@@ -57,28 +47,23 @@ class JobManagerGpuTest : public ::testing::Test {
     return assignment;
   }
 
-  std::filesystem::path state_dir_;
-  FakeJobStore store_;
-  FakeWorkerLauncher launcher_;
-  RecordingMetrics metrics_;
-  std::unique_ptr<FakeDeviceInventory> devices_;
   std::unique_ptr<DeviceCostsBook> book_;
-  std::unique_ptr<JobManager> manager_;
+  TestJobManager jobs_;  // after the book its options point to
 };
 
 TEST_F(JobManagerGpuTest, APlanOnAGpuCountsTheProcessBeyondItsTensorsAndTheRanksGetTheAllocatorSettings) {
   Start(FakeDeviceInventory::Gpus(2, 80 * kGiB, kH100));
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("gpu", 256, 10, 2, 2));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(MlpSpec("gpu", 256, 10, 2, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
-  const fitrun::v1::Job running = WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
+  const fitrun::v1::Job running = WaitForState(jobs_.manager(), job->id(), fitrun::v1::JOB_STATE_RUNNING);
   const fitrun::v1::MemoryBreakdown& predicted = running.plan().predicted();
   EXPECT_EQ(predicted.cuda_context_bytes(), static_cast<int64_t>(std::ceil(527 * kMiB * kUnmeasuredModelMargin)));
   EXPECT_EQ(predicted.communication_bytes(), static_cast<int64_t>(std::ceil(560 * kMiB * kUnmeasuredModelMargin)));
   EXPECT_GE(predicted.allocator_reserve_bytes(), 88 * kMiB);
   EXPECT_EQ(running.plan().cuda_allocator_config(), "expandable_segments:True");
   EXPECT_THAT(absl::StrJoin(running.plan().reasons(), "\n"), HasSubstr("the CUDA context 553.4 MiB"));
-  for (const WorkerLaunch& launch : launcher_.launches()) {
+  for (const WorkerLaunch& launch : jobs_.launcher().launches()) {
     const std::map<std::string, std::string> env(launch.env.begin(), launch.env.end());
     EXPECT_EQ(env.at("PYTORCH_CUDA_ALLOC_CONF"), "expandable_segments:True");
     EXPECT_EQ(AssignmentOf(launch).memory_cap_bytes(launch.rank), 0) << "a whole GPU is its own limit";
@@ -89,18 +74,18 @@ TEST_F(JobManagerGpuTest, ASlicesRanksAreCappedToTheSliceAndItsPlanHoldsTheAlloc
   // Two slices of one GPU: a job each.
   Start(FakeDeviceInventory::Gpus(2, 80 * kGiB, kH100, /*slice_bytes=*/kGiB));
   for (const char* name : {"slice-a", "slice-b"}) {
-    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec(name, 256, 10, 1, 1));
+    absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(MlpSpec(name, 256, 10, 1, 1));
     ASSERT_TRUE(job.ok()) << job.status();
-    WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+    WaitForState(jobs_.manager(), job->id(), fitrun::v1::JOB_STATE_RUNNING);
   }
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
-  const fitrun::v1::Job running = *manager_->Get(launcher_.launches()[0].job_id);
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
+  const fitrun::v1::Job running = *jobs_.manager().Get(jobs_.launcher().launches()[0].job_id);
   EXPECT_EQ(running.plan().device_ids(0), "cuda:0#0");
-  EXPECT_EQ(manager_->Get(launcher_.launches()[1].job_id)->plan().device_ids(0), "cuda:0#1");
+  EXPECT_EQ(jobs_.manager().Get(jobs_.launcher().launches()[1].job_id)->plan().device_ids(0), "cuda:0#1");
   EXPECT_LE(running.plan().predicted().allocator_bytes(), kGiB);
   EXPECT_GT(running.plan().predicted().total_bytes(), kGiB) << "the context lies outside the slice";
   EXPECT_THAT(absl::StrJoin(running.plan().reasons(), "\n"), HasSubstr("the slice's cap binds the allocator alone"));
-  for (const WorkerLaunch& launch : launcher_.launches()) {
+  for (const WorkerLaunch& launch : jobs_.launcher().launches()) {
     EXPECT_EQ(AssignmentOf(launch).memory_cap_bytes(launch.rank), kGiB);
   }
 }
@@ -108,31 +93,31 @@ TEST_F(JobManagerGpuTest, ASlicesRanksAreCappedToTheSliceAndItsPlanHoldsTheAlloc
 TEST_F(JobManagerGpuTest, TwoRanksOfAJobOnOneGpuAreRefusedAtSubmitNamingWhy) {
   // NCCL refuses two ranks on one GPU and the CUDA worker has no Gloo: a plan never puts them there.
   Start(FakeDeviceInventory::Gpus(2, 80 * kGiB, kH100, /*slice_bytes=*/kGiB));
-  const absl::Status refused = manager_->Submit(MlpSpec("two-on-one", 256, 10, 2, 2)).status();
+  const absl::Status refused = jobs_.manager().Submit(MlpSpec("two-on-one", 256, 10, 2, 2)).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_THAT(refused.message(), HasSubstr("spec.resources.min_devices"));
   EXPECT_THAT(refused.message(), HasSubstr("one rank per GPU"));
   EXPECT_THAT(refused.message(), HasSubstr("NCCL refuses them"));
   // Up to two devices allowed: it takes one slice.
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("one-of-two", 256, 10, 1, 2));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(MlpSpec("one-of-two", 256, 10, 1, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING).plan().device_ids_size(), 1);
+  EXPECT_EQ(WaitForState(jobs_.manager(), job->id(), fitrun::v1::JOB_STATE_RUNNING).plan().device_ids_size(), 1);
 }
 
 TEST_F(JobManagerGpuTest, Fp16IsPlannedOnGpus) {
   Start(FakeDeviceInventory::Gpus(1, 80 * kGiB, kH100));
   fitrun::v1::JobSpec spec = MlpSpec("fp16", 256, 10, 1, 1);
   spec.set_precision(fitrun::v1::PRECISION_FP16);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(spec);
   ASSERT_TRUE(job.ok()) << job.status();
-  WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  WaitForState(jobs_.manager(), job->id(), fitrun::v1::JOB_STATE_RUNNING);
 }
 
 TEST_F(JobManagerGpuTest, Fp16IsRefusedOnCpusNamingWhy) {
   Start(FakeDeviceInventory(2, 4 * kGiB));
   fitrun::v1::JobSpec spec = MlpSpec("fp16", 256, 10, 1, 1);
   spec.set_precision(fitrun::v1::PRECISION_FP16);
-  const absl::Status refused = manager_->Submit(spec).status();
+  const absl::Status refused = jobs_.manager().Submit(spec).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_THAT(refused.message(), HasSubstr("spec.precision: fp16 needs CUDA devices"));
   EXPECT_THAT(refused.message(), HasSubstr("use bf16"));
@@ -140,20 +125,21 @@ TEST_F(JobManagerGpuTest, Fp16IsRefusedOnCpusNamingWhy) {
 
 TEST_F(JobManagerGpuTest, AHostMemoryOomOnAGpuFailsNamingTheHostMemoryToRaise) {
   Start(FakeDeviceInventory::Gpus(1, 80 * kGiB, kH100));
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("gpu-host-oom", 256, 10, 1, 1));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(MlpSpec("gpu-host-oom", 256, 10, 1, 1));
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
-  WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
-  ASSERT_EQ(launcher_.attempts().size(), 1u);
-  EXPECT_EQ(launcher_.attempts()[0].host_memory_limit_bytes, 4 * kGiB) << "a rank on a GPU gets 4 GiB of host memory";
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(1, absl::Seconds(5)));
+  WaitForState(jobs_.manager(), job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(jobs_.launcher().attempts().size(), 1u);
+  EXPECT_EQ(jobs_.launcher().attempts()[0].host_memory_limit_bytes, 4 * kGiB)
+      << "a rank on a GPU gets 4 GiB of host memory";
   WorkerExit exit;
   exit.exit_code = -1;
   exit.signal = 9;
   exit.host_memory_oom = true;
   exit.host_memory_limit_bytes = 4 * kGiB;
-  launcher_.ExitWith(0, exit);
+  jobs_.launcher().ExitWith(0, exit);
   // The batch lives on the GPU: a smaller one would not need less host memory.
-  const fitrun::v1::Job failed = WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_FAILED);
+  const fitrun::v1::Job failed = WaitForState(jobs_.manager(), job->id(), fitrun::v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.failure_reason(), HasSubstr("host memory limit of 4.00 GiB"));
   EXPECT_THAT(failed.failure_reason(),
               HasSubstr("on a GPU a rank's host memory does not shrink with its per-device batch; raise "
@@ -171,7 +157,7 @@ TEST_F(JobManagerGpuTest, AScriptsOwnAllocatorSettingsArePlannedWith) {
   spec.mutable_resources()->set_per_device_batch(8);
   spec.set_global_batch_size(8);
   spec.set_max_steps(5);
-  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> planned = manager_->DryRunPlan(spec);
+  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> planned = jobs_.manager().DryRunPlan(spec);
   ASSERT_TRUE(planned.ok()) << planned.status();
   EXPECT_EQ(planned->second.cuda_allocator_config(), "max_split_size_mb:128");
   // Nothing has measured the script: its run does, with those settings.
@@ -181,34 +167,35 @@ TEST_F(JobManagerGpuTest, AScriptsOwnAllocatorSettingsArePlannedWith) {
 
 TEST_F(JobManagerGpuTest, ARunsPeaksAreKeptAndCorrectTheNextPlanOnThatGpuModel) {
   Start(FakeDeviceInventory::Gpus(1, 80 * kGiB, kH100));
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("learn", 64, 10, 1, 1));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(MlpSpec("learn", 64, 10, 1, 1));
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
-  WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(1, absl::Seconds(5)));
+  WaitForState(jobs_.manager(), job->id(), fitrun::v1::JOB_STATE_RUNNING);
   fitrun::v1::WorkerReport progress;
   progress.mutable_progress()->set_step(10);
   progress.mutable_progress()->set_peak_bytes(100 * kMiB);
   progress.mutable_progress()->set_reserved_peak_bytes(110 * kMiB);
   progress.mutable_progress()->set_device_peak_bytes(1000 * kMiB);
-  manager_->OnWorkerReport(WorkerKey{job->id(), 1, 0}, progress);
+  jobs_.manager().OnWorkerReport(WorkerKey{job->id(), 1, 0}, progress);
   fitrun::v1::WorkerReport finished;
   finished.mutable_finished()->set_steps(10);
-  manager_->OnWorkerReport(WorkerKey{job->id(), 1, 0}, finished);
-  launcher_.Exit(0, 0);
-  const fitrun::v1::Job done = WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  jobs_.manager().OnWorkerReport(WorkerKey{job->id(), 1, 0}, finished);
+  jobs_.launcher().Exit(0, 0);
+  const fitrun::v1::Job done = WaitForState(jobs_.manager(), job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
   // Released after the ranks exit: wait until the attempt's record has its peaks.
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
   fitrun::v1::Job ended = done;
   while (ended.attempt_history(0).measured_device_peak_bytes() == 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
-    ended = *manager_->Get(job->id());
+    ended = *jobs_.manager().Get(job->id());
   }
   EXPECT_EQ(ended.attempt_history(0).measured_peak_bytes(), 100 * kMiB);
   EXPECT_EQ(ended.attempt_history(0).measured_reserved_peak_bytes(), 110 * kMiB);
   EXPECT_EQ(ended.attempt_history(0).measured_device_peak_bytes(), 1000 * kMiB);
   const DeviceCosts learned = book_->CostsFor("", kH100, "expandable_segments:True");
   EXPECT_NEAR(learned.reserve_ratio, 1.1 * 1.03, 1e-9);
-  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> next = manager_->DryRunPlan(MlpSpec("next", 64, 10, 1, 1));
+  absl::StatusOr<std::pair<fitrun::v1::JobSpec, fitrun::v1::Plan>> next =
+      jobs_.manager().DryRunPlan(MlpSpec("next", 64, 10, 1, 1));
   ASSERT_TRUE(next.ok());
   EXPECT_THAT(absl::StrJoin(next->second.reasons(), "\n"), HasSubstr("1 run(s) on NVIDIA H100 80GB HBM3"));
 }
@@ -218,7 +205,7 @@ TEST_F(JobManagerGpuTest, ARunsPeaksAreKeptAndCorrectTheNextPlanOnThatGpuModel) 
 // GPU model's costs outside the allocator, over its reserve), not the costs from a figure they made.
 TEST_F(JobManagerGpuTest, AScriptThatReportsNothingIsMeasuredByItsFootprint) {
   Start(FakeDeviceInventory::Gpus(1, 80 * kGiB, kH100));
-  const std::filesystem::path dir = state_dir_ / "script";
+  const std::filesystem::path dir = jobs_.state_dir() / "script";
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "train.py") << "print('training')\n";
   fitrun::v1::JobSpec spec;
@@ -227,24 +214,24 @@ TEST_F(JobManagerGpuTest, AScriptThatReportsNothingIsMeasuredByItsFootprint) {
   spec.mutable_script()->add_command("train.py");
   spec.mutable_script()->set_working_dir(dir.string());
   spec.set_global_batch_size(8);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(spec);
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
-  WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(1, absl::Seconds(5)));
+  WaitForState(jobs_.manager(), job->id(), fitrun::v1::JOB_STATE_RUNNING);
   const DeviceCosts costs = book_->CostsFor("", kH100, "expandable_segments:True");
   const int64_t allocated = 2 * kGiB;
   const int64_t footprint =
       costs.outside_allocator_bytes() + static_cast<int64_t>(static_cast<double>(allocated) * costs.reserve_ratio);
   fitrun::v1::WorkerReport finished;
   finished.mutable_finished()->set_device_peak_bytes(footprint);
-  manager_->OnWorkerReport(WorkerKey{job->id(), 1, 0}, finished);
-  launcher_.Exit(0, 0);
-  WaitForState(*manager_, job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
+  jobs_.manager().OnWorkerReport(WorkerKey{job->id(), 1, 0}, finished);
+  jobs_.launcher().Exit(0, 0);
+  WaitForState(jobs_.manager(), job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  fitrun::v1::Job ended = *manager_->Get(job->id());
+  fitrun::v1::Job ended = *jobs_.manager().Get(job->id());
   while (ended.attempt_history(0).measured_peak_bytes() == 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
-    ended = *manager_->Get(job->id());
+    ended = *jobs_.manager().Get(job->id());
   }
   EXPECT_NEAR(ended.attempt_history(0).measured_peak_bytes(), allocated, 1024);
   EXPECT_EQ(ended.attempt_history(0).measured_device_peak_bytes(), footprint);

@@ -9,14 +9,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
-#include "server/core/testing/fake_device_inventory.h"
-#include "server/core/testing/fake_job_store.h"
 #include "server/core/testing/fake_worker_launcher.h"
-#include "server/core/testing/recording_metrics.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/core/jobs/job_manager_testing.h"
 #include "server/core/specs/job_specs.h"
-#include "server/testing/temp_dir.h"
 #include "server/testing/wait.h"
 
 namespace fitrun::server {
@@ -52,75 +48,60 @@ bool ReturnsWhileHeld(Call call) {
 
 class JobManagerLaunchTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    JobManager::Options options;
-    ASSERT_TRUE(state_dir_.ok());
-    options.state_dir = state_dir_.path();
-    options.worker_binary = "/bin/fitrun-worker";
-    options.worker_channel_address = "127.0.0.1:1";
-    options.final_report_wait = absl::Milliseconds(200);
-    absl::StatusOr<std::unique_ptr<JobManager>> manager =
-        JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
-    ASSERT_TRUE(manager.ok()) << manager.status();
-    manager_ = *std::move(manager);
-  }
+  void SetUp() override { ASSERT_EQ(jobs_.Start(), absl::OkStatus()); }
   void TearDown() override {
     // Whatever a test left held is let go, so the scheduler thread can stop.
     launcher_.Release();
-    manager_.reset();
+    jobs_.Stop();
   }
 
   // Submits a one-device job (never restarted) and waits until its launch is held.
   std::string SubmitHeld() {
     fitrun::v1::JobSpec spec = MlpSpec("held", 256, 10, 1, 1);
     spec.mutable_fault_tolerance()->set_max_restarts(0);
-    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+    absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(spec);
     EXPECT_TRUE(job.ok()) << job.status();
     EXPECT_TRUE(launcher_.WaitUntilHeld());
     return job.ok() ? job->id() : "";
   }
 
-  TempDir state_dir_;
-  FakeJobStore store_;
-  FakeDeviceInventory devices_{2, 4LL << 30};
   StalledLauncher launcher_;
-  RecordingMetrics metrics_;
-  std::unique_ptr<JobManager> manager_;
+  TestJobManager jobs_{&launcher_};
 };
 
 TEST_F(JobManagerLaunchTest, ASubmitAndAWatcherAreServedWhileALaunchIsHeldUp) {
   const std::string held = SubmitHeld();
   std::string second;
   EXPECT_TRUE(ReturnsWhileHeld([&] {
-    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(MlpSpec("second", 256, 10, 1, 1));
+    absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(MlpSpec("second", 256, 10, 1, 1));
     ASSERT_TRUE(job.ok()) << job.status();
     second = job->id();
   })) << "a submit waited for another job's launch";
   EXPECT_TRUE(ReturnsWhileHeld([&] {
     // A watcher of the held job sees its plan chosen; the job waits in PLANNING, its device held.
-    absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = manager_->ReadEvents(held, 1, 100);
+    absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = jobs_.manager().ReadEvents(held, 1, 100);
     ASSERT_TRUE(events.ok()) << events.status();
     bool plan_chosen = false;
     for (const fitrun::v1::JobEvent& event : *events) plan_chosen |= event.has_plan_chosen();
     EXPECT_TRUE(plan_chosen);
-    EXPECT_EQ(manager_->Get(held)->state(), fitrun::v1::JOB_STATE_PLANNING);
+    EXPECT_EQ(jobs_.manager().Get(held)->state(), fitrun::v1::JOB_STATE_PLANNING);
     int held_devices = 0;
-    for (const fitrun::v1::Device& device : manager_->Devices()) held_devices += device.job_id() == held;
+    for (const fitrun::v1::Device& device : jobs_.manager().Devices()) held_devices += device.job_id() == held;
     EXPECT_EQ(held_devices, 1);
-    EXPECT_FALSE(manager_->List({}).empty());
+    EXPECT_FALSE(jobs_.manager().List({}).empty());
   })) << "a watcher waited for another job's launch";
 
   launcher_.Release();
-  WaitForState(*manager_, held, fitrun::v1::JOB_STATE_RUNNING);
+  WaitForState(jobs_.manager(), held, fitrun::v1::JOB_STATE_RUNNING);
   // The second job had the other device: it launched after the held one, on its own.
-  WaitForState(*manager_, second, fitrun::v1::JOB_STATE_RUNNING);
-  EXPECT_NE(manager_->Get(held)->plan().device_ids(0), manager_->Get(second)->plan().device_ids(0));
+  WaitForState(jobs_.manager(), second, fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_NE(jobs_.manager().Get(held)->plan().device_ids(0), jobs_.manager().Get(second)->plan().device_ids(0));
 }
 
 TEST_F(JobManagerLaunchTest, ACancelWhileTheRanksStartStopsThemOnceStarted) {
   const std::string held = SubmitHeld();
   absl::StatusOr<fitrun::v1::Job> cancelled;
-  EXPECT_TRUE(ReturnsWhileHeld([&] { cancelled = manager_->Cancel(held, "not needed"); }));
+  EXPECT_TRUE(ReturnsWhileHeld([&] { cancelled = jobs_.manager().Cancel(held, "not needed"); }));
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();
   EXPECT_EQ(cancelled->state(), fitrun::v1::JOB_STATE_CANCELLED);
   // The attempt on record is the one whose ranks were starting.
@@ -133,12 +114,12 @@ TEST_F(JobManagerLaunchTest, ACancelWhileTheRanksStartStopsThemOnceStarted) {
   // Once its rank is gone the device is free again, and the attempt's record says where it ran.
   launcher_.Exit(0, -1, /*signal=*/15);
   ASSERT_TRUE(WaitUntil([&] {
-    for (const fitrun::v1::Device& device : manager_->Devices()) {
+    for (const fitrun::v1::Device& device : jobs_.manager().Devices()) {
       if (!device.job_id().empty()) return false;
     }
     return true;
   }));
-  const fitrun::v1::Job job = *manager_->Get(held);
+  const fitrun::v1::Job job = *jobs_.manager().Get(held);
   EXPECT_EQ(job.state(), fitrun::v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(job.attempt_history(0).launch_handle(), "fake:0");
   EXPECT_EQ(launcher_.released(), std::vector<std::string>{"fake:0"});
@@ -149,12 +130,12 @@ TEST_F(JobManagerLaunchTest, ARankExitingWhileItsLaunchIsHeldIsTakenAfterTheComm
   // The rank dies at once, before the launcher returned: its exit waits for the launch's commit
   // (a failure of a RUNNING attempt), not dropped as one of an attempt not yet running.
   std::thread exit([&] { launcher_.Exit(0, 1); });
-  EXPECT_EQ(manager_->Get(held)->state(), fitrun::v1::JOB_STATE_PLANNING);
+  EXPECT_EQ(jobs_.manager().Get(held)->state(), fitrun::v1::JOB_STATE_PLANNING);
   // Time for the exit to arrive first (the job must end FAILED whichever comes first).
   absl::SleepFor(absl::Milliseconds(200));
   launcher_.Release();
   exit.join();
-  const fitrun::v1::Job job = WaitForState(*manager_, held, fitrun::v1::JOB_STATE_FAILED);
+  const fitrun::v1::Job job = WaitForState(jobs_.manager(), held, fitrun::v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(job.failure_reason(), "rank 0 exited with code 1")) << job.failure_reason();
   ASSERT_EQ(job.attempt_history_size(), 1);
   EXPECT_TRUE(job.attempt_history(0).ranks(0).exited());
@@ -164,14 +145,14 @@ TEST_F(JobManagerLaunchTest, ARankExitingWhileItsLaunchIsHeldIsTakenAfterTheComm
 TEST_F(JobManagerLaunchTest, ALaunchThatFailsWhileUnlockedFailsTheJobAndFreesItsDevice) {
   launcher_.Release();
   launcher_.FailLaunches(absl::UnavailableError("sbatch: the controller did not answer"));
-  absl::StatusOr<fitrun::v1::Job> submitted = manager_->Submit(MlpSpec("fails", 256, 10, 1, 1));
+  absl::StatusOr<fitrun::v1::Job> submitted = jobs_.manager().Submit(MlpSpec("fails", 256, 10, 1, 1));
   ASSERT_TRUE(submitted.ok()) << submitted.status();
-  const fitrun::v1::Job job = WaitForState(*manager_, submitted->id(), fitrun::v1::JOB_STATE_FAILED);
+  const fitrun::v1::Job job = WaitForState(jobs_.manager(), submitted->id(), fitrun::v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(job.failure_reason(), "launch failed")) << job.failure_reason();
   EXPECT_TRUE(absl::StrContains(job.failure_reason(), "the controller did not answer")) << job.failure_reason();
   ASSERT_EQ(job.attempt_history_size(), 1);
   EXPECT_TRUE(absl::StrContains(job.attempt_history(0).outcome(), "launch failed"));
-  for (const fitrun::v1::Device& device : manager_->Devices()) EXPECT_EQ(device.job_id(), "");
+  for (const fitrun::v1::Device& device : jobs_.manager().Devices()) EXPECT_EQ(device.job_id(), "");
 }
 
 }  // namespace

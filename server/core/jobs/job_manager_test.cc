@@ -16,7 +16,6 @@
 #include "server/core/testing/fake_device_inventory.h"
 #include "server/core/testing/fake_job_store.h"
 #include "server/core/testing/fake_worker_launcher.h"
-#include "server/core/testing/recording_metrics.h"
 
 namespace fitrun::server {
 namespace {
@@ -33,22 +32,10 @@ fitrun::v1::JobSpec Spec(int min_devices, int max_devices, int priority = 0) {
 
 class JobManagerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    state_dir_ = std::filesystem::path(::testing::TempDir()) /
-                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::remove_all(state_dir_);
-    JobManager::Options options;
-    options.state_dir = state_dir_.string();
-    options.worker_binary = "/bin/fitrun-worker";
-    options.worker_channel_address = "127.0.0.1:1";
-    options.final_report_wait = absl::Milliseconds(200);
-    auto manager = JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
-    ASSERT_TRUE(manager.ok()) << manager.status();
-    manager_ = *std::move(manager);
-  }
+  void SetUp() override { ASSERT_EQ(jobs_.Start(), absl::OkStatus()); }
 
   fitrun::v1::Job WaitForState(const std::string& id, fitrun::v1::JobState state) {
-    return server::WaitForState(*manager_, id, state);
+    return server::WaitForState(jobs_.manager(), id, state);
   }
 
   static std::map<std::string, std::string> EnvOf(const WorkerLaunch& launch) {
@@ -56,15 +43,15 @@ class JobManagerTest : public ::testing::Test {
   }
 
   void Report(const std::string& job_id, int attempt, int rank, const fitrun::v1::WorkerReport& report) {
-    manager_->OnWorkerReport(WorkerKey{job_id, attempt, rank}, report);
+    jobs_.manager().OnWorkerReport(WorkerKey{job_id, attempt, rank}, report);
   }
 
   // Submits `spec` and waits until the launcher has seen `launches` launches in all and the job runs.
   std::string SubmitAndWaitRunning(const fitrun::v1::JobSpec& spec, size_t launches) {
-    absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+    absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(spec);
     EXPECT_TRUE(job.ok()) << job.status();
     if (!job.ok()) return "";
-    EXPECT_TRUE(launcher_.WaitForLaunches(launches, absl::Seconds(5)));
+    EXPECT_TRUE(jobs_.launcher().WaitForLaunches(launches, absl::Seconds(5)));
     WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
     return job->id();
   }
@@ -89,75 +76,66 @@ class JobManagerTest : public ::testing::Test {
     Report(job_id, 1, rank, report);
   }
 
-  std::filesystem::path state_dir_;
-  FakeJobStore store_;
-  FakeDeviceInventory devices_{2, 4LL << 30};
-  FakeWorkerLauncher launcher_;
-  RecordingMetrics metrics_;
-  std::unique_ptr<JobManager> manager_;
+  TestJobManager jobs_;
 };
 
 TEST_F(JobManagerTest, SubmittedJobIsStoredBeforeSubmitReturns) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 2));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(1, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(store_.job_count(), 1u);
+  EXPECT_EQ(jobs_.store().job_count(), 1u);
   EXPECT_EQ(job->state(), fitrun::v1::JOB_STATE_QUEUED);
 }
 
 TEST_F(JobManagerTest, ASubmitTheStoreRefusesIsNotAcknowledgedAndLeavesNoJob) {
-  store_.FailPuts(absl::InternalError("disk full"));
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 2));
+  jobs_.store().FailPuts(absl::InternalError("disk full"));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(1, 2));
   ASSERT_EQ(job.status().code(), absl::StatusCode::kUnavailable) << job.status();
   EXPECT_THAT(job.status().message(), HasSubstr("could not store the job: disk full"));
-  EXPECT_TRUE(manager_->List({}).empty());
-  EXPECT_EQ(metrics_.jobs_in(fitrun::v1::JOB_STATE_QUEUED), 0);
-  EXPECT_EQ(store_.job_count(), 0u);
+  EXPECT_TRUE(jobs_.manager().List({}).empty());
+  EXPECT_EQ(jobs_.metrics().jobs_in(fitrun::v1::JOB_STATE_QUEUED), 0);
+  EXPECT_EQ(jobs_.store().job_count(), 0u);
   // Once the store takes it again, submitting works and nothing of the refused job shows.
-  store_.FailPuts(absl::OkStatus());
-  job = manager_->Submit(Spec(1, 2));
+  jobs_.store().FailPuts(absl::OkStatus());
+  job = jobs_.manager().Submit(Spec(1, 2));
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(manager_->List({}).size(), 1u);
+  EXPECT_EQ(jobs_.manager().List({}).size(), 1u);
 }
 
 TEST_F(JobManagerTest, EndedJobsBeyondTheRetentionAreForgottenWithTheirEvents) {
-  FakeJobStore store;
-  JobManager::Options options;
-  options.state_dir = (state_dir_ / "retention").string();
-  options.worker_binary = "/bin/fitrun-worker";
-  options.worker_channel_address = "127.0.0.1:1";
-  options.retain_finished_jobs = 2;
-  absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(options, &store, &devices_, &launcher_, &metrics_);
-  ASSERT_TRUE(manager.ok()) << manager.status();
+  jobs_.options().retain_finished_jobs = 2;
+  ASSERT_EQ(jobs_.Restart(), absl::OkStatus());
+  JobManager& manager = jobs_.manager();
+  FakeJobStore& store = jobs_.store();
   // A job on both devices, open throughout: the others wait behind it until cancelled.
-  absl::StatusOr<fitrun::v1::Job> open = (*manager)->Submit(MlpSpec("open", 256, 10, 2, 2));
+  absl::StatusOr<fitrun::v1::Job> open = manager.Submit(MlpSpec("open", 256, 10, 2, 2));
   ASSERT_TRUE(open.ok()) << open.status();
   std::vector<std::string> ids;
   for (int i = 0; i < 5; ++i) {
-    absl::StatusOr<fitrun::v1::Job> job = (*manager)->Submit(MlpSpec("kept", 256, 10, 2, 2));
+    absl::StatusOr<fitrun::v1::Job> job = manager.Submit(MlpSpec("kept", 256, 10, 2, 2));
     ASSERT_TRUE(job.ok()) << job.status();
     ids.push_back(job->id());
-    ASSERT_TRUE((*manager)->Cancel(job->id(), "done").ok());
+    ASSERT_TRUE(manager.Cancel(job->id(), "done").ok());
   }
-  (*manager)->RunSchedulingPass();
+  manager.RunSchedulingPass();
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
   while (store.job_count() > 3 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
   EXPECT_EQ(store.job_count(), 3u);
   for (int i = 0; i < 3; ++i) {
-    EXPECT_TRUE(absl::IsNotFound((*manager)->Get(ids[i]).status())) << ids[i];
+    EXPECT_TRUE(absl::IsNotFound(manager.Get(ids[i]).status())) << ids[i];
     EXPECT_EQ(store.event_count(ids[i]), 0u) << ids[i];
   }
-  for (int i = 3; i < 5; ++i) EXPECT_TRUE((*manager)->Get(ids[i]).ok()) << ids[i];
+  for (int i = 3; i < 5; ++i) EXPECT_TRUE(manager.Get(ids[i]).ok()) << ids[i];
   // The job still open is never forgotten, however many ended after it.
-  EXPECT_TRUE((*manager)->Get(open->id()).ok());
-  EXPECT_EQ((*manager)->List({}).size(), 3u) << "the open job and the two newest ended ones";
+  EXPECT_TRUE(manager.Get(open->id()).ok());
+  EXPECT_EQ(manager.List({}).size(), 3u) << "the open job and the two newest ended ones";
 }
 
 TEST_F(JobManagerTest, LaunchesOneWorkerPerDeviceWithTheTorchrunContract) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 2));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(1, 2));
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
-  const std::vector<WorkerLaunch> launches = launcher_.launches();
+  const std::vector<WorkerLaunch> launches = jobs_.launcher().launches();
   ASSERT_EQ(launches.size(), 2u);
   for (int rank = 0; rank < 2; ++rank) {
     std::map<std::string, std::string> env = EnvOf(launches[rank]);
@@ -176,13 +154,13 @@ TEST_F(JobManagerTest, LaunchesOneWorkerPerDeviceWithTheTorchrunContract) {
     EXPECT_EQ(launches[rank].argv.at(0), "/bin/fitrun-worker");
   }
   // Every device is taken, by one rank each.
-  for (const fitrun::v1::Device& device : manager_->Devices()) EXPECT_EQ(device.job_id(), job->id());
+  for (const fitrun::v1::Device& device : jobs_.manager().Devices()) EXPECT_EQ(device.job_id(), job->id());
 }
 
 TEST_F(JobManagerTest, JobSucceedsWhenEveryRankFinishesAndFreesItsDevices) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(2, 2));
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   fitrun::v1::WorkerReport progress;
   progress.mutable_progress()->set_step(5);
@@ -198,7 +176,7 @@ TEST_F(JobManagerTest, JobSucceedsWhenEveryRankFinishesAndFreesItsDevices) {
   failed.mutable_checkpoint_failed()->set_error("read-only file system");
   Report(job->id(), 1, 0, failed);
   // While it runs, the monitoring views show rank 0's latest report and the devices' plan and peak.
-  std::vector<JobManager::RunningJob> running = manager_->Running();
+  std::vector<JobManager::RunningJob> running = jobs_.manager().Running();
   ASSERT_EQ(running.size(), 1u);
   EXPECT_EQ(running[0].job.id(), job->id());
   ASSERT_EQ(running[0].ranks.size(), 2u);
@@ -206,17 +184,17 @@ TEST_F(JobManagerTest, JobSucceedsWhenEveryRankFinishesAndFreesItsDevices) {
   EXPECT_EQ(running[0].ranks[0].peak_bytes, 7 << 20);
   EXPECT_EQ(running[0].ranks[1].last_progress.step(), 0);  // rank 1 has not reported
   EXPECT_GT(running[0].ranks[0].planned_bytes, 0);
-  for (const fitrun::v1::Device& device : manager_->Devices()) {
+  for (const fitrun::v1::Device& device : jobs_.manager().Devices()) {
     EXPECT_EQ(device.planned_bytes(), running[0].ranks[0].planned_bytes);
     EXPECT_EQ(device.peak_bytes(), device.id() == running[0].ranks[0].device_id ? (7 << 20) : 0);
     EXPECT_EQ(device.free_bytes(), device.total_bytes() - device.peak_bytes());
   }
-  EXPECT_EQ(metrics_.checkpoint_times(), std::vector<absl::Duration>{absl::Milliseconds(250)});
-  EXPECT_EQ(metrics_.checkpoint_failures(), 1);
+  EXPECT_EQ(jobs_.metrics().checkpoint_times(), std::vector<absl::Duration>{absl::Milliseconds(250)});
+  EXPECT_EQ(jobs_.metrics().checkpoint_failures(), 1);
   ReportFinished(job->id(), 0, 0.83);
   ReportFinished(job->id(), 1, 0);
-  launcher_.Exit(0, 0);
-  launcher_.Exit(1, 0);
+  jobs_.launcher().Exit(0, 0);
+  jobs_.launcher().Exit(1, 0);
   fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
   EXPECT_DOUBLE_EQ(done.result().test_accuracy(), 0.83);
   // Rank 0's own figures are the job's.
@@ -224,66 +202,59 @@ TEST_F(JobManagerTest, JobSucceedsWhenEveryRankFinishesAndFreesItsDevices) {
   EXPECT_DOUBLE_EQ(done.result().metrics().at("hr@10"), 0.83);
   EXPECT_EQ(done.result().steps(), 10);
   EXPECT_EQ(done.last_progress().step(), 5);
-  for (const fitrun::v1::Device& device : manager_->Devices()) EXPECT_EQ(device.job_id(), "");
-  EXPECT_EQ(metrics_.jobs_in(fitrun::v1::JOB_STATE_SUCCEEDED), 1);
-  EXPECT_EQ(metrics_.steps(), 5);
-  EXPECT_TRUE(manager_->Running().empty());
+  for (const fitrun::v1::Device& device : jobs_.manager().Devices()) EXPECT_EQ(device.job_id(), "");
+  EXPECT_EQ(jobs_.metrics().jobs_in(fitrun::v1::JOB_STATE_SUCCEEDED), 1);
+  EXPECT_EQ(jobs_.metrics().steps(), 5);
+  EXPECT_TRUE(jobs_.manager().Running().empty());
   // Its end is in the queue-wait and duration histograms once, under its final state.
-  ASSERT_EQ(metrics_.ended().size(), 1u);
-  EXPECT_EQ(metrics_.ended()[0].state, fitrun::v1::JOB_STATE_SUCCEEDED);
-  EXPECT_GE(metrics_.ended()[0].duration, metrics_.ended()[0].queue_wait);
-  ASSERT_TRUE(manager_->Ranks(job->id()).ok());
-  EXPECT_EQ(manager_->Ranks(job->id())->size(), 2u);
+  ASSERT_EQ(jobs_.metrics().ended().size(), 1u);
+  EXPECT_EQ(jobs_.metrics().ended()[0].state, fitrun::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_GE(jobs_.metrics().ended()[0].duration, jobs_.metrics().ended()[0].queue_wait);
+  ASSERT_TRUE(jobs_.manager().Ranks(job->id()).ok());
+  EXPECT_EQ(jobs_.manager().Ranks(job->id())->size(), 2u);
 }
 
 // The host's memory bounds what running jobs' ranks are promised together: a CPU device's rank
 // takes its device's 4 GiB plus 2 GiB for its process by default, so a 14 GiB host holds two ranks.
 TEST(JobManagerHostMemoryTest, PlansTakeFewerDevicesOrWaitSoTheHostIsNeverPromisedMoreThanItHas) {
-  const std::filesystem::path state_dir = std::filesystem::path(::testing::TempDir()) / "host-memory";
-  std::filesystem::remove_all(state_dir);
-  FakeJobStore store;
-  FakeDeviceInventory devices{4, 4LL << 30};
-  FakeWorkerLauncher launcher;
-  RecordingMetrics metrics;
-  JobManager::Options options;
-  options.state_dir = state_dir.string();
-  options.worker_binary = "/bin/fitrun-worker";
-  options.worker_channel_address = "127.0.0.1:1";
-  options.host_memory_bytes = 14LL << 30;
-  absl::StatusOr<std::unique_ptr<JobManager>> manager = JobManager::Create(options, &store, &devices, &launcher, &metrics);
-  ASSERT_TRUE(manager.ok()) << manager.status();
+  TestJobManager jobs;
+  jobs.set_devices(FakeDeviceInventory(4, 4LL << 30));
+  jobs.options().host_memory_bytes = 14LL << 30;
+  ASSERT_EQ(jobs.Start(), absl::OkStatus());
+  JobManager& manager = jobs.manager();
+  FakeWorkerLauncher& launcher = jobs.launcher();
   // Up to four devices allowed; the host holds two ranks.
-  absl::StatusOr<fitrun::v1::Job> first = (*manager)->Submit(Spec(1, 4));
+  absl::StatusOr<fitrun::v1::Job> first = manager.Submit(Spec(1, 4));
   ASSERT_TRUE(first.ok()) << first.status();
-  const fitrun::v1::Job running = WaitForState(**manager, first->id(), fitrun::v1::JOB_STATE_RUNNING);
+  const fitrun::v1::Job running = WaitForState(manager, first->id(), fitrun::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(running.plan().device_ids_size(), 2);
   EXPECT_EQ(running.plan().host_memory_bytes(), 12LL << 30);
   EXPECT_THAT(absl::StrJoin(running.plan().reasons(), "\n"), HasSubstr("host memory"));
   // Two devices are free, but not the host memory their ranks would need: the next job waits.
-  absl::StatusOr<fitrun::v1::Job> second = (*manager)->Submit(Spec(1, 1));
+  absl::StatusOr<fitrun::v1::Job> second = manager.Submit(Spec(1, 1));
   ASSERT_TRUE(second.ok()) << second.status();
-  (*manager)->RunSchedulingPass();
-  EXPECT_EQ((*manager)->Get(second->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+  manager.RunSchedulingPass();
+  EXPECT_EQ(manager.Get(second->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
   EXPECT_EQ(launcher.launches().size(), 2u);
   // The first ends: the second runs.
   launcher.Exit(0, 3);
   launcher.Exit(1, 3);
-  WaitForState(**manager, first->id(), fitrun::v1::JOB_STATE_RESTARTING);
+  WaitForState(manager, first->id(), fitrun::v1::JOB_STATE_RESTARTING);
   // Cancelled, so it does not take the host again before the second.
-  ASSERT_TRUE((*manager)->Cancel(first->id(), "test").ok());
-  WaitForState(**manager, second->id(), fitrun::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(manager.Cancel(first->id(), "test").ok());
+  WaitForState(manager, second->id(), fitrun::v1::JOB_STATE_RUNNING);
   // A job whose one rank could never fit on this host is refused at submit, naming the flag.
   fitrun::v1::JobSpec huge = Spec(1, 1);
   huge.mutable_resources()->set_host_memory("20GiB");
-  absl::Status refused = (*manager)->Submit(huge).status();
+  absl::Status refused = manager.Submit(huge).status();
   EXPECT_THAT(refused.message(), HasSubstr("--host_memory")) << refused;
 }
 
 TEST_F(JobManagerTest, ExitWithoutFinalReportStillSucceedsAfterTheWait) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 1));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(1, 1));
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
-  launcher_.Exit(0, 0);
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(1, absl::Seconds(5)));
+  jobs_.launcher().Exit(0, 0);
   fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(done.state(), fitrun::v1::JOB_STATE_SUCCEEDED);
 }
@@ -291,143 +262,145 @@ TEST_F(JobManagerTest, ExitWithoutFinalReportStillSucceedsAfterTheWait) {
 TEST_F(JobManagerTest, FailingRankFailsTheJobAndStopsItsPeersAtOnce) {
   fitrun::v1::JobSpec spec = Spec(2, 2);
   spec.mutable_fault_tolerance()->set_max_restarts(0);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(spec);
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   {
-    std::ofstream log(launcher_.launches()[1].log_path);
+    std::ofstream log(jobs_.launcher().launches()[1].log_path);
     log << "step 3\nRuntimeError: something broke\n";
   }
-  launcher_.Exit(1, 7);
+  jobs_.launcher().Exit(1, 7);
   fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.failure_reason(), HasSubstr("rank 1 exited with code 7"));
   EXPECT_THAT(failed.failure_reason(), HasSubstr("RuntimeError: something broke"));
   EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 0 restart(s)"));
-  EXPECT_EQ(launcher_.stopped(), std::vector<int>{0});
+  EXPECT_EQ(jobs_.launcher().stopped(), std::vector<int>{0});
   // Devices stay taken until the stopped peer has really exited.
-  EXPECT_EQ(manager_->Devices()[0].job_id(), job->id());
-  launcher_.Exit(0, -1, 15);
+  EXPECT_EQ(jobs_.manager().Devices()[0].job_id(), job->id());
+  jobs_.launcher().Exit(0, -1, 15);
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (!manager_->Devices()[0].job_id().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_EQ(manager_->Devices()[0].job_id(), "");
+  while (!jobs_.manager().Devices()[0].job_id().empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(jobs_.manager().Devices()[0].job_id(), "");
 }
 
 TEST_F(JobManagerTest, BadSpecIsRejectedAndNothingIsStoredOrLaunched) {
   fitrun::v1::JobSpec spec = Spec(1, 2);
   spec.set_global_batch_size(-1);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(spec);
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(job.status().message(), HasSubstr("spec.global_batch_size"));
-  EXPECT_EQ(store_.job_count(), 0u);
-  EXPECT_TRUE(launcher_.launches().empty());
+  EXPECT_EQ(jobs_.store().job_count(), 0u);
+  EXPECT_TRUE(jobs_.launcher().launches().empty());
 }
 
 TEST_F(JobManagerTest, MoreDevicesThanTheNodeHasIsRejectedAtSubmit) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(4, 4));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(4, 4));
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(job.status().message(), HasSubstr("spec.resources.min_devices"));
-  EXPECT_EQ(store_.job_count(), 0u);
+  EXPECT_EQ(jobs_.store().job_count(), 0u);
 }
 
 TEST_F(JobManagerTest, CancelStopsRanksAndEndsCancelled) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(2, 2));
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
-  absl::StatusOr<fitrun::v1::Job> cancelled = manager_->Cancel(job->id(), "");
+  absl::StatusOr<fitrun::v1::Job> cancelled = jobs_.manager().Cancel(job->id(), "");
   ASSERT_TRUE(cancelled.ok());
   EXPECT_EQ(cancelled->state(), fitrun::v1::JOB_STATE_CANCELLED);
-  EXPECT_EQ(launcher_.stopped().size(), 2u);
-  EXPECT_EQ(manager_->Cancel(job->id(), "").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(jobs_.launcher().stopped().size(), 2u);
+  EXPECT_EQ(jobs_.manager().Cancel(job->id(), "").status().code(), absl::StatusCode::kFailedPrecondition);
   // The attempt is released once, when its last rank is gone: whatever they left is the launcher's
   // to kill.
-  EXPECT_TRUE(launcher_.released().empty());
-  launcher_.Exit(0, -1, 15);
-  EXPECT_TRUE(launcher_.released().empty());
-  launcher_.Exit(1, -1, 15);
-  EXPECT_EQ(launcher_.released(), std::vector<std::string>{"fake:0"});
+  EXPECT_TRUE(jobs_.launcher().released().empty());
+  jobs_.launcher().Exit(0, -1, 15);
+  EXPECT_TRUE(jobs_.launcher().released().empty());
+  jobs_.launcher().Exit(1, -1, 15);
+  EXPECT_EQ(jobs_.launcher().released(), std::vector<std::string>{"fake:0"});
 }
 
 TEST_F(JobManagerTest, QueuedJobWaitsForDevicesAndRunsInPriorityOrder) {
-  absl::StatusOr<fitrun::v1::Job> first = manager_->Submit(Spec(2, 2));
+  absl::StatusOr<fitrun::v1::Job> first = jobs_.manager().Submit(Spec(2, 2));
   ASSERT_TRUE(first.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
-  absl::StatusOr<fitrun::v1::Job> low = manager_->Submit(Spec(2, 2, /*priority=*/0));
-  absl::StatusOr<fitrun::v1::Job> high = manager_->Submit(Spec(2, 2, /*priority=*/5));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
+  absl::StatusOr<fitrun::v1::Job> low = jobs_.manager().Submit(Spec(2, 2, /*priority=*/0));
+  absl::StatusOr<fitrun::v1::Job> high = jobs_.manager().Submit(Spec(2, 2, /*priority=*/5));
   ASSERT_TRUE(low.ok() && high.ok());
-  EXPECT_EQ(manager_->Get(low->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
-  EXPECT_EQ(manager_->Get(high->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(jobs_.manager().Get(low->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(jobs_.manager().Get(high->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
 
-  ASSERT_TRUE(manager_->Cancel(first->id(), "").ok());
-  launcher_.Exit(0, -1, 15);
-  launcher_.Exit(1, -1, 15);
-  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
-  EXPECT_EQ(launcher_.launches()[2].job_id, high->id());
-  EXPECT_EQ(manager_->Get(low->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+  ASSERT_TRUE(jobs_.manager().Cancel(first->id(), "").ok());
+  jobs_.launcher().Exit(0, -1, 15);
+  jobs_.launcher().Exit(1, -1, 15);
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(4, absl::Seconds(5)));
+  EXPECT_EQ(jobs_.launcher().launches()[2].job_id, high->id());
+  EXPECT_EQ(jobs_.manager().Get(low->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
 }
 
 // The scheduling policy against starvation: the queue's head waits for its devices and nothing
 // behind it is started on the devices it is waiting for (no backfill).
 TEST_F(JobManagerTest, LargeJobIsNotStarvedBySmallJobsBehindIt) {
-  absl::StatusOr<fitrun::v1::Job> small_running = manager_->Submit(Spec(1, 1));
-  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
-  absl::StatusOr<fitrun::v1::Job> large = manager_->Submit(Spec(2, 2));
+  absl::StatusOr<fitrun::v1::Job> small_running = jobs_.manager().Submit(Spec(1, 1));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(1, absl::Seconds(5)));
+  absl::StatusOr<fitrun::v1::Job> large = jobs_.manager().Submit(Spec(2, 2));
   std::vector<std::string> smalls;
-  for (int i = 0; i < 3; ++i) smalls.push_back(manager_->Submit(Spec(1, 1))->id());
+  for (int i = 0; i < 3; ++i) smalls.push_back(jobs_.manager().Submit(Spec(1, 1))->id());
   // cpu:1 is free, but the large job is first in line for it: a whole scheduling pass over the queue
   // starts nothing.
-  manager_->RunSchedulingPass();
-  EXPECT_EQ(launcher_.launches().size(), 1u);
-  EXPECT_EQ(manager_->Get(large->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
-  for (const std::string& id : smalls) EXPECT_EQ(manager_->Get(id)->state(), fitrun::v1::JOB_STATE_QUEUED);
+  jobs_.manager().RunSchedulingPass();
+  EXPECT_EQ(jobs_.launcher().launches().size(), 1u);
+  EXPECT_EQ(jobs_.manager().Get(large->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+  for (const std::string& id : smalls) EXPECT_EQ(jobs_.manager().Get(id)->state(), fitrun::v1::JOB_STATE_QUEUED);
 
-  ASSERT_TRUE(manager_->Cancel(small_running->id(), "").ok());
-  launcher_.Exit(0, -1, 15);
-  ASSERT_TRUE(launcher_.WaitForLaunches(3, absl::Seconds(5)));
-  EXPECT_EQ(launcher_.launches()[1].job_id, large->id());
-  EXPECT_EQ(launcher_.launches()[2].job_id, large->id());
+  ASSERT_TRUE(jobs_.manager().Cancel(small_running->id(), "").ok());
+  jobs_.launcher().Exit(0, -1, 15);
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(3, absl::Seconds(5)));
+  EXPECT_EQ(jobs_.launcher().launches()[1].job_id, large->id());
+  EXPECT_EQ(jobs_.launcher().launches()[2].job_id, large->id());
 }
 
 TEST_F(JobManagerTest, AWrongTokenAndAMissingJobGetTheSameAnswer) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 1));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(1, 1));
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(1, absl::Seconds(5)));
   WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   fitrun::v1::Hello hello;
   hello.set_job_id(job->id());
   hello.set_attempt(1);
   hello.set_rank(0);
-  const std::string token = launcher_.launches()[0].job_token;
+  const std::string token = jobs_.launcher().launches()[0].job_token;
   hello.set_job_token(token.substr(0, 31) + "x");
-  const absl::Status wrong_token = manager_->AttachWorker(hello, {}).status();
+  const absl::Status wrong_token = jobs_.manager().AttachWorker(hello, {}).status();
   hello.set_job_id("j-999999");
   hello.set_job_token(token);
-  const absl::Status no_job = manager_->AttachWorker(hello, {}).status();
+  const absl::Status no_job = jobs_.manager().AttachWorker(hello, {}).status();
   EXPECT_EQ(wrong_token.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(wrong_token, no_job) << "nothing tells an existing job from a missing one";
   hello.set_job_id(job->id());
   hello.set_job_token("");
-  EXPECT_EQ(manager_->AttachWorker(hello, {}).status(), no_job);
+  EXPECT_EQ(jobs_.manager().AttachWorker(hello, {}).status(), no_job);
   hello.set_job_token(token);
-  EXPECT_TRUE(manager_->AttachWorker(hello, {}).ok());
+  EXPECT_TRUE(jobs_.manager().AttachWorker(hello, {}).ok());
 }
 
 TEST_F(JobManagerTest, EventsAreDenseAndReplayableFromAnySequence) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(1, 1));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(1, 1));
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(1, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(1, absl::Seconds(5)));
   ReportFinished(job->id(), 0, 0.9);
-  launcher_.Exit(0, 0);
+  jobs_.launcher().Exit(0, 0);
   fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
-  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> all = manager_->ReadEvents(job->id(), 1, 1000);
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> all = jobs_.manager().ReadEvents(job->id(), 1, 1000);
   ASSERT_TRUE(all.ok());
   ASSERT_EQ(static_cast<int64_t>(all->size()), done.last_sequence());
   for (size_t i = 0; i < all->size(); ++i) EXPECT_EQ((*all)[i].sequence(), static_cast<int64_t>(i + 1));
   // QUEUED, PLANNING, plan, RUNNING, finished, exited, SUCCEEDED
   EXPECT_TRUE(all->front().has_state_changed());
   EXPECT_EQ(all->back().state_changed().to(), fitrun::v1::JOB_STATE_SUCCEEDED);
-  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> suffix = manager_->ReadEvents(job->id(), 3, 1000);
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> suffix = jobs_.manager().ReadEvents(job->id(), 3, 1000);
   ASSERT_TRUE(suffix.ok());
   EXPECT_EQ(suffix->front().sequence(), 3);
 }
@@ -435,58 +408,48 @@ TEST_F(JobManagerTest, EventsAreDenseAndReplayableFromAnySequence) {
 // A coordinator restart is a new manager over the same store.
 class JobManagerRecoveryTest : public JobManagerTest {
  protected:
-  void Restart() {
-    manager_.reset();
-    JobManager::Options options;
-    options.state_dir = state_dir_.string();
-    options.worker_binary = "/bin/fitrun-worker";
-    options.worker_channel_address = "127.0.0.1:1";
-    options.final_report_wait = absl::Milliseconds(200);
-    auto manager = JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
-    ASSERT_TRUE(manager.ok()) << manager.status();
-    manager_ = *std::move(manager);
-  }
+  void Restart() { ASSERT_EQ(jobs_.Restart(), absl::OkStatus()); }
 };
 
 TEST_F(JobManagerRecoveryTest, QueuedJobsStayQueuedAcrossARestart) {
-  absl::StatusOr<fitrun::v1::Job> running = manager_->Submit(Spec(2, 2));
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
-  absl::StatusOr<fitrun::v1::Job> queued = manager_->Submit(Spec(2, 2));
+  absl::StatusOr<fitrun::v1::Job> running = jobs_.manager().Submit(Spec(2, 2));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
+  absl::StatusOr<fitrun::v1::Job> queued = jobs_.manager().Submit(Spec(2, 2));
   ASSERT_TRUE(queued.ok());
-  launcher_.SetAdoptable({0, 1});
+  jobs_.launcher().SetAdoptable({0, 1});
   Restart();
-  EXPECT_EQ(manager_->Get(queued->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
-  EXPECT_EQ(manager_->Get(running->id())->state(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(jobs_.manager().Get(queued->id())->state(), fitrun::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(jobs_.manager().Get(running->id())->state(), fitrun::v1::JOB_STATE_RUNNING);
 }
 
 TEST_F(JobManagerRecoveryTest, ARequestIdGivesTheSameJobBackEvenAfterARestart) {
-  absl::StatusOr<fitrun::v1::Job> first = manager_->Submit(Spec(2, 2), "alice", "req-1");
+  absl::StatusOr<fitrun::v1::Job> first = jobs_.manager().Submit(Spec(2, 2), "alice", "req-1");
   ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_EQ(manager_->Submit(Spec(2, 2), "alice", "req-1")->id(), first->id());
+  EXPECT_EQ(jobs_.manager().Submit(Spec(2, 2), "alice", "req-1")->id(), first->id());
   // The id is the user's: another user's identical id is another job.
-  EXPECT_NE(manager_->Submit(Spec(2, 2), "bob", "req-1")->id(), first->id());
-  launcher_.SetAdoptable({0, 1});
+  EXPECT_NE(jobs_.manager().Submit(Spec(2, 2), "bob", "req-1")->id(), first->id());
+  jobs_.launcher().SetAdoptable({0, 1});
   Restart();
-  EXPECT_EQ(manager_->Submit(Spec(2, 2), "alice", "req-1")->id(), first->id());
+  EXPECT_EQ(jobs_.manager().Submit(Spec(2, 2), "alice", "req-1")->id(), first->id());
   fitrun::v1::JobSpec different = Spec(2, 2);
   different.set_max_steps(11);
-  EXPECT_THAT(manager_->Submit(different, "alice", "req-1").status().message(),
+  EXPECT_THAT(jobs_.manager().Submit(different, "alice", "req-1").status().message(),
               ::testing::HasSubstr("request_id: 'req-1' already created job " + first->id() + " with a different spec"));
-  EXPECT_EQ(manager_->List({}).size(), 2u);
+  EXPECT_EQ(jobs_.manager().List({}).size(), 2u);
 }
 
 TEST_F(JobManagerTest, PagesListEveryVisibleJobOnceInSubmissionOrder) {
   std::vector<std::string> alices;
   for (int i = 0; i < 25; ++i) {
-    alices.push_back(manager_->Submit(Spec(1, 1), "alice")->id());
-    (void)manager_->Submit(Spec(1, 1), "bob");
+    alices.push_back(jobs_.manager().Submit(Spec(1, 1), "alice")->id());
+    (void)jobs_.manager().Submit(Spec(1, 1), "bob");
   }
   std::vector<std::string> seen;
   int64_t after = 0;
   int pages = 0;
   do {
     JobManager::Page page =
-        manager_->ListPage({}, after, 10, [](const fitrun::v1::Job& job) { return job.owner() == "alice"; });
+        jobs_.manager().ListPage({}, after, 10, [](const fitrun::v1::Job& job) { return job.owner() == "alice"; });
     for (const fitrun::v1::Job& job : page.jobs) seen.push_back(job.id());
     after = page.next_order;
     ++pages;
@@ -496,28 +459,23 @@ TEST_F(JobManagerTest, PagesListEveryVisibleJobOnceInSubmissionOrder) {
 }
 
 TEST_F(JobManagerTest, AnOwnersOpenJobsAreBoundedAndEndedOnesMakeRoom) {
-  manager_.reset();
-  JobManager::Options options;
-  options.state_dir = state_dir_.string();
-  options.worker_binary = "/bin/fitrun-worker";
-  options.worker_channel_address = "127.0.0.1:1";
-  options.max_open_jobs_per_owner = 2;
-  manager_ = *JobManager::Create(options, &store_, &devices_, &launcher_, &metrics_);
-  const std::string first = manager_->Submit(Spec(2, 2), "alice")->id();
-  ASSERT_TRUE(manager_->Submit(Spec(2, 2), "alice").ok());
-  absl::Status over = manager_->Submit(Spec(2, 2), "alice").status();
+  jobs_.options().max_open_jobs_per_owner = 2;
+  ASSERT_EQ(jobs_.Restart(), absl::OkStatus());
+  const std::string first = jobs_.manager().Submit(Spec(2, 2), "alice")->id();
+  ASSERT_TRUE(jobs_.manager().Submit(Spec(2, 2), "alice").ok());
+  absl::Status over = jobs_.manager().Submit(Spec(2, 2), "alice").status();
   EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(over.message(), ::testing::HasSubstr("alice has 2 jobs queued or running, the limit"));
-  EXPECT_TRUE(manager_->Submit(Spec(2, 2), "bob").ok());  // per owner
-  ASSERT_TRUE(manager_->Cancel(first, "make room").ok());
+  EXPECT_TRUE(jobs_.manager().Submit(Spec(2, 2), "bob").ok());  // per owner
+  ASSERT_TRUE(jobs_.manager().Cancel(first, "make room").ok());
   WaitForState(first, fitrun::v1::JOB_STATE_CANCELLED);
-  EXPECT_TRUE(manager_->Submit(Spec(2, 2), "alice").ok());
+  EXPECT_TRUE(jobs_.manager().Submit(Spec(2, 2), "alice").ok());
 }
 
 TEST_F(JobManagerRecoveryTest, LiveWorkersAreReadoptedAndTheJobCompletes) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(2, 2));
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   // Rank 1's progress is stored as events but does not rewrite the job row: numbering after the
   // restart must still continue after it.
@@ -525,15 +483,15 @@ TEST_F(JobManagerRecoveryTest, LiveWorkersAreReadoptedAndTheJobCompletes) {
   progress.mutable_progress()->set_step(3);
   Report(job->id(), 1, 1, progress);
   Report(job->id(), 1, 1, progress);
-  const int64_t last_before = manager_->Get(job->id())->last_sequence();
-  const std::string token = launcher_.launches()[0].job_token;
+  const int64_t last_before = jobs_.manager().Get(job->id())->last_sequence();
+  const std::string token = jobs_.launcher().launches()[0].job_token;
 
-  launcher_.SetAdoptable({0, 1});
+  jobs_.launcher().SetAdoptable({0, 1});
   Restart();
-  EXPECT_EQ(launcher_.adopted(), (std::vector<int>{0, 1}));
-  EXPECT_EQ(manager_->Get(job->id())->state(), fitrun::v1::JOB_STATE_RUNNING);
-  EXPECT_EQ(manager_->Get(job->id())->attempts(), 1);
-  for (const fitrun::v1::Device& device : manager_->Devices()) EXPECT_EQ(device.job_id(), job->id());
+  EXPECT_EQ(jobs_.launcher().adopted(), (std::vector<int>{0, 1}));
+  EXPECT_EQ(jobs_.manager().Get(job->id())->state(), fitrun::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(jobs_.manager().Get(job->id())->attempts(), 1);
+  for (const fitrun::v1::Device& device : jobs_.manager().Devices()) EXPECT_EQ(device.job_id(), job->id());
 
   // The workers reconnect with the job's token and finish; adopted exits carry no status.
   fitrun::v1::Hello hello;
@@ -541,15 +499,15 @@ TEST_F(JobManagerRecoveryTest, LiveWorkersAreReadoptedAndTheJobCompletes) {
   hello.set_attempt(1);
   hello.set_rank(1);
   hello.set_job_token(token);
-  EXPECT_TRUE(manager_->AttachWorker(hello, {}).ok());
+  EXPECT_TRUE(jobs_.manager().AttachWorker(hello, {}).ok());
   ReportFinished(job->id(), 0, 0.8);
   ReportFinished(job->id(), 1, 0);
-  launcher_.Exit(2, 0, 0, /*status_known=*/false);
-  launcher_.Exit(3, 0, 0, /*status_known=*/false);
+  jobs_.launcher().Exit(2, 0, 0, /*status_known=*/false);
+  jobs_.launcher().Exit(3, 0, 0, /*status_known=*/false);
   fitrun::v1::Job done = WaitForState(job->id(), fitrun::v1::JOB_STATE_SUCCEEDED);
 
   // Numbering continued where it stopped: no gap, no duplicate.
-  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = manager_->ReadEvents(job->id(), 1, 1000);
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = jobs_.manager().ReadEvents(job->id(), 1, 1000);
   ASSERT_TRUE(events.ok());
   ASSERT_EQ(static_cast<int64_t>(events->size()), done.last_sequence());
   EXPECT_GT(done.last_sequence(), last_before);
@@ -557,36 +515,36 @@ TEST_F(JobManagerRecoveryTest, LiveWorkersAreReadoptedAndTheJobCompletes) {
 }
 
 TEST_F(JobManagerRecoveryTest, JobWhoseWorkersAreGoneRestartsAsANewAttempt) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(2, 2));
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
 
-  launcher_.SetAdoptable({0});  // rank 1 died with the coordinator
+  jobs_.launcher().SetAdoptable({0});  // rank 1 died with the coordinator
   Restart();
   // The survivor is stopped; once it is gone the job relaunches on both devices as attempt 2.
-  EXPECT_EQ(launcher_.stopped(), std::vector<int>{2});  // not 0 or 1: a restart leaves ranks running
-  EXPECT_EQ(manager_->Get(job->id())->state(), fitrun::v1::JOB_STATE_RESTARTING);
-  launcher_.Exit(2, 0, 0, /*status_known=*/false);
-  ASSERT_TRUE(launcher_.WaitForLaunches(5, absl::Seconds(5)));
+  EXPECT_EQ(jobs_.launcher().stopped(), std::vector<int>{2});  // not 0 or 1: a restart leaves ranks running
+  EXPECT_EQ(jobs_.manager().Get(job->id())->state(), fitrun::v1::JOB_STATE_RESTARTING);
+  jobs_.launcher().Exit(2, 0, 0, /*status_known=*/false);
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(5, absl::Seconds(5)));
   fitrun::v1::Job relaunched = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(relaunched.attempts(), 2);
   ASSERT_EQ(relaunched.attempt_history_size(), 2);
   EXPECT_THAT(relaunched.attempt_history(0).outcome(), HasSubstr("1 of 2 ranks were gone"));
-  EXPECT_EQ(EnvOf(launcher_.launches()[3])["FITRUN_ATTEMPT"], "2");
+  EXPECT_EQ(EnvOf(jobs_.launcher().launches()[3])["FITRUN_ATTEMPT"], "2");
   // The same checkpoint directory, so the new attempt resumes where the last checkpoint left off.
-  EXPECT_EQ(EnvOf(launcher_.launches()[3])["FITRUN_JOB_ID"], job->id());
+  EXPECT_EQ(EnvOf(jobs_.launcher().launches()[3])["FITRUN_JOB_ID"], job->id());
 }
 
 TEST_F(JobManagerTest, AttemptHistoryRecordsEveryRanksExit) {
   fitrun::v1::JobSpec spec = Spec(2, 2);
   spec.mutable_fault_tolerance()->set_max_restarts(0);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(spec);
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
-  launcher_.Exit(0, -1, 9);
-  launcher_.Exit(1, -1, 15);
+  jobs_.launcher().Exit(0, -1, 9);
+  jobs_.launcher().Exit(1, -1, 15);
   fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
   ASSERT_EQ(failed.attempt_history_size(), 1);
   const fitrun::v1::AttemptRecord& record = failed.attempt_history(0);
@@ -598,20 +556,17 @@ TEST_F(JobManagerTest, AttemptHistoryRecordsEveryRanksExit) {
 }
 
 TEST_F(JobManagerTest, RelativeStateDirBecomesAbsoluteForWorkers) {
-  JobManager::Options options;
-  options.state_dir = "relative-state";
-  options.worker_binary = "/bin/fitrun-worker";
-  FakeWorkerLauncher launcher;
-  manager_.reset();
-  auto manager = JobManager::Create(options, &store_, &devices_, &launcher, &metrics_);
-  ASSERT_TRUE(manager.ok());
-  ASSERT_TRUE((*manager)->Submit(Spec(1, 1)).ok());
+  jobs_.options().state_dir = "relative-state";
+  ASSERT_EQ(jobs_.Restart(), absl::OkStatus());
+  JobManager& manager = jobs_.manager();
+  FakeWorkerLauncher& launcher = jobs_.launcher();
+  ASSERT_TRUE(manager.Submit(Spec(1, 1)).ok());
   ASSERT_TRUE(launcher.WaitForLaunches(1, absl::Seconds(5)));
   const WorkerLaunch launch = launcher.launches()[0];
   EXPECT_TRUE(std::filesystem::path(launch.log_path).is_absolute());
   EXPECT_TRUE(std::filesystem::path(launch.working_dir).is_absolute());
   EXPECT_TRUE(std::filesystem::path(EnvOf(launch)["FITRUN_ASSIGNMENT"]).is_absolute());
-  (*manager)->Shutdown();
+  manager.Shutdown();
   std::filesystem::remove_all("relative-state");
 }
 
@@ -631,28 +586,28 @@ fitrun::v1::Plan AssignedPlan(const WorkerLaunch& launch) {
 
 TEST_F(JobManagerTest, CrashedRankRestartsTheWholeGroupAsANewAttempt) {
   const std::string id = SubmitAndWaitRunning(Spec(2, 2), 2);
-  launcher_.Exit(1, -1, 9);
+  jobs_.launcher().Exit(1, -1, 9);
   fitrun::v1::Job restarting = WaitForState(id, fitrun::v1::JOB_STATE_RESTARTING);
-  EXPECT_EQ(launcher_.stopped(), std::vector<int>{0});  // the peer at once, not after a collective timeout
+  EXPECT_EQ(jobs_.launcher().stopped(), std::vector<int>{0});  // the peer at once, not after a collective timeout
   EXPECT_EQ(restarting.restarts(), 1);
   // Nothing relaunches while the old rank 0 still runs: never two attempts at once.
-  EXPECT_EQ(launcher_.launches().size(), 2u);
-  launcher_.Exit(0, -1, 15);
-  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
+  EXPECT_EQ(jobs_.launcher().launches().size(), 2u);
+  jobs_.launcher().Exit(0, -1, 15);
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(4, absl::Seconds(5)));
   fitrun::v1::Job relaunched = WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(relaunched.attempts(), 2);
   ASSERT_EQ(relaunched.attempt_history_size(), 2);
   EXPECT_EQ(relaunched.attempt_history(0).outcome(), "rank 1 was killed by signal 9 (attempt 1)");
   EXPECT_EQ(relaunched.attempt_history(0).ranks(1).signal(), 9);
-  EXPECT_EQ(EnvOf(launcher_.launches()[2])["FITRUN_ATTEMPT"], "2");
-  EXPECT_EQ(metrics_.restarts("crash"), 1);
+  EXPECT_EQ(EnvOf(jobs_.launcher().launches()[2])["FITRUN_ATTEMPT"], "2");
+  EXPECT_EQ(jobs_.metrics().restarts("crash"), 1);
 
   // Training resumes: the time to recover is measured and said.
   fitrun::v1::WorkerReport progress;
   progress.mutable_progress()->set_step(3);
   Report(id, 2, 0, progress);
-  EXPECT_EQ(metrics_.recoveries().size(), 1u);
-  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = manager_->ReadEvents(id, 1, 1000);
+  EXPECT_EQ(jobs_.metrics().recoveries().size(), 1u);
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = jobs_.manager().ReadEvents(id, 1, 1000);
   ASSERT_TRUE(events.ok());
   bool said = false;
   for (const auto& event : *events) said |= event.has_log() && absl::StrContains(event.log().text(), "training resumed");
@@ -663,10 +618,10 @@ TEST_F(JobManagerTest, RestartsStopAtTheSpecLimit) {
   fitrun::v1::JobSpec spec = Spec(1, 1);
   spec.mutable_fault_tolerance()->set_max_restarts(1);
   const std::string id = SubmitAndWaitRunning(spec, 1);
-  launcher_.Exit(0, 1);
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  jobs_.launcher().Exit(0, 1);
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
-  launcher_.Exit(1, 1);
+  jobs_.launcher().Exit(1, 1);
   fitrun::v1::Job failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.failure_reason(), HasSubstr("rank 0 exited with code 1 (attempt 2)"));
   EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 1 restart(s) (spec.fault_tolerance.max_restarts 1)"));
@@ -675,16 +630,16 @@ TEST_F(JobManagerTest, RestartsStopAtTheSpecLimit) {
 
 TEST_F(JobManagerTest, RefusedConfigurationFailsWithoutARestart) {
   const std::string id = SubmitAndWaitRunning(Spec(1, 1), 1);
-  launcher_.Exit(0, 2);
+  jobs_.launcher().Exit(0, 2);
   fitrun::v1::Job failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.failure_reason(), HasSubstr("trying again cannot help"));
   EXPECT_EQ(failed.restarts(), 0);
 }
 
 TEST_F(JobManagerTest, OutOfMemoryStopsThePeersAndReplansASmallerBatchWithTheSameGlobalBatch) {
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(Spec(2, 2));
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(2, 2));
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(launcher_.WaitForLaunches(2, absl::Seconds(5)));
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
   fitrun::v1::Job running = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
   const fitrun::v1::Plan first = running.plan();
   ASSERT_EQ(first.per_device_batch(), 128);
@@ -698,20 +653,20 @@ TEST_F(JobManagerTest, OutOfMemoryStopsThePeersAndReplansASmallerBatchWithTheSam
   Report(job->id(), 1, 1, oom);
   // The peer is told to stop the moment the report arrives, before any process has exited; the rank
   // that ran out is left to exit with its own code and last report (killed only after the grace).
-  EXPECT_EQ(launcher_.stopped(), (std::vector<int>{0}));
-  EXPECT_EQ(launcher_.left_to_exit(), (std::vector<int>{1}));
+  EXPECT_EQ(jobs_.launcher().stopped(), (std::vector<int>{0}));
+  EXPECT_EQ(jobs_.launcher().left_to_exit(), (std::vector<int>{1}));
   fitrun::v1::Job restarting = WaitForState(job->id(), fitrun::v1::JOB_STATE_RESTARTING);
   EXPECT_EQ(restarting.oom_replans(), 1);
   EXPECT_EQ(restarting.oom_history_size(), 1);
   EXPECT_EQ(restarting.oom_history(0).rank(), 1);
-  EXPECT_EQ(metrics_.out_of_memory(), 1);
-  EXPECT_EQ(metrics_.restarts("out_of_memory"), 1);
+  EXPECT_EQ(jobs_.metrics().out_of_memory(), 1);
+  EXPECT_EQ(jobs_.metrics().restarts("out_of_memory"), 1);
 
-  launcher_.Exit(1, 3);
-  launcher_.Exit(0, -1, 15);
-  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
+  jobs_.launcher().Exit(1, 3);
+  jobs_.launcher().Exit(0, -1, 15);
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(4, absl::Seconds(5)));
   fitrun::v1::Job replanned = WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
-  const fitrun::v1::Plan second = AssignedPlan(launcher_.launches()[2]);
+  const fitrun::v1::Plan second = AssignedPlan(jobs_.launcher().launches()[2]);
   EXPECT_LT(second.per_device_batch(), 128);
   EXPECT_EQ(second.device_ids_size() * second.per_device_batch() * second.grad_accum_steps(), 256);
   EXPECT_EQ(replanned.plan().per_device_batch(), second.per_device_batch());
@@ -724,12 +679,13 @@ TEST_F(JobManagerTest, OutOfMemoryStopsThePeersAndReplansASmallerBatchWithTheSam
 
 TEST_F(JobManagerTest, OutOfMemoryExitWithoutAReportStillBoundsTheBatch) {
   const std::string id = SubmitAndWaitRunning(Spec(2, 2), 2);
-  launcher_.Exit(0, 3);
-  launcher_.Exit(1, -1, 15);
-  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
+  jobs_.launcher().Exit(0, 3);
+  jobs_.launcher().Exit(1, -1, 15);
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(4, absl::Seconds(5)));
   WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
-  EXPECT_EQ(AssignedPlan(launcher_.launches()[2]).per_device_batch(), 64);
-  EXPECT_EQ(manager_->Get(id)->oom_history(0).host_limit_bytes(), 0) << "the device's memory ran out, not the host's";
+  EXPECT_EQ(AssignedPlan(jobs_.launcher().launches()[2]).per_device_batch(), 64);
+  EXPECT_EQ(jobs_.manager().Get(id)->oom_history(0).host_limit_bytes(), 0)
+      << "the device's memory ran out, not the host's";
 }
 
 TEST_F(JobManagerTest, OutOfMemoryWithAFixedBatchFailsAndSaysWhy) {
@@ -754,14 +710,14 @@ TEST_F(JobManagerTest, OutOfMemoryAtBatchOneFailsAtOnce) {
 TEST_F(JobManagerTest, OutOfMemoryRetriesStopAtTheSpecLimit) {
   fitrun::v1::JobSpec spec = Spec(1, 1);
   spec.mutable_fault_tolerance()->set_max_oom_retries(1);
-  absl::StatusOr<fitrun::v1::Job> job = manager_->Submit(spec);
+  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(spec);
   ASSERT_TRUE(job.ok());
   for (int attempt = 1; attempt <= 2; ++attempt) {
-    ASSERT_TRUE(launcher_.WaitForLaunches(attempt, absl::Seconds(5)));
+    ASSERT_TRUE(jobs_.launcher().WaitForLaunches(attempt, absl::Seconds(5)));
     WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
-    const int64_t batch = AssignedPlan(launcher_.launches()[attempt - 1]).per_device_batch();
+    const int64_t batch = AssignedPlan(jobs_.launcher().launches()[attempt - 1]).per_device_batch();
     ReportOutOfMemory(job->id(), attempt, 0, /*step=*/2, batch);
-    launcher_.Exit(attempt - 1, 3);
+    jobs_.launcher().Exit(attempt - 1, 3);
   }
   fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 1 re-plan(s)"));
@@ -783,23 +739,23 @@ TEST_F(JobManagerTest, AHostMemoryOomIsReportedAndReplansASmallerBatchOnCpuDevic
   const std::string id = SubmitAndWaitRunning(Spec(2, 2), 2);
   // The attempt's processes may use, per rank, its device's 4 GiB and 2 GiB for the process, and
   // 512 tasks.
-  ASSERT_EQ(launcher_.attempts().size(), 1u);
-  EXPECT_EQ(launcher_.attempts()[0].host_memory_limit_bytes, 2 * (6LL << 30));
-  EXPECT_EQ(launcher_.attempts()[0].max_processes, 1024);
-  ASSERT_EQ(AssignedPlan(launcher_.launches()[0]).per_device_batch(), 128);
+  ASSERT_EQ(jobs_.launcher().attempts().size(), 1u);
+  EXPECT_EQ(jobs_.launcher().attempts()[0].host_memory_limit_bytes, 2 * (6LL << 30));
+  EXPECT_EQ(jobs_.launcher().attempts()[0].max_processes, 1024);
+  ASSERT_EQ(AssignedPlan(jobs_.launcher().launches()[0]).per_device_batch(), 128);
 
-  launcher_.ExitWith(1, HostMemoryOomExit(12LL << 30, (12LL << 30) - 4096));
+  jobs_.launcher().ExitWith(1, HostMemoryOomExit(12LL << 30, (12LL << 30) - 4096));
   fitrun::v1::Job restarting = WaitForState(id, fitrun::v1::JOB_STATE_RESTARTING);
-  EXPECT_EQ(launcher_.stopped(), std::vector<int>{0});
+  EXPECT_EQ(jobs_.launcher().stopped(), std::vector<int>{0});
   EXPECT_EQ(restarting.oom_replans(), 1);
   ASSERT_EQ(restarting.oom_history_size(), 1);
   EXPECT_EQ(restarting.oom_history(0).host_limit_bytes(), 12LL << 30) << "its host memory ran out, not its device's";
-  EXPECT_EQ(metrics_.restarts("host_out_of_memory"), 1);
+  EXPECT_EQ(jobs_.metrics().restarts("host_out_of_memory"), 1);
   EXPECT_THAT(restarting.attempt_history(0).outcome(),
               HasSubstr("rank 1 was killed by signal 9 (attempt 1): the attempt's processes reached their host "
                         "memory limit of 12.00 GiB (peak 12.00 GiB) and the kernel's OOM killer stopped one"));
   // Its own event, before the rank's exit, with the limit, the peak and the batch it ran.
-  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = manager_->ReadEvents(id, 1, 1000);
+  absl::StatusOr<std::vector<fitrun::v1::JobEvent>> events = jobs_.manager().ReadEvents(id, 1, 1000);
   ASSERT_TRUE(events.ok());
   int host_oom = -1, exited = -1;
   for (size_t i = 0; i < events->size(); ++i) {
@@ -815,31 +771,31 @@ TEST_F(JobManagerTest, AHostMemoryOomIsReportedAndReplansASmallerBatchOnCpuDevic
   EXPECT_EQ(oom.peak_bytes(), (12LL << 30) - 4096);
   EXPECT_EQ(oom.per_device_batch(), 128);
 
-  launcher_.Exit(0, -1, 15);
-  EXPECT_EQ(launcher_.released(), std::vector<std::string>{"fake:0"});
-  ASSERT_TRUE(launcher_.WaitForLaunches(4, absl::Seconds(5)));
+  jobs_.launcher().Exit(0, -1, 15);
+  EXPECT_EQ(jobs_.launcher().released(), std::vector<std::string>{"fake:0"});
+  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(4, absl::Seconds(5)));
   WaitForState(id, fitrun::v1::JOB_STATE_RUNNING);
-  EXPECT_EQ(AssignedPlan(launcher_.launches()[2]).per_device_batch(), 64);
+  EXPECT_EQ(AssignedPlan(jobs_.launcher().launches()[2]).per_device_batch(), 64);
 }
 
 TEST_F(JobManagerTest, AHostMemoryOomTheBatchCannotHelpFailsNamingTheLimitToRaise) {
   fitrun::v1::JobSpec spec = Spec(2, 2);
   spec.mutable_resources()->set_per_device_batch(128);
   std::string id = SubmitAndWaitRunning(spec, 2);
-  launcher_.ExitWith(0, HostMemoryOomExit(12LL << 30, 12LL << 30));
+  jobs_.launcher().ExitWith(0, HostMemoryOomExit(12LL << 30, 12LL << 30));
   fitrun::v1::Job failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.failure_reason(), HasSubstr("host memory limit of 12.00 GiB"));
   EXPECT_THAT(failed.failure_reason(),
               HasSubstr("spec.resources.per_device_batch fixes the batch at 128, so fitrun cannot try a smaller one; "
                         "raise spec.resources.host_memory (each rank may use 6.00 GiB now, the default)"));
-  launcher_.Exit(1, -1, 15);
+  jobs_.launcher().Exit(1, -1, 15);
 
   // Past the re-plans the spec allows, the same.
   spec = Spec(1, 1);
   spec.mutable_resources()->set_host_memory("5GiB");
   spec.mutable_fault_tolerance()->set_max_oom_retries(0);
   id = SubmitAndWaitRunning(spec, 3);
-  launcher_.ExitWith(2, HostMemoryOomExit(5LL << 30, 5LL << 30));
+  jobs_.launcher().ExitWith(2, HostMemoryOomExit(5LL << 30, 5LL << 30));
   failed = WaitForState(id, fitrun::v1::JOB_STATE_FAILED);
   EXPECT_THAT(failed.failure_reason(), HasSubstr("giving up after 0 re-plan(s) (spec.fault_tolerance.max_oom_retries 0); "
                                                  "raise spec.resources.host_memory (each rank may use 5.00 GiB now)"));
@@ -853,14 +809,14 @@ TEST_F(JobManagerTest, SilentRankIsTakenAsHungAndTheGroupRestarts) {
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
   fitrun::v1::WorkerReport heartbeat;
   heartbeat.mutable_heartbeat()->set_step(1);
-  while (manager_->Get(id)->state() == fitrun::v1::JOB_STATE_RUNNING && absl::Now() < deadline) {
+  while (jobs_.manager().Get(id)->state() == fitrun::v1::JOB_STATE_RUNNING && absl::Now() < deadline) {
     Report(id, 1, 0, heartbeat);
     absl::SleepFor(absl::Milliseconds(100));
   }
   fitrun::v1::Job restarting = WaitForState(id, fitrun::v1::JOB_STATE_RESTARTING);
   EXPECT_THAT(restarting.attempt_history(0).outcome(), HasSubstr("rank 1 sent nothing for"));
-  EXPECT_EQ(metrics_.restarts("hang"), 1);
-  EXPECT_EQ(launcher_.stopped(), (std::vector<int>{0, 1}));
+  EXPECT_EQ(jobs_.metrics().restarts("hang"), 1);
+  EXPECT_EQ(jobs_.launcher().stopped(), (std::vector<int>{0, 1}));
 }
 
 }  // namespace

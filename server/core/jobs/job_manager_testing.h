@@ -5,12 +5,22 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <string>
+#include <utility>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/core/specs/job_specs.h"
+#include "server/core/testing/fake_device_inventory.h"
+#include "server/core/testing/fake_job_store.h"
+#include "server/core/testing/fake_worker_launcher.h"
+#include "server/core/testing/recording_metrics.h"
+#include "server/testing/temp_dir.h"
 
 namespace fitrun::server {
 
@@ -31,6 +41,65 @@ inline fitrun::v1::JobSpec MlpSpec(const std::string& name, int64_t global_batch
   spec.mutable_resources()->set_max_devices(max_devices);
   return spec;
 }
+
+// A JobManager over fakes, as the core's tests build it: a state directory of the test's own, the
+// options every test starts from, and the fakes it runs against (a store, two 4 GiB CPU devices, a
+// launcher, metrics), which outlive the manager. A test changes options() or the devices before
+// Start(); Restart() is a coordinator restart, a new manager over the same store, devices, launcher
+// and state directory. One test thread at a time.
+class TestJobManager {
+ public:
+  // `launcher`, when set, stands in for the builder's own FakeWorkerLauncher (a test's subclass of
+  // it); it must outlive the builder.
+  explicit TestJobManager(FakeWorkerLauncher* launcher = nullptr)
+      : launcher_(launcher != nullptr ? launcher : &own_launcher_) {
+    options_.state_dir = state_dir_.path();
+    options_.worker_binary = "/bin/fitrun-worker";
+    options_.worker_channel_address = "127.0.0.1:1";  // never dialled: the fakes start no worker
+    options_.final_report_wait = absl::Milliseconds(200);
+  }
+  ~TestJobManager() { Stop(); }
+  TestJobManager(const TestJobManager&) = delete;
+  TestJobManager& operator=(const TestJobManager&) = delete;
+
+  // What the next Start() builds the manager with.
+  JobManager::Options& options() { return options_; }
+  // Before Start() only: the devices the manager sees instead of two 4 GiB CPUs.
+  void set_devices(FakeDeviceInventory devices) { devices_ = std::move(devices); }
+
+  // Creates the manager; the state directory must have been made (a test failure otherwise).
+  absl::Status Start() {
+    if (!state_dir_.ok()) return absl::InternalError("could not make the test's state directory");
+    absl::StatusOr<std::unique_ptr<JobManager>> manager =
+        JobManager::Create(options_, &store_, &devices_, launcher_, &metrics_);
+    if (!manager.ok()) return manager.status();
+    manager_ = *std::move(manager);
+    return absl::OkStatus();
+  }
+  // Destroys the manager, leaving the fakes and the state directory as it left them.
+  void Stop() { manager_.reset(); }
+  // A coordinator restart: Stop() then Start() with the same fakes and options().
+  absl::Status Restart() {
+    Stop();
+    return Start();
+  }
+
+  JobManager& manager() { return *manager_; }
+  FakeJobStore& store() { return store_; }
+  FakeWorkerLauncher& launcher() { return *launcher_; }
+  RecordingMetrics& metrics() { return metrics_; }
+  std::filesystem::path state_dir() const { return options_.state_dir; }
+
+ private:
+  TempDir state_dir_{"job-manager-"};
+  JobManager::Options options_;
+  FakeJobStore store_;
+  FakeDeviceInventory devices_{2, 4LL << 30};
+  FakeWorkerLauncher own_launcher_;
+  FakeWorkerLauncher* launcher_;
+  RecordingMetrics metrics_;
+  std::unique_ptr<JobManager> manager_;  // last: destroyed before what it points to
+};
 
 // Waits (on the manager's own state, never a bare sleep) for the job to reach `state`; a test
 // failure, and the job as it is, if it does not within 5 s.
