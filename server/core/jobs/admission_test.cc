@@ -9,21 +9,13 @@
 #include <string>
 
 #include "server/core/errors.h"
+#include "server/core/jobs/test_jobs.h"
 #include "server/core/specs/test_specs.h"
 
 namespace fitrun::server {
 namespace {
 
 using ::testing::HasSubstr;
-
-fitrun::v1::Job JobOf(const std::string& id, const std::string& owner, const std::string& request_id) {
-  fitrun::v1::Job job;
-  job.set_id(id);
-  job.set_owner(owner);
-  job.set_request_id(request_id);
-  *job.mutable_spec() = MlpTestSpec();
-  return job;
-}
 
 TEST(AdmissionTest, ASpecNamingAFileOutsideTheDataRootsIsRefusedNamingTheField) {
   Admission::Options options;
@@ -116,7 +108,8 @@ TEST(AdmissionTest, RequestIdsAreBoundedTo128Characters) {
 }
 
 TEST(AdmissionTest, ARetryMustCarryTheSameSpec) {
-  const fitrun::v1::Job earlier = JobOf("j-000001", "alice", "r1");
+  fitrun::v1::Job earlier = JobOf("j-000001", "alice", "r1");
+  *earlier.mutable_spec() = MlpTestSpec();
   EXPECT_TRUE(Admission::SameSubmit("r1", earlier, earlier.spec()).ok());
   fitrun::v1::JobSpec other = earlier.spec();
   other.set_global_batch_size(512);

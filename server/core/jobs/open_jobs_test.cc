@@ -8,19 +8,12 @@
 #include <string>
 
 #include "server/core/errors.h"
+#include "server/core/jobs/test_jobs.h"
 
 namespace fitrun::server {
 namespace {
 
 using ::testing::HasSubstr;
-
-fitrun::v1::Job JobOf(const std::string& id, const std::string& owner, const std::string& request_id) {
-  fitrun::v1::Job job;
-  job.set_id(id);
-  job.set_owner(owner);
-  job.set_request_id(request_id);
-  return job;
-}
 
 TEST(OpenJobsTest, ARequestIdNamesTheJobItCreatedPerOwnerUntilForgotten) {
   OpenJobs open_jobs;
