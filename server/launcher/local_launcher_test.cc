@@ -18,24 +18,17 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "server/sandbox/throwaway_cgroups.h"
 #include "server/spawn/spawn.h"
+#include "server/testing/read_file.h"
 #include "server/testing/wait.h"
 
 namespace fitrun::server {
 namespace {
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // Exits per rank, as the launcher reports them.
 class Exits {
@@ -103,8 +96,8 @@ TEST(LocalLauncherTest, RanksMeetAtTheChosenRendezvousAndExitPerRank) {
   ASSERT_TRUE(exits.WaitFor(2, absl::Seconds(10)));
   EXPECT_EQ(exits.exits()[0].exit_code, 0);
   EXPECT_EQ(exits.exits()[1].exit_code, 1);
-  EXPECT_EQ(Slurp(attempt.ranks[0].log_path), "0 127.0.0.1:29555\n");
-  EXPECT_EQ(Slurp(attempt.ranks[1].log_path), "1 127.0.0.1:29555\n");
+  EXPECT_EQ(ReadFileForTest(attempt.ranks[0].log_path), "0 127.0.0.1:29555\n");
+  EXPECT_EQ(ReadFileForTest(attempt.ranks[1].log_path), "1 127.0.0.1:29555\n");
 }
 
 // Whether something listens on 127.0.0.1:`port`.
@@ -130,8 +123,8 @@ TEST(LocalLauncherTest, EachAttemptMeetsAtAStoreFitrundHoldsFromBeforeItsRanksUn
   ASSERT_TRUE(exits.WaitFor(2, absl::Seconds(10)));
   // Every rank a client of the store (attempt 2: torchrun's restart count 1), which is up and held
   // though no rank hosts it.
-  EXPECT_EQ(Slurp(attempt.ranks[0].log_path), "127.0.0.1 True 1\n");
-  EXPECT_EQ(Slurp(attempt.ranks[1].log_path), "127.0.0.1 True 1\n");
+  EXPECT_EQ(ReadFileForTest(attempt.ranks[0].log_path), "127.0.0.1 True 1\n");
+  EXPECT_EQ(ReadFileForTest(attempt.ranks[1].log_path), "127.0.0.1 True 1\n");
   EXPECT_TRUE(Listening(launched->master_port));
   launcher.Release(launched->handle);
   EXPECT_FALSE(Listening(launched->master_port)) << "the attempt's rendezvous outlived its release";
@@ -281,8 +274,8 @@ class LocalLauncherCgroupTest : public ::testing::Test {
     return absl::StrCat("setsid /bin/sh -c 'sleep 300 & echo $! > ", pid_file, "'; ");
   }
   int WaitForPid(const std::string& pid_file) {
-    EXPECT_TRUE(WaitUntil([&] { return !Slurp(pid_file).empty(); })) << pid_file;
-    const int pid = Slurp(pid_file).empty() ? 0 : std::stoi(Slurp(pid_file));
+    EXPECT_TRUE(WaitUntil([&] { return !ReadFileForTest(pid_file).empty(); })) << pid_file;
+    const int pid = ReadFileForTest(pid_file).empty() ? 0 : std::stoi(ReadFileForTest(pid_file));
     if (pid > 0) stray_.push_back(pid);
     return pid;
   }

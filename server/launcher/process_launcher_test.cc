@@ -4,20 +4,12 @@
 #include <signal.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/synchronization/notification.h"
+#include "server/testing/read_file.h"
 
 namespace fitrun::server {
 namespace {
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 std::string TempPath(const std::string& name) {
   const std::string path = (std::filesystem::path(::testing::TempDir()) / name).string();
@@ -38,8 +30,8 @@ TEST(ProcessLauncherTest, RunsWithoutAShellWithEnvWorkingDirAndLog) {
   ASSERT_TRUE(exited.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(result.exit_code, 0);
   // Passed verbatim: no shell expanded it. The parent's environment is inherited too.
-  EXPECT_NE(Slurp(launch.log_path).find("FITRUN_PROBE=value with spaces; $HOME"), std::string::npos);
-  EXPECT_NE(Slurp(launch.log_path).find("PATH="), std::string::npos);
+  EXPECT_NE(ReadFileForTest(launch.log_path).find("FITRUN_PROBE=value with spaces; $HOME"), std::string::npos);
+  EXPECT_NE(ReadFileForTest(launch.log_path).find("PATH="), std::string::npos);
 }
 
 TEST(ProcessLauncherTest, ReportsExitCodes) {
@@ -52,7 +44,7 @@ TEST(ProcessLauncherTest, ReportsExitCodes) {
   ASSERT_TRUE(launcher.Launch(launch, [&](const WorkerExit& e) { result = e; exited.Notify(); }).ok());
   ASSERT_TRUE(exited.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(result.exit_code, 7);
-  EXPECT_EQ(Slurp(launch.log_path), "failing\n");
+  EXPECT_EQ(ReadFileForTest(launch.log_path), "failing\n");
 }
 
 TEST(ProcessLauncherTest, StopTerminatesAndKillsAfterGrace) {
