@@ -41,33 +41,7 @@ std::string NewToken() {
   return absl::StrFormat("%08x%08x%08x%08x", words[0], words[1], words[2], words[3]);
 }
 
-bool TransitionAllowed(JobState from, JobState to) {
-  switch (from) {
-    case fitrun::v1::JOB_STATE_UNSPECIFIED:
-      return to == fitrun::v1::JOB_STATE_QUEUED;
-    case fitrun::v1::JOB_STATE_QUEUED:
-      return to == fitrun::v1::JOB_STATE_PLANNING || to == fitrun::v1::JOB_STATE_CANCELLED ||
-             to == fitrun::v1::JOB_STATE_FAILED;
-    case fitrun::v1::JOB_STATE_PLANNING:
-      return to == fitrun::v1::JOB_STATE_RUNNING || to == fitrun::v1::JOB_STATE_QUEUED ||
-             to == fitrun::v1::JOB_STATE_FAILED || to == fitrun::v1::JOB_STATE_CANCELLED;
-    case fitrun::v1::JOB_STATE_RUNNING:
-      return to == fitrun::v1::JOB_STATE_SUCCEEDED || to == fitrun::v1::JOB_STATE_FAILED ||
-             to == fitrun::v1::JOB_STATE_CANCELLED || to == fitrun::v1::JOB_STATE_RESTARTING;
-    case fitrun::v1::JOB_STATE_RESTARTING:
-      return to == fitrun::v1::JOB_STATE_PLANNING || to == fitrun::v1::JOB_STATE_FAILED ||
-             to == fitrun::v1::JOB_STATE_CANCELLED;
-    default:
-      return false;
-  }
-}
-
 }  // namespace
-
-bool JobManager::IsTerminal(JobState state) {
-  return state == fitrun::v1::JOB_STATE_SUCCEEDED || state == fitrun::v1::JOB_STATE_FAILED ||
-         state == fitrun::v1::JOB_STATE_CANCELLED;
-}
 
 JobManager::JobManager(Options options, JobStore* store, DeviceInventory* devices, WorkerLauncher* launcher,
                        CoordinatorMetrics* metrics)
@@ -82,9 +56,9 @@ JobManager::JobManager(Options options, JobStore* store, DeviceInventory* device
       admission_(Admission::Options{options_.data_roots, options_.max_nodes, options_.max_nodes_reason,
                                     options_.max_rank_host_memory_bytes, options_.max_rank_processes,
                                     options_.min_account_uid}),
-      open_jobs_(options_.max_open_jobs_per_owner),
+      table_(JobTable::Options{options_.max_open_jobs_per_owner, options_.retain_finished_jobs, options_.clock}, store,
+             &hub_, metrics),
       ingest_(metrics, options_.clock, ReportIngest::Options{options_.max_events_per_job}),
-      retention_(options_.retain_finished_jobs),
       gate_(options_.memory_calibrator, calibration_callbacks_.Wrap([this] {
               absl::MutexLock lock(&mu_);
               RequestSchedule();
@@ -106,7 +80,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(Options options, 
   std::vector<std::string> owned_handles;
   {
     absl::MutexLock lock(&manager->mu_);
-    for (const auto& [id, entry] : manager->jobs_) {
+    for (const auto& [id, entry] : manager->table_.jobs()) {
       for (const fitrun::v1::AttemptRecord& attempt : entry.record.job.attempt_history()) {
         if (!attempt.launch_handle().empty()) owned_handles.push_back(attempt.launch_handle());
       }
@@ -129,7 +103,7 @@ void JobManager::Shutdown() {
     // Either way the jobs stay RUNNING in the store: the next coordinator re-adopts live ranks and
     // restarts the others.
     if (options_.stop_workers_on_shutdown) {
-      for (auto& [id, entry] : jobs_) {
+      for (auto& [id, entry] : table_.jobs()) {
         if (entry.active) StopRanks(entry, "the coordinator is shutting down");
       }
     }
@@ -151,18 +125,11 @@ absl::Status JobManager::LoadStoredJobs() {
   absl::MutexLock lock(&mu_);
   for (JobRecord& record : *records) {
     const std::string id = record.job.id();
-    next_submit_order_ = std::max(next_submit_order_, record.submit_order + 1);
     // The job row is not rewritten for every event; the events table says where numbering stands.
     absl::StatusOr<int64_t> last = store_->LastEventSequence(id);
     if (!last.ok()) return last.status();
     record.job.set_last_sequence(std::max(record.job.last_sequence(), *last));
-    hub_.RestoreSequence(id, record.job.last_sequence());
-    JobEntry& entry = jobs_[id];
-    entry.record = std::move(record);
-    ids_by_order_[entry.record.submit_order] = id;
-    if (!IsTerminal(entry.record.job.state())) open_jobs_.Opened(entry.record.job.owner());
-    open_jobs_.Remember(entry.record.job);
-    metrics_->JobStateChanged(fitrun::v1::JOB_STATE_UNSPECIFIED, entry.record.job.state());
+    JobEntry& entry = table_.Restore(std::move(record));
     switch (entry.record.job.state()) {
       case fitrun::v1::JOB_STATE_PLANNING:
         (void)Transition(entry, fitrun::v1::JOB_STATE_QUEUED, "the coordinator restarted before the job launched");
@@ -183,9 +150,7 @@ absl::Status JobManager::LoadStoredJobs() {
       default:
         break;
     }
-    if (IsTerminal(entry.record.job.state())) {
-      retention_.Ended(id, FromProto(entry.record.job.finished_at()), entry.record.submit_order);
-    }
+    table_.RestoreDone(entry);
   }
   RequestSchedule();
   return absl::OkStatus();
@@ -206,13 +171,13 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, c
   if (!normalized.ok()) return normalized.status();
 
   absl::MutexLock lock(&mu_);
-  if (std::optional<std::string> earlier = open_jobs_.EarlierJob(owner, request_id); earlier.has_value()) {
+  if (std::optional<std::string> earlier = table_.open_jobs().EarlierJob(owner, request_id); earlier.has_value()) {
     // A retry of a submit that got through (its answer may have been lost) gets that job back.
-    const Job& job = jobs_.at(*earlier).record.job;
+    const Job& job = table_.jobs().at(*earlier).record.job;
     if (absl::Status same = Admission::SameSubmit(request_id, job, *normalized); !same.ok()) return same;
     return job;
   }
-  if (absl::Status room = open_jobs_.CheckQuota(owner); !room.ok()) return room;
+  if (absl::Status room = table_.open_jobs().CheckQuota(owner); !room.ok()) return room;
   // A job that could never run on this node is refused now rather than queued forever. Its memory
   // is judged here only when its workload is measured: the analytic estimate is an upper bound, so
   // "does not fit" from it waits for the measurement, which runs off this call's path.
@@ -229,33 +194,20 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, c
     if (settled || !absl::IsResourceExhausted(feasible.status())) return feasible.status();
   }
 
-  const int64_t order = next_submit_order_++;
   JobEntry entry;
-  entry.record.submit_order = order;
   entry.record.token = NewToken();
   Job& job = entry.record.job;
-  const std::string id = absl::StrFormat("j-%06d", order);
-  job.set_id(id);
   job.set_owner(owner);
   job.set_request_id(request_id);
   job.set_run_as(run_as);
   *job.mutable_spec() = *std::move(normalized);
   *job.mutable_created_at() = ToProto(options_.clock());
-  JobEntry& stored = jobs_[id] = std::move(entry);
-  ids_by_order_[order] = id;
-  open_jobs_.Remember(stored.record.job);
   const std::string reason =
       probe_first ? "submitted; its workload's memory is measured first (fitrun-worker --probe)" : "submitted";
-  // Durable before it is acknowledged (a job accepted is never dropped): admitting a new job stores
-  // it with its first event, and a job the store refused never existed.
-  if (absl::Status status = Transition(stored, fitrun::v1::JOB_STATE_QUEUED, reason); !status.ok()) {
-    open_jobs_.Forget(stored.record.job);
-    jobs_.erase(id);
-    ids_by_order_.erase(order);
-    return status;
-  }
+  absl::StatusOr<JobEntry*> admitted = table_.Admit(std::move(entry), reason);
+  if (!admitted.ok()) return admitted.status();
   RequestSchedule();
-  return stored.record.job;
+  return (*admitted)->record.job;
 }
 
 absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec, const std::string& run_as) {
@@ -294,8 +246,8 @@ absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec, co
 
 absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id, const std::string& reason) {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  auto it = table_.jobs().find(job_id);
+  if (it == table_.jobs().end()) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
   JobEntry& entry = it->second;
   if (IsTerminal(entry.record.job.state())) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
@@ -319,8 +271,8 @@ absl::StatusOr<WorkerKey> JobManager::AttachWorker(const fitrun::v1::Hello& hell
   AwaitLaunched(hello.job_id());
   // A missing job and a wrong token get one answer, and the comparison takes as long whatever the
   // token: a caller learns neither which jobs exist nor how much of a token it guessed.
-  auto it = jobs_.find(hello.job_id());
-  const bool matches = it != jobs_.end() && SameSecret(hello.job_token(), it->second.record.token);
+  auto it = table_.jobs().find(hello.job_id());
+  const bool matches = it != table_.jobs().end() && SameSecret(hello.job_token(), it->second.record.token);
   if (!matches) return absl::PermissionDeniedError("hello: no job with this job_id and job_token");
   JobEntry& entry = it->second;
   if (!entry.active || entry.active->attempt != hello.attempt()) {
@@ -351,8 +303,8 @@ void JobManager::OnWorkerReport(const WorkerKey& key, const fitrun::v1::WorkerRe
 void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::v1::WorkerReport* const> reports) {
   absl::MutexLock lock(&mu_);
   AwaitLaunched(key.job_id);
-  auto it = jobs_.find(key.job_id);
-  if (it == jobs_.end()) return;
+  auto it = table_.jobs().find(key.job_id);
+  if (it == table_.jobs().end()) return;
   JobEntry& entry = it->second;
   std::vector<JobEvent> events;
   for (const fitrun::v1::WorkerReport* report : reports) {
@@ -363,11 +315,11 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
     if ((report->has_progress() || report->has_finished()) && FirstStepsDue(entry).has_value()) {
       // What a script's first steps measured goes out after the report that completed it (once per
       // attempt; otherwise a batch's events go to the store in one transaction).
-      (void)PublishAllLocked(entry, std::exchange(events, {}));
+      (void)table_.PublishAll(entry, std::exchange(events, {}));
       AfterFirstSteps(entry);
     }
     if (report->has_checkpoint_saved() && key.rank == 0 && entry.active && entry.active->move_at_checkpoint) {
-      (void)PublishAllLocked(entry, std::exchange(events, {}));
+      (void)table_.PublishAll(entry, std::exchange(events, {}));
       MoveAtCheckpoint(entry, report->checkpoint_saved().step());
       break;
     }
@@ -376,20 +328,20 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
         // The OOM event goes out before the restart it leads to; the peers are stopped right away
         // instead of waiting in their next collective.
         const fitrun::v1::OutOfMemory oom = events.back().oom();
-        (void)PublishAllLocked(entry, std::exchange(events, {}));
+        (void)table_.PublishAll(entry, std::exchange(events, {}));
         OnOutOfMemoryLocked(entry, oom);
         break;
       }
       case ReportIngest::Next::kFinished:
         // The rank_finished event goes out before whatever state change it leads to.
-        (void)PublishAllLocked(entry, std::exchange(events, {}));
+        (void)table_.PublishAll(entry, std::exchange(events, {}));
         MaybeSucceed(entry, /*deadline_passed=*/false);
         break;
       case ReportIngest::Next::kNothing:
         break;
     }
   }
-  (void)PublishAllLocked(entry, std::move(events));
+  (void)table_.PublishAll(entry, std::move(events));
 }
 
 AllocationCallback JobManager::AllocationCallbackFor(const std::string& job_id, int attempt) {
@@ -399,8 +351,8 @@ AllocationCallback JobManager::AllocationCallbackFor(const std::string& job_id, 
 void JobManager::OnAllocation(const std::string& job_id, int attempt, const AllocationStatus& status) {
   absl::MutexLock lock(&mu_);
   AwaitLaunched(job_id);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return;
+  auto it = table_.jobs().find(job_id);
+  if (it == table_.jobs().end()) return;
   JobEntry& entry = it->second;
   if (!entry.active || entry.active->attempt != attempt) return;
   const bool was_pending = entry.active->allocation_pending;
@@ -417,8 +369,8 @@ void JobManager::OnAllocation(const std::string& job_id, int attempt, const Allo
   note.mutable_log()->set_rank(-1);
   note.mutable_log()->set_text(status.granted ? absl::StrCat("allocation: ", status.text)
                                               : absl::StrCat("waiting for the cluster's scheduler: ", status.text));
-  PublishLocked(entry, note);
-  Persist(entry);
+  table_.Publish(entry, note);
+  table_.Persist(entry);
 }
 
 void JobManager::MaybeSucceed(JobEntry& entry, bool deadline_passed) {
@@ -492,7 +444,7 @@ void JobManager::MaybeReleaseAttempt(JobEntry& entry) {
   }
   entry.active.reset();
   job.clear_allocation_status();
-  Persist(entry);
+  table_.Persist(entry);
   RequestSchedule();
 }
 
@@ -500,101 +452,12 @@ void JobManager::MaybeReleaseAttempt(JobEntry& entry) {
 // State, events, devices
 
 absl::Status JobManager::Transition(JobEntry& entry, JobState to, const std::string& reason) {
-  Job& job = entry.record.job;
-  const JobState from = job.state();
-  if (!TransitionAllowed(from, to)) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", job.id(), " cannot go from ", JobStateName(from), " to ",
-                                                      JobStateName(to)));
-  }
-  job.set_state(to);
-  if (IsTerminal(to)) *job.mutable_finished_at() = ToProto(options_.clock());
-  JobEvent event;
-  auto* changed = event.mutable_state_changed();
-  changed->set_from(from);
-  changed->set_to(to);
-  changed->set_reason(reason);
-  // A new job exists only once stored; a job that exists changes whatever the store says (and the
-  // store's failure is logged).
-  const bool admitting = from == fitrun::v1::JOB_STATE_UNSPECIFIED;
-  if (absl::Status stored = PublishAllLocked(entry, {std::move(event)}, /*only_if_stored=*/admitting); !stored.ok()) {
-    job.set_state(from);
-    return absl::UnavailableError(absl::StrCat("could not store the job: ", stored.message()));
-  }
-  metrics_->JobStateChanged(from, to);
-  if (IsTerminal(to) && !IsTerminal(from)) {
-    const absl::Time created = FromProto(job.created_at());
-    const absl::Time finished = FromProto(job.finished_at());
-    const absl::Time launched = job.has_started_at() ? FromProto(job.started_at()) : finished;
-    metrics_->JobEnded(to, launched - created, finished - created);
-  }
-  // A job counts against its owner's limit from its admission to its end.
-  if (admitting && !IsTerminal(to)) open_jobs_.Opened(job.owner());
-  if (!admitting && IsTerminal(to) && !IsTerminal(from)) {
-    open_jobs_.Closed(job.owner());
-    retention_.Ended(job.id(), FromProto(job.finished_at()), entry.record.submit_order);
-    RequestSchedule();  // the pass forgets what retention lets go
-  }
-  return absl::OkStatus();
-}
-
-void JobManager::PublishLocked(JobEntry& entry, JobEvent event) {
-  std::vector<JobEvent> events;
-  events.push_back(std::move(event));
-  (void)PublishAllLocked(entry, std::move(events));
-}
-
-absl::Status JobManager::PublishAllLocked(JobEntry& entry, std::vector<JobEvent> events, bool only_if_stored) {
-  if (events.empty()) return absl::OkStatus();
-  const std::string& job_id = entry.record.job.id();
-  const absl::Time now = options_.clock();
-  bool persist = false;
-  bool rank0_progress = false;
-  // Sequence, store, then fan out: a watcher never sees an event the store does not have.
-  int64_t sequence = hub_.NextSequence(job_id);
-  for (JobEvent& event : events) {
-    const std::string kind = EventKind(event);
-    if (kind == "state_changed" || kind == "plan_chosen" || kind == "rank_finished") persist = true;
-    if (event.has_progress() && event.progress().rank() == 0) rank0_progress = true;
-    event.set_job_id(job_id);
-    event.set_sequence(sequence++);
-    *event.mutable_time() = ToProto(now);
-    metrics_->EventRecorded(kind);
-  }
-  entry.record.job.set_last_sequence(events.back().sequence());
-  if (rank0_progress && now - entry.progress_persisted_at >= absl::Seconds(1)) {
-    entry.progress_persisted_at = now;
-    persist = true;
-  }
-  // The job, when it changed, in the same commit as its events.
-  const absl::Status status = persist ? store_->AppendEventsAndPutJob(events, entry.record) : store_->AppendEvents(events);
-  if (!status.ok()) {
-    if (only_if_stored) return status;
-    // The events still reach live watchers; the gap in the store is reported in the log.
-    contract::LogError("could not store events %s/%lld..%lld%s: %s", job_id.c_str(),
-            static_cast<long long>(events.front().sequence()), static_cast<long long>(events.back().sequence()),
-            persist ? " with the job" : "", std::string(status.message()).c_str());
-  }
-  hub_.Publish(std::move(events));
+  const JobState from = entry.record.job.state();
+  absl::Status status = table_.Transition(entry, to, reason);
+  // An ended job frees its owner's room and its devices' queue, and may now be forgotten: the next
+  // pass sees to all three.
+  if (status.ok() && IsTerminal(to) && !IsTerminal(from)) RequestSchedule();
   return status;
-}
-
-void JobManager::ForgetExcessJobsLocked() {
-  const int64_t newest = ids_by_order_.empty() ? 0 : ids_by_order_.rbegin()->first;
-  // Called by TakeExcess on this thread, under the lock held here.
-  const std::vector<std::string> forgotten = retention_.TakeExcess([&](const std::string& id)
-                                                                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = jobs_.find(id);
-    return it == jobs_.end() || (!it->second.active && it->second.record.submit_order != newest);
-  });
-  for (const std::string& id : forgotten) {
-    auto it = jobs_.find(id);
-    if (it == jobs_.end()) continue;
-    open_jobs_.Forget(it->second.record.job);
-    ids_by_order_.erase(it->second.record.submit_order);
-    jobs_.erase(it);
-    hub_.Forget(id);
-    forgotten_.push_back(id);
-  }
 }
 
 void JobManager::DeleteJobRows(const std::vector<std::string>& job_ids) {
@@ -603,13 +466,6 @@ void JobManager::DeleteJobRows(const std::vector<std::string>& job_ids) {
   if (absl::Status status = store_->DeleteJobs(job_ids); !status.ok()) {
     contract::LogError("could not delete %zu ended job(s) beyond --retain_finished_jobs from the store: %s",
             job_ids.size(), std::string(status.message()).c_str());
-  }
-}
-
-void JobManager::Persist(const JobEntry& entry) {
-  if (absl::Status status = store_->PutJob(entry.record); !status.ok()) {
-    contract::LogError("could not store job %s: %s", entry.record.job.id().c_str(),
-            std::string(status.message()).c_str());
   }
 }
 
@@ -714,7 +570,7 @@ void JobManager::AfterFirstSteps(JobEntry& entry) {
   event.mutable_log()->set_rank(-1);
   event.mutable_log()->set_text(DescribeFirstSteps(entry.active->attempt, *measured, job.plan(),
                                                    move_to.has_value() ? &*move_to : nullptr));
-  PublishLocked(entry, std::move(event));
+  table_.Publish(entry, std::move(event));
 }
 
 void JobManager::MoveAtCheckpoint(JobEntry& entry, int64_t checkpoint_step) {

@@ -39,13 +39,12 @@
 #include "server/core/device_inventory.h"
 #include "server/core/job_store.h"
 #include "server/core/jobs/admission.h"
-#include "server/core/jobs/open_jobs.h"
 #include "server/core/jobs/event_hub.h"
 #include "server/core/jobs/job_entry.h"
 #include "server/core/jobs/job_planner.h"
+#include "server/core/jobs/job_table.h"
 #include "server/core/jobs/placement.h"
 #include "server/core/jobs/report_ingest.h"
-#include "server/core/jobs/retention.h"
 #include "server/core/memory/estimator.h"
 #include "server/core/memory/planner.h"
 #include "server/core/specs/data_roots.h"
@@ -214,7 +213,7 @@ class JobManager {
   SchedulingPassTimes RunSchedulingPass();
 
   // Whether a state is final (no more events will follow its StateChanged).
-  static bool IsTerminal(fitrun::v1::JobState state);
+  static bool IsTerminal(fitrun::v1::JobState state) { return JobTable::IsTerminal(state); }
 
  private:
   // What ended an attempt early, which decides whether and how the job is tried again.
@@ -305,22 +304,10 @@ class JobManager {
   void RecordAttemptOutcome(JobEntry& entry, const std::string& outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration StopGrace(const JobEntry& entry) const;
 
-  // The one place job states change: checks the transition, persists, publishes the event.
-  // FAILED_PRECONDITION for a transition not allowed; UNAVAILABLE when a new job (from UNSPECIFIED)
-  // could not be stored, which is then not admitted: nothing is published or counted.
+  // JobTable::Transition, and a scheduling pass once a job ends.
   absl::Status Transition(JobEntry& entry, fitrun::v1::JobState to, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PublishLocked(JobEntry& entry, fitrun::v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sequences, stores (one transaction, with the job when a state change, plan or finish changed
-  // it), then fans out events of one job, in order. Returns the store's verdict; with
-  // `only_if_stored`, events the store refused are not fanned out.
-  absl::Status PublishAllLocked(JobEntry& entry, std::vector<fitrun::v1::JobEvent> events, bool only_if_stored = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Persist(const JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets the ended jobs beyond Options::retain_finished_jobs (never one whose ranks are still
-  // stopping, nor the newest job, whose order numbers the next); their rows wait in forgotten_ for
-  // DeleteJobRows, which the scheduler calls outside the lock.
-  void ForgetExcessJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes forgotten jobs' rows from the store (JobTable::ForgetExcess); outside the lock.
   void DeleteJobRows(const std::vector<std::string>& job_ids) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every device, with the memory a plan may use and, while a rank holds it, its job, rank, planned
@@ -379,16 +366,12 @@ class JobManager {
   const Admission admission_;
 
   absl::Mutex mu_;
-  std::map<std::string, JobEntry> jobs_ ABSL_GUARDED_BY(mu_);
-  // Job ids by submission order (for paging).
-  std::map<int64_t, std::string> ids_by_order_ ABSL_GUARDED_BY(mu_);
-  OpenJobs open_jobs_ ABSL_GUARDED_BY(mu_);
+  JobTable table_ ABSL_GUARDED_BY(mu_);
   const ReportIngest ingest_;
-  Retention retention_ ABSL_GUARDED_BY(mu_);
+  // Jobs the table forgot, whose rows the scheduler deletes from the store outside the lock.
   std::vector<std::string> forgotten_ ABSL_GUARDED_BY(mu_);
   // device id -> (job id, rank) of the rank holding it.
   std::map<std::string, std::pair<std::string, int>> device_owner_ ABSL_GUARDED_BY(mu_);
-  int64_t next_submit_order_ ABSL_GUARDED_BY(mu_) = 1;
   bool schedule_requested_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

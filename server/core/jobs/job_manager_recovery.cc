@@ -60,8 +60,8 @@ WorkerLauncher::RankExitCallback JobManager::ExitCallbackFor(const Job& job, int
 void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit, const std::string& log_tail) {
   absl::MutexLock lock(&mu_);
   AwaitLaunched(key.job_id);
-  auto it = jobs_.find(key.job_id);
-  if (it == jobs_.end()) return;
+  auto it = table_.jobs().find(key.job_id);
+  if (it == table_.jobs().end()) return;
   JobEntry& entry = it->second;
   if (!entry.active || entry.active->attempt != key.attempt) return;
   RankState& rank = entry.active->ranks[key.rank];
@@ -93,7 +93,7 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit, cons
   exited->set_exit_code(rank.exit.exit_code);
   exited->set_signal(rank.exit.signal);
   if (!clean) exited->set_log_tail(log_tail);
-  PublishLocked(entry, event);
+  table_.Publish(entry, event);
 
   if (entry.record.job.state() == fitrun::v1::JOB_STATE_RUNNING) {
     if (!clean) {
@@ -200,7 +200,7 @@ void JobManager::RecoverRunningJob(JobEntry& entry) {
     event.mutable_log()->set_rank(-1);
     event.mutable_log()->set_text(absl::StrCat("the coordinator restarted and re-adopted all ", adopted,
                                                " ranks of attempt ", record.attempt()));
-    PublishLocked(entry, std::move(event));
+    table_.Publish(entry, std::move(event));
     return;
   }
   const std::string reason = absl::StrCat("the coordinator restarted and ", record.ranks_size() - adopted, " of ",
@@ -321,7 +321,7 @@ std::string JobManager::OnHostMemoryOomLocked(JobEntry& entry, const WorkerKey& 
   oom->set_limit_bytes(exit.host_memory_limit_bytes);
   oom->set_peak_bytes(exit.host_memory_peak_bytes);
   oom->set_per_device_batch(entry.record.job.plan().per_device_batch());
-  PublishLocked(entry, std::move(event));
+  table_.Publish(entry, std::move(event));
   std::string words = "the attempt's processes reached their host memory limit";
   if (exit.host_memory_limit_bytes > 0) absl::StrAppend(&words, " of ", FormatBytes(exit.host_memory_limit_bytes));
   if (exit.host_memory_peak_bytes > 0) absl::StrAppend(&words, " (peak ", FormatBytes(exit.host_memory_peak_bytes), ")");
@@ -357,7 +357,7 @@ bool JobManager::RunsOnGpus(const JobEntry& entry) {
 
 absl::Time JobManager::CheckHeartbeats(absl::Time now) {
   absl::Time next = absl::InfiniteFuture();
-  for (auto& [id, entry] : jobs_) {
+  for (auto& [id, entry] : table_.jobs()) {
     if (!entry.active || entry.record.job.state() != fitrun::v1::JOB_STATE_RUNNING) continue;
     if (entry.active->allocation_pending) continue;
     const int timeout_seconds = entry.record.job.spec().fault_tolerance().heartbeat_timeout_seconds();

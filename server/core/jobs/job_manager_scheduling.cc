@@ -43,7 +43,7 @@ void JobManager::SchedulerLoop() {
   while (true) {
     // Wake for new work, or in time for the earliest pending deadline.
     absl::Time wake = CheckHeartbeats(options_.clock());
-    for (const auto& [id, entry] : jobs_) {
+    for (const auto& [id, entry] : table_.jobs()) {
       if (entry.active && entry.active->awaiting_reports_until) {
         wake = std::min(wake, *entry.active->awaiting_reports_until);
       }
@@ -58,7 +58,7 @@ void JobManager::SchedulerLoop() {
     schedule_requested_ = false;
 
     const absl::Time now = options_.clock();
-    for (auto& [id, entry] : jobs_) {
+    for (auto& [id, entry] : table_.jobs()) {
       if (entry.active && entry.active->awaiting_reports_until && *entry.active->awaiting_reports_until <= now) {
         entry.active->awaiting_reports_until.reset();
         MaybeSucceed(entry, /*deadline_passed=*/true);
@@ -92,7 +92,7 @@ JobManager::SchedulingPassTimes JobManager::RunSchedulingPass() {
 std::vector<JobManager::PendingLaunch> JobManager::SchedulePass(SchedulingPassTimes& times) {
   const absl::Time start = absl::Now();
   std::vector<JobEntry*> queued;
-  for (auto& [id, entry] : jobs_) {
+  for (auto& [id, entry] : table_.jobs()) {
     if (WaitsForPlacement(entry.record.job, entry.active.has_value())) queued.push_back(&entry);
   }
   times.queued = static_cast<int>(queued.size());
@@ -137,7 +137,7 @@ std::vector<JobManager::PendingLaunch> JobManager::SchedulePass(SchedulingPassTi
     launches.push_back(ReserveAttempt(entry, placement));
   }
   // Here, where no caller holds an entry: forgetting erases entries (never one with an attempt).
-  ForgetExcessJobsLocked();
+  for (std::string& id : table_.ForgetExcess()) forgotten_.push_back(std::move(id));
   return launches;
 }
 
@@ -171,7 +171,7 @@ JobManager::PendingLaunch JobManager::ReserveAttempt(JobEntry& entry, const Plac
   JobEvent chosen;
   *chosen.mutable_plan_chosen()->mutable_plan() = plan;
   chosen.mutable_plan_chosen()->set_attempt(attempt_number);
-  PublishLocked(entry, chosen);
+  table_.Publish(entry, chosen);
 
   // The devices are the attempt's from here on: the next placement sees them held.
   const int world_size = plan.device_ids_size();
@@ -226,7 +226,7 @@ absl::StatusOr<LaunchedAttempt> JobManager::StartRanks(PendingLaunch& launch) {
 
 void JobManager::FinishLaunch(PendingLaunch& launch, absl::StatusOr<LaunchedAttempt> launched) {
   // The job is still here: retention never forgets a job with an attempt.
-  JobEntry& entry = jobs_.at(launch.job_id);
+  JobEntry& entry = table_.jobs().at(launch.job_id);
   ActiveAttempt& active = *entry.active;
   Job& job = entry.record.job;
   active.launching = false;
@@ -265,8 +265,8 @@ void JobManager::FinishLaunch(PendingLaunch& launch, absl::StatusOr<LaunchedAtte
 
 void JobManager::AwaitLaunched(const std::string& job_id) {
   auto launched = [this, &job_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = jobs_.find(job_id);
-    return it == jobs_.end() || !it->second.active || !it->second.active->launching;
+    auto it = table_.jobs().find(job_id);
+    return it == table_.jobs().end() || !it->second.active || !it->second.active->launching;
   };
   mu_.Await(absl::Condition(&launched));
 }
@@ -289,7 +289,7 @@ int64_t JobManager::UnpromisedHostMemory() {
   for (const auto& [device, owner] : device_owner_) running.insert(owner.first);
   int64_t promised = 0;
   for (const std::string& id : running) {
-    const JobEntry& entry = jobs_.at(id);
+    const JobEntry& entry = table_.jobs().at(id);
     if (entry.active) promised += entry.record.job.plan().host_memory_bytes();
   }
   return std::max<int64_t>(0, options_.host_memory_bytes - promised - launcher_->IdleHostBytes());
@@ -330,7 +330,7 @@ void JobManager::WaitInPlanning(JobEntry& entry, const std::string& waiting_for)
   JobEvent event;
   event.mutable_log()->set_rank(-1);
   event.mutable_log()->set_text(absl::StrCat("planning: ", waiting_for));
-  PublishLocked(entry, std::move(event));
+  table_.Publish(entry, std::move(event));
 }
 
 }  // namespace fitrun::server

@@ -17,8 +17,8 @@ using fitrun::v1::JobState;
 
 absl::StatusOr<Job> JobManager::Get(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  auto it = table_.jobs().find(job_id);
+  if (it == table_.jobs().end()) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
   return it->second.record.job;
 }
 
@@ -26,7 +26,7 @@ std::vector<Job> JobManager::List(const std::vector<JobState>& states) {
   const std::set<JobState> wanted(states.begin(), states.end());
   std::vector<const JobRecord*> records;
   absl::MutexLock lock(&mu_);
-  for (const auto& [id, entry] : jobs_) {
+  for (const auto& [id, entry] : table_.jobs()) {
     if (wanted.empty() || wanted.count(entry.record.job.state())) records.push_back(&entry.record);
   }
   std::sort(records.begin(), records.end(),
@@ -43,12 +43,12 @@ JobManager::Page JobManager::ListPage(const std::vector<JobState>& states, int64
   const std::set<JobState> wanted(states.begin(), states.end());
   Page page;
   absl::MutexLock lock(&mu_);
-  for (auto it = ids_by_order_.upper_bound(after_order); it != ids_by_order_.end(); ++it) {
-    const Job& job = jobs_.at(it->second).record.job;
+  for (auto it = table_.ids_by_order().upper_bound(after_order); it != table_.ids_by_order().end(); ++it) {
+    const Job& job = table_.jobs().at(it->second).record.job;
     if ((!wanted.empty() && wanted.count(job.state()) == 0) || !visible(job)) continue;
     if (static_cast<int>(page.jobs.size()) == limit) {
       // The last job returned, not the one found beyond it: the next page starts after it.
-      page.next_order = jobs_.at(page.jobs.back().id()).record.submit_order;
+      page.next_order = table_.jobs().at(page.jobs.back().id()).record.submit_order;
       return page;
     }
     page.jobs.push_back(job);
@@ -66,8 +66,8 @@ std::vector<fitrun::v1::Device> JobManager::Devices(const std::function<bool(con
   std::vector<fitrun::v1::Device> devices = DevicesLocked();
   for (fitrun::v1::Device& device : devices) {
     if (device.job_id().empty()) continue;
-    auto holder = jobs_.find(device.job_id());
-    if (holder != jobs_.end() && visible(holder->second.record.job)) continue;
+    auto holder = table_.jobs().find(device.job_id());
+    if (holder != table_.jobs().end() && visible(holder->second.record.job)) continue;
     device.clear_job_id();
     device.clear_rank();
     device.set_held_by_another_user(true);
@@ -86,8 +86,8 @@ absl::StatusOr<std::vector<JobEvent>> JobManager::ReadEvents(const std::string& 
 
 absl::StatusOr<JobManager::LogFile> JobManager::RankLog(const std::string& job_id, int rank, int attempt) {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  auto it = table_.jobs().find(job_id);
+  if (it == table_.jobs().end()) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
   const Job& job = it->second.record.job;
   if (job.attempts() == 0) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has not started yet (",
@@ -120,8 +120,8 @@ std::vector<fitrun::v1::Device> JobManager::DevicesLocked() {
     const auto& [job_id, rank] = owner->second;
     device.set_job_id(job_id);
     device.set_rank(rank);
-    auto job = jobs_.find(job_id);
-    if (job == jobs_.end() || !job->second.active || rank >= static_cast<int>(job->second.active->ranks.size())) {
+    auto job = table_.jobs().find(job_id);
+    if (job == table_.jobs().end() || !job->second.active || rank >= static_cast<int>(job->second.active->ranks.size())) {
       continue;
     }
     if (!job->second.record.job.attempt_history().empty()) {
@@ -165,7 +165,7 @@ std::vector<JobManager::RunningJob> JobManager::Running() {
   // scrape costs the devices, not every job ever stored.
   std::map<int64_t, const JobEntry*> by_order;
   for (const auto& [device, owner] : device_owner_) {
-    const JobEntry& entry = jobs_.at(owner.first);
+    const JobEntry& entry = table_.jobs().at(owner.first);
     if (entry.active) by_order[entry.record.submit_order] = &entry;
   }
   std::vector<RunningJob> running;
@@ -175,8 +175,8 @@ std::vector<JobManager::RunningJob> JobManager::Running() {
 
 absl::StatusOr<std::vector<JobManager::RankView>> JobManager::Ranks(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  auto it = table_.jobs().find(job_id);
+  if (it == table_.jobs().end()) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
   return RanksLocked(it->second);
 }
 
