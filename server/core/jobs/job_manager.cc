@@ -17,6 +17,7 @@
 #include "proto/contract/log.h"
 #include "server/auth/same_secret.h"
 #include "server/core/jobs/proto_time.h"
+#include "server/core/jobs/run_peaks.h"
 #include "server/core/specs/job_specs.h"
 #include "server/core/specs/workloads.h"
 #include "server/core/units.h"
@@ -526,11 +527,12 @@ bool JobManager::LearnRunPeak(JobEntry& entry, int64_t per_device_batch, int64_t
   const Job& job = entry.record.job;
   // The figures are the ranks' word: what fitrund measured itself bounds them, and what passes
   // teaches only plans of the same account (CalibrationKey, DeviceCostsBook).
-  if (const std::string impossible = ImpossiblePeak(entry, std::max(measured, device_peak)); !impossible.empty()) {
+  if (const std::string impossible = ImpossiblePeak(*entry.active, devices_->Snapshot(), std::max(measured, device_peak));
+      !impossible.empty()) {
     JobEvent event;
     event.mutable_log()->set_rank(-1);
     event.mutable_log()->set_text(absl::StrCat("memory: ", impossible, "; this attempt's peaks are not learned from"));
-    PublishLocked(entry, std::move(event));
+    table_.Publish(entry, std::move(event));
     return false;
   }
   if (options_.memory_calibrator != nullptr) {
@@ -588,32 +590,6 @@ void JobManager::MoveAtCheckpoint(JobEntry& entry, int64_t checkpoint_step) {
   entry.recovering_since = options_.clock();
   (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
   StopRanks(entry, reason);
-}
-
-std::string JobManager::ImpossiblePeak(const JobEntry& entry, int64_t reported) {
-  // The attempt's cgroup saw every byte its processes held (on the host: a CPU device's tensors too).
-  int64_t host_peak = 0;
-  for (const RankState& rank : entry.active->ranks) host_peak = std::max(host_peak, rank.exit.host_memory_peak_bytes);
-  bool on_cpu = false;
-  int64_t device_bytes = 0;
-  for (const fitrun::v1::Device& device : devices_->Snapshot()) {
-    if (std::find(entry.active->device_ids.begin(), entry.active->device_ids.end(), device.id()) ==
-        entry.active->device_ids.end()) {
-      continue;
-    }
-    on_cpu |= device.kind() == fitrun::v1::DEVICE_KIND_CPU;
-    device_bytes = std::max(device_bytes, device.total_bytes());
-  }
-  if (device_bytes > 0 && reported > device_bytes) {
-    return absl::StrCat("a rank reported a peak of ", FormatBytes(reported), ", more than its device has (",
-                        FormatBytes(device_bytes), ")");
-  }
-  if (on_cpu && host_peak > 0 && reported > host_peak) {
-    return absl::StrCat("a rank reported a peak of ", FormatBytes(reported),
-                        ", more than the attempt's processes held together (", FormatBytes(host_peak),
-                        " by its cgroup)");
-  }
-  return "";
 }
 
 std::string JobManager::JobDir(const std::string& job_id) const {

@@ -350,9 +350,6 @@ class JobManager {
   // Rank 0 saved a checkpoint of an attempt marked to move: restarts it from there on the larger
   // batch (the next scheduling pass plans it).
   void MoveAtCheckpoint(JobEntry& entry, int64_t checkpoint_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why a peak the attempt's ranks reported cannot be true, by what fitrund measured itself (the
-  // devices' memory; on CPU devices the attempt's cgroup peak); empty when it may be.
-  std::string ImpossiblePeak(const JobEntry& entry, int64_t reported) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   // Plans from specs, devices and calibration; holds no job and needs no lock.
