@@ -13,8 +13,8 @@
 //
 // Every Slurm command runs on the launcher's one thread but sbatch (Launch must return the job id)
 // and the start-up sweep of ReleaseUnowned: Stop and KillIfStillRunningAfter only record what to do,
-// so the job manager never waits on slurmctld under its lock. Callbacks run on that thread with no
-// launcher lock held.
+// so the job manager never waits on slurmctld under its lock (it calls Launch with the lock
+// released). Callbacks run on that thread with no launcher lock held.
 #ifndef FITRUN_SERVER_LAUNCHER_SLURM_LAUNCHER_H_
 #define FITRUN_SERVER_LAUNCHER_SLURM_LAUNCHER_H_
 

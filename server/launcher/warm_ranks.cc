@@ -145,8 +145,8 @@ std::optional<WarmRanks::Taken> WarmRanks::Take(const WorkerLaunch& launch, Proc
     }
     // From here the rank is the job's: if the write fails it has died, and its exit, already routed
     // to the job, is that rank's crash. The rank runs as the job's owner, who may have stopped it or
-    // filled its pipe (fitrund holds the job manager's lock here): one that does not take its
-    // identity in time is killed, which is the same crash.
+    // filled its pipe (the job's launch waits here): one that does not take its identity in time
+    // is killed, which is the same crash.
     if (!WriteToPipeWithin(rank->identity_fd, IdentityMessage(launch), kIdentityDeadline).ok()) {
       processes_->KillNow(rank->pid);  // through its pidfd: never a process that took its pid
     }
