@@ -40,6 +40,7 @@
 #include "server/core/job_store.h"
 #include "server/core/jobs/admission.h"
 #include "server/core/jobs/event_hub.h"
+#include "server/core/jobs/failure_policy.h"
 #include "server/core/jobs/job_entry.h"
 #include "server/core/jobs/job_planner.h"
 #include "server/core/jobs/job_table.h"
@@ -216,20 +217,6 @@ class JobManager {
   static bool IsTerminal(fitrun::v1::JobState state) { return JobTable::IsTerminal(state); }
 
  private:
-  // What ended an attempt early, which decides whether and how the job is tried again.
-  enum class FailureKind {
-    kOutOfMemory,  // re-plan with a smaller per-device batch (spec.fault_tolerance.max_oom_retries)
-    // The attempt reached its host memory limit (spec.resources.host_memory) and the kernel's OOM
-    // killer stopped a process: re-plan as for kOutOfMemory where a smaller batch needs less host
-    // memory (CPU devices, the batch not fixed), otherwise fail naming the limit.
-    kHostOutOfMemory,
-    kCrash,        // restart the group as it was (spec.fault_tolerance.max_restarts)
-    kHang,         // a rank went silent: restart the group (max_restarts)
-    kBadConfig,    // the worker refused the job's configuration: trying again cannot help
-  };
-  // The reason label of fitrun_job_restarts_total.
-  static const char* FailureKindLabel(FailureKind kind);
-
   JobManager(Options options, JobStore* store, DeviceInventory* devices, WorkerLauncher* launcher,
              CoordinatorMetrics* metrics);
   absl::Status LoadStoredJobs();

@@ -36,17 +36,6 @@ void JobManager::RecordAttemptOutcome(JobEntry& entry, const std::string& outcom
   if (record->outcome().empty()) record->set_outcome(outcome);
 }
 
-const char* JobManager::FailureKindLabel(FailureKind kind) {
-  switch (kind) {
-    case FailureKind::kOutOfMemory: return "out_of_memory";
-    case FailureKind::kHostOutOfMemory: return "host_out_of_memory";
-    case FailureKind::kCrash: return "crash";
-    case FailureKind::kHang: return "hang";
-    case FailureKind::kBadConfig: return "bad_config";
-  }
-  return "crash";
-}
-
 WorkerLauncher::RankExitCallback JobManager::ExitCallbackFor(const Job& job, int attempt) {
   return [this, job_id = job.id(), attempt, job_dir = JobDir(job.id()), run_as = job.run_as()](
              int rank, const WorkerExit& exit) {
@@ -236,69 +225,11 @@ void JobManager::HandleAttemptFailure(JobEntry& entry, FailureKind kind, const s
                                       const std::string& details) {
   Job& job = entry.record.job;
   if (job.state() != fitrun::v1::JOB_STATE_RUNNING) return;  // already stopping for an earlier failure
-  const fitrun::v1::FaultTolerance& tolerance = job.spec().fault_tolerance();
-  std::string decision;
-  bool retry = false;
-  switch (kind) {
-    case FailureKind::kOutOfMemory:
-      if (job.spec().resources().per_device_batch() > 0) {
-        decision = absl::StrCat("spec.resources.per_device_batch fixes the batch at ",
-                                job.spec().resources().per_device_batch(),
-                                ", so fitrun cannot choose a smaller one; remove it or set a smaller one");
-      } else if (!job.oom_history().empty() && job.oom_history(job.oom_history_size() - 1).per_device_batch() == 1 &&
-                 !gate_.MeasuringMayFindAPlan(job.spec(), job.run_as())) {
-        decision = "even a per-device batch of 1 does not fit; devices with more memory, a smaller model or "
-                   "spec.precision bf16 would";
-      } else if (job.oom_replans() >= tolerance.max_oom_retries()) {
-        decision = absl::StrCat("giving up after ", job.oom_replans(),
-                                " re-plan(s) (spec.fault_tolerance.max_oom_retries ", tolerance.max_oom_retries(), ")");
-      } else {
-        job.set_oom_replans(job.oom_replans() + 1);
-        retry = true;
-        decision = absl::StrCat("re-planning with a smaller per-device batch and more accumulation (the same global "
-                                "batch) and resuming from the last checkpoint (re-plan ",
-                                job.oom_replans(), " of ", tolerance.max_oom_retries(), ")");
-      }
-      break;
-    case FailureKind::kHostOutOfMemory: {
-      const std::string raise = RaiseHostMemoryAdvice(entry);
-      if (job.spec().resources().per_device_batch() > 0) {
-        decision = absl::StrCat("spec.resources.per_device_batch fixes the batch at ",
-                                job.spec().resources().per_device_batch(),
-                                ", so fitrun cannot try a smaller one; ", raise);
-      } else if (RunsOnGpus(entry)) {
-        decision = absl::StrCat("on a GPU a rank's host memory does not shrink with its per-device batch; ", raise);
-      } else if (!job.oom_history().empty() && job.oom_history(job.oom_history_size() - 1).per_device_batch() <= 1) {
-        decision = absl::StrCat("even a per-device batch of 1 does not fit; ", raise);
-      } else if (job.oom_replans() >= tolerance.max_oom_retries()) {
-        decision = absl::StrCat("giving up after ", job.oom_replans(),
-                                " re-plan(s) (spec.fault_tolerance.max_oom_retries ", tolerance.max_oom_retries(),
-                                "); ", raise);
-      } else {
-        job.set_oom_replans(job.oom_replans() + 1);
-        retry = true;
-        decision = absl::StrCat("re-planning with a smaller per-device batch and more accumulation (the same global "
-                                "batch) and resuming from the last checkpoint (re-plan ",
-                                job.oom_replans(), " of ", tolerance.max_oom_retries(), "); should it recur, ", raise);
-      }
-      break;
-    }
-    case FailureKind::kCrash:
-    case FailureKind::kHang:
-      if (job.restarts() >= tolerance.max_restarts()) {
-        decision = absl::StrCat("giving up after ", job.restarts(), " restart(s) (spec.fault_tolerance.max_restarts ",
-                                tolerance.max_restarts(), ")");
-      } else {
-        job.set_restarts(job.restarts() + 1);
-        retry = true;
-        decision = absl::StrCat("restarting every rank from the last checkpoint (restart ", job.restarts(), " of ",
-                                tolerance.max_restarts(), ")");
-      }
-      break;
-    case FailureKind::kBadConfig:
-      decision = "the worker refused the job's configuration, so trying again cannot help";
-      break;
-  }
+  FailureFacts facts;
+  facts.runs_on_gpus = RunsOnGpus(entry);
+  if (kind == FailureKind::kHostOutOfMemory) facts.raise_host_memory_advice = RaiseHostMemoryAdvice(entry);
+  facts.measuring_may_find_a_plan = [&] { return gate_.MeasuringMayFindAPlan(job.spec(), job.run_as()); };
+  const auto [retry, decision] = DecideAfterFailure(job, kind, facts);
   RecordAttemptOutcome(entry, headline);
   const std::string reason = absl::StrCat(headline, "; ", decision);
   if (retry) {
