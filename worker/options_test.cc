@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "proto/contract/testing/temp_dir.h"
 
 namespace fitrun::worker {
 namespace {
@@ -29,6 +30,15 @@ class OptionsTest : public ::testing::Test {
       {"MASTER_PORT", "29500"}, {"FITRUN_ASSIGNMENT", "/a"}, {"FITRUN_COORDINATOR", "127.0.0.1:7000"},
       {"FITRUN_JOB_ID", "job-1"}, {"FITRUN_ATTEMPT", "3"},   {"FITRUN_JOB_TOKEN", "t"},
   };
+
+  // Writes `text` to `name` in the test's own directory; its path.
+  std::string WriteFile(const std::string& name, const std::string& text) {
+    const std::string path = dir_.Join(name);
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  contract::TempDir dir_;
 };
 
 TEST_F(OptionsTest, ReadsTheContract) {
@@ -102,10 +112,10 @@ absl::Status AwaitWarm(const std::string& message, int* token_fd) {
 }
 
 TEST_F(OptionsTest, AWarmRankTakesItsIdentityFromItsPipeAndTheTokenAfterIt) {
-  const std::string dir = std::getenv("TEST_TMPDIR") != nullptr ? std::getenv("TEST_TMPDIR") : "/tmp";
-  const std::string log = dir + "/warm-rank.log";
+  ASSERT_TRUE(dir_.ok());
+  const std::string log = dir_.Join("warm-rank.log");
   int fd = -1;
-  ASSERT_TRUE(AwaitWarm(WarmIdentity({dir, log, "RANK=1", "FITRUN_JOB_ID=job-7", "MASTER_ADDR=a=b"}, "secret"), &fd).ok());
+  ASSERT_TRUE(AwaitWarm(WarmIdentity({dir_.path(), log, "RANK=1", "FITRUN_JOB_ID=job-7", "MASTER_ADDR=a=b"}, "secret"), &fd).ok());
   EXPECT_EQ(std::getenv("FITRUN_WARM_FD"), nullptr) << "taken off the environment";
   EXPECT_STREQ(std::getenv("RANK"), "1");
   EXPECT_STREQ(std::getenv("FITRUN_JOB_ID"), "job-7");
@@ -174,13 +184,6 @@ TEST_F(OptionsTest, ErrorsNameTheVariable) {
   env_.erase("FITRUN_ASSIGNMENT");
   EXPECT_TRUE(absl::StrContains(WorkerOptionsFromEnvironment(Lookup()).status().message(),
                                 "FITRUN_ASSIGNMENT: not set"));
-}
-
-std::string WriteFile(const std::string& name, const std::string& text) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
-  std::ofstream(path) << text;
-  return path;
 }
 
 constexpr char kAssignment[] = R"pb(

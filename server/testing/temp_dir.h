@@ -1,34 +1,13 @@
-// A directory of a test's own: made fresh (mkdtemp) when the object is built, removed with all it holds
-// when the object goes. Tests write their files there instead of naming paths in TEST_TMPDIR by hand,
-// so two tests (or two runs of one) never meet in the same directory. One thread at a time.
+// fitrund's tests name the directory of a test's own (proto/contract/testing/temp_dir.h, shared with
+// the worker's tests) as one of their own helpers, beside WaitUntil.
 #ifndef FITRUN_SERVER_TESTING_TEMP_DIR_H_
 #define FITRUN_SERVER_TESTING_TEMP_DIR_H_
 
-#include <string>
-
-#include "absl/strings/string_view.h"
+#include "proto/contract/testing/temp_dir.h"
 
 namespace fitrun::server {
 
-class TempDir {
- public:
-  // `prefix` and six random characters, under `parent`; an empty `parent` is TEST_TMPDIR, or /tmp
-  // where that is unset. A test whose files another account must reach passes "/tmp" (Bazel's
-  // TEST_TMPDIR may lie under a directory only root can enter).
-  explicit TempDir(absl::string_view prefix = "fitrun-", absl::string_view parent = "");
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  // False when the directory could not be made (path() is then empty): a test asserts it first.
-  bool ok() const { return !path_.empty(); }
-  const std::string& path() const { return path_; }
-  // path()/name.
-  std::string Join(absl::string_view name) const;
-
- private:
-  std::string path_;
-};
+using TempDir = contract::TempDir;
 
 }  // namespace fitrun::server
 

@@ -2,10 +2,10 @@
 #include <torch/nn/module.h>
 #include <torch/optim/sgd.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "proto/contract/testing/temp_dir.h"
 #include "worker/checkpoint/checkpoint_store.h"
 #include "worker/memory/capped_allocator.h"
 
@@ -20,8 +20,9 @@ struct Wide : torch::nn::Module {
 // A device that cannot hold the checkpoint's tensors is an OOM for the rank to report, not a
 // damaged file to skip for an older one (which would not fit either).
 TEST(CheckpointOomTest, LoadingOntoAFullDeviceIsResourceExhausted) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  auto store = CheckpointStore::Create({std::string(root != nullptr ? root : "/tmp") + "/oom", 2});
+  const contract::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto store = CheckpointStore::Create({dir.Join("oom"), 2});
   ASSERT_TRUE(store.ok()) << store.status();
   Wide model;
   torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1));

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "proto/contract/testing/temp_dir.h"
 
 namespace fitrun::worker {
 namespace {
@@ -24,12 +25,13 @@ struct Tiny : torch::nn::Module {
   at::Tensor running;
 };
 
-std::string FreshDir(const std::string& name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(root != nullptr ? root : "/tmp") + "/" + name;
-  std::system(("rm -rf '" + dir + "'").c_str());
-  return dir + "/nested";  // Create() makes the missing parents
-}
+class CheckpointStoreTest : public ::testing::Test {
+ protected:
+  // A directory `name`/nested in the test's own, neither there yet: Create() makes the missing parents.
+  std::string FreshDir(const std::string& name) const { return dir_.Join(name + "/nested"); }
+
+  contract::TempDir dir_;
+};
 
 // One SGD step with momentum so the optimizer has state worth saving.
 void Step(Tiny& model, torch::optim::SGD& sgd) {
@@ -38,7 +40,7 @@ void Step(Tiny& model, torch::optim::SGD& sgd) {
   sgd.step();
 }
 
-TEST(CheckpointStoreTest, RoundTripRestoresModelOptimizerPositionAndRng) {
+TEST_F(CheckpointStoreTest, RoundTripRestoresModelOptimizerPositionAndRng) {
   auto store = CheckpointStore::Create({FreshDir("roundtrip"), 2});
   ASSERT_TRUE(store.ok()) << store.status();
   at::manual_seed(1);
@@ -70,7 +72,7 @@ TEST(CheckpointStoreTest, RoundTripRestoresModelOptimizerPositionAndRng) {
 
 // A checkpoint is written from CPU copies (so it names no CUDA device) and loaded onto the model's
 // device: here an explicit CPU device, with Adam's state, whose copy goes through its own path.
-TEST(CheckpointStoreTest, SavesCpuTensorsAndLoadsOntoTheModelsDevice) {
+TEST_F(CheckpointStoreTest, SavesCpuTensorsAndLoadsOntoTheModelsDevice) {
   auto store = CheckpointStore::Create({FreshDir("device"), 2});
   ASSERT_TRUE(store.ok()) << store.status();
   const c10::Device device(c10::kCPU);
@@ -117,7 +119,7 @@ TEST(CheckpointStoreTest, SavesCpuTensorsAndLoadsOntoTheModelsDevice) {
   EXPECT_TRUE(at::equal(loaded.w, saved.w));
 }
 
-TEST(CheckpointStoreTest, KeepsOnlyTheNewest) {
+TEST_F(CheckpointStoreTest, KeepsOnlyTheNewest) {
   auto store = CheckpointStore::Create({FreshDir("prune"), 2});
   ASSERT_TRUE(store.ok());
   Tiny model;
@@ -126,7 +128,7 @@ TEST(CheckpointStoreTest, KeepsOnlyTheNewest) {
   EXPECT_EQ((*store)->Steps(), (std::vector<int64_t>{8, 6}));
 }
 
-TEST(CheckpointStoreTest, TornNewestFileFallsBackToTheOlderOne) {
+TEST_F(CheckpointStoreTest, TornNewestFileFallsBackToTheOlderOne) {
   auto store = CheckpointStore::Create({FreshDir("torn"), 3});
   ASSERT_TRUE(store.ok());
   Tiny model;
@@ -139,7 +141,7 @@ TEST(CheckpointStoreTest, TornNewestFileFallsBackToTheOlderOne) {
   EXPECT_EQ((*position)->step, 4);
 }
 
-TEST(CheckpointStoreTest, EmptyDirectoryMeansNoCheckpoint) {
+TEST_F(CheckpointStoreTest, EmptyDirectoryMeansNoCheckpoint) {
   auto store = CheckpointStore::Create({FreshDir("empty"), 2});
   ASSERT_TRUE(store.ok());
   Tiny model;
@@ -152,7 +154,7 @@ TEST(CheckpointStoreTest, EmptyDirectoryMeansNoCheckpoint) {
 // A write that cannot happen (here the temporary name is taken by a directory, which fails the same
 // way for root as a read-only directory does for others) returns an error and leaves the previous
 // checkpoint loadable.
-TEST(CheckpointStoreTest, FailedWriteLeavesThePreviousCheckpoint) {
+TEST_F(CheckpointStoreTest, FailedWriteLeavesThePreviousCheckpoint) {
   auto store = CheckpointStore::Create({FreshDir("failed"), 1});
   ASSERT_TRUE(store.ok());
   Tiny model;
@@ -167,7 +169,7 @@ TEST(CheckpointStoreTest, FailedWriteLeavesThePreviousCheckpoint) {
   EXPECT_EQ((*position)->step, 4);
 }
 
-TEST(CheckpointStoreTest, RejectsBadOptions) {
+TEST_F(CheckpointStoreTest, RejectsBadOptions) {
   EXPECT_FALSE(CheckpointStore::Create({"", 2}).ok());
   EXPECT_EQ(CheckpointStore::Create({"/tmp/x", 0}).status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -175,7 +177,7 @@ TEST(CheckpointStoreTest, RejectsBadOptions) {
 // Found by tools/fuzz.sh: some damaged files crash LibTorch's reader (SIGSEGV in its TorchScript type
 // parser) instead of throwing, which would kill the worker at every resume. The trailer's checksum
 // refuses a damaged file before LibTorch sees it, and the older checkpoint is used.
-TEST(CheckpointStoreTest, ADamagedFileIsRefusedByItsChecksumBeforeLibTorchReadsIt) {
+TEST_F(CheckpointStoreTest, ADamagedFileIsRefusedByItsChecksumBeforeLibTorchReadsIt) {
   auto store = CheckpointStore::Create({FreshDir("damaged"), 3});
   ASSERT_TRUE(store.ok());
   Tiny model;

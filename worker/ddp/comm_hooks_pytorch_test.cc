@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "proto/contract/testing/temp_dir.h"
 #include "worker/ddp/comm_hook.h"
 #include "worker/ddp/numpy_random.h"
 #include "worker/ddp/thread_ranks.h"
@@ -35,10 +36,11 @@ struct RecordedBucket {
   at::Tensor output;  // as the hook left it
 };
 
-std::string ReferenceDir() {
-  const char* root = std::getenv("TEST_TMPDIR");
-  return std::string(root != nullptr ? root : "/tmp") + "/comm_hooks_reference";
-}
+// Where PyTorch's reference recordings are: made before the suite (the recording takes seconds, so
+// once for all its tests) and removed after it.
+contract::TempDir* reference_dir = nullptr;
+
+const std::string& ReferenceDir() { return reference_dir->path(); }
 
 std::vector<RecordedBucket> LoadRecording(const std::string& config, int rank) {
   const std::string base = ReferenceDir() + "/" + config + ".rank" + std::to_string(rank);
@@ -152,6 +154,8 @@ Comparison Replay(const std::string& config, const CommHookOptions& options) {
 class CommHooksPyTorchTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    reference_dir = new contract::TempDir("comm_hooks_reference-");
+    ASSERT_TRUE(reference_dir->ok());
     const char* srcdir = std::getenv("TEST_SRCDIR");
     const char* workspace = std::getenv("TEST_WORKSPACE");
     const std::string script = std::string(srcdir != nullptr ? srcdir : ".") + "/" +
@@ -159,6 +163,10 @@ class CommHooksPyTorchTest : public ::testing::Test {
                                "/tests/parity/comm_hooks_reference.py";
     const std::string command = "/usr/bin/python3 " + script + " --out " + ReferenceDir();
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  }
+  static void TearDownTestSuite() {
+    delete reference_dir;
+    reference_dir = nullptr;
   }
 };
 

@@ -20,6 +20,7 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "proto/contract/testing/temp_dir.h"
 
 namespace fitrun::worker {
 namespace {
@@ -188,13 +189,6 @@ std::vector<absl::StatusOr<std::unique_ptr<SharedMemoryAllReduce>>> JoinOnThread
   return joined;
 }
 
-std::string FreshDirectory(const std::string& name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
-  mkdir(path.c_str(), 0700);
-  return path;
-}
-
 bool IsEmptyDirectory(const std::string& path) {
   DIR* dir = opendir(path.c_str());
   if (dir == nullptr) return false;
@@ -207,7 +201,9 @@ bool IsEmptyDirectory(const std::string& path) {
 }
 
 TEST(SharedMemoryAllReduceJoinTest, RanksOfOneMachineShareTheSegmentAndItsNameIsGone) {
-  const std::string machine = FreshDirectory("one-machine");
+  const contract::TempDir machine_dir("one-machine-");
+  ASSERT_TRUE(machine_dir.ok());
+  const std::string& machine = machine_dir.path();
   auto joined = JoinOnThreads({machine, machine, machine});
   Group group;
   for (auto& j : joined) {
@@ -219,8 +215,11 @@ TEST(SharedMemoryAllReduceJoinTest, RanksOfOneMachineShareTheSegmentAndItsNameIs
 }
 
 TEST(SharedMemoryAllReduceJoinTest, ARankOnAnotherMachineSendsEveryRankBackToItsOtherTransport) {
-  const std::string first = FreshDirectory("machine-a");
-  const std::string second = FreshDirectory("machine-b");
+  const contract::TempDir first_dir("machine-a-");
+  const contract::TempDir second_dir("machine-b-");
+  ASSERT_TRUE(first_dir.ok() && second_dir.ok());
+  const std::string& first = first_dir.path();
+  const std::string& second = second_dir.path();
   auto joined = JoinOnThreads({first, first, second});
   for (int rank = 0; rank < 3; ++rank) {
     EXPECT_EQ(joined[rank].status().code(), absl::StatusCode::kUnavailable) << "rank " << rank;
@@ -234,7 +233,9 @@ TEST(SharedMemoryAllReduceJoinTest, ARankOnAnotherMachineSendsEveryRankBackToIts
 
 TEST(SharedMemoryAllReduceJoinTest, NoSegmentFromRankZeroMeansNoneForAnyone) {
   // Rank 0's directory does not exist: it cannot create, and says so with an empty name.
-  const std::string machine = FreshDirectory("machine-c");
+  const contract::TempDir machine_dir("machine-c-");
+  ASSERT_TRUE(machine_dir.ok());
+  const std::string& machine = machine_dir.path();
   auto joined = JoinOnThreads({machine + "/missing", machine});
   EXPECT_EQ(joined[0].status().code(), absl::StatusCode::kUnavailable) << joined[0].status();
   EXPECT_NE(joined[1].status().message().find("rank 0 could not create"), std::string::npos) << joined[1].status();

@@ -4,9 +4,9 @@
 #include <sys/stat.h>
 
 #include <cstdio>
-#include <cstdlib>
 
 #include "gtest/gtest.h"
+#include "proto/contract/testing/temp_dir.h"
 #include "worker/checkpoint/checkpoint_store.h"
 #include "worker/trainer/fake_progress_sink.h"
 #include "worker/trainer/trainer.h"
@@ -14,13 +14,6 @@
 
 namespace fitrun::worker {
 namespace {
-
-std::string FreshDir(const std::string& name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(root != nullptr ? root : "/tmp") + "/" + name;
-  std::system(("rm -rf '" + dir + "'").c_str());
-  return dir;
-}
 
 TrainerOptions Options(CheckpointStore* store) {
   TrainerOptions options;
@@ -60,8 +53,10 @@ class StopAfter final : public ProgressSink {
 TEST(TrainerCheckpointTest, ResumeReproducesTheUninterruptedLossTrajectory) {
   const TensorDataset train = SyntheticSet(256);
   LocalGradientSynchronizer local;
+  const contract::TempDir dir;
+  ASSERT_TRUE(dir.ok());
 
-  auto full_store = CheckpointStore::Create({FreshDir("full"), 2});
+  auto full_store = CheckpointStore::Create({dir.Join("full"), 2});
   ASSERT_TRUE(full_store.ok());
   FakeProgressSink full_sink;
   auto full = Trainer::Create(Options(full_store->get()), MlpFromSeed(1), train, std::nullopt, &local, &full_sink);
@@ -76,7 +71,7 @@ TEST(TrainerCheckpointTest, ResumeReproducesTheUninterruptedLossTrajectory) {
   EXPECT_EQ((*full_store)->Steps(), (std::vector<int64_t>{12, 8}));
 
   // The interrupted run dies after step 6: its newest checkpoint is step 4.
-  auto store = CheckpointStore::Create({FreshDir("interrupted"), 2});
+  auto store = CheckpointStore::Create({dir.Join("interrupted"), 2});
   ASSERT_TRUE(store.ok());
   StopAfter stop(6);
   auto first = Trainer::Create(Options(store->get()), MlpFromSeed(1), train, std::nullopt, &local, &stop);
@@ -107,7 +102,9 @@ TEST(TrainerCheckpointTest, ResumeReproducesTheUninterruptedLossTrajectory) {
 TEST(TrainerCheckpointTest, FailedSaveIsLoggedAndTrainingContinues) {
   const TensorDataset train = SyntheticSet(256);
   LocalGradientSynchronizer local;
-  auto store = CheckpointStore::Create({FreshDir("failing"), 1});
+  const contract::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto store = CheckpointStore::Create({dir.Join("failing"), 1});
   ASSERT_TRUE(store.ok());
   ASSERT_EQ(::mkdir(((*store)->PathFor(8) + ".tmp").c_str(), 0755), 0);
   FakeProgressSink sink;

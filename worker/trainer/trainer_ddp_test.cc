@@ -6,12 +6,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <thread>
 
 #include <torch/optim/sgd.h>
 
 #include "gtest/gtest.h"
+#include "proto/contract/testing/temp_dir.h"
 #include "worker/checkpoint/checkpoint_store.h"
 #include "worker/ddp/bucketed_reducer.h"
 #include "worker/ddp/flat_all_reduce.h"
@@ -26,17 +26,11 @@ namespace {
 
 constexpr int kWorld = 2;
 
-// A path under the test's temporary directory with nothing at it yet (a store file or a directory).
-std::string FreshPath(const std::string& name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(root != nullptr ? root : "/tmp") + "/" + name;
-  std::filesystem::remove_all(path);
-  return path;
-}
-
 TEST(TrainerDdpTest, RanksEndBitwiseEqualWithOneGlobalLoss) {
   SkipUnlessCpuRanks(kWorld);
-  const std::string store_path = FreshPath("trainer_ddp_store");
+  const contract::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string store_path = dir.Join("trainer_ddp_store");
   const TensorDataset train = SyntheticSet(512);
   const TensorDataset test = SyntheticSet(100);
 
@@ -125,7 +119,9 @@ std::shared_ptr<Model> TrainAlone(const TensorDataset& train, int64_t batch, int
 std::vector<std::shared_ptr<Model>> TrainTwoRanks(const TensorDataset& train, int64_t per_device_batch,
                                                   int accumulation, const std::string& store_name,
                                                   int64_t total_steps = 8) {
-  const std::string store_path = FreshPath(store_name);
+  const contract::TempDir dir;
+  EXPECT_TRUE(dir.ok());
+  const std::string store_path = dir.Join(store_name);
   std::vector<std::shared_ptr<Model>> models = {MlpFromSeed(42), MlpFromSeed(43)};
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
@@ -227,8 +223,10 @@ TEST(TrainerDdpTest, UnevenDatasetAcrossEpochsDoesNotHang) {
 // follow it, and rank 0's final checkpoint loads into a fresh model with the trained parameters.
 TEST(TrainerDdpTest, ExplicitDeviceWithTheBucketedReducerSavesALoadableCheckpoint) {
   SkipUnlessCpuRanks(kWorld);
-  const std::string store_path = FreshPath("device_store");
-  const std::string checkpoint_dir = FreshPath("device_checkpoints");
+  const contract::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string store_path = dir.Join("device_store");
+  const std::string checkpoint_dir = dir.Join("device_checkpoints");
   absl::StatusOr<std::unique_ptr<CheckpointStore>> checkpoints = CheckpointStore::Create({checkpoint_dir, 2});
   ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
   const c10::Device device(c10::kCPU);

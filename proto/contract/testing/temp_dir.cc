@@ -1,23 +1,23 @@
-#include "server/testing/temp_dir.h"
+#include "proto/contract/testing/temp_dir.h"
 
 #include <stdlib.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
+namespace fitrun::contract {
 
-namespace fitrun::server {
-
-TempDir::TempDir(absl::string_view prefix, absl::string_view parent) {
+TempDir::TempDir(std::string_view prefix, std::string_view parent) {
   std::string base(parent);
   if (base.empty()) {
     const char* test_tmpdir = std::getenv("TEST_TMPDIR");
     base = test_tmpdir != nullptr && *test_tmpdir != '\0' ? test_tmpdir : "/tmp";
   }
-  const std::string pattern = absl::StrCat(base, "/", prefix, "XXXXXX");
+  const std::string pattern = base + "/" + std::string(prefix) + "XXXXXX";
   std::vector<char> buffer(pattern.begin(), pattern.end());
   buffer.push_back('\0');
   if (mkdtemp(buffer.data()) != nullptr) path_ = buffer.data();
@@ -29,6 +29,6 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ignored);
 }
 
-std::string TempDir::Join(absl::string_view name) const { return absl::StrCat(path_, "/", name); }
+std::string TempDir::Join(std::string_view name) const { return path_ + "/" + std::string(name); }
 
-}  // namespace fitrun::server
+}  // namespace fitrun::contract

@@ -1,4 +1,4 @@
-#include "server/testing/temp_dir.h"
+#include "proto/contract/testing/temp_dir.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -7,7 +7,7 @@
 
 #include "gtest/gtest.h"
 
-namespace fitrun::server {
+namespace fitrun::contract {
 namespace {
 
 TEST(TempDirTest, MakesAFreshEmptyDirectoryUnderTheTestsOwn) {
@@ -61,4 +61,4 @@ TEST(TempDirTest, IsNotOkWhereTheParentCannotHoldIt) {
 }
 
 }  // namespace
-}  // namespace fitrun::server
+}  // namespace fitrun::contract
