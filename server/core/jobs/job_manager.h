@@ -141,13 +141,8 @@ class JobManager {
                                                                               const std::string& run_as = "");
   absl::StatusOr<fitrun::v1::Job> Get(const std::string& job_id);
   std::vector<fitrun::v1::Job> List(const std::vector<fitrun::v1::JobState>& states);
-  // One page of jobs in submission order: those after `after_order` (a page's last job's
-  // submit_order) whose state is in `states` (empty: any) and that `visible` accepts, `limit` at
-  // most. `next_order` is set to the last one's order when more may follow, else to 0.
-  struct Page {
-    std::vector<fitrun::v1::Job> jobs;
-    int64_t next_order = 0;
-  };
+  // One page of jobs in submission order (JobTable::ListPage).
+  using Page = JobTable::Page;
   Page ListPage(const std::vector<fitrun::v1::JobState>& states, int64_t after_order, int limit,
                 const std::function<bool(const fitrun::v1::Job&)>& visible);
   absl::StatusOr<fitrun::v1::Job> Cancel(const std::string& job_id, const std::string& reason);

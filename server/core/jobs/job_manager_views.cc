@@ -1,4 +1,4 @@
-// JobManager, what it shows: jobs one by one, in pages and in lists, the devices with the ranks holding
+// JobManager, what it shows: jobs one by one, in pages and in lists (the table's), the devices with the ranks holding
 // them, an attempt's ranks with their planned and peak memory, their logs and the events. Same class,
 // same mutex as job_manager.cc; read-only but for nothing (paging and views change no job).
 #include <algorithm>
@@ -17,43 +17,20 @@ using fitrun::v1::JobState;
 
 absl::StatusOr<Job> JobManager::Get(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
-  auto it = table_.jobs().find(job_id);
-  if (it == table_.jobs().end()) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
-  return it->second.record.job;
+  const JobEntry* entry = table_.Find(job_id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  return entry->record.job;
 }
 
 std::vector<Job> JobManager::List(const std::vector<JobState>& states) {
-  const std::set<JobState> wanted(states.begin(), states.end());
-  std::vector<const JobRecord*> records;
   absl::MutexLock lock(&mu_);
-  for (const auto& [id, entry] : table_.jobs()) {
-    if (wanted.empty() || wanted.count(entry.record.job.state())) records.push_back(&entry.record);
-  }
-  std::sort(records.begin(), records.end(),
-            [](const JobRecord* a, const JobRecord* b) { return a->submit_order < b->submit_order; });
-  std::vector<Job> jobs;
-  jobs.reserve(records.size());
-  for (const JobRecord* record : records) jobs.push_back(record->job);
-  return jobs;
+  return table_.List(states);
 }
 
 JobManager::Page JobManager::ListPage(const std::vector<JobState>& states, int64_t after_order, int limit,
                                       const std::function<bool(const Job&)>& visible) {
-  limit = std::max(limit, 1);
-  const std::set<JobState> wanted(states.begin(), states.end());
-  Page page;
   absl::MutexLock lock(&mu_);
-  for (auto it = table_.ids_by_order().upper_bound(after_order); it != table_.ids_by_order().end(); ++it) {
-    const Job& job = table_.jobs().at(it->second).record.job;
-    if ((!wanted.empty() && wanted.count(job.state()) == 0) || !visible(job)) continue;
-    if (static_cast<int>(page.jobs.size()) == limit) {
-      // The last job returned, not the one found beyond it: the next page starts after it.
-      page.next_order = table_.jobs().at(page.jobs.back().id()).record.submit_order;
-      return page;
-    }
-    page.jobs.push_back(job);
-  }
-  return page;
+  return table_.ListPage(states, after_order, limit, visible);
 }
 
 std::vector<fitrun::v1::Device> JobManager::Devices() {

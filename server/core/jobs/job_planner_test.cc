@@ -4,20 +4,16 @@
 
 #include "absl/strings/match.h"
 #include "server/core/specs/test_specs.h"
+#include "server/core/testing/fake_device_inventory.h"
 
 namespace fitrun::server {
 namespace {
 
+// `count` CPU devices of `bytes` each, as the planner sees them.
 std::vector<DeviceCapacity> CpuDevices(const JobPlanner& planner, int count, int64_t bytes) {
+  FakeDeviceInventory inventory(count, bytes);
   std::vector<DeviceCapacity> devices;
-  for (int i = 0; i < count; ++i) {
-    fitrun::v1::Device device;
-    device.set_id("cpu:" + std::to_string(i));
-    device.set_kind(fitrun::v1::DEVICE_KIND_CPU);
-    device.set_total_bytes(bytes);
-    device.set_free_bytes(bytes);
-    devices.push_back(planner.CapacityOf(device, bytes, ""));
-  }
+  for (const fitrun::v1::Device& device : inventory.Snapshot()) devices.push_back(planner.CapacityOf(device, bytes, ""));
   return devices;
 }
 

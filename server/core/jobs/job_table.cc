@@ -1,6 +1,7 @@
 #include "server/core/jobs/job_table.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -179,6 +180,34 @@ void JobTable::Persist(const JobEntry& entry) {
     contract::LogError("could not store job %s: %s", entry.record.job.id().c_str(),
                        std::string(status.message()).c_str());
   }
+}
+
+std::vector<Job> JobTable::List(const std::vector<JobState>& states) const {
+  const std::set<JobState> wanted(states.begin(), states.end());
+  std::vector<Job> jobs;
+  for (const auto& [order, id] : ids_by_order_) {
+    const Job& job = jobs_.at(id).record.job;
+    if (wanted.empty() || wanted.count(job.state()) > 0) jobs.push_back(job);
+  }
+  return jobs;
+}
+
+JobTable::Page JobTable::ListPage(const std::vector<JobState>& states, int64_t after_order, int limit,
+                                  const std::function<bool(const Job&)>& visible) const {
+  limit = std::max(limit, 1);
+  const std::set<JobState> wanted(states.begin(), states.end());
+  Page page;
+  for (auto it = ids_by_order_.upper_bound(after_order); it != ids_by_order_.end(); ++it) {
+    const Job& job = jobs_.at(it->second).record.job;
+    if ((!wanted.empty() && wanted.count(job.state()) == 0) || !visible(job)) continue;
+    if (static_cast<int>(page.jobs.size()) == limit) {
+      // The last job returned, not the one found beyond it: the next page starts after it.
+      page.next_order = jobs_.at(page.jobs.back().id()).record.submit_order;
+      return page;
+    }
+    page.jobs.push_back(job);
+  }
+  return page;
 }
 
 std::vector<std::string> JobTable::ForgetExcess() {

@@ -48,6 +48,17 @@ class JobTable {
   // Job ids in submission order (for paging).
   const std::map<int64_t, std::string>& ids_by_order() const { return ids_by_order_; }
   OpenJobs& open_jobs() { return open_jobs_; }
+  // The jobs whose state is in `states` (empty: any), in submission order.
+  std::vector<fitrun::v1::Job> List(const std::vector<fitrun::v1::JobState>& states) const;
+  // One page of jobs in submission order: those after `after_order` (a page's last job's
+  // submit_order) whose state is in `states` (empty: any) and that `visible` accepts, `limit` at
+  // most. `next_order` is set to the last one's order when more may follow, else to 0.
+  struct Page {
+    std::vector<fitrun::v1::Job> jobs;
+    int64_t next_order = 0;
+  };
+  Page ListPage(const std::vector<fitrun::v1::JobState>& states, int64_t after_order, int limit,
+                const std::function<bool(const fitrun::v1::Job&)>& visible) const;
 
   // A job an earlier coordinator stored, back in the table as it was, its events' numbering where
   // the store's stands. Call RestoreDone once whatever its state leads to (a recovery) is done.

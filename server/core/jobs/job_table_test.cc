@@ -112,5 +112,23 @@ TEST_F(JobTableTest, ARestoredJobKeepsItsNumberAndTheNextOneFollowsIt) {
   EXPECT_EQ((*table.Admit(NewJob("alice"), "submitted"))->record.job.id(), "j-000042");
 }
 
+TEST_F(JobTableTest, PagesWalkTheVisibleJobsOnceInSubmissionOrder) {
+  JobTable table = MakeTable(0, 0);
+  for (const char* owner : {"alice", "bob", "alice", "alice", "bob"}) ASSERT_TRUE(table.Admit(NewJob(owner), "s").ok());
+  ASSERT_TRUE(table.Transition(*table.Find("j-000003"), fitrun::v1::JOB_STATE_CANCELLED, "done").ok());
+  const auto alices = [](const fitrun::v1::Job& job) { return job.owner() == "alice"; };
+  JobTable::Page first = table.ListPage({}, 0, 2, alices);
+  ASSERT_EQ(first.jobs.size(), 2u);
+  EXPECT_EQ(first.jobs[0].id(), "j-000001");
+  EXPECT_EQ(first.jobs[1].id(), "j-000003");
+  JobTable::Page second = table.ListPage({}, first.next_order, 2, alices);
+  ASSERT_EQ(second.jobs.size(), 1u);
+  EXPECT_EQ(second.jobs[0].id(), "j-000004");
+  EXPECT_EQ(second.next_order, 0) << "nothing more follows";
+  const std::vector<fitrun::v1::Job> queued = table.List({fitrun::v1::JOB_STATE_QUEUED});
+  ASSERT_EQ(queued.size(), 4u);
+  EXPECT_EQ(queued.back().id(), "j-000005");
+}
+
 }  // namespace
 }  // namespace fitrun::server
