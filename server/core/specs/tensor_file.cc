@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -144,7 +145,18 @@ class Unpickler {
     return Push(*std::move(dict));
   }
 
+  // One opcode, by its family; an opcode no family knows is refused.
   absl::Status Step(uint8_t op) {
+    for (auto family : {&Unpickler::Framing, &Unpickler::Literal, &Unpickler::Memoized, &Unpickler::GlobalOrCall,
+                        &Unpickler::Container}) {
+      if (std::optional<absl::Status> done = (this->*family)(op); done.has_value()) return *done;
+    }
+    return Invalid(absl::StrCat("the pickle uses opcode 0x", absl::Hex(op),
+                                ", which a dict of tensors from torch.save does not"));
+  }
+
+  // The protocol, frames, the end and marks.
+  std::optional<absl::Status> Framing(uint8_t op) {
     switch (op) {
       case 0x80:  // PROTO
         if (absl::Status s = Need(1); !s.ok()) return s;
@@ -161,6 +173,14 @@ class Unpickler {
         marks_.push_back(stack_.size());
         if (marks_.size() > kMaxStackDepth) return Invalid("the pickle nests too deep");
         return absl::OkStatus();
+      default:
+        return std::nullopt;
+    }
+  }
+
+  // Values written out: empty containers, None, booleans, integers, floats and strings.
+  std::optional<absl::Status> Literal(uint8_t op) {
+    switch (op) {
       case '}':
         return Push(Make(Value::Kind::kDict));
       case ']':
@@ -175,19 +195,6 @@ class Unpickler {
         v->integer = op == 0x88;
         return Push(std::move(v));
       }
-      case 't': {  // TUPLE
-        absl::StatusOr<std::vector<ValuePtr>> items = PopToMark();
-        if (!items.ok()) return items.status();
-        ValuePtr v = Make(Value::Kind::kTuple);
-        v->items = *std::move(items);
-        return Push(std::move(v));
-      }
-      case 0x85:
-        return Tuple(1);
-      case 0x86:
-        return Tuple(2);
-      case 0x87:
-        return Tuple(3);
       case 'X':  // BINUNICODE
         if (absl::Status s = Need(4); !s.ok()) return s;
         return PushString(Little(4));
@@ -201,40 +208,6 @@ class Unpickler {
       case 0x8d:  // BINUNICODE8
         if (absl::Status s = Need(8); !s.ok()) return s;
         return PushString(Little(8));
-      case 'c': {  // GLOBAL: "module\nname\n", recorded, never resolved
-        std::string module, name;
-        if (absl::Status s = Line(&module); !s.ok()) return s;
-        if (absl::Status s = Line(&name); !s.ok()) return s;
-        ValuePtr v = Make(Value::Kind::kGlobal);
-        v->text = absl::StrCat(module, ".", name);
-        return Push(std::move(v));
-      }
-      case 0x93: {  // STACK_GLOBAL
-        absl::StatusOr<ValuePtr> name = Pop();
-        if (!name.ok()) return name.status();
-        absl::StatusOr<ValuePtr> module = Pop();
-        if (!module.ok()) return module.status();
-        if ((*name)->kind != Value::Kind::kString || (*module)->kind != Value::Kind::kString) {
-          return Invalid("the pickle names a global with something that is not a string");
-        }
-        ValuePtr v = Make(Value::Kind::kGlobal);
-        v->text = absl::StrCat((*module)->text, ".", (*name)->text);
-        return Push(std::move(v));
-      }
-      case 'q':  // BINPUT
-        if (absl::Status s = Need(1); !s.ok()) return s;
-        return Memo(Little(1));
-      case 'r':  // LONG_BINPUT
-        if (absl::Status s = Need(4); !s.ok()) return s;
-        return Memo(Little(4));
-      case 0x94:  // MEMOIZE
-        return Memo(memo_.size());
-      case 'h':  // BINGET
-        if (absl::Status s = Need(1); !s.ok()) return s;
-        return Get(Little(1));
-      case 'j':  // LONG_BINGET
-        if (absl::Status s = Need(4); !s.ok()) return s;
-        return Get(Little(4));
       case 'K':  // BININT1
         if (absl::Status s = Need(1); !s.ok()) return s;
         return PushInt(static_cast<int64_t>(Little(1)));
@@ -262,6 +235,56 @@ class Unpickler {
         std::memcpy(&v->real, &raw, sizeof(raw));
         return Push(std::move(v));
       }
+      default:
+        return std::nullopt;
+    }
+  }
+
+  // The memo: values put aside and fetched again by index.
+  std::optional<absl::Status> Memoized(uint8_t op) {
+    switch (op) {
+      case 'q':  // BINPUT
+        if (absl::Status s = Need(1); !s.ok()) return s;
+        return Memo(Little(1));
+      case 'r':  // LONG_BINPUT
+        if (absl::Status s = Need(4); !s.ok()) return s;
+        return Memo(Little(4));
+      case 0x94:  // MEMOIZE
+        return Memo(memo_.size());
+      case 'h':  // BINGET
+        if (absl::Status s = Need(1); !s.ok()) return s;
+        return Get(Little(1));
+      case 'j':  // LONG_BINGET
+        if (absl::Status s = Need(4); !s.ok()) return s;
+        return Get(Little(4));
+      default:
+        return std::nullopt;
+    }
+  }
+
+  // Globals, persistent ids and calls: recorded, never resolved or made.
+  std::optional<absl::Status> GlobalOrCall(uint8_t op) {
+    switch (op) {
+      case 'c': {  // GLOBAL: "module\nname\n", recorded, never resolved
+        std::string module, name;
+        if (absl::Status s = Line(&module); !s.ok()) return s;
+        if (absl::Status s = Line(&name); !s.ok()) return s;
+        ValuePtr v = Make(Value::Kind::kGlobal);
+        v->text = absl::StrCat(module, ".", name);
+        return Push(std::move(v));
+      }
+      case 0x93: {  // STACK_GLOBAL
+        absl::StatusOr<ValuePtr> name = Pop();
+        if (!name.ok()) return name.status();
+        absl::StatusOr<ValuePtr> module = Pop();
+        if (!module.ok()) return module.status();
+        if ((*name)->kind != Value::Kind::kString || (*module)->kind != Value::Kind::kString) {
+          return Invalid("the pickle names a global with something that is not a string");
+        }
+        ValuePtr v = Make(Value::Kind::kGlobal);
+        v->text = absl::StrCat((*module)->text, ".", (*name)->text);
+        return Push(std::move(v));
+      }
       case 'Q': {  // BINPERSID
         absl::StatusOr<ValuePtr> id = Pop();
         if (!id.ok()) return id.status();
@@ -286,6 +309,27 @@ class Unpickler {
         absl::StatusOr<ValuePtr> state = Pop();
         return state.ok() ? absl::OkStatus() : state.status();
       }
+      default:
+        return std::nullopt;
+    }
+  }
+
+  // Tuples, and what fills dicts and lists.
+  std::optional<absl::Status> Container(uint8_t op) {
+    switch (op) {
+      case 't': {  // TUPLE
+        absl::StatusOr<std::vector<ValuePtr>> items = PopToMark();
+        if (!items.ok()) return items.status();
+        ValuePtr v = Make(Value::Kind::kTuple);
+        v->items = *std::move(items);
+        return Push(std::move(v));
+      }
+      case 0x85:
+        return Tuple(1);
+      case 0x86:
+        return Tuple(2);
+      case 0x87:
+        return Tuple(3);
       case 's': {  // SETITEM
         absl::StatusOr<ValuePtr> value = Pop();
         if (!value.ok()) return value.status();
@@ -317,8 +361,7 @@ class Unpickler {
         return Push(*std::move(list));
       }
       default:
-        return Invalid(absl::StrCat("the pickle uses opcode 0x", absl::Hex(op),
-                                    ", which a dict of tensors from torch.save does not"));
+        return std::nullopt;
     }
   }
 
