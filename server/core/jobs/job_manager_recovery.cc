@@ -27,6 +27,17 @@ namespace {
 using fitrun::v1::Job;
 using fitrun::v1::JobEvent;
 
+// "rank 1 exited with code 1 (attempt 2): <its failure report>": what a rank's unclean exit says.
+std::string ExitHeadline(const WorkerKey& key, const WorkerExit& exit, const std::string& failure_report) {
+  std::string headline =
+      !exit.status_known ? absl::StrCat("rank ", key.rank, " (adopted after a coordinator restart) exited before finishing")
+      : exit.signal != 0 ? absl::StrCat("rank ", key.rank, " was killed by signal ", exit.signal)
+                         : absl::StrCat("rank ", key.rank, " exited with code ", exit.exit_code);
+  absl::StrAppend(&headline, " (attempt ", key.attempt, ")");
+  if (!failure_report.empty()) absl::StrAppend(&headline, ": ", failure_report);
+  return headline;
+}
+
 }  // namespace
 
 void JobManager::RecordAttemptOutcome(JobEntry& entry, const std::string& outcome) {
@@ -88,13 +99,7 @@ void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit, cons
     if (!clean) {
       // One rank gone means its peers would wait in their next collective until a timeout: stop
       // them now, say which rank failed and why, and try again where that can help.
-      std::string headline = !exit.status_known
-                                 ? absl::StrCat("rank ", key.rank, " (adopted after a coordinator restart) exited before finishing")
-                             : exit.signal != 0
-                                 ? absl::StrCat("rank ", key.rank, " was killed by signal ", exit.signal)
-                                 : absl::StrCat("rank ", key.rank, " exited with code ", exit.exit_code);
-      absl::StrAppend(&headline, " (attempt ", key.attempt, ")");
-      if (!rank.failure_report.empty()) absl::StrAppend(&headline, ": ", rank.failure_report);
+      std::string headline = ExitHeadline(key, exit, rank.failure_report);
       const std::string details =
           exited->log_tail().empty() ? "" : absl::StrCat("\nlast lines of its log:\n", exited->log_tail());
       FailureKind kind = FailureKind::kCrash;
