@@ -20,6 +20,7 @@
 #include "worker/ddp/process_group.h"
 #include "worker/ddp/thread_ranks.h"
 #include "worker/models/workload.h"
+#include "worker/testing/trainer_options.h"
 #include "worker/trainer/fake_progress_sink.h"
 #include "worker/trainer/trainer.h"
 
@@ -88,16 +89,13 @@ torch.jit.script(TwoInputs()).save(d + "/two_inputs_model.pt")
 std::string* TensorsWorkloadTest::dir_ = nullptr;
 
 TrainerOptions Options(int rank, int world, int64_t batch, int accumulation) {
-  TrainerOptions options;
+  TrainerOptions options = testing::SmallTrainerOptions();
   options.rank = rank;
   options.world_size = world;
   options.per_device_batch = batch;
   options.grad_accum_steps = accumulation;
-  options.learning_rate = 0.05;
   options.total_steps = 10;
   options.seed = 7;
-  options.optimizer.set_momentum(0.9);
-  options.progress_interval = absl::ZeroDuration();
   return options;
 }
 

@@ -17,6 +17,7 @@
 #include "worker/ddp/flat_all_reduce.h"
 #include "worker/ddp/process_group.h"
 #include "worker/ddp/thread_ranks.h"
+#include "worker/testing/trainer_options.h"
 #include "worker/trainer/fake_progress_sink.h"
 #include "worker/trainer/trainer.h"
 #include "worker/trainer/trainer_testing.h"
@@ -57,16 +58,10 @@ TEST(TrainerDdpTest, RanksEndBitwiseEqualWithOneGlobalLoss) {
       auto synchronizer = FlatAllReduceSynchronizer::Create(*group, models[rank]->parameters());
       ASSERT_TRUE(synchronizer.ok()) << synchronizer.status();
 
-      TrainerOptions options;
+      TrainerOptions options = testing::SmallTrainerOptions();
       options.rank = rank;
       options.world_size = kWorld;
-      options.per_device_batch = 16;
-      options.grad_accum_steps = 2;
-      options.learning_rate = 0.05;
-      options.total_steps = 12;
       options.seed = 5;
-      options.optimizer.set_momentum(0.9);
-      options.progress_interval = absl::ZeroDuration();
       std::optional<TensorDataset> test_set;
       if (rank == 0) test_set = test;
       auto trainer = Trainer::Create(options, models[rank], train, test_set, synchronizer->get(),
@@ -89,16 +84,13 @@ TEST(TrainerDdpTest, RanksEndBitwiseEqualWithOneGlobalLoss) {
 }
 
 TrainerOptions EquivalenceOptions(int rank, int world_size, int64_t per_device_batch, int accumulation) {
-  TrainerOptions options;
+  TrainerOptions options = testing::SmallTrainerOptions();
   options.rank = rank;
   options.world_size = world_size;
   options.per_device_batch = per_device_batch;
   options.grad_accum_steps = accumulation;
-  options.learning_rate = 0.05;
   options.total_steps = 8;
   options.seed = 7;
-  options.optimizer.set_momentum(0.9);
-  options.progress_interval = absl::ZeroDuration();
   return options;
 }
 

@@ -3,24 +3,13 @@
 #include <ATen/ATen.h>
 
 #include "gtest/gtest.h"
+#include "worker/testing/trainer_options.h"
 #include "worker/trainer/fake_progress_sink.h"
 #include "worker/trainer/trainer.h"
 #include "worker/trainer/trainer_testing.h"
 
 namespace fitrun::worker {
 namespace {
-
-TrainerOptions Options() {
-  TrainerOptions options;
-  options.per_device_batch = 16;
-  options.grad_accum_steps = 2;
-  options.learning_rate = 0.05;
-  options.total_steps = 12;
-  options.seed = 3;
-  options.optimizer.set_momentum(0.9);
-  options.progress_interval = absl::ZeroDuration();
-  return options;
-}
 
 absl::StatusOr<TrainResult> Train(const TrainerOptions& options, FakeProgressSink& sink) {
   fitrun::v1::ModelSpec spec;
@@ -36,8 +25,8 @@ absl::StatusOr<TrainResult> Train(const TrainerOptions& options, FakeProgressSin
 
 TEST(TrainerLossScalingTest, PowerOfTwoScaleLeavesFp32TrainingBitwiseUnchanged) {
   FakeProgressSink plain_sink, scaled_sink;
-  absl::StatusOr<TrainResult> plain = Train(Options(), plain_sink);
-  TrainerOptions options = Options();
+  absl::StatusOr<TrainResult> plain = Train(testing::SmallTrainerOptions(), plain_sink);
+  TrainerOptions options = testing::SmallTrainerOptions();
   options.loss_scaling = GradScaler::Options();
   absl::StatusOr<TrainResult> scaled = Train(options, scaled_sink);
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -49,7 +38,7 @@ TEST(TrainerLossScalingTest, PowerOfTwoScaleLeavesFp32TrainingBitwiseUnchanged) 
 }
 
 TEST(TrainerLossScalingTest, OverflowingScaleSkipsStepsAndBacksOffUntilTrainingProceeds) {
-  TrainerOptions options = Options();
+  TrainerOptions options = testing::SmallTrainerOptions();
   // 1e300 and 1e150 overflow float32 in the scaled loss itself; 1e300 * 1e-150 * 1e-150 is about 1.
   options.loss_scaling = GradScaler::Options{1e300, 2.0, 1e-150, 2000};
   FakeProgressSink sink;

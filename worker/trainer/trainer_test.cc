@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/memory/capped_allocator.h"
+#include "worker/testing/trainer_options.h"
 #include "worker/torch_compat.h"
 #include "worker/trainer/fake_progress_sink.h"
 
@@ -32,16 +33,11 @@ fitrun::v1::ModelSpec Mlp() {
   return spec;
 }
 
+// 20 steps: one epoch of the 640 training samples.
 TrainerOptions BaseOptions() {
-  TrainerOptions options;
-  options.per_device_batch = 16;
-  options.grad_accum_steps = 2;
-  options.learning_rate = 0.05;
+  TrainerOptions options = testing::SmallTrainerOptions();
   options.total_steps = 20;
-  options.seed = 3;
   options.optimizer.set_kind(fitrun::v1::OPTIMIZER_KIND_SGD);
-  options.optimizer.set_momentum(0.9);
-  options.progress_interval = absl::ZeroDuration();
   return options;
 }
 
