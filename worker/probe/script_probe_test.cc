@@ -10,21 +10,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/contract/launch_contract.h"
+#include "worker/testing/script_env.h"
 
 namespace fitrun::worker {
 namespace {
 
 using ::testing::HasSubstr;
 namespace launch = fitrun::contract::launch;
-
-std::map<std::string, std::string> EnvOf(const ScriptCommand& command) {
-  std::map<std::string, std::string> env;
-  for (const std::string& entry : command.env) {
-    const size_t eq = entry.find('=');
-    env[entry.substr(0, eq)] = entry.substr(eq + 1);
-  }
-  return env;
-}
 
 fitrun::v1::WorkerAssignment ScriptAssignment(const std::string& device_id, const std::string& script) {
   fitrun::v1::WorkerAssignment assignment;
@@ -57,7 +49,7 @@ TEST(ScriptProbeRunSettingsTest, OnTheHostThePreloadedAllocatorCounts) {
   absl::StatusOr<ScriptCommand> command =
       ScriptCommandFor(assignment.spec(), settings, {"/opt/fitrun/libfitrun_memory.so", "/opt/fitrun/python"});
   ASSERT_TRUE(command.ok()) << command.status();
-  std::map<std::string, std::string> env = EnvOf(*command);
+  std::map<std::string, std::string> env = testing::EnvOf(*command);
   EXPECT_EQ(env["LD_PRELOAD"].substr(0, 31), "/opt/fitrun/libfitrun_memory.so");
   EXPECT_EQ(env[launch::kDeviceKind], launch::kDeviceKindCpu);
   EXPECT_EQ(env[launch::kProbe], "1");
@@ -74,7 +66,7 @@ TEST(ScriptProbeRunSettingsTest, OnAGpuTheFitrunModuleCountsTorchCudasAllocation
   absl::StatusOr<ScriptCommand> command =
       ScriptCommandFor(assignment.spec(), settings, {"/opt/fitrun/libfitrun_memory.so", "/opt/fitrun/python"});
   ASSERT_TRUE(command.ok()) << command.status();
-  std::map<std::string, std::string> env = EnvOf(*command);
+  std::map<std::string, std::string> env = testing::EnvOf(*command);
   EXPECT_EQ(env["LD_PRELOAD"].find("libfitrun_memory.so"), std::string::npos) << env["LD_PRELOAD"];
   EXPECT_EQ(env[launch::kDeviceKind], launch::kDeviceKindCuda);
   EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "3");

@@ -13,20 +13,12 @@
 #include <gtest/gtest.h>
 
 #include "absl/synchronization/notification.h"
+#include "worker/testing/script_env.h"
 
 namespace fitrun::worker {
 namespace {
 
 using ::testing::ElementsAre;
-
-std::map<std::string, std::string> EnvOf(const ScriptCommand& command) {
-  std::map<std::string, std::string> env;
-  for (const std::string& entry : command.env) {
-    const size_t eq = entry.find('=');
-    env[entry.substr(0, eq)] = entry.substr(eq + 1);
-  }
-  return env;
-}
 
 fitrun::v1::JobSpec ScriptSpec() {
   fitrun::v1::JobSpec spec;
@@ -74,7 +66,7 @@ TEST(ScriptCommandForTest, FitrunsVariablesComeLastAndTheSupervisorsSecretsNotAt
   unsetenv("FITRUN_COORDINATOR");
   unsetenv("LD_PRELOAD");
   ASSERT_TRUE(command.ok()) << command.status();
-  std::map<std::string, std::string> env = EnvOf(*command);
+  std::map<std::string, std::string> env = testing::EnvOf(*command);
   EXPECT_EQ(env.count("FITRUN_JOB_TOKEN"), 0u);
   EXPECT_EQ(env.count("FITRUN_COORDINATOR"), 0u);
   EXPECT_EQ(env["RANK"], "1");
@@ -101,7 +93,7 @@ TEST(ScriptCommandForTest, EveryRankIsToldThePlansStrategyButOnlyAScriptThatAppl
   plain.mutable_script()->set_activation_checkpointing(true);  // not the script's to take: it does not apply it
   absl::StatusOr<ScriptCommand> command = ScriptCommandFor(plain, sharded, {});
   ASSERT_TRUE(command.ok()) << command.status();
-  std::map<std::string, std::string> env = EnvOf(*command);
+  std::map<std::string, std::string> env = testing::EnvOf(*command);
   EXPECT_EQ(env["FITRUN_ACTIVATION_CHECKPOINTING"], "0");
   EXPECT_EQ(env["FITRUN_ZERO_STAGE"], "0");
   EXPECT_EQ(env["FITRUN_PRECISION"], "fp32");
@@ -111,7 +103,7 @@ TEST(ScriptCommandForTest, EveryRankIsToldThePlansStrategyButOnlyAScriptThatAppl
   applies.set_precision(fitrun::v1::PRECISION_BF16);
   command = ScriptCommandFor(applies, sharded, {});
   ASSERT_TRUE(command.ok()) << command.status();
-  env = EnvOf(*command);
+  env = testing::EnvOf(*command);
   EXPECT_EQ(env["FITRUN_ACTIVATION_CHECKPOINTING"], "1");
   EXPECT_EQ(env["FITRUN_ZERO_STAGE"], "1");
   EXPECT_EQ(env["FITRUN_PRECISION"], "bf16");
@@ -119,7 +111,7 @@ TEST(ScriptCommandForTest, EveryRankIsToldThePlansStrategyButOnlyAScriptThatAppl
   applies.mutable_script()->set_activation_checkpointing(false);
   command = ScriptCommandFor(applies, Settings(), {});
   ASSERT_TRUE(command.ok()) << command.status();
-  env = EnvOf(*command);
+  env = testing::EnvOf(*command);
   EXPECT_EQ(env["FITRUN_ACTIVATION_CHECKPOINTING"], "0");
   EXPECT_EQ(env["FITRUN_ZERO_STAGE"], "0");
 }
@@ -132,7 +124,7 @@ TEST(ScriptCommandForTest, AProbeRunIsToldSoAndGetsNoFlagsForAnUnplannedBatch) {
   absl::StatusOr<ScriptCommand> command = ScriptCommandFor(ScriptSpec(), probe, {});
   ASSERT_TRUE(command.ok()) << command.status();
   EXPECT_THAT(command->argv, ElementsAre("sh", "train.sh"));
-  std::map<std::string, std::string> env = EnvOf(*command);
+  std::map<std::string, std::string> env = testing::EnvOf(*command);
   EXPECT_EQ(env["FITRUN_PROBE"], "1");
   EXPECT_EQ(env["FITRUN_GRAD_ACCUM_STEPS"], "1");
   EXPECT_EQ(env.count("FITRUN_MEMORY_CAP_BYTES"), 0u);  // no allocator to read it
@@ -165,7 +157,7 @@ TEST(ScriptCommandForTest, OnAGpuNothingIsPreloadedAndTheSlicesCapIsPassedOn) {
   absl::StatusOr<ScriptCommand> command =
       ScriptCommandFor(ScriptSpec(), gpu, {"/opt/fitrun/libfitrun_memory.so", "/opt/fitrun/python"});
   ASSERT_TRUE(command.ok()) << command.status();
-  std::map<std::string, std::string> env = EnvOf(*command);
+  std::map<std::string, std::string> env = testing::EnvOf(*command);
   EXPECT_EQ(env["LD_PRELOAD"].find("libfitrun_memory.so"), std::string::npos) << env["LD_PRELOAD"];
   EXPECT_EQ(env["FITRUN_MEMORY_CAP_BYTES"], absl::StrCat(1 << 30));
   EXPECT_EQ(env["PYTHONPATH"].substr(0, 18), "/opt/fitrun/python");
