@@ -15,7 +15,6 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -24,19 +23,13 @@
 #include "absl/time/clock.h"
 #include "server/sandbox/throwaway_cgroups.h"
 #include "server/spawn/spawn.h"
+#include "server/testing/read_file.h"
 #include "server/testing/wait.h"
 
 namespace fitrun::server {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 void Put(const std::string& path, const std::string& text) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
@@ -134,16 +127,16 @@ TEST_F(FakeUnifiedTreeTest, MakesTheAttemptsCgroupWithItsLimitsUnderFitrundsOwn)
   EXPECT_THAT((*cgroups)->Describe(), HasSubstr("fitrund.slice/fitrun/fitrund-0123"));
   // Each level lets the one below have memory and pids.
   for (const std::string& level : {cgroup_ + "/fitrund.slice", cgroup_ + "/fitrund.slice/fitrun", tag_dir()}) {
-    EXPECT_EQ(Slurp(level + "/cgroup.subtree_control"), "+memory +pids") << level;
+    EXPECT_EQ(ReadFileForTest(level + "/cgroup.subtree_control"), "+memory +pids") << level;
   }
 
   absl::StatusOr<std::unique_ptr<JobCgroup>> attempt =
       (*cgroups)->Make(AttemptCgroupName("j-000001", 1), {int64_t{3} << 30, 1024});
   ASSERT_TRUE(attempt.ok()) << attempt.status();
   const std::string dir = tag_dir() + "/j-000001-a1";
-  EXPECT_EQ(Slurp(dir + "/memory.max"), "3221225472");
-  EXPECT_EQ(Slurp(dir + "/memory.swap.max"), "0") << "swap does not stretch the limit";
-  EXPECT_EQ(Slurp(dir + "/pids.max"), "1024");
+  EXPECT_EQ(ReadFileForTest(dir + "/memory.max"), "3221225472");
+  EXPECT_EQ(ReadFileForTest(dir + "/memory.swap.max"), "0") << "swap does not stretch the limit";
+  EXPECT_EQ(ReadFileForTest(dir + "/pids.max"), "1024");
   EXPECT_EQ((*attempt)->ProcsFiles(), std::vector<std::string>{dir + "/cgroup.procs"});
   absl::StatusOr<CgroupLimits> limits = (*attempt)->ReadLimits();
   ASSERT_TRUE(limits.ok()) << limits.status();
@@ -171,7 +164,7 @@ TEST_F(FakeUnifiedTreeTest, KillAllWritesCgroupKillAndWaitsUntilTheCgroupIsEmpty
   // The kernel's part: once cgroup.kill says 1, the processes go.
   std::atomic<bool> stop{false};
   std::thread kernel([&] {
-    while (!stop && Slurp(dir + "/cgroup.kill") != "1") absl::SleepFor(absl::Milliseconds(5));
+    while (!stop && ReadFileForTest(dir + "/cgroup.kill") != "1") absl::SleepFor(absl::Milliseconds(5));
     absl::SleepFor(absl::Milliseconds(50));
     Put(dir + "/cgroup.procs", "");
   });
@@ -179,7 +172,7 @@ TEST_F(FakeUnifiedTreeTest, KillAllWritesCgroupKillAndWaitsUntilTheCgroupIsEmpty
   stop = true;
   kernel.join();
   EXPECT_TRUE(killed.ok()) << killed;
-  EXPECT_EQ(Slurp(dir + "/cgroup.kill"), "1");
+  EXPECT_EQ(ReadFileForTest(dir + "/cgroup.kill"), "1");
 
   // One that never empties is reported with the file and what is left.
   Put(dir + "/cgroup.procs", "4242\n");
@@ -261,7 +254,7 @@ TEST_F(RealCgroupTest, MakesTheCgroupWithItsLimitsAndRemovesIt) {
   if ((*cgroup)->version() == CgroupVersion::kV1) {
     const std::string memsw = (*cgroup)->directories().front() + "/memory.memsw.limit_in_bytes";
     if (std::filesystem::exists(memsw)) {
-      EXPECT_EQ(Slurp(memsw), absl::StrCat(256 << 20, "\n")) << "swap is bounded too";
+      EXPECT_EQ(ReadFileForTest(memsw), absl::StrCat(256 << 20, "\n")) << "swap is bounded too";
     }
   }
   for (const std::string& dir : (*cgroup)->directories()) EXPECT_TRUE(std::filesystem::is_directory(dir)) << dir;
@@ -284,8 +277,8 @@ TEST_F(RealCgroupTest, KillAllKillsADoubleForkedSetsidSleeperThatTheProcessGroup
   const pid_t child = Start(**cgroup, absl::StrCat("setsid /bin/sh -c 'sleep 300 & echo $! > ", pid_file, "' ; exit 0"));
   ASSERT_GT(child, 0);
   EXPECT_EQ(Wait(child).exit_code, 0);
-  ASSERT_TRUE(WaitUntil([&] { return !Slurp(pid_file).empty(); }, absl::Seconds(10)));
-  const int sleeper = std::stoi(Slurp(pid_file));
+  ASSERT_TRUE(WaitUntil([&] { return !ReadFileForTest(pid_file).empty(); }, absl::Seconds(10)));
+  const int sleeper = std::stoi(ReadFileForTest(pid_file));
   ASSERT_FALSE(ProcessGone(sleeper));
   EXPECT_NE(getpgid(sleeper), child) << "the sleeper left the child's process group";
   kill(-child, SIGKILL);  // what stopping the rank's process group does
@@ -307,7 +300,7 @@ TEST_F(RealCgroupTest, PidsMaxStopsAForkLoop) {
   ASSERT_GT(child, 0);
   const ChildExit exit = Wait(child);
   EXPECT_NE(exit.exit_code, 0) << exit.Describe();
-  EXPECT_THAT(Slurp(dir_ + "/forks.log"), HasSubstr("fork")) << "the shell was refused a fork";
+  EXPECT_THAT(ReadFileForTest(dir_ + "/forks.log"), HasSubstr("fork")) << "the shell was refused a fork";
   absl::StatusOr<std::vector<int>> pids = (*cgroup)->Pids();
   ASSERT_TRUE(pids.ok()) << pids.status();
   EXPECT_LE(pids->size(), 8u);
@@ -325,7 +318,7 @@ TEST_F(RealCgroupTest, AMemoryHogPastTheLimitIsOomKilledAndCounted) {
                             "hog");
   ASSERT_GT(child, 0);
   const ChildExit exit = Wait(child);
-  EXPECT_EQ(exit.signal, SIGKILL) << exit.Describe() << ": " << Slurp(dir_ + "/hog.log");
+  EXPECT_EQ(exit.signal, SIGKILL) << exit.Describe() << ": " << ReadFileForTest(dir_ + "/hog.log");
   absl::StatusOr<HostMemoryStats> memory = (*cgroup)->HostMemory();
   ASSERT_TRUE(memory.ok()) << memory.status();
   EXPECT_GE(memory->oom_kills, 1);
