@@ -89,11 +89,7 @@ torch.jit.script(TwoInputs()).save(d + "/two_inputs_model.pt")
 std::string* TensorsWorkloadTest::dir_ = nullptr;
 
 TrainerOptions Options(int rank, int world, int64_t batch, int accumulation) {
-  TrainerOptions options = testing::SmallTrainerOptions();
-  options.rank = rank;
-  options.world_size = world;
-  options.per_device_batch = batch;
-  options.grad_accum_steps = accumulation;
+  TrainerOptions options = testing::SmallTrainerOptions(rank, world, batch, accumulation);
   options.total_steps = 10;
   options.seed = 7;
   return options;

@@ -16,4 +16,13 @@ TrainerOptions SmallTrainerOptions() {
   return options;
 }
 
+TrainerOptions SmallTrainerOptions(int rank, int world_size, int64_t per_device_batch, int grad_accum_steps) {
+  TrainerOptions options = SmallTrainerOptions();
+  options.rank = rank;
+  options.world_size = world_size;
+  options.per_device_batch = per_device_batch;
+  options.grad_accum_steps = grad_accum_steps;
+  return options;
+}
+
 }  // namespace fitrun::worker::testing

@@ -84,11 +84,7 @@ TEST(TrainerDdpTest, RanksEndBitwiseEqualWithOneGlobalLoss) {
 }
 
 TrainerOptions EquivalenceOptions(int rank, int world_size, int64_t per_device_batch, int accumulation) {
-  TrainerOptions options = testing::SmallTrainerOptions();
-  options.rank = rank;
-  options.world_size = world_size;
-  options.per_device_batch = per_device_batch;
-  options.grad_accum_steps = accumulation;
+  TrainerOptions options = testing::SmallTrainerOptions(rank, world_size, per_device_batch, accumulation);
   options.total_steps = 8;
   options.seed = 7;
   return options;
