@@ -1,15 +1,24 @@
 #include "proto/contract/testing/temp_dir.h"
 
+#include <ftw.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <vector>
 
 namespace fitrun::contract {
+
+namespace {
+
+int RemoveOne(const char* path, const struct stat*, int, struct FTW*) {
+  (void)remove(path);  // what cannot be removed stays; the walk goes on
+  return 0;
+}
+
+}  // namespace
 
 TempDir::TempDir(std::string_view prefix, std::string_view parent) {
   std::string base(parent);
@@ -25,8 +34,10 @@ TempDir::TempDir(std::string_view prefix, std::string_view parent) {
 
 TempDir::~TempDir() {
   if (path_.empty()) return;
-  std::error_code ignored;  // a test that already failed may leave what cannot be removed; no second failure
-  std::filesystem::remove_all(path_, ignored);
+  // Depth first, never through a symlink. Not std::filesystem::remove_all: pip's libtorch.so exports
+  // its own copy of it, which a worker test linked against that LibTorch resolves and crashes in. A
+  // test that already failed may leave what cannot be removed; that is no second failure.
+  (void)nftw(path_.c_str(), RemoveOne, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 std::string TempDir::Join(std::string_view name) const { return path_ + "/" + std::string(name); }
