@@ -62,7 +62,7 @@ JobManager::JobManager(Options options, JobStore* store, DeviceInventory* device
       ingest_(metrics, options_.clock, ReportIngest::Options{options_.max_events_per_job}),
       gate_(options_.memory_calibrator, calibration_callbacks_.Wrap([this] {
               absl::MutexLock lock(&mu_);
-              RequestSchedule();
+              table_.RequestPass();
             })) {}
 
 absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(Options options, JobStore* store,
@@ -133,7 +133,7 @@ absl::Status JobManager::LoadStoredJobs() {
     JobEntry& entry = table_.Restore(std::move(record));
     switch (entry.record.job.state()) {
       case fitrun::v1::JOB_STATE_PLANNING:
-        (void)Transition(entry, fitrun::v1::JOB_STATE_QUEUED, "the coordinator restarted before the job launched");
+        (void)table_.Transition(entry, fitrun::v1::JOB_STATE_QUEUED, "the coordinator restarted before the job launched");
         break;
       case fitrun::v1::JOB_STATE_RUNNING:
         RecoverRunningJob(entry);
@@ -153,7 +153,7 @@ absl::Status JobManager::LoadStoredJobs() {
     }
     table_.RestoreDone(entry);
   }
-  RequestSchedule();
+  table_.RequestPass();
   return absl::OkStatus();
 }
 
@@ -207,7 +207,6 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, c
       probe_first ? "submitted; its workload's memory is measured first (fitrun-worker --probe)" : "submitted";
   absl::StatusOr<JobEntry*> admitted = table_.Admit(std::move(entry), reason);
   if (!admitted.ok()) return admitted.status();
-  RequestSchedule();
   return (*admitted)->record.job;
 }
 
@@ -257,7 +256,7 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id, const std::str
   const std::string why = reason.empty() ? "cancelled by a user" : reason;
   entry.record.job.set_failure_reason(why);
   RecordAttemptOutcome(entry, absl::StrCat("cancelled: ", why));
-  if (absl::Status status = Transition(entry, fitrun::v1::JOB_STATE_CANCELLED, why); !status.ok()) return status;
+  if (absl::Status status = table_.Transition(entry, fitrun::v1::JOB_STATE_CANCELLED, why); !status.ok()) return status;
   if (entry.active) StopRanks(entry, why);
   MaybeReleaseAttempt(entry);
   return entry.record.job;
@@ -388,7 +387,7 @@ void JobManager::MaybeSucceed(JobEntry& entry, bool deadline_passed) {
     // Processes can exit before their last report crosses the stream; give it a moment.
     if (!attempt.awaiting_reports_until) {
       attempt.awaiting_reports_until = options_.clock() + options_.final_report_wait;
-      RequestSchedule();
+      table_.RequestPass();
     }
     return;
   }
@@ -410,7 +409,7 @@ void JobManager::MaybeSucceed(JobEntry& entry, bool deadline_passed) {
   std::string reason = "every rank finished";
   if (!all_reported) reason = "every rank exited 0 (some final reports never arrived)";
   RecordAttemptOutcome(entry, "succeeded");
-  (void)Transition(entry, fitrun::v1::JOB_STATE_SUCCEEDED, reason);
+  (void)table_.Transition(entry, fitrun::v1::JOB_STATE_SUCCEEDED, reason);
 }
 
 void JobManager::StopRanks(JobEntry& entry, const std::string& reason) {
@@ -446,20 +445,11 @@ void JobManager::MaybeReleaseAttempt(JobEntry& entry) {
   entry.active.reset();
   job.clear_allocation_status();
   table_.Persist(entry);
-  RequestSchedule();
+  table_.RequestPass();
 }
 
 // ---------------------------------------------------------------------------------------------------
 // State, events, devices
-
-absl::Status JobManager::Transition(JobEntry& entry, JobState to, const std::string& reason) {
-  const JobState from = entry.record.job.state();
-  absl::Status status = table_.Transition(entry, to, reason);
-  // An ended job frees its owner's room and its devices' queue, and may now be forgotten: the next
-  // pass sees to all three.
-  if (status.ok() && IsTerminal(to) && !IsTerminal(from)) RequestSchedule();
-  return status;
-}
 
 void JobManager::DeleteJobRows(const std::vector<std::string>& job_ids) {
   if (job_ids.empty()) return;
@@ -588,7 +578,7 @@ void JobManager::MoveAtCheckpoint(JobEntry& entry, int64_t checkpoint_step) {
   RecordAttemptOutcome(entry, reason);
   metrics_->JobRestarted("measured_move");
   entry.recovering_since = options_.clock();
-  (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
+  (void)table_.Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
   StopRanks(entry, reason);
 }
 

@@ -237,7 +237,6 @@ class JobManager {
   // The launching half: each attempt started with the lock released, then committed under it.
   void LaunchReserved(std::vector<PendingLaunch> launches, SchedulingPassTimes& times)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RequestSchedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { schedule_requested_ = true; }
   // `placement`: the job's plan in this pass and when and how long it was made.
   PendingLaunch ReserveAttempt(JobEntry& entry, const Placement& placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every rank of the attempt started, or none (the launcher's promise).
@@ -286,9 +285,6 @@ class JobManager {
   void RecordAttemptOutcome(JobEntry& entry, const std::string& outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration StopGrace(const JobEntry& entry) const;
 
-  // JobTable::Transition, and a scheduling pass once a job ends.
-  absl::Status Transition(JobEntry& entry, fitrun::v1::JobState to, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes forgotten jobs' rows from the store (JobTable::ForgetExcess); outside the lock.
   void DeleteJobRows(const std::vector<std::string>& job_ids) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -351,7 +347,6 @@ class JobManager {
   std::vector<std::string> forgotten_ ABSL_GUARDED_BY(mu_);
   // device id -> (job id, rank) of the rank holding it.
   std::map<std::string, std::pair<std::string, int>> device_owner_ ABSL_GUARDED_BY(mu_);
-  bool schedule_requested_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::thread scheduler_;

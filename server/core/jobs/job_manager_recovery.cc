@@ -184,7 +184,7 @@ int JobManager::AdoptLastAttempt(JobEntry& entry) {
 void JobManager::RecoverRunningJob(JobEntry& entry) {
   Job& job = entry.record.job;
   if (job.attempt_history().empty()) {
-    (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, "the coordinator restarted; no attempt was on record");
+    (void)table_.Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, "the coordinator restarted; no attempt was on record");
     return;
   }
   const fitrun::v1::AttemptRecord& record = job.attempt_history(job.attempt_history_size() - 1);
@@ -202,7 +202,7 @@ void JobManager::RecoverRunningJob(JobEntry& entry) {
   RecordAttemptOutcome(entry, reason);
   metrics_->JobRestarted("coordinator_restart");
   entry.recovering_since = options_.clock();
-  (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
+  (void)table_.Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
   StopRanks(entry, reason);
   MaybeReleaseAttempt(entry);
 }
@@ -240,10 +240,10 @@ void JobManager::HandleAttemptFailure(JobEntry& entry, FailureKind kind, const s
   if (retry) {
     metrics_->JobRestarted(FailureKindLabel(kind));
     entry.recovering_since = options_.clock();
-    (void)Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
+    (void)table_.Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
   } else {
     job.set_failure_reason(absl::StrCat(reason, details));
-    (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, job.failure_reason());
+    (void)table_.Transition(entry, fitrun::v1::JOB_STATE_FAILED, job.failure_reason());
   }
   StopRanks(entry, headline);
 }

@@ -48,14 +48,14 @@ void JobManager::SchedulerLoop() {
         wake = std::min(wake, *entry.active->awaiting_reports_until);
       }
     }
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return schedule_requested_ || shutting_down_; };
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return table_.pass_requested() || shutting_down_; };
     mu_.AwaitWithDeadline(absl::Condition(&ready), wake);
     if (shutting_down_) return;
     // A burst of submits, reports and exits is one pass, not one pass each: every pass walks the
     // queue under the lock the API's calls wait for.
     mu_.AwaitWithDeadline(absl::Condition(&shutting_down_), last_pass_ + options_.min_pass_spacing);
     if (shutting_down_) return;
-    schedule_requested_ = false;
+    table_.TakePassRequest();
 
     const absl::Time now = options_.clock();
     for (auto& [id, entry] : table_.jobs()) {
@@ -119,19 +119,19 @@ std::vector<JobManager::PendingLaunch> JobManager::SchedulePass(SchedulingPassTi
     }
     if (placement.back_to_queue) {
       entry.waiting_for.clear();
-      (void)Transition(entry, fitrun::v1::JOB_STATE_QUEUED,
+      (void)table_.Transition(entry, fitrun::v1::JOB_STATE_QUEUED,
                        absl::StrCat("memory measured; waiting for devices: ", placement.plan.status().message()));
       continue;
     }
     entry.waiting_for.clear();
     if (entry.record.job.state() != fitrun::v1::JOB_STATE_PLANNING) {
-      if (absl::Status status = Transition(entry, fitrun::v1::JOB_STATE_PLANNING, "devices are free"); !status.ok()) {
+      if (absl::Status status = table_.Transition(entry, fitrun::v1::JOB_STATE_PLANNING, "devices are free"); !status.ok()) {
         continue;
       }
     }
     if (!placement.plan.ok()) {
       entry.record.job.set_failure_reason(absl::StrCat("planning failed: ", placement.plan.status().message()));
-      (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, entry.record.job.failure_reason());
+      (void)table_.Transition(entry, fitrun::v1::JOB_STATE_FAILED, entry.record.job.failure_reason());
       continue;
     }
     launches.push_back(ReserveAttempt(entry, placement));
@@ -238,7 +238,7 @@ void JobManager::FinishLaunch(PendingLaunch& launch, absl::StatusOr<LaunchedAtte
     for (RankState& rank : active.ranks) rank.exited = true;
     if (!IsTerminal(job.state())) {
       job.set_failure_reason(reason);
-      (void)Transition(entry, fitrun::v1::JOB_STATE_FAILED, reason);
+      (void)table_.Transition(entry, fitrun::v1::JOB_STATE_FAILED, reason);
     }
     MaybeReleaseAttempt(entry);
     return;
@@ -255,7 +255,7 @@ void JobManager::FinishLaunch(PendingLaunch& launch, absl::StatusOr<LaunchedAtte
     StopRanks(entry, job.failure_reason());
     return;
   }
-  (void)Transition(entry, fitrun::v1::JOB_STATE_RUNNING,
+  (void)table_.Transition(entry, fitrun::v1::JOB_STATE_RUNNING,
                    absl::StrCat("launched ", active.ranks.size(), " rank(s)",
                                 launched->warm_ranks > 0 ? absl::StrCat(" (", launched->warm_ranks, " warm)") : "",
                                 " on ", absl::StrJoin(active.device_ids, ", "), "; ", FormatLaunchPhases(launch.phases)));
@@ -324,7 +324,7 @@ void JobManager::WaitInPlanning(JobEntry& entry, const std::string& waiting_for)
   if (entry.waiting_for == waiting_for) return;
   entry.waiting_for = waiting_for;
   if (entry.record.job.state() != fitrun::v1::JOB_STATE_PLANNING) {
-    (void)Transition(entry, fitrun::v1::JOB_STATE_PLANNING, waiting_for);
+    (void)table_.Transition(entry, fitrun::v1::JOB_STATE_PLANNING, waiting_for);
     return;
   }
   JobEvent event;

@@ -130,6 +130,9 @@ absl::Status JobTable::Transition(JobEntry& entry, JobState to, const std::strin
     open_jobs_.Closed(job.owner());
     retention_.Ended(job.id(), FromProto(job.finished_at()), entry.record.submit_order);
   }
+  // A new job waits for placement; an ended one frees its owner's room and its devices' queue, and
+  // may now be forgotten: the next pass sees to all of it.
+  if (admitting || (IsTerminal(to) && !IsTerminal(from))) RequestPass();
   return absl::OkStatus();
 }
 

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -84,6 +85,14 @@ class JobTable {
   // rows are the caller's to delete from the store, outside the manager's lock.
   std::vector<std::string> ForgetExcess();
 
+  // ---- the scheduler's cue ----
+  // Whether something changed that the scheduler's next pass must see: a job admitted or ended
+  // (an ended one frees its owner's room and its devices' queue, and may now be forgotten; Transition
+  // asks for the pass itself), devices freed, a deadline set. The scheduler takes the request.
+  void RequestPass() { pass_requested_ = true; }
+  bool pass_requested() const { return pass_requested_; }
+  bool TakePassRequest() { return std::exchange(pass_requested_, false); }
+
  private:
   const Options options_;
   JobStore* const store_;
@@ -94,6 +103,7 @@ class JobTable {
   OpenJobs open_jobs_;
   Retention retention_;
   int64_t next_submit_order_ = 1;
+  bool pass_requested_ = false;
 };
 
 }  // namespace fitrun::server

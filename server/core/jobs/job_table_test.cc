@@ -76,6 +76,22 @@ TEST_F(JobTableTest, OnlyAllowedMovesChangeAStateAndAnEndedJobFreesItsOwnersRoom
   EXPECT_EQ(hub_.LastSequence(job.record.job.id()), 2);
 }
 
+TEST_F(JobTableTest, AnAdmittedOrEndedJobAsksTheSchedulerForAPassButAMoveBetweenOpenStatesDoesNot) {
+  JobTable table = MakeTable(0, 0);
+  EXPECT_FALSE(table.pass_requested());
+  JobEntry& job = **table.Admit(NewJob("alice"), "submitted");
+  EXPECT_TRUE(table.TakePassRequest()) << "a new job waits for placement";
+  EXPECT_FALSE(table.TakePassRequest()) << "a request is taken once";
+  ASSERT_TRUE(table.Transition(job, fitrun::v1::JOB_STATE_PLANNING, "devices are free").ok());
+  EXPECT_FALSE(table.pass_requested());
+  ASSERT_TRUE(table.Transition(job, fitrun::v1::JOB_STATE_FAILED, "planning failed").ok());
+  EXPECT_TRUE(table.TakePassRequest()) << "an ended job frees its owner's room and may be forgotten";
+  EXPECT_FALSE(table.Transition(job, fitrun::v1::JOB_STATE_CANCELLED, "again").ok());
+  EXPECT_FALSE(table.pass_requested()) << "a refused move changes nothing";
+  table.RequestPass();
+  EXPECT_TRUE(table.TakePassRequest());
+}
+
 TEST_F(JobTableTest, EndedJobsBeyondTheRetentionAreForgottenButNeverOneWithAnAttempt) {
   JobTable table = MakeTable(0, 1);
   std::vector<std::string> ids;
