@@ -1,5 +1,6 @@
 #include "server/core/jobs/job_directory.h"
 
+#include <filesystem>
 #include <optional>
 #include <vector>
 
@@ -8,6 +9,10 @@
 #include "absl/strings/str_split.h"
 
 namespace fitrun::server {
+
+std::string JobDirectoryPath(const std::string& jobs_dir, const std::string& job_id) {
+  return (std::filesystem::path(jobs_dir) / job_id).string();
+}
 
 std::string AttemptDirectoryName(int attempt) { return absl::StrCat("attempt-", attempt); }
 

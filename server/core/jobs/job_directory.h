@@ -18,6 +18,8 @@ namespace fitrun::server {
 
 inline constexpr char kCheckpointsDirectoryName[] = "checkpoints";
 inline constexpr char kAssignmentFileName[] = "assignment.textproto";
+// "<jobs_dir>/<job_id>".
+std::string JobDirectoryPath(const std::string& jobs_dir, const std::string& job_id);
 // "attempt-<attempt>".
 std::string AttemptDirectoryName(int attempt);
 // "attempt-<attempt>/rank-<rank>.log", relative to the job's directory.

@@ -6,6 +6,7 @@
 #include "server/core/jobs/job_manager.h"
 
 #include "server/core/jobs/first_steps.h"
+#include "server/core/jobs/job_directory.h"
 
 #include <sys/random.h>
 
@@ -60,6 +61,7 @@ JobManager::JobManager(Options options, JobStore* store, DeviceInventory* device
       table_(JobTable::Options{options_.max_open_jobs_per_owner, options_.retain_finished_jobs, options_.clock}, store,
              &hub_, metrics),
       ingest_(metrics, options_.clock, ReportIngest::Options{options_.max_events_per_job}),
+      holders_(devices),
       gate_(options_.memory_calibrator, calibration_callbacks_.Wrap([this] {
               absl::MutexLock lock(&mu_);
               table_.RequestPass();
@@ -437,7 +439,7 @@ void JobManager::MaybeReleaseAttempt(JobEntry& entry) {
   RecordAttemptMemory(entry);
   // Whatever the ranks left behind (a script's daemon) goes with the attempt.
   if (!entry.active->launch_handle.empty()) launcher_->Release(entry.active->launch_handle);
-  for (const std::string& device : entry.active->device_ids) device_owner_.erase(device);
+  holders_.Release(entry.active->device_ids);
   Job& job = entry.record.job;
   if (!job.attempt_history().empty()) {
     *job.mutable_attempt_history(job.attempt_history_size() - 1)->mutable_ended_at() = ToProto(options_.clock());
@@ -549,7 +551,7 @@ void JobManager::AfterFirstSteps(JobEntry& entry) {
   std::optional<fitrun::v1::Plan> move_to;
   if (job.measured_moves() == 0 && job.spec().resources().per_device_batch() == 0) {
     std::vector<DeviceCapacity> held;
-    for (const fitrun::v1::Device& device : DevicesLocked()) {
+    for (const fitrun::v1::Device& device : holders_.Devices(table_)) {
       const auto& ids = entry.active->device_ids;
       if (std::find(ids.begin(), ids.end(), device.id()) == ids.end()) continue;
       held.push_back(planner_.CapacityOf(device, device.total_bytes(), planner_.AllocatorConfigFor(job.spec()), job.run_as()));
@@ -580,10 +582,6 @@ void JobManager::MoveAtCheckpoint(JobEntry& entry, int64_t checkpoint_step) {
   entry.recovering_since = options_.clock();
   (void)table_.Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
   StopRanks(entry, reason);
-}
-
-std::string JobManager::JobDir(const std::string& job_id) const {
-  return (std::filesystem::path(options_.jobs_dir) / job_id).string();
 }
 
 }  // namespace fitrun::server

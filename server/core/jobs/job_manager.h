@@ -39,11 +39,13 @@
 #include "server/core/device_inventory.h"
 #include "server/core/job_store.h"
 #include "server/core/jobs/admission.h"
+#include "server/core/jobs/device_holders.h"
 #include "server/core/jobs/event_hub.h"
 #include "server/core/jobs/failure_policy.h"
 #include "server/core/jobs/job_entry.h"
 #include "server/core/jobs/job_planner.h"
 #include "server/core/jobs/job_table.h"
+#include "server/core/jobs/job_views.h"
 #include "server/core/jobs/placement.h"
 #include "server/core/jobs/report_ingest.h"
 #include "server/core/memory/estimator.h"
@@ -153,19 +155,8 @@ class JobManager {
   std::vector<fitrun::v1::Device> Devices(const std::function<bool(const fitrun::v1::Job&)>& visible);
 
   // ---- monitoring (metrics scrapes, the web page) ----
-  // One rank of an attempt: where it runs, the plan's predicted peak for it, the highest peak it
-  // reported, and its latest progress report (empty before the first).
-  struct RankView {
-    int rank = 0;
-    std::string device_id;
-    int64_t planned_bytes = 0;
-    int64_t peak_bytes = 0;
-    fitrun::v1::Progress last_progress;
-  };
-  struct RunningJob {
-    fitrun::v1::Job job;
-    std::vector<RankView> ranks;
-  };
+  using RankView = ::fitrun::server::RankView;
+  using RunningJob = ::fitrun::server::RunningJob;
   // Jobs with an attempt whose ranks are (or may still be) alive, in submission order.
   std::vector<RunningJob> Running();
   // The ranks of the job's running attempt, or of its last one once it has none (peaks from the
@@ -177,16 +168,9 @@ class JobManager {
                                                                int limit);
   EventHub& events() { return hub_; }
 
-  // Where a rank's log is, for the given attempt (0: the latest), and whether that attempt still runs.
-  // The job's processes control the file: open it with OpenRankLog (job_directory.h), as run_as,
-  // never under a lock.
-  struct LogFile {
-    std::string job_dir;
-    std::string run_as;
-    int attempt = 0;
-    int rank = 0;
-    bool attempt_running = false;
-  };
+  // Where a rank's log is, for the given attempt (0: the latest), and whether that attempt still runs
+  // (FindRankLog).
+  using LogFile = RankLogFile;
   absl::StatusOr<LogFile> RankLog(const std::string& job_id, int rank, int attempt);
 
   // ---- the worker side (called by the WorkerChannel service) ----
@@ -288,14 +272,9 @@ class JobManager {
   // Deletes forgotten jobs' rows from the store (JobTable::ForgetExcess); outside the lock.
   void DeleteJobRows(const std::vector<std::string>& job_ids) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Every device, with the memory a plan may use and, while a rank holds it, its job, rank, planned
-  // and peak bytes.
-  std::vector<fitrun::v1::Device> DevicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<RankView> RanksLocked(const JobEntry& entry) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<fitrun::v1::Plan> PlanOn(const fitrun::v1::JobSpec& spec, const std::string& run_as,
                                           bool only_free_devices)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string JobDir(const std::string& job_id) const;
   // Every device with its whole memory, as if idle (what a plan gets once the devices free up).
   std::vector<DeviceCapacity> EveryDeviceAsIfIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The host memory not yet promised to running attempts' ranks (Plan.host_memory_bytes), or -1
@@ -345,8 +324,7 @@ class JobManager {
   const ReportIngest ingest_;
   // Jobs the table forgot, whose rows the scheduler deletes from the store outside the lock.
   std::vector<std::string> forgotten_ ABSL_GUARDED_BY(mu_);
-  // device id -> (job id, rank) of the rank holding it.
-  std::map<std::string, std::pair<std::string, int>> device_owner_ ABSL_GUARDED_BY(mu_);
+  DeviceHolders holders_ ABSL_GUARDED_BY(mu_);
   absl::Time last_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::thread scheduler_;

@@ -48,7 +48,7 @@ void JobManager::RecordAttemptOutcome(JobEntry& entry, const std::string& outcom
 }
 
 WorkerLauncher::RankExitCallback JobManager::ExitCallbackFor(const Job& job, int attempt) {
-  return [this, job_id = job.id(), attempt, job_dir = JobDir(job.id()), run_as = job.run_as()](
+  return [this, job_id = job.id(), attempt, job_dir = JobDirectoryPath(options_.jobs_dir, job.id()), run_as = job.run_as()](
              int rank, const WorkerExit& exit) {
     // A known clean exit has nothing to show; an adopted rank's is not known yet.
     const bool maybe_failed = !exit.status_known || exit.exit_code != 0 || exit.signal != 0;
@@ -151,7 +151,7 @@ int JobManager::AdoptLastAttempt(JobEntry& entry) {
   RecordedAttempt recorded{job.id(), record.attempt(), active.launch_handle, pids, {},
                            AllocationCallbackFor(job.id(), record.attempt())};
   for (const fitrun::v1::RankOutcome& outcome : record.ranks()) recorded.maybe_running.push_back(!outcome.exited());
-  recorded.job_dir = JobDir(job.id());
+  recorded.job_dir = JobDirectoryPath(options_.jobs_dir, job.id());
   recorded.attempt_dir_name = AttemptDirectoryName(record.attempt());
   if (!job.run_as().empty()) {
     absl::StatusOr<UnixAccount> account = LookUpUnixAccount(job.run_as());
@@ -175,9 +175,7 @@ int JobManager::AdoptLastAttempt(JobEntry& entry) {
     rank.last_heard = now;
     ++adopted;
   }
-  for (size_t r = 0; r < active.device_ids.size(); ++r) {
-    device_owner_[active.device_ids[r]] = {job.id(), static_cast<int>(r)};
-  }
+  holders_.Hold(job.id(), active.device_ids);
   return adopted;
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "server/core/jobs/attempt_launch.h"
+#include "server/core/jobs/job_directory.h"
 #include "server/core/jobs/job_manager.h"
 #include "server/core/jobs/job_queue.h"
 #include "server/core/jobs/placement.h"
@@ -99,7 +100,7 @@ std::vector<JobManager::PendingLaunch> JobManager::SchedulePass(SchedulingPassTi
   std::sort(queued.begin(), queued.end(),
             [](const JobEntry* a, const JobEntry* b) { return RunsBefore(a->record, b->record); });
   std::vector<DeviceCapacity> free_devices;
-  for (const fitrun::v1::Device& device : DevicesLocked()) {
+  for (const fitrun::v1::Device& device : holders_.Devices(table_)) {
     if (device.job_id().empty()) {
       free_devices.push_back(planner_.CapacityOf(device, device.free_bytes(), options_.cuda_allocator_config));
     }
@@ -181,7 +182,7 @@ JobManager::PendingLaunch JobManager::ReserveAttempt(JobEntry& entry, const Plac
   active.launching = true;
   active.device_ids.assign(plan.device_ids().begin(), plan.device_ids().end());
   active.ranks.resize(world_size);
-  for (int rank = 0; rank < world_size; ++rank) device_owner_[active.device_ids[rank]] = {job.id(), rank};
+  holders_.Hold(job.id(), active.device_ids);
   if (!job.has_started_at()) *job.mutable_started_at() = ToProto(options_.clock());
   // On record from the reservation, so a cancel while the ranks start ends this attempt's record.
   fitrun::v1::AttemptRecord* record = job.add_attempt_history();
@@ -214,7 +215,7 @@ absl::StatusOr<LaunchedAttempt> JobManager::StartRanks(PendingLaunch& launch) {
   const absl::Time assembly_start = absl::Now();
   absl::StatusOr<AttemptLaunch> assembled = AssembleAttempt(launch.job, launch.token, launch.attempt,
                                                             launch.job.plan(), launch.devices,
-                                                            JobDir(launch.job_id), settings);
+                                                            JobDirectoryPath(options_.jobs_dir, launch.job_id), settings);
   if (!assembled.ok()) return assembled.status();
   launch.phases.push_back({"job directory", absl::Now() - assembly_start});
   assembled->on_allocation = launch.on_allocation;
@@ -273,7 +274,7 @@ void JobManager::AwaitLaunched(const std::string& job_id) {
 
 absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, const std::string& run_as, bool only_free_devices) {
   std::vector<DeviceCapacity> capacities;
-  for (const fitrun::v1::Device& device : DevicesLocked()) {
+  for (const fitrun::v1::Device& device : holders_.Devices(table_)) {
     if (only_free_devices && !device.job_id().empty()) continue;
     // A free device's whole memory is the rank's; a busy one is planned as if idle.
     const int64_t bytes = only_free_devices ? device.free_bytes() : device.total_bytes();
@@ -285,10 +286,8 @@ absl::StatusOr<Plan> JobManager::PlanOn(const JobSpec& spec, const std::string& 
 
 int64_t JobManager::UnpromisedHostMemory() {
   if (options_.host_memory_bytes <= 0) return -1;
-  std::set<std::string> running;
-  for (const auto& [device, owner] : device_owner_) running.insert(owner.first);
   int64_t promised = 0;
-  for (const std::string& id : running) {
+  for (const std::string& id : holders_.HoldingJobs()) {
     const JobEntry& entry = table_.jobs().at(id);
     if (entry.active) promised += entry.record.job.plan().host_memory_bytes();
   }
@@ -297,7 +296,7 @@ int64_t JobManager::UnpromisedHostMemory() {
 
 std::vector<DeviceCapacity> JobManager::EveryDeviceAsIfIdle() {
   std::vector<DeviceCapacity> every_device;
-  for (const fitrun::v1::Device& device : DevicesLocked()) {
+  for (const fitrun::v1::Device& device : holders_.Devices(table_)) {
     every_device.push_back(planner_.CapacityOf(device, device.total_bytes(), options_.cuda_allocator_config));
   }
   return every_device;

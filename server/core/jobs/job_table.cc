@@ -59,6 +59,11 @@ JobEntry* JobTable::Find(const std::string& job_id) {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
+const JobEntry* JobTable::Find(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
 JobEntry& JobTable::Restore(JobRecord record) {
   const std::string id = record.job.id();
   next_submit_order_ = std::max(next_submit_order_, record.submit_order + 1);

@@ -44,8 +44,10 @@ class JobTable {
 
   // ---- the jobs ----
   std::map<std::string, JobEntry>& jobs() { return jobs_; }
+  const std::map<std::string, JobEntry>& jobs() const { return jobs_; }
   // nullptr for a job not (or no longer) here.
   JobEntry* Find(const std::string& job_id);
+  const JobEntry* Find(const std::string& job_id) const;
   // Job ids in submission order (for paging).
   const std::map<int64_t, std::string>& ids_by_order() const { return ids_by_order_; }
   OpenJobs& open_jobs() { return open_jobs_; }
