@@ -61,6 +61,7 @@ JobManager::JobManager(Options options, JobStore* store, DeviceInventory* device
       table_(JobTable::Options{options_.max_open_jobs_per_owner, options_.retain_finished_jobs, options_.clock}, store,
              &hub_, metrics),
       ingest_(metrics, options_.clock, ReportIngest::Options{options_.max_events_per_job}),
+      run_memory_(&planner_, &table_, devices, metrics, options_.memory_calibrator, options_.device_costs),
       holders_(devices),
       gate_(options_.memory_calibrator, calibration_callbacks_.Wrap([this] {
               absl::MutexLock lock(&mu_);
@@ -318,7 +319,7 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
       // What a script's first steps measured goes out after the report that completed it (once per
       // attempt; otherwise a batch's events go to the store in one transaction).
       (void)table_.PublishAll(entry, std::exchange(events, {}));
-      AfterFirstSteps(entry);
+      run_memory_.AfterFirstSteps(entry);
     }
     if (report->has_checkpoint_saved() && key.rank == 0 && entry.active && entry.active->move_at_checkpoint) {
       (void)table_.PublishAll(entry, std::exchange(events, {}));
@@ -436,7 +437,7 @@ void JobManager::MaybeReleaseAttempt(JobEntry& entry) {
   }
   const JobState state = entry.record.job.state();
   if (!IsTerminal(state) && state != fitrun::v1::JOB_STATE_RESTARTING) return;
-  RecordAttemptMemory(entry);
+  run_memory_.RecordAttempt(entry);
   // Whatever the ranks left behind (a script's daemon) goes with the attempt.
   if (!entry.active->launch_handle.empty()) launcher_->Release(entry.active->launch_handle);
   holders_.Release(entry.active->device_ids);
@@ -460,111 +461,6 @@ void JobManager::DeleteJobRows(const std::vector<std::string>& job_ids) {
     contract::LogError("could not delete %zu ended job(s) beyond --retain_finished_jobs from the store: %s",
             job_ids.size(), std::string(status.message()).c_str());
   }
-}
-
-void JobManager::RecordAttemptMemory(JobEntry& entry) {
-  Job& job = entry.record.job;
-  if (!entry.active || entry.active->out_of_memory || job.attempt_history().empty()) return;
-  fitrun::v1::AttemptRecord& record = *job.mutable_attempt_history(job.attempt_history_size() - 1);
-  // An attempt that predicted nothing (a script's first run, its own measurement) is measured too.
-  if (record.attempt() != entry.active->attempt) return;
-  // A rank stopped before its second step has not allocated everything a step keeps; one that
-  // finished has.
-  const int64_t enough_steps = std::min<int64_t>(2, std::max<int64_t>(1, job.plan().total_steps()));
-  GpuRunPeaks gpu;
-  int64_t measured = 0;
-  for (const RankState& rank : entry.active->ranks) {
-    if ((rank.peak_bytes <= 0 && rank.device_peak_bytes <= 0) || (rank.last_step < enough_steps && !rank.finished)) {
-      continue;
-    }
-    measured = std::max(measured, rank.peak_bytes);
-    gpu.reserved_bytes = std::max(gpu.reserved_bytes, rank.reserved_peak_bytes);
-    gpu.device_bytes = std::max(gpu.device_bytes, rank.device_peak_bytes);
-    // What the plan predicted is what fills the device: on a GPU the process's whole footprint.
-    const int64_t observed = rank.device_peak_bytes > 0 ? rank.device_peak_bytes : rank.peak_bytes;
-    if (record.predicted_peak_bytes() > 0) {
-      metrics_->MemoryPredictionObserved(static_cast<double>(observed) /
-                                         static_cast<double>(record.predicted_peak_bytes()));
-    }
-  }
-  // A script that reported nothing on a GPU: its supervisor read only the driver's footprint.
-  const bool from_footprint = measured <= 0 && gpu.device_bytes > 0;
-  if (from_footprint) measured = AllocatedFromFootprintOf(entry, gpu.device_bytes);
-  if (measured <= 0) return;
-  record.set_measured_peak_bytes(measured);
-  record.set_measured_reserved_peak_bytes(gpu.reserved_bytes);
-  record.set_measured_device_peak_bytes(gpu.device_bytes);
-  if (!LearnRunPeak(entry, record.per_device_batch(), measured, gpu.device_bytes)) return;
-  gpu.allocated_bytes = measured;
-  // Costs are learnt from the allocator's bytes beside the footprint, not from a figure derived by them.
-  if (options_.device_costs != nullptr && gpu.device_bytes > 0 && !from_footprint && record.device_ids_size() > 0) {
-    for (const fitrun::v1::Device& device : devices_->Snapshot()) {
-      if (device.id() != record.device_ids(0) || device.kind() != fitrun::v1::DEVICE_KIND_CUDA) continue;
-      options_.device_costs->RecordRun(job.run_as(), device.name(), job.plan().cuda_allocator_config(), gpu);
-    }
-  }
-}
-
-int64_t JobManager::AllocatedFromFootprintOf(const JobEntry& entry, int64_t footprint) {
-  const Job& job = entry.record.job;
-  for (const fitrun::v1::Device& device : devices_->Snapshot()) {
-    if (entry.active->device_ids.empty() || device.id() != entry.active->device_ids.front()) continue;
-    if (device.kind() != fitrun::v1::DEVICE_KIND_CUDA) return 0;
-    return AllocatedFromFootprint(footprint, planner_.GpuCosts(device.name(), planner_.AllocatorConfigFor(job.spec()), job.run_as()));
-  }
-  return 0;
-}
-
-bool JobManager::LearnRunPeak(JobEntry& entry, int64_t per_device_batch, int64_t measured, int64_t device_peak) {
-  const Job& job = entry.record.job;
-  // The figures are the ranks' word: what fitrund measured itself bounds them, and what passes
-  // teaches only plans of the same account (CalibrationKey, DeviceCostsBook).
-  if (const std::string impossible = ImpossiblePeak(*entry.active, devices_->Snapshot(), std::max(measured, device_peak));
-      !impossible.empty()) {
-    JobEvent event;
-    event.mutable_log()->set_rank(-1);
-    event.mutable_log()->set_text(absl::StrCat("memory: ", impossible, "; this attempt's peaks are not learned from"));
-    table_.Publish(entry, std::move(event));
-    return false;
-  }
-  if (options_.memory_calibrator != nullptr) {
-    // The calibration's curve is of ranks that keep every optimizer state; a sharded run's rank kept
-    // its share, and teaches the curve what it would have peaked at with all of them.
-    const int ranks = job.plan().device_ids_size();
-    const int64_t unsharded_equivalent =
-        measured + (job.plan().zero_stage() == 1 && ranks > 1
-                        ? job.plan().predicted().optimizer_state_bytes() * (ranks - 1)
-                        : 0);
-    options_.memory_calibrator->RecordRun(SpecAsPlanned(job.spec(), job.plan()), job.run_as(), per_device_batch,
-                                          unsharded_equivalent);
-  }
-  return true;
-}
-
-void JobManager::AfterFirstSteps(JobEntry& entry) {
-  const std::optional<FirstStepsPeak> measured = FirstStepsDue(entry);
-  if (!measured.has_value()) return;
-  Job& job = entry.record.job;
-  entry.active->first_steps_measured = true;
-  if (!LearnRunPeak(entry, measured->per_device_batch, measured->peak_bytes, 0)) return;
-  // Asked again with what the run measured, on the devices it holds (each with its whole memory).
-  std::optional<fitrun::v1::Plan> move_to;
-  if (job.measured_moves() == 0 && job.spec().resources().per_device_batch() == 0) {
-    std::vector<DeviceCapacity> held;
-    for (const fitrun::v1::Device& device : holders_.Devices(table_)) {
-      const auto& ids = entry.active->device_ids;
-      if (std::find(ids.begin(), ids.end(), device.id()) == ids.end()) continue;
-      held.push_back(planner_.CapacityOf(device, device.total_bytes(), planner_.AllocatorConfigFor(job.spec()), job.run_as()));
-    }
-    absl::StatusOr<fitrun::v1::Plan> replanned = planner_.PlanForJob(job, held, /*host_room=*/-1);
-    if (replanned.ok() && WorthMovingTo(job.plan(), *replanned)) move_to = *replanned;
-  }
-  entry.active->move_at_checkpoint = move_to;
-  JobEvent event;
-  event.mutable_log()->set_rank(-1);
-  event.mutable_log()->set_text(DescribeFirstSteps(entry.active->attempt, *measured, job.plan(),
-                                                   move_to.has_value() ? &*move_to : nullptr));
-  table_.Publish(entry, std::move(event));
 }
 
 void JobManager::MoveAtCheckpoint(JobEntry& entry, int64_t checkpoint_step) {

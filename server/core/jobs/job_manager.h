@@ -48,6 +48,7 @@
 #include "server/core/jobs/job_views.h"
 #include "server/core/jobs/placement.h"
 #include "server/core/jobs/report_ingest.h"
+#include "server/core/jobs/run_memory.h"
 #include "server/core/memory/estimator.h"
 #include "server/core/memory/planner.h"
 #include "server/core/specs/data_roots.h"
@@ -289,21 +290,6 @@ class JobManager {
   // Tells the job's watchers what it waits for in PLANNING (a state change into PLANNING, or a log
   // line when it is there already); nothing when that has not changed.
   void WaitInPlanning(JobEntry& entry, const std::string& waiting_for) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The memory a finished attempt's ranks reported against its plan: recorded on the attempt, in the
-  // metrics, and with the calibrator, which corrects the workload's curve from it.
-  void RecordAttemptMemory(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The allocator's bytes a GPU rank's whole footprint (NVML's figure) stands for on the attempt's
-  // device (AllocatedFromFootprint with its model's costs); 0 on a CPU device.
-  int64_t AllocatedFromFootprintOf(const JobEntry& entry, int64_t footprint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives a run's peak at `per_device_batch` (its ranks' highest, allocator bytes; `device_peak` the
-  // process's whole footprint on a GPU, 0 elsewhere) to the calibration, unless fitrund's own
-  // figures say it cannot be true (then its watchers are told, and false is returned).
-  bool LearnRunPeak(JobEntry& entry, int64_t per_device_batch, int64_t measured, int64_t device_peak)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After a report of a script job's rank: once its first steps measured the attempt's batch
-  // (first_steps.h), learns the peak, asks the plan again and, where it now takes a larger batch,
-  // marks the attempt to move there at its next checkpoint.
-  void AfterFirstSteps(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rank 0 saved a checkpoint of an attempt marked to move: restarts it from there on the larger
   // batch (the next scheduling pass plans it).
   void MoveAtCheckpoint(JobEntry& entry, int64_t checkpoint_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -322,6 +308,7 @@ class JobManager {
   absl::Mutex mu_;
   JobTable table_ ABSL_GUARDED_BY(mu_);
   const ReportIngest ingest_;
+  RunMemory run_memory_ ABSL_GUARDED_BY(mu_);
   // Jobs the table forgot, whose rows the scheduler deletes from the store outside the lock.
   std::vector<std::string> forgotten_ ABSL_GUARDED_BY(mu_);
   DeviceHolders holders_ ABSL_GUARDED_BY(mu_);
