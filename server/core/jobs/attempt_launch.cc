@@ -7,6 +7,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "proto/contract/launch_contract.h"
 #include "server/core/jobs/job_directory.h"
 #include "server/core/specs/job_specs.h"
@@ -174,6 +176,30 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
                                         run_as, settings));
   }
   return launches;
+}
+
+absl::StatusOr<LaunchedAttempt> StartRanks(PendingLaunch& launch, const std::string& job_dir,
+                                           const AttemptLaunchSettings& settings, WorkerLauncher& launcher) {
+  const absl::Time assembly_start = absl::Now();
+  absl::StatusOr<AttemptLaunch> assembled =
+      AssembleAttempt(launch.job, launch.token, launch.attempt, launch.job.plan(), launch.devices, job_dir, settings);
+  if (!assembled.ok()) return assembled.status();
+  launch.phases.push_back({"job directory", absl::Now() - assembly_start});
+  assembled->on_allocation = launch.on_allocation;
+  absl::StatusOr<LaunchedAttempt> launched = launcher.Launch(*assembled, launch.on_exit);
+  if (!launched.ok()) return absl::InternalError(absl::StrCat("launching the ranks: ", launched.status().message()));
+  launch.phases.insert(launch.phases.end(), launched->phases.begin(), launched->phases.end());
+  return launched;
+}
+
+std::string FormatLaunchPhases(const std::vector<LaunchPhase>& phases) {
+  absl::Duration total;
+  std::vector<std::string> parts;
+  for (const LaunchPhase& phase : phases) {
+    total += phase.took;
+    parts.push_back(absl::StrFormat("%s %.1f ms", phase.name, absl::ToDoubleMilliseconds(phase.took)));
+  }
+  return absl::StrFormat("in %.1f ms: %s", absl::ToDoubleMilliseconds(total), absl::StrJoin(parts, ", "));
 }
 
 }  // namespace fitrun::server

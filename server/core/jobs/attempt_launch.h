@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "fitrun/v1/job.pb.h"
 #include "server/core/worker_launcher.h"
 
@@ -53,6 +54,29 @@ absl::StatusOr<AttemptLaunch> AssembleAttempt(const fitrun::v1::Job& job, const 
                                                           const std::vector<fitrun::v1::Device>& devices,
                                                           const std::string& job_dir,
                                                           const AttemptLaunchSettings& settings);
+
+// An attempt reserved under the job manager's lock (Attempts::Reserve) and started without it
+// (StartRanks): what the unlocked phase needs, copied, so that it touches no job entry.
+struct PendingLaunch {
+  std::string job_id;
+  int attempt = 0;
+  fitrun::v1::Job job;
+  std::string token;
+  std::vector<fitrun::v1::Device> devices;
+  // Where the launch's time went so far (queue, plan); StartRanks adds its own.
+  std::vector<LaunchPhase> phases;
+  WorkerLauncher::RankExitCallback on_exit;
+  AllocationCallback on_allocation;
+};
+
+// Writes the attempt's directory under `job_dir` (AssembleAttempt) and starts every rank through
+// `launcher`, or none (the launcher's promise). Slow (files, a cgroup, spawning, a cluster's
+// sbatch): never under the job manager's lock.
+absl::StatusOr<LaunchedAttempt> StartRanks(PendingLaunch& launch, const std::string& job_dir,
+                                           const AttemptLaunchSettings& settings, WorkerLauncher& launcher);
+
+// "in 9.8 ms: plan 0.2 ms, job directory 1.1 ms, spawn 8.5 ms": where launching an attempt went.
+std::string FormatLaunchPhases(const std::vector<LaunchPhase>& phases);
 
 }  // namespace fitrun::server
 

@@ -61,8 +61,18 @@ JobManager::JobManager(Options options, JobStore* store, DeviceInventory* device
       table_(JobTable::Options{options_.max_open_jobs_per_owner, options_.retain_finished_jobs, options_.clock}, store,
              &hub_, metrics),
       ingest_(metrics, options_.clock, ReportIngest::Options{options_.max_events_per_job}),
-      run_memory_(&planner_, &table_, devices, metrics, options_.memory_calibrator, options_.device_costs),
       holders_(devices),
+      run_memory_(&planner_, &table_, devices, metrics, options_.memory_calibrator, options_.device_costs),
+      attempts_(Attempts::Options{options_.jobs_dir, options_.stop_grace, options_.final_report_wait,
+                                  options_.max_rank_host_memory_bytes, options_.clock,
+                                  [this](const Job& job, int attempt) { return ExitCallbackFor(job, attempt); },
+                                  [this](const std::string& job_id, int attempt) {
+                                    return AllocationCallbackFor(job_id, attempt);
+                                  }},
+                &table_, &holders_, launcher, metrics, &run_memory_, &gate_),
+      launch_settings_(AttemptLaunchSettings{options_.worker_binary, options_.worker_channel_address,
+                                             options_.worker_tls_ca, options_.dataset_cache_dir,
+                                             options_.script_binary, options_.max_rank_host_memory_bytes}),
       gate_(options_.memory_calibrator, calibration_callbacks_.Wrap([this] {
               absl::MutexLock lock(&mu_);
               table_.RequestPass();
@@ -108,7 +118,7 @@ void JobManager::Shutdown() {
     // restarts the others.
     if (options_.stop_workers_on_shutdown) {
       for (auto& [id, entry] : table_.jobs()) {
-        if (entry.active) StopRanks(entry, "the coordinator is shutting down");
+        if (entry.active) attempts_.StopRanks(entry, "the coordinator is shutting down");
       }
     }
   }
@@ -139,17 +149,12 @@ absl::Status JobManager::LoadStoredJobs() {
         (void)table_.Transition(entry, fitrun::v1::JOB_STATE_QUEUED, "the coordinator restarted before the job launched");
         break;
       case fitrun::v1::JOB_STATE_RUNNING:
-        RecoverRunningJob(entry);
+        attempts_.Recover(entry);
         break;
       case fitrun::v1::JOB_STATE_RESTARTING:
       case fitrun::v1::JOB_STATE_FAILED:
       case fitrun::v1::JOB_STATE_CANCELLED:
-        // The previous coordinator may have died while stopping these ranks: finish the job of
-        // stopping them, so the restarted attempt never runs beside the old one.
-        if (AdoptLastAttempt(entry) > 0) {
-          StopRanks(entry, absl::StrCat("the job is ", JobStateName(entry.record.job.state())));
-        }
-        MaybeReleaseAttempt(entry);
+        attempts_.StopLeftovers(entry);
         break;
       default:
         break;
@@ -158,11 +163,6 @@ absl::Status JobManager::LoadStoredJobs() {
   }
   table_.RequestPass();
   return absl::OkStatus();
-}
-
-absl::Duration JobManager::StopGrace(const JobEntry& entry) const {
-  const double seconds = entry.record.job.spec().fault_tolerance().stop_grace_seconds();
-  return seconds > 0 ? absl::Seconds(seconds) : options_.stop_grace;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -258,10 +258,10 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& job_id, const std::str
   }
   const std::string why = reason.empty() ? "cancelled by a user" : reason;
   entry.record.job.set_failure_reason(why);
-  RecordAttemptOutcome(entry, absl::StrCat("cancelled: ", why));
+  attempts_.RecordOutcome(entry, absl::StrCat("cancelled: ", why));
   if (absl::Status status = table_.Transition(entry, fitrun::v1::JOB_STATE_CANCELLED, why); !status.ok()) return status;
-  if (entry.active) StopRanks(entry, why);
-  MaybeReleaseAttempt(entry);
+  if (entry.active) attempts_.StopRanks(entry, why);
+  attempts_.MaybeRelease(entry);
   return entry.record.job;
 }
 
@@ -323,7 +323,7 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
     }
     if (report->has_checkpoint_saved() && key.rank == 0 && entry.active && entry.active->move_at_checkpoint) {
       (void)table_.PublishAll(entry, std::exchange(events, {}));
-      MoveAtCheckpoint(entry, report->checkpoint_saved().step());
+      attempts_.MoveAtCheckpoint(entry, report->checkpoint_saved().step());
       break;
     }
     switch (ingested.next) {
@@ -332,13 +332,13 @@ void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::
         // instead of waiting in their next collective.
         const fitrun::v1::OutOfMemory oom = events.back().oom();
         (void)table_.PublishAll(entry, std::exchange(events, {}));
-        OnOutOfMemoryLocked(entry, oom);
+        attempts_.OnOutOfMemory(entry, oom);
         break;
       }
       case ReportIngest::Next::kFinished:
         // The rank_finished event goes out before whatever state change it leads to.
         (void)table_.PublishAll(entry, std::exchange(events, {}));
-        MaybeSucceed(entry, /*deadline_passed=*/false);
+        attempts_.MaybeSucceed(entry, /*deadline_passed=*/false);
         break;
       case ReportIngest::Next::kNothing:
         break;
@@ -354,101 +354,25 @@ AllocationCallback JobManager::AllocationCallbackFor(const std::string& job_id, 
 void JobManager::OnAllocation(const std::string& job_id, int attempt, const AllocationStatus& status) {
   absl::MutexLock lock(&mu_);
   AwaitLaunched(job_id);
-  auto it = table_.jobs().find(job_id);
-  if (it == table_.jobs().end()) return;
-  JobEntry& entry = it->second;
-  if (!entry.active || entry.active->attempt != attempt) return;
-  const bool was_pending = entry.active->allocation_pending;
-  entry.active->allocation_pending = !status.granted;
-  if (was_pending && status.granted) {
-    // The ranks' silence is measured from when they got their nodes.
-    for (RankState& rank : entry.active->ranks) rank.last_heard = options_.clock();
-  }
-  Job& job = entry.record.job;
-  const std::string text = status.granted ? "" : status.text;
-  if (job.allocation_status() == text) return;
-  job.set_allocation_status(text);
-  JobEvent note;
-  note.mutable_log()->set_rank(-1);
-  note.mutable_log()->set_text(status.granted ? absl::StrCat("allocation: ", status.text)
-                                              : absl::StrCat("waiting for the cluster's scheduler: ", status.text));
-  table_.Publish(entry, note);
-  table_.Persist(entry);
+  JobEntry* entry = table_.Find(job_id);
+  if (entry != nullptr) attempts_.OnAllocation(*entry, attempt, status);
 }
 
-void JobManager::MaybeSucceed(JobEntry& entry, bool deadline_passed) {
-  if (!entry.active || entry.record.job.state() != fitrun::v1::JOB_STATE_RUNNING) return;
-  ActiveAttempt& attempt = *entry.active;
-  bool all_exited = true;
-  bool all_reported = true;
-  for (const RankState& rank : attempt.ranks) {
-    if (!rank.exited || rank.exit.exit_code != 0 || rank.exit.signal != 0) all_exited = false;
-    if (!rank.finished) all_reported = false;
-  }
-  if (!all_exited) return;
-  if (!all_reported && !deadline_passed) {
-    // Processes can exit before their last report crosses the stream; give it a moment.
-    if (!attempt.awaiting_reports_until) {
-      attempt.awaiting_reports_until = options_.clock() + options_.final_report_wait;
-      table_.RequestPass();
-    }
-    return;
-  }
-  Job& job = entry.record.job;
-  auto* result = job.mutable_result();
-  for (const RankState& rank : attempt.ranks) {
-    if (!rank.finished) continue;
-    if (rank.finished->has_test_accuracy()) {
-      result->set_has_test_accuracy(true);
-      result->set_test_accuracy(rank.finished->test_accuracy());
-    }
-    if (rank.finished->rank() == 0) {
-      result->set_final_loss(rank.finished->final_loss());
-      result->set_steps(rank.finished->steps());
-      result->set_train_seconds(rank.finished->train_seconds());
-      *result->mutable_metrics() = rank.finished->metrics();
-    }
-  }
-  std::string reason = "every rank finished";
-  if (!all_reported) reason = "every rank exited 0 (some final reports never arrived)";
-  RecordAttemptOutcome(entry, "succeeded");
-  (void)table_.Transition(entry, fitrun::v1::JOB_STATE_SUCCEEDED, reason);
+WorkerLauncher::RankExitCallback JobManager::ExitCallbackFor(const Job& job, int attempt) {
+  return [this, job_id = job.id(), attempt, job_dir = JobDirectoryPath(options_.jobs_dir, job.id()),
+          run_as = job.run_as()](int rank, const WorkerExit& exit) {
+    // A known clean exit has nothing to show; an adopted rank's is not known yet.
+    const bool maybe_failed = !exit.status_known || exit.exit_code != 0 || exit.signal != 0;
+    const std::string log_tail = maybe_failed ? RankLogTail(job_dir, run_as, attempt, rank) : "";
+    OnWorkerExit(WorkerKey{job_id, attempt, rank}, exit, log_tail);
+  };
 }
 
-void JobManager::StopRanks(JobEntry& entry, const std::string& reason) {
-  // An attempt still launching has no handle yet; its commit stops it if its job ended meanwhile.
-  if (!entry.active || entry.active->launching) return;
-  for (size_t r = 0; r < entry.active->ranks.size(); ++r) {
-    RankState& rank = entry.active->ranks[r];
-    if (rank.exited) continue;
-    if (rank.exiting_on_its_own) {
-      launcher_->KillIfStillRunningAfter(entry.active->launch_handle, static_cast<int>(r), StopGrace(entry));
-      continue;
-    }
-    if (auto connection = rank.connection.lock()) connection->SendStop(reason);
-    launcher_->Stop(entry.active->launch_handle, static_cast<int>(r), StopGrace(entry));
-  }
-}
-
-void JobManager::MaybeReleaseAttempt(JobEntry& entry) {
-  if (!entry.active || entry.active->launching) return;
-  for (const RankState& rank : entry.active->ranks) {
-    if (!rank.exited) return;
-  }
-  const JobState state = entry.record.job.state();
-  if (!IsTerminal(state) && state != fitrun::v1::JOB_STATE_RESTARTING) return;
-  run_memory_.RecordAttempt(entry);
-  // Whatever the ranks left behind (a script's daemon) goes with the attempt.
-  if (!entry.active->launch_handle.empty()) launcher_->Release(entry.active->launch_handle);
-  holders_.Release(entry.active->device_ids);
-  Job& job = entry.record.job;
-  if (!job.attempt_history().empty()) {
-    *job.mutable_attempt_history(job.attempt_history_size() - 1)->mutable_ended_at() = ToProto(options_.clock());
-  }
-  entry.active.reset();
-  job.clear_allocation_status();
-  table_.Persist(entry);
-  table_.RequestPass();
+void JobManager::OnWorkerExit(const WorkerKey& key, const WorkerExit& exit, const std::string& log_tail) {
+  absl::MutexLock lock(&mu_);
+  AwaitLaunched(key.job_id);
+  JobEntry* entry = table_.Find(key.job_id);
+  if (entry != nullptr) attempts_.OnRankExit(*entry, key, exit, log_tail);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -461,23 +385,6 @@ void JobManager::DeleteJobRows(const std::vector<std::string>& job_ids) {
     contract::LogError("could not delete %zu ended job(s) beyond --retain_finished_jobs from the store: %s",
             job_ids.size(), std::string(status.message()).c_str());
   }
-}
-
-void JobManager::MoveAtCheckpoint(JobEntry& entry, int64_t checkpoint_step) {
-  if (!entry.active || !entry.active->move_at_checkpoint.has_value()) return;
-  Job& job = entry.record.job;
-  if (job.state() != fitrun::v1::JOB_STATE_RUNNING) return;
-  const fitrun::v1::Plan& to = *entry.active->move_at_checkpoint;
-  const std::string reason =
-      absl::StrCat("moving to per-device batch ", to.per_device_batch(), " x ", to.grad_accum_steps(),
-                   " accumulation, which the first steps' memory allows, from the checkpoint of step ", checkpoint_step);
-  entry.active->move_at_checkpoint.reset();
-  job.set_measured_moves(job.measured_moves() + 1);
-  RecordAttemptOutcome(entry, reason);
-  metrics_->JobRestarted("measured_move");
-  entry.recovering_since = options_.clock();
-  (void)table_.Transition(entry, fitrun::v1::JOB_STATE_RESTARTING, reason);
-  StopRanks(entry, reason);
 }
 
 }  // namespace fitrun::server

@@ -39,6 +39,8 @@
 #include "server/core/device_inventory.h"
 #include "server/core/job_store.h"
 #include "server/core/jobs/admission.h"
+#include "server/core/jobs/attempt_launch.h"
+#include "server/core/jobs/attempts.h"
 #include "server/core/jobs/device_holders.h"
 #include "server/core/jobs/event_hub.h"
 #include "server/core/jobs/failure_policy.h"
@@ -204,29 +206,14 @@ class JobManager {
   void SchedulerLoop();
   // An attempt is launched in two phases, so that nothing slow (the job's directory, its cgroup,
   // spawning ranks, a cluster's sbatch) runs under the lock every API call waits for:
-  // ReserveAttempt (locked) takes the plan's devices and marks the attempt launching; StartRanks
-  // (unlocked) writes the job's directory and starts the ranks; FinishLaunch (locked) commits the
-  // attempt (RUNNING) or rolls it back. What the unlocked phase needs is copied into a PendingLaunch.
-  struct PendingLaunch {
-    std::string job_id;
-    int attempt = 0;
-    fitrun::v1::Job job;
-    std::string token;
-    std::vector<fitrun::v1::Device> devices;
-    std::vector<LaunchPhase> phases;
-    WorkerLauncher::RankExitCallback on_exit;
-    AllocationCallback on_allocation;
-  };
+  // Attempts::Reserve (locked) takes the plan's devices and marks the attempt launching;
+  // StartRanks (attempt_launch.h, unlocked) writes the job's directory and starts the ranks;
+  // Attempts::Commit (locked) commits the attempt (RUNNING) or rolls it back.
+  //
   // One pass's placing half, under the lock: returns the attempts to start.
   std::vector<PendingLaunch> SchedulePass(SchedulingPassTimes& times) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The launching half: each attempt started with the lock released, then committed under it.
   void LaunchReserved(std::vector<PendingLaunch> launches, SchedulingPassTimes& times)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `placement`: the job's plan in this pass and when and how long it was made.
-  PendingLaunch ReserveAttempt(JobEntry& entry, const Placement& placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every rank of the attempt started, or none (the launcher's promise).
-  absl::StatusOr<LaunchedAttempt> StartRanks(PendingLaunch& launch) ABSL_LOCKS_EXCLUDED(mu_);
-  void FinishLaunch(PendingLaunch& launch, absl::StatusOr<LaunchedAttempt> launched)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (the lock released meanwhile) until the job has no attempt in its launch's unlocked
   // phase: a rank's hello, reports and exit are taken once its attempt is committed, as they were
@@ -239,36 +226,6 @@ class JobManager {
   // The launcher's word on an attempt's allocation (a cluster scheduler's PENDING and its reason).
   void OnAllocation(const std::string& job_id, int attempt, const AllocationStatus& status);
   AllocationCallback AllocationCallbackFor(const std::string& job_id, int attempt);
-  void StopRanks(JobEntry& entry, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees the attempt's devices once none of its processes is alive.
-  void MaybeReleaseAttempt(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeSucceed(JobEntry& entry, bool deadline_passed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After a coordinator restart: takes over the running attempt's workers if every one is alive,
-  // otherwise stops the survivors and restarts the job from its last checkpoint.
-  void RecoverRunningJob(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A running attempt failed: stops every rank at once and either restarts the job (RESTARTING, re-planned
-  // on the next scheduling pass) or, past the spec's limits, fails it. `headline` says what happened in
-  // one line; `details` (e.g. a log tail) only goes into the failure reason.
-  void HandleAttemptFailure(JobEntry& entry, FailureKind kind, const std::string& headline,
-                            const std::string& details = "") ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnOutOfMemoryLocked(JobEntry& entry, const fitrun::v1::OutOfMemory& oom) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What a rank's exit said about the attempt's host memory: the HostMemoryOom event, and the
-  // headline's words (empty when the OOM killer had not struck).
-  std::string OnHostMemoryOomLocked(JobEntry& entry, const WorkerKey& key, const WorkerExit& exit)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "raise spec.resources.host_memory (each rank may use 2.25 GiB now, the default)".
-  std::string RaiseHostMemoryAdvice(const JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the job's current attempt runs on GPUs (where host memory does not follow the batch).
-  bool RunsOnGpus(const JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fails over every running attempt with a rank silent past its heartbeat timeout; returns when the
-  // next rank would time out (InfiniteFuture if none can).
-  absl::Time CheckHeartbeats(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes over the still-living workers of the job's last recorded attempt (after a coordinator
-  // restart); returns how many it adopted. The attempt becomes the job's active one.
-  int AdoptLastAttempt(JobEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends the current attempt's record with `outcome` (first outcome wins).
-  void RecordAttemptOutcome(JobEntry& entry, const std::string& outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Duration StopGrace(const JobEntry& entry) const;
 
   // Deletes forgotten jobs' rows from the store (JobTable::ForgetExcess); outside the lock.
   void DeleteJobRows(const std::vector<std::string>& job_ids) ABSL_LOCKS_EXCLUDED(mu_);
@@ -290,9 +247,6 @@ class JobManager {
   // Tells the job's watchers what it waits for in PLANNING (a state change into PLANNING, or a log
   // line when it is there already); nothing when that has not changed.
   void WaitInPlanning(JobEntry& entry, const std::string& waiting_for) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Rank 0 saved a checkpoint of an attempt marked to move: restarts it from there on the larger
-  // batch (the next scheduling pass plans it).
-  void MoveAtCheckpoint(JobEntry& entry, int64_t checkpoint_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   // Plans from specs, devices and calibration; holds no job and needs no lock.
@@ -308,10 +262,13 @@ class JobManager {
   absl::Mutex mu_;
   JobTable table_ ABSL_GUARDED_BY(mu_);
   const ReportIngest ingest_;
+  DeviceHolders holders_ ABSL_GUARDED_BY(mu_);
   RunMemory run_memory_ ABSL_GUARDED_BY(mu_);
+  Attempts attempts_ ABSL_GUARDED_BY(mu_);
+  // What StartRanks needs of the options, with the lock released.
+  const AttemptLaunchSettings launch_settings_;
   // Jobs the table forgot, whose rows the scheduler deletes from the store outside the lock.
   std::vector<std::string> forgotten_ ABSL_GUARDED_BY(mu_);
-  DeviceHolders holders_ ABSL_GUARDED_BY(mu_);
   absl::Time last_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::thread scheduler_;

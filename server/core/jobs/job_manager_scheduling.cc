@@ -24,31 +24,12 @@ using fitrun::v1::JobEvent;
 using fitrun::v1::JobSpec;
 using fitrun::v1::Plan;
 
-namespace {
-
-// "in 9.8 ms: plan 0.2 ms, job directory 1.1 ms, spawn 8.5 ms": where launching an attempt went.
-std::string FormatLaunchPhases(const std::vector<LaunchPhase>& phases) {
-  absl::Duration total;
-  std::vector<std::string> parts;
-  for (const LaunchPhase& phase : phases) {
-    total += phase.took;
-    parts.push_back(absl::StrFormat("%s %.1f ms", phase.name, absl::ToDoubleMilliseconds(phase.took)));
-  }
-  return absl::StrFormat("in %.1f ms: %s", absl::ToDoubleMilliseconds(total), absl::StrJoin(parts, ", "));
-}
-
-}  // namespace
-
 void JobManager::SchedulerLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
     // Wake for new work, or in time for the earliest pending deadline.
-    absl::Time wake = CheckHeartbeats(options_.clock());
-    for (const auto& [id, entry] : table_.jobs()) {
-      if (entry.active && entry.active->awaiting_reports_until) {
-        wake = std::min(wake, *entry.active->awaiting_reports_until);
-      }
-    }
+    const absl::Time now = options_.clock();
+    const absl::Time wake = std::min(attempts_.CheckHeartbeats(now), attempts_.EndReportWaits(now));
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return table_.pass_requested() || shutting_down_; };
     mu_.AwaitWithDeadline(absl::Condition(&ready), wake);
     if (shutting_down_) return;
@@ -58,14 +39,7 @@ void JobManager::SchedulerLoop() {
     if (shutting_down_) return;
     table_.TakePassRequest();
 
-    const absl::Time now = options_.clock();
-    for (auto& [id, entry] : table_.jobs()) {
-      if (entry.active && entry.active->awaiting_reports_until && *entry.active->awaiting_reports_until <= now) {
-        entry.active->awaiting_reports_until.reset();
-        MaybeSucceed(entry, /*deadline_passed=*/true);
-        MaybeReleaseAttempt(entry);
-      }
-    }
+    attempts_.EndReportWaits(options_.clock());
     SchedulingPassTimes times;
     LaunchReserved(SchedulePass(times), times);
     last_pass_ = absl::Now();
@@ -90,7 +64,7 @@ JobManager::SchedulingPassTimes JobManager::RunSchedulingPass() {
   return times;
 }
 
-std::vector<JobManager::PendingLaunch> JobManager::SchedulePass(SchedulingPassTimes& times) {
+std::vector<PendingLaunch> JobManager::SchedulePass(SchedulingPassTimes& times) {
   const absl::Time start = absl::Now();
   std::vector<JobEntry*> queued;
   for (auto& [id, entry] : table_.jobs()) {
@@ -135,7 +109,7 @@ std::vector<JobManager::PendingLaunch> JobManager::SchedulePass(SchedulingPassTi
       (void)table_.Transition(entry, fitrun::v1::JOB_STATE_FAILED, entry.record.job.failure_reason());
       continue;
     }
-    launches.push_back(ReserveAttempt(entry, placement));
+    launches.push_back(attempts_.Reserve(entry, placement));
   }
   // Here, where no caller holds an entry: forgetting erases entries (never one with an attempt).
   for (std::string& id : table_.ForgetExcess()) forgotten_.push_back(std::move(id));
@@ -146,122 +120,13 @@ void JobManager::LaunchReserved(std::vector<PendingLaunch> launches, SchedulingP
   const absl::Time start = absl::Now();
   for (PendingLaunch& launch : launches) {
     mu_.Unlock();
-    absl::StatusOr<LaunchedAttempt> launched = StartRanks(launch);
+    absl::StatusOr<LaunchedAttempt> launched =
+        StartRanks(launch, JobDirectoryPath(options_.jobs_dir, launch.job_id), launch_settings_, *launcher_);
     mu_.Lock();
     if (launched.ok()) ++times.placed;
-    FinishLaunch(launch, std::move(launched));
+    attempts_.Commit(launch, std::move(launched), shutting_down_ && options_.stop_workers_on_shutdown);
   }
   times.launching = absl::Now() - start;
-}
-
-JobManager::PendingLaunch JobManager::ReserveAttempt(JobEntry& entry, const Placement& placement) {
-  const Plan& plan = *placement.plan;
-  Job& job = entry.record.job;
-  PendingLaunch launch;
-  // A first attempt's wait counts from the submit; a later one's from its previous attempt's end is
-  // the recovery's business, not the launch's.
-  if (job.attempts() == 0 && job.has_created_at()) {
-    const absl::Duration waited = options_.clock() - FromProto(job.created_at()) - placement.planning;
-    if (waited > absl::ZeroDuration()) launch.phases.push_back({"queue", waited});
-  }
-  launch.phases.push_back({"plan", placement.planning});
-  const int attempt_number = job.attempts() + 1;
-  job.set_attempts(attempt_number);
-  *job.mutable_plan() = plan;
-
-  JobEvent chosen;
-  *chosen.mutable_plan_chosen()->mutable_plan() = plan;
-  chosen.mutable_plan_chosen()->set_attempt(attempt_number);
-  table_.Publish(entry, chosen);
-
-  // The devices are the attempt's from here on: the next placement sees them held.
-  const int world_size = plan.device_ids_size();
-  entry.active.emplace();
-  ActiveAttempt& active = *entry.active;
-  active.attempt = attempt_number;
-  active.launching = true;
-  active.device_ids.assign(plan.device_ids().begin(), plan.device_ids().end());
-  active.ranks.resize(world_size);
-  holders_.Hold(job.id(), active.device_ids);
-  if (!job.has_started_at()) *job.mutable_started_at() = ToProto(options_.clock());
-  // On record from the reservation, so a cancel while the ranks start ends this attempt's record.
-  fitrun::v1::AttemptRecord* record = job.add_attempt_history();
-  record->set_attempt(attempt_number);
-  for (const std::string& id : active.device_ids) record->add_device_ids(id);
-  record->set_per_device_batch(plan.per_device_batch());
-  record->set_grad_accum_steps(plan.grad_accum_steps());
-  record->set_predicted_peak_bytes(plan.predicted().total_bytes());
-  *record->mutable_started_at() = ToProto(options_.clock());
-  for (int rank = 0; rank < world_size; ++rank) record->add_ranks()->set_rank(rank);
-
-  launch.job_id = job.id();
-  launch.attempt = attempt_number;
-  launch.job = job;
-  launch.token = entry.record.token;
-  launch.devices = devices_->Snapshot();
-  launch.on_exit = ExitCallbackFor(job, attempt_number);
-  launch.on_allocation = AllocationCallbackFor(job.id(), attempt_number);
-  return launch;
-}
-
-absl::StatusOr<LaunchedAttempt> JobManager::StartRanks(PendingLaunch& launch) {
-  AttemptLaunchSettings settings;
-  settings.worker_binary = options_.worker_binary;
-  settings.script_binary = options_.script_binary;
-  settings.worker_channel_address = options_.worker_channel_address;
-  settings.worker_tls_ca = options_.worker_tls_ca;
-  settings.dataset_cache_dir = options_.dataset_cache_dir;
-  settings.max_rank_host_memory_bytes = options_.max_rank_host_memory_bytes;
-  const absl::Time assembly_start = absl::Now();
-  absl::StatusOr<AttemptLaunch> assembled = AssembleAttempt(launch.job, launch.token, launch.attempt,
-                                                            launch.job.plan(), launch.devices,
-                                                            JobDirectoryPath(options_.jobs_dir, launch.job_id), settings);
-  if (!assembled.ok()) return assembled.status();
-  launch.phases.push_back({"job directory", absl::Now() - assembly_start});
-  assembled->on_allocation = launch.on_allocation;
-  absl::StatusOr<LaunchedAttempt> launched = launcher_->Launch(*assembled, launch.on_exit);
-  if (!launched.ok()) return absl::InternalError(absl::StrCat("launching the ranks: ", launched.status().message()));
-  launch.phases.insert(launch.phases.end(), launched->phases.begin(), launched->phases.end());
-  return launched;
-}
-
-void JobManager::FinishLaunch(PendingLaunch& launch, absl::StatusOr<LaunchedAttempt> launched) {
-  // The job is still here: retention never forgets a job with an attempt.
-  JobEntry& entry = table_.jobs().at(launch.job_id);
-  ActiveAttempt& active = *entry.active;
-  Job& job = entry.record.job;
-  active.launching = false;
-  fitrun::v1::AttemptRecord& record = *job.mutable_attempt_history(job.attempt_history_size() - 1);
-  if (!launched.ok()) {
-    const std::string reason = absl::StrCat("launch failed: ", launched.status().message());
-    RecordAttemptOutcome(entry, reason);
-    // The launcher left none of them running.
-    for (RankState& rank : active.ranks) rank.exited = true;
-    if (!IsTerminal(job.state())) {
-      job.set_failure_reason(reason);
-      (void)table_.Transition(entry, fitrun::v1::JOB_STATE_FAILED, reason);
-    }
-    MaybeReleaseAttempt(entry);
-    return;
-  }
-  active.launch_handle = launched->handle;
-  record.set_launch_handle(launched->handle);
-  for (size_t rank = 0; rank < active.ranks.size(); ++rank) {
-    active.ranks[rank].pid = rank < launched->pids.size() ? launched->pids[rank] : 0;
-    active.ranks[rank].last_heard = options_.clock();
-    record.mutable_ranks(static_cast<int>(rank))->set_pid(active.ranks[rank].pid);
-  }
-  if (IsTerminal(job.state())) {
-    // Cancelled while its ranks were starting: they stop now.
-    StopRanks(entry, job.failure_reason());
-    return;
-  }
-  (void)table_.Transition(entry, fitrun::v1::JOB_STATE_RUNNING,
-                   absl::StrCat("launched ", active.ranks.size(), " rank(s)",
-                                launched->warm_ranks > 0 ? absl::StrCat(" (", launched->warm_ranks, " warm)") : "",
-                                " on ", absl::StrJoin(active.device_ids, ", "), "; ", FormatLaunchPhases(launch.phases)));
-  // Shutdown stopped every committed attempt's ranks while this one's were starting.
-  if (shutting_down_ && options_.stop_workers_on_shutdown) StopRanks(entry, "the coordinator is shutting down");
 }
 
 void JobManager::AwaitLaunched(const std::string& job_id) {
