@@ -1,8 +1,5 @@
-// The job manager: every job's lifecycle, from its admission to its end. This file holds the
-// lifecycle itself: loading stored jobs, the API's calls, workers attaching and reporting, an attempt
-// succeeding, stopping and being released, and the one place a state changes (Transition) with the
-// publishing of events. How queued jobs start is in job_manager_scheduling.cc, what fails and recovers in
-// job_manager_recovery.cc, what the manager shows in job_manager_views.cc.
+// The job manager: the lock, the scheduler thread, and every API and launcher call handed to its
+// room (job_manager.h lists them).
 #include "server/core/jobs/job_manager.h"
 
 #include "server/core/jobs/first_steps.h"
@@ -52,15 +49,15 @@ JobManager::JobManager(Options options, JobStore* store, DeviceInventory* device
                                    options_.host_memory_bytes, options_.estimator, options_.memory_calibrator,
                                    options_.device_costs, options_.cuda_allocator_config}),
       store_(store),
-      devices_(devices),
       launcher_(launcher),
-      metrics_(metrics),
       admission_(Admission::Options{options_.data_roots, options_.max_nodes, options_.max_nodes_reason,
                                     options_.max_rank_host_memory_bytes, options_.max_rank_processes,
                                     options_.min_account_uid}),
+      launch_settings_(AttemptLaunchSettings{options_.worker_binary, options_.worker_channel_address,
+                                             options_.worker_tls_ca, options_.dataset_cache_dir,
+                                             options_.script_binary, options_.max_rank_host_memory_bytes}),
       table_(JobTable::Options{options_.max_open_jobs_per_owner, options_.retain_finished_jobs, options_.clock}, store,
              &hub_, metrics),
-      ingest_(metrics, options_.clock, ReportIngest::Options{options_.max_events_per_job}),
       holders_(devices),
       run_memory_(&planner_, &table_, devices, metrics, options_.memory_calibrator, options_.device_costs),
       attempts_(Attempts::Options{options_.jobs_dir, options_.stop_grace, options_.final_report_wait,
@@ -70,9 +67,10 @@ JobManager::JobManager(Options options, JobStore* store, DeviceInventory* device
                                     return AllocationCallbackFor(job_id, attempt);
                                   }},
                 &table_, &holders_, launcher, metrics, &run_memory_, &gate_),
-      launch_settings_(AttemptLaunchSettings{options_.worker_binary, options_.worker_channel_address,
-                                             options_.worker_tls_ca, options_.dataset_cache_dir,
-                                             options_.script_binary, options_.max_rank_host_memory_bytes}),
+      sessions_(&table_, &attempts_, &run_memory_, metrics, options_.clock,
+                ReportIngest::Options{options_.max_events_per_job}),
+      scheduler_(Scheduler::Options{options_.host_memory_bytes, options_.cuda_allocator_config}, &table_, &holders_,
+                 &attempts_, &planner_, &gate_, launcher),
       gate_(options_.memory_calibrator, calibration_callbacks_.Wrap([this] {
               absl::MutexLock lock(&mu_);
               table_.RequestPass();
@@ -102,7 +100,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(Options options, 
   }
   manager->launcher_->ReleaseUnowned(owned_handles);
   if (manager->options_.run_scheduler_thread) {
-    manager->scheduler_ = std::thread([m = manager.get()] { m->SchedulerLoop(); });
+    manager->scheduler_thread_ = std::thread([m = manager.get()] { m->SchedulerLoop(); });
   }
   return manager;
 }
@@ -122,7 +120,7 @@ void JobManager::Shutdown() {
       }
     }
   }
-  if (scheduler_.joinable()) scheduler_.join();
+  if (scheduler_thread_.joinable()) scheduler_thread_.join();
 }
 
 absl::Status JobManager::LoadStoredJobs() {
@@ -182,21 +180,8 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, c
     return job;
   }
   if (absl::Status room = table_.open_jobs().CheckQuota(owner); !room.ok()) return room;
-  // A job that could never run on this node is refused now rather than queued forever. Its memory
-  // is judged here only when its workload is measured: the analytic estimate is an upper bound, so
-  // "does not fit" from it waits for the measurement, which runs off this call's path.
-  const bool settled = gate_.Settled(*normalized, run_as);
-  Job unplanned;
-  *unplanned.mutable_spec() = *normalized;
-  const bool probe_first = !settled && gate_.LaunchesWithoutProbe(unplanned, EveryDeviceAsIfIdle(), GatePlanner()).empty();
-  absl::StatusOr<Plan> feasible = PlanOn(*normalized, run_as, /*only_free_devices=*/false);
-  if (!feasible.ok()) {
-    if (absl::IsUnavailable(feasible.status())) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.resources.min_devices: ", feasible.status().message(),
-                                                     " on this node in all; lower min_devices"));
-    }
-    if (settled || !absl::IsResourceExhausted(feasible.status())) return feasible.status();
-  }
+  absl::StatusOr<bool> probe_first = scheduler_.ProbeFirstAtSubmit(*normalized, run_as);
+  if (!probe_first.ok()) return probe_first.status();
 
   JobEntry entry;
   entry.record.token = NewToken();
@@ -207,7 +192,7 @@ absl::StatusOr<Job> JobManager::Submit(JobSpec spec, const std::string& owner, c
   *job.mutable_spec() = *std::move(normalized);
   *job.mutable_created_at() = ToProto(options_.clock());
   const std::string reason =
-      probe_first ? "submitted; its workload's memory is measured first (fitrun-worker --probe)" : "submitted";
+      *probe_first ? "submitted; its workload's memory is measured first (fitrun-worker --probe)" : "submitted";
   absl::StatusOr<JobEntry*> admitted = table_.Admit(std::move(entry), reason);
   if (!admitted.ok()) return admitted.status();
   return (*admitted)->record.job;
@@ -217,33 +202,8 @@ absl::StatusOr<std::pair<JobSpec, Plan>> JobManager::DryRunPlan(JobSpec spec, co
   absl::StatusOr<JobSpec> normalized = admission_.CheckSpec(std::move(spec), run_as);
   if (!normalized.ok()) return normalized.status();
   absl::MutexLock lock(&mu_);
-  // Never waits for a probe: an unmeasured workload is planned with the analytic estimate while
-  // its measurement starts, and the plan says so.
-  Job unplanned;
-  *unplanned.mutable_spec() = *normalized;
-  const std::string without_probe = gate_.LaunchesWithoutProbe(unplanned, EveryDeviceAsIfIdle(), GatePlanner());
-  int64_t roomiest = 0;
-  for (const DeviceCapacity& device : EveryDeviceAsIfIdle()) roomiest = std::max(roomiest, device.free_bytes);
-  const std::string calibrating = without_probe.empty() ? gate_.AwaitCalibration(*normalized, roomiest, run_as) : "";
-  absl::StatusOr<Plan> plan = PlanOn(*normalized, run_as, /*only_free_devices=*/true);
-  if (absl::IsUnavailable(plan.status())) {
-    // Busy devices: show the plan it gets once they free up.
-    plan = PlanOn(*normalized, run_as, /*only_free_devices=*/false);
-    if (plan.ok()) plan->add_reasons("queued: not enough devices are free now; this is the plan once they are");
-  }
-  const std::string pending = absl::StrCat(
-      calibrating, ": this is the analytic estimate, an upper bound; plan again in a few seconds for a calibrated one");
-  if (!plan.ok()) {
-    if (!calibrating.empty()) return absl::Status(plan.status().code(), absl::StrCat(plan.status().message(), " (", pending, ")"));
-    return plan.status();
-  }
-  if (!without_probe.empty()) {
-    plan->add_reasons(without_probe);
-  } else if (!calibrating.empty()) {
-    plan->add_reasons(pending);
-  } else if (const std::string measuring = gate_.AwaitPlanMeasurement(*normalized, *plan, run_as); !measuring.empty()) {
-    plan->add_reasons(absl::StrCat("before launch: ", measuring));
-  }
+  absl::StatusOr<Plan> plan = scheduler_.DryRun(*normalized, run_as);
+  if (!plan.ok()) return plan.status();
   return std::make_pair(*std::move(normalized), *std::move(plan));
 }
 
@@ -272,25 +232,7 @@ absl::StatusOr<WorkerKey> JobManager::AttachWorker(const fitrun::v1::Hello& hell
                                                    std::weak_ptr<WorkerConnection> connection) {
   absl::MutexLock lock(&mu_);
   AwaitLaunched(hello.job_id());
-  // A missing job and a wrong token get one answer, and the comparison takes as long whatever the
-  // token: a caller learns neither which jobs exist nor how much of a token it guessed.
-  auto it = table_.jobs().find(hello.job_id());
-  const bool matches = it != table_.jobs().end() && SameSecret(hello.job_token(), it->second.record.token);
-  if (!matches) return absl::PermissionDeniedError("hello: no job with this job_id and job_token");
-  JobEntry& entry = it->second;
-  if (!entry.active || entry.active->attempt != hello.attempt()) {
-    return absl::FailedPreconditionError(absl::StrCat("hello.attempt: attempt ", hello.attempt(), " of job ",
-                                                      hello.job_id(), " is not running"));
-  }
-  if (hello.rank() < 0 || hello.rank() >= static_cast<int>(entry.active->ranks.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("hello.rank: ", hello.rank(), " is out of range"));
-  }
-  entry.active->ranks[hello.rank()].connection = connection;
-  entry.active->ranks[hello.rank()].last_heard = options_.clock();
-  if (IsTerminal(entry.record.job.state())) {
-    if (auto live = connection.lock()) live->SendStop("the job has ended");
-  }
-  return WorkerKey{hello.job_id(), hello.attempt(), hello.rank()};
+  return sessions_.Attach(hello, std::move(connection));
 }
 
 void JobManager::OnWorkerReport(const WorkerKey& key, const fitrun::v1::WorkerReport& report) {
@@ -306,45 +248,7 @@ void JobManager::OnWorkerReport(const WorkerKey& key, const fitrun::v1::WorkerRe
 void JobManager::OnWorkerReports(const WorkerKey& key, absl::Span<const fitrun::v1::WorkerReport* const> reports) {
   absl::MutexLock lock(&mu_);
   AwaitLaunched(key.job_id);
-  auto it = table_.jobs().find(key.job_id);
-  if (it == table_.jobs().end()) return;
-  JobEntry& entry = it->second;
-  std::vector<JobEvent> events;
-  for (const fitrun::v1::WorkerReport* report : reports) {
-    // Checked per report: a finished rank below may end the attempt.
-    if (!entry.active || entry.active->attempt != key.attempt) break;  // a late report of an older attempt
-    ReportIngest::Ingested ingested = ingest_.Ingest(entry, key.rank, *report);
-    for (JobEvent& event : ingested.events) events.push_back(std::move(event));
-    if ((report->has_progress() || report->has_finished()) && FirstStepsDue(entry).has_value()) {
-      // What a script's first steps measured goes out after the report that completed it (once per
-      // attempt; otherwise a batch's events go to the store in one transaction).
-      (void)table_.PublishAll(entry, std::exchange(events, {}));
-      run_memory_.AfterFirstSteps(entry);
-    }
-    if (report->has_checkpoint_saved() && key.rank == 0 && entry.active && entry.active->move_at_checkpoint) {
-      (void)table_.PublishAll(entry, std::exchange(events, {}));
-      attempts_.MoveAtCheckpoint(entry, report->checkpoint_saved().step());
-      break;
-    }
-    switch (ingested.next) {
-      case ReportIngest::Next::kOutOfMemory: {
-        // The OOM event goes out before the restart it leads to; the peers are stopped right away
-        // instead of waiting in their next collective.
-        const fitrun::v1::OutOfMemory oom = events.back().oom();
-        (void)table_.PublishAll(entry, std::exchange(events, {}));
-        attempts_.OnOutOfMemory(entry, oom);
-        break;
-      }
-      case ReportIngest::Next::kFinished:
-        // The rank_finished event goes out before whatever state change it leads to.
-        (void)table_.PublishAll(entry, std::exchange(events, {}));
-        attempts_.MaybeSucceed(entry, /*deadline_passed=*/false);
-        break;
-      case ReportIngest::Next::kNothing:
-        break;
-    }
-  }
-  (void)table_.PublishAll(entry, std::move(events));
+  sessions_.TakeReports(key, reports);
 }
 
 AllocationCallback JobManager::AllocationCallbackFor(const std::string& job_id, int attempt) {
@@ -385,6 +289,137 @@ void JobManager::DeleteJobRows(const std::vector<std::string>& job_ids) {
     contract::LogError("could not delete %zu ended job(s) beyond --retain_finished_jobs from the store: %s",
             job_ids.size(), std::string(status.message()).c_str());
   }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The scheduler thread
+
+void JobManager::SchedulerLoop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    // Wake for new work, or in time for the earliest pending deadline.
+    const absl::Time now = options_.clock();
+    const absl::Time wake = std::min(attempts_.CheckHeartbeats(now), attempts_.EndReportWaits(now));
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return table_.pass_requested() || shutting_down_; };
+    mu_.AwaitWithDeadline(absl::Condition(&ready), wake);
+    if (shutting_down_) return;
+    // A burst of submits, reports and exits is one pass, not one pass each: every pass walks the
+    // queue under the lock the API's calls wait for.
+    mu_.AwaitWithDeadline(absl::Condition(&shutting_down_), last_pass_ + options_.min_pass_spacing);
+    if (shutting_down_) return;
+    table_.TakePassRequest();
+
+    attempts_.EndReportWaits(options_.clock());
+    SchedulingPassTimes times;
+    LaunchReserved(PlacePass(times), times);
+    last_pass_ = absl::Now();
+    if (!forgotten_.empty()) {
+      const std::vector<std::string> forgotten = std::exchange(forgotten_, {});
+      mu_.Unlock();  // deleting a job's events takes a while; nothing waits for it
+      DeleteJobRows(forgotten);
+      mu_.Lock();
+    }
+  }
+}
+
+JobManager::SchedulingPassTimes JobManager::RunSchedulingPass() {
+  SchedulingPassTimes times;
+  std::vector<std::string> forgotten;
+  {
+    absl::MutexLock lock(&mu_);
+    LaunchReserved(PlacePass(times), times);
+    forgotten = std::exchange(forgotten_, {});
+  }
+  DeleteJobRows(forgotten);
+  return times;
+}
+
+std::vector<PendingLaunch> JobManager::PlacePass(SchedulingPassTimes& times) {
+  const absl::Time start = absl::Now();
+  Scheduler::Placed placed = scheduler_.PlaceQueued();
+  times.queued = placed.queued;
+  times.placing = absl::Now() - start;
+  // Here, where no caller holds an entry: forgetting erases entries (never one with an attempt).
+  for (std::string& id : table_.ForgetExcess()) forgotten_.push_back(std::move(id));
+  return std::move(placed.launches);
+}
+
+void JobManager::LaunchReserved(std::vector<PendingLaunch> launches, SchedulingPassTimes& times) {
+  const absl::Time start = absl::Now();
+  for (PendingLaunch& launch : launches) {
+    mu_.Unlock();
+    absl::StatusOr<LaunchedAttempt> launched =
+        StartRanks(launch, JobDirectoryPath(options_.jobs_dir, launch.job_id), launch_settings_, *launcher_);
+    mu_.Lock();
+    if (launched.ok()) ++times.placed;
+    attempts_.Commit(launch, std::move(launched), shutting_down_ && options_.stop_workers_on_shutdown);
+  }
+  times.launching = absl::Now() - start;
+}
+
+void JobManager::AwaitLaunched(const std::string& job_id) {
+  auto launched = [this, &job_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = table_.jobs().find(job_id);
+    return it == table_.jobs().end() || !it->second.active || !it->second.active->launching;
+  };
+  mu_.Await(absl::Condition(&launched));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Views
+
+absl::StatusOr<Job> JobManager::Get(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  const JobEntry* entry = table_.Find(job_id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  return entry->record.job;
+}
+
+std::vector<Job> JobManager::List(const std::vector<JobState>& states) {
+  absl::MutexLock lock(&mu_);
+  return table_.List(states);
+}
+
+JobManager::Page JobManager::ListPage(const std::vector<JobState>& states, int64_t after_order, int limit,
+                                      const std::function<bool(const Job&)>& visible) {
+  absl::MutexLock lock(&mu_);
+  return table_.ListPage(states, after_order, limit, visible);
+}
+
+std::vector<fitrun::v1::Device> JobManager::Devices() {
+  absl::MutexLock lock(&mu_);
+  return holders_.Devices(table_);
+}
+
+std::vector<fitrun::v1::Device> JobManager::Devices(const std::function<bool(const Job&)>& visible) {
+  absl::MutexLock lock(&mu_);
+  return DevicesSeenBy(holders_.Devices(table_), table_, visible);
+}
+
+absl::StatusOr<std::vector<JobEvent>> JobManager::ReadEvents(const std::string& job_id, int64_t from_sequence,
+                                                             int limit) {
+  from_sequence = std::max<int64_t>(1, from_sequence);
+  EventHub::ReadResult recent = hub_.Read(job_id, from_sequence, limit);
+  if (!recent.events.empty() || from_sequence > recent.last_sequence) return std::move(recent.events);
+  // Older than the in-memory tail: the store has every event.
+  return store_->ReadEvents(job_id, from_sequence, limit);
+}
+
+absl::StatusOr<JobManager::LogFile> JobManager::RankLog(const std::string& job_id, int rank, int attempt) {
+  absl::MutexLock lock(&mu_);
+  return FindRankLog(table_, options_.jobs_dir, job_id, rank, attempt);
+}
+
+std::vector<JobManager::RunningJob> JobManager::Running() {
+  absl::MutexLock lock(&mu_);
+  return RunningJobs(table_, holders_);
+}
+
+absl::StatusOr<std::vector<JobManager::RankView>> JobManager::Ranks(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  const JobEntry* entry = table_.Find(job_id);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("job_id: no job '", job_id, "'"));
+  return RanksOf(*entry);
 }
 
 }  // namespace fitrun::server

@@ -1,16 +1,22 @@
-// The job manager: every job's lifecycle, from submission to its end, in one place.
-//
-// It validates and stores jobs, runs the scheduler (a thread of its own), plans each job against
-// the free devices, launches one worker per device through the WorkerLauncher, turns worker reports
-// and process exits into events and state changes, and stops every rank of a job at once when one
-// fails or the job is cancelled. State transitions are checked in one function (Transition). What a
-// failed attempt leads to (re-plan after an OOM, restart after a crash or a hang, or the job's end) and
-// how a restarted coordinator takes over its predecessor's ranks live in job_manager_recovery.cc.
+// The job manager: the front of the coordinator's job lifecycle. It owns the one lock and the
+// scheduler thread, and hands each call to the room whose job it is:
+//   JobTable        every job, the one state machine (Transition), the store and the watchers
+//   Scheduler       which queued jobs start now and where, what the others wait for, API plans
+//   Attempts        an attempt from its reservation to its release: exits, heartbeats, failures,
+//                   success, the take-over after a coordinator restart
+//   WorkerSessions  ranks' hellos and reports
+//   RunMemory       what a run taught about memory (calibration, device costs, first steps)
+//   DeviceHolders   which rank holds which device; job_views.h what the API shows of them
+// Admission (which specs are accepted) and JobPlanner (a plan from spec, devices and calibration)
+// need no lock. The rooms know nothing of each other but through the pointers they are given, and
+// none knows the manager: they ask for a scheduling pass through the table, and a launched
+// attempt's exits come back through the callbacks Attempts is given.
 //
 // Thread-safety: all methods may be called from any thread (gRPC handlers, launcher exit threads).
-// One mutex guards the jobs; event listeners run under it and must not call back into the manager.
-// Nothing slow runs under it: specs' files are read before it is taken, and an attempt's directory,
-// cgroup and processes (or a cluster's sbatch) are made with it released (see PendingLaunch).
+// One mutex guards every room; event listeners run under it and must not call back into the
+// manager. Nothing slow runs under it: specs' files are read before it is taken, and an attempt's
+// directory, cgroup and processes (or a cluster's sbatch) are made with it released (see
+// LaunchReserved).
 #ifndef FITRUN_SERVER_CORE_JOBS_JOB_MANAGER_H_
 #define FITRUN_SERVER_CORE_JOBS_JOB_MANAGER_H_
 
@@ -51,6 +57,8 @@
 #include "server/core/jobs/placement.h"
 #include "server/core/jobs/report_ingest.h"
 #include "server/core/jobs/run_memory.h"
+#include "server/core/jobs/scheduler.h"
+#include "server/core/jobs/worker_sessions.h"
 #include "server/core/memory/estimator.h"
 #include "server/core/memory/planner.h"
 #include "server/core/specs/data_roots.h"
@@ -203,15 +211,17 @@ class JobManager {
              CoordinatorMetrics* metrics);
   absl::Status LoadStoredJobs();
 
+  // The scheduler thread: a pass whenever the job table asks for one (JobTable::RequestPass), at
+  // most one per min_pass_spacing, and heartbeats and late-report deadlines checked in time.
   void SchedulerLoop();
   // An attempt is launched in two phases, so that nothing slow (the job's directory, its cgroup,
   // spawning ranks, a cluster's sbatch) runs under the lock every API call waits for:
-  // Attempts::Reserve (locked) takes the plan's devices and marks the attempt launching;
-  // StartRanks (attempt_launch.h, unlocked) writes the job's directory and starts the ranks;
-  // Attempts::Commit (locked) commits the attempt (RUNNING) or rolls it back.
+  // Attempts::Reserve (locked, from Scheduler::PlaceQueued) takes the plan's devices and marks the
+  // attempt launching; StartRanks (attempt_launch.h, unlocked) writes the job's directory and starts
+  // the ranks; Attempts::Commit (locked) commits the attempt (RUNNING) or rolls it back.
   //
   // One pass's placing half, under the lock: returns the attempts to start.
-  std::vector<PendingLaunch> SchedulePass(SchedulingPassTimes& times) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<PendingLaunch> PlacePass(SchedulingPassTimes& times) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The launching half: each attempt started with the lock released, then committed under it.
   void LaunchReserved(std::vector<PendingLaunch> launches, SchedulingPassTimes& times)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -226,52 +236,34 @@ class JobManager {
   // The launcher's word on an attempt's allocation (a cluster scheduler's PENDING and its reason).
   void OnAllocation(const std::string& job_id, int attempt, const AllocationStatus& status);
   AllocationCallback AllocationCallbackFor(const std::string& job_id, int attempt);
-
   // Deletes forgotten jobs' rows from the store (JobTable::ForgetExcess); outside the lock.
   void DeleteJobRows(const std::vector<std::string>& job_ids) ABSL_LOCKS_EXCLUDED(mu_);
-
-  absl::StatusOr<fitrun::v1::Plan> PlanOn(const fitrun::v1::JobSpec& spec, const std::string& run_as,
-                                          bool only_free_devices)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every device with its whole memory, as if idle (what a plan gets once the devices free up).
-  std::vector<DeviceCapacity> EveryDeviceAsIfIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The host memory not yet promised to running attempts' ranks (Plan.host_memory_bytes), or -1
-  // when the host's is not bounded (Options.host_memory_bytes 0).
-  int64_t UnpromisedHostMemory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The planning gate's view of this manager: the planner's plan on devices as if the host were
-  // idle (its whole host memory).
-  PlanningGate::Planner GatePlanner() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Placement's, for one scheduling pass: the planner's plan within the host memory not yet
-  // promised to running attempts nor to jobs placed earlier in the pass.
-  PlanningGate::Planner PlacementPlanner() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tells the job's watchers what it waits for in PLANNING (a state change into PLANNING, or a log
-  // line when it is there already); nothing when that has not changed.
-  void WaitInPlanning(JobEntry& entry, const std::string& waiting_for) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   // Plans from specs, devices and calibration; holds no job and needs no lock.
   const JobPlanner planner_;
   JobStore* const store_;
-  DeviceInventory* const devices_;
   WorkerLauncher* const launcher_;
-  CoordinatorMetrics* const metrics_;
   EventHub hub_;
   // Immutable: specs are checked outside the lock (they read the spec's files).
   const Admission admission_;
+  // What StartRanks needs of the options, with the lock released.
+  const AttemptLaunchSettings launch_settings_;
 
+  // The rooms, each guarded as a whole by the one lock: the jobs and their states, who holds which
+  // device, what runs taught about memory, attempts, the ranks' sessions and the scheduler's passes.
   absl::Mutex mu_;
   JobTable table_ ABSL_GUARDED_BY(mu_);
-  const ReportIngest ingest_;
   DeviceHolders holders_ ABSL_GUARDED_BY(mu_);
   RunMemory run_memory_ ABSL_GUARDED_BY(mu_);
   Attempts attempts_ ABSL_GUARDED_BY(mu_);
-  // What StartRanks needs of the options, with the lock released.
-  const AttemptLaunchSettings launch_settings_;
+  WorkerSessions sessions_ ABSL_GUARDED_BY(mu_);
+  Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
   // Jobs the table forgot, whose rows the scheduler deletes from the store outside the lock.
   std::vector<std::string> forgotten_ ABSL_GUARDED_BY(mu_);
   absl::Time last_pass_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread scheduler_;
+  std::thread scheduler_thread_;
   // Last but for the gate that holds its callback, so they go first: a probe ending after the
   // manager is gone wakes nothing.
   CallbackGuard calibration_callbacks_;
