@@ -1,0 +1,136 @@
+// A rank's hello and reports on their own: no manager, no stream, no threads.
+#include "server/core/jobs/worker_sessions.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/core/testing/fake_device_inventory.h"
+#include "server/core/testing/fake_job_store.h"
+#include "server/core/testing/fake_worker_launcher.h"
+#include "server/core/testing/recording_metrics.h"
+
+namespace fitrun::server {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+class RecordingConnection : public WorkerConnection {
+ public:
+  void SendStop(const std::string& reason) override { stops.push_back(reason); }
+  std::vector<std::string> stops;
+};
+
+class WorkerSessionsTest : public ::testing::Test {
+ protected:
+  // A job running attempt 1 with two ranks, its token "secret".
+  JobEntry& RunningJob() {
+    JobEntry fresh;
+    fresh.record.token = "secret";
+    fresh.record.job.mutable_spec()->mutable_fault_tolerance()->set_max_oom_retries(2);
+    JobEntry& entry = **table_.Admit(std::move(fresh), "submitted");
+    EXPECT_TRUE(table_.Transition(entry, fitrun::v1::JOB_STATE_PLANNING, "devices are free").ok());
+    fitrun::v1::Plan plan;
+    plan.add_device_ids("cpu:0");
+    plan.add_device_ids("cpu:1");
+    plan.set_per_device_batch(64);
+    PendingLaunch launch = attempts_.Reserve(entry, Placement{&entry, plan, "", false, absl::Milliseconds(1)});
+    AttemptLaunch assembled;
+    assembled.job_id = launch.job_id;
+    assembled.attempt = launch.attempt;
+    assembled.ranks.resize(2);
+    attempts_.Commit(launch, launcher_.Launch(assembled, launch.on_exit), /*stop_now=*/false);
+    EXPECT_EQ(entry.record.job.state(), fitrun::v1::JOB_STATE_RUNNING);
+    return entry;
+  }
+  static fitrun::v1::Hello HelloOf(const std::string& job_id, const std::string& token, int attempt, int rank) {
+    fitrun::v1::Hello hello;
+    hello.set_job_id(job_id);
+    hello.set_job_token(token);
+    hello.set_attempt(attempt);
+    hello.set_rank(rank);
+    return hello;
+  }
+
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+  FakeJobStore store_;
+  EventHub hub_;
+  RecordingMetrics metrics_;
+  JobTable table_{JobTable::Options{0, 0, [this] { return now_; }}, &store_, &hub_, &metrics_};
+  FakeDeviceInventory inventory_{2, 4 * kGiB};
+  DeviceHolders holders_{&inventory_};
+  const JobPlanner planner_{JobPlanner::Options{}};
+  RunMemory run_memory_{&planner_, &table_, &inventory_, &metrics_, nullptr, nullptr};
+  PlanningGate gate_{nullptr, [] {}};
+  FakeWorkerLauncher launcher_;
+  Attempts attempts_{Attempts::Options{"/jobs", absl::Seconds(2), absl::Seconds(3), 0, [this] { return now_; },
+                                       [](const fitrun::v1::Job&, int) { return WorkerLauncher::RankExitCallback(); },
+                                       [](const std::string&, int) { return AllocationCallback(); }},
+                     &table_, &holders_, &launcher_, &metrics_, &run_memory_, &gate_};
+  WorkerSessions sessions_{&table_, &attempts_, &run_memory_, &metrics_, [this] { return now_; },
+                           ReportIngest::Options{}};
+};
+
+TEST_F(WorkerSessionsTest, AWrongTokenAndAMissingJobGetTheSameAnswer) {
+  JobEntry& entry = RunningJob();
+  const std::string id = entry.record.job.id();
+  absl::StatusOr<WorkerKey> wrong = sessions_.Attach(HelloOf(id, "secreT", 1, 0), {});
+  absl::StatusOr<WorkerKey> missing = sessions_.Attach(HelloOf("j-999999", "secret", 1, 0), {});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status(), missing.status()) << "a caller learns neither which jobs exist nor what it guessed";
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(sessions_.Attach(HelloOf(id, "secret", 2, 0), {}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(sessions_.Attach(HelloOf(id, "secret", 1, 2), {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(WorkerSessionsTest, AnAttachedRankIsHeardFromAndARankOfAnEndedJobIsToldToStop) {
+  JobEntry& entry = RunningJob();
+  const std::string id = entry.record.job.id();
+  now_ += absl::Seconds(5);
+  auto connection = std::make_shared<RecordingConnection>();
+  absl::StatusOr<WorkerKey> key = sessions_.Attach(HelloOf(id, "secret", 1, 1), connection);
+  ASSERT_TRUE(key.ok()) << key.status();
+  EXPECT_EQ(key->rank, 1);
+  EXPECT_EQ(entry.active->ranks[1].last_heard, now_);
+  EXPECT_TRUE(connection->stops.empty());
+  ASSERT_TRUE(table_.Transition(entry, fitrun::v1::JOB_STATE_CANCELLED, "cancelled").ok());
+  auto late = std::make_shared<RecordingConnection>();
+  ASSERT_TRUE(sessions_.Attach(HelloOf(id, "secret", 1, 0), late).ok());
+  EXPECT_EQ(late->stops, std::vector<std::string>{"the job has ended"});
+}
+
+TEST_F(WorkerSessionsTest, AnOutOfMemoryReportIsStoredBeforeItFailsTheAttemptOverToARestart) {
+  JobEntry& entry = RunningJob();
+  const std::string id = entry.record.job.id();
+  fitrun::v1::WorkerReport oom;
+  oom.mutable_oom()->set_rank(0);
+  oom.mutable_oom()->set_step(3);
+  oom.mutable_oom()->set_per_device_batch(64);
+  fitrun::v1::WorkerReport progress;
+  progress.mutable_progress()->set_step(4);
+  std::vector<const fitrun::v1::WorkerReport*> reports = {&oom, &progress};
+  sessions_.TakeReports(WorkerKey{id, 1, 0}, reports);
+  EXPECT_EQ(entry.record.job.state(), fitrun::v1::JOB_STATE_RESTARTING);
+  ASSERT_EQ(entry.record.job.oom_history_size(), 1);
+  EXPECT_EQ(entry.record.job.oom_history(0).per_device_batch(), 64);
+  // Its peer is stopped at once; the rank that ran out of memory exits on its own (killed only if it
+  // outlives the grace).
+  EXPECT_EQ(launcher_.stopped(), std::vector<int>{1});
+  EXPECT_EQ(launcher_.left_to_exit(), std::vector<int>{0});
+  // The OOM event went out before the state change it led to.
+  bool oom_seen = false;
+  const absl::StatusOr<std::vector<fitrun::v1::JobEvent>> stored = store_.ReadEvents(id, 1, 1000);
+  ASSERT_TRUE(stored.ok());
+  for (const fitrun::v1::JobEvent& event : *stored) {
+    if (event.has_oom()) oom_seen = true;
+    if (event.has_state_changed() && event.state_changed().to() == fitrun::v1::JOB_STATE_RESTARTING) {
+      EXPECT_TRUE(oom_seen);
+    }
+  }
+  EXPECT_TRUE(oom_seen);
+}
+
+}  // namespace
+}  // namespace fitrun::server
