@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -114,6 +115,64 @@ inline fitrun::v1::Job WaitForState(JobManager& manager, const std::string& id, 
   ADD_FAILURE() << "job " << id << " is " << JobStateName(job.state()) << ", wanted " << JobStateName(state);
   return job;
 }
+
+// The mlp spec on `min_devices` to `max_devices` devices at `priority`, ten steps.
+inline fitrun::v1::JobSpec Spec(int min_devices, int max_devices, int priority = 0) {
+  fitrun::v1::JobSpec spec = MlpSpec("unit", 256, 10, min_devices, max_devices);
+  spec.set_priority(priority);
+  return spec;
+}
+
+// The fixture of the manager's lifecycle tests: a started TestJobManager and the reports its ranks
+// send.
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(jobs_.Start(), absl::OkStatus()); }
+
+  fitrun::v1::Job WaitForState(const std::string& id, fitrun::v1::JobState state) {
+    return server::WaitForState(jobs_.manager(), id, state);
+  }
+
+  static std::map<std::string, std::string> EnvOf(const WorkerLaunch& launch) {
+    return {launch.env.begin(), launch.env.end()};
+  }
+
+  void Report(const std::string& job_id, int attempt, int rank, const fitrun::v1::WorkerReport& report) {
+    jobs_.manager().OnWorkerReport(WorkerKey{job_id, attempt, rank}, report);
+  }
+
+  // Submits `spec` and waits until the launcher has seen `launches` launches in all and the job runs.
+  std::string SubmitAndWaitRunning(const fitrun::v1::JobSpec& spec, size_t launches) {
+    absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(spec);
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return "";
+    EXPECT_TRUE(jobs_.launcher().WaitForLaunches(launches, absl::Seconds(5)));
+    WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+    return job->id();
+  }
+
+  void ReportOutOfMemory(const std::string& job_id, int attempt, int rank, int64_t step, int64_t batch) {
+    fitrun::v1::WorkerReport report;
+    report.mutable_oom()->set_step(step);
+    report.mutable_oom()->set_per_device_batch(batch);
+    Report(job_id, attempt, rank, report);
+  }
+
+  void ReportFinished(const std::string& job_id, int rank, double accuracy) {
+    fitrun::v1::WorkerReport report;
+    report.mutable_finished()->set_steps(10);
+    report.mutable_finished()->set_final_loss(0.5);
+    report.mutable_finished()->set_parameter_checksum("abc");
+    if (rank == 0) {
+      report.mutable_finished()->set_has_test_accuracy(true);
+      report.mutable_finished()->set_test_accuracy(accuracy);
+      (*report.mutable_finished()->mutable_metrics())["hr@10"] = accuracy;
+    }
+    Report(job_id, 1, rank, report);
+  }
+
+  TestJobManager jobs_;
+};
 
 }  // namespace fitrun::server
 
