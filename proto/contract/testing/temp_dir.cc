@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,5 +42,13 @@ TempDir::~TempDir() {
 }
 
 std::string TempDir::Join(std::string_view name) const { return path_ + "/" + std::string(name); }
+
+std::string TempDir::Write(std::string_view name, std::string_view bytes) const {
+  const std::string path = Join(name);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  return out ? path : "";
+}
 
 }  // namespace fitrun::contract

@@ -25,6 +25,8 @@ class TempDir {
   const std::string& path() const { return path_; }
   // path()/name.
   std::string Join(std::string_view name) const;
+  // Writes `bytes` to path()/name (replacing it) and returns that path; empty when it could not.
+  std::string Write(std::string_view name, std::string_view bytes) const;
 
  private:
   std::string path_;

@@ -5,41 +5,23 @@
 
 #include <string>
 
+#include "server/core/jobs/rooms_testing.h"
 #include "server/core/specs/test_specs.h"
-#include "server/core/testing/fake_device_inventory.h"
-#include "server/core/testing/fake_job_store.h"
-#include "server/core/testing/fake_worker_launcher.h"
-#include "server/core/testing/recording_metrics.h"
 
 namespace fitrun::server {
 namespace {
-
-constexpr int64_t kGiB = int64_t{1} << 30;
 
 class SchedulerTest : public ::testing::Test {
  protected:
   JobEntry& Queue(const fitrun::v1::JobSpec& spec) {
     JobEntry fresh;
     *fresh.record.job.mutable_spec() = spec;
-    return **table_.Admit(std::move(fresh), "submitted");
+    return **rooms_.table.Admit(std::move(fresh), "submitted");
   }
 
-  absl::Time now_ = absl::FromUnixSeconds(1000);
-  FakeJobStore store_;
-  EventHub hub_;
-  RecordingMetrics metrics_;
-  JobTable table_{JobTable::Options{0, 0, [this] { return now_; }}, &store_, &hub_, &metrics_};
-  FakeDeviceInventory inventory_{2, 4 * kGiB};
-  DeviceHolders holders_{&inventory_};
-  const JobPlanner planner_{JobPlanner::Options{}};
-  RunMemory run_memory_{&planner_, &table_, &inventory_, &metrics_, nullptr, nullptr};
-  PlanningGate gate_{nullptr, [] {}};
-  FakeWorkerLauncher launcher_;
-  Attempts attempts_{Attempts::Options{"/jobs", absl::Seconds(2), absl::Seconds(3), 0, [this] { return now_; },
-                                       [](const fitrun::v1::Job&, int) { return WorkerLauncher::RankExitCallback(); },
-                                       [](const std::string&, int) { return AllocationCallback(); }},
-                     &table_, &holders_, &launcher_, &metrics_, &run_memory_, &gate_};
-  Scheduler scheduler_{Scheduler::Options{}, &table_, &holders_, &attempts_, &planner_, &gate_, &launcher_};
+  RoomsForTest rooms_;
+  Scheduler scheduler_{Scheduler::Options{}, &rooms_.table, &rooms_.holders, &rooms_.attempts, &rooms_.planner,
+                       &rooms_.gate, &rooms_.launcher};
 };
 
 TEST_F(SchedulerTest, APassReservesTheHeadOfTheQueueAndNothingBehindItOvertakesIt) {
@@ -78,7 +60,7 @@ TEST_F(SchedulerTest, ADryRunOnBusyDevicesShowsThePlanItGetsOnceTheyFreeUp) {
   bool says_queued = false;
   for (const std::string& reason : plan->reasons()) says_queued |= reason.find("queued: not enough devices") == 0;
   EXPECT_TRUE(says_queued);
-  EXPECT_EQ(table_.jobs().size(), 1u) << "a dry run stores nothing";
+  EXPECT_EQ(rooms_.table.jobs().size(), 1u) << "a dry run stores nothing";
 }
 
 }  // namespace

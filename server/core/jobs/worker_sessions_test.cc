@@ -7,15 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "server/core/testing/fake_device_inventory.h"
-#include "server/core/testing/fake_job_store.h"
-#include "server/core/testing/fake_worker_launcher.h"
-#include "server/core/testing/recording_metrics.h"
+#include "server/core/jobs/rooms_testing.h"
 
 namespace fitrun::server {
 namespace {
-
-constexpr int64_t kGiB = int64_t{1} << 30;
 
 class RecordingConnection : public WorkerConnection {
  public:
@@ -27,21 +22,10 @@ class WorkerSessionsTest : public ::testing::Test {
  protected:
   // A job running attempt 1 with two ranks, its token "secret".
   JobEntry& RunningJob() {
-    JobEntry fresh;
-    fresh.record.token = "secret";
-    fresh.record.job.mutable_spec()->mutable_fault_tolerance()->set_max_oom_retries(2);
-    JobEntry& entry = **table_.Admit(std::move(fresh), "submitted");
-    EXPECT_TRUE(table_.Transition(entry, fitrun::v1::JOB_STATE_PLANNING, "devices are free").ok());
-    fitrun::v1::Plan plan;
-    plan.add_device_ids("cpu:0");
-    plan.add_device_ids("cpu:1");
-    plan.set_per_device_batch(64);
-    PendingLaunch launch = attempts_.Reserve(entry, Placement{&entry, plan, "", false, absl::Milliseconds(1)});
-    AttemptLaunch assembled;
-    assembled.job_id = launch.job_id;
-    assembled.attempt = launch.attempt;
-    assembled.ranks.resize(2);
-    attempts_.Commit(launch, launcher_.Launch(assembled, launch.on_exit), /*stop_now=*/false);
+    fitrun::v1::JobSpec spec;
+    spec.mutable_fault_tolerance()->set_max_oom_retries(2);
+    JobEntry& entry = rooms_.PlanningJob(spec, "secret");
+    rooms_.Run(RoomsForTest::OnTwoDevices(entry, /*per_device_batch=*/64));
     EXPECT_EQ(entry.record.job.state(), fitrun::v1::JOB_STATE_RUNNING);
     return entry;
   }
@@ -54,23 +38,10 @@ class WorkerSessionsTest : public ::testing::Test {
     return hello;
   }
 
-  absl::Time now_ = absl::FromUnixSeconds(1000);
-  FakeJobStore store_;
-  EventHub hub_;
-  RecordingMetrics metrics_;
-  JobTable table_{JobTable::Options{0, 0, [this] { return now_; }}, &store_, &hub_, &metrics_};
-  FakeDeviceInventory inventory_{2, 4 * kGiB};
-  DeviceHolders holders_{&inventory_};
-  const JobPlanner planner_{JobPlanner::Options{}};
-  RunMemory run_memory_{&planner_, &table_, &inventory_, &metrics_, nullptr, nullptr};
-  PlanningGate gate_{nullptr, [] {}};
-  FakeWorkerLauncher launcher_;
-  Attempts attempts_{Attempts::Options{"/jobs", absl::Seconds(2), absl::Seconds(3), 0, [this] { return now_; },
-                                       [](const fitrun::v1::Job&, int) { return WorkerLauncher::RankExitCallback(); },
-                                       [](const std::string&, int) { return AllocationCallback(); }},
-                     &table_, &holders_, &launcher_, &metrics_, &run_memory_, &gate_};
-  WorkerSessions sessions_{&table_, &attempts_, &run_memory_, &metrics_, [this] { return now_; },
-                           ReportIngest::Options{}};
+  RoomsForTest rooms_;
+  FakeWorkerLauncher& launcher_ = rooms_.launcher;
+  WorkerSessions sessions_{&rooms_.table, &rooms_.attempts, &rooms_.run_memory, &rooms_.metrics,
+                           [this] { return rooms_.now; }, ReportIngest::Options{}};
 };
 
 TEST_F(WorkerSessionsTest, AWrongTokenAndAMissingJobGetTheSameAnswer) {
@@ -88,14 +59,14 @@ TEST_F(WorkerSessionsTest, AWrongTokenAndAMissingJobGetTheSameAnswer) {
 TEST_F(WorkerSessionsTest, AnAttachedRankIsHeardFromAndARankOfAnEndedJobIsToldToStop) {
   JobEntry& entry = RunningJob();
   const std::string id = entry.record.job.id();
-  now_ += absl::Seconds(5);
+  rooms_.now += absl::Seconds(5);
   auto connection = std::make_shared<RecordingConnection>();
   absl::StatusOr<WorkerKey> key = sessions_.Attach(HelloOf(id, "secret", 1, 1), connection);
   ASSERT_TRUE(key.ok()) << key.status();
   EXPECT_EQ(key->rank, 1);
-  EXPECT_EQ(entry.active->ranks[1].last_heard, now_);
+  EXPECT_EQ(entry.active->ranks[1].last_heard, rooms_.now);
   EXPECT_TRUE(connection->stops.empty());
-  ASSERT_TRUE(table_.Transition(entry, fitrun::v1::JOB_STATE_CANCELLED, "cancelled").ok());
+  ASSERT_TRUE(rooms_.table.Transition(entry, fitrun::v1::JOB_STATE_CANCELLED, "cancelled").ok());
   auto late = std::make_shared<RecordingConnection>();
   ASSERT_TRUE(sessions_.Attach(HelloOf(id, "secret", 1, 0), late).ok());
   EXPECT_EQ(late->stops, std::vector<std::string>{"the job has ended"});
@@ -121,7 +92,7 @@ TEST_F(WorkerSessionsTest, AnOutOfMemoryReportIsStoredBeforeItFailsTheAttemptOve
   EXPECT_EQ(launcher_.left_to_exit(), std::vector<int>{0});
   // The OOM event went out before the state change it led to.
   bool oom_seen = false;
-  const absl::StatusOr<std::vector<fitrun::v1::JobEvent>> stored = store_.ReadEvents(id, 1, 1000);
+  const absl::StatusOr<std::vector<fitrun::v1::JobEvent>> stored = rooms_.store.ReadEvents(id, 1, 1000);
   ASSERT_TRUE(stored.ok());
   for (const fitrun::v1::JobEvent& event : *stored) {
     if (event.has_oom()) oom_seen = true;

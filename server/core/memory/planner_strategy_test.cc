@@ -16,10 +16,6 @@ namespace fitrun::server {
 namespace {
 
 using ::testing::HasSubstr;
-using planner_testing::kMiB;
-using planner_testing::MlpSpec;
-using planner_testing::Profile;
-using planner_testing::Devices;
 
 TEST(EstimatorTest, BreakdownAddsUpAndCountsOptimizerState) {
   fitrun::v1::JobSpec spec = MlpSpec(256, 1, 2);

@@ -10,7 +10,7 @@
 #include "server/core/specs/test_specs.h"
 #include "server/core/specs/workloads.h"
 
-namespace fitrun::server::planner_testing {
+namespace fitrun::server {
 
 inline constexpr int64_t kMiB = 1LL << 20;
 
@@ -26,6 +26,6 @@ inline std::vector<DeviceCapacity> Devices(int n, int64_t bytes) {
   return out;
 }
 
-}  // namespace fitrun::server::planner_testing
+}  // namespace fitrun::server
 
 #endif  // FITRUN_SERVER_CORE_MEMORY_PLANNER_TESTING_H_

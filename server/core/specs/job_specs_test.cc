@@ -11,8 +11,6 @@ namespace fitrun::server {
 namespace {
 
 using ::testing::HasSubstr;
-using job_specs_testing::kValidYaml;
-using job_specs_testing::Normalize;
 
 TEST(JobSpecTest, TheDocumentedExampleParsesIntoEveryField) {
   absl::StatusOr<fitrun::v1::JobSpec> spec = Normalize(kValidYaml);

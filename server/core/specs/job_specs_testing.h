@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "server/core/specs/job_specs.h"
 
-namespace fitrun::server::job_specs_testing {
+namespace fitrun::server {
 
 inline constexpr char kValidYaml[] = R"(
 name: fashion-mnist-mlp
@@ -27,6 +27,6 @@ inline absl::StatusOr<fitrun::v1::JobSpec> Normalize(const std::string& yaml) {
   return NormalizeJobSpec(*spec);
 }
 
-}  // namespace fitrun::server::job_specs_testing
+}  // namespace fitrun::server
 
 #endif  // FITRUN_SERVER_CORE_SPECS_JOB_SPECS_TESTING_H_

@@ -19,17 +19,8 @@ namespace fitrun::server {
 namespace {
 
 using ::testing::HasSubstr;
-using job_specs_testing::kValidYaml;
-using job_specs_testing::Normalize;
 
 // ---- the workload zoo: gpt on text, sasrec on MovieLens ratings, TorchScript modules -------------
-
-// Writes `bytes` to the file `name` in `dir` and names it.
-std::string WriteTempFile(const TempDir& dir, const std::string& name, const std::string& bytes) {
-  const std::string path = dir.Join(name);
-  std::ofstream(path, std::ios::binary) << bytes;
-  return path;
-}
 
 std::string GptYaml(const std::string& text_path, const std::string& gpt = "{layers: 2, heads: 4, hidden: 128, context: 64}") {
   return "name: gpt\nmodel: {builtin: gpt, gpt: " + gpt + "}\ndata: {kind: text, path: " + text_path +
@@ -39,7 +30,7 @@ std::string GptYaml(const std::string& text_path, const std::string& gpt = "{lay
 TEST(JobSpecTest, GptSpecParsesItsConfig) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  const std::string text = WriteTempFile(dir, "gpt.txt", std::string(5000, 'a'));
+  const std::string text = dir.Write("gpt.txt", std::string(5000, 'a'));
   absl::StatusOr<fitrun::v1::JobSpec> spec =
       Normalize(GptYaml(text, "{layers: 3, heads: 4, hidden: 64, context: 32, tied_head: true, "
                               "activation_checkpointing: true}"));
@@ -57,7 +48,7 @@ TEST(JobSpecTest, GptSpecParsesItsConfig) {
 TEST(JobSpecTest, GptConfigErrorsNameTheField) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  const std::string text = WriteTempFile(dir, "gpt.txt", std::string(5000, 'a'));
+  const std::string text = dir.Write("gpt.txt", std::string(5000, 'a'));
   absl::Status heads = Normalize(GptYaml(text, "{layers: 2, heads: 3, hidden: 128, context: 64}")).status();
   EXPECT_EQ(heads.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(heads.message(), HasSubstr("spec.model.gpt.heads: must divide hidden"));
@@ -86,12 +77,12 @@ TEST(JobSpecTest, GptDataMustBeAnExistingLargeEnoughTextFile) {
   EXPECT_THAT(missing.message(), HasSubstr("spec.data.path: no file '/nonexistent/corpus.txt'"));
 
   // context 64 needs 10 * 65 + 10 = 660 bytes so the last 10% holds a window.
-  const std::string small = WriteTempFile(dir, "small.txt", std::string(659, 'a'));
+  const std::string small = dir.Write("small.txt", std::string(659, 'a'));
   EXPECT_THAT(Normalize(GptYaml(small)).status().message(), HasSubstr("needs at least 660"));
-  const std::string enough = WriteTempFile(dir, "enough.txt", std::string(660, 'a'));
+  const std::string enough = dir.Write("enough.txt", std::string(660, 'a'));
   EXPECT_TRUE(Normalize(GptYaml(enough)).ok());
 
-  const std::string text = WriteTempFile(dir, "gpt.txt", std::string(5000, 'a'));
+  const std::string text = dir.Write("gpt.txt", std::string(5000, 'a'));
   std::string wrong_kind = GptYaml(text);
   wrong_kind.replace(wrong_kind.find("kind: text"), 10, "kind: fashion_mnist");
   EXPECT_THAT(Normalize(wrong_kind).status().message(),
@@ -101,7 +92,7 @@ TEST(JobSpecTest, GptDataMustBeAnExistingLargeEnoughTextFile) {
 TEST(JobSpecTest, SasRecSpecParsesAndChecksItsConfig) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  const std::string ratings = WriteTempFile(dir, "ratings.dat", "1::10::5::100\n1::11::4::101\n1::12::3::102\n");
+  const std::string ratings = dir.Write("ratings.dat", "1::10::5::100\n1::11::4::101\n1::12::3::102\n");
   const std::string yaml = "name: rec\nmodel: {builtin: sasrec, sasrec: {max_len: 50, hidden: 64, blocks: 2, heads: HEADS}}\n"
                            "data: {kind: movielens, path: " + ratings + "}\noptimizer: {kind: adam, lr: 0.001}\nglobal_batch_size: 8\nepochs: 1\n";
   auto with_heads = [&](const std::string& heads) {
@@ -129,7 +120,7 @@ TEST(JobSpecTest, SasRecSpecParsesAndChecksItsConfig) {
 TEST(JobSpecTest, TorchScriptNeedsAFileAndFashionMnist) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  const std::string module = WriteTempFile(dir, "model.pt", "not checked here");
+  const std::string module = dir.Write("model.pt", "not checked here");
   const std::string yaml = "name: ts\nmodel: {torchscript: PATH}\n"
                            "data: {kind: fashion_mnist, path: /usr/share/datasets/fashion-mnist}\n"
                            "optimizer: {kind: sgd, lr: 0.05}\nglobal_batch_size: 8\nepochs: 1\n";
@@ -165,7 +156,7 @@ TEST(JobSpecTest, AScriptSpecIsCheckedWhereItsRanksWillRunIt) {
   TempDir client_dir;
   ASSERT_TRUE(client_dir.ok());
   const std::string dir =
-      std::filesystem::path(WriteTempFile(client_dir, "train.py", "print('hi')\n")).parent_path().string();
+      std::filesystem::path(client_dir.Write("train.py", "print('hi')\n")).parent_path().string();
   absl::StatusOr<fitrun::v1::JobSpec> spec = NormalizeScript(
       "{command: [/usr/bin/python3, train.py, --epochs, '1'], working_dir: ., env: {OMP_NUM_THREADS: '1'}, "
       "batch_flag: --batch_size, grad_accum_flag: --accum}",
@@ -222,7 +213,7 @@ class TensorsSpecTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new TempDir("tensors-spec-test-");
     ASSERT_TRUE(dir_->ok());
-    const std::string dir = std::filesystem::path(WriteTempFile(*dir_, "tensors_write.py", R"PY(
+    const std::string dir = std::filesystem::path(dir_->Write("tensors_write.py", R"PY(
 import sys, torch
 d = sys.argv[1]
 x = torch.randn(40, 3)

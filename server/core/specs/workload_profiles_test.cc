@@ -18,13 +18,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Writes `bytes` to the file `name` in `dir` and names it.
-std::string WriteTempFile(const TempDir& dir, const std::string& name, const std::string& bytes) {
-  const std::string path = dir.Join(name);
-  std::ofstream(path, std::ios::binary) << bytes;
-  return path;
-}
-
 // The spec with what its checks read of its files (as admission records it at submit).
 absl::StatusOr<fitrun::v1::JobSpec> Admitted(fitrun::v1::JobSpec spec) {
   fitrun::v1::SpecFileFacts facts;
@@ -50,7 +43,7 @@ fitrun::v1::JobSpec GptSpec(const std::string& path, bool tied) {
 TEST(ModelProfileTest, GptCountsParametersActivationsAndWindows) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  const std::string path = WriteTempFile(dir, "corpus.txt", std::string(10000, 'x'));
+  const std::string path = dir.Write("corpus.txt", std::string(10000, 'x'));
   absl::StatusOr<ModelProfile> untied = ProfileFor(*Admitted(GptSpec(path, false)));
   ASSERT_TRUE(untied.ok()) << untied.status();
   // Embeddings 256*128 + 64*128, two blocks of 12*128^2 + 13*128, the final LayerNorm, the head.
@@ -79,7 +72,7 @@ TEST(ModelProfileTest, GptCountsParametersActivationsAndWindows) {
 TEST(ModelProfileTest, RecomputingAddsOneForwardOfTheBlocks) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  const std::string path = WriteTempFile(dir, "corpus-recompute.txt", std::string(10000, 'x'));
+  const std::string path = dir.Write("corpus-recompute.txt", std::string(10000, 'x'));
   absl::StatusOr<ModelProfile> gpt = ProfileFor(*Admitted(GptSpec(path, false)));
   ASSERT_TRUE(gpt.ok()) << gpt.status();
   const double blocks = 2.0 * (2 * 12 * 128 * 128 + 4 * 64 * 128);
@@ -112,7 +105,7 @@ TEST(ModelProfileTest, SasRecScansTheRatingsForItemsAndUsers) {
   // Users 1 and 2 have three ratings (samples); user 3 has two (too few to train on). Four items.
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  const std::string path = WriteTempFile(dir, "ratings.dat",
+  const std::string path = dir.Write("ratings.dat",
                                          "1::10::5::1\n1::11::3::2\n1::12::4::3\n"
                                          "2::10::5::1\n2::13::3::2\n2::11::1::3\n"
                                          "3::12::2::1\n3::13::2::2\n");
@@ -141,16 +134,16 @@ TEST(ModelProfileTest, SasRecScansTheRatingsForItemsAndUsers) {
   EXPECT_EQ(checkpointed->activation_bytes_per_sample, 2 * 50 * 64 * 4 + block + 6 * 50 * 64 * 4);
   sasrec->set_activation_checkpointing(false);
 
-  spec.mutable_data()->set_path(WriteTempFile(dir, "bad.dat", "1::10::5::1\nnot a rating\n"));
+  spec.mutable_data()->set_path(dir.Write("bad.dat", "1::10::5::1\nnot a rating\n"));
   EXPECT_THAT(Admitted(spec).status().message(), HasSubstr("line 2 is not user::item::rating::timestamp"));
-  spec.mutable_data()->set_path(WriteTempFile(dir, "long.dat", std::string(5000, '1') + "\n"));
+  spec.mutable_data()->set_path(dir.Write("long.dat", std::string(5000, '1') + "\n"));
   EXPECT_THAT(Admitted(spec).status().message(), HasSubstr("line 1 is longer than 4096 bytes"));
 }
 
 TEST(ModelProfileTest, PlansUseWhatWasReadAtSubmitAndNeverOpenTheFilesAgain) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  const std::string path = WriteTempFile(dir, "swapped.txt", std::string(10000, 'x'));
+  const std::string path = dir.Write("swapped.txt", std::string(10000, 'x'));
   absl::StatusOr<fitrun::v1::JobSpec> admitted = Admitted(GptSpec(path, false));
   ASSERT_TRUE(admitted.ok()) << admitted.status();
   EXPECT_THAT(admitted->file_facts().versions().at(path), HasSubstr(path + "@"));
@@ -171,7 +164,7 @@ TEST(ModelProfileTest, TorchScriptIsBoundedByItsFileSize) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
   fitrun::v1::JobSpec spec;
-  spec.mutable_model()->set_torchscript(WriteTempFile(dir, "model.pt", std::string(4000, '\0')));
+  spec.mutable_model()->set_torchscript(dir.Write("model.pt", std::string(4000, '\0')));
   spec.mutable_data()->set_kind(fitrun::v1::DATA_KIND_FASHION_MNIST);
   spec.mutable_data()->set_path("/usr/share/datasets/fashion-mnist");
   absl::StatusOr<fitrun::v1::JobSpec> admitted = Admitted(spec);
