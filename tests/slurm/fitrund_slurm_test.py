@@ -6,6 +6,8 @@ and three slurmd on this machine), with real fitrun-worker ranks started by sbat
 - an unchanged torchrun script runs across two nodes;
 - an out-of-memory error on the second node's rank is re-planned and resumed in a new allocation;
 - cancelling a running 2-node job leaves no Slurm job and no rank process within the stop grace;
+- while one job's sbatch hangs (a wrapper holds it), a second job is submitted and watched, and jobs
+  and devices are read, all answered at once: fitrund launches with its lock released;
 - a job Slurm keeps pending shows Slurm's reason (the API and `fitrun get`), then runs when it can;
 - a SIGKILLed fitrund, restarted on its state directory and address, re-adopts its Slurm job;
 - `scancel` from outside fails the attempt and the job resumes from its checkpoint in a new one;
@@ -35,7 +37,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 from accounts import install_for_accounts, token_line, useradd, userdel  # noqa: E402
-from cluster import SlurmCluster, free_port, pid_alive, short_directory, skip_unless_installed  # noqa: E402
+from cluster import SEARCH_PATH, SlurmCluster, free_port, pid_alive, short_directory, skip_unless_installed  # noqa: E402
 from fitrun.client import Client, ClientError, FINAL_STATES  # noqa: E402
 from jobs import Fitrund, state_name, wait_for  # noqa: E402
 import junit_main  # noqa: E402
@@ -318,6 +320,61 @@ class FitrundOnSlurmTest(unittest.TestCase):
         took = time.monotonic() - cancelled_at
         self.assertLess(took, STOP_GRACE_SECONDS + 5, "within the stop grace and a margin")
         print(f"cancelled: no Slurm job and no rank {took:.1f} s after the cancel", file=sys.stderr)
+
+    def test_a_stalled_sbatch_holds_up_no_other_call(self):
+        """fitrund starts an attempt's ranks with its lock released: while one job's sbatch hangs, a
+        second job is submitted and watched, and jobs and devices are read, all answered at once."""
+        gate = os.path.join(self.shared, "sbatch-gate")
+        os.makedirs(gate)
+        # The first sbatch waits for the test's word (15 s at most, under fitrund's 20 s timeout for
+        # it), then runs the real one; any later sbatch runs at once.
+        with open(os.path.join(gate, "sbatch"), "w") as wrapper:
+            wrapper.write(f"""#!/bin/sh
+if mkdir "{gate}/entered" 2>/dev/null; then
+  i=0
+  while [ ! -e "{gate}/release" ] && [ $i -lt 150 ]; do sleep 0.1; i=$((i + 1)); done
+fi
+exec {shutil.which("sbatch", path=SEARCH_PATH)} "$@"
+""")
+        os.chmod(os.path.join(gate, "sbatch"), 0o755)
+        env = dict(self.cluster.env)
+        env["PATH"] = f"{gate}:{env.get('PATH', '')}"
+        daemon = self.start_fitrund(env=env)
+        self.assertIsNotNone(daemon.address, daemon.log())
+        client = Client(daemon.address, timeout=30)
+        held = client.submit(mlp_spec("held", 2))
+        wait_for(lambda: os.path.isdir(os.path.join(gate, "entered")), 60, "the held job's sbatch to start")
+
+        asked = time.monotonic()
+        second = client.submit(mlp_spec("second", 2))
+        watch = client.watch(second)
+        first_event = next(watch)
+        watch.close()
+        listed = {job.id: state_name(job) for job in client.list()}
+        held_job = client.get(held)
+        devices = client.devices()
+        answered = time.monotonic() - asked
+
+        # All of it while the sbatch still hangs: the held job is still being launched.
+        self.assertFalse(os.path.exists(os.path.join(gate, "release")))
+        self.assertEqual(state_name(held_job), "PLANNING", self.explain(daemon, held_job))
+        self.assertEqual(held_job.attempts, 1, "its attempt is on record from the reservation")
+        self.assertEqual(state_name(client.get(held)), "PLANNING", "still launching after the calls")
+        self.assertTrue(first_event.HasField("state_changed"), first_event)
+        self.assertEqual(state_name(client.get(second)), "QUEUED", "queued behind the launch in progress")
+        self.assertEqual(set(listed), {held, second})
+        self.assertEqual(len([d for d in devices if d.job_id == held]), 2, "its devices are held while it launches")
+        self.assertLess(answered, 10, "the calls were answered while the sbatch hung, not after it")
+        print(f"while an sbatch hung: submit, watch, list, get and devices answered in {answered:.2f} s",
+              file=sys.stderr)
+
+        open(os.path.join(gate, "release"), "w").close()
+        for job_id in (held, second):
+            job = self.wait_end(client, job_id)
+            self.assertEqual(state_name(job), "SUCCEEDED", self.explain(daemon, job))
+            self.assertEqual(job.attempts, 1)
+        self.assert_nothing_left(held)
+        self.assert_nothing_left(second)
 
     def test_a_pending_allocation_shows_slurms_reason_until_it_runs(self):
         daemon, client = self.serving_fitrund()
