@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/core/jobs/job_queue.h"
 #include "server/core/jobs/placement.h"
 
@@ -16,6 +17,7 @@ using fitrun::v1::JobSpec;
 using fitrun::v1::Plan;
 
 Scheduler::Placed Scheduler::PlaceQueued() {
+  const absl::Time start = absl::Now();
   std::vector<JobEntry*> queued;
   for (auto& [id, entry] : table_->jobs()) {
     if (WaitsForPlacement(entry.record.job, entry.active.has_value())) queued.push_back(&entry);
@@ -35,6 +37,7 @@ Scheduler::Placed Scheduler::PlaceQueued() {
   for (const DeviceCapacity& device : every_device) roomiest = std::max(roomiest, device.free_bytes);
   PlanningGate::Pass gate(gate_, every_device, roomiest, GatePlanner());
   std::vector<Placement> placements = PlaceQueuedJobs(queued, std::move(free_devices), gate, PlacementPlanner());
+  placed.deciding = absl::Now() - start;
   for (Placement& placement : placements) {
     JobEntry& entry = *placement.entry;
     if (!placement.waiting_for.empty()) {

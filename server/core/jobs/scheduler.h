@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "fitrun/v1/job.pb.h"
 #include "server/core/calibration/planning_gate.h"
 #include "server/core/jobs/attempt_launch.h"
@@ -51,6 +52,8 @@ class Scheduler {
   struct Placed {
     std::vector<PendingLaunch> launches;
     int queued = 0;
+    // How long deciding took: the gate's questions and placement, before any job was moved.
+    absl::Duration deciding;
   };
   Placed PlaceQueued();
 
