@@ -2,22 +2,46 @@
 
 #include <google/protobuf/text_format.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "fitrun/v1/worker.pb.h"
+#include "server/testing/read_file.h"
+#include "server/testing/temp_dir.h"
 
 namespace fitrun::server {
 namespace {
 
+// The assignment file an attempt's ranks read, parsed (a test failure when it is not).
+fitrun::v1::WorkerAssignment ReadAssignment(const std::string& path) {
+  fitrun::v1::WorkerAssignment assignment;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(ReadFileForTest(path), &assignment)) << path;
+  return assignment;
+}
+
+// Device cpu:0 (its kind only), and a plan of one rank on it.
+fitrun::v1::Device Cpu0() {
+  fitrun::v1::Device device;
+  device.set_id("cpu:0");
+  device.set_kind(fitrun::v1::DEVICE_KIND_CPU);
+  return device;
+}
+fitrun::v1::Plan OneRankOnCpu0() {
+  fitrun::v1::Plan plan;
+  plan.add_device_ids("cpu:0");
+  return plan;
+}
+AttemptLaunchSettings WorkerAt(const std::string& binary) {
+  AttemptLaunchSettings settings;
+  settings.worker_binary = binary;
+  return settings;
+}
+
 TEST(AttemptLaunchTest, EveryRankGetsTheContractAndTheAssignmentSaysWhatEachMayUse) {
-  const std::string job_dir = absl::StrCat(::testing::TempDir(), "/attempt-launch-", getpid());
-  std::filesystem::remove_all(job_dir);
+  TempDir dir;
+  const std::string job_dir = dir.Join("j-000007");
   fitrun::v1::Job job;
   job.set_id("j-000007");
   job.mutable_spec()->set_name("two-ranks");
@@ -76,11 +100,7 @@ TEST(AttemptLaunchTest, EveryRankGetsTheContractAndTheAssignmentSaysWhatEachMayU
     // plan.device_ids[rank]'s threads: cpu:1 has 2, cpu:0 has 1.
     EXPECT_EQ(env.at("OPENBLAS_NUM_THREADS"), rank == 0 ? "2" : "1");
   }
-  std::ifstream in(assignment_path);
-  std::stringstream text;
-  text << in.rdbuf();
-  fitrun::v1::WorkerAssignment assignment;
-  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text.str(), &assignment));
+  const fitrun::v1::WorkerAssignment assignment = ReadAssignment(assignment_path);
   EXPECT_EQ(assignment.job_id(), "j-000007");
   EXPECT_EQ(assignment.attempt(), 3);
   EXPECT_EQ(assignment.plan().per_device_batch(), 32);
@@ -93,57 +113,42 @@ TEST(AttemptLaunchTest, EveryRankGetsTheContractAndTheAssignmentSaysWhatEachMayU
   EXPECT_EQ(assignment.cpu_threads(0), 2);
   EXPECT_EQ(assignment.cpu_threads(1), 1);
   EXPECT_EQ(assignment.dataset_cache_dir(), "/srv/fitrun/datasets");
-  std::filesystem::remove_all(job_dir);
 }
 
 TEST(AttemptLaunchTest, WithoutADatasetCacheDirectoryTheAssignmentNamesNone) {
-  const std::string job_dir = absl::StrCat(::testing::TempDir(), "/attempt-launch-no-cache-", getpid());
+  TempDir dir;
   fitrun::v1::Job job;
   job.set_id("j-000008");
-  fitrun::v1::Plan plan;
-  plan.add_device_ids("cpu:0");
-  fitrun::v1::Device device;
-  device.set_id("cpu:0");
-  device.set_kind(fitrun::v1::DEVICE_KIND_CPU);
-  AttemptLaunchSettings settings;
-  settings.worker_binary = "/opt/fitrun-worker";
-  ASSERT_TRUE(AssembleAttempt(job, "secret", 1, plan, {device}, job_dir, settings).ok());
-  std::ifstream in(job_dir + "/attempt-1/assignment.textproto");
-  std::stringstream text;
-  text << in.rdbuf();
-  fitrun::v1::WorkerAssignment assignment;
-  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text.str(), &assignment));
+  ASSERT_TRUE(AssembleAttempt(job, "secret", 1, OneRankOnCpu0(), {Cpu0()}, dir.Join("j-000008"),
+                              WorkerAt("/opt/fitrun-worker"))
+                  .ok());
+  const fitrun::v1::WorkerAssignment assignment = ReadAssignment(dir.Join("j-000008/attempt-1/assignment.textproto"));
   EXPECT_EQ(assignment.job_id(), "j-000008");
   EXPECT_EQ(assignment.dataset_cache_dir(), "");
-  std::filesystem::remove_all(job_dir);
 }
 
 TEST(AttemptLaunchTest, AScriptJobsRanksRunTheSupervisorAndOthersTheWorker) {
-  const std::string job_dir = absl::StrCat(::testing::TempDir(), "/attempt-launch-script-", getpid());
+  TempDir dir;
+  const std::string job_dir = dir.Join("j-000009");
   fitrun::v1::Job job;
   job.set_id("j-000009");
-  fitrun::v1::Plan plan;
-  plan.add_device_ids("cpu:0");
-  fitrun::v1::Device device;
-  device.set_id("cpu:0");
-  device.set_kind(fitrun::v1::DEVICE_KIND_CPU);
-  AttemptLaunchSettings settings;
-  settings.worker_binary = "/opt/fitrun-worker";
+  const fitrun::v1::Plan plan = OneRankOnCpu0();
+  AttemptLaunchSettings settings = WorkerAt("/opt/fitrun-worker");
   settings.script_binary = "/opt/fitrun-supervisor";
-  EXPECT_EQ(AssembleAttempt(job, "secret", 1, plan, {device}, job_dir, settings)->ranks[0].argv[0],
+  EXPECT_EQ(AssembleAttempt(job, "secret", 1, plan, {Cpu0()}, job_dir, settings)->ranks[0].argv[0],
             "/opt/fitrun-worker");
   job.mutable_spec()->mutable_script()->add_command("/usr/bin/python3");
-  EXPECT_EQ(AssembleAttempt(job, "secret", 1, plan, {device}, job_dir, settings)->ranks[0].argv[0],
+  EXPECT_EQ(AssembleAttempt(job, "secret", 1, plan, {Cpu0()}, job_dir, settings)->ranks[0].argv[0],
             "/opt/fitrun-supervisor");
   settings.script_binary.clear();
-  EXPECT_EQ(AssembleAttempt(job, "secret", 1, plan, {device}, job_dir, settings)->ranks[0].argv[0],
+  EXPECT_EQ(AssembleAttempt(job, "secret", 1, plan, {Cpu0()}, job_dir, settings)->ranks[0].argv[0],
             "/opt/fitrun-worker")
       << "without a supervisor installed, the worker supervises";
-  std::filesystem::remove_all(job_dir);
 }
 
 TEST(AttemptLaunchTest, TheSpecsHostMemoryAndProcessesBoundTheAttemptPerRank) {
-  const std::string job_dir = absl::StrCat(::testing::TempDir(), "/attempt-launch-limits-", getpid());
+  TempDir dir;
+  const std::string job_dir = dir.Join("j-000010");
   fitrun::v1::Job job;
   job.set_id("j-000010");
   fitrun::v1::Plan plan;
@@ -155,8 +160,7 @@ TEST(AttemptLaunchTest, TheSpecsHostMemoryAndProcessesBoundTheAttemptPerRank) {
     gpus[i].set_kind(fitrun::v1::DEVICE_KIND_CUDA);
     gpus[i].set_total_bytes(80LL << 30);
   }
-  AttemptLaunchSettings settings;
-  settings.worker_binary = "/opt/fitrun-worker";
+  const AttemptLaunchSettings settings = WorkerAt("/opt/fitrun-worker");
   // On GPUs a rank's host memory is not its device's: 4 GiB each by default.
   absl::StatusOr<AttemptLaunch> attempt = AssembleAttempt(job, "secret", 1, plan, gpus, job_dir, settings);
   ASSERT_TRUE(attempt.ok()) << attempt.status();
@@ -171,7 +175,6 @@ TEST(AttemptLaunchTest, TheSpecsHostMemoryAndProcessesBoundTheAttemptPerRank) {
   EXPECT_EQ(attempt->host_memory_limit_bytes, 2 * (3LL << 29));
   EXPECT_EQ(attempt->max_processes, 200);
   EXPECT_EQ(attempt->memory_per_rank_bytes, 3LL << 29) << "what the spec names is what a rank asks for";
-  std::filesystem::remove_all(job_dir);
 }
 
 }  // namespace
