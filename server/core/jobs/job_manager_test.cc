@@ -72,10 +72,8 @@ TEST_F(JobManagerTest, EndedJobsBeyondTheRetentionAreForgottenWithTheirEvents) {
 }
 
 TEST_F(JobManagerTest, LaunchesOneWorkerPerDeviceWithTheTorchrunContract) {
-  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(1, 2));
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  absl::StatusOr<fitrun::v1::Job> job = SubmitRunning(Spec(1, 2), 2);
+  ASSERT_TRUE(job.ok()) << job.status();
   const std::vector<WorkerLaunch> launches = jobs_.launcher().launches();
   ASSERT_EQ(launches.size(), 2u);
   for (int rank = 0; rank < 2; ++rank) {
@@ -99,10 +97,8 @@ TEST_F(JobManagerTest, LaunchesOneWorkerPerDeviceWithTheTorchrunContract) {
 }
 
 TEST_F(JobManagerTest, JobSucceedsWhenEveryRankFinishesAndFreesItsDevices) {
-  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(2, 2));
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  absl::StatusOr<fitrun::v1::Job> job = SubmitRunning(Spec(2, 2), 2);
+  ASSERT_TRUE(job.ok()) << job.status();
   fitrun::v1::WorkerReport progress;
   progress.mutable_progress()->set_step(5);
   progress.mutable_progress()->set_loss(1.25);
@@ -203,10 +199,8 @@ TEST_F(JobManagerTest, ExitWithoutFinalReportStillSucceedsAfterTheWait) {
 TEST_F(JobManagerTest, FailingRankFailsTheJobAndStopsItsPeersAtOnce) {
   fitrun::v1::JobSpec spec = Spec(2, 2);
   spec.mutable_fault_tolerance()->set_max_restarts(0);
-  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(spec);
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  absl::StatusOr<fitrun::v1::Job> job = SubmitRunning(spec, 2);
+  ASSERT_TRUE(job.ok()) << job.status();
   {
     std::ofstream log(jobs_.launcher().launches()[1].log_path);
     log << "step 3\nRuntimeError: something broke\n";
@@ -245,10 +239,8 @@ TEST_F(JobManagerTest, MoreDevicesThanTheNodeHasIsRejectedAtSubmit) {
 }
 
 TEST_F(JobManagerTest, CancelStopsRanksAndEndsCancelled) {
-  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(2, 2));
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  absl::StatusOr<fitrun::v1::Job> job = SubmitRunning(Spec(2, 2), 2);
+  ASSERT_TRUE(job.ok()) << job.status();
   absl::StatusOr<fitrun::v1::Job> cancelled = jobs_.manager().Cancel(job->id(), "");
   ASSERT_TRUE(cancelled.ok());
   EXPECT_EQ(cancelled->state(), fitrun::v1::JOB_STATE_CANCELLED);
@@ -304,10 +296,8 @@ TEST_F(JobManagerTest, LargeJobIsNotStarvedBySmallJobsBehindIt) {
 }
 
 TEST_F(JobManagerTest, AWrongTokenAndAMissingJobGetTheSameAnswer) {
-  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(1, 1));
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(1, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  absl::StatusOr<fitrun::v1::Job> job = SubmitRunning(Spec(1, 1), 1);
+  ASSERT_TRUE(job.ok()) << job.status();
   fitrun::v1::Hello hello;
   hello.set_job_id(job->id());
   hello.set_attempt(1);
@@ -414,10 +404,8 @@ TEST_F(JobManagerTest, AnOwnersOpenJobsAreBoundedAndEndedOnesMakeRoom) {
 }
 
 TEST_F(JobManagerRecoveryTest, LiveWorkersAreReadoptedAndTheJobCompletes) {
-  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(2, 2));
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  absl::StatusOr<fitrun::v1::Job> job = SubmitRunning(Spec(2, 2), 2);
+  ASSERT_TRUE(job.ok()) << job.status();
   // Rank 1's progress is stored as events but does not rewrite the job row: numbering after the
   // restart must still continue after it.
   fitrun::v1::WorkerReport progress;
@@ -456,10 +444,8 @@ TEST_F(JobManagerRecoveryTest, LiveWorkersAreReadoptedAndTheJobCompletes) {
 }
 
 TEST_F(JobManagerRecoveryTest, JobWhoseWorkersAreGoneRestartsAsANewAttempt) {
-  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(Spec(2, 2));
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  absl::StatusOr<fitrun::v1::Job> job = SubmitRunning(Spec(2, 2), 2);
+  ASSERT_TRUE(job.ok()) << job.status();
 
   jobs_.launcher().SetAdoptable({0});  // rank 1 died with the coordinator
   Restart();
@@ -480,10 +466,8 @@ TEST_F(JobManagerRecoveryTest, JobWhoseWorkersAreGoneRestartsAsANewAttempt) {
 TEST_F(JobManagerTest, AttemptHistoryRecordsEveryRanksExit) {
   fitrun::v1::JobSpec spec = Spec(2, 2);
   spec.mutable_fault_tolerance()->set_max_restarts(0);
-  absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(spec);
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(jobs_.launcher().WaitForLaunches(2, absl::Seconds(5)));
-  WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
+  absl::StatusOr<fitrun::v1::Job> job = SubmitRunning(spec, 2);
+  ASSERT_TRUE(job.ok()) << job.status();
   jobs_.launcher().Exit(0, -1, 9);
   jobs_.launcher().Exit(1, -1, 15);
   fitrun::v1::Job failed = WaitForState(job->id(), fitrun::v1::JOB_STATE_FAILED);

@@ -141,14 +141,20 @@ class JobManagerTest : public ::testing::Test {
     jobs_.manager().OnWorkerReport(WorkerKey{job_id, attempt, rank}, report);
   }
 
-  // Submits `spec` and waits until the launcher has seen `launches` launches in all and the job runs.
-  std::string SubmitAndWaitRunning(const fitrun::v1::JobSpec& spec, size_t launches) {
+  // Submits `spec` and waits until the launcher has seen `launches` launches in all and the job runs;
+  // returns the job as submitted.
+  absl::StatusOr<fitrun::v1::Job> SubmitRunning(const fitrun::v1::JobSpec& spec, size_t launches) {
     absl::StatusOr<fitrun::v1::Job> job = jobs_.manager().Submit(spec);
-    EXPECT_TRUE(job.ok()) << job.status();
-    if (!job.ok()) return "";
+    if (!job.ok()) return job;
     EXPECT_TRUE(jobs_.launcher().WaitForLaunches(launches, absl::Seconds(5)));
     WaitForState(job->id(), fitrun::v1::JOB_STATE_RUNNING);
-    return job->id();
+    return job;
+  }
+  // The same, for its id ("" and a test failure when the submit failed).
+  std::string SubmitAndWaitRunning(const fitrun::v1::JobSpec& spec, size_t launches) {
+    absl::StatusOr<fitrun::v1::Job> job = SubmitRunning(spec, launches);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : "";
   }
 
   void ReportOutOfMemory(const std::string& job_id, int attempt, int rank, int64_t step, int64_t batch) {
