@@ -21,6 +21,22 @@ std::string FreshDb(const std::string& name) {
   return path.string();
 }
 
+// What a COUNT(*) query finds in the database at `path`, read directly (-1 and a test failure when
+// the query cannot run).
+int CountRows(const std::string& path, const char* count_query) {
+  sqlite3* db = nullptr;
+  int count = -1;
+  sqlite3_stmt* query = nullptr;
+  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK &&
+      sqlite3_prepare_v2(db, count_query, -1, &query, nullptr) == SQLITE_OK && sqlite3_step(query) == SQLITE_ROW) {
+    count = sqlite3_column_int(query, 0);
+  }
+  EXPECT_GE(count, 0) << count_query << ": " << sqlite3_errmsg(db);
+  sqlite3_finalize(query);
+  sqlite3_close(db);
+  return count;
+}
+
 JobRecord Record(const std::string& id, int64_t order, fitrun::v1::JobState state) {
   JobRecord record;
   record.job.set_id(id);
@@ -191,14 +207,7 @@ TEST(SqliteJobStoreTest, AttemptsAreKeptInTheirOwnTable) {
   record.job.mutable_attempt_history(0)->set_outcome("rank 1 exited with code 3");
   record.job.add_attempt_history()->set_attempt(2);
   ASSERT_TRUE((*store)->PutJob(record).ok());
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  sqlite3_stmt* query = nullptr;
-  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM attempts WHERE job_id = 'a'", -1, &query, nullptr), SQLITE_OK);
-  ASSERT_EQ(sqlite3_step(query), SQLITE_ROW);
-  EXPECT_EQ(sqlite3_column_int(query, 0), 2);
-  sqlite3_finalize(query);
-  sqlite3_close(db);
+  EXPECT_EQ(CountRows(path, "SELECT COUNT(*) FROM attempts WHERE job_id = 'a'"), 2);
 }
 
 TEST(SqliteJobStoreTest, DeletedJobsTakeTheirEventsAndAttemptsAndTheirPagesAreReused) {
@@ -231,14 +240,7 @@ TEST(SqliteJobStoreTest, DeletedJobsTakeTheirEventsAndAttemptsAndTheirPagesAreRe
   store->reset();  // its last checkpoint copies the WAL into the file
   // Two jobs' worth (one kept, one being written), where six undeleted would take 6.5 MB.
   EXPECT_LT(std::filesystem::file_size(path), 3u << 20);
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  sqlite3_stmt* query = nullptr;
-  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM attempts", -1, &query, nullptr), SQLITE_OK);
-  ASSERT_EQ(sqlite3_step(query), SQLITE_ROW);
-  EXPECT_EQ(sqlite3_column_int(query, 0), 1);
-  sqlite3_finalize(query);
-  sqlite3_close(db);
+  EXPECT_EQ(CountRows(path, "SELECT COUNT(*) FROM attempts"), 1);
 }
 
 TEST(SqliteJobStoreTest, OlderSchemaIsMigratedForward) {
