@@ -180,6 +180,16 @@ class WorkerProcessTest : public ::testing::Test {
   }
 
   std::string Log(int rank) { return ReadFile(absl::StrCat(dir_, "/rank", rank, ".log")); }
+  // How many of the coordinator's reports were RankFailed; each one's reason must hold `reason_has`.
+  static int FailedReports(FakeCoordinator& coordinator, const std::string& reason_has = "") {
+    int failed = 0;
+    for (const WorkerReport& r : coordinator.reports()) {
+      if (!r.has_failed()) continue;
+      ++failed;
+      EXPECT_TRUE(absl::StrContains(r.failed().reason(), reason_has)) << r.failed().reason();
+    }
+    return failed;
+  }
 
   // Each rank's reports in order, grouped by the rank its Hello named.
   static std::map<int, std::vector<WorkerReport>> ByRank(const std::vector<WorkerReport>& reports) {
@@ -348,14 +358,7 @@ TEST_F(WorkerProcessTest, StopCommandEndsEveryRankWith143) {
   StartRanks(port);
   EXPECT_EQ(WaitRank(0, absl::Seconds(30)), 143) << Log(0);
   EXPECT_EQ(WaitRank(1, absl::Seconds(30)), 143) << Log(1);
-  int failed = 0;
-  for (const WorkerReport& r : coordinator.reports()) {
-    if (r.has_failed()) {
-      ++failed;
-      EXPECT_TRUE(absl::StrContains(r.failed().reason(), "stopped by the coordinator")) << r.failed().reason();
-    }
-  }
-  EXPECT_EQ(failed, kWorld);
+  EXPECT_EQ(FailedReports(coordinator, "stopped by the coordinator"), kWorld);
   server->Shutdown();
 }
 
@@ -368,14 +371,7 @@ TEST_F(WorkerProcessTest, BadAssignmentExitsTwoAndSaysWhy) {
   EXPECT_EQ(WaitRank(0), 2) << Log(0);
   EXPECT_EQ(WaitRank(1), 2) << Log(1);
   EXPECT_TRUE(absl::StrContains(Log(0), "plan.device_ids")) << Log(0);
-  int failed = 0;
-  for (const WorkerReport& r : coordinator.reports()) {
-    if (r.has_failed()) {
-      ++failed;
-      EXPECT_TRUE(absl::StrContains(r.failed().reason(), "plan.device_ids")) << r.failed().reason();
-    }
-  }
-  EXPECT_EQ(failed, kWorld);
+  EXPECT_EQ(FailedReports(coordinator, "plan.device_ids"), kWorld);
   server->Shutdown();
 }
 
@@ -396,14 +392,7 @@ TEST_F(WorkerProcessTest, UnusableCudaDeviceExitsTwoAndSaysWhy) {
                 absl::StrContains(Log(rank), "CUDA devices (check CUDA_VISIBLE_DEVICES)"))
         << Log(rank);
   }
-  int failed = 0;
-  for (const WorkerReport& r : coordinator.reports()) {
-    if (r.has_failed()) {
-      ++failed;
-      EXPECT_TRUE(absl::StrContains(r.failed().reason(), "plan.device_ids[")) << r.failed().reason();
-    }
-  }
-  EXPECT_EQ(failed, kWorld);
+  EXPECT_EQ(FailedReports(coordinator, "plan.device_ids["), kWorld);
   server->Shutdown();
 }
 
@@ -439,9 +428,7 @@ TEST_F(WorkerProcessTest, TinyMemoryCapSendsOutOfMemoryAndExitsThree) {
     EXPECT_GE(o.peak_bytes(), o.live_bytes());
     EXPECT_LE(o.peak_bytes(), kCap);
   }
-  int failed = 0;
-  for (const WorkerReport& r : coordinator.reports()) failed += r.has_failed();
-  EXPECT_EQ(failed, kWorld) << "RankFailed still follows the OutOfMemory";
+  EXPECT_EQ(FailedReports(coordinator), kWorld) << "RankFailed still follows the OutOfMemory";
   server->Shutdown();
 }
 
