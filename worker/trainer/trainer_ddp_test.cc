@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <thread>
 
 #include <torch/optim/sgd.h>
 
@@ -29,9 +28,7 @@ constexpr int kWorld = 2;
 
 TEST(TrainerDdpTest, RanksEndBitwiseEqualWithOneGlobalLoss) {
   SkipUnlessCpuRanks(kWorld);
-  const contract::TempDir dir;
-  ASSERT_TRUE(dir.ok());
-  const std::string store_path = dir.Join("trainer_ddp_store");
+  const std::string store_name = "trainer_ddp_store";
   const TensorDataset train = SyntheticSet(512);
   const TensorDataset test = SyntheticSet(100);
 
@@ -48,29 +45,22 @@ TEST(TrainerDdpTest, RanksEndBitwiseEqualWithOneGlobalLoss) {
 
   std::vector<FakeProgressSink> sinks(kWorld);
   std::vector<absl::StatusOr<TrainResult>> results(kWorld, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto store = c10::make_intrusive<c10d::FileStore>(store_path, kWorld);
-      auto group = CreateGlooProcessGroup(store, rank, kWorld, absl::Seconds(10));
-      ASSERT_TRUE(group.ok()) << group.status();
-      ASSERT_TRUE(BroadcastModuleState(**group, *models[rank]).ok());
-      auto synchronizer = FlatAllReduceSynchronizer::Create(*group, models[rank]->parameters());
-      ASSERT_TRUE(synchronizer.ok()) << synchronizer.status();
+  RunRanksAsThreads(kWorld, store_name, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    ASSERT_TRUE(BroadcastModuleState(*group, *models[rank]).ok());
+    auto synchronizer = FlatAllReduceSynchronizer::Create(group, models[rank]->parameters());
+    ASSERT_TRUE(synchronizer.ok()) << synchronizer.status();
 
-      TrainerOptions options = testing::SmallTrainerOptions();
-      options.rank = rank;
-      options.world_size = kWorld;
-      options.seed = 5;
-      std::optional<TensorDataset> test_set;
-      if (rank == 0) test_set = test;
-      auto trainer = Trainer::Create(options, models[rank], train, test_set, synchronizer->get(),
-                                     &sinks[rank]);
-      ASSERT_TRUE(trainer.ok()) << trainer.status();
-      results[rank] = (*trainer)->Run();
-    });
-  }
-  for (auto& t : threads) t.join();
+    TrainerOptions options = testing::SmallTrainerOptions();
+    options.rank = rank;
+    options.world_size = kWorld;
+    options.seed = 5;
+    std::optional<TensorDataset> test_set;
+    if (rank == 0) test_set = test;
+    auto trainer = Trainer::Create(options, models[rank], train, test_set, synchronizer->get(),
+                                   &sinks[rank]);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    results[rank] = (*trainer)->Run();
+  });
 
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
@@ -107,34 +97,24 @@ std::shared_ptr<Model> TrainAlone(const TensorDataset& train, int64_t batch, int
 std::vector<std::shared_ptr<Model>> TrainTwoRanks(const TensorDataset& train, int64_t per_device_batch,
                                                   int accumulation, const std::string& store_name,
                                                   int64_t total_steps = 8) {
-  const contract::TempDir dir;
-  EXPECT_TRUE(dir.ok());
-  const std::string store_path = dir.Join(store_name);
   std::vector<std::shared_ptr<Model>> models = {MlpFromSeed(42), MlpFromSeed(43)};
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto store = c10::make_intrusive<c10d::FileStore>(store_path, kWorld);
-      auto group = CreateGlooProcessGroup(store, rank, kWorld, absl::Seconds(20));
-      ASSERT_TRUE(group.ok()) << group.status();
-      ASSERT_TRUE(BroadcastModuleState(**group, *models[rank]).ok());
-      BucketedReducer::Options buckets;
-      buckets.first_bucket_cap_bytes = 16 << 10;  // fc3 alone; a bucket closes once it reaches its cap
-      buckets.bucket_cap_bytes = 512 << 10;
-      auto reducer = BucketedReducer::Create(*group, models[rank]->parameters(), buckets);
-      ASSERT_TRUE(reducer.ok()) << reducer.status();
-      ASSERT_GT((*reducer)->BucketLayout().size(), 2u);
-      FakeProgressSink sink;
-      TrainerOptions options = EquivalenceOptions(rank, kWorld, per_device_batch, accumulation);
-      options.total_steps = total_steps;
-      auto trainer = Trainer::Create(options, models[rank], train, std::nullopt, reducer->get(), &sink);
-      ASSERT_TRUE(trainer.ok()) << trainer.status();
-      absl::StatusOr<TrainResult> result = (*trainer)->Run();
-      ASSERT_TRUE(result.ok()) << result.status();
-      EXPECT_EQ((*reducer)->comm_stats().synchronized_steps, total_steps);
-    });
-  }
-  for (auto& t : threads) t.join();
+  RunRanksAsThreads(kWorld, store_name, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    ASSERT_TRUE(BroadcastModuleState(*group, *models[rank]).ok());
+    BucketedReducer::Options buckets;
+    buckets.first_bucket_cap_bytes = 16 << 10;  // fc3 alone; a bucket closes once it reaches its cap
+    buckets.bucket_cap_bytes = 512 << 10;
+    auto reducer = BucketedReducer::Create(group, models[rank]->parameters(), buckets);
+    ASSERT_TRUE(reducer.ok()) << reducer.status();
+    ASSERT_GT((*reducer)->BucketLayout().size(), 2u);
+    FakeProgressSink sink;
+    TrainerOptions options = EquivalenceOptions(rank, kWorld, per_device_batch, accumulation);
+    options.total_steps = total_steps;
+    auto trainer = Trainer::Create(options, models[rank], train, std::nullopt, reducer->get(), &sink);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    absl::StatusOr<TrainResult> result = (*trainer)->Run();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ((*reducer)->comm_stats().synchronized_steps, total_steps);
+  }, absl::Seconds(20));
   return models;
 }
 
@@ -213,7 +193,7 @@ TEST(TrainerDdpTest, ExplicitDeviceWithTheBucketedReducerSavesALoadableCheckpoin
   SkipUnlessCpuRanks(kWorld);
   const contract::TempDir dir;
   ASSERT_TRUE(dir.ok());
-  const std::string store_path = dir.Join("device_store");
+  const std::string store_name = "device_store";
   const std::string checkpoint_dir = dir.Join("device_checkpoints");
   absl::StatusOr<std::unique_ptr<CheckpointStore>> checkpoints = CheckpointStore::Create({checkpoint_dir, 2});
   ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
@@ -232,27 +212,20 @@ TEST(TrainerDdpTest, ExplicitDeviceWithTheBucketedReducerSavesALoadableCheckpoin
   }
   std::vector<FakeProgressSink> sinks(kWorld);
   std::vector<absl::StatusOr<TrainResult>> results(kWorld, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto store = c10::make_intrusive<c10d::FileStore>(store_path, kWorld);
-      auto group = CreateGlooProcessGroup(store, rank, kWorld, absl::Seconds(10));
-      ASSERT_TRUE(group.ok()) << group.status();
-      ASSERT_TRUE(BroadcastModuleState(**group, *models[rank]).ok());
-      auto reducer = BucketedReducer::Create(*group, models[rank]->parameters(), BucketedReducer::Options());
-      ASSERT_TRUE(reducer.ok()) << reducer.status();
-      TrainerOptions options = EquivalenceOptions(rank, kWorld, 16, 2);
-      options.device = device;
-      options.checkpoints = checkpoints->get();
-      options.checkpoint_every_steps = 4;
-      std::optional<TensorDataset> test_set;
-      if (rank == 0) test_set = test;
-      auto trainer = Trainer::Create(options, models[rank], train, test_set, reducer->get(), &sinks[rank]);
-      ASSERT_TRUE(trainer.ok()) << trainer.status();
-      results[rank] = (*trainer)->Run();
-    });
-  }
-  for (auto& t : threads) t.join();
+  RunRanksAsThreads(kWorld, store_name, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    ASSERT_TRUE(BroadcastModuleState(*group, *models[rank]).ok());
+    auto reducer = BucketedReducer::Create(group, models[rank]->parameters(), BucketedReducer::Options());
+    ASSERT_TRUE(reducer.ok()) << reducer.status();
+    TrainerOptions options = EquivalenceOptions(rank, kWorld, 16, 2);
+    options.device = device;
+    options.checkpoints = checkpoints->get();
+    options.checkpoint_every_steps = 4;
+    std::optional<TensorDataset> test_set;
+    if (rank == 0) test_set = test;
+    auto trainer = Trainer::Create(options, models[rank], train, test_set, reducer->get(), &sinks[rank]);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    results[rank] = (*trainer)->Run();
+  });
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[0]->parameter_checksum, results[1]->parameter_checksum);
