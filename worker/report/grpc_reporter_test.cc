@@ -17,6 +17,18 @@ namespace {
 
 using fitrun::v1::WorkerReport;
 
+// Brings `coordinator` up on `port`, where the reporter has been dialing in vain, lets the reporter
+// deliver everything it queued meanwhile, and returns what arrived, in order.
+std::vector<WorkerReport> DrainIntoCoordinatorAt(FakeCoordinator& coordinator, int port, GrpcReporter& reporter) {
+  int bound = 0;
+  auto server = coordinator.Serve(&bound, port);
+  EXPECT_EQ(bound, port);
+  reporter.Shutdown(absl::Seconds(10));
+  std::vector<WorkerReport> reports = coordinator.reports();
+  server->Shutdown();
+  return reports;
+}
+
 GrpcReporter::Options OptionsFor(int port) {
   GrpcReporter::Options options;
   options.coordinator = "127.0.0.1:" + std::to_string(port);
@@ -144,15 +156,10 @@ TEST(GrpcReporterTest, ACoordinatorThatStartsLateStillGetsTheFinishedReport) {
   absl::SleepFor(absl::Milliseconds(500));
 
   FakeCoordinator coordinator;
-  int bound = 0;
-  auto server = coordinator.Serve(&bound, port);
-  ASSERT_EQ(bound, port);
-  (*reporter)->Shutdown(absl::Seconds(10));
-  const std::vector<WorkerReport> reports = coordinator.reports();
+  const std::vector<WorkerReport> reports = DrainIntoCoordinatorAt(coordinator, port, **reporter);
   ASSERT_EQ(reports.size(), 2u);
   EXPECT_TRUE(reports[0].has_hello());
   EXPECT_EQ(reports[1].finished().steps(), 3);
-  server->Shutdown();
 }
 
 // Reports queued while the coordinator was away go out together: the Hello alone first, then
@@ -171,11 +178,7 @@ TEST(GrpcReporterTest, QueuedReportsTravelInBatchesAfterTheHello) {
   absl::SleepFor(absl::Milliseconds(300));
 
   FakeCoordinator coordinator;
-  int bound = 0;
-  auto server = coordinator.Serve(&bound, port);
-  ASSERT_EQ(bound, port);
-  (*reporter)->Shutdown(absl::Seconds(10));
-  const std::vector<WorkerReport> reports = coordinator.reports();
+  const std::vector<WorkerReport> reports = DrainIntoCoordinatorAt(coordinator, port, **reporter);
   ASSERT_EQ(reports.size(), 12u);
   EXPECT_TRUE(reports[0].has_hello());
   for (int step = 1; step <= 10; ++step) EXPECT_EQ(reports[step].progress().step(), step);
@@ -183,7 +186,6 @@ TEST(GrpcReporterTest, QueuedReportsTravelInBatchesAfterTheHello) {
   // Hello, then 11 reports in messages of at most 4: 1 + 3 messages, all three of them batches.
   EXPECT_EQ(coordinator.messages(), 4);
   EXPECT_EQ(coordinator.batches(), 3);
-  server->Shutdown();
 }
 
 TEST(GrpcReporterTest, QuietRanksSendHeartbeatsWithTheLastStep) {
