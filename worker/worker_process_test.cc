@@ -87,6 +87,16 @@ class WorkerProcessTest : public ::testing::Test {
   }
 
   // Starts every rank with the launch contract; the coordinator is optional.
+  // Serves `coordinator` on a port of its own and starts the ranks reporting to it; the caller shuts
+  // the server down before the coordinator goes.
+  std::unique_ptr<grpc::Server> ServeAndStartRanks(FakeCoordinator& coordinator) {
+    int port = 0;
+    std::unique_ptr<grpc::Server> server = coordinator.Serve(&port);
+    EXPECT_NE(port, 0);
+    StartRanks(port);
+    return server;
+  }
+
   void StartRanks(int coordinator_port) {
     const std::string assignment_path = dir_ + "/assignment.textproto";
     std::string text;
@@ -218,9 +228,7 @@ class WorkerProcessTest : public ::testing::Test {
 
 TEST_F(WorkerProcessTest, TwoRanksReportAndFinishWithEqualChecksums) {
   FakeCoordinator coordinator;
-  int port = 0;
-  auto server = coordinator.Serve(&port);
-  StartRanks(port);
+  auto server = ServeAndStartRanks(coordinator);
   EXPECT_EQ(WaitRank(0), 0) << Log(0);
   EXPECT_EQ(WaitRank(1), 0) << Log(1);
 
@@ -327,9 +335,7 @@ TEST_F(WorkerProcessTest, FaultInjectionExitsWithItsCodeAndThePeerFails) {
   fault->set_at_step(3);
   fault->set_exit_code(7);
   FakeCoordinator coordinator;
-  int port = 0;
-  auto server = coordinator.Serve(&port);
-  StartRanks(port);
+  auto server = ServeAndStartRanks(coordinator);
   EXPECT_EQ(WaitRank(1), 7) << Log(1);
   // Rank 0 sees its peer vanish in the next all-reduce (or times out in it).
   EXPECT_EQ(WaitRank(0), 1) << Log(0);
@@ -353,9 +359,7 @@ TEST_F(WorkerProcessTest, StopCommandEndsEveryRankWith143) {
   assignment_.mutable_plan()->set_total_steps(1000000);
   FakeCoordinator coordinator;
   coordinator.stop_after_progress = true;
-  int port = 0;
-  auto server = coordinator.Serve(&port);
-  StartRanks(port);
+  auto server = ServeAndStartRanks(coordinator);
   EXPECT_EQ(WaitRank(0, absl::Seconds(30)), 143) << Log(0);
   EXPECT_EQ(WaitRank(1, absl::Seconds(30)), 143) << Log(1);
   EXPECT_EQ(FailedReports(coordinator, "stopped by the coordinator"), kWorld);
@@ -365,9 +369,7 @@ TEST_F(WorkerProcessTest, StopCommandEndsEveryRankWith143) {
 TEST_F(WorkerProcessTest, BadAssignmentExitsTwoAndSaysWhy) {
   assignment_.mutable_plan()->add_device_ids("cpu:2");  // three devices for two ranks
   FakeCoordinator coordinator;
-  int port = 0;
-  auto server = coordinator.Serve(&port);
-  StartRanks(port);
+  auto server = ServeAndStartRanks(coordinator);
   EXPECT_EQ(WaitRank(0), 2) << Log(0);
   EXPECT_EQ(WaitRank(1), 2) << Log(1);
   EXPECT_TRUE(absl::StrContains(Log(0), "plan.device_ids")) << Log(0);
@@ -381,9 +383,7 @@ TEST_F(WorkerProcessTest, UnusableCudaDeviceExitsTwoAndSaysWhy) {
   assignment_.mutable_plan()->set_device_ids(0, "cuda:98");
   assignment_.mutable_plan()->set_device_ids(1, "cuda:99");
   FakeCoordinator coordinator;
-  int port = 0;
-  auto server = coordinator.Serve(&port);
-  StartRanks(port);
+  auto server = ServeAndStartRanks(coordinator);
   for (int rank = 0; rank < kWorld; ++rank) {
     EXPECT_EQ(WaitRank(rank), 2) << Log(rank);
     const std::string field = absl::StrCat("plan.device_ids[", rank, "]");
@@ -403,9 +403,7 @@ TEST_F(WorkerProcessTest, TinyMemoryCapSendsOutOfMemoryAndExitsThree) {
   assignment_.add_memory_cap_bytes(kCap);
   assignment_.add_memory_cap_bytes(kCap);
   FakeCoordinator coordinator;
-  int port = 0;
-  auto server = coordinator.Serve(&port);
-  StartRanks(port);
+  auto server = ServeAndStartRanks(coordinator);
   // Both ranks run out in their first steps, in backward or the optimizer, without waiting on a peer.
   EXPECT_EQ(WaitRank(0), 3) << Log(0);
   EXPECT_EQ(WaitRank(1), 3) << Log(1);
@@ -491,9 +489,7 @@ TEST_F(WorkerProcessTest, ProbeMeasuresEachBatchAndACappedRunPeaksWhereItSaid) {
   assignment_.mutable_plan()->set_steps_per_epoch(0);
   assignment_.mutable_plan()->set_total_steps(4);
   FakeCoordinator coordinator;
-  int port = 0;
-  auto server = coordinator.Serve(&port);
-  StartRanks(port);
+  auto server = ServeAndStartRanks(coordinator);
   ASSERT_EQ(WaitRank(0), 0) << Log(0);
   int64_t measured = 0;
   for (const WorkerReport& r : coordinator.reports()) {
