@@ -26,21 +26,24 @@ namespace {
 
 constexpr int kWorld = 2;
 
+// An mlp per rank, rank r's seeded `seed` + r, on `device`.
+std::vector<std::shared_ptr<Model>> MlpPerRank(uint64_t seed, const c10::Device& device = c10::kCPU) {
+  std::vector<std::shared_ptr<Model>> models;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    models.push_back(MlpFromSeed(seed + rank));
+    models.back()->to(device);
+  }
+  return models;
+}
+
 TEST(TrainerDdpTest, RanksEndBitwiseEqualWithOneGlobalLoss) {
   SkipUnlessCpuRanks(kWorld);
   const std::string store_name = "trainer_ddp_store";
   const TensorDataset train = SyntheticSet(512);
   const TensorDataset test = SyntheticSet(100);
 
-  fitrun::v1::ModelSpec spec;
-  spec.set_builtin("mlp");
   // Different seeds per rank: only the broadcast can make them agree.
-  std::vector<std::shared_ptr<Model>> models;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    auto model = CreateModel(spec, 100 + rank);
-    ASSERT_TRUE(model.ok());
-    models.push_back(*model);
-  }
+  const std::vector<std::shared_ptr<Model>> models = MlpPerRank(100);
   ASSERT_NE(ParameterChecksum(*models[0]), ParameterChecksum(*models[1]));
 
   std::vector<FakeProgressSink> sinks(kWorld);
@@ -201,15 +204,7 @@ TEST(TrainerDdpTest, ExplicitDeviceWithTheBucketedReducerSavesALoadableCheckpoin
   const TensorDataset train = SyntheticSet(512);
   const TensorDataset test = SyntheticSet(100);
 
-  fitrun::v1::ModelSpec spec;
-  spec.set_builtin("mlp");
-  std::vector<std::shared_ptr<Model>> models;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    auto model = CreateModel(spec, 200 + rank);
-    ASSERT_TRUE(model.ok());
-    (*model)->to(device);
-    models.push_back(*model);
-  }
+  const std::vector<std::shared_ptr<Model>> models = MlpPerRank(200, device);
   std::vector<FakeProgressSink> sinks(kWorld);
   std::vector<absl::StatusOr<TrainResult>> results(kWorld, absl::UnknownError("not run"));
   RunRanksAsThreads(kWorld, store_name, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
@@ -233,14 +228,13 @@ TEST(TrainerDdpTest, ExplicitDeviceWithTheBucketedReducerSavesALoadableCheckpoin
   for (const at::Tensor& p : models[0]->parameters()) EXPECT_EQ(p.grad().device(), device);
 
   EXPECT_EQ((*checkpoints)->Steps(), (std::vector<int64_t>{8, 4}));
-  auto fresh = CreateModel(spec, 300);
-  ASSERT_TRUE(fresh.ok());
-  (*fresh)->to(device);
-  torch::optim::SGD sgd((*fresh)->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  absl::StatusOr<TrainingPosition> position = (*checkpoints)->Load(8, **fresh, sgd);
+  const std::shared_ptr<Model> fresh = MlpFromSeed(300);
+  fresh->to(device);
+  torch::optim::SGD sgd(fresh->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  absl::StatusOr<TrainingPosition> position = (*checkpoints)->Load(8, *fresh, sgd);
   ASSERT_TRUE(position.ok()) << position.status();
   EXPECT_EQ(position->step, 8);
-  EXPECT_EQ(ParameterChecksum(**fresh), results[0]->parameter_checksum);
+  EXPECT_EQ(ParameterChecksum(*fresh), results[0]->parameter_checksum);
 }
 
 }  // namespace
